@@ -1,0 +1,55 @@
+// A device: one backend plus the caches and pool that serve it. Devices are
+// process-wide singletons per kind; copies of a Device share one state.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mfa/backend.hpp"
+#include "mfa/buffer.hpp"
+#include "mfa/pipeline.hpp"
+#include "mfa/types.hpp"
+
+namespace mfa {
+
+class Device {
+ public:
+  // Every device this build can run on this machine (cpu always).
+  static std::vector<Device> available();
+  static bool is_available(DeviceKind kind);
+  // Throws UnavailableError when the kind is not available here.
+  static Device get(DeviceKind kind);
+  // MFA_NATIVE_DEVICE=cpu|metal when set, else metal where available, else cpu.
+  static Device default_device();
+
+  DeviceKind kind() const;
+  std::string name() const;
+  DeviceLimits limits() const;
+  std::vector<std::pair<std::string, std::string>> properties() const;
+
+  std::shared_ptr<const Library> library(const std::string& source,
+                                         const CompileOptions& options = {}) const;
+  std::shared_ptr<const Pipeline> pipeline(const std::shared_ptr<const Library>& library,
+                                           const std::string& entry,
+                                           const FunctionConstants& constants = {}) const;
+  // Both steps in one: compile (cached) and specialize (cached).
+  std::shared_ptr<const Pipeline> pipeline(const std::string& source, const std::string& entry,
+                                           const FunctionConstants& constants = {},
+                                           const CompileOptions& options = {}) const;
+
+  Buffer new_buffer(std::size_t bytes) const;  // from the pool
+  BufferPool& buffer_pool() const;
+  PipelineCache& pipeline_cache() const;
+  Backend& backend() const;
+
+  bool operator==(const Device& other) const { return state_ == other.state_; }
+
+ private:
+  struct State;
+  explicit Device(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace mfa

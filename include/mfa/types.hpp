@@ -1,0 +1,44 @@
+// Small value types shared by the whole public API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+namespace mfa {
+
+enum class DeviceKind { cpu, metal };
+
+const char* to_string(DeviceKind kind);
+DeviceKind device_kind_from_string(const std::string& name);  // throws ArgumentError
+
+// A 1..3 dimensional extent (grid or threadgroup size); unused axes are 1.
+struct Size3 {
+  std::uint32_t x = 1, y = 1, z = 1;
+  std::uint64_t volume() const { return std::uint64_t(x) * y * z; }
+  bool operator==(const Size3& o) const { return x == o.x && y == o.y && z == o.z; }
+};
+
+// Limits every device reports; kernels are validated against them.
+struct DeviceLimits {
+  std::uint32_t max_threads_per_threadgroup = 1024;
+  std::size_t max_threadgroup_memory = 32 * 1024;
+  std::uint32_t simd_width = 32;
+};
+
+// A function constant value as the caller gives it; the backend converts it
+// to the type the kernel declares (bool, integer types, half, bfloat, float).
+using ConstantValue = std::variant<bool, std::int64_t, double>;
+
+// What one dispatch did. A field is empty when the backend cannot count it.
+struct DispatchStats {
+  std::string kernel;
+  std::uint64_t threadgroups = 0;
+  std::optional<std::uint64_t> simdgroup_matrix_ops;  // 8x8x8 multiply-accumulates, once per simdgroup
+  std::optional<std::uint64_t> barriers;              // threadgroup barriers completed
+  std::optional<double> seconds;                      // wall (cpu) or GPU timestamps (metal)
+};
+
+}  // namespace mfa

@@ -1,0 +1,16 @@
+// The shim headers (src/cpu/shim/), embedded at build time by embed_shim.cmake.
+#pragma once
+
+#include <cstddef>
+
+namespace mfa::cpu {
+
+struct EmbeddedFile {
+  const char* name;  // file name inside the shim include directory
+  const char* text;
+};
+
+extern const EmbeddedFile kShimFiles[];
+extern const std::size_t kShimFileCount;
+
+}  // namespace mfa::cpu
