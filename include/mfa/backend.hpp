@@ -37,6 +37,9 @@ class BackendPipeline {
  public:
   virtual ~BackendPipeline() = default;
   virtual std::uint32_t max_total_threads_per_threadgroup() const = 0;
+  // sizeof the type a [[buffer(index)]] argument points or refers to, or 0
+  // when the backend cannot tell (used to check inline bytes and references).
+  virtual std::size_t argument_size(int index) const = 0;
 };
 
 // One bound argument of a dispatch: a buffer at an offset, or inline bytes
@@ -46,6 +49,7 @@ struct Binding {
   Buffer buffer;                    // set for buffers
   std::size_t offset = 0;
   std::vector<unsigned char> bytes; // set for inline bytes
+  bool read_only = false;           // caller memory the kernel must not write
 };
 
 // A validated dispatch, as the core hands it to a backend.

@@ -69,16 +69,20 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
  private:
   BufferPool(Allocator allocate, std::size_t limit, std::size_t page_size);
-  void give_back(std::shared_ptr<BufferStorage> storage);
+  void give_back(std::size_t bucket, std::shared_ptr<BufferStorage> storage);
   void trim_locked(std::size_t limit);
 
   Allocator allocate_;
   std::size_t page_size_;
   mutable std::mutex mutex_;
   BufferPoolStats stats_;
+  struct Cached {
+    std::size_t bucket;
+    std::shared_ptr<BufferStorage> storage;
+  };
   // Free storage, most recently returned at the front; indexed by bucket.
-  std::list<std::shared_ptr<BufferStorage>> lru_;
-  std::multimap<std::size_t, std::list<std::shared_ptr<BufferStorage>>::iterator> by_size_;
+  std::list<Cached> lru_;
+  std::multimap<std::size_t, std::list<Cached>::iterator> by_size_;
 };
 
 }  // namespace mfa

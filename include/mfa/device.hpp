@@ -48,6 +48,9 @@ class Device {
 
  private:
   struct State;
+  // The process-wide state of one kind, created on first use; nullptr when
+  // that kind is not available here.
+  static const std::shared_ptr<State>& state_for(DeviceKind kind);
   explicit Device(std::shared_ptr<State> state) : state_(std::move(state)) {}
   std::shared_ptr<State> state_;
 };

@@ -1,0 +1,37 @@
+"""mfa_native: flash attention for Apple GPUs.
+
+Kernels are Metal Shading Language generated for each problem and run by a
+native core: on Metal where available, else on the cpu backend, which runs
+the very same MSL on the CPU.
+"""
+
+from __future__ import annotations
+
+from ._core import CompileError, DeviceUnavailableError, DispatchError, DispatchStats
+from ._devices import Device, default_device, devices
+from .kernel import Kernel
+from .profiling import DispatchRecord, Profile, profile
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompileError",
+    "Device",
+    "DeviceUnavailableError",
+    "DispatchError",
+    "DispatchRecord",
+    "DispatchStats",
+    "Kernel",
+    "Profile",
+    "default_device",
+    "devices",
+    "profile",
+]
+
+try:
+    from .attention import attention  # noqa: F401  (built by the attention codegen)
+
+    __all__.append("attention")
+except ImportError as error:  # pragma: no cover - only while attention is absent
+    if error.name != f"{__name__}.attention":
+        raise

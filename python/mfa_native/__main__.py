@@ -1,0 +1,27 @@
+"""`python -m mfa_native <command>`: each command is a module in mfa_native/cli/."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from . import cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mfa_native", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    modules = {}
+    for info in sorted(pkgutil.iter_modules(cli.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{cli.__name__}.{info.name}")
+        modules[info.name] = module
+        sub = commands.add_parser(info.name, help=(module.__doc__ or "").strip().splitlines()[0])
+        module.add_arguments(sub)
+    args = parser.parse_args(argv)
+    return modules[args.command].run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: each module has main(argv) -> int and prints a table."""

@@ -1,0 +1,192 @@
+"""`mfa_native.Kernel`: compile any MSL compute kernel and run it on numpy arrays."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import _core, profiling
+from ._arrays import msl_vector
+from ._devices import Device, resolve_device
+
+ConstantValue = bool | int | float
+
+
+def _constant_list(constants: Mapping[str | int, ConstantValue] | None) -> list[tuple[str | int, ConstantValue]]:
+    """Checks function-constant keys and values; the core checks them against the kernel."""
+    if constants is None:
+        return []
+    if not isinstance(constants, Mapping):
+        raise TypeError(f"constants must be a mapping of name or index to value, got {type(constants).__name__}")
+    out = []
+    for key, value in constants.items():
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise TypeError(f"function constant keys are names (str) or indices (int), got {key!r}")
+        if isinstance(value, np.generic):
+            value = value.item()
+        if not isinstance(value, (bool, int, float)):
+            raise TypeError(f"function constant {key!r} must be a bool, int or float, got {type(value).__name__}")
+        out.append((key, value))
+    return out
+
+
+def _extent(name: str, value: int | Sequence[int]) -> tuple[int, int, int]:
+    """An int or 1..3 ints -> (x, y, z), every axis >= 1."""
+    if isinstance(value, (numbers.Integral,)) and not isinstance(value, bool):
+        dims = [int(value)]
+    elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3 and all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value
+    ):
+        dims = [int(v) for v in value]
+    else:
+        raise TypeError(f"{name} must be an int or a tuple of 1 to 3 ints, got {value!r}")
+    if any(d < 1 for d in dims):
+        raise ValueError(f"{name} must be at least 1 on every axis, got {value!r}")
+    if any(d >= 2**32 for d in dims):
+        raise ValueError(f"{name} must fit in 32 bits on every axis, got {value!r}")
+    return tuple(dims + [1] * (3 - len(dims)))  # type: ignore[return-value]
+
+
+class Kernel:
+    """An MSL compute kernel compiled for one device.
+
+    Args:
+        source: MSL source text holding the kernel.
+        name: the kernel function's name.
+        constants: values of its ``[[function_constant(i)]]`` declarations, keyed
+            by name or index.
+        device: a Device, ``"cpu"``, ``"metal"`` or None for the default device.
+        bounds_check: cpu backend only: check every device-buffer access and
+            raise ``DispatchError`` on one out of bounds.
+
+    Compiling is cached in memory (per source and constants) and, on the cpu
+    backend, on disk, so building the same Kernel again is cheap.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        name: str,
+        *,
+        constants: Mapping[str | int, ConstantValue] | None = None,
+        device: Device | str | None = None,
+        bounds_check: bool = False,
+    ) -> None:
+        if not isinstance(source, str):
+            raise TypeError(f"source must be a str of MSL, got {type(source).__name__}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        self.device: Device = resolve_device(device)
+        library = self.device.library(source, bounds_check=bool(bounds_check))
+        self.pipeline = self.device.pipeline(library, name, _constant_list(constants))
+        self.name = name
+        self._buffers = {a.index: a for a in self.pipeline.function.arguments if a.kind == "buffer"}
+
+    @property
+    def arguments(self) -> list:
+        """The kernel's parameters, as reflection reads them from the source."""
+        return list(self.pipeline.function.arguments)
+
+    def __repr__(self) -> str:
+        return f"<mfa_native.Kernel {self.name!r} on {self.device.kind}>"
+
+    def __call__(
+        self,
+        buffers: Sequence[Any],
+        *,
+        threadgroups: int | Sequence[int],
+        threads_per_threadgroup: int | Sequence[int],
+        threadgroup_memory: Sequence[int] = (),
+    ) -> _core.DispatchStats:
+        """Runs the kernel once and waits for it.
+
+        ``buffers[i]`` binds ``[[buffer(i)]]``: a C-contiguous numpy array is
+        read and written in place (results are visible on return); a numpy
+        scalar, a Python number or a small numpy array (plain or structured)
+        serves a ``constant T&`` argument. ``threadgroup_memory[i]`` is the byte
+        length of ``[[threadgroup(i)]]``. Returns the dispatch's stats
+        (``.threadgroups``, ``.simdgroup_matrix_ops``, ``.seconds``).
+        """
+        batch = _core.CommandBatch(self.device)
+        keepalive = self.encode(batch, buffers, threadgroups=threadgroups,
+                                threads_per_threadgroup=threads_per_threadgroup,
+                                threadgroup_memory=threadgroup_memory)
+        batch.commit()
+        (stats,) = batch.wait()
+        del keepalive
+        profiling.record(stats)
+        return stats
+
+    def encode(
+        self,
+        batch: _core.CommandBatch,
+        buffers: Sequence[Any],
+        *,
+        threadgroups: int | Sequence[int],
+        threads_per_threadgroup: int | Sequence[int],
+        threadgroup_memory: Sequence[int] = (),
+    ) -> list[np.ndarray]:
+        """Records one dispatch into `batch`. Returns the arrays the batch uses:
+        keep them alive until the batch has been waited for."""
+        if isinstance(buffers, (np.ndarray, str, bytes)) or not isinstance(buffers, Sequence):
+            raise TypeError("buffers must be a sequence (list or tuple) whose item i binds [[buffer(i)]]")
+        grid = _extent("threadgroups", threadgroups)
+        group = _extent("threads_per_threadgroup", threads_per_threadgroup)
+        memory = [int(n) for n in threadgroup_memory]
+        if any(n < 0 for n in memory):
+            raise ValueError(f"threadgroup_memory lengths must be >= 0, got {list(threadgroup_memory)}")
+
+        host, inline, keepalive = [], [], []
+        for index, value in enumerate(buffers):
+            if value is None:
+                continue
+            argument = self._buffers.get(index)
+            if argument is None:
+                have = ", ".join(str(i) for i in sorted(self._buffers)) or "none"
+                raise ValueError(f"kernel {self.name!r} has no [[buffer({index})]] (its buffer indices: {have})")
+            if argument.is_pointer:
+                array = self._array_for(index, argument, value)
+                keepalive.append(array)
+                host.append((index, array.ctypes.data, array.nbytes, bool(array.flags.writeable)))
+            else:
+                inline.append((index, self._bytes_for(index, argument, value)))
+        for index, argument in self._buffers.items():
+            if index >= len(buffers) or buffers[index] is None:
+                raise ValueError(f"kernel {self.name!r}: [[buffer({index})]] {argument.name!r} is not bound; "
+                                 f"pass buffers[{index}]")
+        batch.dispatch(self.pipeline, grid, group, host, inline, memory)
+        return keepalive
+
+    def _array_for(self, index: int, argument, value: Any) -> np.ndarray:
+        """The array bound to a pointer argument, checked for layout and element type."""
+        what = f"buffers[{index}] ({argument.name!r}, {argument.type}*)"
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"{what} must be a numpy array, got {type(value).__name__}")
+        if not value.flags.c_contiguous:
+            raise ValueError(f"{what} must be C-contiguous; pass np.ascontiguousarray(...)")
+        element = msl_vector(argument.type)
+        if element is not None and value.dtype != element[0] and value.dtype != np.uint8:
+            raise TypeError(f"{what} holds {element[0]} elements, got an array of {value.dtype} "
+                            "(a uint8 array binds raw bytes)")
+        return value
+
+    def _bytes_for(self, index: int, argument, value: Any) -> bytes:
+        """The bytes of a value bound to a `constant T&` argument."""
+        what = f"buffers[{index}] ({argument.name!r}, {argument.type}&)"
+        element = msl_vector(argument.type)
+        if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
+            if element is None or element[1] != 1:
+                raise TypeError(f"{what} needs a numpy value of its type, not a Python {type(value).__name__}")
+            return np.array(value, dtype=element[0]).tobytes()
+        if isinstance(value, (np.generic, np.ndarray)):
+            data = np.ascontiguousarray(value)
+            if element is not None and data.dtype.fields is None and data.dtype != element[0]:
+                raise TypeError(f"{what} must be {element[0]}, got {data.dtype}")
+            size = self.pipeline.argument_size(index)
+            if size and data.nbytes != size:
+                raise ValueError(f"{what} is {size} bytes, got {data.nbytes} bytes")
+            return data.tobytes()
+        raise TypeError(f"{what} must be a number, a numpy scalar or a small numpy array, "
+                        f"got {type(value).__name__}")

@@ -1,0 +1,173 @@
+// Devices, compiled libraries and pipelines, and what reflection reads from
+// a kernel's signature.
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.hpp"
+#include "mfa/device.hpp"
+#include "mfa/errors.hpp"
+#include "mfa/pipeline.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mfa::bindings {
+
+namespace {
+
+const char* to_string(ArgumentKind kind) {
+  switch (kind) {
+    case ArgumentKind::buffer: return "buffer";
+    case ArgumentKind::threadgroup_memory: return "threadgroup_memory";
+    case ArgumentKind::builtin: return "builtin";
+  }
+  return "unknown";
+}
+
+const char* to_string(AddressSpace space) {
+  switch (space) {
+    case AddressSpace::none: return "none";
+    case AddressSpace::device: return "device";
+    case AddressSpace::constant: return "constant";
+    case AddressSpace::threadgroup: return "threadgroup";
+  }
+  return "unknown";
+}
+
+nb::dict to_dict(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  nb::dict d;
+  for (const auto& [key, value] : pairs) d[key.c_str()] = value;
+  return d;
+}
+
+using ConstantKey = std::variant<int, std::string>;
+
+CompileOptions make_options(bool fast_math, bool bounds_check,
+                            const std::vector<std::pair<std::string, std::string>>& macros) {
+  CompileOptions options;
+  options.fast_math = fast_math;
+  options.bounds_check = bounds_check;
+  options.macros = macros;
+  return options;
+}
+
+}  // namespace
+
+void bind_device(nb::module_& m) {
+  nb::class_<ArgumentInfo>(m, "ArgumentInfo", "One kernel parameter, as reflection reads it.")
+      .def_ro("name", &ArgumentInfo::name)
+      .def_prop_ro("kind", [](const ArgumentInfo& a) { return to_string(a.kind); })
+      .def_ro("index", &ArgumentInfo::index)
+      .def_prop_ro("space", [](const ArgumentInfo& a) { return to_string(a.space); })
+      .def_ro("type", &ArgumentInfo::type)
+      .def_ro("is_pointer", &ArgumentInfo::is_pointer)
+      .def_ro("is_const", &ArgumentInfo::is_const)
+      .def_ro("builtin", &ArgumentInfo::builtin)
+      .def_ro("builtin_type", &ArgumentInfo::builtin_type)
+      .def("__repr__", [](const ArgumentInfo& a) {
+        return "<ArgumentInfo " + a.name + ": " + to_string(a.kind) + "(" + std::to_string(a.index) + ") " + a.type +
+               (a.is_pointer ? "*" : "&") + ">";
+      });
+
+  nb::class_<FunctionConstantInfo>(m, "FunctionConstantInfo", "A [[function_constant(i)]] declaration.")
+      .def_ro("name", &FunctionConstantInfo::name)
+      .def_ro("index", &FunctionConstantInfo::index)
+      .def_ro("type", &FunctionConstantInfo::type)
+      .def_ro("required", &FunctionConstantInfo::required);
+
+  nb::class_<FunctionInfo>(m, "FunctionInfo", "A kernel's signature.")
+      .def_ro("name", &FunctionInfo::name)
+      .def_ro("arguments", &FunctionInfo::arguments)
+      .def_ro("constants", &FunctionInfo::constants);
+
+  nb::class_<Library>(m, "Library", "Compiled MSL source (cached by source and compile options).")
+      .def_prop_ro("key", &Library::key)
+      .def_prop_ro("functions", &Library::functions)
+      .def("function", &Library::function, "name"_a, nb::rv_policy::copy);
+
+  nb::class_<Pipeline>(m, "Pipeline", "A kernel specialized for function-constant values (cached).")
+      .def_prop_ro("name", &Pipeline::name)
+      .def_prop_ro("key", &Pipeline::key)
+      .def_prop_ro("function", &Pipeline::function)
+      .def_prop_ro("max_total_threads_per_threadgroup", &Pipeline::max_total_threads_per_threadgroup)
+      .def("argument_size", [](const Pipeline& p, int index) { return p.backend().argument_size(index); },
+           "index"_a, "sizeof the type [[buffer(index)]] points or refers to; 0 when unknown");
+
+  nb::class_<Device>(m, "Device", "A device that runs MSL kernels: kind 'metal' or 'cpu'.")
+      .def_prop_ro("kind", [](const Device& d) { return std::string(to_string(d.kind())); })
+      .def_prop_ro("name", &Device::name)
+      .def_prop_ro("limits",
+                   [](const Device& d) {
+                     DeviceLimits l = d.limits();
+                     nb::dict out;
+                     out["max_threads_per_threadgroup"] = l.max_threads_per_threadgroup;
+                     out["max_threadgroup_memory"] = l.max_threadgroup_memory;
+                     out["simd_width"] = l.simd_width;
+                     return out;
+                   })
+      .def_prop_ro("properties", [](const Device& d) { return to_dict(d.properties()); })
+      .def(
+          "library",
+          [](const Device& d, const std::string& source, bool fast_math, bool bounds_check,
+             const std::vector<std::pair<std::string, std::string>>& macros) {
+            nb::gil_scoped_release release;
+            return d.library(source, make_options(fast_math, bounds_check, macros));
+          },
+          "source"_a, nb::kw_only(), "fast_math"_a = false, "bounds_check"_a = false,
+          "macros"_a = std::vector<std::pair<std::string, std::string>>{})
+      .def(
+          "pipeline",
+          [](const Device& d, const std::shared_ptr<const Library>& library, const std::string& entry,
+             const std::vector<std::pair<ConstantKey, ConstantValue>>& constants) {
+            FunctionConstants values;
+            for (const auto& [key, value] : constants) {
+              if (std::holds_alternative<int>(key)) values.set(std::get<int>(key), value);
+              else values.set(std::get<std::string>(key), value);
+            }
+            nb::gil_scoped_release release;
+            return d.pipeline(library, entry, values);
+          },
+          "library"_a, "entry"_a, "constants"_a = std::vector<std::pair<ConstantKey, ConstantValue>>{})
+      .def("cache_stats",
+           [](const Device& d) {
+             PipelineCacheStats s = d.pipeline_cache().stats();
+             nb::dict out;
+             out["library_hits"] = s.library_hits;
+             out["library_misses"] = s.library_misses;
+             out["pipeline_hits"] = s.pipeline_hits;
+             out["pipeline_misses"] = s.pipeline_misses;
+             out["libraries"] = s.libraries;
+             out["pipelines"] = s.pipelines;
+             return out;
+           })
+      .def("pool_stats",
+           [](const Device& d) {
+             BufferPoolStats s = d.buffer_pool().stats();
+             nb::dict out;
+             out["hits"] = s.hits;
+             out["misses"] = s.misses;
+             out["trimmed"] = s.trimmed;
+             out["bytes_cached"] = s.bytes_cached;
+             out["bytes_in_use"] = s.bytes_in_use;
+             out["limit"] = s.limit;
+             return out;
+           })
+      .def("__eq__", [](const Device& a, const Device& b) { return a == b; })
+      .def("__hash__", [](const Device& d) { return int(d.kind()); })
+      .def("__repr__", [](const Device& d) {
+        return std::string("<mfa_native.Device kind='") + to_string(d.kind()) + "' name='" + d.name() + "'>";
+      });
+
+  m.def("devices", &Device::available, "Every device available on this machine (metal first when present).");
+  m.def("default_device", &Device::default_device,
+        "MFA_NATIVE_DEVICE=cpu|metal when set, else metal where available, else cpu.");
+  m.def("get_device", [](const std::string& kind) { return Device::get(device_kind_from_string(kind)); }, "kind"_a);
+}
+
+}  // namespace mfa::bindings

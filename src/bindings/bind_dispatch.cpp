@@ -1,0 +1,66 @@
+// Command batches: record dispatches with their bindings, run them, and
+// report what each did.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "bindings.hpp"
+#include "mfa/command_batch.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mfa::bindings {
+
+namespace {
+
+using Extent = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>;
+// (index, address, bytes, writable): caller memory that Python keeps alive
+// until the batch is waited for.
+using HostBinding = std::tuple<int, std::uintptr_t, std::size_t, bool>;
+using InlineBinding = std::tuple<int, nb::bytes>;
+
+Size3 to_size(const Extent& e) { return Size3{std::get<0>(e), std::get<1>(e), std::get<2>(e)}; }
+
+}  // namespace
+
+void bind_dispatch(nb::module_& m) {
+  nb::class_<DispatchStats>(m, "DispatchStats", "What one dispatch did; None where the backend cannot count it.")
+      .def_ro("kernel", &DispatchStats::kernel)
+      .def_ro("threadgroups", &DispatchStats::threadgroups)
+      .def_ro("simdgroup_matrix_ops", &DispatchStats::simdgroup_matrix_ops)
+      .def_ro("barriers", &DispatchStats::barriers)
+      .def_ro("seconds", &DispatchStats::seconds)
+      .def("__repr__", [](const DispatchStats& s) {
+        std::string ops = s.simdgroup_matrix_ops ? std::to_string(*s.simdgroup_matrix_ops) : "None";
+        std::string secs = s.seconds ? std::to_string(*s.seconds) : "None";
+        return "<DispatchStats kernel='" + s.kernel + "' threadgroups=" + std::to_string(s.threadgroups) +
+               " simdgroup_matrix_ops=" + ops + " seconds=" + secs + ">";
+      });
+
+  nb::class_<CommandBatch>(m, "CommandBatch", "Dispatches run in order: record, commit(), wait().")
+      .def(nb::init<Device>(), "device"_a)
+      .def(
+          "dispatch",
+          [](CommandBatch& batch, std::shared_ptr<const Pipeline> pipeline, const Extent& threadgroups,
+             const Extent& threads, const std::vector<HostBinding>& host, const std::vector<InlineBinding>& inline_bytes,
+             const std::vector<std::size_t>& threadgroup_memory) {
+            auto ref = batch.dispatch(std::move(pipeline), to_size(threadgroups), to_size(threads));
+            for (const auto& [index, address, bytes, writable] : host)
+              ref.host(index, reinterpret_cast<void*>(address), bytes, writable);
+            for (const auto& [index, data] : inline_bytes) ref.bytes(index, data.c_str(), data.size());
+            for (std::size_t i = 0; i < threadgroup_memory.size(); ++i)
+              if (threadgroup_memory[i]) ref.threadgroup_memory(int(i), threadgroup_memory[i]);
+          },
+          "pipeline"_a, "threadgroups"_a, "threads_per_threadgroup"_a, "host"_a, "inline"_a, "threadgroup_memory"_a)
+      .def("commit", &CommandBatch::commit)
+      .def("wait", &CommandBatch::wait, nb::call_guard<nb::gil_scoped_release>())
+      .def("run", &CommandBatch::run, nb::call_guard<nb::gil_scoped_release>());
+}
+
+}  // namespace mfa::bindings

@@ -1,0 +1,13 @@
+// The pieces of mfa_native._core, one function per file.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace mfa::bindings {
+
+void bind_errors(nanobind::module_& m);
+void bind_device(nanobind::module_& m);
+void bind_dispatch(nanobind::module_& m);
+void bind_cpu(nanobind::module_& m);
+
+}  // namespace mfa::bindings

@@ -1,0 +1,103 @@
+#include "mfa/device.hpp"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "core/backends.hpp"
+#include "mfa/errors.hpp"
+
+namespace mfa {
+
+struct Device::State {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<PipelineCache> cache;
+  std::shared_ptr<BufferPool> pool;
+
+  explicit State(std::unique_ptr<Backend> b) : backend(std::move(b)) {
+    cache = std::make_unique<PipelineCache>(*backend);
+    Backend* raw = backend.get();
+    pool = BufferPool::create([raw](std::size_t bytes) { return raw->allocate(bytes); },
+                              backend->recommended_pool_limit(), backend->page_size());
+  }
+};
+
+const std::shared_ptr<Device::State>& Device::state_for(DeviceKind kind) {
+  static std::once_flag once[2];
+  static std::shared_ptr<State> states[2];
+  const int slot = kind == DeviceKind::cpu ? 0 : 1;
+  std::call_once(once[slot], [&] {
+    std::unique_ptr<Backend> backend;
+    if (kind == DeviceKind::cpu) backend = make_cpu_backend();
+#if defined(MFA_HAVE_METAL)
+    if (kind == DeviceKind::metal) backend = make_metal_backend();
+#endif
+    if (backend) states[slot] = std::make_shared<State>(std::move(backend));
+  });
+  return states[slot];
+}
+
+std::vector<Device> Device::available() {
+  std::vector<Device> devices;
+  for (DeviceKind kind : {DeviceKind::metal, DeviceKind::cpu})
+    if (const auto& state = state_for(kind)) devices.push_back(Device(state));
+  return devices;
+}
+
+bool Device::is_available(DeviceKind kind) { return state_for(kind) != nullptr; }
+
+Device Device::get(DeviceKind kind) {
+  const auto& state = state_for(kind);
+  if (!state) {
+#if defined(MFA_HAVE_METAL)
+    throw UnavailableError("no Metal device is available on this machine");
+#else
+    throw UnavailableError(std::string("the ") + to_string(kind) +
+                           " device is not available: this build of mfa_native has no Metal backend "
+                           "(Metal needs macOS on Apple silicon); use the cpu device");
+#endif
+  }
+  return Device(state);
+}
+
+Device Device::default_device() {
+  if (const char* requested = std::getenv("MFA_NATIVE_DEVICE"); requested && *requested) {
+    DeviceKind kind;
+    try {
+      kind = device_kind_from_string(requested);
+    } catch (const ArgumentError&) {
+      throw ArgumentError(std::string("MFA_NATIVE_DEVICE must be 'cpu' or 'metal', got '") + requested + "'");
+    }
+    return get(kind);
+  }
+  return is_available(DeviceKind::metal) ? get(DeviceKind::metal) : get(DeviceKind::cpu);
+}
+
+DeviceKind Device::kind() const { return state_->backend->kind(); }
+std::string Device::name() const { return state_->backend->name(); }
+DeviceLimits Device::limits() const { return state_->backend->limits(); }
+std::vector<std::pair<std::string, std::string>> Device::properties() const {
+  return state_->backend->properties();
+}
+
+std::shared_ptr<const Library> Device::library(const std::string& source, const CompileOptions& options) const {
+  return state_->cache->library(source, options);
+}
+
+std::shared_ptr<const Pipeline> Device::pipeline(const std::shared_ptr<const Library>& library,
+                                                 const std::string& entry,
+                                                 const FunctionConstants& constants) const {
+  return state_->cache->pipeline(library, entry, constants);
+}
+
+std::shared_ptr<const Pipeline> Device::pipeline(const std::string& source, const std::string& entry,
+                                                 const FunctionConstants& constants,
+                                                 const CompileOptions& options) const {
+  return pipeline(library(source, options), entry, constants);
+}
+
+Buffer Device::new_buffer(std::size_t bytes) const { return state_->pool->acquire(bytes); }
+BufferPool& Device::buffer_pool() const { return *state_->pool; }
+PipelineCache& Device::pipeline_cache() const { return *state_->cache; }
+Backend& Device::backend() const { return *state_->backend; }
+
+}  // namespace mfa
