@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs every test from a fresh clone: builds the package with the GoogleTest
+# suites, then runs ctest and pytest. CI (.ci/run) runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# GoogleTest for the C++ suites (Debian's package; needs root or sudo once).
+if [ ! -f /usr/include/gtest/gtest.h ]; then
+  sudo_if_needed=$([ "$(id -u)" = 0 ] && echo "" || echo "sudo")
+  $sudo_if_needed apt-get update -qq
+  $sudo_if_needed apt-get install -y -qq libgtest-dev
+fi
+
+# One build serves both: pip installs the package and keeps the CMake tree
+# (with the C++ tests) in build/ for ctest.
+python3 -m pip install --quiet ".[test]" -Cbuild-dir=build -Ccmake.define.MFA_BUILD_TESTS=ON
+
+ctest --test-dir build --output-on-failure --parallel 2
+python3 -m pytest -q tests/python
