@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct FunctionInfo {
   std::string name;                              // kernel entry point
   std::vector<ArgumentInfo> arguments;           // in declaration order
   std::vector<FunctionConstantInfo> constants;   // program-scope constants the kernel may use
+  std::uint32_t max_total_threads_per_threadgroup = 0;  // [[max_total_threads_per_threadgroup(N)]]; 0 if absent
 
   const ArgumentInfo* buffer(int index) const;   // nullptr when the kernel has no such buffer
 };

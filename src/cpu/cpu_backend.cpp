@@ -1,5 +1,6 @@
 // The cpu backend: MSL text -> C++ (msl_translate) -> shared object
 // (kernel_compiler) -> fibers (executor). Host memory is used in place.
+#include <algorithm>
 #include <cstdlib>
 #include <future>
 #include <memory>
@@ -54,8 +55,12 @@ struct CpuLibrary final : BackendLibrary {
 
 class CpuPipeline final : public BackendPipeline {
  public:
-  explicit CpuPipeline(std::shared_ptr<const cpu::KernelBinary> binary) : binary_(std::move(binary)) {}
-  std::uint32_t max_total_threads_per_threadgroup() const override { return DeviceLimits{}.max_threads_per_threadgroup; }
+  // `declared_max` is the kernel's [[max_total_threads_per_threadgroup(N)]], 0 if absent.
+  CpuPipeline(std::shared_ptr<const cpu::KernelBinary> binary, std::uint32_t declared_max)
+      : binary_(std::move(binary)),
+        max_threads_(declared_max ? std::min(declared_max, DeviceLimits{}.max_threads_per_threadgroup)
+                                  : DeviceLimits{}.max_threads_per_threadgroup) {}
+  std::uint32_t max_total_threads_per_threadgroup() const override { return max_threads_; }
   std::size_t argument_size(int index) const override {
     return index >= 0 && index < int(mfa_abi::kMaxBuffers) ? binary_->info().argument_bytes[index] : 0;
   }
@@ -63,6 +68,7 @@ class CpuPipeline final : public BackendPipeline {
 
  private:
   std::shared_ptr<const cpu::KernelBinary> binary_;
+  std::uint32_t max_threads_;
 };
 
 cpu::Launch make_launch(const Dispatch& dispatch, std::size_t threadgroup_memory_limit) {
@@ -129,7 +135,8 @@ class CpuBackend final : public Backend {
     std::string unit;
     for (const auto& [name, value] : cpu_library.options.macros) unit += "#define " + name + " " + value + "\n";
     unit += translate_msl(cpu_library.source, function, constants, options);
-    return std::make_shared<CpuPipeline>(cpu::KernelCompiler::shared().compile(unit, function.name));
+    return std::make_shared<CpuPipeline>(cpu::KernelCompiler::shared().compile(unit, function.name),
+                                         function.max_total_threads_per_threadgroup);
   }
 
   std::shared_ptr<BufferStorage> allocate(std::size_t bytes) override { return std::make_shared<HostStorage>(bytes); }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "executor.hpp"
 #include "shim/mfa_kernel_abi.h"
@@ -15,8 +16,10 @@ namespace mfa::cpu {
 // A loaded kernel shared object; unloaded when the last reference goes.
 class KernelBinary {
  public:
-  KernelBinary(void* handle, std::string path);
-  ~KernelBinary();
+  // dlopens `path` (RTLD_NOW | RTLD_LOCAL) and resolves the ABI symbols.
+  // Throws mfa::Error if it does not load, lacks a symbol, or was built for
+  // another ABI version.
+  explicit KernelBinary(std::string path);
   KernelBinary(const KernelBinary&) = delete;
   KernelBinary& operator=(const KernelBinary&) = delete;
 
@@ -25,11 +28,41 @@ class KernelBinary {
   const std::string& path() const { return path_; }
 
  private:
-  void* handle_;
+  struct Unload {
+    void operator()(void* handle) const;
+  };
+  std::unique_ptr<void, Unload> handle_;
   std::string path_;
   KernelMain main_ = nullptr;
   const mfa_abi::KernelInfo* info_ = nullptr;
 };
+
+// The C++ compiler kernels are built with.
+struct HostCompiler {
+  std::string path;      // what is run (searched on PATH when given without a slash)
+  bool is_clang = false;
+  int major_version = 0;
+  std::string version;   // first line of `--version`
+  std::string identity;  // path and full `--version` output: part of the cache key
+
+  // MFA_NATIVE_CXX if set (it must work), else g++ >= 12, else clang++ >= 15
+  // found on PATH (also versioned names such as g++-13, clang++-19).
+  // Throws UnavailableError saying what was tried.
+  static HostCompiler find();
+  // Runs `program --version`; throws UnavailableError unless it is g++ >= 12 or clang++ >= 15.
+  static HostCompiler probe(const std::string& program);
+};
+
+struct ShimFile {
+  std::string name;  // file name inside the include directory
+  std::string text;
+};
+
+// The shim headers embedded in this library (src/cpu/shim/).
+std::vector<ShimFile> embedded_shim_files();
+
+// MFA_NATIVE_CACHE_DIR, else $XDG_CACHE_HOME/mfa_native, else ~/.cache/mfa_native.
+std::string default_cache_dir();
 
 struct CompilerStats {
   std::uint64_t compiles = 0;    // compiler invocations
@@ -40,19 +73,48 @@ struct CompilerStats {
 
 class KernelCompiler {
  public:
-  // The process-wide compiler: MFA_NATIVE_CXX, else g++ >= 12, else clang++ >= 15;
-  // cache under MFA_NATIVE_CACHE_DIR, else $XDG_CACHE_HOME/mfa_native, else ~/.cache/mfa_native.
+  struct Config {
+    HostCompiler compiler;
+    std::string cache_dir;
+    std::vector<ShimFile> shim_files;  // laid out under <cache_dir>/shim-<hash>/ for -I
+  };
+
+  explicit KernelCompiler(Config config);
+
+  // The process-wide compiler: HostCompiler::find(), default_cache_dir() and
+  // the embedded shim. Throws UnavailableError when there is no compiler.
   static KernelCompiler& shared();
 
   // Compiles (or loads from the disk cache) `cpp_source`, a translation unit
   // produced by translate_msl. Throws CompileError carrying the compiler log,
-  // with line numbers of the .metal text. Thread-safe.
+  // with line numbers of the .metal text. Thread-safe; concurrent compiles of
+  // one source, in threads or processes, are safe (one of them wins).
   std::shared_ptr<const KernelBinary> compile(const std::string& cpp_source,
                                               const std::string& kernel_name);
 
-  const std::string& compiler() const;        // path and version, for `info`
-  const std::string& cache_dir() const;
+  const std::string& compiler() const { return description_; }  // path and version, for `info`
+  const std::string& cache_dir() const { return cache_dir_; }
+  const std::vector<std::string>& flags() const { return flags_; }
   CompilerStats stats() const;
+
+ private:
+  // nullptr when there is no intact entry (a damaged one is deleted).
+  std::shared_ptr<const KernelBinary> load_cached(const std::string& library, const std::string& sidecar);
+  std::shared_ptr<const KernelBinary> build(const std::string& cpp_source, const std::string& kernel_name,
+                                            const std::string& stem);
+  void write_shim();  // lays out the shim headers for -I unless they are there
+
+  HostCompiler host_;
+  std::string description_;
+  std::string cache_dir_;
+  std::vector<ShimFile> shim_files_;
+  std::string shim_hash_;
+  std::string shim_dir_;
+  std::vector<std::string> flags_;
+
+  std::mutex shim_mutex_;      // one thread writes the shim directory
+  mutable std::mutex mutex_;  // guards stats_
+  CompilerStats stats_;
 };
 
 }  // namespace mfa::cpu

@@ -152,3 +152,28 @@ TEST_F(CommandBatchTest, EmptyGridsAndOrderMistakes) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CommandBatchLimits, TheKernelsDeclaredThreadLimitIsHonored) {
+  const char* source = R"(
+#include <metal_stdlib>
+using namespace metal;
+[[max_total_threads_per_threadgroup(128)]]
+kernel void small(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = 1.0f; }
+)";
+  mfa::Device device = mfa::Device::get(mfa::DeviceKind::cpu);
+  auto pipeline = device.pipeline(source, "small");
+  EXPECT_EQ(pipeline->max_total_threads_per_threadgroup(), 128u);
+  std::vector<float> y(256);
+  mfa::CommandBatch batch(device);
+  batch.dispatch(pipeline, {1}, {256}).host(0, y.data(), y.size() * 4, true);
+  try {
+    batch.commit();
+    FAIL() << "expected ArgumentError";
+  } catch (const mfa::ArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the limit of 128"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

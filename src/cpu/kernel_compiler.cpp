@@ -1,0 +1,415 @@
+// Compiles translated kernels with the host C++ compiler and caches the
+// shared objects on disk. A cache entry is <key>.so plus a sidecar
+// <key>.so.sha256 ("<size> <sha256>") written before it; <key>.cpp keeps the
+// source for debugging. Every file appears by rename, so readers see whole
+// files or none; an entry whose sidecar is missing or does not match, or that
+// does not load, is deleted and rebuilt.
+#include "kernel_compiler.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <thread>
+#include <tuple>
+
+#include "core/sha256.hpp"
+#include "mfa/errors.hpp"
+#include "shim_files.hpp"
+
+extern char** environ;
+
+namespace mfa::cpu {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kMinGccMajor = 12;    // _Float16 in C++
+constexpr int kMinClangMajor = 15;
+
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+std::vector<std::string> path_directories() {
+  std::vector<std::string> dirs;
+  std::stringstream list(environment("PATH"));
+  for (std::string dir; std::getline(list, dir, ':');) dirs.push_back(dir.empty() ? "." : dir);
+  return dirs;
+}
+
+// `name` as a path: searched on PATH unless it has a slash; unchanged if not found.
+std::string program_path(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  for (const std::string& dir : path_directories()) {
+    std::string candidate = dir + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return name;
+}
+
+struct ProcessResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs argv[0] with stdin from /dev/null.
+ProcessResult run_process(const std::vector<std::string>& argv) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  int spawn_error = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(pipe_fds[1]);
+  ProcessResult result;
+  if (spawn_error != 0) {
+    close(pipe_fds[0]);
+    result.output = "cannot run " + argv[0] + ": " + std::strerror(spawn_error);
+    return result;
+  }
+  char chunk[4096];
+  while (true) {
+    ssize_t n = read(pipe_fds[0], chunk, sizeof chunk);
+    if (n > 0) result.output.append(chunk, std::size_t(n));
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
+  }
+  close(pipe_fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+// Unique per process, thread and call: temporary names never collide.
+std::string unique_suffix() {
+  static std::atomic<std::uint64_t> counter{0};
+  std::ostringstream suffix;
+  suffix << ".tmp-" << getpid() << "-" << std::hash<std::thread::id>()(std::this_thread::get_id()) << "-"
+         << counter++;
+  return suffix.str();
+}
+
+bool read_file(const std::string& path, std::string& text) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  text = buffer.str();
+  return !in.bad();
+}
+
+// A file that is removed when it goes out of scope, unless kept.
+class TemporaryFile {
+ public:
+  explicit TemporaryFile(std::string path) : path_(std::move(path)) {}
+  ~TemporaryFile() {
+    std::error_code ignored;
+    if (!path_.empty()) fs::remove(path_, ignored);
+  }
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+  const std::string& path() const { return path_; }
+  // Renames it to `target` (atomic within a file system) and keeps it.
+  void commit(const std::string& target) {
+    std::error_code error;
+    fs::rename(path_, target, error);
+    if (error) throw Error("cannot write " + target + ": " + error.message());
+    path_.clear();
+  }
+
+ private:
+  std::string path_;
+};
+
+void write_atomically(const std::string& path, const std::string& text) {
+  TemporaryFile temporary(path + unique_suffix());
+  {
+    std::ofstream out(temporary.path(), std::ios::binary);
+    out << text;
+    if (!out.flush()) throw Error("cannot write " + temporary.path());
+  }
+  temporary.commit(path);
+}
+
+std::string sidecar_text(const std::string& library_bytes) {
+  return std::to_string(library_bytes.size()) + " " + sha256_hex(library_bytes) + "\n";
+}
+
+// The major version of the first "major.minor" in `text`; 0 if none.
+int first_major_version(const std::string& text) {
+  std::smatch match;
+  if (!std::regex_search(text, match, std::regex(R"((\d+)\.\d+)"))) return 0;
+  return std::stoi(match[1]);
+}
+
+std::vector<std::string> compile_flags(const HostCompiler& compiler) {
+  // Not -ffast-math: NaN and infinity must behave as on the GPU.
+  std::vector<std::string> flags = {"-std=c++17", "-O2", "-fPIC", "-shared", "-fno-math-errno",
+                                    "-ffp-contract=fast", "-fvisibility=hidden", "-w"};
+  // Unsuffixed literals are float, as in Metal (clang's shim overloads cover it).
+  if (!compiler.is_clang) flags.push_back("-fsingle-precision-constant");
+#if defined(__x86_64__) || defined(__i386__)
+  // Without -mfma, fmaf is a library call that dominates kernels' profiles.
+  if (__builtin_cpu_supports("fma")) flags.push_back("-mfma");
+  if (__builtin_cpu_supports("f16c")) flags.push_back("-mf16c");
+#endif
+  return flags;
+}
+
+std::string hash_shim(const std::vector<ShimFile>& files) {
+  std::string all;
+  for (const ShimFile& file : files) {
+    all += file.name + '\0' + std::to_string(file.text.size()) + '\0' + file.text;
+  }
+  return sha256_hex(all);
+}
+
+bool shim_dir_matches(const std::string& dir, const std::vector<ShimFile>& files) {
+  for (const ShimFile& file : files) {
+    std::string text;
+    if (!read_file(dir + "/" + file.name, text) || text != file.text) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// ---- KernelBinary ----------------------------------------------------------
+
+void KernelBinary::Unload::operator()(void* handle) const { dlclose(handle); }
+
+KernelBinary::KernelBinary(std::string path) : path_(std::move(path)) {
+  handle_.reset(dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL));
+  if (!handle_) throw Error("cannot load " + path_ + ": " + dlerror());
+  auto version = reinterpret_cast<int (*)()>(dlsym(handle_.get(), "mfa_kernel_abi_version"));
+  auto info = reinterpret_cast<const mfa_abi::KernelInfo* (*)()>(dlsym(handle_.get(), "mfa_kernel_info"));
+  main_ = reinterpret_cast<KernelMain>(dlsym(handle_.get(), "mfa_kernel_main"));
+  if (!version || !info || !main_) throw Error(path_ + " does not export the kernel ABI symbols");
+  if (version() != mfa_abi::kVersion) {
+    throw Error(path_ + " was built for kernel ABI version " + std::to_string(version()) +
+                "; this library needs version " + std::to_string(mfa_abi::kVersion));
+  }
+  info_ = info();
+}
+
+// ---- HostCompiler ----------------------------------------------------------
+
+HostCompiler HostCompiler::probe(const std::string& program) {
+  const std::string path = program_path(program);
+  ProcessResult version = run_process({path, "--version"});
+  if (version.exit_code != 0) {
+    throw UnavailableError("'" + path + " --version' failed: " + version.output);
+  }
+  HostCompiler compiler;
+  compiler.path = path;
+  compiler.version = version.output.substr(0, version.output.find('\n'));
+  compiler.identity = path + "\n" + version.output;
+  std::size_t clang = compiler.version.find("clang version");
+  compiler.is_clang = clang != std::string::npos;
+  bool is_gcc = !compiler.is_clang && version.output.find("Free Software Foundation") != std::string::npos;
+  // "Debian clang version 19.1.7", "g++ (Debian 12.2.0-14) 12.2.0": g++'s version follows the parentheses.
+  std::size_t paren = compiler.version.rfind(')');
+  std::size_t from = compiler.is_clang ? clang : paren == std::string::npos ? 0 : paren + 1;
+  compiler.major_version = first_major_version(compiler.version.substr(from));
+  if ((compiler.is_clang && compiler.major_version >= kMinClangMajor) ||
+      (is_gcc && compiler.major_version >= kMinGccMajor)) {
+    return compiler;
+  }
+  throw UnavailableError("'" + path + "' is " + compiler.version + "; the cpu backend needs g++ >= " +
+                         std::to_string(kMinGccMajor) + " or clang++ >= " + std::to_string(kMinClangMajor));
+}
+
+HostCompiler HostCompiler::find() {
+  std::string override_path = environment("MFA_NATIVE_CXX");
+  if (!override_path.empty()) {
+    try {
+      return probe(override_path);
+    } catch (const UnavailableError& e) {
+      throw UnavailableError("MFA_NATIVE_CXX=" + override_path + " cannot be used: " + e.what());
+    }
+  }
+  // Candidates on PATH, by preference: g++ then clang++, unversioned first,
+  // then the highest version number.
+  std::map<std::tuple<int, int>, std::string> candidates;  // (family, -version) -> path
+  const std::regex name_pattern(R"((g\+\+|clang\+\+)(-(\d+))?)");
+  for (const std::string& dir : path_directories()) {
+    std::error_code error;
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+      std::smatch match;
+      std::string name = entry.path().filename().string();
+      if (!std::regex_match(name, match, name_pattern)) continue;
+      int family = match[1] == "g++" ? 0 : 1;
+      int version = match[3].matched ? std::stoi(match[3]) : 1 << 20;
+      candidates.emplace(std::make_tuple(family, -version), entry.path().string());
+    }
+  }
+  std::string tried;
+  for (const auto& [order, path] : candidates) {
+    try {
+      return probe(path);
+    } catch (const UnavailableError& e) {
+      tried += std::string("\n  ") + e.what();
+    }
+  }
+  throw UnavailableError("no C++ compiler for the cpu backend: it needs g++ >= " + std::to_string(kMinGccMajor) +
+                         " or clang++ >= " + std::to_string(kMinClangMajor) +
+                         " on PATH, or MFA_NATIVE_CXX naming one" + (tried.empty() ? "" : "; tried:" + tried));
+}
+
+// ---- defaults --------------------------------------------------------------
+
+std::vector<ShimFile> embedded_shim_files() {
+  std::vector<ShimFile> files;
+  for (std::size_t i = 0; i < kShimFileCount; ++i) files.push_back({kShimFiles[i].name, kShimFiles[i].text});
+  return files;
+}
+
+std::string default_cache_dir() {
+  if (std::string dir = environment("MFA_NATIVE_CACHE_DIR"); !dir.empty()) return dir;
+  if (std::string dir = environment("XDG_CACHE_HOME"); !dir.empty()) return dir + "/mfa_native";
+  if (std::string home = environment("HOME"); !home.empty()) return home + "/.cache/mfa_native";
+  return (fs::temp_directory_path() / ("mfa_native-" + std::to_string(getuid()))).string();
+}
+
+// ---- KernelCompiler --------------------------------------------------------
+
+KernelCompiler::KernelCompiler(Config config)
+    : host_(std::move(config.compiler)),
+      description_(host_.path + " (" + host_.version + ")"),
+      cache_dir_(std::move(config.cache_dir)),
+      shim_files_(std::move(config.shim_files)),
+      shim_hash_(hash_shim(shim_files_)),
+      shim_dir_(cache_dir_ + "/shim-" + shim_hash_.substr(0, 16)),
+      flags_(compile_flags(host_)) {}
+
+KernelCompiler& KernelCompiler::shared() {
+  static KernelCompiler compiler(Config{HostCompiler::find(), default_cache_dir(), embedded_shim_files()});
+  return compiler;
+}
+
+CompilerStats KernelCompiler::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+std::shared_ptr<const KernelBinary> KernelCompiler::compile(const std::string& cpp_source,
+                                                            const std::string& kernel_name) {
+  // Everything that changes the binary is in the key.
+  std::string key_text = "mfa kernel ABI " + std::to_string(mfa_abi::kVersion) + "\n" + host_.identity + "\n";
+  for (const std::string& flag : flags_) key_text += flag + "\n";
+  key_text += shim_hash_ + "\n" + cpp_source;
+  std::string kernels_dir = cache_dir_ + "/kernels";
+  std::string stem = kernels_dir + "/" + sha256_hex(key_text);
+
+  if (auto cached = load_cached(stem + ".so", stem + ".so.sha256")) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.disk_hits;
+    return cached;
+  }
+  std::error_code error;
+  fs::create_directories(kernels_dir, error);
+  if (error) throw Error("cannot create the kernel cache " + kernels_dir + ": " + error.message());
+  return build(cpp_source, kernel_name, stem);
+}
+
+std::shared_ptr<const KernelBinary> KernelCompiler::load_cached(const std::string& library,
+                                                                const std::string& sidecar) {
+  std::string bytes, recorded;
+  if (!read_file(library, bytes)) return nullptr;
+  bool intact = read_file(sidecar, recorded) && recorded == sidecar_text(bytes);
+  if (intact) {
+    try {
+      return std::make_shared<const KernelBinary>(library);
+    } catch (const Error&) {
+      // does not load: rebuilt below
+    }
+  }
+  std::error_code ignored;
+  fs::remove(library, ignored);
+  fs::remove(sidecar, ignored);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.rebuilt;
+  return nullptr;
+}
+
+std::shared_ptr<const KernelBinary> KernelCompiler::build(const std::string& cpp_source,
+                                                          const std::string& kernel_name,
+                                                          const std::string& stem) {
+  const std::string source_path = stem + ".cpp";
+  write_atomically(source_path, cpp_source);
+  TemporaryFile library(stem + ".so" + unique_suffix());
+  write_shim();
+  std::vector<std::string> command = {host_.path};
+  command.insert(command.end(), flags_.begin(), flags_.end());
+  command.insert(command.end(), {"-I", shim_dir_, "-o", library.path(), source_path});
+
+  auto start = std::chrono::steady_clock::now();
+  ProcessResult result = run_process(command);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.compiles;
+    stats_.compile_seconds += seconds;
+  }
+  if (result.exit_code != 0) {
+    throw CompileError("kernel '" + kernel_name + "' failed to compile with " + host_.path +
+                           " (translated source: " + source_path + ")",
+                       result.output);
+  }
+  std::string bytes;
+  if (!read_file(library.path(), bytes)) throw Error("cannot read the compiled kernel " + library.path());
+  // The sidecar goes first, so a reader that finds the library finds its sidecar.
+  write_atomically(stem + ".so.sha256", sidecar_text(bytes));
+  library.commit(stem + ".so");
+  try {
+    return std::make_shared<const KernelBinary>(stem + ".so");
+  } catch (const Error& e) {
+    throw CompileError("kernel '" + kernel_name + "' compiled but does not load", e.what());
+  }
+}
+
+void KernelCompiler::write_shim() {
+  // Checked before every compile (a few small reads): the cache may be cleared at any time.
+  std::lock_guard<std::mutex> lock(shim_mutex_);
+  if (shim_dir_matches(shim_dir_, shim_files_)) return;
+  // Written completely under a temporary name, then renamed into place.
+  std::string temporary = shim_dir_ + unique_suffix();
+  std::error_code error;
+  fs::create_directories(temporary, error);
+  for (const ShimFile& file : shim_files_) {
+    std::ofstream(temporary + "/" + file.name, std::ios::binary) << file.text;
+  }
+  if (fs::exists(shim_dir_, error)) {  // damaged: moved away, then removed
+    std::string damaged = shim_dir_ + unique_suffix();
+    fs::rename(shim_dir_, damaged, error);
+    fs::remove_all(damaged, error);
+  }
+  fs::rename(temporary, shim_dir_, error);
+  if (error) fs::remove_all(temporary, error);  // another process won the race
+  if (!shim_dir_matches(shim_dir_, shim_files_)) throw Error("cannot write the shim headers to " + shim_dir_);
+}
+
+}  // namespace mfa::cpu

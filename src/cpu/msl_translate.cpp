@@ -1,0 +1,530 @@
+// MSL -> C++ for the cpu backend. The MSL text is kept line for line (every
+// rewrite keeps the newlines it replaces), behind `#line 1 "<metal_path>"`,
+// so compiler errors and diagnostics point at the .metal source.
+#include "msl_translate.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <variant>
+
+#include "core/msl_syntax.hpp"
+#include "mfa/errors.hpp"
+
+namespace mfa::cpu {
+namespace {
+
+using msl::KernelSyntax;
+using msl::ProgramSyntax;
+using msl::Token;
+using msl::TokenKind;
+using msl::TokenSpan;
+
+// Helpers the generated code uses, ahead of the MSL text.
+constexpr const char* kPrelude = R"(#include <metal_stdlib>
+#include "mfa_kernel_abi.h"
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+
+namespace mfa_glue {
+using mfa_abi::ThreadState;
+
+// A kernel-scope `threadgroup T name;`: every thread of the group runs the
+// same declarations in the same order, so all get the same storage.
+template <class T>
+T& threadgroup_variable() {
+  return *static_cast<T*>(mfa_shim::threadgroup_alloc(sizeof(T), alignof(T)));
+}
+
+// Builtin arguments, per axis (axis is ignored by the one-number builtins).
+inline std::uint32_t thread_position_in_threadgroup(const ThreadState* t, int axis) {
+  return t->thread_position_in_threadgroup[axis];
+}
+inline std::uint32_t threadgroup_position_in_grid(const ThreadState* t, int axis) {
+  return t->group->threadgroup_position_in_grid[axis];
+}
+inline std::uint32_t threads_per_threadgroup(const ThreadState* t, int axis) {
+  return t->dispatch->threads_per_threadgroup[axis];
+}
+inline std::uint32_t threadgroups_per_grid(const ThreadState* t, int axis) {
+  return t->dispatch->threadgroups_per_grid[axis];
+}
+inline std::uint32_t thread_position_in_grid(const ThreadState* t, int axis) {
+  return threadgroup_position_in_grid(t, axis) * threads_per_threadgroup(t, axis) +
+         thread_position_in_threadgroup(t, axis);
+}
+inline std::uint32_t threads_per_grid(const ThreadState* t, int axis) {
+  return threadgroups_per_grid(t, axis) * threads_per_threadgroup(t, axis);
+}
+inline std::uint32_t thread_index_in_threadgroup(const ThreadState* t, int) {
+  return t->thread_index_in_threadgroup;
+}
+inline std::uint32_t thread_index_in_simdgroup(const ThreadState* t, int) {
+  return t->thread_index_in_simdgroup;
+}
+inline std::uint32_t simdgroup_index_in_threadgroup(const ThreadState* t, int) {
+  return t->simdgroup_index_in_threadgroup;
+}
+inline std::uint32_t simdgroups_per_threadgroup(const ThreadState* t, int) {
+  return t->dispatch->simdgroups_per_threadgroup;
+}
+inline std::uint32_t threads_per_simdgroup(const ThreadState*, int) { return mfa_abi::kSimdWidth; }
+inline std::uint32_t thread_execution_width(const ThreadState*, int) { return mfa_abi::kSimdWidth; }
+
+// A reference argument whose buffer is smaller than its type (bounds checks).
+inline void check_buffer_holds(ThreadState* t, unsigned index, const char* name, std::size_t bytes) {
+  std::size_t size = t->dispatch->buffers[index] ? t->dispatch->buffer_sizes[index] : 0;
+  if (size >= bytes) return;
+  char message[256];
+  std::snprintf(message, sizeof message, "buffer(%u) '%s' holds %zu bytes; its type needs %zu",
+                index, name, size, bytes);
+  t->dispatch->runtime->fail(t, message);
+}
+
+// Runs one GPU thread; an exception escaping the kernel fails the dispatch.
+// The message is copied out of the handler first: fail() never returns, and
+// a fiber must not be abandoned inside a catch block.
+inline void run_thread(ThreadState* t, void (*body)(ThreadState*)) {
+  mfa_abi::current_thread = t;
+  char message[512];
+  try {
+    body(t);
+    return;
+  } catch (const std::exception& e) {
+    std::snprintf(message, sizeof message, "%s", e.what());
+  } catch (...) {
+    std::snprintf(message, sizeof message, "unknown exception");
+  }
+  t->dispatch->runtime->fail(t, message);
+}
+}  // namespace mfa_glue
+)";
+
+// Identifiers of MSL features no header can provide on the CPU.
+struct Unsupported {
+  std::string_view word;
+  const char* why;
+};
+constexpr const char* kNoTextures = "textures, samplers, imageblocks and ray tracing are not supported";
+constexpr Unsupported kUnsupportedWords[] = {
+    {"__asm", "inline assembly (AIR intrinsics) cannot run on the cpu backend"},
+    {"__asm__", "inline assembly (AIR intrinsics) cannot run on the cpu backend"},
+    {"asm", "inline assembly (AIR intrinsics) cannot run on the cpu backend"},
+    {"vertex", "vertex functions are not supported; only kernels run on the cpu backend"},
+    {"fragment", "fragment functions are not supported; only kernels run on the cpu backend"},
+    {"texture1d", kNoTextures}, {"texture1d_array", kNoTextures}, {"texture2d", kNoTextures},
+    {"texture2d_array", kNoTextures}, {"texture2d_ms", kNoTextures}, {"texture2d_ms_array", kNoTextures},
+    {"texture3d", kNoTextures}, {"texturecube", kNoTextures}, {"texturecube_array", kNoTextures},
+    {"texture_buffer", kNoTextures}, {"depth2d", kNoTextures}, {"depth2d_array", kNoTextures},
+    {"depth2d_ms", kNoTextures}, {"depth2d_ms_array", kNoTextures}, {"depthcube", kNoTextures},
+    {"depthcube_array", kNoTextures}, {"sampler", kNoTextures}, {"imageblock", kNoTextures},
+    {"acceleration_structure", kNoTextures}, {"intersector", kNoTextures},
+    {"visible_function_table", kNoTextures}, {"intersection_function_table", kNoTextures},
+};
+
+// Edits of source byte ranges. Each replacement is one line of text followed
+// by the newlines of the range it replaces, so every later line keeps its number.
+class Rewriter {
+ public:
+  explicit Rewriter(std::string_view source) : source_(source) {}
+
+  bool covers(std::size_t offset) const {
+    for (const Edit& edit : edits_) {
+      if (offset >= edit.begin && offset < edit.end) return true;
+    }
+    return false;
+  }
+
+  void replace(std::size_t begin, std::size_t end, std::string text) {
+    for (char c : source_.substr(begin, end - begin)) {
+      if (c == '\n') text += '\n';
+    }
+    edits_.push_back({begin, end, std::move(text)});
+  }
+
+  void replace(const std::vector<Token>& tokens, TokenSpan span, std::string text) {
+    replace(tokens[span.begin].offset, tokens[span.end - 1].end(), std::move(text));
+  }
+
+  std::string apply() {
+    std::sort(edits_.begin(), edits_.end(), [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+    std::string out;
+    std::size_t pos = 0;
+    for (const Edit& edit : edits_) {
+      out.append(source_.substr(pos, edit.begin - pos));
+      out += edit.text;
+      pos = edit.end;
+    }
+    out.append(source_.substr(pos));
+    return out;
+  }
+
+ private:
+  struct Edit {
+    std::size_t begin, end;
+    std::string text;
+  };
+  std::string_view source_;
+  std::vector<Edit> edits_;
+};
+
+class Translator {
+ public:
+  Translator(const std::string& source, const FunctionInfo& function,
+             const std::map<int, ConstantValue>& constants, const TranslateOptions& options)
+      : options_(options),
+        constants_(constants),
+        program_(msl::parse_program(source, options.metal_path)),
+        tokens_(program_.tokens),
+        kernel_(find_kernel(function.name)),
+        rewriter_(source) {}
+
+  std::string run() {
+    for (const KernelSyntax& other : program_.kernels) {
+      if (&other != &kernel_) rewriter_.replace(tokens_, other.declaration, "");
+    }
+    reject_unsupported();
+    bake_function_constants();
+    rewrite_signature();
+    rewrite_threadgroup_variables();
+    rewrite_half_literals();
+
+    std::string text = rewriter_.apply();
+    if (!text.empty() && text.back() != '\n') text += '\n';
+    return kPrelude + ("#line 1 \"" + options_.metal_path + "\"\n") + text + glue();
+  }
+
+ private:
+  [[noreturn]] void fail(int line, const std::string& what) const {
+    throw CompileError(options_.metal_path + ":" + std::to_string(line) + ": " + what, "");
+  }
+
+  const KernelSyntax& find_kernel(const std::string& name) const {
+    const KernelSyntax* found = nullptr;
+    std::string names;
+    for (const KernelSyntax& kernel : program_.kernels) {
+      names += (names.empty() ? "'" : ", '") + kernel.info.name + "'";
+      if (kernel.info.name != name) continue;
+      if (found) fail(tokens_[kernel.declaration.begin].line, "more than one kernel is named '" + name + "'");
+      found = &kernel;
+    }
+    if (!found) {
+      throw CompileError("no kernel named '" + name + "' in " + options_.metal_path +
+                             (names.empty() ? " (it has no kernels)" : " (it has " + names + ")"),
+                         "");
+    }
+    return *found;
+  }
+
+  // Whether a token is still as in the source: not replaced so far (the
+  // other kernels are replaced, by nothing, before anything else).
+  bool translated(std::size_t index) const { return !rewriter_.covers(tokens_[index].offset); }
+
+  void reject_unsupported() const {
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+      const Token& token = tokens_[i];
+      if (token.kind != TokenKind::identifier || !translated(i)) continue;
+      if (token.text.substr(0, 8) == "__metal_") {
+        fail(token.line, "'" + std::string(token.text) + "': Metal compiler internals cannot run on the cpu backend");
+      }
+      for (const Unsupported& entry : kUnsupportedWords) {
+        if (token.text == entry.word) fail(token.line, "'" + std::string(entry.word) + "': " + entry.why);
+      }
+    }
+  }
+
+  // `constant T name [[function_constant(i)]];` -> `constexpr T name = T(value);`
+  // and `is_function_constant_defined(name)` -> true / false.
+  void bake_function_constants() {
+    for (const msl::FunctionConstantSyntax& constant : program_.constants) {
+      const FunctionConstantInfo& info = constant.info;
+      auto value = constants_.find(info.index);
+      int line = tokens_[constant.declaration.begin].line;
+      if (value == constants_.end() && info.required) {
+        // As in Metal, an unset constant is an error only where a kernel uses
+        // it: the compiler then names this type at the line of the use.
+        const std::string marker = "function_constant_" + info.name + "_index_" + std::to_string(info.index) +
+                                   "_has_no_value";
+        rewriter_.replace(tokens_, constant.declaration,
+                          "struct " + marker + " {}; constexpr " + marker + " " + info.name + "{};");
+        continue;
+      }
+      std::string initial = value == constants_.end() ? "" : literal(info, value->second, line);
+      rewriter_.replace(tokens_, constant.declaration,
+                        "constexpr " + info.type + " " + info.name + " = " + info.type + "(" + initial + ");");
+    }
+    for (const msl::ConstantQuerySyntax& query : program_.constant_queries) {
+      if (!translated(query.tokens.begin)) continue;
+      bool defined = false;
+      for (const msl::FunctionConstantSyntax& constant : program_.constants) {
+        defined |= constant.info.name == query.name && constants_.count(constant.info.index);
+      }
+      rewriter_.replace(tokens_, query.tokens, defined ? "true" : "false");
+    }
+  }
+
+  // The value in C++ with full precision, for the constant's declared type.
+  std::string literal(const FunctionConstantInfo& info, const ConstantValue& value, int line) const {
+    std::string_view type = info.type;
+    if (type.substr(0, 7) == "metal::") type.remove_prefix(7);
+    double number = std::visit([](auto v) { return static_cast<double>(v); }, value);
+    if (type == "bool") return number != 0 ? "true" : "false";
+    for (std::string_view integer : {"char", "uchar", "short", "ushort", "int", "uint", "long",
+                                     "ulong", "int8_t", "uint8_t", "int16_t", "uint16_t",
+                                     "int32_t", "uint32_t", "int64_t", "uint64_t", "size_t"}) {
+      if (type != integer) continue;
+      std::int64_t whole = std::visit([](auto v) { return static_cast<std::int64_t>(v); }, value);
+      if (whole == INT64_MIN) return "(-9223372036854775807LL - 1)";
+      return std::to_string(whole) + "LL";
+    }
+    if (type == "float" || type == "half" || type == "bfloat") {
+      float single = static_cast<float>(number);
+      if (std::isnan(single)) return "__builtin_nanf(\"\")";
+      if (std::isinf(single)) return single > 0 ? "__builtin_inff()" : "-__builtin_inff()";
+      char text[64];
+      std::snprintf(text, sizeof text, "%af", static_cast<double>(single));  // exact: hex float
+      return text;
+    }
+    fail(line, "function constant '" + info.name + "' has type '" + info.type +
+                   "', which the cpu backend cannot specialize (use bool, an integer type, float, half or bfloat)");
+  }
+
+  // The kernel becomes a static function without attributes; with bounds
+  // checks, device/constant pointers become checked pointers.
+  void rewrite_signature() {
+    rewriter_.replace(tokens_, kernel_.keyword, "static");
+    for (const TokenSpan& attribute : kernel_.attributes) rewriter_.replace(tokens_, attribute, " ");
+    for (const msl::ParameterSyntax& parameter : kernel_.parameters) {
+      const ArgumentInfo& info = parameter.info;
+      if (options_.bounds_check && info.kind == ArgumentKind::buffer && info.is_pointer) {
+        for (const TokenSpan& attribute : parameter.attributes) {
+          if (attribute.begin < parameter.name) {
+            fail(tokens_[attribute.begin].line, "put the attributes of '" + info.name + "' after its name");
+          }
+        }
+        rewriter_.replace(tokens_, {parameter.declaration.begin, parameter.name},
+                          "mfa_shim::checked_ptr<" + element_type(info) + "> ");
+      }
+      for (const TokenSpan& attribute : parameter.attributes) rewriter_.replace(tokens_, attribute, " ");
+    }
+  }
+
+  static std::string element_type(const ArgumentInfo& info) {
+    return (info.is_const ? "const " : "") + info.type;
+  }
+
+  // `threadgroup T a[N], b;` at statement level in the kernel body ->
+  // `auto& a = mfa_glue::threadgroup_variable<T[N]>(); auto& b = ...;`
+  // Threadgroup pointer declarations stay as they are.
+  void rewrite_threadgroup_variables() {
+    for (std::size_t i = kernel_.body.begin + 1; i + 1 < kernel_.body.end; ++i) {
+      const Token& previous = tokens_[i - 1];
+      bool statement_start = previous.is("{") || previous.is("}") || previous.is(";") ||
+                             previous.kind == TokenKind::preprocessor;
+      if (!tokens_[i].is("threadgroup") || !statement_start) continue;
+      std::size_t end = statement_end(i);
+      std::vector<TokenSpan> declarators = split_declarators({i + 1, end});
+      std::string replacement;
+      std::string type;
+      for (std::size_t d = 0; d < declarators.size(); ++d) {
+        std::string declared = threadgroup_declarator(declarators[d], d == 0, type);
+        if (declared.empty()) break;  // a pointer: left alone
+        replacement += (d ? " " : "") + declared;
+      }
+      if (!replacement.empty()) rewriter_.replace(tokens_, {i, end + 1}, replacement);
+      i = end;
+    }
+  }
+
+  std::size_t statement_end(std::size_t begin) const {
+    for (std::size_t j = begin; j < kernel_.body.end; ++j) {
+      if (tokens_[j].is("(") || tokens_[j].is("[") || tokens_[j].is("{")) j = msl::find_closing(tokens_, j);
+      if (j < kernel_.body.end && tokens_[j].is(";")) return j;
+    }
+    fail(tokens_[begin].line, "threadgroup declaration without ';'");
+  }
+
+  std::vector<TokenSpan> split_declarators(TokenSpan span) const {
+    std::vector<TokenSpan> parts;
+    std::size_t begin = span.begin;
+    int angle_depth = 0;
+    for (std::size_t j = span.begin; j < span.end; ++j) {
+      if (tokens_[j].is("(") || tokens_[j].is("[")) j = msl::find_closing(tokens_, j);
+      else if (tokens_[j].is("<")) ++angle_depth;
+      else if (tokens_[j].is(">") && angle_depth > 0) --angle_depth;
+      else if (tokens_[j].is(",") && angle_depth == 0) {
+        parts.push_back({begin, j});
+        begin = j + 1;
+      }
+    }
+    parts.push_back({begin, span.end});
+    return parts;
+  }
+
+  // One declarator of a threadgroup declaration as a C++ declaration, or ""
+  // for a pointer or reference. The first declarator holds the type and sets
+  // `type`; the ones after use it.
+  std::string threadgroup_declarator(TokenSpan span, bool first, std::string& type) const {
+    const int line = tokens_[span.begin].line;
+    std::size_t name = span.end;  // the last identifier outside brackets and template arguments
+    int angle_depth = 0;
+    bool indirect = false;
+    for (std::size_t j = span.begin; j < span.end; ++j) {
+      const Token& token = tokens_[j];
+      if (token.is("[")) {
+        j = msl::find_closing(tokens_, j);
+      } else if (token.is("<")) {
+        ++angle_depth;
+      } else if (token.is(">")) {
+        --angle_depth;
+      } else if (token.is("*") || token.is("&") || token.is("(")) {
+        indirect = true;
+      } else if (token.is("=")) {
+        if (!indirect) fail(line, "a threadgroup variable cannot have an initializer");
+      } else if (token.kind == TokenKind::identifier && angle_depth == 0) {
+        name = j;
+      }
+    }
+    if (indirect) {
+      if (first) return "";
+      fail(line, "declare threadgroup pointers apart from threadgroup variables");
+    }
+    if (name == span.end || (first ? name == span.begin : name != span.begin)) {
+      fail(line, "cannot read this threadgroup declaration");
+    }
+    if (first) type = msl::join_tokens(tokens_, {span.begin, name});
+    for (std::size_t j = name + 1; j < span.end; j = msl::find_closing(tokens_, j) + 1) {
+      if (!tokens_[j].is("[")) fail(line, "cannot read this threadgroup declaration");
+    }
+    std::string dimensions = name + 1 < span.end ? msl::join_tokens(tokens_, {name + 1, span.end}) : "";
+    return "auto& " + std::string(tokens_[name].text) + " = mfa_glue::threadgroup_variable<" +
+           type + dimensions + ">();";
+  }
+
+  // `1.5h` -> `half(1.5f)`, also inside #define directives.
+  void rewrite_half_literals() {
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+      const Token& token = tokens_[i];
+      if (!translated(i)) continue;
+      if (token.kind == TokenKind::number) {
+        rewrite_half_literal(token.text, token.offset);
+      } else if (token.kind == TokenKind::preprocessor && token.text.find("define") != std::string_view::npos) {
+        std::string_view body = token.text.substr(1);
+        std::vector<Token> inner;
+        try {
+          inner = msl::lex(body, options_.metal_path);
+        } catch (const CompileError&) {
+          continue;  // not tokenizable as MSL: left for the compiler to judge
+        }
+        for (const Token& t : inner) {
+          if (t.kind == TokenKind::number) rewrite_half_literal(t.text, token.offset + 1 + t.offset);
+        }
+      }
+    }
+  }
+
+  void rewrite_half_literal(std::string_view number, std::size_t offset) {
+    if (number.size() < 2 || (number.back() != 'h' && number.back() != 'H')) return;
+    if (number[1] == 'x' || number[1] == 'X') return;
+    std::string value(number.substr(0, number.size() - 1));
+    if (value.find_first_of(".eE") == std::string::npos) value += ".0";
+    rewriter_.replace(offset, offset + number.size(), "half(" + value + "f)");
+  }
+
+  // The exported functions: kernel info, and a main that binds one thread's
+  // arguments from its ThreadState and calls the kernel. The binding code
+  // sits in the kernel's namespace, where its types are found.
+  std::string glue() const {
+    const std::string& name = kernel_.info.name;
+    std::string open, close, qualified;
+    for (const std::string& space : kernel_.namespaces) {
+      open += "namespace " + space + " {\n";
+      close += "}\n";
+      if (!space.empty()) qualified += space + "::";
+    }
+    std::string checks, arguments;
+    for (const msl::ParameterSyntax& parameter : kernel_.parameters) {
+      arguments += (arguments.empty() ? "\n      " : ",\n      ") + argument_value(parameter.info);
+      checks += size_check(parameter.info);
+    }
+    return "#line 1 \"mfa_glue_" + name + ".cpp\"\n" + open +
+           "static const mfa_abi::KernelInfo mfa_glue_info = {\"" + name + "\", {" + argument_sizes() + "}};\n"
+           "static void mfa_glue_run(mfa_abi::ThreadState* t) {\n" + checks + "  " + name + "(" + arguments +
+           ");\n}\n" + close +
+           "#define MFA_EXPORT extern \"C\" __attribute__((visibility(\"default\")))\n"
+           "MFA_EXPORT int mfa_kernel_abi_version() { return mfa_abi::kVersion; }\n"
+           "MFA_EXPORT const mfa_abi::KernelInfo* mfa_kernel_info() { return &" + qualified + "mfa_glue_info; }\n"
+           "MFA_EXPORT void mfa_kernel_main(mfa_abi::ThreadState* t) {\n"
+           "  mfa_glue::run_thread(t, " + qualified + "mfa_glue_run);\n}\n";
+  }
+
+  // KernelInfo::argument_bytes: `sizeof(T), 0, ...` up to the highest buffer index.
+  std::string argument_sizes() const {
+    int last_buffer = -1;
+    for (const ArgumentInfo& info : kernel_.info.arguments) {
+      if (info.kind == ArgumentKind::buffer) last_buffer = std::max(last_buffer, info.index);
+    }
+    std::string sizes;
+    for (int i = 0; i <= last_buffer; ++i) {
+      const ArgumentInfo* info = kernel_.info.buffer(i);
+      sizes += std::string(i ? ", " : "") + (info ? "sizeof(" + info->type + ")" : "0");
+    }
+    return sizes;
+  }
+
+  std::string argument_value(const ArgumentInfo& info) const {
+    if (info.kind == ArgumentKind::builtin) return builtin_value(info);
+    const std::string index = std::to_string(info.index);
+    const std::string address = info.kind == ArgumentKind::buffer ? "t->dispatch->buffers[" + index + "]"
+                                                                  : "t->group->threadgroup_args[" + index + "]";
+    // Non-const: converts to whatever the kernel declares, however the shim
+    // spells the address spaces.
+    const std::string pointer = "static_cast<" + info.type + "*>(" + address + ")";
+    if (!info.is_pointer) return "*" + pointer;
+    if (options_.bounds_check && info.kind == ArgumentKind::buffer) {
+      return "mfa_shim::checked_ptr<" + element_type(info) + ">(" + pointer + ", t->dispatch->buffer_sizes[" +
+             index + "], " + index + ")";
+    }
+    return pointer;
+  }
+
+  // With bounds checks, a reference's buffer must hold its type.
+  std::string size_check(const ArgumentInfo& info) const {
+    if (!options_.bounds_check || info.kind != ArgumentKind::buffer || info.is_pointer) return "";
+    return "  mfa_glue::check_buffer_holds(t, " + std::to_string(info.index) + ", \"" + info.name + "\", sizeof(" +
+           info.type + "));\n";
+  }
+
+  // e.g. `uint3(uint(mfa_glue::thread_position_in_grid(t, 0)), ...)`
+  static std::string builtin_value(const ArgumentInfo& info) {
+    const std::string& type = info.builtin_type;
+    int components = std::isdigit(static_cast<unsigned char>(type.back())) ? type.back() - '0' : 1;
+    std::string scalar = components > 1 ? type.substr(0, type.size() - 1) : type;
+    std::string value;
+    for (int axis = 0; axis < components; ++axis) {
+      value += std::string(axis ? ", " : "") + scalar + "(mfa_glue::" + info.builtin + "(t, " +
+               std::to_string(axis) + "))";
+    }
+    return components > 1 ? type + "(" + value + ")" : value;
+  }
+
+  const TranslateOptions& options_;
+  const std::map<int, ConstantValue>& constants_;
+  ProgramSyntax program_;
+  const std::vector<Token>& tokens_;
+  const KernelSyntax& kernel_;
+  Rewriter rewriter_;
+};
+
+}  // namespace
+
+std::string translate_msl(const std::string& source, const FunctionInfo& function,
+                          const std::map<int, ConstantValue>& constants,
+                          const TranslateOptions& options) {
+  return Translator(source, function, constants, options).run();
+}
+
+}  // namespace mfa::cpu

@@ -1,0 +1,263 @@
+// The cpu backend's MSL front end: the rewrites a header cannot express,
+// line for line, and the glue that binds a thread's arguments.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mfa/errors.hpp"
+#include "mfa/reflection.hpp"
+#include "msl_translate.hpp"
+
+namespace {
+
+using mfa::ConstantValue;
+using mfa::cpu::TranslateOptions;
+
+std::string translate(const std::string& source, const std::string& kernel,
+                      const std::map<int, ConstantValue>& constants = {}, TranslateOptions options = {}) {
+  for (const mfa::FunctionInfo& function : mfa::reflect_msl(source)) {
+    if (function.name == kernel) return mfa::cpu::translate_msl(source, function, constants, options);
+  }
+  mfa::FunctionInfo unknown;
+  unknown.name = kernel;
+  return mfa::cpu::translate_msl(source, unknown, constants, options);
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The lines of the translated MSL (between its #line and the glue's), so
+// that lines[n - 1] is .metal line n.
+std::vector<std::string> metal_lines(const std::string& unit, const std::string& path = "kernel.metal") {
+  const std::string start = "#line 1 \"" + path + "\"\n";
+  std::size_t begin = unit.find(start);
+  std::size_t end = unit.find("#line 1 \"mfa_glue_");
+  EXPECT_NE(begin, std::string::npos);
+  EXPECT_NE(end, std::string::npos);
+  begin += start.size();
+  return split_lines(unit.substr(begin, end - begin));
+}
+
+std::string glue_of(const std::string& unit) { return unit.substr(unit.find("#line 1 \"mfa_glue_")); }
+
+std::string translation_error(const std::string& source, const std::string& kernel,
+                              const std::map<int, ConstantValue>& constants = {}) {
+  try {
+    translate(source, kernel, constants);
+  } catch (const mfa::CompileError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no CompileError";
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+const char* kKernel = R"(#include <metal_stdlib>
+using namespace metal;
+struct Params { uint n; float scale; };
+[[max_total_threads_per_threadgroup(128)]]
+kernel void scale(device const float* x [[buffer(0)]],
+                  device float* y [[buffer(1)]],
+                  constant Params& p [[buffer(2)]],
+                  threadgroup float* scratch [[threadgroup(0)]],
+                  uint3 gid [[thread_position_in_grid]],
+                  ushort lane [[thread_index_in_simdgroup]]) {
+  threadgroup float tile[32][33], total;
+  threadgroup float* row = &tile[lane][0];
+  y[gid.x] = x[gid.x] * p.scale + 1.5h + row[0] + total;
+}
+)";
+
+TEST(Translate, StartsWithTheShimThenKeepsEveryLineInPlace) {
+  std::string unit = translate(kKernel, "scale");
+  EXPECT_EQ(unit.rfind("#include <metal_stdlib>\n", 0), 0u);
+  std::vector<std::string> source = split_lines(kKernel);
+  std::vector<std::string> lines = metal_lines(unit);
+  ASSERT_EQ(lines.size(), source.size());
+  EXPECT_EQ(lines[0], source[0]);
+  EXPECT_EQ(lines[2], source[2]);
+  EXPECT_EQ(lines[3], " ");  // the attribute is gone
+  EXPECT_EQ(lines[4], "static void scale(device const float* x  ,");
+  EXPECT_EQ(lines[7], "                  threadgroup float* scratch  ,");
+  EXPECT_EQ(lines[9], "                  ushort lane  ) {");
+  EXPECT_EQ(lines[10],
+            "  auto& tile = mfa_glue::threadgroup_variable<float[32][33]>(); "
+            "auto& total = mfa_glue::threadgroup_variable<float>();");
+  EXPECT_EQ(lines[11], source[11]);  // a threadgroup pointer stays
+  EXPECT_EQ(lines[12], "  y[gid.x] = x[gid.x] * p.scale + half(1.5f) + row[0] + total;");
+}
+
+TEST(Translate, GlueBindsEveryArgumentFromTheThreadState) {
+  std::string glue = glue_of(translate(kKernel, "scale"));
+  EXPECT_TRUE(contains(glue, "mfa_glue_info = {\"scale\", {sizeof(float), sizeof(float), sizeof(Params)}};"));
+  EXPECT_TRUE(contains(glue, "static_cast<float*>(t->dispatch->buffers[0])"));
+  EXPECT_TRUE(contains(glue, "*static_cast<Params*>(t->dispatch->buffers[2])"));
+  EXPECT_TRUE(contains(glue, "static_cast<float*>(t->group->threadgroup_args[0])"));
+  EXPECT_TRUE(contains(glue, "uint3(uint(mfa_glue::thread_position_in_grid(t, 0)), "
+                             "uint(mfa_glue::thread_position_in_grid(t, 1)), "
+                             "uint(mfa_glue::thread_position_in_grid(t, 2)))"));
+  EXPECT_TRUE(contains(glue, "ushort(mfa_glue::thread_index_in_simdgroup(t, 0))"));
+  EXPECT_TRUE(contains(glue, "int mfa_kernel_abi_version()"));
+  EXPECT_TRUE(contains(glue, "mfa_kernel_info()"));
+  EXPECT_TRUE(contains(glue, "void mfa_kernel_main(mfa_abi::ThreadState* t)"));
+  EXPECT_FALSE(contains(glue, "checked_ptr"));
+  EXPECT_FALSE(contains(glue, "check_buffer_holds"));
+}
+
+TEST(Translate, BoundsChecksWrapPointersAndCheckReferences) {
+  TranslateOptions options;
+  options.bounds_check = true;
+  std::string unit = translate(kKernel, "scale", {}, options);
+  std::vector<std::string> lines = metal_lines(unit);
+  EXPECT_EQ(lines[4], "static void scale(mfa_shim::checked_ptr<const float>  x  ,");
+  EXPECT_EQ(lines[5], "                  mfa_shim::checked_ptr<float>  y  ,");
+  EXPECT_EQ(lines[6], "                  constant Params& p  ,");  // a reference: checked in the glue
+  EXPECT_EQ(lines[7], "                  threadgroup float* scratch  ,");
+  std::string glue = glue_of(unit);
+  EXPECT_TRUE(contains(glue, "mfa_shim::checked_ptr<const float>(static_cast<float*>(t->dispatch->buffers[0]), "
+                             "t->dispatch->buffer_sizes[0], 0)"));
+  EXPECT_TRUE(contains(glue, "mfa_glue::check_buffer_holds(t, 2, \"p\", sizeof(Params));"));
+}
+
+TEST(Translate, FunctionConstantsBecomeConstexprWithFullPrecision) {
+  const std::string source = R"(constant bool flag [[function_constant(0)]];
+constant int count [[function_constant(1)]];
+constant float alpha [[function_constant(2)]];
+constant half beta [[function_constant(3)]];
+constant bfloat gamma
+    [[function_constant(4)]];
+constant uint optional_size [[function_constant(5)]];
+constant float limit [[function_constant(6)]];
+kernel void k(device float* x [[buffer(0)]]) {
+  x[0] = is_function_constant_defined(optional_size) ? float(optional_size) : alpha;
+  x[1] = is_function_constant_defined( limit ) ? limit : 0.0f;
+}
+)";
+  std::mt19937 random(std::random_device{}());
+  const double alpha = std::uniform_real_distribution<double>(-10, 10)(random);
+  const std::int64_t count = std::uniform_int_distribution<std::int64_t>(-100000, 100000)(random);
+  std::map<int, ConstantValue> values = {{0, true}, {1, count}, {2, alpha}, {3, 0.1}, {4, std::int64_t(3)},
+                                         {6, std::numeric_limits<double>::infinity()}};
+  std::vector<std::string> lines = metal_lines(translate(source, "k", values));
+  ASSERT_EQ(lines.size(), 12u);
+  EXPECT_EQ(lines[0], "constexpr bool flag = bool(true);");
+  EXPECT_EQ(lines[1], "constexpr int count = int(" + std::to_string(count) + "LL);");
+  // The float is printed exactly: reading the literal back gives the same float.
+  const std::string prefix = "constexpr float alpha = float(";
+  ASSERT_EQ(lines[2].rfind(prefix, 0), 0u) << lines[2];
+  std::string literal = lines[2].substr(prefix.size(), lines[2].size() - prefix.size() - 2);
+  EXPECT_EQ(std::strtof(literal.c_str(), nullptr), static_cast<float>(alpha)) << literal;
+  EXPECT_EQ(lines[3], "constexpr half beta = half(0x1.99999ap-4f);");
+  EXPECT_EQ(lines[4], "constexpr bfloat gamma = bfloat(0x1.8p+1f);");  // two lines, kept as two
+  EXPECT_EQ(lines[5], "");
+  EXPECT_EQ(lines[6], "constexpr uint optional_size = uint();");
+  EXPECT_EQ(lines[7], "constexpr float limit = float(__builtin_inff());");
+  EXPECT_EQ(lines[9], "  x[0] = false ? float(optional_size) : alpha;");
+  EXPECT_EQ(lines[10], "  x[1] = true ? limit : 0.0f;");
+}
+
+TEST(Translate, RequiredConstantWithoutValueFailsOnlyWhereUsed) {
+  // As in Metal: the declaration stays harmless; a use fails to compile with
+  // an error naming the constant (see KernelCompiler tests for the compile).
+  const std::string source = "\nconstant int width [[function_constant(4)]];\nkernel void k() { int a = width; }\n";
+  std::vector<std::string> lines = metal_lines(translate(source, "k", {}));
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines[1],
+            "struct function_constant_width_index_4_has_no_value {}; "
+            "constexpr function_constant_width_index_4_has_no_value width{};");
+  EXPECT_TRUE(contains(translate(source, "k", {{4, std::int64_t(-7)}}), "constexpr int width = int(-7LL);"));
+  EXPECT_TRUE(contains(translation_error("constant float2 v [[function_constant(0)]];\nkernel void k() {}\n", "k",
+                                         {{0, 1.0}}),
+                       "kernel.metal:1: function constant 'v' has type 'float2'"));
+}
+
+TEST(Translate, HalfLiteralsOutsideStringsCommentsAndHexNumbers) {
+  const std::string source = R"(#define ONE_AND_HALF 1.5h
+kernel void k(device half* x [[buffer(0)]]) {
+  x[0] = 2h + 1e-3h + .5H + ONE_AND_HALF; // 3h in a comment
+  x[1] = half(0x10) + half(3.0f); const char* s = "4h";
+}
+)";
+  std::vector<std::string> lines = metal_lines(translate(source, "k"));
+  EXPECT_EQ(lines[0], "#define ONE_AND_HALF half(1.5f)");
+  EXPECT_EQ(lines[2], "  x[0] = half(2.0f) + half(1e-3f) + half(.5f) + ONE_AND_HALF; // 3h in a comment");
+  EXPECT_EQ(lines[3], "  x[1] = half(0x10) + half(3.0f); const char* s = \"4h\";");
+}
+
+TEST(Translate, ThreadgroupVariablesAnywhereInTheBody) {
+  const std::string source = R"(kernel void k(uint i [[thread_index_in_threadgroup]]) {
+  threadgroup simdgroup_matrix<float, 8, 8> tiles[2];
+  if (i == 0) {
+    threadgroup atomic_uint counter;
+  }
+  threadgroup float
+      spread[4];
+  threadgroup float (*rows)[4] = nullptr;
+  threadgroup float* a = nullptr, *b = nullptr;
+  x = (threadgroup float*)a;
+}
+)";
+  std::vector<std::string> lines = metal_lines(translate(source, "k"));
+  ASSERT_EQ(lines.size(), 11u);
+  EXPECT_EQ(lines[1], "  auto& tiles = mfa_glue::threadgroup_variable<simdgroup_matrix<float, 8, 8>[2]>();");
+  EXPECT_EQ(lines[3], "    auto& counter = mfa_glue::threadgroup_variable<atomic_uint>();");
+  EXPECT_EQ(lines[5], "  auto& spread = mfa_glue::threadgroup_variable<float[4]>();");
+  EXPECT_EQ(lines[6], "");
+  EXPECT_EQ(lines[7], "  threadgroup float (*rows)[4] = nullptr;");
+  EXPECT_EQ(lines[8], "  threadgroup float* a = nullptr, *b = nullptr;");
+  EXPECT_EQ(lines[9], "  x = (threadgroup float*)a;");
+  EXPECT_TRUE(contains(translation_error("kernel void k() {\n  threadgroup float a = 1.0f;\n}\n", "k"),
+                       "kernel.metal:2: a threadgroup variable cannot have an initializer"));
+  EXPECT_TRUE(contains(translation_error("kernel void k() {\n\n  threadgroup float a[2], *p;\n}\n", "k"),
+                       "kernel.metal:3: declare threadgroup pointers apart from threadgroup variables"));
+}
+
+TEST(Translate, OnlyTheChosenKernelRemains) {
+  const std::string source = R"(kernel void first(device float* x [[buffer(0)]]) {
+  threadgroup float t[2];
+  x[0] = 1.0f;
+}
+namespace ns {
+[[kernel]] void second(device float* y [[buffer(3)]]) { y[0] = 2.0f; }
+}
+)";
+  std::string unit = translate(source, "second");
+  std::vector<std::string> lines = metal_lines(unit);
+  ASSERT_EQ(lines.size(), 7u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(lines[i], "");
+  EXPECT_EQ(lines[5], "static void second(device float* y  ) { y[0] = 2.0f; }");
+  std::string glue = glue_of(unit);
+  EXPECT_TRUE(contains(glue, "namespace ns {\nstatic const mfa_abi::KernelInfo mfa_glue_info = "
+                             "{\"second\", {0, 0, 0, sizeof(float)}};"));
+  EXPECT_TRUE(contains(glue, "return &ns::mfa_glue_info;"));
+  EXPECT_TRUE(contains(glue, "mfa_glue::run_thread(t, ns::mfa_glue_run);"));
+
+  TranslateOptions options;
+  options.metal_path = "second.metal";
+  EXPECT_TRUE(contains(translate(source, "second", {}, options), "#line 1 \"second.metal\"\n"));
+  EXPECT_TRUE(contains(translation_error(source, "third"), "no kernel named 'third' in kernel.metal (it has 'first', 'second')"));
+}
+
+TEST(Translate, FeaturesNoHeaderCanProvideAreNamedWithTheirLine) {
+  const std::string texture = "kernel void k(device float* x [[buffer(0)]]) {\n  texture2d<float> t;\n}\n";
+  EXPECT_TRUE(contains(translation_error(texture, "k"), "kernel.metal:2: 'texture2d': textures"));
+  const std::string assembly = "float f(float x) __asm(\"air.fast_exp\");\nkernel void k() {}\n";
+  EXPECT_TRUE(contains(translation_error(assembly, "k"), "kernel.metal:1: '__asm': inline assembly"));
+  const std::string internal = "kernel void k() {\n\n  __metal_simdgroup_barrier(0);\n}\n";
+  EXPECT_TRUE(contains(translation_error(internal, "k"), "kernel.metal:3: '__metal_simdgroup_barrier'"));
+  // ... but not inside another kernel, which is not translated.
+  const std::string other = "kernel void a() { texture2d<float> t; }\nkernel void b() {}\n";
+  EXPECT_NO_THROW(translate(other, "b"));
+}
+
+}  // namespace
