@@ -14,6 +14,13 @@
 
 namespace mfa {
 
+// Checks a dispatch against its kernel's signature and the device's limits.
+// Throws ArgumentError naming the kernel and the problem: a missing or extra
+// buffer, too many threads, threadgroup memory over the limit or without a
+// length, inline bytes too small for the argument, read-only memory bound to
+// a written argument. CommandBatch::commit and mfa::metal::encode call it.
+void validate_dispatch(const Device& device, const Dispatch& dispatch);
+
 class CommandBatch {
  public:
   explicit CommandBatch(Device device);
@@ -41,9 +48,7 @@ class CommandBatch {
   DispatchRef dispatch(std::shared_ptr<const Pipeline> pipeline, Size3 threadgroups,
                        Size3 threads_per_threadgroup);
 
-  // Validates every dispatch (throws ArgumentError naming the kernel and the
-  // problem: unbound buffer, too many threads, threadgroup memory over the
-  // limit, wrong inline-bytes size) and hands the batch to the backend.
+  // Validates every dispatch (validate_dispatch) and hands the batch to the backend.
   void commit();
   // Blocks until done; copies staged host memory back. Throws DispatchError.
   std::vector<DispatchStats> wait();
@@ -56,7 +61,9 @@ class CommandBatch {
     std::size_t bytes;
     bool writable;
   };
-  void validate(const Dispatch& dispatch) const;
+  // The staging buffer already made for `host` in this batch, if any, so
+  // one array bound twice is one buffer (later dispatches see earlier writes).
+  HostStaging* staging_for(void* host, std::size_t bytes);
 
   Device device_;
   std::vector<Dispatch> dispatches_;

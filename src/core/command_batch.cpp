@@ -82,6 +82,9 @@ CommandBatch::DispatchRef& CommandBatch::DispatchRef::host(int index, void* data
   Buffer buffer;
   if (auto wrapped = backend.wrap_host(data, bytes)) {
     buffer = Buffer(std::move(wrapped), bytes);
+  } else if (HostStaging* staged = batch_.staging_for(data, bytes)) {
+    staged->writable = staged->writable || writable;
+    buffer = staged->staging;
   } else {
     buffer = batch_.device_.new_buffer(bytes);
     batch_.staging_.push_back(HostStaging{data, buffer, bytes, writable});
@@ -111,10 +114,17 @@ CommandBatch::DispatchRef& CommandBatch::DispatchRef::threadgroup_memory(int ind
   return *this;
 }
 
-void CommandBatch::validate(const Dispatch& dispatch) const {
+CommandBatch::HostStaging* CommandBatch::staging_for(void* host, std::size_t bytes) {
+  for (HostStaging& staged : staging_)
+    if (staged.host == host && staged.bytes == bytes) return &staged;
+  return nullptr;
+}
+
+void validate_dispatch(const Device& device, const Dispatch& dispatch) {
+  if (!dispatch.pipeline) throw ArgumentError("dispatch has no pipeline");
   const Pipeline& pipeline = *dispatch.pipeline;
   const FunctionInfo& function = pipeline.function();
-  const DeviceLimits limits = device_.limits();
+  const DeviceLimits limits = device.limits();
 
   check_size("threadgroups", dispatch.threadgroups);
   check_size("threads_per_threadgroup", dispatch.threads_per_threadgroup);
@@ -162,7 +172,7 @@ void CommandBatch::validate(const Dispatch& dispatch) const {
 
 void CommandBatch::commit() {
   if (committed_) throw ArgumentError("this CommandBatch was already committed");
-  for (const Dispatch& dispatch : dispatches_) validate(dispatch);
+  for (const Dispatch& dispatch : dispatches_) validate_dispatch(device_, dispatch);
   for (const HostStaging& staged : staging_) std::memcpy(staged.staging.data(), staged.host, staged.bytes);
   committed_ = true;
   submission_ = device_.backend().submit(std::move(dispatches_));

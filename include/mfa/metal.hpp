@@ -1,0 +1,67 @@
+// The Metal-specific part of the embedder API: run mfa's dispatches inside a
+// command buffer the caller owns (a PyTorch MPS or MLX stream, an app's own
+// queue), and use Metal buffers made by others with no copy.
+//
+// Only builds with the Metal backend (macOS; MFA_HAVE_METAL is defined on the
+// mfa_core target) provide these functions. This header is plain C++:
+// Objective-C objects cross it as void*, passed with `(__bridge void*)object`.
+// Ownership never moves: mfa retains what it needs for as long as it needs it.
+// Objective-C++ callers also get overloads taking id<MTLCommandBuffer> and
+// id<MTLBuffer> directly. docs/metal.md has the synchronization rules.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "mfa/backend.hpp"
+#include "mfa/buffer.hpp"
+#include "mfa/device.hpp"
+
+namespace mfa::metal {
+
+// DLPack's device type for Metal tensors (kDLMetal): their DLTensor::data is
+// an id<MTLBuffer> and byte_offset is where the tensor starts in it.
+constexpr int kDLPackDeviceType = 8;
+
+// Encodes `dispatches` into `command_buffer`, an id<MTLCommandBuffer> of
+// `device`'s GPU that is not committed yet and has no encoder open. They get
+// one compute encoder of their own, run in order (a buffer barrier between
+// each two), and run when the caller commits the command buffer, after the
+// encoders the caller encoded before. Their buffers and pipelines stay
+// alive until the command buffer completes; errors surface in the caller's
+// command buffer. Each dispatch is used as given: build them as CommandBatch
+// would (every [[buffer(i)]] bound, threads within the pipeline's limit).
+// Throws ArgumentError (not the metal device, a committed command buffer, a
+// pipeline or buffer of another device) or TypeError (not a command buffer)
+// before encoding anything.
+void encode(const Device& device, std::vector<Dispatch> dispatches, void* command_buffer);
+
+// A Buffer over `bytes` bytes from `byte_offset` of `mtl_buffer`, an
+// id<MTLBuffer> of `device`'s GPU, with no copy: for a kDLMetal DLPack tensor
+// pass DLTensor::data and DLTensor::byte_offset. Bind it with
+// CommandBatch::DispatchRef::buffer(). Never pass a framework's data_ptr():
+// for GPU tensors it is an opaque handle, not memory. The Buffer retains the
+// MTLBuffer, but the framework may reuse that memory for another tensor once
+// its own tensor is gone: keep the tensor alive until the work is done.
+// Throws ArgumentError (null, out of range, another device) or TypeError
+// (not an MTLBuffer).
+Buffer wrap_buffer(const Device& device, void* mtl_buffer, std::size_t byte_offset, std::size_t bytes);
+
+}  // namespace mfa::metal
+
+#ifdef __OBJC__
+#import <Metal/Metal.h>
+
+namespace mfa::metal {
+
+inline void encode(const Device& device, std::vector<Dispatch> dispatches, id<MTLCommandBuffer> command_buffer) {
+  encode(device, std::move(dispatches), (__bridge void*)command_buffer);
+}
+
+inline Buffer wrap_buffer(const Device& device, id<MTLBuffer> buffer, std::size_t byte_offset, std::size_t bytes) {
+  return wrap_buffer(device, (__bridge void*)buffer, byte_offset, bytes);
+}
+
+}  // namespace mfa::metal
+#endif

@@ -1,0 +1,26 @@
+// What the backend reports about its GPU: family, architecture, core count
+// and limits. Objective-C++ with ARC only.
+#pragma once
+
+#import <Metal/Metal.h>
+
+#include <cstdint>
+#include <string>
+
+#include "mfa/types.hpp"
+#include "metal/objc_util.h"
+
+namespace mfa::metal {
+
+struct DeviceFacts {
+  std::string name;                        // e.g. "Apple M2 Pro"
+  std::string gpu_family;                  // "apple7" .. "apple10"; empty for GPUs below Apple7
+  std::string architecture;                // e.g. "applegpu_g14s"
+  std::string gpu_cores;                   // a count, or "unknown" where the registry has none
+  DeviceLimits limits;
+  std::uint64_t recommended_working_set = 0;  // bytes the GPU can use without hurting performance
+};
+
+MFA_METAL_AVAILABILITY DeviceFacts read_device_facts(id<MTLDevice> device);
+
+}  // namespace mfa::metal

@@ -1,0 +1,26 @@
+// Encodes a batch of dispatches into a command buffer: one compute encoder,
+// dispatches in order, a buffer barrier between each two. Objective-C++ with ARC only.
+#pragma once
+
+#import <Metal/Metal.h>
+
+#include <vector>
+
+#include "mfa/backend.hpp"
+#include "metal/objc_util.h"
+
+namespace mfa::metal {
+
+// Checks every dispatch first and throws ArgumentError naming the kernel (a
+// pipeline or buffer of another device, a command buffer that cannot take an
+// encoder) before anything is encoded. The caller keeps the dispatches (their
+// buffers and pipelines) alive until the command buffer completes.
+MFA_METAL_AVAILABILITY void encode_dispatches(id<MTLCommandBuffer> command_buffer,
+                                              const std::vector<Dispatch>& dispatches);
+
+// For command buffers mfa does not wait for: a completion handler owns the
+// dispatches, so their buffers go back to the pool once the GPU is done.
+MFA_METAL_AVAILABILITY void retain_until_completed(id<MTLCommandBuffer> command_buffer,
+                                                   std::vector<Dispatch> dispatches);
+
+}  // namespace mfa::metal
