@@ -1,0 +1,26 @@
+"""`python -m mfa_native` commands run and print what they promise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def run_cli(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "mfa_native", *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_info_lists_devices_compiler_cache_and_statistics():
+    out = run_cli("info")
+    assert "device cpu" in out
+    assert "compiler:" in out
+    assert "cache_dir:" in out
+    assert "pipeline cache:" in out and "buffer pool:" in out
+
+
+def test_bench_core_prints_its_table():
+    out = run_cli("bench", "core", "--size", "40", "--repeats", "1")
+    for row in ("fiber context switches", "GEMM 40^3", "cold disk cache", "warm disk cache"):
+        assert row in out
