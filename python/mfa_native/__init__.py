@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._core import CompileError, DeviceUnavailableError, DispatchError, DispatchStats
 from ._devices import Device, default_device, devices
+from .attention import attention
 from .kernel import Kernel
 from .profiling import DispatchRecord, Profile, profile
 
@@ -23,15 +24,8 @@ __all__ = [
     "DispatchStats",
     "Kernel",
     "Profile",
+    "attention",
     "default_device",
     "devices",
     "profile",
 ]
-
-try:
-    from .attention import attention  # noqa: F401  (built by the attention codegen)
-
-    __all__.append("attention")
-except ImportError as error:  # pragma: no cover - only while attention is absent
-    if error.name != f"{__name__}.attention":
-        raise

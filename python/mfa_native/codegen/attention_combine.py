@@ -1,0 +1,100 @@
+"""MSL that merges the splits of a split-KV pass (see split.py) into the output.
+
+One thread per output element (row, value column). With m_s, l_s the log2-domain
+max and sum of split s and O_s its unnormalized output:
+  top = max(m_s over splits with l_s > 0, sink)
+  w_s = exp2(m_s - top),  denominator = sum_s w_s l_s (+ exp2(sink - top))
+  O = sum_s w_s O_s / denominator,  lse = (top + log2(denominator)) ln 2
+All arithmetic stays finite (removed rows keep the finite MASKED max, and an
+empty denominator stores 0 and lse = -inf), as fast math requires.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .attention_forward import KernelSource, partial_scratch
+from .descriptor import Extent, KernelDescriptor
+from .msl import MSL_TYPES, SIZES_STRUCT, constants, header, indent, offset, signature, sizes_struct
+from .plan import GridAxis, LaunchPlan, Operand
+
+KERNEL_NAME = "attention_combine"
+COLUMNS_PER_THREADGROUP = 32
+BUILTINS = ["uint3 group [[threadgroup_position_in_grid]]",
+            "ushort lane [[thread_index_in_threadgroup]]"]
+
+
+def launch_plan(d: KernelDescriptor) -> LaunchPlan:
+    scratch = partial_scratch(d)
+    operands = [
+        Operand("o_partial", "device const float*", "(S, B, Hq, R, Dv) unnormalized output per split",
+                scratch["o_partial"]),
+        Operand("ml_partial", "device const float*", "(S, B, Hq, R, 2) softmax max (log2) and sum per split",
+                scratch["ml_partial"]),
+        Operand("o", f"device {MSL_TYPES[d.dtype]}*", "output, laid out like q"),
+    ]
+    if d.return_lse:
+        operands.append(Operand("lse", "device float*", "(B, Hq, R) natural-log softmax denominators"))
+    if d.sinks:
+        operands.append(Operand("sinks", "device const float*", "(Hq,) extra logit per head, no value"))
+    fields: tuple[str, ...] = ()
+    if d.baked_sizes is None:
+        fields = d.size_names
+        operands.append(Operand("sizes", f"constant {SIZES_STRUCT}&", "runtime sizes"))
+    grid = (GridAxis(Extent(d.value_dim), COLUMNS_PER_THREADGROUP), GridAxis(Extent(1, ("R",))),
+            GridAxis(Extent(1, ("B", "Hq"))))
+    return LaunchPlan(KERNEL_NAME, tuple(operands), grid, COLUMNS_PER_THREADGROUP, fields)
+
+
+def _body(d: KernelDescriptor) -> list[str]:
+    t = MSL_TYPES[d.dtype]
+    o_offset = " + ".join(x for x in (offset("ulong(b)", d.o.strides[0]), offset("ulong(h)", d.o.strides[1]),
+                                      offset("ulong(row)", d.o.strides[2])) if x)
+    lines = [
+        f"const uint col = group.x * {COLUMNS_PER_THREADGROUP} + lane;",
+        "const uint row = group.y;",
+        "const uint b = group.z / Hq;",
+        "const uint h = group.z % Hq;",
+        "const ulong first = (ulong(b) * Hq + h) * R + row;  // split s is at first + s * B * Hq * R",
+        "const ulong split_stride = ulong(B) * Hq * R;",
+        "",
+        "// The largest max among splits that saw a key (and the sink).",
+        "float top = sinks[h] * LOG2E;" if d.sinks else "float top = MASKED;",
+        "for (uint s = 0; s < S; ++s) {",
+        "  const ulong at = first + s * split_stride;",
+        "  if (ml_partial[at * 2 + 1] > 0.0f) {",
+        "    top = max(top, ml_partial[at * 2]);",
+        "  }",
+        "}",
+        "float denominator = exp2(sinks[h] * LOG2E - top);" if d.sinks else "float denominator = 0.0f;",
+        "float sum = 0.0f;",
+        "for (uint s = 0; s < S; ++s) {",
+        "  const ulong at = first + s * split_stride;",
+        "  const float l = ml_partial[at * 2 + 1];",
+        "  const float weight = l > 0.0f ? exp2(ml_partial[at * 2] - top) : 0.0f;",
+        "  denominator += weight * l;",
+        f"  sum += col < {d.value_dim} ? weight * o_partial[at * {d.value_dim} + col] : 0.0f;",
+        "}",
+        "",
+        f"if (col < {d.value_dim}) {{",
+        f"  o[{o_offset} + col] = {t}(denominator > 0.0f ? sum / denominator : 0.0f);",
+        "}",
+    ]
+    if d.return_lse:
+        lines += ["if (col == 0) {",
+                  "  lse[first] = denominator > 0.0f ? (top + log2(denominator)) * LN2 : -INFINITY;",
+                  "}"]
+    return lines
+
+
+@lru_cache(maxsize=64)
+def generate_combine(d: KernelDescriptor) -> KernelSource:
+    """The MSL source and launch plan of the kernel that finishes a split-KV pass."""
+    plan = launch_plan(d)
+    body = _body(d)
+    summary = [f"{d.dtype} output, Dv = {d.value_dim}, sinks {'yes' if d.sinks else 'no'}, "
+               f"lse {'yes' if d.return_lse else 'no'}"]
+    declarations = constants(d.size_names, d.baked_sizes, "\n".join(body))
+    lines = (header(plan.kernel_name, summary, plan) + sizes_struct(plan) + signature(plan, BUILTINS)
+             + ["{"] + indent(declarations + [""] + body) + ["}"])
+    return KernelSource("\n".join(lines) + "\n", plan)

@@ -1,0 +1,171 @@
+"""KernelDescriptor: exactly the facts the generated source depends on.
+
+`describe(problem)` reduces an AttentionProblem to a KernelDescriptor; the
+descriptor is the cache key of the source, so two problems that differ only in
+runtime values (sequence lengths, batch and head counts) share one kernel.
+
+Strides become `Extent`s. A stride that equals the dense stride of its operand
+(the product of the inner axes' sizes) is kept symbolic, e.g. `R * 64`, so a
+contiguous tensor of another length reuses the kernel; any other stride is a
+literal. With `bake_lengths`, the sizes themselves are literals too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .problem import AttentionProblem, contiguous_strides, memory_order
+from .tables import CPU_FAMILY, MAX_HEAD_DIM, tile_row
+
+# The runtime sizes, by their names in the generated MSL; split-KV kernels add
+# S (key/value splits) and Cs (keys per split).
+SIZE_NAMES = ("B", "Hq", "Hkv", "R", "C")
+SPLIT_SIZE_NAMES = ("S", "Cs")
+
+
+@dataclass(frozen=True)
+class Extent:
+    """An element count: `factor` times the product of the named runtime sizes."""
+
+    factor: int
+    sizes: tuple[str, ...] = ()
+
+    def times(self, other: Extent) -> Extent:
+        return Extent(self.factor * other.factor, self.sizes + other.sizes)
+
+    def bake(self, sizes: dict[str, int]) -> Extent:
+        value = self.factor
+        for name in self.sizes:
+            value *= sizes[name]
+        return Extent(value)
+
+
+@dataclass(frozen=True)
+class OperandLayout:
+    """Strides (as Extents) of one tensor operand, in logical axis order."""
+
+    strides: tuple[Extent, Extent, Extent, Extent]
+
+
+@dataclass(frozen=True)
+class KernelDescriptor:
+    head_dim: int
+    value_dim: int
+    dtype: str
+    gqa_ratio: int
+    q: OperandLayout
+    k: OperandLayout
+    v: OperandLayout
+    o: OperandLayout
+    causal: str
+    window: tuple[int, int] | None
+    mask: str
+    mask_dtype: str | None
+    mask_layout: OperandLayout | None
+    sinks: bool
+    scale_log2e: float      # softmax scale * log2(e), as the float32 the kernel uses
+    return_lse: bool
+    family: str
+    query_rows: int         # per threadgroup
+    key_block: int
+    cache_q: bool
+    kv_split: bool          # keys split across threadgroups, then combined (decode)
+    baked_sizes: tuple[tuple[str, int], ...] | None  # (name, value) when lengths are literals
+
+    @property
+    def simdgroups(self) -> int:
+        return self.query_rows // 8
+
+    @property
+    def size_names(self) -> tuple[str, ...]:
+        return SIZE_NAMES + (SPLIT_SIZE_NAMES if self.kv_split else ())
+
+
+def _operand_layout(shape, sizes, strides, order, baked: dict[str, int] | None) -> OperandLayout:
+    """Symbolic strides: dense ones as products of the inner sizes, others as literals.
+
+    `shape` are the actual sizes, `sizes` their Extents (runtime names or literals),
+    `strides` the actual strides, all in logical order; `order` lists the logical
+    axes from outermost to innermost in memory.
+    """
+    result: list[Extent] = [Extent(0)] * 4
+    dense = Extent(1)
+    for axis in reversed(order):
+        stride = strides[axis]
+        if shape[axis] == 1 or (stride != 0 and stride == dense.bake(_actual_sizes(shape, sizes)).factor):
+            result[axis] = dense        # dense (or irrelevant: a single index)
+        else:
+            result[axis] = Extent(stride)
+        if stride != 0 or shape[axis] == 1:
+            dense = sizes[axis].times(result[axis])
+    if baked is not None:
+        result = [e.bake(baked) for e in result]
+    return OperandLayout(tuple(result))  # type: ignore[arg-type]
+
+
+def _actual_sizes(shape, sizes) -> dict[str, int]:
+    """Runtime size names -> values, read off an operand's shape and its size Extents."""
+    return {e.sizes[0]: n for n, e in zip(shape, sizes) if e.sizes}
+
+
+def query_rows(problem: AttentionProblem, family: str) -> int:
+    """Query rows per threadgroup: the table's, or fewer when the queries cannot fill it (decode)."""
+    rows = tile_row(family, max(problem.head_dim, problem.value_dim)).query_rows
+    while rows > 8 and rows // 2 >= problem.q_len:
+        rows //= 2
+    return rows
+
+
+def sizes_of(problem: AttentionProblem, kv_split: tuple[int, int] | None = None) -> dict[str, int]:
+    """Runtime size name -> value; with a split, also S (splits) and Cs (keys per split)."""
+    sizes = dict(zip(SIZE_NAMES, (problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len)))
+    if kv_split is not None:
+        sizes.update(zip(SPLIT_SIZE_NAMES, kv_split))
+    return sizes
+
+
+def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_lengths: bool = False,
+             kv_split: tuple[int, int] | None = None) -> KernelDescriptor:
+    """The kernel descriptor of `problem` with tiles from `family`'s table; `kv_split` =
+    (splits, keys per split) describes the split-KV pair of kernels instead of the single one."""
+    p = problem
+    largest = max(p.head_dim, p.value_dim)
+    if not 1 <= largest <= MAX_HEAD_DIM or min(p.head_dim, p.value_dim) < 1:
+        raise ValueError(f"head dimensions must be in 1..{MAX_HEAD_DIM}, got D={p.head_dim}, Dv={p.value_dim}")
+    row = tile_row(family, largest)
+    baked = sizes_of(p, kv_split) if bake_lengths else None
+    D, Dv = Extent(p.head_dim), Extent(p.value_dim)
+    B, Hq, Hkv, R, C = (Extent(1, (name,)) for name in SIZE_NAMES)
+    order = memory_order(p.layout)
+    o_strides = contiguous_strides(p.layout, p.o_shape)  # the output is allocated contiguous
+
+    mask_layout = None
+    if p.mask != "none":
+        mask_layout = _operand_layout(p.mask_shape, (B, Hq, R, C), p.mask_strides, (0, 1, 2, 3), baked)
+
+    return KernelDescriptor(
+        head_dim=p.head_dim,
+        value_dim=p.value_dim,
+        dtype=p.dtype,
+        gqa_ratio=p.gqa_ratio,
+        q=_operand_layout(p.q_shape, (B, Hq, R, D), p.q_strides, order, baked),
+        k=_operand_layout(p.k_shape, (B, Hkv, C, D), p.k_strides, order, baked),
+        v=_operand_layout(p.v_shape, (B, Hkv, C, Dv), p.v_strides, order, baked),
+        o=_operand_layout(p.o_shape, (B, Hq, R, Dv), o_strides, order, baked),
+        causal=p.causal,
+        window=p.window,
+        mask=p.mask,
+        mask_dtype=p.mask_dtype,
+        mask_layout=mask_layout,
+        sinks=p.sinks,
+        scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))),
+        return_lse=p.return_lse,
+        family=family,
+        query_rows=query_rows(p, family),
+        key_block=row.key_block,
+        cache_q=row.cache_q,
+        kv_split=kv_split is not None,
+        baked_sizes=tuple(baked.items()) if baked is not None else None,
+    )

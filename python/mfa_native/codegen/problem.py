@@ -1,0 +1,110 @@
+"""AttentionProblem: everything about one attention call that a kernel may depend on.
+
+Shapes, dtypes, strides (in elements) and flags, with no arrays attached. The
+public `attention` function builds one from its arguments; `emit` builds one
+from command-line flags. Strides are given per logical axis, in the order
+(batch, head, sequence, feature) for q, k, v and (batch, head, query, key) for
+the mask, whatever the memory layout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DTYPES = ("float32", "float16", "bfloat16")
+LAYOUTS = ("bhsd", "bshd")
+CAUSAL = ("none", "lower_right", "upper_left")
+MASKS = ("none", "bool", "additive")
+
+Strides = tuple[int, int, int, int]
+
+
+def memory_order(layout: str) -> tuple[int, int, int, int]:
+    """Logical axes (0 batch, 1 head, 2 sequence, 3 feature) from outermost to innermost in memory."""
+    return (0, 1, 2, 3) if layout == "bhsd" else (0, 2, 1, 3)
+
+
+def contiguous_strides(layout: str, shape: tuple[int, int, int, int]) -> Strides:
+    """Strides (elements, logical axis order) of a C-contiguous tensor of logical `shape` in `layout`."""
+    strides = [0, 0, 0, 0]
+    running = 1
+    for axis in reversed(memory_order(layout)):
+        strides[axis] = running
+        running *= shape[axis]
+    return tuple(strides)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One attention forward problem. Dimensions follow the issue's names:
+    q is (B, Hq, R, D), k is (B, Hkv, C, D), v is (B, Hkv, C, Dv) in logical order."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    value_dim: int
+    dtype: str = "float32"
+    layout: str = "bhsd"
+    q_strides: Strides | None = None      # None: contiguous in `layout`
+    k_strides: Strides | None = None
+    v_strides: Strides | None = None
+    causal: str = "none"
+    window: tuple[int, int] | None = None  # (left, right), -1 = unbounded
+    mask: str = "none"
+    mask_dtype: str | None = None          # "bool" or a float dtype
+    mask_strides: Strides | None = None    # logical (B, Hq, R, C) order; 0 on broadcast axes
+    sinks: bool = False
+    scale: float | None = None             # None: 1 / sqrt(D)
+    return_lse: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.causal not in CAUSAL:
+            raise ValueError(f"causal must be one of {CAUSAL}, got {self.causal!r}")
+        if self.mask not in MASKS:
+            raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
+        if self.mask != "none" and self.mask_dtype is None:
+            object.__setattr__(self, "mask_dtype", "bool" if self.mask == "bool" else "float32")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        for name, shape in (("q", self.q_shape), ("k", self.k_shape), ("v", self.v_shape)):
+            if getattr(self, f"{name}_strides") is None:
+                object.__setattr__(self, f"{name}_strides", contiguous_strides(self.layout, shape))
+        if self.mask != "none" and self.mask_strides is None:
+            object.__setattr__(self, "mask_strides", contiguous_strides("bhsd", self.mask_shape))
+
+    # Logical shapes, (batch, head, sequence, feature) / (batch, head, query, key).
+    @property
+    def q_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.q_heads, self.q_len, self.head_dim)
+
+    @property
+    def k_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.kv_heads, self.kv_len, self.head_dim)
+
+    @property
+    def v_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.kv_heads, self.kv_len, self.value_dim)
+
+    @property
+    def o_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.q_heads, self.q_len, self.value_dim)
+
+    @property
+    def mask_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.q_heads, self.q_len, self.kv_len)
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.q_heads // self.kv_heads
+
+    @property
+    def softmax_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else float(self.scale)

@@ -1,0 +1,88 @@
+"""Tile sizes per GPU family, as readable tables: one row per range of head dimension.
+
+A row applies to problems whose larger head dimension, max(D, Dv), is at most
+`max_head_dim`; the first row that fits wins.
+
+- query_rows: query rows per threadgroup (one simdgroup per 8 rows).
+- key_block:  keys per step of the online softmax (one max / rescale per step).
+- cache_q:    Q stays in registers for the whole key loop; otherwise each step
+              re-reads it, trading loads for registers at large head dimension.
+              (O always stays in registers.)
+
+The values start from the shape of metal-flash-attention's published tuning
+(small threadgroups and long key blocks on GPUs with dynamic register caching,
+Apple9+; larger threadgroups on Apple7/8), adapted to this kernel's layout.
+They are data: retune them on hardware, row by row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TileRow:
+    max_head_dim: int
+    query_rows: int
+    key_block: int
+    cache_q: bool
+
+
+_TABLES_TEXT = {
+    # M1 and M2 generations: no dynamic caching, registers are the limit.
+    "apple7": """
+        # max_head_dim  query_rows  key_block  cache_q
+               64           32          64       yes
+              128           32          32       yes
+              256           16          32       no
+    """,
+    # M3, M4 and later: dynamic caching makes long key blocks affordable.
+    "apple9": """
+        # max_head_dim  query_rows  key_block  cache_q
+               96           16         128       yes
+              160           16          64       yes
+              256           16          64       no
+    """,
+}
+
+# Families that share a table.
+_ALIASES = {"apple8": "apple7", "apple10": "apple9"}
+
+# The cpu backend runs the current generation's kernels.
+CPU_FAMILY = "apple9"
+MAX_HEAD_DIM = 256
+
+
+def _parse(text: str) -> tuple[TileRow, ...]:
+    rows = []
+    for line in text.strip().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        head, rows_, keys, cache = line.split()
+        rows.append(TileRow(int(head), int(rows_), int(keys), cache == "yes"))
+    return tuple(rows)
+
+
+TABLES: dict[str, tuple[TileRow, ...]] = {name: _parse(text) for name, text in _TABLES_TEXT.items()}
+FAMILIES = tuple(sorted(set(TABLES) | set(_ALIASES)))
+
+
+def tile_row(family: str, head_dim: int) -> TileRow:
+    """The row of `family`'s table for a problem whose larger head dimension is `head_dim`."""
+    table = TABLES.get(_ALIASES.get(family, family))
+    if table is None:
+        raise ValueError(f"unknown GPU family {family!r}; known: {', '.join(FAMILIES)}")
+    for row in table:
+        if head_dim <= row.max_head_dim:
+            return row
+    raise ValueError(f"head dimension {head_dim} is beyond the largest supported ({MAX_HEAD_DIM})")
+
+
+def family_of(device) -> str:
+    """The tuning family of a device: the cpu backend uses CPU_FAMILY; a Metal device reports
+    its GPU family (properties["gpu_family"]); newer families than the tables know use the newest."""
+    if device.kind == "cpu":
+        return CPU_FAMILY
+    family = device.properties.get("gpu_family", "")
+    return family if family in FAMILIES else "apple9"

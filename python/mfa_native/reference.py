@@ -1,0 +1,109 @@
+"""Float64 numpy reference for attention, written independently of the kernels.
+
+It implements exactly the semantics of `mfa_native.attention` (see that
+function for the argument conventions) and is what tests, the demo and the
+benchmarks compare the kernels against. It favours clarity over speed and
+expects valid arguments (validation lives in `mfa_native.attention`).
+
+Semantics in one place:
+
+- logits[b, h, i, j] = scale * q[b, h, i] . k[b, h // (Hq // Hkv), j]  (+ mask if additive)
+- key j is allowed for query i when every active rule allows it:
+  causal "lower_right" (or True): j <= i + (C - R);  "upper_left": j <= i;
+  window (left, right): -left <= j - (i + C - R) <= right, -1 = unbounded side;
+  boolean mask: mask[b, h, i, j] is True;
+  additive mask: mask[b, h, i, j] > MASKED_BELOW (so -inf removes the key).
+- sinks[h] is one more logit in the softmax denominator, with no value.
+- out = sum_j p_ij v_j with p the softmax over the allowed keys (and the sink);
+  lse = natural log of the softmax denominator (sink included).
+- A row with nothing in its denominator (no allowed key, no sink): out = 0, lse = -inf.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Additive mask values at or below this remove the key outright (as -inf does),
+# so a row filled with np.finfo(...).min counts as fully masked.
+MASKED_BELOW = -1e30
+
+CAUSAL_MODES = {False: None, True: "lower_right", "lower_right": "lower_right", "upper_left": "upper_left"}
+
+
+def allowed_keys(q_len: int, kv_len: int, causal=False, window=None) -> np.ndarray:
+    """(R, C) bool: which keys the causal and window rules leave to each query."""
+    i = np.arange(q_len)[:, None]
+    j = np.arange(kv_len)[None, :]
+    allowed = np.ones((q_len, kv_len), dtype=bool)
+    mode = CAUSAL_MODES[causal]
+    if mode == "lower_right":
+        allowed &= j <= i + (kv_len - q_len)
+    elif mode == "upper_left":
+        allowed &= j <= i
+    if window is not None:
+        left, right = window
+        offset = j - (i + kv_len - q_len)
+        if left != -1:
+            allowed &= offset >= -left
+        if right != -1:
+            allowed &= offset <= right
+    return allowed
+
+
+def _to_bhsd(x: np.ndarray, layout: str) -> np.ndarray:
+    x = np.asarray(x).astype(np.float64)
+    return x if layout == "bhsd" else x.transpose(0, 2, 1, 3)
+
+
+def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window=None,
+                            sinks=None, layout="bhsd"):
+    """Softmax probabilities (B, Hq, R, C) and lse (B, Hq, R), both float64.
+
+    Rows with an empty denominator get all-zero probabilities and lse = -inf.
+    """
+    qh, kh = _to_bhsd(q, layout), _to_bhsd(k, layout)
+    batch, q_heads, q_len, head_dim = qh.shape
+    kv_heads, kv_len = kh.shape[1], kh.shape[2]
+    kh = np.repeat(kh, q_heads // kv_heads, axis=1)  # query head h reads kv head h // ratio
+    if scale is None:
+        scale = 1.0 / np.sqrt(head_dim)
+
+    logits = scale * np.einsum("bhid,bhjd->bhij", qh, kh)
+    allowed = np.broadcast_to(allowed_keys(q_len, kv_len, causal, window), logits.shape)
+    if mask is not None:
+        mask = np.broadcast_to(np.asarray(mask), logits.shape)
+        if mask.dtype == np.bool_:
+            allowed = allowed & mask
+        else:
+            additive = mask.astype(np.float64)
+            allowed = allowed & (additive > MASKED_BELOW)
+            logits = logits + np.where(allowed, additive, 0.0)
+    logits = np.where(allowed, logits, -np.inf)
+
+    if sinks is not None:
+        sink = np.broadcast_to(np.asarray(sinks).astype(np.float64)[None, :, None], (batch, q_heads, q_len))
+    else:
+        sink = np.full((batch, q_heads, q_len), -np.inf)
+    row_max = np.maximum(logits.max(axis=-1), sink)
+    empty = np.isneginf(row_max)
+    shift = np.where(empty, 0.0, row_max)
+    weights = np.exp(logits - shift[..., None])          # exp(-inf) = 0 for removed keys
+    denominator = weights.sum(axis=-1) + np.exp(sink - shift)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        probabilities = np.where(empty[..., None], 0.0, weights / denominator[..., None])
+        lse = np.where(empty, -np.inf, shift + np.log(denominator))
+    return probabilities, lse
+
+
+def attention_reference(q, k, v, *, scale=None, causal=False, mask=None, window=None,
+                        sinks=None, layout="bhsd", return_lse=False):
+    """Attention output in float64, laid out like q (same `layout`); with
+    return_lse=True also the (B, Hq, R) lse."""
+    probabilities, lse = attention_probabilities(q, k, scale=scale, causal=causal, mask=mask, window=window,
+                                                 sinks=sinks, layout=layout)
+    vh = _to_bhsd(v, layout)
+    vh = np.repeat(vh, probabilities.shape[1] // vh.shape[1], axis=1)
+    out = np.einsum("bhij,bhjd->bhid", probabilities, vh)
+    if layout == "bshd":
+        out = out.transpose(0, 2, 1, 3)
+    return (out, lse) if return_lse else out
