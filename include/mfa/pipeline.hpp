@@ -18,7 +18,9 @@
 
 namespace mfa {
 
-class Library {
+// Always owned by a shared_ptr (the cache makes them), so a Library or
+// Pipeline reference can recover its owner with shared_from_this().
+class Library : public std::enable_shared_from_this<Library> {
  public:
   Library(std::string key, std::string source, std::vector<FunctionInfo> functions,
           std::shared_ptr<BackendLibrary> backend);
@@ -53,7 +55,7 @@ class FunctionConstants {
   std::vector<std::pair<std::variant<int, std::string>, ConstantValue>> values_;
 };
 
-class Pipeline {
+class Pipeline : public std::enable_shared_from_this<Pipeline> {
  public:
   Pipeline(std::string key, std::shared_ptr<const Library> library, FunctionInfo function,
            std::map<int, ConstantValue> constants, std::shared_ptr<BackendPipeline> backend);

@@ -123,7 +123,9 @@ void bind_device(nb::module_& m) {
           "macros"_a = std::vector<std::pair<std::string, std::string>>{})
       .def(
           "pipeline",
-          [](const Device& d, const std::shared_ptr<const Library>& library, const std::string& entry,
+          // By reference: a shared_ptr made from a Python object would keep that
+          // object alive from inside the process-wide cache.
+          [](const Device& d, const Library& library, const std::string& entry,
              const std::vector<std::pair<ConstantKey, ConstantValue>>& constants) {
             FunctionConstants values;
             for (const auto& [key, value] : constants) {
@@ -131,7 +133,7 @@ void bind_device(nb::module_& m) {
               else values.set(std::get<std::string>(key), value);
             }
             nb::gil_scoped_release release;
-            return d.pipeline(library, entry, values);
+            return d.pipeline(library.shared_from_this(), entry, values);
           },
           "library"_a, "entry"_a, "constants"_a = std::vector<std::pair<ConstantKey, ConstantValue>>{})
       .def("cache_stats",

@@ -47,10 +47,10 @@ void bind_dispatch(nb::module_& m) {
       .def(nb::init<Device>(), "device"_a)
       .def(
           "dispatch",
-          [](CommandBatch& batch, std::shared_ptr<const Pipeline> pipeline, const Extent& threadgroups,
+          [](CommandBatch& batch, const Pipeline& pipeline, const Extent& threadgroups,
              const Extent& threads, const std::vector<HostBinding>& host, const std::vector<InlineBinding>& inline_bytes,
              const std::vector<std::size_t>& threadgroup_memory) {
-            auto ref = batch.dispatch(std::move(pipeline), to_size(threadgroups), to_size(threads));
+            auto ref = batch.dispatch(pipeline.shared_from_this(), to_size(threadgroups), to_size(threads));
             for (const auto& [index, address, bytes, writable] : host)
               ref.host(index, reinterpret_cast<void*>(address), bytes, writable);
             for (const auto& [index, data] : inline_bytes) ref.bytes(index, data.c_str(), data.size());
