@@ -39,9 +39,13 @@ class Executor {
 
   // Runs every threadgroup of the launch to completion. Throws
   // DispatchError(kernel, diagnostic) for: a barrier not every thread
-  // reaches, a deadlock, lanes at different collectives, threadgroup memory
-  // over the limit, a failure the kernel reported (bounds checks), and an
-  // exception escaping the kernel. Never hangs on those.
+  // reaches, a deadlock, lanes at different collectives, a simdgroup_matrix
+  // operation with inactive lanes, threadgroup memory over the limit, a
+  // failure the kernel reported (bounds checks), an exception escaping the
+  // kernel, and a threadgroup whose threads only yield for
+  // MFA_NATIVE_CPU_TIMEOUT seconds (default 10). Never hangs on those.
+  // Throws ArgumentError for a malformed launch. Safe to call from several
+  // threads; dispatches run one after another.
   DispatchStats run(const Launch& launch);
 
   unsigned workers() const;
