@@ -43,12 +43,19 @@ FiberStack::FiberStack(std::size_t bytes) {
 
 FiberStack::~FiberStack() {
   if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);
+#ifdef MFA_FIBER_TSAN
+  if (tsan_fiber_ != nullptr) destroy_tsan_fiber(tsan_fiber_);
+#endif
 }
 
 FiberStack::FiberStack(FiberStack&& other) noexcept
     : mapping_(std::exchange(other.mapping_, nullptr)),
       mapping_bytes_(std::exchange(other.mapping_bytes_, 0)),
       usable_(std::exchange(other.usable_, nullptr)),
-      usable_bytes_(std::exchange(other.usable_bytes_, 0)) {}
+      usable_bytes_(std::exchange(other.usable_bytes_, 0)) {
+#ifdef MFA_FIBER_TSAN
+  tsan_fiber_ = std::exchange(other.tsan_fiber_, nullptr);
+#endif
+}
 
 }  // namespace mfa::cpu

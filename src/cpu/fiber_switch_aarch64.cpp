@@ -75,11 +75,10 @@ static_assert(sizeof(InitialFrame) == 176, "mfa_fiber_switch loads 176 bytes");
 
 }  // namespace
 
-void prepare_fiber(FiberContext& context, const FiberStack& stack, FiberEntry entry,
-                   void* argument) {
+void prepare_fiber(FiberContext& context, FiberStack& stack, FiberEntry entry, void* argument) {
   // The top of the stack is page aligned, so sp stays 16-byte aligned.
-#ifdef MFA_FIBER_ASAN
-  asan_prepare_fiber(context, stack, entry, argument);
+#ifdef MFA_FIBER_SANITIZERS
+  sanitizer_prepare_fiber(context, stack, entry, argument);
 #endif
   InitialFrame frame{};
   asm volatile("mrs %0, fpcr" : "=r"(frame.fpcr));

@@ -28,10 +28,9 @@ unsigned low_half(std::uintptr_t value) { return unsigned(value & 0xFFFFFFFFu); 
 
 }  // namespace
 
-void prepare_fiber(FiberContext& context, const FiberStack& stack, FiberEntry entry,
-                   void* argument) {
-#ifdef MFA_FIBER_ASAN
-  asan_prepare_fiber(context, stack, entry, argument);
+void prepare_fiber(FiberContext& context, FiberStack& stack, FiberEntry entry, void* argument) {
+#ifdef MFA_FIBER_SANITIZERS
+  sanitizer_prepare_fiber(context, stack, entry, argument);
 #endif
   if (getcontext(&context.context) != 0) throw Error("getcontext failed");
   context.context.uc_stack.ss_sp = stack.bottom();

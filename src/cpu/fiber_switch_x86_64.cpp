@@ -72,12 +72,11 @@ static_assert(sizeof(InitialFrame) == 64, "mfa_fiber_switch pops 64 bytes");
 
 }  // namespace
 
-void prepare_fiber(FiberContext& context, const FiberStack& stack, FiberEntry entry,
-                   void* argument) {
+void prepare_fiber(FiberContext& context, FiberStack& stack, FiberEntry entry, void* argument) {
   // The top of the stack is page aligned, so the frame's end (where rsp is
   // when mfa_fiber_start runs) is 16-byte aligned.
-#ifdef MFA_FIBER_ASAN
-  asan_prepare_fiber(context, stack, entry, argument);
+#ifdef MFA_FIBER_SANITIZERS
+  sanitizer_prepare_fiber(context, stack, entry, argument);
 #endif
   InitialFrame frame{};
   asm volatile("stmxcsr %0" : "=m"(frame.mxcsr));

@@ -304,7 +304,7 @@ TEST(Fiber, SwitchPreservesFloatingPointControlOnBothSides) {
 }
 
 // Calls mfa_fiber_switch directly, bypassing the sanitizer annotations.
-#if !defined(MFA_FIBER_USES_UCONTEXT) && !defined(MFA_FIBER_ASAN) && \
+#if !defined(MFA_FIBER_USES_UCONTEXT) && !defined(MFA_FIBER_SANITIZERS) && \
     (defined(__x86_64__) || defined(__aarch64__))
 
 // record_registers_across_switch(save, resume, out) fills every callee-saved
