@@ -106,6 +106,9 @@ class GroupScheduler {
   void complete_collective(std::uint32_t simdgroup, std::uint32_t computing_lane);
   void make_ready(std::uint32_t thread);
   std::uint32_t next_ready();
+  // Suspends the running thread (already marked waiting or ready) and runs
+  // the next ready one.
+  void suspend_current();
   void check_progress();
 
   // Diagnostics (scheduler_diagnostics.cpp): each says what went wrong and
