@@ -10,6 +10,7 @@ from __future__ import annotations
 from ._core import CompileError, DeviceUnavailableError, DispatchError, DispatchStats
 from ._devices import Device, default_device, devices
 from .attention import attention
+from .attention_backward import attention_backward
 from .kernel import Kernel
 from .profiling import DispatchRecord, Profile, profile
 
@@ -25,6 +26,7 @@ __all__ = [
     "Kernel",
     "Profile",
     "attention",
+    "attention_backward",
     "default_device",
     "devices",
     "profile",

@@ -112,25 +112,35 @@ class _Call:
 
     def run(self, device: Device) -> tuple[np.ndarray, np.ndarray | None]:
         p = self.problem
-        family = codegen.family_of(device)
-        attention_pass = codegen.attention_pass(p, family=family, parallel_threadgroups=_parallel_threadgroups(device))
-        sizes = attention_pass.sizes
-        bound: dict[str, object] = {name: _span(array) for name, array in self.arrays.items()}
-        out = bound["o"] = _allocate(_physical(p.o_shape, p.layout), self.arrays["q"].dtype)
-        lse = None
+        attention_pass = codegen.attention_pass(p, family=codegen.family_of(device),
+                                                parallel_threadgroups=_parallel_threadgroups(device))
+        outputs = {"o": (_physical(p.o_shape, p.layout), self.arrays["q"].dtype)}
         if p.return_lse:
-            lse = bound["lse"] = _allocate((p.batch, p.q_heads, p.q_len), np.float32)
-        for kernel_source in attention_pass.kernels:
-            plan = kernel_source.plan
-            for operand in plan.operands:
-                if operand.scratch is not None and operand.name not in bound:
-                    bound[operand.name] = _allocate((operand.scratch.bake(sizes).factor,), np.float32)
-            if plan.sizes_fields:
-                bound["sizes"] = plan.sizes_struct(sizes)
-            kernel = _kernel(kernel_source.source, plan.kernel_name, device)
-            kernel(plan.buffers(bound), threadgroups=plan.threadgroups(sizes),
-                   threads_per_threadgroup=plan.threads_per_threadgroup)
-        return out, lse
+            outputs["lse"] = ((p.batch, p.q_heads, p.q_len), np.float32)
+        bound = _dispatch(attention_pass, self.arrays, outputs, device)
+        return bound["o"], bound.get("lse")
+
+
+def _dispatch(attention_pass: codegen.AttentionPass, inputs: dict[str, np.ndarray],
+              outputs: dict[str, tuple[tuple[int, ...], object]], device: Device) -> dict[str, np.ndarray]:
+    """Runs the pass's kernels in order, binding operands by name: the inputs, the outputs
+    (name -> (shape, dtype)) and the float32 intermediates the plans ask for. Outputs and
+    intermediates are allocated here, through `_allocate`. Returns every bound array by name."""
+    sizes = attention_pass.sizes
+    bound: dict[str, object] = {name: _span(array) for name, array in inputs.items()}
+    for name, (shape, dtype) in outputs.items():
+        bound[name] = _allocate(shape, dtype)
+    for kernel_source in attention_pass.kernels:
+        plan = kernel_source.plan
+        for operand in plan.operands:
+            if operand.scratch is not None and operand.name not in bound:
+                bound[operand.name] = _allocate((operand.scratch.bake(sizes).factor,), np.float32)
+        if plan.sizes_fields:
+            bound["sizes"] = plan.sizes_struct(sizes)
+        kernel = _kernel(kernel_source.source, plan.kernel_name, device)
+        kernel(plan.buffers(bound), threadgroups=plan.threadgroups(sizes),
+               threads_per_threadgroup=plan.threads_per_threadgroup)
+    return bound  # type: ignore[return-value]
 
 
 def _parallel_threadgroups(device: Device) -> int:

@@ -17,6 +17,13 @@ Semantics in one place:
 - out = sum_j p_ij v_j with p the softmax over the allowed keys (and the sink);
   lse = natural log of the softmax denominator (sink included).
 - A row with nothing in its denominator (no allowed key, no sink): out = 0, lse = -inf.
+
+Gradients (`attention_backward_reference`), from the softmax Jacobian, for a
+loss whose gradient with respect to out is dout:
+  dv_j = sum_i p_ij dout_i,   dp_ij = dout_i . v_j,   delta_i = sum_j p_ij dp_ij,
+  ds_ij = p_ij (dp_ij - delta_i),   dq_i = scale sum_j ds_ij k_j,   dk_j = scale sum_i ds_ij q_i,
+  dsinks[h] = -sum over batch and rows of p_sink delta_i  (the sink logit has no value),
+with dk and dv summed over the query heads that share a kv head. The mask gets no gradient.
 """
 
 from __future__ import annotations
@@ -107,3 +114,45 @@ def attention_reference(q, k, v, *, scale=None, causal=False, mask=None, window=
     if layout == "bshd":
         out = out.transpose(0, 2, 1, 3)
     return (out, lse) if return_lse else out
+
+
+def attention_backward_reference(q, k, v, dout, *, scale=None, causal=False, mask=None, window=None,
+                                 sinks=None, layout="bhsd", out=None):
+    """Gradients of attention in float64: (dq, dk, dv) laid out like q, k and v, and with
+    `sinks` also dsinks (Hq,). `dout` is the gradient of the loss with respect to the output.
+
+    `out`, when given, is the forward output to take delta = rowsum(dout o out) from, as
+    `attention_backward` does with its `o` (the same value as sum_j p_ij dp_ij when `out` is
+    exact; a float16 or bfloat16 `out` moves delta by its rounding, and where dp_ij - delta_i
+    cancels, so do the gradients)."""
+    probabilities, lse = attention_probabilities(q, k, scale=scale, causal=causal, mask=mask, window=window,
+                                                 sinks=sinks, layout=layout)
+    qh, kh, vh, douth = (_to_bhsd(x, layout) for x in (q, k, v, dout))
+    batch, q_heads, q_len, head_dim = qh.shape
+    kv_heads, kv_len = kh.shape[1], kh.shape[2]
+    ratio = q_heads // kv_heads
+    if scale is None:
+        scale = 1.0 / np.sqrt(head_dim)
+
+    dp = np.einsum("bhid,bhjd->bhij", douth, np.repeat(vh, ratio, axis=1))
+    if out is None:
+        delta = (probabilities * dp).sum(axis=-1)             # (B, Hq, R)
+    else:
+        delta = (douth * _to_bhsd(out, layout)).sum(axis=-1)
+    ds = probabilities * (dp - delta[..., None])
+    dq = scale * np.einsum("bhij,bhjd->bhid", ds, np.repeat(kh, ratio, axis=1))
+    dk = scale * np.einsum("bhij,bhid->bhjd", ds, qh)
+    dv = np.einsum("bhij,bhid->bhjd", probabilities, douth)
+
+    def per_kv_head(x):  # sum the query heads of each kv head's group
+        return x.reshape(batch, kv_heads, ratio, kv_len, x.shape[-1]).sum(axis=2)
+
+    grads = [dq, per_kv_head(dk), per_kv_head(dv)]
+    if layout == "bshd":
+        grads = [g.transpose(0, 2, 1, 3) for g in grads]
+    if sinks is None:
+        return tuple(grads)
+    sink = np.asarray(sinks).astype(np.float64)[None, :, None]
+    p_sink = np.exp(sink - lse)                               # a sink keeps every denominator > 0
+    dsinks = -(p_sink * delta).sum(axis=(0, 2))
+    return (*grads, dsinks)

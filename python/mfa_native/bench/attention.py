@@ -1,9 +1,15 @@
-"""Attention forward benchmark: `python -m mfa_native bench attention [--device cpu] [--repeat 3]`.
+"""Attention benchmark: `python -m mfa_native bench attention [--backward] [--device cpu] [--repeat 3]`.
 
 For each configuration: the warm time per call, the simdgroup 8x8x8
 multiply-accumulates the kernel issued against the useful minimum (every 8x8
 tile of S that holds an allowed key, times the tiles of Q K^T and P V), and on
 Metal the achieved TFLOPS and the share of the chip's peak.
+
+With --backward: the forward (with lse) and backward times, and the backward's
+issued against useful multiply-accumulates (both kernels: the 7 products of
+the two-kernel algorithm on every allowed tile). Its TFLOPS count the 5
+products a backward pass needs (2.5 times the forward's FLOPs when D = Dv):
+the two that each kernel recomputes, so that neither needs atomics, are overhead.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from .. import profile, reference
 from .._arrays import bfloat16
 from .._devices import resolve_device
 from ..attention import attention
+from ..attention_backward import attention_backward
 from ._table import format_table
 
 
@@ -76,16 +83,32 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def useful_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int, head_dim: int, value_dim: int,
-                      causal=False, window=None) -> int:
-    """8x8x8 multiply-accumulates a perfect kernel needs: for each 8x8 tile of S that holds an
-    allowed (query, key) pair, ceil(D/8) for S = Q K^T and ceil(Dv/8) for O += P V."""
+def allowed_tiles(q_len: int, kv_len: int, causal=False, window=None) -> int:
+    """8x8 tiles of S (one head) that hold an allowed (query, key) pair."""
     allowed = reference.allowed_keys(q_len, kv_len, causal, window)
     rows, cols = -(-q_len // 8) * 8, -(-kv_len // 8) * 8
     padded = np.zeros((rows, cols), dtype=bool)
     padded[:q_len, :kv_len] = allowed
-    tiles = padded.reshape(rows // 8, 8, cols // 8, 8).any(axis=(1, 3)).sum()
-    return int(tiles) * batch * q_heads * (-(-head_dim // 8) + -(-value_dim // 8))
+    return int(padded.reshape(rows // 8, 8, cols // 8, 8).any(axis=(1, 3)).sum())
+
+
+def useful_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int, head_dim: int, value_dim: int,
+                      causal=False, window=None) -> int:
+    """8x8x8 multiply-accumulates a perfect kernel needs: for each 8x8 tile of S that holds an
+    allowed (query, key) pair, ceil(D/8) for S = Q K^T and ceil(Dv/8) for O += P V."""
+    tiles = allowed_tiles(q_len, kv_len, causal, window)
+    return tiles * batch * q_heads * (-(-head_dim // 8) + -(-value_dim // 8))
+
+
+def useful_backward_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int, head_dim: int, value_dim: int,
+                               causal=False, window=None) -> tuple[int, int]:
+    """(dQ kernel, dK/dV kernel): multiply-accumulates the two backward kernels need on the
+    allowed 8x8 tiles of S. dQ: S = Q K^T, dP = dO V^T, dQ += dS K (2 ceil(D/8) + ceil(Dv/8));
+    dK/dV: S, dP, dV += P^T dO, dK += dS^T Q (2 ceil(D/8) + 2 ceil(Dv/8)). The two products
+    recomputed without atomics make 7 in all, against 5 for one kernel with atomics."""
+    tiles = allowed_tiles(q_len, kv_len, causal, window) * batch * q_heads
+    d, dv = -(-head_dim // 8), -(-value_dim // 8)
+    return tiles * (2 * d + dv), tiles * (2 * d + 2 * dv)
 
 
 def allowed_pairs(config: Config) -> int:
@@ -106,13 +129,8 @@ def _inputs(config: Config, rng: np.random.Generator):
     return q, k, v, sinks
 
 
-def _measure(config: Config, device, repeat: int) -> tuple[float, int | None]:
+def _measure(call, repeat: int) -> tuple[float, int | None]:
     """Median seconds of warm calls (device time where the backend reports it) and the ops issued."""
-    q, k, v, sinks = _inputs(config, np.random.default_rng(0))
-
-    def call():
-        return attention(q, k, v, causal=config.causal, window=config.window, sinks=sinks, device=device)
-
     call()  # compile and warm up
     times, ops = [], None
     for _ in range(repeat):
@@ -124,6 +142,22 @@ def _measure(config: Config, device, repeat: int) -> tuple[float, int | None]:
         counted = [r.simdgroup_matrix_ops for r in prof.records]
         ops = None if None in counted else sum(counted)
     return float(np.median(times)), ops
+
+
+def _forward(config: Config, device):
+    q, k, v, sinks = _inputs(config, np.random.default_rng(0))
+    return lambda: attention(q, k, v, causal=config.causal, window=config.window, sinks=sinks, device=device)
+
+
+def _backward_pair(config: Config, device):
+    """(forward with lse, backward) calls on the same inputs."""
+    rng = np.random.default_rng(0)
+    q, k, v, sinks = _inputs(config, rng)
+    do = rng.standard_normal((config.batch, config.q_heads, config.q_len, config.value_dim)).astype(q.dtype)
+    options = dict(causal=config.causal, window=config.window, sinks=sinks, device=device)
+    o, lse = attention(q, k, v, return_lse=True, **options)
+    return (lambda: attention(q, k, v, return_lse=True, **options),
+            lambda: attention_backward(q, k, v, o, lse, do, **options))
 
 
 def _shape(config: Config) -> str:
@@ -138,29 +172,63 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", choices=["cpu", "metal"], help="default: the default device")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls per configuration (median)")
     parser.add_argument("--only", help="run the configurations whose name contains this text")
+    parser.add_argument("--backward", action="store_true", help="time the backward pass (and the forward with lse)")
     args = parser.parse_args(argv)
 
     device = resolve_device(args.device)
     on_metal = device.kind == "metal"
     configs = [c for c in (METAL_CONFIGS if on_metal else CPU_CONFIGS) if not args.only or args.only in c.name]
     peak = peak_tflops(device.name) if on_metal else None
-
-    headers = ["config", "shape", "dtype", "ms", "mma issued", "mma useful", "issued/useful"]
-    if on_metal:
-        headers += ["TFLOPS", "% peak"]
-    rows = []
-    for config in configs:
-        seconds, issued = _measure(config, device, args.repeat)
-        useful = useful_matrix_ops(config.batch, config.q_heads, config.q_len, config.kv_len,
-                                   config.head_dim, config.value_dim, config.causal, config.window)
-        row = [config.name, _shape(config), config.dtype, f"{seconds * 1e3:.2f}",
-               "-" if issued is None else str(issued), str(useful),
-               "-" if issued is None else f"{issued / useful:.3f}"]
-        if on_metal:
-            tflops = 2 * allowed_pairs(config) * (config.head_dim + config.value_dim) / seconds / 1e12
-            row += [f"{tflops:.2f}", "-" if peak is None else f"{100 * tflops / peak:.0f}%"]
-        rows.append(row)
-        print(f"  {config.name}: {seconds * 1e3:.2f} ms", flush=True)
-    print(f"\nattention forward on {device.kind} ({device.name}), median of {args.repeat} warm calls")
+    table = _backward_table if args.backward else _forward_table
+    headers, rows = table(configs, device, args.repeat, rates=on_metal, peak=peak)
+    what = "attention backward (and forward with lse)" if args.backward else "attention forward"
+    print(f"\n{what} on {device.kind} ({device.name}), median of {args.repeat} warm calls")
     print(format_table(headers, rows))
     return 0
+
+
+def _ratio(issued: int | None, useful: int) -> list[str]:
+    return ["-" if issued is None else str(issued), str(useful), "-" if issued is None else f"{issued / useful:.3f}"]
+
+
+def _rate(flops: float, seconds: float, peak: float | None) -> list[str]:
+    tflops = flops / seconds / 1e12
+    return [f"{tflops:.2f}", "-" if peak is None else f"{100 * tflops / peak:.0f}%"]
+
+
+def _forward_table(configs, device, repeat: int, *, rates: bool, peak: float | None
+                   ) -> tuple[list[str], list[list[str]]]:
+    """One row per configuration; with `rates` (Metal), TFLOPS and the share of `peak`."""
+    headers = ["config", "shape", "dtype", "ms", "mma issued", "mma useful", "issued/useful"]
+    headers += ["TFLOPS", "% peak"] if rates else []
+    rows = []
+    for config in configs:
+        seconds, issued = _measure(_forward(config, device), repeat)
+        useful = useful_matrix_ops(config.batch, config.q_heads, config.q_len, config.kv_len,
+                                   config.head_dim, config.value_dim, config.causal, config.window)
+        row = [config.name, _shape(config), config.dtype, f"{seconds * 1e3:.2f}", *_ratio(issued, useful)]
+        if rates:
+            row += _rate(2 * allowed_pairs(config) * (config.head_dim + config.value_dim), seconds, peak)
+        rows.append(row)
+        print(f"  {config.name}: {seconds * 1e3:.2f} ms", flush=True)
+    return headers, rows
+
+
+def _backward_table(configs, device, repeat: int, *, rates: bool, peak: float | None
+                    ) -> tuple[list[str], list[list[str]]]:
+    headers = ["config", "shape", "dtype", "fwd ms", "bwd ms", "bwd mma issued", "bwd mma useful", "issued/useful"]
+    headers += ["bwd TFLOPS", "% peak"] if rates else []
+    rows = []
+    for config in configs:
+        forward, backward = _backward_pair(config, device)
+        forward_seconds, _ = _measure(forward, repeat)
+        seconds, issued = _measure(backward, repeat)
+        useful = sum(useful_backward_matrix_ops(config.batch, config.q_heads, config.q_len, config.kv_len,
+                                                config.head_dim, config.value_dim, config.causal, config.window))
+        row = [config.name, _shape(config), config.dtype, f"{forward_seconds * 1e3:.2f}", f"{seconds * 1e3:.2f}",
+               *_ratio(issued, useful)]
+        if rates:
+            row += _rate(2 * allowed_pairs(config) * (3 * config.head_dim + 2 * config.value_dim), seconds, peak)
+        rows.append(row)
+        print(f"  {config.name}: forward {forward_seconds * 1e3:.2f} ms, backward {seconds * 1e3:.2f} ms", flush=True)
+    return headers, rows

@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="threadgroups the device runs at once: decode problems that leave it idle "
                              "get the split-KV pair of kernels (default: never split)")
     tuning.add_argument("--plan", action="store_true", help="print the launch plans instead of the source")
+    tuning.add_argument("--backward", action="store_true",
+                        help="the backward pass's kernels (dQ, then dK/dV) instead of the forward's")
 
 
 def problem_from(args: argparse.Namespace) -> AttentionProblem:
@@ -55,8 +57,13 @@ def problem_from(args: argparse.Namespace) -> AttentionProblem:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        attention_pass = codegen.attention_pass(problem_from(args), family=args.family, bake_lengths=args.bake_lengths,
-                                                parallel_threadgroups=args.parallel_threadgroups)
+        problem = problem_from(args)
+        if args.backward:
+            attention_pass = codegen.attention_backward_pass(codegen.AttentionBackwardProblem(problem),
+                                                             family=args.family, bake_lengths=args.bake_lengths)
+        else:
+            attention_pass = codegen.attention_pass(problem, family=args.family, bake_lengths=args.bake_lengths,
+                                                    parallel_threadgroups=args.parallel_threadgroups)
     except ValueError as error:
         print(f"emit: {error}", file=sys.stderr)
         return 2

@@ -1,8 +1,10 @@
 """KernelDescriptor: exactly the facts the generated source depends on.
 
-`describe(problem)` reduces an AttentionProblem to a KernelDescriptor; the
-descriptor is the cache key of the source, so two problems that differ only in
-runtime values (sequence lengths, batch and head counts) share one kernel.
+`describe(problem)` reduces an AttentionProblem to a KernelDescriptor (the
+forward kernel), `describe_backward` an AttentionBackwardProblem to a
+BackwardDescriptor (the dQ and dK/dV kernels). A descriptor is the cache key
+of its source, so two problems that differ only in runtime values (sequence
+lengths, batch and head counts) share one kernel.
 
 Strides become `Extent`s. A stride that equals the dense stride of its operand
 (the product of the inner axes' sizes) is kept symbolic, e.g. `R * 64`, so a
@@ -16,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import AttentionProblem, contiguous_strides, memory_order
-from .tables import CPU_FAMILY, MAX_HEAD_DIM, tile_row
+from .problem import AttentionBackwardProblem, AttentionProblem, contiguous_strides, memory_order
+from .tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, tile_row
 
 # The runtime sizes, by their names in the generated MSL; split-KV kernels add
 # S (key/value splits) and Cs (keys per split).
@@ -50,6 +52,33 @@ class OperandLayout:
 
 
 @dataclass(frozen=True)
+class MaskRules:
+    """The facts that decide which keys a query may see, as the kernels bake them."""
+
+    causal: str
+    window: tuple[int, int] | None
+    mask: str
+    mask_dtype: str | None
+    mask_layout: OperandLayout | None
+
+    @property
+    def window_sides(self) -> tuple[int | None, int | None]:
+        """The bounded sides of the window, (left, right), None where unbounded."""
+        if self.window is None:
+            return None, None
+        return tuple(None if side == -1 else side for side in self.window)  # type: ignore[return-value]
+
+    @property
+    def uses_diagonal(self) -> bool:
+        return self.causal == "lower_right" or self.window_sides != (None, None)
+
+    @property
+    def limits_keys_above(self) -> bool:
+        """Whether some rule removes keys after a query's diagonal."""
+        return self.causal != "none" or self.window_sides[1] is not None
+
+
+@dataclass(frozen=True)
 class KernelDescriptor:
     head_dim: int
     value_dim: int
@@ -77,6 +106,10 @@ class KernelDescriptor:
     @property
     def simdgroups(self) -> int:
         return self.query_rows // 8
+
+    @property
+    def rules(self) -> MaskRules:
+        return MaskRules(self.causal, self.window, self.mask, self.mask_dtype, self.mask_layout)
 
     @property
     def size_names(self) -> tuple[str, ...]:
@@ -110,12 +143,16 @@ def _actual_sizes(shape, sizes) -> dict[str, int]:
     return {e.sizes[0]: n for n, e in zip(shape, sizes) if e.sizes}
 
 
-def query_rows(problem: AttentionProblem, family: str) -> int:
-    """Query rows per threadgroup: the table's, or fewer when the queries cannot fill it (decode)."""
-    rows = tile_row(family, max(problem.head_dim, problem.value_dim)).query_rows
-    while rows > 8 and rows // 2 >= problem.q_len:
+def _shrunk(rows: int, length: int) -> int:
+    """`rows` per threadgroup, halved (down to 8) while half of them still cover `length`."""
+    while rows > 8 and rows // 2 >= length:
         rows //= 2
     return rows
+
+
+def query_rows(problem: AttentionProblem, family: str) -> int:
+    """Query rows per threadgroup: the table's, or fewer when the queries cannot fill it (decode)."""
+    return _shrunk(tile_row(family, max(problem.head_dim, problem.value_dim)).query_rows, problem.q_len)
 
 
 def sizes_of(problem: AttentionProblem, kv_split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -126,46 +163,135 @@ def sizes_of(problem: AttentionProblem, kv_split: tuple[int, int] | None = None)
     return sizes
 
 
+def _check_head_dims(p: AttentionProblem) -> None:
+    if not 1 <= max(p.head_dim, p.value_dim) <= MAX_HEAD_DIM or min(p.head_dim, p.value_dim) < 1:
+        raise ValueError(f"head dimensions must be in 1..{MAX_HEAD_DIM}, got D={p.head_dim}, Dv={p.value_dim}")
+
+
+class _Layouts:
+    """The symbolic layouts of a problem's tensors (`of`) and its mask rules."""
+
+    def __init__(self, p: AttentionProblem, baked: dict[str, int] | None) -> None:
+        D, Dv = Extent(p.head_dim), Extent(p.value_dim)
+        B, Hq, Hkv, R, C = (Extent(1, (name,)) for name in SIZE_NAMES)
+        self._p, self._baked, self._order = p, baked, memory_order(p.layout)
+        self._kinds = {"q": (p.q_shape, (B, Hq, R, D)), "k": (p.k_shape, (B, Hkv, C, D)),
+                       "v": (p.v_shape, (B, Hkv, C, Dv)), "o": (p.o_shape, (B, Hq, R, Dv))}
+        mask_layout = None
+        if p.mask != "none":
+            mask_layout = _operand_layout(p.mask_shape, (B, Hq, R, C), p.mask_strides, (0, 1, 2, 3), baked)
+        self.rules = MaskRules(p.causal, p.window, p.mask, p.mask_dtype, mask_layout)
+
+    def of(self, kind: str, strides=None) -> OperandLayout:
+        """The layout of a tensor shaped like q, k, v or o ("kind"); strides None: contiguous (allocated)."""
+        shape, sizes = self._kinds[kind]
+        strides = contiguous_strides(self._p.layout, shape) if strides is None else strides
+        return _operand_layout(shape, sizes, strides, self._order, self._baked)
+
+
+def _scale_log2e(p: AttentionProblem) -> float:
+    return float(np.float32(p.softmax_scale * np.log2(np.e)))
+
+
 def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_lengths: bool = False,
              kv_split: tuple[int, int] | None = None) -> KernelDescriptor:
     """The kernel descriptor of `problem` with tiles from `family`'s table; `kv_split` =
     (splits, keys per split) describes the split-KV pair of kernels instead of the single one."""
     p = problem
-    largest = max(p.head_dim, p.value_dim)
-    if not 1 <= largest <= MAX_HEAD_DIM or min(p.head_dim, p.value_dim) < 1:
-        raise ValueError(f"head dimensions must be in 1..{MAX_HEAD_DIM}, got D={p.head_dim}, Dv={p.value_dim}")
-    row = tile_row(family, largest)
+    _check_head_dims(p)
+    row = tile_row(family, max(p.head_dim, p.value_dim))
     baked = sizes_of(p, kv_split) if bake_lengths else None
-    D, Dv = Extent(p.head_dim), Extent(p.value_dim)
-    B, Hq, Hkv, R, C = (Extent(1, (name,)) for name in SIZE_NAMES)
-    order = memory_order(p.layout)
-    o_strides = contiguous_strides(p.layout, p.o_shape)  # the output is allocated contiguous
-
-    mask_layout = None
-    if p.mask != "none":
-        mask_layout = _operand_layout(p.mask_shape, (B, Hq, R, C), p.mask_strides, (0, 1, 2, 3), baked)
-
+    layouts = _Layouts(p, baked)
+    rules = layouts.rules
     return KernelDescriptor(
         head_dim=p.head_dim,
         value_dim=p.value_dim,
         dtype=p.dtype,
         gqa_ratio=p.gqa_ratio,
-        q=_operand_layout(p.q_shape, (B, Hq, R, D), p.q_strides, order, baked),
-        k=_operand_layout(p.k_shape, (B, Hkv, C, D), p.k_strides, order, baked),
-        v=_operand_layout(p.v_shape, (B, Hkv, C, Dv), p.v_strides, order, baked),
-        o=_operand_layout(p.o_shape, (B, Hq, R, Dv), o_strides, order, baked),
-        causal=p.causal,
-        window=p.window,
-        mask=p.mask,
-        mask_dtype=p.mask_dtype,
-        mask_layout=mask_layout,
+        q=layouts.of("q", p.q_strides),
+        k=layouts.of("k", p.k_strides),
+        v=layouts.of("v", p.v_strides),
+        o=layouts.of("o"),  # the output is allocated contiguous
+        causal=rules.causal,
+        window=rules.window,
+        mask=rules.mask,
+        mask_dtype=rules.mask_dtype,
+        mask_layout=rules.mask_layout,
         sinks=p.sinks,
-        scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))),
+        scale_log2e=_scale_log2e(p),
         return_lse=p.return_lse,
         family=family,
         query_rows=query_rows(p, family),
         key_block=row.key_block,
         cache_q=row.cache_q,
         kv_split=kv_split is not None,
+        baked_sizes=tuple(baked.items()) if baked is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class BackwardDescriptor:
+    """The facts the two backward kernels depend on (see attention_backward.py)."""
+
+    head_dim: int
+    value_dim: int
+    dtype: str
+    gqa_ratio: int
+    q: OperandLayout
+    k: OperandLayout
+    v: OperandLayout
+    o: OperandLayout        # the forward output, an input here
+    dout: OperandLayout     # its gradient, dO
+    dq: OperandLayout       # the gradients, allocated contiguous in the problem's layout
+    dk: OperandLayout
+    dv: OperandLayout
+    rules: MaskRules
+    sinks: bool
+    scale: float            # softmax scale, as the float32 the kernels use (dQ and dK carry it)
+    scale_log2e: float
+    family: str
+    query_rows: int         # dQ kernel: query rows per threadgroup
+    key_block: int          # dQ kernel: keys per step
+    key_rows: int           # dK/dV kernel: keys per threadgroup
+    query_block: int        # dK/dV kernel: queries per step
+    cache: bool             # each simdgroup's own rows stay in registers
+    baked_sizes: tuple[tuple[str, int], ...] | None
+
+    @property
+    def size_names(self) -> tuple[str, ...]:
+        return SIZE_NAMES
+
+
+def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
+                      bake_lengths: bool = False) -> BackwardDescriptor:
+    """The descriptor of the backward kernels of `problem`, tiles from `family`'s backward table."""
+    p = problem.forward
+    _check_head_dims(p)
+    row = backward_tile_row(family, max(p.head_dim, p.value_dim))
+    baked = sizes_of(p) if bake_lengths else None
+    layouts = _Layouts(p, baked)
+    return BackwardDescriptor(
+        head_dim=p.head_dim,
+        value_dim=p.value_dim,
+        dtype=p.dtype,
+        gqa_ratio=p.gqa_ratio,
+        q=layouts.of("q", p.q_strides),
+        k=layouts.of("k", p.k_strides),
+        v=layouts.of("v", p.v_strides),
+        o=layouts.of("o", problem.o_strides),
+        dout=layouts.of("o", problem.dout_strides),
+        dq=layouts.of("q"),
+        dk=layouts.of("k"),
+        dv=layouts.of("v"),
+        rules=layouts.rules,
+        sinks=p.sinks,
+        scale=float(np.float32(p.softmax_scale)),
+        scale_log2e=_scale_log2e(p),
+        family=family,
+        query_rows=_shrunk(row.query_rows, p.q_len),
+        key_block=row.key_block,
+        key_rows=_shrunk(row.key_rows, p.kv_len),
+        query_block=row.query_block,
+        cache=row.cache,
         baked_sizes=tuple(baked.items()) if baked is not None else None,
     )

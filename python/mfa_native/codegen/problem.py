@@ -108,3 +108,19 @@ class AttentionProblem:
     @property
     def softmax_scale(self) -> float:
         return 1.0 / math.sqrt(self.head_dim) if self.scale is None else float(self.scale)
+
+
+@dataclass(frozen=True)
+class AttentionBackwardProblem:
+    """One attention backward problem: the forward problem it differentiates (its
+    `return_lse` is irrelevant), and the strides of the forward output o and of the
+    output gradient dO (`dout`), logical (batch, head, sequence, feature) order; None: contiguous."""
+
+    forward: AttentionProblem
+    o_strides: Strides | None = None
+    dout_strides: Strides | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("o_strides", "dout_strides"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, contiguous_strides(self.forward.layout, self.forward.o_shape))

@@ -13,6 +13,10 @@ The values start from the shape of metal-flash-attention's published tuning
 (small threadgroups and long key blocks on GPUs with dynamic register caching,
 Apple9+; larger threadgroups on Apple7/8), adapted to this kernel's layout.
 They are data: retune them on hardware, row by row.
+
+The backward tables (BACKWARD_TABLES, see BackwardTileRow) have the same form:
+the dQ kernel's query rows and key block, the dK/dV kernel's key rows and
+query block, and whether each simdgroup's own rows stay in registers.
 """
 
 from __future__ import annotations
@@ -26,6 +30,16 @@ class TileRow:
     query_rows: int
     key_block: int
     cache_q: bool
+
+
+@dataclass(frozen=True)
+class BackwardTileRow:
+    max_head_dim: int
+    query_rows: int    # dQ kernel: query rows per threadgroup (one simdgroup per 8)
+    key_block: int     # dQ kernel: keys per step
+    key_rows: int      # dK/dV kernel: keys per threadgroup (one simdgroup per 8)
+    query_block: int   # dK/dV kernel: queries per step
+    cache: bool        # the 8 rows each simdgroup owns (Q and dO, or K and V) stay in registers
 
 
 _TABLES_TEXT = {
@@ -45,6 +59,24 @@ _TABLES_TEXT = {
     """,
 }
 
+# The backward pass (dQ kernel, dK/dV kernel). Each simdgroup holds two row
+# operands and two accumulators, about twice the forward's registers, hence
+# shorter blocks. Starting values, not yet tuned on hardware.
+_BACKWARD_TABLES_TEXT = {
+    "apple7": """
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache
+               64           32          32         32         32      yes
+              128           16          32         16         32      yes
+              256           16          32         16         32      no
+    """,
+    "apple9": """
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache
+               96           16          64         16         64      yes
+              160           16          32         16         32      yes
+              256           16          32         16         32      no
+    """,
+}
+
 # Families that share a table.
 _ALIASES = {"apple8": "apple7", "apple10": "apple9"}
 
@@ -53,30 +85,41 @@ CPU_FAMILY = "apple9"
 MAX_HEAD_DIM = 256
 
 
-def _parse(text: str) -> tuple[TileRow, ...]:
+def _parse(text: str, row_type):
+    """Rows of whitespace-separated columns in `row_type`'s field order; "yes"/"no" are bools."""
     rows = []
     for line in text.strip().splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        head, rows_, keys, cache = line.split()
-        rows.append(TileRow(int(head), int(rows_), int(keys), cache == "yes"))
+        rows.append(row_type(*(cell == "yes" if cell in ("yes", "no") else int(cell) for cell in line.split())))
     return tuple(rows)
 
 
-TABLES: dict[str, tuple[TileRow, ...]] = {name: _parse(text) for name, text in _TABLES_TEXT.items()}
+TABLES: dict[str, tuple[TileRow, ...]] = {name: _parse(text, TileRow) for name, text in _TABLES_TEXT.items()}
+BACKWARD_TABLES: dict[str, tuple[BackwardTileRow, ...]] = {
+    name: _parse(text, BackwardTileRow) for name, text in _BACKWARD_TABLES_TEXT.items()}
 FAMILIES = tuple(sorted(set(TABLES) | set(_ALIASES)))
 
 
-def tile_row(family: str, head_dim: int) -> TileRow:
-    """The row of `family`'s table for a problem whose larger head dimension is `head_dim`."""
-    table = TABLES.get(_ALIASES.get(family, family))
+def _row(tables, family: str, head_dim: int):
+    table = tables.get(_ALIASES.get(family, family))
     if table is None:
         raise ValueError(f"unknown GPU family {family!r}; known: {', '.join(FAMILIES)}")
     for row in table:
         if head_dim <= row.max_head_dim:
             return row
     raise ValueError(f"head dimension {head_dim} is beyond the largest supported ({MAX_HEAD_DIM})")
+
+
+def tile_row(family: str, head_dim: int) -> TileRow:
+    """The row of `family`'s table for a problem whose larger head dimension is `head_dim`."""
+    return _row(TABLES, family, head_dim)
+
+
+def backward_tile_row(family: str, head_dim: int) -> BackwardTileRow:
+    """The row of `family`'s backward table for a problem whose larger head dimension is `head_dim`."""
+    return _row(BACKWARD_TABLES, family, head_dim)
 
 
 def family_of(device) -> str:

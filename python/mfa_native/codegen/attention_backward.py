@@ -1,0 +1,312 @@
+"""MSL for the attention backward pass, from a BackwardDescriptor: two kernels, no atomics.
+
+Apple GPUs have no native float atomics, so each kernel owns its outputs
+outright and P is recomputed in both (7 products instead of 5):
+
+attention_backward_dq, parallel over query blocks (the forward's shape: one
+simdgroup per 8 query rows, walking the keys in blocks):
+  D = rowsum(dO o O) per row, stored for the second kernel (and, with sinks,
+  the row's share of dsinks, -p_sink D); then per block of keys
+  P = exp2(S * scale * log2(e) + bias - lse2) with S = Q K^T, dP = dO V^T,
+  dS = P o (dP - D), dQ += dS K. At the end dQ *= scale.
+
+attention_backward_dkdv, parallel over key blocks (one simdgroup per 8 keys,
+walking the queries in blocks), for every query head of its kv head's group,
+so the group's dK and dV are summed in registers:
+  P^T = exp2(S^T ...) with S^T = K Q^T, dV += P^T dO, dP^T = V dO^T,
+  dS^T = P^T o (dP^T - D), dK += dS^T Q. At the end dK *= scale.
+
+lse2 = lse * log2(e) is the log2-domain denominator the forward stored (sink
+included); a row with no key (lse = -inf) gets lse2 = -MASKED, so its P is 0
+and nothing it touches turns NaN. Blocks that causal, window or a mask remove
+are skipped in both kernels, as in the forward (key_range / query_range, and
+the mask's block test in `bias`). Tile loads, products, masking and the
+exp2-domain softmax are the forward's building blocks (blocks.py).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .attention_forward import BUILTINS, KernelSource
+from .blocks import (HeadTensor, Rows, accumulate, bias_over_keys, bias_over_queries, block_loop, head_pointer,
+                     in_registers, key_range, lane_layout, logits, mask_key_pointer, mask_row_pointer, probabilities,
+                     query_range, query_rows_geometry, scores, store_rows, tiles, zeroed)
+from .descriptor import BackwardDescriptor, Extent
+from .msl import (MSL_TYPES, SIZES_STRUCT, constants, float_literal, header, indent, loop, offset, signature,
+                  sizes_struct)
+from .plan import GridAxis, LaunchPlan, Operand
+
+DQ_KERNEL_NAME = "attention_backward_dq"
+DKDV_KERNEL_NAME = "attention_backward_dkdv"
+REREAD = "re-read: the rows do not stay in registers at this head dimension"
+
+
+def _rows_extent() -> Extent:
+    return Extent(1, ("B", "Hq", "R"))
+
+
+def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
+    return {"q": HeadTensor.of("q", d.q, d.head_dim), "k": HeadTensor.of("k", d.k, d.head_dim),
+            "v": HeadTensor.of("v", d.v, d.value_dim), "o": HeadTensor.of("o", d.o, d.value_dim),
+            "dout": HeadTensor.of("dout", d.dout, d.value_dim)}
+
+
+def _inputs(d: BackwardDescriptor) -> list[Operand]:
+    t = MSL_TYPES[d.dtype]
+    return [Operand("q", f"device const {t}*", "queries"),
+            Operand("k", f"device const {t}*", "keys"),
+            Operand("v", f"device const {t}*", "values"),
+            Operand("dout", f"device const {t}*", "gradient of the output (dO), laid out like q"),
+            Operand("lse", "device const float*", "(B, Hq, R) natural-log softmax denominators of the forward")]
+
+
+def _mask_operand(d: BackwardDescriptor) -> list[Operand]:
+    if d.rules.mask == "none":
+        return []
+    kind = "True = attend" if d.rules.mask == "bool" else "added to the logits"
+    return [Operand("mask", f"device const {MSL_TYPES[d.rules.mask_dtype]}*", f"mask, {kind}")]
+
+
+def _sizes_operand(d: BackwardDescriptor) -> tuple[list[Operand], tuple[str, ...]]:
+    if d.baked_sizes is not None:
+        return [], ()
+    return [Operand("sizes", f"constant {SIZES_STRUCT}&", "runtime sizes")], d.size_names
+
+
+def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
+    t = MSL_TYPES[d.dtype]
+    operands = _inputs(d) + [Operand("o", f"device const {t}*", "the forward's output, laid out like q")]
+    operands += _mask_operand(d)
+    if d.sinks:
+        operands.append(Operand("sinks", "device const float*", "(Hq,) extra logit per head, no value"))
+    operands += [Operand("dq", f"device {t}*", "gradient of q, laid out like q"),
+                 Operand("delta", "device float*", "(B, Hq, R) D = rowsum(dO o O), for the dK/dV kernel",
+                         _rows_extent())]
+    if d.sinks:
+        operands.append(Operand("sink_grad", "device float*", "(B, Hq, R) each row's share of dsinks",
+                                _rows_extent()))
+    sizes, fields = _sizes_operand(d)
+    grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Extent(1, ("B",))))
+    return LaunchPlan(DQ_KERNEL_NAME, tuple(operands + sizes), grid, 32 * (d.query_rows // 8), fields)
+
+
+def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
+    t = MSL_TYPES[d.dtype]
+    operands = _inputs(d) + [Operand("delta", "device const float*", "(B, Hq, R) D = rowsum(dO o O)",
+                                     _rows_extent())]
+    operands += _mask_operand(d)
+    operands += [Operand("dk", f"device {t}*", "gradient of k, laid out like k"),
+                 Operand("dv", f"device {t}*", "gradient of v, laid out like v")]
+    sizes, fields = _sizes_operand(d)
+    grid = (GridAxis(Extent(1, ("C",)), d.key_rows), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
+    return LaunchPlan(DKDV_KERNEL_NAME, tuple(operands + sizes), grid, 32 * (d.key_rows // 8), fields)
+
+
+# ---------------------------------------------------------------------------
+# Pieces shared by the two kernels.
+
+
+def _lse2(target: str, at: str) -> list[str]:
+    """target = the log2-domain lse at index `at`; -MASKED (P = 0) where lse = -inf (no key)."""
+    return [f"const float lse_value = lse[{at}];",
+            f"{target} = lse_value > MASKED ? lse_value * LOG2E : -MASKED;"]
+
+
+def _gradient_of_scores(count: int, delta: str) -> list[str]:
+    """dS = P o (dP - D), written over dP."""
+    return (["", "// dS = P o (dP - D), in place of dP."]
+            + loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
+                "dp_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * "
+                f"(dp_tile[j].thread_elements()[e] - {delta});"])))
+
+
+def _recomputed_probabilities(d: BackwardDescriptor, count: int, lse2: str) -> list[str]:
+    return (["", "// P = exp2(S * scale * log2(e) + bias - lse2): the forward's probabilities, from its lse."]
+            + logits(d.scale_log2e, count, "p_tile") + probabilities(count, "p_tile", lse2))
+
+
+def _summary(d: BackwardDescriptor, kernel: str) -> list[str]:
+    r = d.rules
+    window = "none" if r.window is None else f"(left {r.window[0]}, right {r.window[1]})"
+    mask = r.mask if r.mask == "none" else f"{r.mask} ({r.mask_dtype})"
+    if kernel == DQ_KERNEL_NAME:
+        tile = (f"{d.query_rows} query rows per threadgroup, {d.key_block} keys per block, "
+                f"Q and dO {'in registers' if d.cache else 're-read per block'}")
+    else:
+        tile = (f"{d.key_rows} keys per threadgroup, {d.query_block} queries per block, "
+                f"K and V {'in registers' if d.cache else 're-read per block'}")
+    return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}",
+            f"causal {r.causal}, window {window}, mask {mask}, sinks {'yes' if d.sinks else 'no'}",
+            f"tiles ({d.family}): {tile}"]
+
+
+def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelSource:
+    declarations = constants(d.size_names, d.baked_sizes, "\n".join(body))
+    lines = (header(plan.kernel_name, _summary(d, plan.kernel_name), plan) + sizes_struct(plan)
+             + signature(plan, BUILTINS) + ["{"] + indent(declarations + [""] + body) + ["}"])
+    return KernelSource("\n".join(lines) + "\n", plan)
+
+
+# ---------------------------------------------------------------------------
+# The dQ kernel.
+
+
+def _dq_geometry(d: BackwardDescriptor) -> list[str]:
+    t = MSL_TYPES[d.dtype]
+    lines = query_rows_geometry(d.query_rows, d.gqa_ratio, ["const uint b = group.z;"]) + [
+        "const ulong row_at = (ulong(b) * Hq + h) * R + row_read;  // the row in lse, delta and sink_grad",
+        "",
+        head_pointer("q", d.q, "h", t, True),
+        head_pointer("k", d.k, "h_kv", t, True),
+        head_pointer("v", d.v, "h_kv", t, True),
+        head_pointer("o", d.o, "h", t, True),
+        head_pointer("dout", d.dout, "h", t, True),
+        head_pointer("dq", d.dq, "h", t, False),
+    ]
+    if d.rules.mask != "none":
+        lines.append(mask_row_pointer(d.rules))
+    return lines
+
+
+def _row_delta(d: BackwardDescriptor) -> list[str]:
+    """D of the lane's row, stored for the dK/dV kernel, and lse2; with sinks, -p_sink D."""
+    x = _tensors(d)
+    per_tile = ["simdgroup_float8x8 o_t;", "{"] + indent(x["o"].load_rows("o_t", "row_read", "t")) + ["}"]
+    dout = "dout_tile[t]"
+    if not d.cache:
+        dout = "dout_t"
+        per_tile += ["simdgroup_float8x8 dout_t;", "{"] + indent(x["dout"].load_rows("dout_t", "row_read", "t")) + ["}"]
+    per_tile.append(f"delta_row += o_t.thread_elements()[0] * {dout}.thread_elements()[0]"
+                    f" + o_t.thread_elements()[1] * {dout}.thread_elements()[1];")
+    lines = ["", "// D = rowsum(dO o O) of the lane's row: two columns per tile, then the row's four lanes.",
+             "float delta_row = 0.0f;"]
+    lines += loop(f"ushort t = 0; t < {tiles(d.value_dim)}; ++t", per_tile)
+    lines += ["delta_row += simd_shuffle_xor(delta_row, 1);",
+              "delta_row += simd_shuffle_xor(delta_row, 8);"]
+    lines += _lse2("const float lse2", "row_at")
+    stores = ["delta[row_at] = delta_row;"]
+    if d.sinks:
+        stores.append("sink_grad[row_at] = -exp2(sinks[h] * LOG2E - lse2) * delta_row;  // -p_sink D")
+    return lines + ["if (row < R && tc == 0) {"] + indent(stores) + ["}"]
+
+
+def _dq_key_loop(d: BackwardDescriptor) -> list[str]:
+    count = d.key_block // 8
+    x = _tensors(d)
+    body = bias_over_keys(d.rules, count)
+    body += ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
+    body += scores("p_tile", count, Rows(x["q"], "row_read", "q_tile" if d.cache else None, "q_i"), x["k"],
+                   "k_tile", "K^T: rows are head dims, columns are keys", "key", "kb", "C", REREAD)
+    body += _recomputed_probabilities(d, count, "lse2")
+    body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
+    body += scores("dp_tile", count, Rows(x["dout"], "row_read", "dout_tile" if d.cache else None, "dout_i"), x["v"],
+                   "v_tile", "V^T: rows are value dims, columns are keys", "key", "kb", "C", REREAD)
+    body += _gradient_of_scores(count, "delta_row")
+    body += ["", "// dQ += dS K."]
+    body += accumulate("dq_tile", "dp_tile", count, x["k"], "k_tile", "rows are keys, columns are head dims",
+                       "key", "kb", "C")
+    return block_loop("kb", "key_begin", "key_end", d.key_block, body)
+
+
+@lru_cache(maxsize=128)
+def generate_dq(d: BackwardDescriptor) -> KernelSource:
+    """The dQ kernel (it also stores D, and each row's share of dsinks)."""
+    x = _tensors(d)
+    body = _dq_geometry(d) + key_range(d.rules)
+    if d.cache:
+        body += ["", "// Q and dO: the 8 rows, held in registers as 8x8 tiles."]
+        body += in_registers("q_tile", x["q"], "row_read") + in_registers("dout_tile", x["dout"], "row_read")
+    body += _row_delta(d)
+    body += ["", "// dQ / scale, accumulated over the keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
+    body += _dq_key_loop(d)
+    t = MSL_TYPES[d.dtype]
+    store = [f"device {t}* dq_row = dq_head + {offset('row', d.dq.strides[2])};"]
+    store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
+    body += ["", "// dQ = scale * dS K.", "if (row < R) {"] + indent(store) + ["}"]
+    return _kernel(d, dq_plan(d), body)
+
+
+# ---------------------------------------------------------------------------
+# The dK/dV kernel.
+
+
+def _dkdv_geometry(d: BackwardDescriptor) -> list[str]:
+    t = MSL_TYPES[d.dtype]
+    return [
+        "// This simdgroup's 8 keys, of one (batch, kv head).",
+        "const uint b = group.z;",
+        "const uint h_kv = group.y;",
+        f"const uint key_first = group.x * {d.key_rows} + simd_index * 8;",
+        *lane_layout(),
+        "const uint key_row = key_first + tr;",
+        "const uint key_read = min(key_row, C - 1);  // keys past C compute on a valid key and are never stored",
+        "",
+        head_pointer("k", d.k, "h_kv", t, True),
+        head_pointer("v", d.v, "h_kv", t, True),
+        head_pointer("dk", d.dk, "h_kv", t, False),
+        head_pointer("dv", d.dv, "h_kv", t, False),
+    ]
+
+
+def _query_loop(d: BackwardDescriptor) -> list[str]:
+    count = d.query_block // 8
+    x = _tensors(d)
+    body = bias_over_queries(d.rules, count)
+    body += ["", "// lse2 and D of the lane's queries.", f"float lse2[{2 * count}];", f"float delta_q[{2 * count}];"]
+    body += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
+        "const uint query = uint(min(qb + j * 8 + int(tc) + e, int(R) - 1));",
+        *_lse2("lse2[j * 2 + e]", "rows_at + query"),
+        "delta_q[j * 2 + e] = delta[rows_at + query];",
+    ]))
+    body += ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
+    body += scores("p_tile", count, Rows(x["k"], "key_read", "k_tile" if d.cache else None, "k_i"), x["q"],
+                   "q_tile", "Q^T: rows are head dims, columns are queries", "query", "qb", "R", REREAD)
+    body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
+    body += ["", "// dV += P^T dO."]
+    body += accumulate("dv_tile", "p_tile", count, x["dout"], "dout_tile", "rows are queries, columns are value dims",
+                       "query", "qb", "R")
+    body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
+    body += scores("dp_tile", count, Rows(x["v"], "key_read", "v_tile" if d.cache else None, "v_i"), x["dout"],
+                   "dout_tile", "dO^T: rows are value dims, columns are queries", "query", "qb", "R", REREAD)
+    body += _gradient_of_scores(count, "delta_q[j * 2 + e]")
+    body += ["", "// dK += dS^T Q."]
+    body += accumulate("dk_tile", "dp_tile", count, x["q"], "q_tile", "rows are queries, columns are head dims",
+                       "query", "qb", "R")
+    return block_loop("qb", "query_begin", "query_end", d.query_block, body)
+
+
+def _query_heads(d: BackwardDescriptor) -> list[str]:
+    """The query loop for every query head that reads this kv head."""
+    t = MSL_TYPES[d.dtype]
+    per_head = [head_pointer("q", d.q, "h", t, True), head_pointer("dout", d.dout, "h", t, True)]
+    if d.rules.mask != "none":
+        per_head.append(mask_key_pointer(d.rules))
+    per_head.append("const ulong rows_at = (ulong(b) * Hq + h) * R;  // this head's rows in lse and delta")
+    per_head += _query_loop(d)
+    if d.gqa_ratio == 1:
+        return ["", "// The one query head that reads this kv head.", "{", "  const uint h = h_kv;"] \
+            + indent(per_head) + ["}"]
+    return (["", f"// The {d.gqa_ratio} query heads that read this kv head: their dK and dV add up here."]
+            + loop(f"uint g = 0; g < {d.gqa_ratio}; ++g", [f"const uint h = h_kv * {d.gqa_ratio} + g;"] + per_head,
+                   unroll=False))
+
+
+@lru_cache(maxsize=128)
+def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
+    """The dK/dV kernel (it reads the D the dQ kernel stored)."""
+    x = _tensors(d)
+    body = _dkdv_geometry(d) + query_range(d.rules)
+    if d.cache:
+        body += ["", "// K and V: the 8 rows, held in registers as 8x8 tiles."]
+        body += in_registers("k_tile", x["k"], "key_read") + in_registers("v_tile", x["v"], "key_read")
+    body += ["", "// dK / scale and dV, accumulated over the queries of every head in the group."]
+    body += zeroed("dk_tile", tiles(d.head_dim), "dK / scale") + zeroed("dv_tile", tiles(d.value_dim), "dV")
+    body += _query_heads(d)
+    t = MSL_TYPES[d.dtype]
+    store = [f"device {t}* dk_row = dk_head + {offset('key_row', d.dk.strides[2])};"]
+    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
+    store += [f"device {t}* dv_row = dv_head + {offset('key_row', d.dv.strides[2])};"]
+    store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t)
+    body += ["", "// dK = scale * dS^T Q, dV = P^T dO.", "if (key_row < C) {"] + indent(store) + ["}"]
+    return _kernel(d, dkdv_plan(d), body)
