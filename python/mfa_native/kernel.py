@@ -32,6 +32,17 @@ def _constant_list(constants: Mapping[str | int, ConstantValue] | None) -> list[
     return out
 
 
+_DLPACK_CPU = 1
+_DLPACK_METAL = 8  # kDLMetal: DLTensor.data is an id<MTLBuffer>
+
+
+def _dlpack_device_type(value: Any) -> int | None:
+    """The DLPack device type of a non-numpy array that speaks DLPack, else None."""
+    if isinstance(value, np.ndarray) or not hasattr(value, "__dlpack_device__"):
+        return None
+    return int(value.__dlpack_device__()[0])
+
+
 def _extent(name: str, value: int | Sequence[int]) -> tuple[int, int, int]:
     """An int or 1..3 ints -> (x, y, z), every axis >= 1."""
     if isinstance(value, (numbers.Integral,)) and not isinstance(value, bool):
@@ -102,8 +113,11 @@ class Kernel:
     ) -> _core.DispatchStats:
         """Runs the kernel once and waits for it.
 
-        ``buffers[i]`` binds ``[[buffer(i)]]``: a C-contiguous numpy array is
-        read and written in place (results are visible on return); a numpy
+        ``buffers[i]`` binds ``[[buffer(i)]]``: a C-contiguous numpy array (or a
+        CPU array that speaks DLPack) is read and written in place (results are
+        visible on return); on the metal device, a Metal tensor from PyTorch MPS
+        or MLX (DLPack device kDLMetal) is used in place too, once its
+        framework has finished writing it; a numpy
         scalar, a Python number or a small numpy array (plain or structured)
         serves a ``constant T&`` argument. ``threadgroup_memory[i]`` is the byte
         length of ``[[threadgroup(i)]]``. Returns the dispatch's stats
@@ -138,7 +152,7 @@ class Kernel:
         if any(n < 0 for n in memory):
             raise ValueError(f"threadgroup_memory lengths must be >= 0, got {list(threadgroup_memory)}")
 
-        host, inline, keepalive = [], [], []
+        host, inline, device_buffers, keepalive = [], [], [], []
         for index, value in enumerate(buffers):
             if value is None:
                 continue
@@ -146,22 +160,37 @@ class Kernel:
             if argument is None:
                 have = ", ".join(str(i) for i in sorted(self._buffers)) or "none"
                 raise ValueError(f"kernel {self.name!r} has no [[buffer({index})]] (its buffer indices: {have})")
-            if argument.is_pointer:
+            if not argument.is_pointer:
+                inline.append((index, self._bytes_for(index, argument, value)))
+            elif _dlpack_device_type(value) == _DLPACK_METAL:
+                keepalive.append(value)
+                device_buffers.append((index, self._metal_buffer_for(index, argument, value), 0))
+            else:
                 array = self._array_for(index, argument, value)
                 keepalive.append(array)
                 host.append((index, array.ctypes.data, array.nbytes, bool(array.flags.writeable)))
-            else:
-                inline.append((index, self._bytes_for(index, argument, value)))
         for index, argument in self._buffers.items():
             if index >= len(buffers) or buffers[index] is None:
                 raise ValueError(f"kernel {self.name!r}: [[buffer({index})]] {argument.name!r} is not bound; "
                                  f"pass buffers[{index}]")
-        batch.dispatch(self.pipeline, grid, group, host, inline, memory)
+        batch.dispatch(self.pipeline, grid, group, host, inline, device_buffers, memory)
         return keepalive
 
+    def _metal_buffer_for(self, index: int, argument, value: Any) -> _core.Buffer:
+        """A Metal tensor (PyTorch MPS, MLX) bound in place through DLPack. The
+        caller synchronizes: its framework's pending work on the tensor must be
+        done (torch.mps.synchronize(), mx.eval) before the call."""
+        if self.device.kind != "metal":
+            raise ValueError(f"buffers[{index}] ({argument.name!r}) is a Metal tensor, but kernel {self.name!r} "
+                             f"runs on the {self.device.kind} device")
+        return _core.metal_buffer_from_dlpack(self.device, value.__dlpack__())
+
     def _array_for(self, index: int, argument, value: Any) -> np.ndarray:
-        """The array bound to a pointer argument, checked for layout and element type."""
+        """The array bound to a pointer argument, checked for layout and element type.
+        CPU arrays that speak DLPack (other than numpy) are viewed through numpy, without a copy."""
         what = f"buffers[{index}] ({argument.name!r}, {argument.type}*)"
+        if not isinstance(value, np.ndarray) and _dlpack_device_type(value) == _DLPACK_CPU:
+            value = np.from_dlpack(value)
         if not isinstance(value, np.ndarray):
             raise TypeError(f"{what} must be a numpy array, got {type(value).__name__}")
         if not value.flags.c_contiguous:

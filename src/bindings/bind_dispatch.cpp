@@ -24,6 +24,8 @@ using Extent = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>;
 // until the batch is waited for.
 using HostBinding = std::tuple<int, std::uintptr_t, std::size_t, bool>;
 using InlineBinding = std::tuple<int, nb::bytes>;
+// (index, buffer, offset): device memory, e.g. a Metal tensor from DLPack.
+using BufferBinding = std::tuple<int, Buffer, std::size_t>;
 
 Size3 to_size(const Extent& e) { return Size3{std::get<0>(e), std::get<1>(e), std::get<2>(e)}; }
 
@@ -43,21 +45,26 @@ void bind_dispatch(nb::module_& m) {
                " simdgroup_matrix_ops=" + ops + " seconds=" + secs + ">";
       });
 
+  nb::class_<Buffer>(m, "Buffer", "Device memory owned by the core (or wrapped from another framework).")
+      .def_prop_ro("size", &Buffer::size);
+
   nb::class_<CommandBatch>(m, "CommandBatch", "Dispatches run in order: record, commit(), wait().")
       .def(nb::init<Device>(), "device"_a)
       .def(
           "dispatch",
           [](CommandBatch& batch, const Pipeline& pipeline, const Extent& threadgroups,
              const Extent& threads, const std::vector<HostBinding>& host, const std::vector<InlineBinding>& inline_bytes,
-             const std::vector<std::size_t>& threadgroup_memory) {
+             const std::vector<BufferBinding>& buffers, const std::vector<std::size_t>& threadgroup_memory) {
             auto ref = batch.dispatch(pipeline.shared_from_this(), to_size(threadgroups), to_size(threads));
             for (const auto& [index, address, bytes, writable] : host)
               ref.host(index, reinterpret_cast<void*>(address), bytes, writable);
             for (const auto& [index, data] : inline_bytes) ref.bytes(index, data.c_str(), data.size());
+            for (const auto& [index, buffer, offset] : buffers) ref.buffer(index, buffer, offset);
             for (std::size_t i = 0; i < threadgroup_memory.size(); ++i)
               if (threadgroup_memory[i]) ref.threadgroup_memory(int(i), threadgroup_memory[i]);
           },
-          "pipeline"_a, "threadgroups"_a, "threads_per_threadgroup"_a, "host"_a, "inline"_a, "threadgroup_memory"_a)
+          "pipeline"_a, "threadgroups"_a, "threads_per_threadgroup"_a, "host"_a, "inline"_a, "buffers"_a,
+          "threadgroup_memory"_a)
       .def("commit", &CommandBatch::commit)
       .def("wait", &CommandBatch::wait, nb::call_guard<nb::gil_scoped_release>())
       .def("run", &CommandBatch::run, nb::call_guard<nb::gil_scoped_release>());

@@ -6,4 +6,5 @@ NB_MODULE(_core, m) {
   mfa::bindings::bind_device(m);
   mfa::bindings::bind_dispatch(m);
   mfa::bindings::bind_cpu(m);
+  mfa::bindings::bind_dlpack(m);
 }

@@ -157,3 +157,41 @@ def test_profile_records_every_dispatch(rng):
         gemm(a, a, device="cpu")
     assert [r.kernel for r in p.records] == ["gemm", "gemm"]
     assert p.simdgroup_matrix_ops == 2 * p.records[0].simdgroup_matrix_ops > 0
+
+
+class _DLPackOnly:
+    """An array from another framework: it speaks DLPack and nothing else."""
+
+    def __init__(self, array: np.ndarray, device_type: int = 1) -> None:
+        self._array, self._device_type = array, device_type
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return (self._device_type, 0)
+
+
+def test_cpu_dlpack_arrays_are_used_in_place(rng):
+    x = rng.standard_normal(50).astype(np.float32)
+    y = np.full(64, np.nan, np.float32)
+    kernel = mfa_native.Kernel(CONSTANTS, "affine", constants={"WIDTH": 50, "SCALE": 3.0, "NEGATE": False},
+                               device="cpu")
+    kernel([_DLPackOnly(x), _DLPackOnly(y)], threadgroups=1, threads_per_threadgroup=64)
+    np.testing.assert_allclose(y[:50], 3.0 * x, rtol=1e-6)  # written through the DLPack view
+
+
+def test_metal_dlpack_tensors_need_the_metal_device(rng):
+    x = rng.standard_normal(50).astype(np.float32)
+    kernel = mfa_native.Kernel(CONSTANTS, "affine", constants={"WIDTH": 50, "SCALE": 3.0, "NEGATE": False},
+                               device="cpu")
+    with pytest.raises(ValueError, match=r"buffers\[0\] \('x'\) is a Metal tensor.*cpu device"):
+        kernel([_DLPackOnly(x, device_type=8), x.copy()], threadgroups=1, threads_per_threadgroup=64)
+
+
+def test_only_metal_dlpack_capsules_become_device_buffers(rng):
+    from mfa_native import _core
+
+    x = rng.standard_normal(8).astype(np.float32)
+    with pytest.raises(ValueError, match="device type 1, not Metal"):
+        _core.metal_buffer_from_dlpack(mfa_native.default_device(), x.__dlpack__())
