@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # bfloat16 comes from ml_dtypes, a runtime dependency
-    from ml_dtypes import bfloat16
-except ImportError:  # pragma: no cover - ml_dtypes is required by pyproject
-    bfloat16 = None
+from ml_dtypes import bfloat16  # numpy's bfloat16, a runtime dependency
 
 # MSL scalar type -> numpy dtype, for checking `constant T&` arguments.
 MSL_SCALARS: dict[str, np.dtype] = {
@@ -22,9 +19,8 @@ MSL_SCALARS: dict[str, np.dtype] = {
     "ulong": np.dtype(np.uint64),
     "half": np.dtype(np.float16),
     "float": np.dtype(np.float32),
+    "bfloat": np.dtype(bfloat16),
 }
-if bfloat16 is not None:
-    MSL_SCALARS["bfloat"] = np.dtype(bfloat16)
 
 
 def msl_vector(type_name: str) -> tuple[np.dtype, int] | None:

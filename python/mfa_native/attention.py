@@ -13,9 +13,7 @@ from ._devices import Device, resolve_device
 from .codegen import AttentionProblem
 from .kernel import Kernel
 
-_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
-if bfloat16 is not None:
-    _DTYPES[np.dtype(bfloat16)] = "bfloat16"
+_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(bfloat16): "bfloat16"}
 _CAUSAL = {False: "none", True: "lower_right", "lower_right": "lower_right", "upper_left": "upper_left"}
 
 
