@@ -33,8 +33,9 @@ from .blocks import (HeadTensor, Rows, accumulate, bias_over_keys, bias_over_que
                      in_registers, key_range, lane_layout, logits, mask_key_pointer, mask_row_pointer, probabilities,
                      query_range, query_rows_geometry, scores, store_rows, tiles, zeroed)
 from .descriptor import BackwardDescriptor, Extent
-from .msl import (MSL_TYPES, SIZES_STRUCT, constants, float_literal, header, indent, loop, offset, signature,
+from .msl import (MSL_TYPES, constants, float_literal, header, indent, loop, offset, signature,
                   sizes_struct)
+from .operands import mask_operands, sizes_operands
 from .plan import GridAxis, LaunchPlan, Operand
 
 DQ_KERNEL_NAME = "attention_backward_dq"
@@ -61,23 +62,10 @@ def _inputs(d: BackwardDescriptor) -> list[Operand]:
             Operand("lse", "device const float*", "(B, Hq, R) natural-log softmax denominators of the forward")]
 
 
-def _mask_operand(d: BackwardDescriptor) -> list[Operand]:
-    if d.rules.mask == "none":
-        return []
-    kind = "True = attend" if d.rules.mask == "bool" else "added to the logits"
-    return [Operand("mask", f"device const {MSL_TYPES[d.rules.mask_dtype]}*", f"mask, {kind}")]
-
-
-def _sizes_operand(d: BackwardDescriptor) -> tuple[list[Operand], tuple[str, ...]]:
-    if d.baked_sizes is not None:
-        return [], ()
-    return [Operand("sizes", f"constant {SIZES_STRUCT}&", "runtime sizes")], d.size_names
-
-
 def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
     t = MSL_TYPES[d.dtype]
     operands = _inputs(d) + [Operand("o", f"device const {t}*", "the forward's output, laid out like q")]
-    operands += _mask_operand(d)
+    operands += mask_operands(d.rules.mask, d.rules.mask_dtype)
     if d.sinks:
         operands.append(Operand("sinks", "device const float*", "(Hq,) extra logit per head, no value"))
     operands += [Operand("dq", f"device {t}*", "gradient of q, laid out like q"),
@@ -86,7 +74,7 @@ def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
     if d.sinks:
         operands.append(Operand("sink_grad", "device float*", "(B, Hq, R) each row's share of dsinks",
                                 _rows_extent()))
-    sizes, fields = _sizes_operand(d)
+    sizes, fields = sizes_operands(d.baked_sizes, d.size_names)
     grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(DQ_KERNEL_NAME, tuple(operands + sizes), grid, 32 * (d.query_rows // 8), fields)
 
@@ -95,10 +83,10 @@ def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
     t = MSL_TYPES[d.dtype]
     operands = _inputs(d) + [Operand("delta", "device const float*", "(B, Hq, R) D = rowsum(dO o O)",
                                      _rows_extent())]
-    operands += _mask_operand(d)
+    operands += mask_operands(d.rules.mask, d.rules.mask_dtype)
     operands += [Operand("dk", f"device {t}*", "gradient of k, laid out like k"),
                  Operand("dv", f"device {t}*", "gradient of v, laid out like v")]
-    sizes, fields = _sizes_operand(d)
+    sizes, fields = sizes_operands(d.baked_sizes, d.size_names)
     grid = (GridAxis(Extent(1, ("C",)), d.key_rows), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(DKDV_KERNEL_NAME, tuple(operands + sizes), grid, 32 * (d.key_rows // 8), fields)
 

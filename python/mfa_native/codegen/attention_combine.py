@@ -15,7 +15,8 @@ from functools import lru_cache
 
 from .attention_forward import KernelSource, partial_scratch
 from .descriptor import Extent, KernelDescriptor
-from .msl import MSL_TYPES, SIZES_STRUCT, constants, header, indent, offset, signature, sizes_struct
+from .msl import MSL_TYPES, constants, header, indent, offset, signature, sizes_struct
+from .operands import result_operands, sizes_operands
 from .plan import GridAxis, LaunchPlan, Operand
 
 KERNEL_NAME = "attention_combine"
@@ -31,16 +32,10 @@ def launch_plan(d: KernelDescriptor) -> LaunchPlan:
                 scratch["o_partial"]),
         Operand("ml_partial", "device const float*", "(S, B, Hq, R, 2) softmax max (log2) and sum per split",
                 scratch["ml_partial"]),
-        Operand("o", f"device {MSL_TYPES[d.dtype]}*", "output, laid out like q"),
     ]
-    if d.return_lse:
-        operands.append(Operand("lse", "device float*", "(B, Hq, R) natural-log softmax denominators"))
-    if d.sinks:
-        operands.append(Operand("sinks", "device const float*", "(Hq,) extra logit per head, no value"))
-    fields: tuple[str, ...] = ()
-    if d.baked_sizes is None:
-        fields = d.size_names
-        operands.append(Operand("sizes", f"constant {SIZES_STRUCT}&", "runtime sizes"))
+    operands += result_operands(d.dtype, d.return_lse, d.sinks)
+    sizes, fields = sizes_operands(d.baked_sizes, d.size_names)
+    operands += sizes
     grid = (GridAxis(Extent(d.value_dim), COLUMNS_PER_THREADGROUP), GridAxis(Extent(1, ("R",))),
             GridAxis(Extent(1, ("B", "Hq"))))
     return LaunchPlan(KERNEL_NAME, tuple(operands), grid, COLUMNS_PER_THREADGROUP, fields)

@@ -32,7 +32,8 @@ from functools import lru_cache
 from .blocks import (HeadTensor, Rows, accumulate, bias_over_keys, block_loop, head_pointer, in_registers, key_range,
                      logits, mask_row_pointer, probabilities, query_rows_geometry, scores, store_rows, tiles, zeroed)
 from .descriptor import Extent, KernelDescriptor
-from .msl import MSL_TYPES, SIZES_STRUCT, constants, header, indent, loop, offset, signature, sizes_struct
+from .msl import MSL_TYPES, constants, header, indent, loop, offset, signature, sizes_struct
+from .operands import mask_operands, result_operands, sizes_operands
 from .plan import GridAxis, LaunchPlan, Operand
 
 KERNEL_NAME = "attention_forward"
@@ -65,9 +66,7 @@ def launch_plan(d: KernelDescriptor) -> LaunchPlan:
         Operand("k", f"device const {t}*", "keys"),
         Operand("v", f"device const {t}*", "values"),
     ]
-    if d.mask != "none":
-        kind = "True = attend" if d.mask == "bool" else "added to the logits"
-        operands.append(Operand("mask", f"device const {MSL_TYPES[d.mask_dtype]}*", f"mask, {kind}"))
+    operands += mask_operands(d.mask, d.mask_dtype)
     if d.kv_split:
         scratch = partial_scratch(d)
         operands += [
@@ -77,15 +76,9 @@ def launch_plan(d: KernelDescriptor) -> LaunchPlan:
                     scratch["ml_partial"]),
         ]
     else:
-        operands.append(Operand("o", f"device {t}*", "output, laid out like q"))
-        if d.return_lse:
-            operands.append(Operand("lse", "device float*", "(B, Hq, R) natural-log softmax denominators"))
-        if d.sinks:
-            operands.append(Operand("sinks", "device const float*", "(Hq,) extra logit per head, no value"))
-    fields: tuple[str, ...] = ()
-    if d.baked_sizes is None:
-        fields = d.size_names
-        operands.append(Operand("sizes", f"constant {SIZES_STRUCT}&", "runtime sizes"))
+        operands += result_operands(d.dtype, d.return_lse, d.sinks)
+    sizes, fields = sizes_operands(d.baked_sizes, d.size_names)
+    operands += sizes
     grid = (GridAxis(_size("R"), d.query_rows), GridAxis(_size("Hq")),
             GridAxis(_size("B", "S") if d.kv_split else _size("B")))
     name = PARTIAL_KERNEL_NAME if d.kv_split else KERNEL_NAME
