@@ -110,8 +110,12 @@ class CpuBackend final : public Backend {
   DeviceLimits limits() const override { return DeviceLimits{}; }
   std::vector<std::pair<std::string, std::string>> properties() const override {
     cpu::KernelCompiler& compiler = cpu::KernelCompiler::shared();
+    const cpu::CompilerStats stats = compiler.stats();
     return {{"compiler", compiler.compiler()},
             {"cache_dir", compiler.cache_dir()},
+            {"kernels_compiled", std::to_string(stats.compiles)},
+            {"kernels_from_disk_cache", std::to_string(stats.disk_hits)},
+            {"disk_cache_entries_rebuilt", std::to_string(stats.rebuilt)},
             {"worker_threads", std::to_string(cpu::Executor::shared().workers())},
             {"fiber_switch", cpu::fiber_switch_implementation()}};
   }

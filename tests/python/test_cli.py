@@ -16,7 +16,7 @@ def test_info_lists_devices_compiler_cache_and_statistics():
     out = run_cli("info")
     assert "device cpu" in out
     assert "compiler:" in out
-    assert "cache_dir:" in out
+    assert "cache_dir:" in out and "kernels_from_disk_cache:" in out
     assert "pipeline cache:" in out and "buffer pool:" in out
 
 
