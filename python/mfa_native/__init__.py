@@ -11,6 +11,7 @@ from ._core import CompileError, DeviceUnavailableError, DispatchError, Dispatch
 from ._devices import Device, default_device, devices
 from .attention import attention
 from .attention_backward import attention_backward
+from .embedding import cpp_flags
 from .kernel import Kernel
 from .profiling import DispatchRecord, Profile, profile
 
@@ -27,6 +28,7 @@ __all__ = [
     "Profile",
     "attention",
     "attention_backward",
+    "cpp_flags",
     "default_device",
     "devices",
     "profile",

@@ -1,0 +1,26 @@
+"""Where the installed package keeps the C++ core, for programs that embed it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+
+def include_dir() -> str:
+    """The directory holding mfa/*.hpp (the public C++ API)."""
+    return str(_HERE / "include")
+
+
+def library_path() -> str:
+    """The static core library, libmfa_core.a."""
+    return str(_HERE / "lib" / "libmfa_core.a")
+
+
+def cpp_flags() -> str:
+    """Compiler and linker flags for a C++17 program that embeds the core, e.g.
+    ``g++ -std=c++17 main.cpp $(python -c "import mfa_native; print(mfa_native.cpp_flags())")``."""
+    system = ["-framework Metal -framework Foundation -framework IOKit -framework CoreFoundation"] \
+        if sys.platform == "darwin" else ["-ldl"]
+    return " ".join([f"-I{include_dir()}", library_path(), "-pthread", *system])
