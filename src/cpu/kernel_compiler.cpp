@@ -201,15 +201,15 @@ bool shim_dir_matches(const std::string& dir, const std::vector<ShimFile>& files
 
 void KernelBinary::Unload::operator()(void* handle) const { dlclose(handle); }
 
-KernelBinary::KernelBinary(std::string path) : path_(std::move(path)) {
-  handle_.reset(dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL));
-  if (!handle_) throw Error("cannot load " + path_ + ": " + dlerror());
+KernelBinary::KernelBinary(const std::string& path) {
+  handle_.reset(dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL));
+  if (!handle_) throw Error("cannot load " + path + ": " + dlerror());
   auto version = reinterpret_cast<int (*)()>(dlsym(handle_.get(), "mfa_kernel_abi_version"));
   auto info = reinterpret_cast<const mfa_abi::KernelInfo* (*)()>(dlsym(handle_.get(), "mfa_kernel_info"));
   main_ = reinterpret_cast<KernelMain>(dlsym(handle_.get(), "mfa_kernel_main"));
-  if (!version || !info || !main_) throw Error(path_ + " does not export the kernel ABI symbols");
+  if (!version || !info || !main_) throw Error(path + " does not export the kernel ABI symbols");
   if (version() != mfa_abi::kVersion) {
-    throw Error(path_ + " was built for kernel ABI version " + std::to_string(version()) +
+    throw Error(path + " was built for kernel ABI version " + std::to_string(version()) +
                 "; this library needs version " + std::to_string(mfa_abi::kVersion));
   }
   info_ = info();
@@ -381,14 +381,18 @@ std::shared_ptr<const KernelBinary> KernelCompiler::build(const std::string& cpp
   }
   std::string bytes;
   if (!read_file(library.path(), bytes)) throw Error("cannot read the compiled kernel " + library.path());
-  // The sidecar goes first, so a reader that finds the library finds its sidecar.
-  write_atomically(stem + ".so.sha256", sidecar_text(bytes));
-  library.commit(stem + ".so");
+  // Loaded before it is published: once loaded, another process replacing or
+  // removing the cache entry cannot take it away from this one.
+  std::shared_ptr<const KernelBinary> binary;
   try {
-    return std::make_shared<const KernelBinary>(stem + ".so");
+    binary = std::make_shared<const KernelBinary>(library.path());
   } catch (const Error& e) {
     throw CompileError("kernel '" + kernel_name + "' compiled but does not load", e.what());
   }
+  // The sidecar goes first, so a reader that finds the library finds its sidecar.
+  write_atomically(stem + ".so.sha256", sidecar_text(bytes));
+  library.commit(stem + ".so");
+  return binary;
 }
 
 void KernelCompiler::write_shim() {
@@ -402,7 +406,12 @@ void KernelCompiler::write_shim() {
   for (const ShimFile& file : shim_files_) {
     std::ofstream(temporary + "/" + file.name, std::ios::binary) << file.text;
   }
-  if (fs::exists(shim_dir_, error)) {  // damaged: moved away, then removed
+  if (fs::exists(shim_dir_, error)) {
+    if (shim_dir_matches(shim_dir_, shim_files_)) {  // another process just wrote it: keep theirs
+      fs::remove_all(temporary, error);
+      return;
+    }
+    // Damaged: moved away, then removed.
     std::string damaged = shim_dir_ + unique_suffix();
     fs::rename(shim_dir_, damaged, error);
     fs::remove_all(damaged, error);

@@ -19,20 +19,18 @@ class KernelBinary {
   // dlopens `path` (RTLD_NOW | RTLD_LOCAL) and resolves the ABI symbols.
   // Throws mfa::Error if it does not load, lacks a symbol, or was built for
   // another ABI version.
-  explicit KernelBinary(std::string path);
+  explicit KernelBinary(const std::string& path);
   KernelBinary(const KernelBinary&) = delete;
   KernelBinary& operator=(const KernelBinary&) = delete;
 
   KernelMain main() const { return main_; }
   const mfa_abi::KernelInfo& info() const { return *info_; }
-  const std::string& path() const { return path_; }
 
  private:
   struct Unload {
     void operator()(void* handle) const;
   };
   std::unique_ptr<void, Unload> handle_;
-  std::string path_;
   KernelMain main_ = nullptr;
   const mfa_abi::KernelInfo* info_ = nullptr;
 };

@@ -194,7 +194,11 @@ class Translator {
 
     std::string text = rewriter_.apply();
     if (!text.empty() && text.back() != '\n') text += '\n';
-    return kPrelude + ("#line 1 \"" + options_.metal_path + "\"\n") + text + glue();
+    // Inside namespace metal, unqualified calls find Metal's functions before
+    // the C library's: libc++ declares float overloads of exp2, abs, ... in
+    // the global namespace, which `using namespace metal;` alone leaves ambiguous.
+    return std::string(kPrelude) + "namespace metal {\n" + ("#line 1 \"" + options_.metal_path + "\"\n") + text + glue() +
+           "}  // namespace metal\n";
   }
 
  private:
