@@ -110,8 +110,8 @@ class _Call:
 
     def run(self, device: Device) -> tuple[np.ndarray, np.ndarray | None]:
         p = self.problem
-        attention_pass = codegen.attention_pass(p, family=codegen.family_of(device),
-                                                parallel_threadgroups=_parallel_threadgroups(device))
+        family, parallel_threadgroups = _tuning_facts(device)
+        attention_pass = codegen.attention_pass(p, family=family, parallel_threadgroups=parallel_threadgroups)
         outputs = {"o": (_physical(p.o_shape, p.layout), self.arrays["q"].dtype)}
         if p.return_lse:
             outputs["lse"] = ((p.batch, p.q_heads, p.q_len), np.float32)
@@ -139,6 +139,18 @@ def _dispatch(attention_pass: codegen.AttentionPass, inputs: dict[str, np.ndarra
         kernel(plan.buffers(bound), threadgroups=plan.threadgroups(sizes),
                threads_per_threadgroup=plan.threads_per_threadgroup)
     return bound  # type: ignore[return-value]
+
+
+_tuning: dict[str, tuple[str, int]] = {}
+
+
+def _tuning_facts(device: Device) -> tuple[str, int]:
+    """(tile-table family, parallel threadgroups) of a device: fixed for its life, so read
+    once per device kind (device.properties is rebuilt by the core on every access)."""
+    facts = _tuning.get(device.kind)
+    if facts is None:
+        facts = _tuning[device.kind] = (codegen.family_of(device), _parallel_threadgroups(device))
+    return facts
 
 
 def _parallel_threadgroups(device: Device) -> int:

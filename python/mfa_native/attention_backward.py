@@ -6,7 +6,8 @@ import numpy as np
 
 from . import codegen
 from ._devices import Device, resolve_device
-from .attention import _as_array, _axes, _bindable, _Call, _dispatch, _element_strides, _logical, _physical
+from .attention import (_as_array, _axes, _bindable, _Call, _dispatch, _element_strides, _logical, _physical,
+                        _tuning_facts)
 from .codegen import AttentionBackwardProblem
 
 
@@ -62,7 +63,7 @@ class _BackwardCall:
 
     def run(self, device: Device) -> tuple[np.ndarray, ...]:
         p = self.problem.forward
-        backward = codegen.attention_backward_pass(self.problem, family=codegen.family_of(device))
+        backward = codegen.attention_backward_pass(self.problem, family=_tuning_facts(device)[0])
         dtype = self.arrays["q"].dtype
         outputs = {"dq": (_physical(p.q_shape, p.layout), dtype), "dk": (_physical(p.k_shape, p.layout), dtype),
                    "dv": (_physical(p.v_shape, p.layout), dtype)}

@@ -150,6 +150,9 @@ class CpuBackend final : public Backend {
   std::size_t page_size() const override { return kPageSize; }
   std::size_t recommended_pool_limit() const override { return std::size_t(1) << 30; }
 
+  // The work runs in wait(), on the waiting thread (which joins the
+  // executor's workers): starting a thread per submission cost more than a
+  // small dispatch. CommandBatch always waits, at the latest when destroyed.
   std::unique_ptr<Submission> submit(std::vector<Dispatch> dispatches) override {
     const std::size_t limit = limits().max_threadgroup_memory;
     auto run = [dispatches = std::move(dispatches), limit] {
@@ -158,7 +161,7 @@ class CpuBackend final : public Backend {
         stats.push_back(cpu::Executor::shared().run(make_launch(dispatch, limit)));
       return stats;
     };
-    return std::make_unique<CpuSubmission>(std::async(std::launch::async, std::move(run)));
+    return std::make_unique<CpuSubmission>(std::async(std::launch::deferred, std::move(run)));
   }
 };
 

@@ -116,7 +116,7 @@ def test_split_kv_fills_the_device_it_runs_on():
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=["plain", "gqa-causal-sinks-bshd", "window", "mask-sinks"])
 def test_split_kv_decode(rng, monkeypatch, case):
     """Decode on a device with room for 64 threadgroups: the keys are split, then combined."""
-    monkeypatch.setattr(attention_module, "_parallel_threadgroups", lambda device: 64)
+    monkeypatch.setattr(attention_module, "_tuning_facts", lambda device: (codegen.family_of(device), 64))
     q, k, v = make_inputs(rng, **case["dims"])
     kwargs = dict(case.get("kwargs", {}))
     heads = q.shape[1] if kwargs.get("layout", "bhsd") == "bhsd" else q.shape[2]

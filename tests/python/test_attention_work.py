@@ -77,9 +77,9 @@ def test_blocks_an_all_false_mask_removes_are_skipped(rng):
 
 def test_split_kv_issues_the_same_matrix_work_as_one_pass(rng, monkeypatch):
     q, k, v = make_inputs(rng, Hq=2, Hkv=1, R=4, C=3000, D=16, Dv=8)
-    monkeypatch.setattr(attention_module, "_parallel_threadgroups", lambda device: 1)
+    monkeypatch.setattr(attention_module, "_tuning_facts", lambda device: (codegen.family_of(device), 1))
     _, single, _ = issued(q, k, v, causal=True)
-    monkeypatch.setattr(attention_module, "_parallel_threadgroups", lambda device: 64)
+    monkeypatch.setattr(attention_module, "_tuning_facts", lambda device: (codegen.family_of(device), 64))
     with mfa_native.profile() as prof:
         out = mfa_native.attention(q, k, v, causal=True)
     partial, combine = prof.records
