@@ -20,13 +20,10 @@ std::string describe(const ArgumentInfo& argument) {
 Binding& binding_at(Dispatch& dispatch, int index) {
   if (index < 0 || index > 30)
     throw ArgumentError(where(*dispatch.pipeline) + "buffer index must be 0..30, got " + std::to_string(index));
+  // Bindings stay sorted by index; binding an index again replaces it.
   auto found = std::find_if(dispatch.bindings.begin(), dispatch.bindings.end(),
                             [&](const Binding& b) { return b.index >= index; });
-  if (found == dispatch.bindings.end() || found->index != index) {
-    Binding fresh;
-    fresh.index = index;
-    found = dispatch.bindings.insert(found, std::move(fresh));
-  }
+  if (found == dispatch.bindings.end() || found->index != index) found = dispatch.bindings.insert(found, Binding{});
   *found = Binding{};
   found->index = index;
   return *found;
