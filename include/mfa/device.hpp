@@ -2,6 +2,7 @@
 // process-wide singletons per kind; copies of a Device share one state.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -13,6 +14,15 @@
 #include "mfa/types.hpp"
 
 namespace mfa {
+
+// Every CommandBatch a device ran: how many, and the bytes of caller memory
+// staged to the device at commit and copied back at wait (both 0 where the
+// backend binds host memory in place, as the cpu backend does).
+struct BatchStats {
+  std::uint64_t committed = 0;
+  std::uint64_t bytes_staged_in = 0;
+  std::uint64_t bytes_copied_back = 0;
+};
 
 class Device {
  public:
@@ -42,6 +52,11 @@ class Device {
   Buffer new_buffer(std::size_t bytes) const;  // from the pool
   BufferPool& buffer_pool() const;
   PipelineCache& pipeline_cache() const;
+  BatchStats batch_stats() const;
+  // Called by CommandBatch: one batch committed with `staged_in` bytes staged.
+  void count_commit(std::uint64_t staged_in) const;
+  // Called by CommandBatch: `copied_back` bytes returned to caller memory.
+  void count_copy_back(std::uint64_t copied_back) const;
   Backend& backend() const;
 
   bool operator==(const Device& other) const { return state_ == other.state_; }

@@ -13,5 +13,6 @@
 #include "mfa/device.hpp"
 #include "mfa/errors.hpp"
 #include "mfa/pipeline.hpp"
+#include "mfa/prepared_pass.hpp"
 #include "mfa/reflection.hpp"
 #include "mfa/types.hpp"

@@ -160,6 +160,16 @@ void bind_device(nb::module_& m) {
              out["limit"] = s.limit;
              return out;
            })
+      .def("batch_stats",
+           [](const Device& d) {
+             BatchStats s = d.batch_stats();
+             nb::dict out;
+             out["committed"] = s.committed;
+             out["bytes_staged_in"] = s.bytes_staged_in;
+             out["bytes_copied_back"] = s.bytes_copied_back;
+             return out;
+           },
+           "Command batches run on this device, and caller bytes staged in and copied back.")
       .def("__eq__", [](const Device& a, const Device& b) { return a == b; })
       .def("__hash__", [](const Device& d) { return int(d.kind()); })
       .def("__repr__", [](const Device& d) {

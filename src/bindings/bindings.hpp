@@ -10,5 +10,6 @@ void bind_device(nanobind::module_& m);
 void bind_dispatch(nanobind::module_& m);
 void bind_cpu(nanobind::module_& m);
 void bind_dlpack(nanobind::module_& m);
+void bind_pass(nanobind::module_& m);
 
 }  // namespace mfa::bindings

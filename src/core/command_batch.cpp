@@ -170,7 +170,12 @@ void validate_dispatch(const Device& device, const Dispatch& dispatch) {
 void CommandBatch::commit() {
   if (committed_) throw ArgumentError("this CommandBatch was already committed");
   for (const Dispatch& dispatch : dispatches_) validate_dispatch(device_, dispatch);
-  for (const HostStaging& staged : staging_) std::memcpy(staged.staging.data(), staged.host, staged.bytes);
+  std::uint64_t staged_in = 0;
+  for (const HostStaging& staged : staging_) {
+    std::memcpy(staged.staging.data(), staged.host, staged.bytes);
+    staged_in += staged.bytes;
+  }
+  device_.count_commit(staged_in);
   committed_ = true;
   submission_ = device_.backend().submit(std::move(dispatches_));
   dispatches_.clear();
@@ -182,8 +187,13 @@ std::vector<DispatchStats> CommandBatch::wait() {
   std::unique_ptr<Submission> submission = std::move(submission_);
   std::vector<HostStaging> staging = std::move(staging_);
   std::vector<DispatchStats> stats = submission->wait();
-  for (const HostStaging& staged : staging)
-    if (staged.writable) std::memcpy(staged.host, staged.staging.data(), staged.bytes);
+  std::uint64_t copied_back = 0;
+  for (const HostStaging& staged : staging) {
+    if (!staged.writable) continue;
+    std::memcpy(staged.host, staged.staging.data(), staged.bytes);
+    copied_back += staged.bytes;
+  }
+  device_.count_copy_back(copied_back);
   return stats;
 }
 

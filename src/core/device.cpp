@@ -1,5 +1,6 @@
 #include "mfa/device.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -12,6 +13,9 @@ struct Device::State {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<PipelineCache> cache;
   std::shared_ptr<BufferPool> pool;
+  std::atomic<std::uint64_t> batches_committed{0};
+  std::atomic<std::uint64_t> bytes_staged_in{0};
+  std::atomic<std::uint64_t> bytes_copied_back{0};
 
   explicit State(std::unique_ptr<Backend> b) : backend(std::move(b)) {
     cache = std::make_unique<PipelineCache>(*backend);
@@ -99,5 +103,19 @@ Buffer Device::new_buffer(std::size_t bytes) const { return state_->pool->acquir
 BufferPool& Device::buffer_pool() const { return *state_->pool; }
 PipelineCache& Device::pipeline_cache() const { return *state_->cache; }
 Backend& Device::backend() const { return *state_->backend; }
+
+BatchStats Device::batch_stats() const {
+  return BatchStats{state_->batches_committed.load(), state_->bytes_staged_in.load(),
+                    state_->bytes_copied_back.load()};
+}
+
+void Device::count_commit(std::uint64_t staged_in) const {
+  state_->batches_committed.fetch_add(1, std::memory_order_relaxed);
+  state_->bytes_staged_in.fetch_add(staged_in, std::memory_order_relaxed);
+}
+
+void Device::count_copy_back(std::uint64_t copied_back) const {
+  state_->bytes_copied_back.fetch_add(copied_back, std::memory_order_relaxed);
+}
 
 }  // namespace mfa
