@@ -8,12 +8,13 @@ the very same MSL on the CPU.
 from __future__ import annotations
 
 from ._core import CompileError, DeviceUnavailableError, DispatchError, DispatchStats
-from ._devices import Device, default_device, devices
-from .attention import attention
-from .attention_backward import attention_backward
 from .embedding import cpp_flags
-from .kernel import Kernel
-from .profiling import DispatchRecord, Profile, profile
+from .ops.attention import attention
+from .ops.attention_backward import attention_backward
+from .runtime.devices import Device, default_device, devices
+from .runtime.kernel import Kernel
+from .runtime.passes import PassDescription
+from .runtime.profiling import DispatchRecord, Profile, profile
 
 __version__ = "0.1.0"
 
@@ -25,6 +26,7 @@ __all__ = [
     "DispatchRecord",
     "DispatchStats",
     "Kernel",
+    "PassDescription",
     "Profile",
     "attention",
     "attention_backward",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import MSL_SCALARS
-from ._devices import Device
-from .kernel import Kernel
+from .runtime.arrays import MSL_SCALARS
+from .runtime.devices import Device
+from .runtime.kernel import Kernel
 
 # C[M, N] = A[M, K] @ B[K, N], float accumulation. Each threadgroup owns a
 # 32x32 tile of C; its 4 simdgroups own 16x16 quadrants (2x2 8x8 matrices).

@@ -1,17 +1,42 @@
-"""Shared fixtures: fresh random inputs for every test, and relative L2 error."""
+"""Shared fixtures: fresh random inputs for every test, poisoned outputs, relative L2 error.
+
+Tests compile kernels into their own cache (never the user's ~/.cache/mfa_native), kept
+between runs so that a warm test run compiles nothing new, and hypothesis runs
+derandomized for the same reason.
+"""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
+os.environ.setdefault("MFA_NATIVE_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"mfa_native-tests-{os.getuid()}"))
+settings.register_profile("mfa_native", derandomize=True, database=None, deadline=None)
+settings.load_profile("mfa_native")
 
 
 @pytest.fixture
 def rng(request) -> np.random.Generator:
     """A generator seeded per test, so failures reproduce but inputs differ between tests."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def poison(shape, dtype) -> np.ndarray:
+    """NaN everywhere (or all ones for integer dtypes): an element a kernel never writes shows."""
+    dtype = np.dtype(dtype)
+    return np.full(shape, np.nan if dtype.kind == "f" or dtype.name == "bfloat16" else 1, dtype=dtype)
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every op's outputs start as NaN instead of whatever np.empty returns."""
+    monkeypatch.setattr("mfa_native.runtime.runner._allocate", poison)
 
 
 def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:

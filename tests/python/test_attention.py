@@ -6,9 +6,7 @@ never writes fails the comparison.
 
 from __future__ import annotations
 
-import importlib
 import itertools
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,17 +15,13 @@ from ml_dtypes import bfloat16
 
 import mfa_native
 from mfa_native import codegen
+from mfa_native.ops.attention import validate
 from mfa_native.reference import attention_reference
+from mfa_native.runtime.devices import TuningFacts, tuned_as, tuning_facts
+from mfa_native.runtime.runner import PreparedPass
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16}
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
-attention_module = importlib.import_module("mfa_native.attention")
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    """Outputs start as NaN instead of whatever np.empty returns."""
-    monkeypatch.setattr(attention_module, "_allocate", lambda shape, dtype: np.full(shape, np.nan, dtype=dtype))
 
 
 def make_inputs(rng, *, B=1, Hq=2, Hkv=None, R=19, C=37, D=32, Dv=None, dtype="float32", layout="bhsd"):
@@ -104,19 +98,24 @@ SPLIT_CASES = [
 ]
 
 
-def test_split_kv_fills_the_device_it_runs_on():
-    def device(kind, **properties):
-        return SimpleNamespace(kind=kind, name="some device", properties=properties)
-
-    assert attention_module._parallel_threadgroups(device("cpu", worker_threads="4")) == 8
-    assert attention_module._parallel_threadgroups(device("metal", gpu_cores="38")) == 16 * 38
-    assert attention_module._parallel_threadgroups(device("metal", gpu_cores="unknown")) == 160
+def test_split_kv_fills_the_device_it_runs_on(rng):
+    """The cpu backend reports room for two threadgroups per worker thread; a one-head decode
+    over many keys splits to fill it, a many-head one does not."""
+    cpu = mfa_native.devices()[-1]
+    workers = int(cpu.properties["worker_threads"])
+    assert tuning_facts(cpu) == TuningFacts("apple9", 2 * workers)
+    many_keys = make_inputs(rng, Hq=1, R=1, C=256 * 4 * workers, D=8)
+    with mfa_native.profile() as prof:
+        mfa_native.attention(*many_keys, device=cpu)
+    assert [r.kernel for r in prof.records] == [codegen.PARTIAL_KERNEL_NAME, codegen.COMBINE_KERNEL_NAME]
+    with mfa_native.profile() as prof:
+        mfa_native.attention(*make_inputs(rng, Hq=2 * workers, R=1, C=2048, D=8), device=cpu)
+    assert [r.kernel for r in prof.records] == [codegen.KERNEL_NAME]
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=["plain", "gqa-causal-sinks-bshd", "window", "mask-sinks"])
-def test_split_kv_decode(rng, monkeypatch, case):
+def test_split_kv_decode(rng, case):
     """Decode on a device with room for 64 threadgroups: the keys are split, then combined."""
-    monkeypatch.setattr(attention_module, "_tuning_facts", lambda device: (codegen.family_of(device), 64))
     q, k, v = make_inputs(rng, **case["dims"])
     kwargs = dict(case.get("kwargs", {}))
     heads = q.shape[1] if kwargs.get("layout", "bhsd") == "bhsd" else q.shape[2]
@@ -127,9 +126,9 @@ def test_split_kv_decode(rng, monkeypatch, case):
         mask = rng.random((R, C)) > 0.5
         mask[2] = False  # a row with no key (only the sink)
         kwargs["mask"] = mask
-    with mfa_native.profile() as prof:
+    with tuned_as(mfa_native.default_device(), parallel_threadgroups=64), mfa_native.profile() as prof:
         check(q, k, v, **kwargs)
-    assert [r.kernel for r in prof.records] == [codegen.PARTIAL_KERNEL_NAME, "attention_combine"]
+    assert [r.kernel for r in prof.records] == [codegen.PARTIAL_KERNEL_NAME, codegen.COMBINE_KERNEL_NAME]
 
 
 @pytest.mark.parametrize("causal", [True, "lower_right", "upper_left"])
@@ -208,10 +207,10 @@ def test_strided_inputs_are_used_in_place(rng):
     q = buffer[:, 3:20, 1:5, :16]                                                           # bshd view, gaps everywhere
     k = rng.standard_normal((2, 2, 30, 16)).astype(np.float32).transpose(0, 2, 1, 3)        # bhsd memory, bshd view
     v = np.broadcast_to(rng.standard_normal((2, 30, 1, 12)).astype(np.float32), (2, 30, 2, 12))  # stride 0 heads
-    call = attention_module._Call.validate(q, k, v, scale=None, causal=True, mask=None, window=None, sinks=None,
-                                           layout="bshd", return_lse=False)
+    call = validate((q, k, v, None, None), scale=None, causal=True, window=None, layout="bshd", return_lse=False)
     for name, array in (("q", q), ("k", k), ("v", v)):
-        assert np.shares_memory(call.arrays[name], array), f"{name} was copied"
+        assert np.shares_memory(call.bound[name], array), f"{name} was copied"
+        assert call.converts[name] is None, f"a warm call would convert {name}"
     check(q, k, v, causal=True, layout="bshd")
 
 
@@ -236,18 +235,14 @@ def test_dlpack_inputs(rng):
 
 
 def test_baked_lengths_give_the_same_result(rng):
-    """The codegen option to bake sizes as literals, run through the launch plan directly."""
+    """The codegen option to bake sizes as literals, its pass run by the runner directly."""
     q, k, v = make_inputs(rng, B=2, Hq=4, Hkv=2, R=21, C=35, D=24)
     problem = codegen.AttentionProblem(2, 4, 2, 21, 35, 24, 24, causal="lower_right", return_lse=True)
-    kernel_source = codegen.attention_kernel(problem, bake_lengths=True)
-    plan = kernel_source.plan
-    assert plan.sizes_fields == ()
-    out = np.full((2, 4, 21, 24), np.nan, dtype=np.float32)
-    lse = np.full((2, 4, 21), np.nan, dtype=np.float32)
-    kernel = mfa_native.Kernel(kernel_source.source, plan.kernel_name, device="cpu")
-    kernel(plan.buffers({"q": q, "k": k, "v": v, "o": out, "lse": lse}),
-           threadgroups=plan.threadgroups(codegen.sizes_of(problem)),
-           threads_per_threadgroup=plan.threads_per_threadgroup)
+    description = codegen.attention_pass(problem, bake_lengths=True)
+    assert [b.role for b in description.buffers] == ["input"] * 3 + ["output"] * 2  # no sizes struct
+    prepared = PreparedPass(description, mfa_native.default_device())
+    assert prepared.input_names == ("q", "k", "v") and prepared.output_names == ("o", "lse")
+    out, lse = prepared.run([q, k, v])
     expected, expected_lse = attention_reference(q, k, v, causal=True, return_lse=True)
     assert relative_l2(out, expected) < TOLERANCE["float32"]
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-5)

@@ -13,22 +13,21 @@ the comparison.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
 import numpy as np
 import pytest
 from conftest import relative_l2
 from ml_dtypes import bfloat16
-from test_attention import DTYPES, MASK_NAMES, _masks, make_inputs, poisoned_outputs  # noqa: F401  (autouse fixture)
+from test_attention import DTYPES, MASK_NAMES, _masks, make_inputs
 
 import mfa_native
-from mfa_native import codegen
+from mfa_native.ops.attention_backward import validate_backward
 from mfa_native.reference import attention_backward_reference
+from mfa_native.runtime.devices import tuned_as
 
 TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 3e-2}
 NAMES = ("dq", "dk", "dv", "dsinks")
-backward_module = importlib.import_module("mfa_native.attention_backward")
 
 
 def output_gradient(rng, q, v, layout="bhsd"):
@@ -97,11 +96,11 @@ def test_sequence_lengths_including_one_and_ragged(rng, lengths):
 
 
 @pytest.mark.parametrize("dims", [(64, 64), (200, 72)])
-def test_the_other_family_table(rng, monkeypatch, dims):
+def test_the_other_family_table(rng, dims):
     """Apple7's tiles (four simdgroups per threadgroup at D = 64) run and match too."""
-    monkeypatch.setattr(codegen, "family_of", lambda device: "apple7")
     q, k, v = make_inputs(rng, Hq=4, Hkv=2, R=70, C=45, D=dims[0], Dv=dims[1], dtype="float16")
-    check(rng, q, k, v, causal=True, mask=rng.random((70, 45)) > 0.2)
+    with tuned_as(mfa_native.default_device(), family="apple7"):
+        check(rng, q, k, v, causal=True, mask=rng.random((70, 45)) > 0.2)
 
 
 def test_decode_shapes(rng):
@@ -184,10 +183,11 @@ def test_strided_inputs_are_used_in_place(rng):
     o_view = np.zeros((2, 17, 4, 20), np.float32)[..., 2:14]   # o and do in place: rows 80 apart, not 48
     o_view[...] = o
     do = rng.standard_normal((2, 4, 17, 12)).astype(np.float32).transpose(0, 2, 1, 3)
-    call = backward_module._BackwardCall.validate(q, k, v, o_view, lse, do, scale=None, causal=True, mask=None,
-                                                  window=None, sinks=None, layout="bshd")
+    call = validate_backward((q, k, v, o_view, lse, do, None, None), scale=None, causal=True, window=None,
+                             layout="bshd")
     for name, array in (("q", q), ("k", k), ("v", v), ("o", o_view), ("dout", do)):
-        assert np.shares_memory(call.arrays[name], array), f"{name} was copied"
+        assert np.shares_memory(call.bound[name], array), f"{name} was copied"
+        assert call.converts[name] is None, f"a warm call would convert {name}"
     grads = mfa_native.attention_backward(q, k, v, o_view, lse, do, causal=True, layout="bshd")
     expected = attention_backward_reference(q, k, v, do, causal=True, layout="bshd")
     for grad, reference in zip(grads, expected):

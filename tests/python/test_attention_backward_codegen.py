@@ -25,14 +25,14 @@ def small(**changes) -> AttentionBackwardProblem:
     return AttentionBackwardProblem(AttentionProblem(**{**base, **changes}))
 
 
-def sources(problem: AttentionBackwardProblem, **kwargs) -> tuple[str, str]:
-    dq, dkdv = attention_backward_pass(problem, **kwargs).kernels
-    return dq.source, dkdv.source
+def sources(problem: AttentionBackwardProblem, **kwargs) -> tuple[str, ...]:
+    """The MSL of the pass's kernels: dQ, dK/dV and, with sinks, dsinks."""
+    return tuple(kernel.source for kernel in attention_backward_pass(problem, **kwargs).kernels)
 
 
 @pytest.mark.parametrize("forward", PROBLEMS)
 def test_generated_msl_follows_the_rules(forward):
-    for source in sources(AttentionBackwardProblem(forward)):
+    for source in sources(AttentionBackwardProblem(forward))[:2]:
         code = code_of(source)
         assert UNSUFFIXED_FLOAT.findall(code) == []
         assert source.count("#include <metal_stdlib>") == 1 and "using namespace metal;" in source
@@ -46,21 +46,27 @@ def test_generated_msl_follows_the_rules(forward):
 
 @pytest.mark.parametrize("forward", PROBLEMS)
 def test_buffer_indices_come_from_the_plan_only(forward):
-    dq, dkdv = attention_backward_pass(AttentionBackwardProblem(forward)).kernels
+    backward = attention_backward_pass(AttentionBackwardProblem(forward))
+    dq, dkdv, *dsinks = backward.kernels
+    assert [k.entry for k in backward.kernels] == [codegen.DQ_KERNEL_NAME, codegen.DKDV_KERNEL_NAME] + \
+        ([codegen.DSINKS_KERNEL_NAME] if forward.sinks else [])
+    for kernel in backward.kernels:
+        assert signature_buffers(kernel.source) == list(enumerate(kernel.buffers))
     for kernel in (dq, dkdv):
-        assert signature_buffers(kernel.source) == [(i, o.name) for i, o in enumerate(kernel.plan.operands)]
-        names = [o.name for o in kernel.plan.operands]
-        assert names[:5] == ["q", "k", "v", "dout", "lse"] and names[-1] == "sizes"
-        assert ("mask" in names) == (forward.mask != "none")
-    dq_names = [o.name for o in dq.plan.operands]
-    assert "o" in dq_names and "dq" in dq_names and "delta" in dq_names
-    assert ("sinks" in dq_names) == ("sink_grad" in dq_names) == forward.sinks
-    assert {"dk", "dv", "delta"} <= {o.name for o in dkdv.plan.operands}
+        assert kernel.buffers[:5] == ("q", "k", "v", "dout", "lse") and kernel.buffers[-1] == "sizes"
+        assert ("mask" in kernel.buffers) == (forward.mask != "none")
+    assert {"o", "dq", "delta"} <= set(dq.buffers)
+    assert ("sinks" in dq.buffers) == ("sink_grad" in dq.buffers) == forward.sinks
+    assert {"dk", "dv", "delta"} <= set(dkdv.buffers)
     # D = rowsum(dO o O): one float per (batch, head, row), written by dQ and read by dK/dV.
-    produced = dq.plan.operands[dq.plan.index("delta")]
-    consumed = dkdv.plan.operands[dkdv.plan.index("delta")]
-    assert produced.scratch == consumed.scratch == codegen.descriptor.Extent(1, ("B", "Hq", "R"))
-    assert produced.msl_type == "device float*" and consumed.msl_type == "device const float*"
+    rows = forward.batch * forward.q_heads * forward.q_len
+    delta = backward.buffer("delta")
+    assert (delta.role, delta.dtype, delta.shape, delta.writers, delta.readers) == \
+        ("intermediate", "float32", (rows,), (0,), (1,))
+    if forward.sinks:  # each row's share of dsinks: written by dQ, summed on the device by the third kernel
+        share = backward.buffer("sink_grad")
+        assert (share.role, share.shape, share.writers, share.readers) == ("intermediate", (rows,), (0,), (2,))
+        assert backward.buffer("dsinks").role == "output" and backward.buffer("dsinks").shape == (forward.q_heads,)
 
 
 def test_lengths_are_runtime_values_unless_baked():
@@ -75,15 +81,15 @@ def test_grids_cover_query_blocks_and_key_blocks():
     problem = small(q_heads=8, kv_heads=2, q_len=100, kv_len=130, batch=3)
     backward = attention_backward_pass(problem)
     descriptor = describe_backward(problem)
-    dq, dkdv = (kernel.plan for kernel in backward.kernels)
-    assert dq.threadgroups(backward.sizes) == (-(-100 // descriptor.query_rows), 8, 3)
-    assert dkdv.threadgroups(backward.sizes) == (-(-130 // descriptor.key_rows), 2, 3)  # one per kv head
-    assert dq.threads_per_threadgroup == 4 * descriptor.query_rows  # a simdgroup per 8 rows
-    assert dkdv.threads_per_threadgroup == 4 * descriptor.key_rows
+    dq, dkdv = backward.kernels
+    assert dq.threadgroups == (-(-100 // descriptor.query_rows), 8, 3)
+    assert dkdv.threadgroups == (-(-130 // descriptor.key_rows), 2, 3)  # one per kv head
+    assert dq.threads_per_threadgroup == (4 * descriptor.query_rows, 1, 1)  # a simdgroup per 8 rows
+    assert dkdv.threads_per_threadgroup == (4 * descriptor.key_rows, 1, 1)
 
 
 def test_gqa_group_is_summed_in_one_kernel():
-    _, dkdv = sources(small(q_heads=8, kv_heads=2))
+    _, dkdv = sources(small(q_heads=8, kv_heads=2))[:2]
     assert "for (uint g = 0; g < 4; ++g) {" in dkdv and "const uint h = h_kv * 4 + g;" in dkdv
     _, dkdv = sources(small())
     assert "const uint h = h_kv;" in dkdv and "for (uint g" not in dkdv
@@ -141,4 +147,4 @@ def test_emit_backward_prints_both_kernels_and_their_plans(capsys):
     assert "kernel void attention_backward_dq(" in out and "kernel void attention_backward_dkdv(" in out
     assert cli_main(["emit", "attention", "--head-dim", "64", "--backward", "--plan"]) == 0
     out = capsys.readouterr().out
-    assert "kernel attention_backward_dq:" in out and "[[buffer(7)]] device float* delta" in out
+    assert "kernel attention_backward_dq:" in out and "[[buffer(7)]] delta: intermediate float32 (128,)" in out

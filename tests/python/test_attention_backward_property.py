@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_attention import poisoned_outputs  # noqa: F401  (autouse fixture)
+
 from test_attention_backward import check
 from test_attention_property import problems
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import relative_l2
-from test_attention import make_inputs, poisoned_outputs  # noqa: F401  (autouse fixture)
+from test_attention import make_inputs
 
 import mfa_native
 from mfa_native.__main__ import main as cli_main
 from mfa_native import codegen
-from mfa_native.bench.attention import useful_backward_matrix_ops
 from mfa_native.reference import allowed_keys, attention_backward_reference
+from mfa_native.work import useful_backward_matrix_ops
 
 
 def issued(rng, q, k, v, **kwargs):
@@ -39,8 +39,8 @@ def test_dense_backward_issues_exactly_the_useful_products(rng):
     problem = codegen.AttentionBackwardProblem(codegen.AttentionProblem(2, 4, 2, 64, 48, 16, 24))
     backward = codegen.attention_backward_pass(problem)
     for record, kernel in zip(records, backward.kernels):
-        assert record.threadgroups == np.prod(kernel.plan.threadgroups(backward.sizes))
-    dq_grid, dkdv_grid = (kernel.plan.threadgroups(backward.sizes) for kernel in backward.kernels)
+        assert record.threadgroups == np.prod(kernel.threadgroups)
+    dq_grid, dkdv_grid = (kernel.threadgroups for kernel in backward.kernels)
     assert dq_grid[1:] == (4, 2) and dkdv_grid[1:] == (2, 2)  # dK/dV: one threadgroup column per kv head
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import relative_l2
-from test_attention import attention_module, make_inputs, poisoned_outputs  # noqa: F401  (autouse fixture)
+from test_attention import make_inputs
 
 import mfa_native
 from mfa_native import codegen
-from mfa_native.bench.attention import useful_matrix_ops
 from mfa_native.reference import attention_reference
+from mfa_native.runtime.devices import tuned_as
+from mfa_native.work import useful_matrix_ops
 
 
 def issued(q, k, v, **kwargs):
@@ -29,9 +30,8 @@ def test_dense_attention_issues_exactly_the_useful_minimum(rng):
     q, k, v = make_inputs(rng, B=2, Hq=2, R=64, C=48, D=16, Dv=24)
     out, ops, record = issued(q, k, v)
     assert ops == useful_matrix_ops(2, 2, 64, 48, 16, 24) == 2 * 2 * 8 * 6 * (2 + 3)
-    problem = codegen.AttentionProblem(2, 2, 2, 64, 48, 16, 24)
-    plan = codegen.attention_kernel(problem).plan
-    assert record.threadgroups == np.prod(plan.threadgroups(codegen.sizes_of(problem)))
+    (kernel,) = codegen.attention_pass(codegen.AttentionProblem(2, 2, 2, 64, 48, 16, 24)).kernels
+    assert record.threadgroups == np.prod(kernel.threadgroups)
     assert relative_l2(out, attention_reference(q, k, v)) < 1e-4
 
 
@@ -75,12 +75,12 @@ def test_blocks_an_all_false_mask_removes_are_skipped(rng):
     assert relative_l2(out, attention_reference(q, k, v, mask=additive)) < 1e-4
 
 
-def test_split_kv_issues_the_same_matrix_work_as_one_pass(rng, monkeypatch):
+def test_split_kv_issues_the_same_matrix_work_as_one_pass(rng):
     q, k, v = make_inputs(rng, Hq=2, Hkv=1, R=4, C=3000, D=16, Dv=8)
-    monkeypatch.setattr(attention_module, "_tuning_facts", lambda device: (codegen.family_of(device), 1))
-    _, single, _ = issued(q, k, v, causal=True)
-    monkeypatch.setattr(attention_module, "_tuning_facts", lambda device: (codegen.family_of(device), 64))
-    with mfa_native.profile() as prof:
+    device = mfa_native.default_device()
+    with tuned_as(device, parallel_threadgroups=1):
+        _, single, _ = issued(q, k, v, causal=True)
+    with tuned_as(device, parallel_threadgroups=64), mfa_native.profile() as prof:
         out = mfa_native.attention(q, k, v, causal=True)
     partial, combine = prof.records
     assert partial.simdgroup_matrix_ops == single == useful_matrix_ops(1, 2, 4, 3000, 16, 8, causal=True)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+import mfa_native
 from mfa_native import codegen
 from mfa_native.__main__ import main as cli_main
 from mfa_native.codegen import (AttentionProblem, attention_kernel, attention_pass, attention_source, describe,
@@ -81,7 +81,7 @@ def test_buffer_indices_come_from_the_plan_only(problem):
 def test_lengths_are_runtime_values_unless_baked():
     a, b = small(q_len=40, kv_len=56), small(q_len=100, kv_len=300, batch=3)
     assert attention_source(a) == attention_source(b)  # a new length reuses the kernel
-    assert attention_kernel(a).plan.sizes_fields == ("B", "Hq", "Hkv", "R", "C")
+    assert attention_kernel(a).plan.sizes.fields == ("B", "Hq", "Hkv", "R", "C")
     baked = attention_kernel(a, bake_lengths=True)
     assert "sizes" not in [o.name for o in baked.plan.operands]
     assert "const uint C = 56u;" in baked.source and "const uint R = 40u;" in baked.source
@@ -135,17 +135,6 @@ def test_tile_tables_are_readable_rows_per_head_dimension():
         describe(small(head_dim=257))
 
 
-def test_the_family_comes_from_the_device():
-    def device(kind, **properties):
-        return SimpleNamespace(kind=kind, name="some device", properties=properties)
-
-    assert codegen.family_of(device("cpu", worker_threads="2")) == codegen.CPU_FAMILY
-    assert codegen.family_of(device("metal", gpu_family="apple7")) == "apple7"
-    assert codegen.family_of(device("metal", gpu_family="apple10")) == "apple10"
-    assert codegen.family_of(device("metal", gpu_family="apple12")) == "apple9"  # newer than the tables: newest
-    assert codegen.family_of(device("metal")) == "apple9"
-
-
 def test_descriptor_tiles_follow_the_table_and_shrink_for_decode():
     for family in codegen.FAMILIES:
         row = tile_row(family, 128)
@@ -169,21 +158,21 @@ def test_decode_splits_the_keys_only_when_the_device_would_idle():
     splits, keys = kv_split(decode, "apple9", parallel_threadgroups=16)
     assert splits == 8 and keys % describe(decode).key_block == 0 and splits * keys >= 5000 > (splits - 1) * keys
     one = attention_pass(decode, parallel_threadgroups=2)
-    assert [k.plan.kernel_name for k in one.kernels] == [codegen.KERNEL_NAME]
+    assert [k.entry for k in one.kernels] == [codegen.KERNEL_NAME]
     split = attention_pass(decode, parallel_threadgroups=16)
-    assert [k.plan.kernel_name for k in split.kernels] == [codegen.PARTIAL_KERNEL_NAME, "attention_combine"]
-    assert split.sizes == {"B": 1, "Hq": 2, "Hkv": 1, "R": 1, "C": 5000, "S": splits, "Cs": keys}
+    assert [k.entry for k in split.kernels] == [codegen.PARTIAL_KERNEL_NAME, codegen.COMBINE_KERNEL_NAME]
+    assert split.buffer("sizes").value == (1, 2, 1, 1, 5000, splits, keys)  # B, Hq, Hkv, R, C, S, Cs
     partial, combine = split.kernels
-    assert partial.plan.threadgroups(split.sizes) == (1, 2, splits)
-    assert combine.plan.threadgroups(split.sizes) == (2, 1, 2)  # 64 value columns in 32-column groups
-    for name in ("o_partial", "ml_partial"):  # intermediates the partial writes and the combine reads
-        produced = partial.plan.operands[partial.plan.index(name)].scratch
-        assert produced == combine.plan.operands[combine.plan.index(name)].scratch
-    assert partial.plan.operands[partial.plan.index("o_partial")].scratch.bake(split.sizes).factor == splits * 2 * 64
+    assert partial.threadgroups == (1, 2, splits)
+    assert combine.threadgroups == (2, 1, 2)  # 64 value columns in 32-column groups
+    for name, width in (("o_partial", 64), ("ml_partial", 2)):  # written by the partial, read by the combine
+        buffer = split.buffer(name)
+        assert (buffer.role, buffer.dtype, buffer.writers, buffer.readers) == ("intermediate", "float32", (0,), (1,))
+        assert buffer.shape == (splits * 2 * width,) and buffer.nbytes == 4 * splits * 2 * width
     for kernel in split.kernels:
         code = code_of(kernel.source)
         assert UNSUFFIXED_FLOAT.findall(code) == [] and "return" not in code
-        assert signature_buffers(kernel.source) == [(i, o.name) for i, o in enumerate(kernel.plan.operands)]
+        assert signature_buffers(kernel.source) == list(enumerate(kernel.buffers))
 
 
 def test_emit_prints_the_codegen_source(capsys):
@@ -195,7 +184,11 @@ def test_emit_prints_the_codegen_source(capsys):
     assert capsys.readouterr().out == attention_source(problem)
     assert cli_main(["emit", "attention", "--head-dim", "64", "--plan"]) == 0
     out = capsys.readouterr().out
-    assert "[[buffer(0)]] device const half* q" in out and "threadgroups (ceil(R / 16), Hq, B)" in out
+    assert "[[buffer(0)]] q: input float16 (1, 1, 128, 64)" in out
+    assert "kernel attention_forward: threadgroups (8, 1, 1), 64 threads each" in out
+    assert cli_main(["emit", "attention", "--head-dim", "64", "--json"]) == 0
+    assert mfa_native.PassDescription.from_json(capsys.readouterr().out) == attention_pass(
+        AttentionProblem(1, 1, 1, 128, 128, 64, 64, dtype="float16"))
     # A decode problem on a device that runs 64 threadgroups at once: the split-KV pair.
     assert cli_main(["emit", "attention", "--head-dim", "64", "--q-len", "1", "--kv-len", "4096",
                      "--parallel-threadgroups", "64"]) == 0

@@ -12,7 +12,6 @@ both devices are also checked against a float64 reference.
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -24,8 +23,9 @@ from conftest import relative_l2
 from ml_dtypes import bfloat16
 
 import mfa_native
-from mfa_native import _core, codegen
+from mfa_native import _core
 from mfa_native.reference import attention_reference
+from mfa_native.runtime.devices import tuned_as, tuning_facts
 from mfa_native.sample_kernels import gemm
 
 _DEVICES = {device.kind: device for device in mfa_native.devices()}
@@ -33,7 +33,6 @@ if "metal" not in _DEVICES:
     pytest.skip("no Metal device here: metal needs macOS 14+ and an Apple GPU of family Apple7 or newer",
                 allow_module_level=True)
 METAL, CPU = _DEVICES["metal"], _DEVICES["cpu"]
-attention_module = importlib.import_module("mfa_native.attention")
 
 
 def poisoned(shape, dtype=np.float32) -> np.ndarray:
@@ -258,30 +257,23 @@ def test_compile_errors_carry_the_compiler_log(device):
 TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float16): 2e-2, np.dtype(bfloat16): 2e-2}
 
 
-@pytest.fixture
-def poisoned_attention_outputs(monkeypatch):
-    monkeypatch.setattr(attention_module, "_allocate", lambda shape, dtype: np.full(shape, np.nan, dtype=dtype))
-
-
-@pytest.mark.usefixtures("poisoned_attention_outputs")
 @pytest.mark.parametrize("dtype,causal,R,C,D", [
     (np.float32, False, 37, 53, 64),
     (np.float16, True, 64, 64, 128),
     (bfloat16, "upper_left", 29, 70, 40),
     (np.float32, True, 1, 90, 96),
 ])
-def test_attention_kernels_generated_for_the_gpu_agree(monkeypatch, rng, dtype, causal, R, C, D):
-    # Generate for the Metal GPU's family on both devices, so both run the same MSL.
-    family = codegen.family_of(METAL)
-    monkeypatch.setattr(codegen, "family_of", lambda device: family)
+def test_attention_kernels_generated_for_the_gpu_agree(rng, dtype, causal, R, C, D):
     q = rng.standard_normal((1, 4, R, D)).astype(dtype)
     k = rng.standard_normal((1, 2, C, D)).astype(dtype)
     v = rng.standard_normal((1, 2, C, D)).astype(dtype)
     outputs, records = [], []
-    for device in (METAL, CPU):
-        with mfa_native.profile() as recorded:
-            outputs.append(mfa_native.attention(q, k, v, causal=causal, return_lse=True, device=device))
-        records.append([(r.kernel, r.threadgroups, r.seconds) for r in recorded.records])
+    # Generated for the Metal GPU's family on both devices, so both run the same MSL.
+    with tuned_as(CPU, family=tuning_facts(METAL).family):
+        for device in (METAL, CPU):
+            with mfa_native.profile() as recorded:
+                outputs.append(mfa_native.attention(q, k, v, causal=causal, return_lse=True, device=device))
+            records.append([(r.kernel, r.threadgroups, r.seconds) for r in recorded.records])
     expected, expected_lse = attention_reference(q, k, v, causal=causal, return_lse=True)
     tolerance = TOLERANCE[np.dtype(dtype)]
     for out, lse in outputs:
@@ -294,7 +286,6 @@ def test_attention_kernels_generated_for_the_gpu_agree(monkeypatch, rng, dtype, 
     assert all(seconds is not None for _, _, seconds in metal_records)
 
 
-@pytest.mark.usefixtures("poisoned_attention_outputs")
 def test_attention_on_metal_with_its_own_tables(rng):
     q = rng.standard_normal((2, 4, 100, 64)).astype(np.float16)
     k = rng.standard_normal((2, 4, 130, 64)).astype(np.float16)

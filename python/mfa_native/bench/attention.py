@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import profile, reference
-from .._arrays import bfloat16
-from .._devices import resolve_device
-from ..attention import attention
-from ..attention_backward import attention_backward
+from ..work import useful_backward_matrix_ops, useful_matrix_ops
+from ..runtime.arrays import bfloat16
+from ..runtime.devices import resolve_device
+from ..ops.attention import attention
+from ..ops.attention_backward import attention_backward
 from ._table import format_table
 
 
@@ -81,34 +82,6 @@ def peak_tflops(device_name: str) -> float | None:
         if chip in device_name:
             return PEAK_TFLOPS[chip]
     return None
-
-
-def allowed_tiles(q_len: int, kv_len: int, causal=False, window=None) -> int:
-    """8x8 tiles of S (one head) that hold an allowed (query, key) pair."""
-    allowed = reference.allowed_keys(q_len, kv_len, causal, window)
-    rows, cols = -(-q_len // 8) * 8, -(-kv_len // 8) * 8
-    padded = np.zeros((rows, cols), dtype=bool)
-    padded[:q_len, :kv_len] = allowed
-    return int(padded.reshape(rows // 8, 8, cols // 8, 8).any(axis=(1, 3)).sum())
-
-
-def useful_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int, head_dim: int, value_dim: int,
-                      causal=False, window=None) -> int:
-    """8x8x8 multiply-accumulates a perfect kernel needs: for each 8x8 tile of S that holds an
-    allowed (query, key) pair, ceil(D/8) for S = Q K^T and ceil(Dv/8) for O += P V."""
-    tiles = allowed_tiles(q_len, kv_len, causal, window)
-    return tiles * batch * q_heads * (-(-head_dim // 8) + -(-value_dim // 8))
-
-
-def useful_backward_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int, head_dim: int, value_dim: int,
-                               causal=False, window=None) -> tuple[int, int]:
-    """(dQ kernel, dK/dV kernel): multiply-accumulates the two backward kernels need on the
-    allowed 8x8 tiles of S. dQ: S = Q K^T, dP = dO V^T, dQ += dS K (2 ceil(D/8) + ceil(Dv/8));
-    dK/dV: S, dP, dV += P^T dO, dK += dS^T Q (2 ceil(D/8) + 2 ceil(Dv/8)). The two products
-    recomputed without atomics make 7 in all, against 5 for one kernel with atomics."""
-    tiles = allowed_tiles(q_len, kv_len, causal, window) * batch * q_heads
-    d, dv = -(-head_dim // 8), -(-value_dim // 8)
-    return tiles * (2 * d + dv), tiles * (2 * d + 2 * dv)
 
 
 def allowed_pairs(config: Config) -> int:

@@ -8,8 +8,8 @@ import time
 import numpy as np
 
 from .. import profile
-from .._devices import resolve_device
-from ..attention import attention
+from ..runtime.devices import resolve_device
+from ..ops.attention import attention
 from ..reference import attention_reference
 
 TOLERANCE = 2e-2  # relative L2 error allowed for float16 inputs

@@ -35,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tuning.add_argument("--parallel-threadgroups", type=int, metavar="N",
                         help="threadgroups the device runs at once: decode problems that leave it idle "
                              "get the split-KV pair of kernels (default: never split)")
-    tuning.add_argument("--plan", action="store_true", help="print the launch plans instead of the source")
+    tuning.add_argument("--plan", action="store_true",
+                        help="print the pass: each kernel's grid and the buffers it binds, instead of the source")
+    tuning.add_argument("--json", action="store_true", help="print the pass description as JSON")
     tuning.add_argument("--backward", action="store_true",
                         help="the backward pass's kernels (dQ, then dK/dV) instead of the forward's")
 
@@ -67,12 +69,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"emit: {error}", file=sys.stderr)
         return 2
+    if args.json:
+        print(attention_pass.to_json())
+        return 0
     for kernel in attention_pass.kernels:
-        if args.plan:
-            plan = kernel.plan
-            print(f"kernel {plan.kernel_name}: {plan.describe_grid()}")
-            for index, operand in enumerate(plan.operands):
-                print(f"  [[buffer({index})]] {operand.msl_type} {operand.name}: {operand.purpose}")
-        else:
+        if not args.plan:
             print(kernel.source, end="")
+            continue
+        groups = ", ".join(map(str, kernel.threadgroups))
+        print(f"kernel {kernel.entry}: threadgroups ({groups}), {kernel.threads_per_threadgroup[0]} threads each")
+        for index, name in enumerate(kernel.buffers):
+            b = attention_pass.buffer(name)
+            layout = f" strides {b.strides}" if b.strides is not None else ""
+            print(f"  [[buffer({index})]] {name}: {b.role} {b.dtype} {b.shape}{layout}")
     return 0

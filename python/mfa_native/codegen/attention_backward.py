@@ -1,4 +1,4 @@
-"""MSL for the attention backward pass, from a BackwardDescriptor: two kernels, no atomics.
+"""MSL for the attention backward pass, from a BackwardDescriptor: three kernels, no atomics.
 
 Apple GPUs have no native float atomics, so each kernel owns its outputs
 outright and P is recomputed in both (7 products instead of 5):
@@ -16,6 +16,9 @@ so the group's dK and dV are summed in registers:
   P^T = exp2(S^T ...) with S^T = K Q^T, dV += P^T dO, dP^T = V dO^T,
   dS^T = P^T o (dP^T - D), dK += dS^T Q. At the end dK *= scale.
 
+attention_backward_dsinks (with sinks only), one simdgroup per head: dsinks = the
+sum of the rows' -p_sink D that the dQ kernel stored, in a fixed order.
+
 lse2 = lse * log2(e) is the log2-domain denominator the forward stored (sink
 included); a row with no key (lse = -inf) gets lse2 = -MASKED, so its P is 0
 and nothing it touches turns NaN. Blocks that causal, window or a mask remove
@@ -28,23 +31,22 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .attention_forward import BUILTINS, KernelSource
+from . import operands
+from .attention_forward import BUILTINS
 from .blocks import (HeadTensor, Rows, accumulate, bias_over_keys, bias_over_queries, block_loop, head_pointer,
                      in_registers, key_range, lane_layout, logits, mask_key_pointer, mask_row_pointer, probabilities,
-                     query_range, query_rows_geometry, scores, store_rows, tiles, zeroed)
-from .descriptor import BackwardDescriptor, Extent
-from .msl import (MSL_TYPES, constants, float_literal, header, indent, loop, offset, signature,
-                  sizes_struct)
-from .operands import mask_operands, sizes_operands
-from .plan import GridAxis, LaunchPlan, Operand
+                     query_range, query_rows_geometry, row_index, scores, store_rows, tiles, zeroed)
+from .descriptor import BackwardDescriptor
+from .kernel_source import KernelSource, assemble
+from .msl import MSL_TYPES, float_literal, indent, loop, offset
+from .plan import GridAxis, LaunchPlan
+from .sizes import Extent
 
 DQ_KERNEL_NAME = "attention_backward_dq"
 DKDV_KERNEL_NAME = "attention_backward_dkdv"
+DSINKS_KERNEL_NAME = "attention_backward_dsinks"
 REREAD = "re-read: the rows do not stay in registers at this head dimension"
-
-
-def _rows_extent() -> Extent:
-    return Extent(1, ("B", "Hq", "R"))
+INPUTS = ("q", "k", "v", "dout", "lse")
 
 
 def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
@@ -53,42 +55,23 @@ def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
             "dout": HeadTensor.of("dout", d.dout, d.value_dim)}
 
 
-def _inputs(d: BackwardDescriptor) -> list[Operand]:
-    t = MSL_TYPES[d.dtype]
-    return [Operand("q", f"device const {t}*", "queries"),
-            Operand("k", f"device const {t}*", "keys"),
-            Operand("v", f"device const {t}*", "values"),
-            Operand("dout", f"device const {t}*", "gradient of the output (dO), laid out like q"),
-            Operand("lse", "device const float*", "(B, Hq, R) natural-log softmax denominators of the forward")]
-
-
 def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
-    t = MSL_TYPES[d.dtype]
-    operands = _inputs(d) + [Operand("o", f"device const {t}*", "the forward's output, laid out like q")]
-    operands += mask_operands(d.rules.mask, d.rules.mask_dtype)
-    if d.sinks:
-        operands.append(Operand("sinks", "device const float*", "(Hq,) extra logit per head, no value"))
-    operands += [Operand("dq", f"device {t}*", "gradient of q, laid out like q"),
-                 Operand("delta", "device float*", "(B, Hq, R) D = rowsum(dO o O), for the dK/dV kernel",
-                         _rows_extent())]
-    if d.sinks:
-        operands.append(Operand("sink_grad", "device float*", "(B, Hq, R) each row's share of dsinks",
-                                _rows_extent()))
-    sizes, fields = sizes_operands(d.baked_sizes, d.size_names)
+    ops = (operands.reads(d, *INPUTS, "o", "mask", "sinks")
+           + operands.writes(d, "dq", "delta", *(["sink_grad"] if d.sinks else [])) + operands.sizes(d))
     grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Extent(1, ("B",))))
-    return LaunchPlan(DQ_KERNEL_NAME, tuple(operands + sizes), grid, 32 * (d.query_rows // 8), fields)
+    return LaunchPlan(DQ_KERNEL_NAME, tuple(ops), grid, 32 * (d.query_rows // 8), d.sizes)
 
 
 def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
-    t = MSL_TYPES[d.dtype]
-    operands = _inputs(d) + [Operand("delta", "device const float*", "(B, Hq, R) D = rowsum(dO o O)",
-                                     _rows_extent())]
-    operands += mask_operands(d.rules.mask, d.rules.mask_dtype)
-    operands += [Operand("dk", f"device {t}*", "gradient of k, laid out like k"),
-                 Operand("dv", f"device {t}*", "gradient of v, laid out like v")]
-    sizes, fields = sizes_operands(d.baked_sizes, d.size_names)
+    ops = operands.reads(d, *INPUTS, "delta", "mask") + operands.writes(d, "dk", "dv") + operands.sizes(d)
     grid = (GridAxis(Extent(1, ("C",)), d.key_rows), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
-    return LaunchPlan(DKDV_KERNEL_NAME, tuple(operands + sizes), grid, 32 * (d.key_rows // 8), fields)
+    return LaunchPlan(DKDV_KERNEL_NAME, tuple(ops), grid, 32 * (d.key_rows // 8), d.sizes)
+
+
+def dsinks_plan(d: BackwardDescriptor) -> LaunchPlan:
+    ops = operands.reads(d, "sink_grad") + operands.writes(d, "dsinks") + operands.sizes(d)
+    grid = (GridAxis(Extent(1, ("Hq",))), GridAxis(Extent(1)), GridAxis(Extent(1)))
+    return LaunchPlan(DSINKS_KERNEL_NAME, tuple(ops), grid, 32, d.sizes)
 
 
 # ---------------------------------------------------------------------------
@@ -130,10 +113,7 @@ def _summary(d: BackwardDescriptor, kernel: str) -> list[str]:
 
 
 def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelSource:
-    declarations = constants(d.size_names, d.baked_sizes, "\n".join(body))
-    lines = (header(plan.kernel_name, _summary(d, plan.kernel_name), plan) + sizes_struct(plan)
-             + signature(plan, BUILTINS) + ["{"] + indent(declarations + [""] + body) + ["}"])
-    return KernelSource("\n".join(lines) + "\n", plan)
+    return assemble(plan, summary=_summary(d, plan.kernel_name), builtins=BUILTINS, body=body)
 
 
 # ---------------------------------------------------------------------------
@@ -143,7 +123,7 @@ def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelS
 def _dq_geometry(d: BackwardDescriptor) -> list[str]:
     t = MSL_TYPES[d.dtype]
     lines = query_rows_geometry(d.query_rows, d.gqa_ratio, ["const uint b = group.z;"]) + [
-        "const ulong row_at = (ulong(b) * Hq + h) * R + row_read;  // the row in lse, delta and sink_grad",
+        f"const ulong row_at = {row_index('row_read')};  // the row in lse, delta and sink_grad",
         "",
         head_pointer("q", d.q, "h", t, True),
         head_pointer("k", d.k, "h_kv", t, True),
@@ -184,16 +164,19 @@ def _dq_key_loop(d: BackwardDescriptor) -> list[str]:
     x = _tensors(d)
     body = bias_over_keys(d.rules, count)
     body += ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
-    body += scores("p_tile", count, Rows(x["q"], "row_read", "q_tile" if d.cache else None, "q_i"), x["k"],
-                   "k_tile", "K^T: rows are head dims, columns are keys", "key", "kb", "C", REREAD)
+    body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache else None, "q_i"),
+                   rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
+                   position="key", first="kb", limit="C", reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
-    body += scores("dp_tile", count, Rows(x["dout"], "row_read", "dout_tile" if d.cache else None, "dout_i"), x["v"],
-                   "v_tile", "V^T: rows are value dims, columns are keys", "key", "kb", "C", REREAD)
+    body += scores("dp_tile", count=count,
+                   lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache else None, "dout_i"), rhs=x["v"],
+                   rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys",
+                   position="key", first="kb", limit="C", reread=REREAD)
     body += _gradient_of_scores(count, "delta_row")
     body += ["", "// dQ += dS K."]
-    body += accumulate("dq_tile", "dp_tile", count, x["k"], "k_tile", "rows are keys, columns are head dims",
-                       "key", "kb", "C")
+    body += accumulate("dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
+                       rhs_comment="rows are keys, columns are head dims", position="key", first="kb", limit="C")
     return block_loop("kb", "key_begin", "key_end", d.key_block, body)
 
 
@@ -248,19 +231,21 @@ def _query_loop(d: BackwardDescriptor) -> list[str]:
         "delta_q[j * 2 + e] = delta[rows_at + query];",
     ]))
     body += ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
-    body += scores("p_tile", count, Rows(x["k"], "key_read", "k_tile" if d.cache else None, "k_i"), x["q"],
-                   "q_tile", "Q^T: rows are head dims, columns are queries", "query", "qb", "R", REREAD)
+    body += scores("p_tile", count=count, lhs=Rows(x["k"], "key_read", "k_tile" if d.cache else None, "k_i"),
+                   rhs=x["q"], rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries",
+                   position="query", first="qb", limit="R", reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
     body += ["", "// dV += P^T dO."]
-    body += accumulate("dv_tile", "p_tile", count, x["dout"], "dout_tile", "rows are queries, columns are value dims",
-                       "query", "qb", "R")
+    body += accumulate("dv_tile", weights="p_tile", count=count, rhs=x["dout"], rhs_tile="dout_tile",
+                       rhs_comment="rows are queries, columns are value dims", position="query", first="qb", limit="R")
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
-    body += scores("dp_tile", count, Rows(x["v"], "key_read", "v_tile" if d.cache else None, "v_i"), x["dout"],
-                   "dout_tile", "dO^T: rows are value dims, columns are queries", "query", "qb", "R", REREAD)
+    body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache else None, "v_i"),
+                   rhs=x["dout"], rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
+                   position="query", first="qb", limit="R", reread=REREAD)
     body += _gradient_of_scores(count, "delta_q[j * 2 + e]")
     body += ["", "// dK += dS^T Q."]
-    body += accumulate("dk_tile", "dp_tile", count, x["q"], "q_tile", "rows are queries, columns are head dims",
-                       "query", "qb", "R")
+    body += accumulate("dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
+                       rhs_comment="rows are queries, columns are head dims", position="query", first="qb", limit="R")
     return block_loop("qb", "query_begin", "query_end", d.query_block, body)
 
 
@@ -270,7 +255,7 @@ def _query_heads(d: BackwardDescriptor) -> list[str]:
     per_head = [head_pointer("q", d.q, "h", t, True), head_pointer("dout", d.dout, "h", t, True)]
     if d.rules.mask != "none":
         per_head.append(mask_key_pointer(d.rules))
-    per_head.append("const ulong rows_at = (ulong(b) * Hq + h) * R;  // this head's rows in lse and delta")
+    per_head.append(f"const ulong rows_at = {row_index('0')};  // this head's rows in lse and delta")
     per_head += _query_loop(d)
     if d.gqa_ratio == 1:
         return ["", "// The one query head that reads this kv head.", "{", "  const uint h = h_kv;"] \
@@ -298,3 +283,31 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t)
     body += ["", "// dK = scale * dS^T Q, dV = P^T dO.", "if (key_row < C) {"] + indent(store) + ["}"]
     return _kernel(d, dkdv_plan(d), body)
+
+
+# ---------------------------------------------------------------------------
+# The dsinks kernel.
+
+
+@lru_cache(maxsize=32)
+def generate_dsinks(d: BackwardDescriptor) -> KernelSource:
+    """dsinks[h] = the sum of every row's -p_sink D over batch and rows: one simdgroup per
+    head, each lane summing rows lane, lane + 32, ... in order, then simd_sum. The order is
+    fixed, so two runs give the same bits."""
+    body = [
+        "const uint h = group.x;",
+        "float total = 0.0f;",
+        "for (uint b = 0; b < B; ++b) {",
+        "  for (uint row = lane; row < R; row += 32) {",
+        f"    total += sink_grad[{row_index('row')}];",
+        "  }",
+        "}",
+        "total = simd_sum(total);",
+        "if (lane == 0) {",
+        "  dsinks[h] = total;",
+        "}",
+    ]
+    plan = dsinks_plan(d)
+    summary = ["dsinks = sum over batch and rows of each row's -p_sink D, one simdgroup per head"]
+    builtins = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_simdgroup]]"]
+    return assemble(plan, summary=summary, builtins=builtins, body=body)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .attention_forward import KernelSource, partial_scratch
-from .descriptor import Extent, KernelDescriptor
-from .msl import MSL_TYPES, constants, header, indent, offset, signature, sizes_struct
-from .operands import result_operands, sizes_operands
-from .plan import GridAxis, LaunchPlan, Operand
+from . import operands
+from .blocks import row_index
+from .descriptor import KernelDescriptor
+from .kernel_source import KernelSource, assemble
+from .msl import MSL_TYPES, offset
+from .plan import GridAxis, LaunchPlan
+from .sizes import Extent
 
 KERNEL_NAME = "attention_combine"
 COLUMNS_PER_THREADGROUP = 32
@@ -26,19 +28,11 @@ BUILTINS = ["uint3 group [[threadgroup_position_in_grid]]",
 
 
 def launch_plan(d: KernelDescriptor) -> LaunchPlan:
-    scratch = partial_scratch(d)
-    operands = [
-        Operand("o_partial", "device const float*", "(S, B, Hq, R, Dv) unnormalized output per split",
-                scratch["o_partial"]),
-        Operand("ml_partial", "device const float*", "(S, B, Hq, R, 2) softmax max (log2) and sum per split",
-                scratch["ml_partial"]),
-    ]
-    operands += result_operands(d.dtype, d.return_lse, d.sinks)
-    sizes, fields = sizes_operands(d.baked_sizes, d.size_names)
-    operands += sizes
+    ops = (operands.reads(d, "o_partial", "ml_partial") + operands.writes(d, "o", *(["lse"] if d.return_lse else []))
+           + operands.reads(d, "sinks") + operands.sizes(d))
     grid = (GridAxis(Extent(d.value_dim), COLUMNS_PER_THREADGROUP), GridAxis(Extent(1, ("R",))),
             GridAxis(Extent(1, ("B", "Hq"))))
-    return LaunchPlan(KERNEL_NAME, tuple(operands), grid, COLUMNS_PER_THREADGROUP, fields)
+    return LaunchPlan(KERNEL_NAME, tuple(ops), grid, COLUMNS_PER_THREADGROUP, d.sizes)
 
 
 def _body(d: KernelDescriptor) -> list[str]:
@@ -50,7 +44,7 @@ def _body(d: KernelDescriptor) -> list[str]:
         "const uint row = group.y;",
         "const uint b = group.z / Hq;",
         "const uint h = group.z % Hq;",
-        "const ulong first = (ulong(b) * Hq + h) * R + row;  // split s is at first + s * B * Hq * R",
+        f"const ulong first = {row_index('row')};  // split s is at first + s * B * Hq * R",
         "const ulong split_stride = ulong(B) * Hq * R;",
         "",
         "// The largest max among splits that saw a key (and the sink).",
@@ -85,11 +79,6 @@ def _body(d: KernelDescriptor) -> list[str]:
 @lru_cache(maxsize=64)
 def generate_combine(d: KernelDescriptor) -> KernelSource:
     """The MSL source and launch plan of the kernel that finishes a split-KV pass."""
-    plan = launch_plan(d)
-    body = _body(d)
     summary = [f"{d.dtype} output, Dv = {d.value_dim}, sinks {'yes' if d.sinks else 'no'}, "
                f"lse {'yes' if d.return_lse else 'no'}"]
-    declarations = constants(d.size_names, d.baked_sizes, "\n".join(body))
-    lines = (header(plan.kernel_name, summary, plan) + sizes_struct(plan) + signature(plan, BUILTINS)
-             + ["{"] + indent(declarations + [""] + body) + ["}"])
-    return KernelSource("\n".join(lines) + "\n", plan)
+    return assemble(launch_plan(d), summary=summary, builtins=BUILTINS, body=_body(d))

@@ -18,6 +18,9 @@ Every 8x8 tile is read and written lane-locally through thread_elements():
 lane `lane` holds row tr = (lane / 16) * 4 + (lane / 2) % 4 and columns
 tc, tc + 1 with tc = ((lane / 4) & 2) * 2 + (lane % 2) * 2, so the four lanes
 of a row differ in lane bits 0 and 3 (row reductions: shuffle_xor 1 and 8).
+
+Each block's docstring says which MSL names it reads (besides its arguments)
+and which it defines, so blocks compose without surprises.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .descriptor import Extent, MaskRules, OperandLayout
+from .descriptor import MaskRules, OperandLayout
+from .sizes import Extent
 from .msl import MSL_TYPES, float_literal, indent, loop, offset
 
 MASKED_BELOW = "-1.0e30f"   # additive mask values at or below this remove the key (see reference.py)
@@ -37,14 +41,16 @@ def tiles(n: int) -> int:
 
 
 def lane_layout() -> list[str]:
+    """Defines tr, tc: the lane's row and first column in every 8x8 tile. Reads lane."""
     return ["// The lane's place in every 8x8 tile: row tr, columns tc and tc + 1.",
             "const uint tr = (lane / 16) * 4 + (lane / 2) % 4;",
             "const uint tc = ((lane / 4) & 2) * 2 + (lane % 2) * 2;"]
 
 
 def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
-    """The simdgroup's 8 query rows of (batch b, query head h = group.y), and the kv head
-    h_kv they read: q_first, the lane's row and row_read (clamped, for loads)."""
+    """The simdgroup's 8 query rows of (batch b, query head h = group.y) and the kv head h_kv
+    they read. `batch` defines b. Reads group, simd_index, lane, R. Defines h, h_kv, q_first,
+    tr, tc, row (the lane's row) and row_read (clamped, for loads)."""
     return [
         "// This simdgroup's 8 query rows, of one (batch, query head), and the kv head they read.",
         *batch,
@@ -57,8 +63,14 @@ def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> li
     ]
 
 
+def row_index(row: str) -> str:
+    """The index of query row `row` of (batch b, query head h) in a (B, Hq, R) array
+    (lse, delta, sink_grad) as a ulong expression. Reads b, h, Hq, R."""
+    return f"(ulong(b) * Hq + h) * R + {row}"
+
+
 def head_pointer(name: str, layout: OperandLayout, head: str, t: str, const: bool) -> str:
-    """`{name}_head`: the operand's first element of (batch b, head `head`)."""
+    """Defines `{name}_head`: the operand's first element of (batch b, head `head`). Reads b."""
     terms = [offset("ulong(b)", layout.strides[0]), offset(f"ulong({head})", layout.strides[1])]
     terms = [x for x in terms if x] or ["0"]
     qualifier = "device const" if const else "device"
@@ -157,10 +169,12 @@ class Rows:
         return [f"simdgroup_float8x8 {self.name};  // {why}"] + self.tensor.load_rows(self.name, self.row, "i")
 
 
-def scores(result: str, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
+def scores(result: str, *, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
            position: str, first: str, limit: str, reread: str) -> list[str]:
     """result[j] += lhs rows . rhs rows [first + 8 j, + 8) over the shared feature dimension,
-    for the tiles j < tiles (those past the visible range stay as they are)."""
+    for the tiles j < tiles (those past the visible range stay as they are). `position` names
+    the loaded positions, clamped to `limit` - 1; `reread` says why lhs is re-read when it is
+    not cached. Reads tiles, tr, tc. Defines nothing outside its loops."""
     per_tile = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
     per_tile += rhs.load_transposed(rhs_tile, position, f"{first} + j * 8", limit, "i")
     per_tile.append(f"simdgroup_multiply_accumulate({result}[j], {lhs.tile()}, {rhs_tile}, {result}[j]);")
@@ -168,9 +182,10 @@ def scores(result: str, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str, r
     return loop(f"ushort i = 0; i < {tiles(rhs.width)}; ++i", inner)
 
 
-def accumulate(result: str, weights: str, count: int, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
+def accumulate(result: str, *, weights: str, count: int, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
                position: str, first: str, limit: str) -> list[str]:
-    """result[t] += weights[j] . rhs rows [first + 8 j, + 8), features tile t, for tiles j < tiles."""
+    """result[t] += weights[j] . rhs rows [first + 8 j, + 8), features tile t, for tiles j < tiles;
+    positions clamp to `limit` - 1. Reads tiles, tr, tc. Defines nothing outside its loops."""
     load = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"] + rhs.load_rows(rhs_tile, position, "t")
     load.append(f"simdgroup_multiply_accumulate({result}[t], {weights}[j], {rhs_tile}, {result}[t]);")
     per_tile = [f"const uint {position} = uint(min({first} + j * 8 + int(tr), int({limit}) - 1));"]
@@ -182,8 +197,10 @@ def accumulate(result: str, weights: str, count: int, rhs: HeadTensor, rhs_tile:
 # Masking: which (query, key) pairs are allowed.
 
 
-def key_range(rules: MaskRules, kv_split: bool = False) -> list[str]:
-    """[key_begin, key_end): the keys any of the simdgroup's queries q_first.. may see."""
+def key_range(rules: MaskRules) -> list[str]:
+    """The keys any of the simdgroup's queries q_first.. may see. Reads q_first, R, C.
+    Defines key_begin, key_end (ints, narrowed further by callers that split the keys) and,
+    where the rules need them, diagonal and row_last."""
     lines = ["", "// Keys any of these rows may see: [key_begin, key_end). Whole blocks outside are never visited."]
     if rules.uses_diagonal:
         lines.append("const int diagonal = int(C) - int(R);  // key j lines up with query j - diagonal (lower right)")
@@ -199,15 +216,13 @@ def key_range(rules: MaskRules, kv_split: bool = False) -> list[str]:
         lines.append(f"key_begin = max(key_begin, int(q_first) + diagonal - {left});  // window, left")
     if right is not None:
         lines.append(f"key_end = min(key_end, row_last + diagonal + {right + 1});  // window, right")
-    if kv_split:
-        lines += ["key_begin = max(key_begin, int(split * Cs));  // this split's keys",
-                  "key_end = min(key_end, int((split + 1) * Cs));"]
     return lines
 
 
 def query_range(rules: MaskRules) -> list[str]:
-    """[query_begin, query_end): the queries that may see any of the simdgroup's keys
-    key_first.. (the mirror of key_range: key j is seen from query j - diagonal on)."""
+    """The queries that may see any of the simdgroup's keys key_first.. (the mirror of
+    key_range: key j is seen from query j - diagonal on). Reads key_first, R, C. Defines
+    query_begin, query_end and, where needed, diagonal and key_last."""
     lines = ["", "// Queries that may see any of these keys: [query_begin, query_end). Blocks outside are skipped."]
     if rules.uses_diagonal:
         lines.append("const int diagonal = int(C) - int(R);  // key j lines up with query j - diagonal (lower right)")
@@ -247,7 +262,7 @@ def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[
     """s[j * 2 + e] = the additive term (log2 domain) of the lane's element (position
     `first` + j * 8 + tc + e), or MASKED where it is removed; `mask_at` is the element's
     mask value. With a mask, a block no lane may see is skipped (`continue`, taken by the
-    whole simdgroup alike)."""
+    whole simdgroup alike). Reads tc, diagonal (when the rules use it). Defines s[2 * count]."""
     body = [f"const int {position} = {first} + j * 8 + int(tc) + e;",
             f"bool allowed = {' && '.join(allowed)};"]
     value = "0.0f"
@@ -272,21 +287,22 @@ def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[
 
 
 def mask_row_pointer(rules: MaskRules) -> str:
-    """`mask_row`: the mask of the lane's query row (row_read) of head h."""
+    """Defines `mask_row`: the mask of the lane's query row (row_read) of head h. Reads b, h, row_read."""
     m = rules.mask_layout.strides
     terms = [x for x in (offset("ulong(b)", m[0]), offset("ulong(h)", m[1]), offset("ulong(row_read)", m[2])) if x]
     return f"device const {MSL_TYPES[rules.mask_dtype]}* mask_row = mask + ({' + '.join(terms) or '0'});"
 
 
 def mask_key_pointer(rules: MaskRules) -> str:
-    """`mask_key`: the mask of the lane's key (key_read) for the queries of head h."""
+    """Defines `mask_key`: the mask of the lane's key (key_read) for the queries of head h. Reads b, h, key_read."""
     m = rules.mask_layout.strides
     terms = [x for x in (offset("ulong(b)", m[0]), offset("ulong(h)", m[1]), offset("ulong(key_read)", m[3])) if x]
     return f"device const {MSL_TYPES[rules.mask_dtype]}* mask_key = mask + ({' + '.join(terms) or '0'});"
 
 
 def bias_over_keys(rules: MaskRules, count: int) -> list[str]:
-    """`bias` for a query row per lane and the keys kb.. as elements (forward, dQ)."""
+    """`bias` for a query row per lane and the keys kb.. as elements (forward, dQ). Reads row,
+    kb, key_end, mask_row."""
     at = None
     if rules.mask != "none":
         at = f"mask_row[{offset('uint(min(key, int(C) - 1))', rules.mask_layout.strides[3]) or '0'}]"
@@ -294,7 +310,8 @@ def bias_over_keys(rules: MaskRules, count: int) -> list[str]:
 
 
 def bias_over_queries(rules: MaskRules, count: int) -> list[str]:
-    """`bias` for a key row per lane and the queries qb.. as elements (dK/dV)."""
+    """`bias` for a key row per lane and the queries qb.. as elements (dK/dV). Reads key_row,
+    qb, query_end, mask_key."""
     at = None
     if rules.mask != "none":
         at = f"mask_key[{offset('uint(min(query, int(R) - 1))', rules.mask_layout.strides[2]) or '0'}]"
@@ -306,7 +323,8 @@ def bias_over_queries(rules: MaskRules, count: int) -> list[str]:
 
 
 def logits(scale_log2e: float, count: int, scores_tile: str, also: Sequence[str] = ()) -> list[str]:
-    """s[i] = score * scale * log2(e) + bias for allowed elements (MASKED stays MASKED), then `also`."""
+    """s[i] = score * scale * log2(e) + bias for allowed elements (MASKED stays MASKED), then `also`.
+    Reads s (from `bias`)."""
     return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
         "const int i = j * 2 + e;",
         f"s[i] = s[i] > MASKED ? {scores_tile}[j].thread_elements()[e] * {float_literal(scale_log2e)} + s[i] : MASKED;",
@@ -316,7 +334,7 @@ def logits(scale_log2e: float, count: int, scores_tile: str, also: Sequence[str]
 
 def probabilities(count: int, target: str, reference: str, also: Sequence[str] = ()) -> list[str]:
     """target[j] = exp2(s - reference) for allowed elements, 0 for removed ones, then `also`
-    (with `p` the element's probability)."""
+    (with `p` the element's probability). Reads s."""
     return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
         f"const float p = s[j * 2 + e] > MASKED ? exp2(s[j * 2 + e] - {reference}) : 0.0f;",
         f"{target}[j].thread_elements()[e] = p;",
@@ -325,6 +343,7 @@ def probabilities(count: int, target: str, reference: str, also: Sequence[str] =
 
 
 def block_loop(start: str, begin: str, end: str, block: int, body: list[str]) -> list[str]:
-    """for (start = begin; start < end; start += block), with `tiles`: the block's 8-wide tiles before `end`."""
+    """for (start = begin; start < end; start += block); defines `tiles` inside: the block's
+    8-wide tiles before `end`."""
     head = [f"const int tiles = min({block // 8}, ({end} - {start} + 7) / 8);  // 8-wide tiles before {end}"]
     return ["", f"for (int {start} = {begin}; {start} < {end}; {start} += {block}) {{"] + indent(head + body) + ["}"]

@@ -1,10 +1,11 @@
-"""KernelDescriptor: exactly the facts the generated source depends on.
+"""Kernel descriptors: exactly the facts the generated source depends on.
 
 `describe(problem)` reduces an AttentionProblem to a KernelDescriptor (the
-forward kernel), `describe_backward` an AttentionBackwardProblem to a
-BackwardDescriptor (the dQ and dK/dV kernels). A descriptor is the cache key
-of its source, so two problems that differ only in runtime values (sequence
-lengths, batch and head counts) share one kernel.
+forward kernels), `describe_backward` an AttentionBackwardProblem to a
+BackwardDescriptor (the backward kernels). Both extend AttentionFacts, the
+facts every attention kernel depends on. A descriptor is the cache key of its
+source, so two problems that differ only in runtime values (sequence lengths,
+batch and head counts) share one kernel.
 
 Strides become `Extent`s. A stride that equals the dense stride of its operand
 (the product of the inner axes' sizes) is kept symbolic, e.g. `R * 64`, so a
@@ -19,29 +20,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .problem import AttentionBackwardProblem, AttentionProblem, contiguous_strides, memory_order
+from .sizes import Extent, RuntimeSizes
 from .tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, tile_row
 
 # The runtime sizes, by their names in the generated MSL; split-KV kernels add
 # S (key/value splits) and Cs (keys per split).
+SIZE_DOCS = {"B": "batch", "Hq": "query heads", "Hkv": "key/value heads", "R": "query length",
+             "C": "key length", "S": "key/value splits", "Cs": "keys per split"}
 SIZE_NAMES = ("B", "Hq", "Hkv", "R", "C")
 SPLIT_SIZE_NAMES = ("S", "Cs")
-
-
-@dataclass(frozen=True)
-class Extent:
-    """An element count: `factor` times the product of the named runtime sizes."""
-
-    factor: int
-    sizes: tuple[str, ...] = ()
-
-    def times(self, other: Extent) -> Extent:
-        return Extent(self.factor * other.factor, self.sizes + other.sizes)
-
-    def bake(self, sizes: dict[str, int]) -> Extent:
-        value = self.factor
-        for name in self.sizes:
-            value *= sizes[name]
-        return Extent(value)
+SIZES_STRUCT = "AttentionSizes"
 
 
 @dataclass(frozen=True)
@@ -79,7 +67,10 @@ class MaskRules:
 
 
 @dataclass(frozen=True)
-class KernelDescriptor:
+class AttentionFacts:
+    """What every attention kernel depends on: head dimensions, dtype, GQA ratio, the
+    q/k/v layouts, the masking rules, sinks, the scale and the tile table's family."""
+
     head_dim: int
     value_dim: int
     dtype: str
@@ -87,33 +78,43 @@ class KernelDescriptor:
     q: OperandLayout
     k: OperandLayout
     v: OperandLayout
-    o: OperandLayout
-    causal: str
-    window: tuple[int, int] | None
-    mask: str
-    mask_dtype: str | None
-    mask_layout: OperandLayout | None
+    rules: MaskRules
     sinks: bool
-    scale_log2e: float      # softmax scale * log2(e), as the float32 the kernel uses
-    return_lse: bool
+    scale_log2e: float      # softmax scale * log2(e), as the float32 the kernels use
     family: str
+    sizes: RuntimeSizes     # the runtime sizes the kernels read (or their literals)
+
+
+@dataclass(frozen=True)
+class KernelDescriptor(AttentionFacts):
+    """The forward kernels: attention_forward, or the split-KV pair (partial and combine)."""
+
+    o: OperandLayout
+    return_lse: bool
     query_rows: int         # per threadgroup
     key_block: int
     cache_q: bool
-    kv_split: bool          # keys split across threadgroups, then combined (decode)
-    baked_sizes: tuple[tuple[str, int], ...] | None  # (name, value) when lengths are literals
 
     @property
     def simdgroups(self) -> int:
         return self.query_rows // 8
 
-    @property
-    def rules(self) -> MaskRules:
-        return MaskRules(self.causal, self.window, self.mask, self.mask_dtype, self.mask_layout)
 
-    @property
-    def size_names(self) -> tuple[str, ...]:
-        return SIZE_NAMES + (SPLIT_SIZE_NAMES if self.kv_split else ())
+@dataclass(frozen=True)
+class BackwardDescriptor(AttentionFacts):
+    """The backward kernels (see attention_backward.py)."""
+
+    o: OperandLayout        # the forward output, an input here
+    dout: OperandLayout     # its gradient, dO
+    dq: OperandLayout       # the gradients, allocated contiguous in the problem's layout
+    dk: OperandLayout
+    dv: OperandLayout
+    scale: float            # softmax scale, as the float32 the kernels use (dQ and dK carry it)
+    query_rows: int         # dQ kernel: query rows per threadgroup
+    key_block: int          # dQ kernel: keys per step
+    key_rows: int           # dK/dV kernel: keys per threadgroup
+    query_block: int        # dK/dV kernel: queries per step
+    cache: bool             # each simdgroup's own rows stay in registers
 
 
 def _operand_layout(shape, sizes, strides, order, baked: dict[str, int] | None) -> OperandLayout:
@@ -127,7 +128,7 @@ def _operand_layout(shape, sizes, strides, order, baked: dict[str, int] | None) 
     dense = Extent(1)
     for axis in reversed(order):
         stride = strides[axis]
-        if shape[axis] == 1 or (stride != 0 and stride == dense.bake(_actual_sizes(shape, sizes)).factor):
+        if shape[axis] == 1 or (stride != 0 and stride == dense.value(_actual_sizes(shape, sizes))):
             result[axis] = dense        # dense (or irrelevant: a single index)
         else:
             result[axis] = Extent(stride)
@@ -155,11 +156,11 @@ def query_rows(problem: AttentionProblem, family: str) -> int:
     return _shrunk(tile_row(family, max(problem.head_dim, problem.value_dim)).query_rows, problem.q_len)
 
 
-def sizes_of(problem: AttentionProblem, kv_split: tuple[int, int] | None = None) -> dict[str, int]:
-    """Runtime size name -> value; with a split, also S (splits) and Cs (keys per split)."""
+def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
+    """Runtime size name -> value, in struct order; with a split, also S (splits) and Cs (keys per split)."""
     sizes = dict(zip(SIZE_NAMES, (problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len)))
-    if kv_split is not None:
-        sizes.update(zip(SPLIT_SIZE_NAMES, kv_split))
+    if split is not None:
+        sizes.update(zip(SPLIT_SIZE_NAMES, split))
     return sizes
 
 
@@ -189,109 +190,47 @@ class _Layouts:
         return _operand_layout(shape, sizes, strides, self._order, self._baked)
 
 
-def _scale_log2e(p: AttentionProblem) -> float:
-    return float(np.float32(p.softmax_scale * np.log2(np.e)))
+def _facts(p: AttentionProblem, family: str, sizes: dict[str, int], bake_lengths: bool) -> tuple[dict, _Layouts]:
+    """The AttentionFacts fields of `p`, and the layouts helper for the rest."""
+    _check_head_dims(p)
+    layouts = _Layouts(p, sizes if bake_lengths else None)
+    facts = dict(head_dim=p.head_dim, value_dim=p.value_dim, dtype=p.dtype, gqa_ratio=p.gqa_ratio,
+                 q=layouts.of("q", p.q_strides), k=layouts.of("k", p.k_strides), v=layouts.of("v", p.v_strides),
+                 rules=layouts.rules, sinks=p.sinks,
+                 scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))), family=family,
+                 sizes=RuntimeSizes(SIZES_STRUCT, tuple((name, SIZE_DOCS[name]) for name in sizes),
+                                    tuple(sizes.items()) if bake_lengths else None))
+    return facts, layouts
 
 
 def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_lengths: bool = False,
-             kv_split: tuple[int, int] | None = None) -> KernelDescriptor:
-    """The kernel descriptor of `problem` with tiles from `family`'s table; `kv_split` =
-    (splits, keys per split) describes the split-KV pair of kernels instead of the single one."""
+             split: tuple[int, int] | None = None) -> KernelDescriptor:
+    """The descriptor of the forward kernels of `problem`, tiles from `family`'s table;
+    `split` = (splits, keys per split) adds the split sizes S and Cs (the split-KV pair)."""
     p = problem
-    _check_head_dims(p)
+    facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     row = tile_row(family, max(p.head_dim, p.value_dim))
-    baked = sizes_of(p, kv_split) if bake_lengths else None
-    layouts = _Layouts(p, baked)
-    rules = layouts.rules
-    return KernelDescriptor(
-        head_dim=p.head_dim,
-        value_dim=p.value_dim,
-        dtype=p.dtype,
-        gqa_ratio=p.gqa_ratio,
-        q=layouts.of("q", p.q_strides),
-        k=layouts.of("k", p.k_strides),
-        v=layouts.of("v", p.v_strides),
-        o=layouts.of("o"),  # the output is allocated contiguous
-        causal=rules.causal,
-        window=rules.window,
-        mask=rules.mask,
-        mask_dtype=rules.mask_dtype,
-        mask_layout=rules.mask_layout,
-        sinks=p.sinks,
-        scale_log2e=_scale_log2e(p),
-        return_lse=p.return_lse,
-        family=family,
-        query_rows=query_rows(p, family),
-        key_block=row.key_block,
-        cache_q=row.cache_q,
-        kv_split=kv_split is not None,
-        baked_sizes=tuple(baked.items()) if baked is not None else None,
-    )
-
-
-@dataclass(frozen=True)
-class BackwardDescriptor:
-    """The facts the two backward kernels depend on (see attention_backward.py)."""
-
-    head_dim: int
-    value_dim: int
-    dtype: str
-    gqa_ratio: int
-    q: OperandLayout
-    k: OperandLayout
-    v: OperandLayout
-    o: OperandLayout        # the forward output, an input here
-    dout: OperandLayout     # its gradient, dO
-    dq: OperandLayout       # the gradients, allocated contiguous in the problem's layout
-    dk: OperandLayout
-    dv: OperandLayout
-    rules: MaskRules
-    sinks: bool
-    scale: float            # softmax scale, as the float32 the kernels use (dQ and dK carry it)
-    scale_log2e: float
-    family: str
-    query_rows: int         # dQ kernel: query rows per threadgroup
-    key_block: int          # dQ kernel: keys per step
-    key_rows: int           # dK/dV kernel: keys per threadgroup
-    query_block: int        # dK/dV kernel: queries per step
-    cache: bool             # each simdgroup's own rows stay in registers
-    baked_sizes: tuple[tuple[str, int], ...] | None
-
-    @property
-    def size_names(self) -> tuple[str, ...]:
-        return SIZE_NAMES
+    return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
+                            query_rows=query_rows(p, family), key_block=row.key_block, cache_q=row.cache_q)
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
                       bake_lengths: bool = False) -> BackwardDescriptor:
     """The descriptor of the backward kernels of `problem`, tiles from `family`'s backward table."""
     p = problem.forward
-    _check_head_dims(p)
+    facts, layouts = _facts(p, family, sizes_of(p), bake_lengths)
     row = backward_tile_row(family, max(p.head_dim, p.value_dim))
-    baked = sizes_of(p) if bake_lengths else None
-    layouts = _Layouts(p, baked)
     return BackwardDescriptor(
-        head_dim=p.head_dim,
-        value_dim=p.value_dim,
-        dtype=p.dtype,
-        gqa_ratio=p.gqa_ratio,
-        q=layouts.of("q", p.q_strides),
-        k=layouts.of("k", p.k_strides),
-        v=layouts.of("v", p.v_strides),
+        **facts,
         o=layouts.of("o", problem.o_strides),
         dout=layouts.of("o", problem.dout_strides),
         dq=layouts.of("q"),
         dk=layouts.of("k"),
         dv=layouts.of("v"),
-        rules=layouts.rules,
-        sinks=p.sinks,
         scale=float(np.float32(p.softmax_scale)),
-        scale_log2e=_scale_log2e(p),
-        family=family,
         query_rows=_shrunk(row.query_rows, p.q_len),
         key_block=row.key_block,
         key_rows=_shrunk(row.key_rows, p.kv_len),
         query_block=row.query_block,
         cache=row.cache,
-        baked_sizes=tuple(baked.items()) if baked is not None else None,
     )

@@ -25,6 +25,12 @@ def memory_order(layout: str) -> tuple[int, int, int, int]:
     return (0, 1, 2, 3) if layout == "bhsd" else (0, 2, 1, 3)
 
 
+def physical(values: tuple, layout: str) -> tuple:
+    """Logical (batch, head, sequence, feature) order -> memory order of `layout`, and back
+    (the swap is its own inverse)."""
+    return tuple(values) if layout == "bhsd" else (values[0], values[2], values[1], values[3])
+
+
 def contiguous_strides(layout: str, shape: tuple[int, int, int, int]) -> Strides:
     """Strides (elements, logical axis order) of a C-contiguous tensor of logical `shape` in `layout`."""
     strides = [0, 0, 0, 0]

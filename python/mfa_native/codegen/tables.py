@@ -80,7 +80,8 @@ _BACKWARD_TABLES_TEXT = {
 # Families that share a table.
 _ALIASES = {"apple8": "apple7", "apple10": "apple9"}
 
-# The cpu backend runs the current generation's kernels.
+# The family the cpu backend reports (it runs the current generation's
+# kernels), and codegen's default.
 CPU_FAMILY = "apple9"
 MAX_HEAD_DIM = 256
 
@@ -120,12 +121,3 @@ def tile_row(family: str, head_dim: int) -> TileRow:
 def backward_tile_row(family: str, head_dim: int) -> BackwardTileRow:
     """The row of `family`'s backward table for a problem whose larger head dimension is `head_dim`."""
     return _row(BACKWARD_TABLES, family, head_dim)
-
-
-def family_of(device) -> str:
-    """The tuning family of a device: the cpu backend uses CPU_FAMILY; a Metal device reports
-    its GPU family (properties["gpu_family"]); newer families than the tables know use the newest."""
-    if device.kind == "cpu":
-        return CPU_FAMILY
-    family = device.properties.get("gpu_family", "")
-    return family if family in FAMILIES else "apple9"

@@ -1,14 +1,19 @@
-"""`mfa_native.attention_backward`: the gradients of `attention`, from two kernels without atomics."""
+"""`mfa_native.attention_backward`: the gradients of `attention`, from kernels without atomics."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import codegen
-from ._devices import Device, resolve_device
-from .attention import (_as_array, _axes, _bindable, _Call, _dispatch, _element_strides, _logical, _physical,
-                        _tuning_facts)
-from .codegen import AttentionBackwardProblem
+from .. import codegen
+from ..codegen import AttentionBackwardProblem, physical
+from ..runtime.devices import Device, resolve_device, tuning_facts
+from ..runtime.runner import PreparedPass
+from . import arguments as check
+from .attention import Validated, validate
+from .warm import PreparedCall, SignatureCache, pick, same_memory, signature
+
+ARGUMENTS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks")  # the array arguments, in call order
+_calls = SignatureCache()
 
 
 def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, mask=None, window=None, sinks=None,
@@ -34,64 +39,48 @@ def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, mask=No
     Raises:
         TypeError, ValueError naming the argument that is wrong.
     """
-    call = _BackwardCall.validate(q, k, v, o, lse, do, scale=scale, causal=causal, mask=mask, window=window,
-                                  sinks=sinks, layout=layout)
-    return call.run(resolve_device(device))
+    device = resolve_device(device)
+    arrays = (q, k, v, o, lse, do, mask, sinks)
+    key = signature(arrays, (scale, causal, window, layout), device)
+    call = _calls.get(key)
+    if call is not None:
+        return call(arrays)
+    call, inputs = _prepare(arrays, scale=scale, causal=causal, window=window, layout=layout, device=device)
+    _calls.put(key, call)
+    return call.run(inputs)
 
 
-class _BackwardCall:
-    """One validated backward call: the problem and the arrays to bind."""
-
-    def __init__(self, problem: AttentionBackwardProblem, arrays: dict[str, np.ndarray]) -> None:
-        self.problem = problem
-        self.arrays = arrays
-
-    @classmethod
-    def validate(cls, q, k, v, o, lse, do, *, scale, causal, mask, window, sinks, layout) -> _BackwardCall:
-        forward = _Call.validate(q, k, v, scale=scale, causal=causal, mask=mask, window=window, sinks=sinks,
-                                 layout=layout, return_lse=False)
-        p = forward.problem
-        dtype = forward.arrays["q"].dtype
-        shape = _physical(p.o_shape, layout)
-        arrays = dict(forward.arrays)
-        arrays["o"] = _like_output(o, "o", dtype, shape, layout)
-        arrays["dout"] = _like_output(do, "do", dtype, shape, layout)
-        arrays["lse"] = _lse(lse, (p.batch, p.q_heads, p.q_len))
-        problem = AttentionBackwardProblem(p, o_strides=_logical(_element_strides(arrays["o"]), layout),
-                                           dout_strides=_logical(_element_strides(arrays["dout"]), layout))
-        return cls(problem, arrays)
-
-    def run(self, device: Device) -> tuple[np.ndarray, ...]:
-        p = self.problem.forward
-        backward = codegen.attention_backward_pass(self.problem, family=_tuning_facts(device)[0])
-        dtype = self.arrays["q"].dtype
-        outputs = {"dq": (_physical(p.q_shape, p.layout), dtype), "dk": (_physical(p.k_shape, p.layout), dtype),
-                   "dv": (_physical(p.v_shape, p.layout), dtype)}
-        bound = _dispatch(backward, self.arrays, outputs, device)
-        grads = (bound["dq"], bound["dk"], bound["dv"])
-        if not p.sinks:
-            return grads
-        # The dQ kernel stores each row's -p_sink * D; the sum over batch and rows is dsinks.
-        shares = bound["sink_grad"].reshape(p.batch, p.q_heads, p.q_len)
-        return (*grads, shares.sum(axis=(0, 2), dtype=np.float64).astype(np.float32))
+def validate_backward(arrays, *, scale, causal, window, layout) -> Validated:
+    """Every check of `attention_backward`'s arguments; `arrays` = (q, k, v, o, lse, do, mask,
+    sinks) as passed. The problem is an AttentionBackwardProblem."""
+    q, k, v, o, lse, do, mask, sinks = arrays
+    forward = validate((q, k, v, mask, sinks), scale=scale, causal=causal, window=window, layout=layout,
+                       return_lse=False)
+    p = forward.problem
+    dtype = forward.bound["q"].dtype
+    shape = physical(p.o_shape, layout)
+    rows = (p.batch, p.q_heads, p.q_len)
+    bound, converts = dict(forward.bound), dict(forward.converts)
+    converts["o"] = lambda x: check.like_output(x, "o", dtype, shape, layout)
+    converts["dout"] = lambda x: check.like_output(x, "do", dtype, shape, layout)
+    converts["lse"] = lambda x: check.lse_array(x, rows)
+    for name, raw in (("o", o), ("dout", do), ("lse", lse)):
+        bound[name] = converts[name](raw)
+        if same_memory(raw, bound[name]):
+            converts[name] = None
+    problem = AttentionBackwardProblem(p, o_strides=physical(check.element_strides(bound["o"]), layout),
+                                       dout_strides=physical(check.element_strides(bound["dout"]), layout))
+    return Validated(problem, bound, converts)
 
 
-def _like_output(x, name: str, dtype: np.dtype, shape: tuple[int, ...], layout: str) -> np.ndarray:
-    """o or do: attention's output shape and q's dtype."""
-    x = _as_array(x, name)
-    if x.dtype != dtype:
-        raise TypeError(f"{name} has dtype {x.dtype} but q has {dtype}; {name} must have q's dtype, "
-                        "like attention's output")
-    if x.shape != shape:
-        axes = _axes(layout).replace("D", "Dv")
-        raise ValueError(f"{name} must have attention's output shape ({axes}) = {shape}, got {x.shape}")
-    return _bindable(x)
-
-
-def _lse(lse, shape: tuple[int, int, int]) -> np.ndarray:
-    lse = _as_array(lse, "lse")
-    if lse.dtype != np.float32:
-        raise TypeError(f"lse must be float32, as attention(..., return_lse=True) returns it, got {lse.dtype}")
-    if lse.shape != shape:
-        raise ValueError(f"lse must have shape (B, Hq, R) = {shape}, got {lse.shape}")
-    return np.ascontiguousarray(lse)
+def _prepare(arrays, *, scale, causal, window, layout, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
+    """The first call of a signature: every check, then the backward pass, prepared; and
+    this call's inputs."""
+    call = validate_backward(arrays, scale=scale, causal=causal, window=window, layout=layout)
+    description = codegen.attention_backward_pass(call.problem, family=tuning_facts(device).family)
+    prepared = PreparedPass(description, device)
+    wanted = ("dq", "dk", "dv", "dsinks") if call.problem.forward.sinks else ("dq", "dk", "dv")
+    order = tuple(prepared.output_names.index(name) for name in wanted)
+    prepared_call = PreparedCall(prepared, pick(prepared.input_names, ARGUMENTS, call.converts),
+                                 lambda outputs: tuple(outputs[i] for i in order))
+    return prepared_call, [call.bound[name] for name in prepared.input_names]

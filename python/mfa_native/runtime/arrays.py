@@ -1,4 +1,4 @@
-"""Array plumbing shared by the kernels' host side: dtypes and raw memory spans."""
+"""Array plumbing shared by the kernels' host side: the element-type table and memory spans."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from ml_dtypes import bfloat16  # numpy's bfloat16, a runtime dependency
 
-# MSL scalar type -> numpy dtype, for checking `constant T&` arguments.
+# MSL scalar type -> numpy dtype: the one table of element types.
 MSL_SCALARS: dict[str, np.dtype] = {
     "bool": np.dtype(np.bool_),
     "char": np.dtype(np.int8),
@@ -22,6 +22,17 @@ MSL_SCALARS: dict[str, np.dtype] = {
     "bfloat": np.dtype(bfloat16),
 }
 
+# numpy dtype name -> numpy dtype, for the names pass descriptions use.
+DTYPES: dict[str, np.dtype] = {dtype.name: dtype for dtype in MSL_SCALARS.values()}
+
+# numpy dtype name -> the MSL type of its elements in device memory. Boolean
+# arrays are read as bytes (uchar): numpy stores a bool in one byte, 0 or 1.
+MSL_ELEMENTS: dict[str, str] = {dtype.name: msl for msl, dtype in MSL_SCALARS.items() if msl != "bool"}
+MSL_ELEMENTS["bool"] = "uchar"
+
+# The float dtypes attention's tensors may have, by numpy dtype.
+FLOAT_DTYPES: dict[np.dtype, str] = {DTYPES[name]: name for name in ("float32", "float16", "bfloat16")}
+
 
 def msl_vector(type_name: str) -> tuple[np.dtype, int] | None:
     """('float4') -> (float32, 4); ('uint') -> (uint32, 1); None for other types (structs)."""
@@ -32,22 +43,9 @@ def msl_vector(type_name: str) -> tuple[np.dtype, int] | None:
     return MSL_SCALARS[base], int(width or 1)
 
 
-def byte_span(array: np.ndarray) -> tuple[np.ndarray, int]:
-    """A 1-D contiguous uint8 view over exactly the memory `array` touches, and
-    the byte offset of its first element in that view. No copy is made.
+def span_bytes(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """Bytes from an array's first element to one past its last, strides in elements (>= 0)."""
+    if 0 in shape:
+        return 0
+    return itemsize * (1 + sum((n - 1) * s for n, s in zip(shape, strides) if n > 1))
 
-    The last axis must be contiguous (or of length 1) and every stride >= 0;
-    stride 0 (broadcast axes) is allowed, so a broadcast mask binds its real
-    memory only.
-    """
-    if array.ndim == 0:
-        array = array.reshape(1)
-    item = array.dtype.itemsize
-    if any(s < 0 for s in array.strides):
-        raise ValueError("arrays with negative strides are not supported; pass a copy")
-    if array.shape[-1] > 1 and array.strides[-1] != item:
-        raise ValueError(
-            f"the last dimension must be contiguous (stride {item} bytes), got stride {array.strides[-1]}")
-    extent = item + sum((n - 1) * s for n, s in zip(array.shape, array.strides))
-    flat = np.lib.stride_tricks.as_strided(array, shape=(extent // item,), strides=(item,))
-    return flat.view(np.uint8), 0

@@ -1,8 +1,12 @@
-"""Choosing the device a call runs on."""
+"""Choosing the device a call runs on, and the facts codegen tunes for."""
 
 from __future__ import annotations
 
-from . import _core
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+from .. import _core
 
 Device = _core.Device
 
@@ -28,3 +32,41 @@ def resolve_device(device: Device | str | None) -> Device:
     if isinstance(device, Device):
         return device
     raise TypeError(f"device must be 'cpu', 'metal', a Device or None, got {type(device).__name__}")
+
+
+@dataclass(frozen=True)
+class TuningFacts:
+    """What codegen tunes for: the tile-table family, and about how many threadgroups
+    the device runs at once (decode splits the keys to fill it)."""
+
+    family: str
+    parallel_threadgroups: int
+
+
+_tuning: dict[Device, TuningFacts] = {}
+
+
+def tuning_facts(device: Device) -> TuningFacts:
+    """The typed tuning facts the device's backend reports, read once per device."""
+    facts = _tuning.get(device)
+    if facts is None:
+        # TEMPORARY until the core reports typed facts (Device.tuning).
+        if device.kind == "cpu":
+            facts = TuningFacts("apple9", 2 * int(device.properties.get("worker_threads", "1")))
+        else:
+            facts = TuningFacts(device.properties.get("gpu_family", "apple9"), 160)
+        _tuning[device] = facts
+    return facts
+
+
+@contextmanager
+def tuned_as(device: Device, **facts) -> Iterator[TuningFacts]:
+    """Inside the block, `device` reports these tuning facts (fields of TuningFacts) instead of
+    its own: tests and benchmarks use it to make one device choose what another would
+    (say, a split-KV decode on a device with room for 64 threadgroups)."""
+    own = tuning_facts(device)
+    _tuning[device] = replace(own, **facts)
+    try:
+        yield _tuning[device]
+    finally:
+        _tuning[device] = own

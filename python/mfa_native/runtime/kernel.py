@@ -7,9 +7,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import _core, profiling
-from ._arrays import msl_vector
-from ._devices import Device, resolve_device
+from .. import _core
+from . import profiling
+from .arrays import msl_vector
+from .devices import Device, resolve_device
 
 ConstantValue = bool | int | float
 

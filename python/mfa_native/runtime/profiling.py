@@ -57,6 +57,11 @@ def profile() -> Iterator[Profile]:
             _active.remove(recording)
 
 
+def recording() -> bool:
+    """Whether some profile() block is active (cheap: the warm path asks on every call)."""
+    return bool(_active)
+
+
 def record(stats) -> None:
     """Called by the dispatch path with each finished dispatch's stats."""
     if not _active:

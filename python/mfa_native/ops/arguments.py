@@ -1,0 +1,191 @@
+"""Argument checks and conversions shared by the ops: each names the argument it rejects.
+
+The ops call these on a call's first sight of a signature (shapes, strides, dtypes,
+flags); `warm.py` makes later calls with the same signature skip them.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..codegen import MAX_HEAD_DIM, physical
+from ..runtime.arrays import FLOAT_DTYPES
+
+_CAUSAL = {False: "none", True: "lower_right", "lower_right": "lower_right", "upper_left": "upper_left"}
+
+
+def layout_of(layout) -> str:
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    return layout
+
+
+def scale_value(scale) -> float | None:
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if not np.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def flag(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def axes(layout: str) -> str:
+    return "B, Hq, R, D" if layout == "bhsd" else "B, R, Hq, D"
+
+
+def as_array(x, name: str) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)
+        except (TypeError, RuntimeError, BufferError, ValueError) as error:
+            raise TypeError(f"{name} supports DLPack but numpy cannot read it (a CPU array is needed): {error}") \
+                from error
+    raise TypeError(f"{name} must be a numpy array or a CPU array supporting DLPack, got {type(x).__name__}")
+
+
+def dimensions(q: np.ndarray, k: np.ndarray, v: np.ndarray, layout: str) -> tuple[int, ...]:
+    """(B, Hq, Hkv, R, C, D, Dv) from shapes that must agree."""
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must have 4 dimensions ({axes(layout)}), got shape {x.shape}")
+        if 0 in x.shape:
+            raise ValueError(f"{name} has an empty dimension: shape {x.shape}")
+    B, Hq, R, D = physical(q.shape, layout)
+    kb, Hkv, C, kd = physical(k.shape, layout)
+    vb, vh, vc, Dv = physical(v.shape, layout)
+    if kb != B or vb != B:
+        raise ValueError(f"q, k and v must share the batch size: q {q.shape}, k {k.shape}, v {v.shape}")
+    if kd != D:
+        raise ValueError(f"k's head dimension ({kd}) must match q's ({D}): q {q.shape}, k {k.shape}")
+    if vh != Hkv or vc != C:
+        raise ValueError(f"v must have k's heads and length ({layout}): k {k.shape}, v {v.shape}")
+    if Hq % Hkv:
+        raise ValueError(f"q's head count ({Hq}) must be a multiple of k/v's ({Hkv}) (GQA/MQA)")
+    for name, dim in (("D (q/k head dimension)", D), ("Dv (v head dimension)", Dv)):
+        if dim > MAX_HEAD_DIM:
+            raise ValueError(f"{name} is {dim}; the kernels support 1..{MAX_HEAD_DIM}")
+    return B, Hq, Hkv, R, C, D, Dv
+
+
+def dtype_of(x: np.ndarray, name: str) -> str:
+    dtype = FLOAT_DTYPES.get(x.dtype)
+    if dtype is None:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16 (ml_dtypes), got {x.dtype}")
+    return dtype
+
+
+def causal_mode(causal) -> str:
+    if isinstance(causal, (bool, np.bool_)):
+        return _CAUSAL[bool(causal)]
+    if isinstance(causal, str) and causal in _CAUSAL:
+        return _CAUSAL[causal]
+    raise ValueError(f"causal must be False, True, 'lower_right' or 'upper_left', got {causal!r}")
+
+
+def window_sides(window) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ValueError(f"window must be a (left, right) pair of ints, got {window!r}")
+    sides = []
+    for side, value in zip(("left", "right"), window):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"window {side} must be an int, got {value!r}")
+        if value < -1:
+            raise ValueError(f"window {side} must be >= 0, or -1 for unbounded, got {value}")
+        sides.append(int(value))
+    return (sides[0], sides[1])
+
+
+def normalized(x: np.ndarray) -> np.ndarray:
+    """A view whose size-1 axes have stride 0 (their stride is meaningless and may be negative)."""
+    strides = tuple(0 if n == 1 else s for n, s in zip(x.shape, x.strides))
+    if strides == x.strides:
+        return x
+    return np.lib.stride_tricks.as_strided(x, x.shape, strides, writeable=False)
+
+
+def usable_in_place(x: np.ndarray) -> bool:
+    item = x.dtype.itemsize
+    last_ok = x.shape[-1] == 1 or x.strides[-1] in (0, item)
+    return last_ok and all(s >= 0 and s % item == 0 for s in x.strides)
+
+
+def bindable(x: np.ndarray) -> np.ndarray:
+    """x itself when its strides can be baked into the kernel; otherwise a contiguous copy
+    (a non-contiguous last axis, negative strides, or strides that are not whole elements)."""
+    x = normalized(x)
+    if not usable_in_place(x) or (x.strides[-1] == 0 and x.shape[-1] > 1):
+        x = np.ascontiguousarray(x)
+    return x
+
+
+def element_strides(x: np.ndarray) -> tuple[int, int, int, int]:
+    return tuple(s // x.dtype.itemsize for s in x.strides)  # type: ignore[return-value]
+
+
+def mask_array(mask, shape: tuple[int, int, int, int]) -> tuple[np.ndarray, str, str]:
+    """The mask broadcast (stride 0, no copy) to (B, Hq, R, C), its kind and element dtype."""
+    mask = as_array(mask, "mask")
+    if mask.dtype == np.bool_:
+        kind, dtype = "bool", "bool"
+    elif mask.dtype in FLOAT_DTYPES or mask.dtype == np.float64:
+        if mask.dtype == np.float64:
+            mask = mask.astype(np.float32)  # no float64 on the GPU: the mask's own (unbroadcast) size is copied
+        kind, dtype = "additive", FLOAT_DTYPES[mask.dtype]
+    else:
+        raise TypeError(f"mask must be boolean (True = attend) or float (additive), got dtype {mask.dtype}")
+    if mask.ndim > 4:
+        raise ValueError(f"mask of shape {mask.shape} does not broadcast to (B, Hq, R, C) = {shape}")
+    try:
+        mask = np.broadcast_to(mask, shape)
+    except ValueError:
+        raise ValueError(f"mask of shape {mask.shape} does not broadcast to (B, Hq, R, C) = {shape}") from None
+    mask = normalized(mask)
+    if not usable_in_place(mask):
+        mask = np.ascontiguousarray(mask)
+    return mask, kind, dtype
+
+
+def sinks_array(sinks, q_heads: int) -> np.ndarray:
+    sinks = as_array(sinks, "sinks")
+    if sinks.dtype not in FLOAT_DTYPES and sinks.dtype != np.float64:
+        raise TypeError(f"sinks must be a float array, got dtype {sinks.dtype}")
+    if sinks.shape != (q_heads,):
+        raise ValueError(f"sinks must have shape (Hq,) = ({q_heads},), got {sinks.shape}")
+    sinks = np.ascontiguousarray(sinks, dtype=np.float32)
+    if not np.all(np.isfinite(sinks)):
+        raise ValueError("sinks must be finite")
+    return sinks
+
+
+def like_output(x, name: str, dtype: np.dtype, shape: tuple[int, ...], layout: str) -> np.ndarray:
+    """o or do: attention's output shape and q's dtype."""
+    x = as_array(x, name)
+    if x.dtype != dtype:
+        raise TypeError(f"{name} has dtype {x.dtype} but q has {dtype}; {name} must have q's dtype, "
+                        "like attention's output")
+    if x.shape != shape:
+        dims = axes(layout).replace("D", "Dv")
+        raise ValueError(f"{name} must have attention's output shape ({dims}) = {shape}, got {x.shape}")
+    return bindable(x)
+
+
+def lse_array(lse, shape: tuple[int, int, int]) -> np.ndarray:
+    lse = as_array(lse, "lse")
+    if lse.dtype != np.float32:
+        raise TypeError(f"lse must be float32, as attention(..., return_lse=True) returns it, got {lse.dtype}")
+    if lse.shape != shape:
+        raise ValueError(f"lse must have shape (B, Hq, R) = {shape}, got {lse.shape}")
+    return np.ascontiguousarray(lse)

@@ -1,0 +1,112 @@
+"""The warm path: a call whose signature was seen before runs its prepared pass directly.
+
+A signature is everything argument validation and code generation depend on:
+the type, shape, strides and dtype of every array argument, the type and value
+of every other argument, the device and its tuning facts. Calls that share one
+cannot differ in anything but array contents, so the first call's checks,
+problem, pass description and prepared pass all hold for them; only checks of
+contents (finite sinks) run again, inside the argument's conversion.
+
+Only numpy arrays make a signature (other array types go the full way each time).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..runtime.devices import Device, tuning_facts
+from ..runtime.runner import PreparedPass
+
+MAX_SIGNATURES = 512
+
+Convert = Callable[[np.ndarray], np.ndarray]
+
+
+def _strict(value):
+    """A hashable key for a non-array argument that tells apart values Python calls equal but
+    validation does not (True and 1, 1 and 1.0, a list and a tuple)."""
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_strict(v) for v in value))
+    return (type(value), value)
+
+
+def signature(arrays: Sequence, options: Sequence, device: Device) -> tuple | None:
+    """The signature of a call, or None when it has none (an array argument that is not numpy,
+    or an unhashable option)."""
+    parts = []
+    for a in arrays:
+        if a is None:
+            parts.append(None)
+        elif type(a) is np.ndarray:
+            parts.append((a.shape, a.strides, a.dtype))
+        else:
+            return None
+    key = (tuple(parts), tuple(_strict(o) for o in options), device, tuning_facts(device))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class PreparedCall:
+    """One signature's prepared pass, and how a call's arguments become its inputs.
+
+    picks[i] = (position of the call argument that fills pass input i, its conversion or
+    None when the argument is bound as given); `finish` turns the pass's outputs into the
+    op's result."""
+
+    __slots__ = ("pass_", "picks", "finish")
+
+    def __init__(self, pass_: PreparedPass, picks: tuple[tuple[int, Convert | None], ...],
+                 finish: Callable[[list[np.ndarray]], object]) -> None:
+        self.pass_ = pass_
+        self.picks = picks
+        self.finish = finish
+
+    def __call__(self, arguments: Sequence):
+        """A warm call: the arguments (numpy arrays of this signature) picked and converted."""
+        return self.run([arguments[i] if convert is None else convert(arguments[i]) for i, convert in self.picks])
+
+    def run(self, inputs: list[np.ndarray]):
+        """Runs the pass on its inputs (in `input_names` order) and finishes the result."""
+        return self.finish(self.pass_.run(inputs))
+
+
+class SignatureCache:
+    """Signature -> PreparedCall, the oldest dropped past MAX_SIGNATURES. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple, PreparedCall] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple | None) -> PreparedCall | None:
+        return None if key is None else self._calls.get(key)
+
+    def put(self, key: tuple | None, call: PreparedCall) -> None:
+        if key is None:
+            return
+        with self._lock:
+            if len(self._calls) >= MAX_SIGNATURES:
+                self._calls.pop(next(iter(self._calls)))
+            self._calls[key] = call
+
+    def clear(self) -> None:
+        with self._lock:
+            self._calls.clear()
+
+
+def pick(inputs: Sequence[str], arguments: Sequence[str], converts: dict[str, Convert | None]) -> tuple:
+    """PreparedCall.picks for the pass inputs `inputs` of an op whose array arguments are
+    `arguments` (names, in call order), with each input's conversion (None: as given)."""
+    return tuple((arguments.index(name), converts[name]) for name in inputs)
+
+
+def same_memory(raw, bound: np.ndarray) -> bool:
+    """Whether `bound` (what validation made of a call argument) reads the argument's own
+    memory from its first element with its dtype, so the warm path can bind the argument as given."""
+    return (type(raw) is np.ndarray and raw.dtype == bound.dtype
+            and raw.__array_interface__["data"][0] == bound.__array_interface__["data"][0])

@@ -1,0 +1,1 @@
+"""The runtime: devices, the Kernel API, pass descriptions and the runner, profiling."""

@@ -1,0 +1,99 @@
+"""PassDescription: everything one call runs, as one plain value.
+
+Codegen turns a problem into a pass description: the kernels in order (source,
+entry point, launch geometry, which buffer each `[[buffer(i)]]` binds) and every
+buffer the pass touches, declared once with its role, dtype, shape and extent
+and the kernels that read and write it. The runner (runner.py) executes it; the
+C++ bundles and the framework adapters replay the same value, so nothing about
+a pass lives only in Python code. `to_json` / `from_json` round-trip it.
+
+Roles:
+- "input": caller memory, read in place from its first element; `shape` and
+  `strides` (elements, physical axis order) are what the kernels were built for.
+- "output": allocated per call with `shape` and `dtype` (C-contiguous) and
+  returned to the caller.
+- "intermediate": device memory from the pool, alive for one call; never a
+  host array.
+- "constant": small bytes bound inline (Metal's setBytes), `value` as uint32 words.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+ROLES = ("input", "output", "intermediate", "constant")
+
+
+@dataclass(frozen=True)
+class BufferDecl:
+    name: str                       # the binding key, and the MSL parameter name in every kernel
+    role: str                       # one of ROLES
+    dtype: str                      # numpy dtype name: "float16", "bfloat16", "float32", "bool", "uint32", ...
+    shape: tuple[int, ...]          # physical axis order
+    nbytes: int                     # bytes the kernels may touch, from the first element
+    readers: tuple[int, ...]        # indices of the kernels that read it
+    writers: tuple[int, ...]        # indices of the kernels that write it
+    strides: tuple[int, ...] | None = None  # inputs: element strides the kernels were compiled for
+    value: tuple[int, ...] | None = None    # constants: the bytes, as uint32 words
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    entry: str                                 # the kernel function's name
+    source: str                                # its MSL
+    threadgroups: tuple[int, int, int]
+    threads_per_threadgroup: tuple[int, int, int]
+    buffers: tuple[str, ...]                   # [[buffer(i)]] binds the buffer named buffers[i]
+
+
+@dataclass(frozen=True)
+class PassDescription:
+    name: str
+    kernels: tuple[KernelLaunch, ...]
+    buffers: tuple[BufferDecl, ...]
+
+    def __post_init__(self) -> None:
+        names = [b.name for b in self.buffers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pass {self.name!r} declares a buffer twice: {names}")
+        declared = set(names)
+        for kernel in self.kernels:
+            unknown = [name for name in kernel.buffers if name not in declared]
+            if unknown:
+                raise ValueError(f"pass {self.name!r}: kernel {kernel.entry!r} binds undeclared {unknown}")
+        for b in self.buffers:
+            if b.role not in ROLES:
+                raise ValueError(f"buffer {b.name!r} has role {b.role!r}; roles are {ROLES}")
+
+    def buffer(self, name: str) -> BufferDecl:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"pass {self.name!r} has no buffer {name!r}")
+
+    def of_role(self, role: str) -> tuple[BufferDecl, ...]:
+        return tuple(b for b in self.buffers if b.role == role)
+
+    @property
+    def inputs(self) -> tuple[BufferDecl, ...]:
+        return self.of_role("input")
+
+    @property
+    def outputs(self) -> tuple[BufferDecl, ...]:
+        return self.of_role("output")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> PassDescription:
+        data = json.loads(text)
+        kernels = tuple(KernelLaunch(**{k: _tuples(v) for k, v in kernel.items()}) for kernel in data["kernels"])
+        buffers = tuple(BufferDecl(**{k: _tuples(v) for k, v in buffer.items()}) for buffer in data["buffers"])
+        return cls(data["name"], kernels, buffers)
+
+
+def _tuples(value):
+    """JSON lists back to the tuples the dataclasses hold."""
+    return tuple(value) if isinstance(value, list) else value

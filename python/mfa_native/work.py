@@ -1,0 +1,37 @@
+"""The useful work of an attention problem: the simdgroup 8x8x8 multiply-accumulates a kernel
+that skips everything it could skip must still issue. Tests check the kernels against it,
+and benchmarks print issued against useful; both import it from here."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import reference
+
+
+def allowed_tiles(q_len: int, kv_len: int, causal=False, window=None) -> int:
+    """8x8 tiles of S (one head) that hold an allowed (query, key) pair."""
+    allowed = reference.allowed_keys(q_len, kv_len, causal, window)
+    rows, cols = -(-q_len // 8) * 8, -(-kv_len // 8) * 8
+    padded = np.zeros((rows, cols), dtype=bool)
+    padded[:q_len, :kv_len] = allowed
+    return int(padded.reshape(rows // 8, 8, cols // 8, 8).any(axis=(1, 3)).sum())
+
+
+def useful_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int, head_dim: int, value_dim: int,
+                      causal=False, window=None) -> int:
+    """8x8x8 multiply-accumulates a perfect kernel needs: for each 8x8 tile of S that holds an
+    allowed (query, key) pair, ceil(D/8) for S = Q K^T and ceil(Dv/8) for O += P V."""
+    tiles = allowed_tiles(q_len, kv_len, causal, window)
+    return tiles * batch * q_heads * (-(-head_dim // 8) + -(-value_dim // 8))
+
+
+def useful_backward_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int, head_dim: int, value_dim: int,
+                               causal=False, window=None) -> tuple[int, int]:
+    """(dQ kernel, dK/dV kernel): multiply-accumulates the two backward kernels need on the
+    allowed 8x8 tiles of S. dQ: S = Q K^T, dP = dO V^T, dQ += dS K (2 ceil(D/8) + ceil(Dv/8));
+    dK/dV: S, dP, dV += P^T dO, dK += dS^T Q (2 ceil(D/8) + 2 ceil(Dv/8)). The two products
+    recomputed without atomics make 7 in all, against 5 for one kernel with atomics."""
+    tiles = allowed_tiles(q_len, kv_len, causal, window) * batch * q_heads
+    d, dv = -(-head_dim // 8), -(-value_dim // 8)
+    return tiles * (2 * d + dv), tiles * (2 * d + 2 * dv)
