@@ -25,31 +25,30 @@ MAX_SIGNATURES = 512
 Convert = Callable[[np.ndarray], np.ndarray]
 
 
+_SEQUENCES = (tuple, list)
+
+
 def _strict(value):
-    """A hashable key for a non-array argument that tells apart values Python calls equal but
+    """A key for a non-array argument that tells apart values Python calls equal but
     validation does not (True and 1, 1 and 1.0, a list and a tuple)."""
-    if isinstance(value, (tuple, list)):
+    if type(value) in _SEQUENCES:
         return (type(value), tuple(_strict(v) for v in value))
     return (type(value), value)
 
 
 def signature(arrays: Sequence, options: Sequence, device: Device) -> tuple | None:
-    """The signature of a call, or None when it has none (an array argument that is not numpy,
-    or an unhashable option)."""
-    parts = []
+    """The signature of a call, or None when it has none (an array argument that is not
+    numpy). It may still be unhashable (an option that is); the cache then does not keep it."""
+    key = [device, tuning_facts(device)]
     for a in arrays:
         if a is None:
-            parts.append(None)
+            key.append(None)
         elif type(a) is np.ndarray:
-            parts.append((a.shape, a.strides, a.dtype))
+            key.append((a.shape, a.strides, a.dtype))
         else:
             return None
-    key = (tuple(parts), tuple(_strict(o) for o in options), device, tuning_facts(device))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    key += [_strict(o) if type(o) in _SEQUENCES else (type(o), o) for o in options]
+    return tuple(key)
 
 
 class PreparedCall:
@@ -84,10 +83,19 @@ class SignatureCache:
         self._lock = threading.Lock()
 
     def get(self, key: tuple | None) -> PreparedCall | None:
-        return None if key is None else self._calls.get(key)
+        if key is None:
+            return None
+        try:
+            return self._calls.get(key)
+        except TypeError:  # an unhashable option: no warm path for this call
+            return None
 
     def put(self, key: tuple | None, call: PreparedCall) -> None:
         if key is None:
+            return
+        try:
+            hash(key)
+        except TypeError:
             return
         with self._lock:
             if len(self._calls) >= MAX_SIGNATURES:
