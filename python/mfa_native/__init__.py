@@ -11,6 +11,8 @@ from ._core import CompileError, DeviceUnavailableError, DispatchError, Dispatch
 from .embedding import cpp_flags
 from .ops.attention import attention
 from .ops.attention_backward import attention_backward
+from .ops.block_mask import BlockMask
+from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
 from .runtime.devices import Device, default_device, devices
 from .runtime.kernel import Kernel
 from .runtime.passes import PassDescription
@@ -19,6 +21,7 @@ from .runtime.profiling import DispatchRecord, Profile, profile
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockMask",
     "CompileError",
     "Device",
     "DeviceUnavailableError",
@@ -30,6 +33,8 @@ __all__ = [
     "Profile",
     "attention",
     "attention_backward",
+    "block_sparse_attention",
+    "block_sparse_attention_backward",
     "cpp_flags",
     "default_device",
     "devices",

@@ -156,3 +156,58 @@ def attention_backward_reference(q, k, v, dout, *, scale=None, causal=False, mas
     p_sink = np.exp(sink - lse)                               # a sink keeps every denominator > 0
     dsinks = -(p_sink * delta).sum(axis=(0, 2))
     return (*grads, dsinks)
+
+
+def block_visits(block_mask, batch: int, q_heads: int, q_len: int, kv_len: int, *, causal=False, window=None,
+                 mask=None) -> np.ndarray:
+    """(B, Hq, R, C) float64: how many times query (b, h, r) visits key c under a block mask
+    (anything with FlexAttention's list attributes and block_size = (Qb, Kb)): once per
+    listing of c's block in r's query block's full list, and once per listing in its partial
+    list where causal, window and a boolean mask allow the pair."""
+    q_block, k_block = block_mask.block_size
+    rules = np.broadcast_to(allowed_keys(q_len, kv_len, causal, window), (batch, q_heads, q_len, kv_len))
+    if mask is not None and np.asarray(mask).dtype == np.bool_:
+        rules = rules & np.broadcast_to(np.asarray(mask), rules.shape)
+    visits = np.zeros((batch, q_heads, q_len, kv_len))
+    for prefix, allowed in (("", rules), ("full_", np.ones_like(rules))):
+        counts, listed = getattr(block_mask, f"{prefix}kv_num_blocks"), getattr(block_mask, f"{prefix}kv_indices")
+        if counts is None:
+            continue
+        counts, listed = np.asarray(counts), np.asarray(listed)
+        for b in range(batch):
+            for h in range(q_heads):
+                lb, lh = b % counts.shape[0], h % counts.shape[1]   # size-1 axes broadcast
+                for i in range(counts.shape[2]):
+                    rows = slice(i * q_block, min(q_len, (i + 1) * q_block))
+                    for j in listed[lb, lh, i, :counts[lb, lh, i]]:
+                        cols = slice(j * k_block, min(kv_len, (j + 1) * k_block))
+                        visits[b, h, rows, cols] += allowed[b, h, rows, cols]
+    return visits
+
+
+def block_sparse_bias(block_mask, q, k, *, causal=False, mask=None, window=None, layout="bhsd") -> np.ndarray:
+    """The additive mask that makes dense attention equal block-sparse attention: log of the
+    visit counts (-inf where a pair is never visited) plus an additive `mask` where visited.
+    (Visiting a key m times multiplies its softmax weight by m.)"""
+    qh, kh = _to_bhsd(q, layout), _to_bhsd(k, layout)
+    batch, q_heads, q_len, _ = qh.shape
+    visits = block_visits(block_mask, batch, q_heads, q_len, kh.shape[2], causal=causal, window=window, mask=mask)
+    with np.errstate(divide="ignore"):
+        bias = np.log(visits)
+    if mask is not None and np.asarray(mask).dtype != np.bool_:
+        bias = bias + np.where(visits > 0, np.broadcast_to(np.asarray(mask, dtype=np.float64), bias.shape), 0.0)
+    return bias
+
+
+def block_sparse_attention_reference(q, k, v, block_mask, *, scale=None, causal=False, mask=None, window=None,
+                                     sinks=None, layout="bhsd", return_lse=False):
+    """Block-sparse attention in float64 (see `block_sparse_bias`)."""
+    bias = block_sparse_bias(block_mask, q, k, causal=causal, mask=mask, window=window, layout=layout)
+    return attention_reference(q, k, v, scale=scale, mask=bias, sinks=sinks, layout=layout, return_lse=return_lse)
+
+
+def block_sparse_attention_backward_reference(q, k, v, dout, block_mask, *, scale=None, causal=False, mask=None,
+                                              window=None, sinks=None, layout="bhsd", out=None):
+    """Gradients of block-sparse attention in float64, as `attention_backward_reference` gives them."""
+    bias = block_sparse_bias(block_mask, q, k, causal=causal, mask=mask, window=window, layout=layout)
+    return attention_backward_reference(q, k, v, dout, scale=scale, mask=bias, sinks=sinks, layout=layout, out=out)

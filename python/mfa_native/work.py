@@ -35,3 +35,29 @@ def useful_backward_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int
     tiles = allowed_tiles(q_len, kv_len, causal, window) * batch * q_heads
     d, dv = -(-head_dim // 8), -(-value_dim // 8)
     return tiles * (2 * d + dv), tiles * (2 * d + 2 * dv)
+
+
+def useful_block_sparse_matrix_ops(block_mask, batch: int, q_heads: int, q_len: int, kv_len: int, head_dim: int,
+                                   value_dim: int, causal=False, window=None) -> int:
+    """Multiply-accumulates of block-sparse attention that visits only listed blocks: for
+    every listing of a key block by a query block, each 8x8 tile of the pair of blocks that
+    holds a pair the listing allows (any pair of a full block; a pair causal and window
+    allow in a partial block), times ceil(D/8) + ceil(Dv/8). A block listed twice counts twice."""
+    q_block, k_block = block_mask.block_size
+    rules = reference.allowed_keys(q_len, kv_len, causal, window)
+    tiles = 0
+    for prefix, allowed in (("", rules), ("full_", np.ones_like(rules))):
+        counts, listed = getattr(block_mask, f"{prefix}kv_num_blocks"), getattr(block_mask, f"{prefix}kv_indices")
+        if counts is None:
+            continue
+        for b in range(batch):
+            for h in range(q_heads):
+                lb, lh = b % counts.shape[0], h % counts.shape[1]
+                for i in range(counts.shape[2]):
+                    for j in listed[lb, lh, i, :counts[lb, lh, i]]:
+                        block = allowed[i * q_block:(i + 1) * q_block, j * k_block:(j + 1) * k_block]
+                        rows, cols = -(-block.shape[0] // 8) * 8, -(-block.shape[1] // 8) * 8
+                        padded = np.zeros((rows, cols), dtype=bool)
+                        padded[:block.shape[0], :block.shape[1]] = block
+                        tiles += int(padded.reshape(rows // 8, 8, cols // 8, 8).any(axis=(1, 3)).sum())
+    return tiles * (-(-head_dim // 8) + -(-value_dim // 8))

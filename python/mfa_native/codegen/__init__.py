@@ -17,11 +17,11 @@ from .attention_backward import DKDV_KERNEL_NAME, DQ_KERNEL_NAME, DSINKS_KERNEL_
 from .attention_combine import KERNEL_NAME as COMBINE_KERNEL_NAME
 from .attention_combine import generate_combine
 from .attention_forward import KERNEL_NAME, PARTIAL_KERNEL_NAME, generate, generate_partial
-from .attention_passes import BAKE_LENGTHS, attention_backward_pass, attention_pass
+from .attention_passes import BAKE_LENGTHS, attention_backward_pass, attention_pass, block_mask_pass
 from .descriptor import BackwardDescriptor, KernelDescriptor, describe, describe_backward, sizes_of
 from .kernel_source import KernelSource
 from .plan import GridAxis, LaunchPlan, Operand
-from .problem import AttentionBackwardProblem, AttentionProblem, contiguous_strides, physical
+from .problem import AttentionBackwardProblem, AttentionProblem, BlockLists, contiguous_strides, physical
 from .sizes import Extent, RuntimeSizes
 from .split import kv_split
 from .tables import CPU_FAMILY, FAMILIES, MAX_HEAD_DIM
@@ -44,6 +44,7 @@ __all__ = [
     "AttentionProblem",
     "BAKE_LENGTHS",
     "BackwardDescriptor",
+    "BlockLists",
     "COMBINE_KERNEL_NAME",
     "CPU_FAMILY",
     "DKDV_KERNEL_NAME",
@@ -64,6 +65,7 @@ __all__ = [
     "attention_kernel",
     "attention_pass",
     "attention_source",
+    "block_mask_pass",
     "contiguous_strides",
     "describe",
     "describe_backward",

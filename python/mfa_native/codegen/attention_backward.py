@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import operands
+from . import block_visits, operands
 from .attention_forward import BUILTINS
 from .blocks import (HeadTensor, Rows, accumulate, bias_over_keys, bias_over_queries, block_loop, head_pointer,
                      in_registers, key_range, lane_layout, logits, mask_key_pointer, mask_row_pointer, probabilities,
                      query_range, query_rows_geometry, row_index, scores, store_rows, tiles, zeroed)
-from .descriptor import BackwardDescriptor
+from .descriptor import BackwardDescriptor, MaskRules
 from .kernel_source import KernelSource, assemble
 from .msl import MSL_TYPES, float_literal, indent, loop, offset
 from .plan import GridAxis, LaunchPlan
@@ -56,14 +56,15 @@ def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
 
 
 def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
-    ops = (operands.reads(d, *INPUTS, "o", "mask", "sinks")
+    ops = (operands.reads(d, *INPUTS, "o", "mask", "sinks", *operands.KEY_LISTS)
            + operands.writes(d, "dq", "delta", *(["sink_grad"] if d.sinks else [])) + operands.sizes(d))
     grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(DQ_KERNEL_NAME, tuple(ops), grid, 32 * (d.query_rows // 8), d.sizes)
 
 
 def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
-    ops = operands.reads(d, *INPUTS, "delta", "mask") + operands.writes(d, "dk", "dv") + operands.sizes(d)
+    ops = (operands.reads(d, *INPUTS, "delta", "mask", *operands.GIVEN_QUERY_LISTS, *operands.BUILT_QUERY_LISTS)
+           + operands.writes(d, "dk", "dv") + operands.sizes(d))
     grid = (GridAxis(Extent(1, ("C",)), d.key_rows), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(DKDV_KERNEL_NAME, tuple(ops), grid, 32 * (d.key_rows // 8), d.sizes)
 
@@ -107,7 +108,7 @@ def _summary(d: BackwardDescriptor, kernel: str) -> list[str]:
     else:
         tile = (f"{d.key_rows} keys per threadgroup, {d.query_block} queries per block, "
                 f"K and V {'in registers' if d.cache else 're-read per block'}")
-    return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}",
+    return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + operands.blocks_summary(d),
             f"causal {r.causal}, window {window}, mask {mask}, sinks {'yes' if d.sinks else 'no'}",
             f"tiles ({d.family}): {tile}"]
 
@@ -159,10 +160,11 @@ def _row_delta(d: BackwardDescriptor) -> list[str]:
     return lines + ["if (row < R && tc == 0) {"] + indent(stores) + ["}"]
 
 
-def _dq_key_loop(d: BackwardDescriptor) -> list[str]:
+def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
+    """dQ over the keys [begin, end), key_block at a time, with `rules`."""
     count = d.key_block // 8
     x = _tensors(d)
-    body = bias_over_keys(d.rules, count)
+    body = bias_over_keys(rules, count, end)
     body += ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
     body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
@@ -177,7 +179,7 @@ def _dq_key_loop(d: BackwardDescriptor) -> list[str]:
     body += ["", "// dQ += dS K."]
     body += accumulate("dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
                        rhs_comment="rows are keys, columns are head dims", position="key", first="kb", limit="C")
-    return block_loop("kb", "key_begin", "key_end", d.key_block, body)
+    return block_loop("kb", begin, end, d.key_block, body)
 
 
 @lru_cache(maxsize=128)
@@ -190,7 +192,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
         body += in_registers("q_tile", x["q"], "row_read") + in_registers("dout_tile", x["dout"], "row_read")
     body += _row_delta(d)
     body += ["", "// dQ / scale, accumulated over the keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
-    body += _dq_key_loop(d)
+    body += block_visits.keys(d, lambda rules, begin, end: _dq_key_steps(d, rules, begin, end))
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dq_row = dq_head + {offset('row', d.dq.strides[2])};"]
     store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
@@ -220,10 +222,11 @@ def _dkdv_geometry(d: BackwardDescriptor) -> list[str]:
     ]
 
 
-def _query_loop(d: BackwardDescriptor) -> list[str]:
+def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
+    """dK and dV over the queries [begin, end) of head h, query_block at a time, with `rules`."""
     count = d.query_block // 8
     x = _tensors(d)
-    body = bias_over_queries(d.rules, count)
+    body = bias_over_queries(rules, count, end)
     body += ["", "// lse2 and D of the lane's queries.", f"float lse2[{2 * count}];", f"float delta_q[{2 * count}];"]
     body += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
         "const uint query = uint(min(qb + j * 8 + int(tc) + e, int(R) - 1));",
@@ -246,7 +249,7 @@ def _query_loop(d: BackwardDescriptor) -> list[str]:
     body += ["", "// dK += dS^T Q."]
     body += accumulate("dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
                        rhs_comment="rows are queries, columns are head dims", position="query", first="qb", limit="R")
-    return block_loop("qb", "query_begin", "query_end", d.query_block, body)
+    return block_loop("qb", begin, end, d.query_block, body)
 
 
 def _query_heads(d: BackwardDescriptor) -> list[str]:
@@ -256,7 +259,7 @@ def _query_heads(d: BackwardDescriptor) -> list[str]:
     if d.rules.mask != "none":
         per_head.append(mask_key_pointer(d.rules))
     per_head.append(f"const ulong rows_at = {row_index('0')};  // this head's rows in lse and delta")
-    per_head += _query_loop(d)
+    per_head += block_visits.queries(d, lambda rules, begin, end: _query_steps(d, rules, begin, end))
     if d.gqa_ratio == 1:
         return ["", "// The one query head that reads this kv head.", "{", "  const uint h = h_kv;"] \
             + indent(per_head) + ["}"]

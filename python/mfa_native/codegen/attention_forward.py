@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import operands
+from . import block_visits, operands
 from .blocks import (HeadTensor, Rows, accumulate, bias_over_keys, block_loop, head_pointer, in_registers, key_range,
                      logits, mask_row_pointer, probabilities, query_rows_geometry, row_index, scores, store_rows,
                      tiles, zeroed)
-from .descriptor import KernelDescriptor
+from .descriptor import KernelDescriptor, MaskRules
 from .kernel_source import KernelSource, assemble
 from .msl import MSL_TYPES, indent, loop, offset
 from .plan import GridAxis, LaunchPlan, Operand
@@ -119,7 +119,7 @@ class SplitPartial:
 
 
 def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
-    ops = operands.reads(d, "q", "k", "v", "mask") + finish.results(d) + operands.sizes(d)
+    ops = operands.reads(d, "q", "k", "v", "mask", *operands.KEY_LISTS) + finish.results(d) + operands.sizes(d)
     grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(finish.grid_z))
     return LaunchPlan(finish.kernel_name, tuple(ops), grid, 32 * d.simdgroups, d.sizes)
 
@@ -170,10 +170,11 @@ def _softmax(d: KernelDescriptor, key_tiles: int) -> list[str]:
     return lines
 
 
-def _key_loop(d: KernelDescriptor) -> list[str]:
+def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
+    """The online softmax over the keys [begin, end), key_block at a time, with `rules`."""
     key_tiles = d.key_block // 8
     x = _tensors(d)
-    body = bias_over_keys(d.rules, key_tiles)
+    body = bias_over_keys(rules, key_tiles, end)
     body += ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
     body += zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
@@ -184,7 +185,7 @@ def _key_loop(d: KernelDescriptor) -> list[str]:
     body += ["", "// O += P V."]
     body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
                        rhs_comment="rows are keys, columns are value dims", position="key", first="kb", limit="C")
-    return block_loop("kb", "key_begin", "key_end", d.key_block, body)
+    return block_loop("kb", begin, end, d.key_block, body)
 
 
 def _summary(d: KernelDescriptor, finish) -> list[str]:
@@ -192,7 +193,7 @@ def _summary(d: KernelDescriptor, finish) -> list[str]:
     window = "none" if r.window is None else f"(left {r.window[0]}, right {r.window[1]})"
     mask = r.mask if r.mask == "none" else f"{r.mask} ({r.mask_dtype})"
     simdgroups = f"{d.simdgroups} simdgroup{'s' if d.simdgroups > 1 else ''}"
-    return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}",
+    return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + operands.blocks_summary(d),
             f"causal {r.causal}, window {window}, mask {mask}" + finish.summary(d),
             f"tiles ({d.family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
             f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"]
@@ -205,8 +206,8 @@ def _kernel(d: KernelDescriptor, finish) -> KernelSource:
         q_cache += in_registers("q_tile", _tensors(d)["q"], "row_read")
     state = (["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
              + finish.initial_state(d) + zeroed("o_tile", tiles(d.value_dim), "O, unnormalized"))
-    body = (_geometry(d, finish) + key_range(d.rules) + finish.key_limits + q_cache + state + _key_loop(d)
-            + finish.store(d))
+    visits = block_visits.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
+    body = _geometry(d, finish) + key_range(d.rules) + finish.key_limits + q_cache + state + visits + finish.store(d)
     return assemble(launch_plan(d, finish), summary=_summary(d, finish), builtins=BUILTINS, body=body)
 
 

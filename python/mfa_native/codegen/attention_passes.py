@@ -11,7 +11,10 @@ layout.
 from __future__ import annotations
 
 from ..runtime.passes import PassDescription
+from dataclasses import replace
+
 from .attention_backward import generate_dkdv, generate_dq, generate_dsinks
+from .block_lists import generate_classify, generate_kv_lists, generate_q_lists, generate_transpose
 from .attention_combine import generate_combine
 from .attention_forward import generate, generate_partial
 from .descriptor import describe, describe_backward, sizes_of
@@ -41,7 +44,29 @@ def _forward_inputs(p: AttentionProblem) -> dict[str, TensorSpec]:
         inputs["mask"] = TensorSpec(p.mask_dtype, p.mask_shape, p.mask_strides)  # (B, Hq, R, C) whatever the layout
     if p.sinks:
         inputs["sinks"] = TensorSpec("float32", (p.q_heads,), (1,))
+    if p.blocks is not None:
+        inputs.update(_lists(p, "kv", "q_len", "q_block", p.blocks.width))
+        if p.blocks.full:
+            inputs.update(_lists(p, "full_kv", "q_len", "q_block", p.blocks.full_width))
     return inputs
+
+
+def _lists(p: AttentionProblem, prefix: str, length: str, block: str, width: int) -> dict[str, TensorSpec]:
+    """A BlockMask's (num_blocks, indices) pair: int32, C-contiguous, (B|1, H|1, blocks[, width])."""
+    lists = p.blocks
+    axes = (1 if lists.batch_broadcast else p.batch, 1 if lists.head_broadcast else p.q_heads,
+            -(-getattr(p, length) // getattr(lists, block)))
+    num, indices = axes, (*axes, width)
+    return {f"{prefix}_num_blocks": TensorSpec("int32", num, _dense(num)),
+            f"{prefix}_indices": TensorSpec("int32", indices, _dense(indices))}
+
+
+def _dense(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for n in reversed(shape):
+        strides.append(running)
+        running *= n
+    return tuple(reversed(strides))
 
 
 def attention_pass(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_lengths: bool = BAKE_LENGTHS,
@@ -49,7 +74,9 @@ def attention_pass(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_
     """The forward pass of `problem`: one kernel, or the split-KV pair for decode shapes that
     would leave a device running `parallel_threadgroups` threadgroups at once idle."""
     p = problem
-    split = kv_split(p, family, parallel_threadgroups) if parallel_threadgroups else None
+    if p.blocks is not None:  # the forward walks the kv lists only
+        p = replace(p, blocks=replace(p.blocks, q_width=None, full_q_width=None))
+    split = kv_split(p, family, parallel_threadgroups) if parallel_threadgroups and p.blocks is None else None
     d = describe(p, family=family, bake_lengths=bake_lengths, split=split)
     kernels = (generate(d),) if split is None else (generate_partial(d), generate_combine(d))
     outputs = {"o": _tensor(p, p.dtype, p.o_shape)}
@@ -64,8 +91,13 @@ def attention_backward_pass(problem: AttentionBackwardProblem, *, family: str = 
     (which reads it), then with sinks the dsinks reduction."""
     p = problem.forward
     d = describe_backward(problem, family=family, bake_lengths=bake_lengths)
-    kernels = (generate_dq(d), generate_dkdv(d)) + ((generate_dsinks(d),) if p.sinks else ())
+    transpose = (generate_transpose(d),) if p.blocks is not None and not p.blocks.transposed_given else ()
+    kernels = transpose + (generate_dq(d), generate_dkdv(d)) + ((generate_dsinks(d),) if p.sinks else ())
     inputs = _forward_inputs(p)
+    if p.blocks is not None and p.blocks.transposed_given:
+        inputs.update(_lists(p, "q", "kv_len", "k_block", p.blocks.q_width))
+        if p.blocks.full:
+            inputs.update(_lists(p, "full_q", "kv_len", "k_block", p.blocks.full_q_width))
     inputs["o"] = _tensor(p, p.dtype, p.o_shape, problem.o_strides)
     inputs["dout"] = _tensor(p, p.dtype, p.o_shape, problem.dout_strides)
     inputs["lse"] = TensorSpec("float32", _rows(p), (p.q_heads * p.q_len, p.q_len, 1))
@@ -74,3 +106,20 @@ def attention_backward_pass(problem: AttentionBackwardProblem, *, family: str = 
     if p.sinks:
         outputs["dsinks"] = TensorSpec("float32", (p.q_heads,))
     return build_pass("attention_backward", kernels, sizes=sizes_of(p), inputs=inputs, outputs=outputs)
+
+
+def block_mask_pass(problem: AttentionProblem, *, family: str = CPU_FAMILY) -> PassDescription:
+    """BlockMask.from_mask on the device: the problem's masking rules (causal, window, mask),
+    its block sizes (problem.blocks), its batch and query heads; q, k and v play no part.
+    Outputs the eight lists of a BlockMask, in FlexAttention's order."""
+    p = problem
+    d = describe(p, family=family)
+    rows, cols = -(-p.q_len // p.blocks.q_block), -(-p.kv_len // p.blocks.k_block)
+    inputs = {"mask": TensorSpec(p.mask_dtype, p.mask_shape, p.mask_strides)} if p.mask != "none" else {}
+    outputs = {}
+    for prefix, blocks, width in (("kv", rows, cols), ("q", cols, rows)):
+        for full in ("", "full_"):
+            outputs[f"{full}{prefix}_num_blocks"] = TensorSpec("int32", (p.batch, p.q_heads, blocks))
+            outputs[f"{full}{prefix}_indices"] = TensorSpec("int32", (p.batch, p.q_heads, blocks, width))
+    kernels = (generate_classify(d), generate_kv_lists(d), generate_q_lists(d))
+    return build_pass("block_mask_from_mask", kernels, sizes=sizes_of(p), inputs=inputs, outputs=outputs)

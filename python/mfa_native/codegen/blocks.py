@@ -300,22 +300,22 @@ def mask_key_pointer(rules: MaskRules) -> str:
     return f"device const {MSL_TYPES[rules.mask_dtype]}* mask_key = mask + ({' + '.join(terms) or '0'});"
 
 
-def bias_over_keys(rules: MaskRules, count: int) -> list[str]:
-    """`bias` for a query row per lane and the keys kb.. as elements (forward, dQ). Reads row,
-    kb, key_end, mask_row."""
+def bias_over_keys(rules: MaskRules, count: int, end: str = "key_end") -> list[str]:
+    """`bias` for a query row per lane and the keys kb.. (before `end`) as elements (forward,
+    dQ). Reads row, kb, `end`, mask_row."""
     at = None
     if rules.mask != "none":
         at = f"mask_row[{offset('uint(min(key, int(C) - 1))', rules.mask_layout.strides[3]) or '0'}]"
-    return bias(rules, count, "key", "kb", allowed_terms(rules, "int(row)", "key", "key < key_end"), at)
+    return bias(rules, count, "key", "kb", allowed_terms(rules, "int(row)", "key", f"key < {end}"), at)
 
 
-def bias_over_queries(rules: MaskRules, count: int) -> list[str]:
-    """`bias` for a key row per lane and the queries qb.. as elements (dK/dV). Reads key_row,
-    qb, query_end, mask_key."""
+def bias_over_queries(rules: MaskRules, count: int, end: str = "query_end") -> list[str]:
+    """`bias` for a key row per lane and the queries qb.. (before `end`) as elements (dK/dV).
+    Reads key_row, qb, `end`, mask_key."""
     at = None
     if rules.mask != "none":
         at = f"mask_key[{offset('uint(min(query, int(R) - 1))', rules.mask_layout.strides[2]) or '0'}]"
-    return bias(rules, count, "query", "qb", allowed_terms(rules, "query", "int(key_row)", "query < query_end"), at)
+    return bias(rules, count, "query", "qb", allowed_terms(rules, "query", "int(key_row)", f"query < {end}"), at)
 
 
 # ---------------------------------------------------------------------------

@@ -26,7 +26,9 @@ from .tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, tile_row
 # The runtime sizes, by their names in the generated MSL; split-KV kernels add
 # S (key/value splits) and Cs (keys per split).
 SIZE_DOCS = {"B": "batch", "Hq": "query heads", "Hkv": "key/value heads", "R": "query length",
-             "C": "key length", "S": "key/value splits", "Cs": "keys per split"}
+             "C": "key length", "S": "key/value splits", "Cs": "keys per split",
+             "NQ": "query blocks", "NK": "key blocks", "Wp": "width of kv_indices",
+             "Wf": "width of full_kv_indices", "Wq": "width of q_indices", "Wqf": "width of full_q_indices"}
 SIZE_NAMES = ("B", "Hq", "Hkv", "R", "C")
 SPLIT_SIZE_NAMES = ("S", "Cs")
 SIZES_STRUCT = "AttentionSizes"
@@ -67,6 +69,24 @@ class MaskRules:
 
 
 @dataclass(frozen=True)
+class BlockFacts:
+    """What block-sparse kernels depend on: the block sizes, which list axes broadcast, which
+    lists there are (the widths are runtime sizes Wp, Wf, Wq, Wqf)."""
+
+    q_block: int
+    k_block: int
+    batch_broadcast: bool
+    head_broadcast: bool
+    full: bool               # full_kv lists (and, in the backward, full_q lists)
+    transposed_given: bool   # backward: q lists given (else built on the device)
+
+    @property
+    def heads(self) -> str:
+        """The lists' head extent as an MSL expression."""
+        return "1" if self.head_broadcast else "Hq"
+
+
+@dataclass(frozen=True)
 class AttentionFacts:
     """What every attention kernel depends on: head dimensions, dtype, GQA ratio, the
     q/k/v layouts, the masking rules, sinks, the scale and the tile table's family."""
@@ -83,6 +103,7 @@ class AttentionFacts:
     scale_log2e: float      # softmax scale * log2(e), as the float32 the kernels use
     family: str
     sizes: RuntimeSizes     # the runtime sizes the kernels read (or their literals)
+    blocks: BlockFacts | None  # block-sparse: only listed key blocks are visited
 
 
 @dataclass(frozen=True)
@@ -161,6 +182,12 @@ def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) ->
     sizes = dict(zip(SIZE_NAMES, (problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len)))
     if split is not None:
         sizes.update(zip(SPLIT_SIZE_NAMES, split))
+    lists = problem.blocks
+    if lists is not None:
+        sizes.update(NQ=-(-problem.q_len // lists.q_block), NK=-(-problem.kv_len // lists.k_block), Wp=lists.width)
+        for name, width in (("Wf", lists.full_width), ("Wq", lists.q_width), ("Wqf", lists.full_q_width)):
+            if width is not None:
+                sizes[name] = width
     return sizes
 
 
@@ -199,8 +226,16 @@ def _facts(p: AttentionProblem, family: str, sizes: dict[str, int], bake_lengths
                  rules=layouts.rules, sinks=p.sinks,
                  scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))), family=family,
                  sizes=RuntimeSizes(SIZES_STRUCT, tuple((name, SIZE_DOCS[name]) for name in sizes),
-                                    tuple(sizes.items()) if bake_lengths else None))
+                                    tuple(sizes.items()) if bake_lengths else None),
+                 blocks=_block_facts(p.blocks))
     return facts, layouts
+
+
+def _block_facts(lists) -> BlockFacts | None:
+    if lists is None:
+        return None
+    return BlockFacts(lists.q_block, lists.k_block, lists.batch_broadcast, lists.head_broadcast, lists.full,
+                      lists.transposed_given)
 
 
 def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_lengths: bool = False,

@@ -13,7 +13,7 @@ from .sizes import SIZES_OPERAND, Extent
 ROWS = Extent(1, ("B", "Hq", "R"))                 # one value per (batch, query head, query row)
 SPLIT_ROWS = Extent(1, ("S", "B", "Hq", "R"))      # ... per split, for split-KV
 
-# name -> (element: "tensor" (the problem's dtype), "float" or "mask"; what it holds)
+# name -> (element: "tensor" (the problem's dtype), "mask" or an MSL scalar type; what it holds)
 _CATALOG = {
     "q": ("tensor", "queries"),
     "k": ("tensor", "keys"),
@@ -31,13 +31,58 @@ _CATALOG = {
     "delta": ("float", "(B, Hq, R) D = rowsum(dO o O)"),
     "sink_grad": ("float", "(B, Hq, R) each row's share of dsinks, -p_sink D"),
     "dsinks": ("float", "(Hq,) gradient of the sinks"),
+    # Block-sparse lists, (B|1, H|1, blocks[, width]) int32 (FlexAttention's BlockMask).
+    "kv_num_blocks": ("int", "partial key blocks per query block"),
+    "kv_indices": ("int", "the partial key blocks of each query block, counted part first"),
+    "full_kv_num_blocks": ("int", "full key blocks per query block"),
+    "full_kv_indices": ("int", "the full key blocks of each query block"),
+    "q_num_blocks": ("int", "partial query blocks per key block"),
+    "q_indices": ("int", "the partial query blocks of each key block"),
+    "full_q_num_blocks": ("int", "full query blocks per key block"),
+    "full_q_indices": ("int", "the full query blocks of each key block"),
+    "q_counts": ("int", "partial query blocks per key block, built from the kv lists"),
+    "q_starts": ("int", "where each key block's partial query blocks start in q_entries"),
+    "q_entries": ("int", "the partial query blocks of every key block, in key-block order"),
+    "full_q_counts": ("int", "full query blocks per key block, built from the kv lists"),
+    "full_q_starts": ("int", "where each key block's full query blocks start in full_q_entries"),
+    "full_q_entries": ("int", "the full query blocks of every key block, in key-block order"),
+    "block_class": ("int", "(B, H, NQ, NK) 0: no pair allowed, 1: some, 2: all (BlockMask.from_mask)"),
 }
+
+# The lists a kernel walking keys reads, and those a kernel walking queries reads.
+KEY_LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+GIVEN_QUERY_LISTS = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+BUILT_QUERY_LISTS = ("q_counts", "q_starts", "q_entries", "full_q_counts", "full_q_starts", "full_q_entries")
 
 
 def _extent(name: str, d: AttentionFacts) -> Extent | None:
     """Elements of the operands that are intermediates of some pass."""
-    return {"o_partial": SPLIT_ROWS.times(Extent(d.value_dim)), "ml_partial": SPLIT_ROWS.times(Extent(2)),
-            "delta": ROWS, "sink_grad": ROWS}.get(name)
+    extents = {"o_partial": SPLIT_ROWS.times(Extent(d.value_dim)), "ml_partial": SPLIT_ROWS.times(Extent(2)),
+               "delta": ROWS, "sink_grad": ROWS}
+    if d.blocks is not None:  # block classes, and the transposed lists built on the device: per (batch|1, head|1)
+        extents["block_class"] = Extent(1, ("B", "Hq", "NQ", "NK"))
+        lists = Extent(1, (() if d.blocks.batch_broadcast else ("B",)) + (() if d.blocks.head_broadcast else ("Hq",)))
+        for prefix, width in (("q", "Wp"), ("full_q", "Wf")):
+            extents[f"{prefix}_counts"] = extents[f"{prefix}_starts"] = lists.times(Extent(1, ("NK",)))
+            extents[f"{prefix}_entries"] = lists.times(Extent(1, ("NQ", width)))
+    return extents.get(name)
+
+
+def _present(name: str, d: AttentionFacts) -> bool:
+    """Whether the problem has operand `name`: a mask, sinks and block lists only when it uses them."""
+    if name == "mask":
+        return d.rules.mask != "none"
+    if name == "sinks":
+        return d.sinks
+    if name in KEY_LISTS or name in GIVEN_QUERY_LISTS or name in BUILT_QUERY_LISTS:
+        f = d.blocks
+        if f is None or (name.startswith("full_") and not f.full):
+            return False
+        if name in GIVEN_QUERY_LISTS:
+            return f.transposed_given
+        if name in BUILT_QUERY_LISTS:
+            return not f.transposed_given
+    return True
 
 
 def _operand(name: str, d: AttentionFacts, const: bool) -> Operand:
@@ -47,18 +92,27 @@ def _operand(name: str, d: AttentionFacts, const: bool) -> Operand:
     elif element == "mask":
         msl = MSL_TYPES[d.rules.mask_dtype]
     else:
-        msl = "float"
+        msl = element
     return Operand(name, f"device {'const ' if const else ''}{msl}*", purpose, _extent(name, d))
 
 
 def reads(d: AttentionFacts, *names: str) -> list[Operand]:
-    """Operands the kernel only reads; "mask" and "sinks" only when the problem has them."""
-    return [_operand(n, d, True) for n in names if (n != "mask" or d.rules.mask != "none") and (n != "sinks" or d.sinks)]
+    """Operands the kernel only reads, those of `names` the problem has."""
+    return [_operand(n, d, True) for n in names if _present(n, d)]
 
 
 def writes(d: AttentionFacts, *names: str) -> list[Operand]:
-    """Operands the kernel writes."""
-    return [_operand(n, d, False) for n in names]
+    """Operands the kernel writes, those of `names` the problem has."""
+    return [_operand(n, d, False) for n in names if _present(n, d)]
+
+
+def blocks_summary(d: AttentionFacts) -> str:
+    """A clause for the generated header: the block-sparse facts, if any."""
+    f = d.blocks
+    if f is None:
+        return ""
+    lists = "partial and full lists" if f.full else "partial lists"
+    return f"; block-sparse {f.q_block}x{f.k_block}, {lists}"
 
 
 def sizes(d: AttentionFacts) -> list[Operand]:

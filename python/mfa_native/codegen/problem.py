@@ -42,6 +42,38 @@ def contiguous_strides(layout: str, shape: tuple[int, int, int, int]) -> Strides
 
 
 @dataclass(frozen=True)
+class BlockLists:
+    """Block-sparse attention's lists (the tensors of FlexAttention's BlockMask), as far as a
+    kernel depends on them. The lists are (B|1, H|1, blocks[, width]) int32, C-contiguous;
+    `widths` are the last-axis lengths of kv_indices, full_kv_indices, q_indices and
+    full_q_indices, None where that list is absent (the transposed lists are then built on
+    the device from the kv lists, when a backward pass needs them)."""
+
+    q_block: int
+    k_block: int
+    batch_broadcast: bool   # the lists' batch axis has size 1
+    head_broadcast: bool    # their head axis has size 1 (else it is Hq)
+    width: int
+    full_width: int | None = None
+    q_width: int | None = None
+    full_q_width: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("q_block", "k_block"):
+            size = getattr(self, name)
+            if size < 8 or size % 8:
+                raise ValueError(f"block sizes must be positive multiples of 8, got {name}={size}")
+
+    @property
+    def full(self) -> bool:
+        return self.full_width is not None
+
+    @property
+    def transposed_given(self) -> bool:
+        return self.q_width is not None
+
+
+@dataclass(frozen=True)
 class AttentionProblem:
     """One attention forward problem. Dimensions follow the issue's names:
     q is (B, Hq, R, D), k is (B, Hkv, C, D), v is (B, Hkv, C, Dv) in logical order."""
@@ -66,6 +98,7 @@ class AttentionProblem:
     sinks: bool = False
     scale: float | None = None             # None: 1 / sqrt(D)
     return_lse: bool = False
+    blocks: BlockLists | None = None       # block-sparse attention: only the listed key blocks
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -56,18 +56,22 @@ class PreparedCall:
 
     picks[i] = (position of the call argument that fills pass input i, its conversion or
     None when the argument is bound as given); `finish` turns the pass's outputs into the
-    op's result."""
+    op's result; `check`, if any, checks contents across arguments first."""
 
-    __slots__ = ("pass_", "picks", "finish")
+    __slots__ = ("pass_", "picks", "finish", "check")
 
     def __init__(self, pass_: PreparedPass, picks: tuple[tuple[int, Convert | None], ...],
-                 finish: Callable[[list[np.ndarray]], object]) -> None:
+                 finish: Callable[[list[np.ndarray]], object],
+                 check: Callable[[Sequence], None] | None = None) -> None:
         self.pass_ = pass_
         self.picks = picks
         self.finish = finish
+        self.check = check   # a check of contents that spans several arguments (block lists)
 
     def __call__(self, arguments: Sequence):
-        """A warm call: the arguments (numpy arrays of this signature) picked and converted."""
+        """A warm call: the arguments (numpy arrays of this signature) checked, picked and converted."""
+        if self.check is not None:
+            self.check(arguments)
         return self.run([arguments[i] if convert is None else convert(arguments[i]) for i, convert in self.picks])
 
     def run(self, inputs: list[np.ndarray]):

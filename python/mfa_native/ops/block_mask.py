@@ -1,0 +1,193 @@
+"""`mfa_native.BlockMask`: FlexAttention's block lists, the structure behind block-sparse attention.
+
+Per query block of `Qb` rows, the key blocks of `Kb` keys it visits: "partial" blocks
+(kv_num_blocks / kv_indices), inside which causal, window and a boolean mask apply, and
+"full" blocks (full_kv_*), every pair of which is allowed. The transposed lists (q_*,
+full_q_*: per key block, its query blocks) serve the backward pass; when absent they
+are built on the device. Same names, shapes and meaning as
+torch.nn.attention.flex_attention.BlockMask.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codegen.problem import BlockLists
+from . import arguments as check
+
+# (num_blocks, indices) pairs, in the order the passes bind them.
+PAIRS = (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices"),
+         ("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices"))
+
+
+def _block_size(block_size) -> tuple[int, int]:
+    sizes = (block_size, block_size) if isinstance(block_size, numbers.Integral) else block_size
+    if not isinstance(sizes, (tuple, list)) or len(sizes) != 2 or \
+            not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sizes):
+        raise TypeError(f"block_size must be an int or a (Q_BLOCK, KV_BLOCK) pair of ints, got {block_size!r}")
+    if any(s < 8 or s % 8 for s in sizes):
+        raise ValueError(f"block sizes must be positive multiples of 8, got {tuple(sizes)}")
+    return int(sizes[0]), int(sizes[1])
+
+
+def _int32(x, name: str, ndim: int) -> np.ndarray:
+    x = check.as_array(x, name)
+    if x.dtype != np.int32:
+        raise TypeError(f"{name} must be int32, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {x.shape}")
+    return np.ascontiguousarray(x)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A block mask checked against one problem: its lists and how the kernels see them."""
+
+    lists: BlockLists
+    arrays: dict[str, np.ndarray]
+
+
+class BlockMask:
+    """Block lists for `block_sparse_attention` (see the module docstring).
+
+    Args:
+        kv_num_blocks: int32 (B|1, H|1, ceil(R / Qb)): partial key blocks per query block.
+        kv_indices: int32 (B|1, H|1, ceil(R / Qb), W): query block i visits the key blocks
+            kv_indices[b, h, i, :kv_num_blocks[b, h, i]]; entries past the count are ignored.
+        block_size: Qb, or (Qb, Kb); positive multiples of 8 (default 128, as FlexAttention).
+        full_kv_num_blocks, full_kv_indices: the same for full blocks (no mask rules inside).
+        q_num_blocks, q_indices, full_q_num_blocks, full_q_indices: the transposed lists,
+            (B|1, H|1, ceil(C / Kb)[, W']), for the backward pass; built on the device when absent.
+        shape: (R, C), optional; when given it must match the problem.
+
+    Axes of size 1 broadcast over the batch and the query heads. Wrong dtypes raise
+    TypeError, wrong shapes ValueError; counts and indices are checked against each problem.
+    """
+
+    def __init__(self, kv_num_blocks, kv_indices, *, block_size=(128, 128), full_kv_num_blocks=None,
+                 full_kv_indices=None, q_num_blocks=None, q_indices=None, full_q_num_blocks=None,
+                 full_q_indices=None, shape=None) -> None:
+        self.block_size = _block_size(block_size)
+        given = dict(kv_num_blocks=kv_num_blocks, kv_indices=kv_indices, full_kv_num_blocks=full_kv_num_blocks,
+                     full_kv_indices=full_kv_indices, q_num_blocks=q_num_blocks, q_indices=q_indices,
+                     full_q_num_blocks=full_q_num_blocks, full_q_indices=full_q_indices)
+        self.arrays: dict[str, np.ndarray] = {}
+        for num, indices in PAIRS:
+            if (given[num] is None) != (given[indices] is None):
+                raise ValueError(f"{num} and {indices} come together: pass both or neither")
+            if given[num] is None:
+                continue
+            self.arrays[num] = _int32(given[num], num, 3)
+            self.arrays[indices] = _int32(given[indices], indices, 4)
+            if self.arrays[indices].shape[:3] != self.arrays[num].shape:
+                raise ValueError(f"{indices} {self.arrays[indices].shape} must extend {num} "
+                                 f"{self.arrays[num].shape} by one axis")
+        if "kv_num_blocks" not in self.arrays:
+            raise ValueError("kv_num_blocks and kv_indices are required")
+        if "q_num_blocks" in self.arrays and ("full_kv_num_blocks" in self.arrays) != \
+                ("full_q_num_blocks" in self.arrays):
+            raise ValueError("with the transposed lists, give full_q_* exactly when full_kv_* are given")
+        if "full_q_num_blocks" in self.arrays and "q_num_blocks" not in self.arrays:
+            raise ValueError("full_q_* need q_num_blocks and q_indices too")
+        lead = {name: a.shape[:2] for name, a in self.arrays.items()}
+        if len(set(lead.values())) != 1:
+            raise ValueError(f"every list must have the same (B|1, H|1) leading axes, got {lead}")
+        if shape is not None:
+            if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+                raise ValueError(f"shape must be (R, C), got {shape!r}")
+            shape = (int(shape[0]), int(shape[1]))
+        self.shape = shape
+
+    @classmethod
+    def from_mask(cls, mask=None, *, causal=False, window=None, R: int, C: int, block_size=128, B: int = 1,
+                  H: int = 1, device=None) -> BlockMask:
+        """The block mask of dense rules, classified on the device: a block with no allowed pair
+        is left out, a block whose pairs are all allowed is full, the rest are partial. Edge
+        blocks cut short by R or C are judged on the pairs that exist.
+
+        Args:
+            mask: None, or a boolean (True = attend) or additive mask broadcastable to
+                (B, H, R, C), as `attention` takes it (additive values of -inf or <= -1e30 remove
+                the pair). Pass the same mask, causal and window to block_sparse_attention.
+            causal, window: as in `attention`.
+            R, C: the query and key lengths. block_size: Qb or (Qb, Kb), multiples of 8.
+            B, H: the batch and query heads the lists cover (1: the same for all).
+            device: where the classifier runs.
+
+        Returns:
+            A BlockMask with all eight lists, ordered as FlexAttention orders them (the listed
+            blocks ascending, then the others ascending as padding), and shape (R, C).
+        """
+        from .block_mask_pass import from_mask
+        return from_mask(cls, mask, causal=causal, window=window, R=R, C=C, block_size=_block_size(block_size),
+                         B=B, H=H, device=device)
+
+    @classmethod
+    def from_torch(cls, block_mask) -> BlockMask:
+        """Converts a torch.nn.attention.flex_attention.BlockMask: its tensors (viewed through
+        DLPack without a copy where they are CPU int32 and contiguous), BLOCK_SIZE and
+        seq_lengths."""
+        lists = {name: getattr(block_mask, name) for pair in PAIRS for name in pair}
+        arrays = {name: None if x is None else check.as_array(x.detach() if hasattr(x, "detach") else x, name)
+                  for name, x in lists.items()}
+        return cls(**arrays, block_size=tuple(block_mask.BLOCK_SIZE), shape=tuple(block_mask.seq_lengths))
+
+    def __getattr__(self, name: str):
+        """The list tensors by their FlexAttention names (None where absent)."""
+        if name in {n for pair in PAIRS for n in pair}:
+            return self.__dict__["arrays"].get(name)
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        lists = ", ".join(f"{n}{tuple(a.shape)}" for n, a in self.arrays.items())
+        return f"BlockMask(block_size={self.block_size}, {lists})"
+
+    @property
+    def structure(self) -> tuple:
+        """Everything kernels depend on besides the list contents: block sizes, shapes, which lists."""
+        return (self.block_size, self.shape, tuple((n, a.shape) for n, a in self.arrays.items()))
+
+    def checked(self, batch: int, q_heads: int, q_len: int, kv_len: int) -> _Checked:
+        """The lists for a problem of these sizes: shapes and the counted entries checked
+        (ValueError naming the list), and the BlockLists facts the kernels take."""
+        if self.shape is not None and self.shape != (q_len, kv_len):
+            raise ValueError(f"block_mask.shape is {self.shape} but the problem has (R, C) = {(q_len, kv_len)}")
+        check_lists(self.arrays, self.block_size, batch, q_heads, q_len, kv_len)
+        lead = next(iter(self.arrays.values())).shape[:2]
+        width = {indices: self.arrays[indices].shape[3] for _, indices in PAIRS if indices in self.arrays}
+        lists = BlockLists(*self.block_size, lead[0] == 1, lead[1] == 1, width["kv_indices"],
+                           width.get("full_kv_indices"), width.get("q_indices"), width.get("full_q_indices"))
+        return _Checked(lists, dict(self.arrays))
+
+
+def check_lists(arrays: dict, block_size: tuple[int, int], batch: int, q_heads: int, q_len: int,
+                kv_len: int) -> None:
+    """Shapes and counted entries of block lists (name -> int32 array) for a problem of these
+    sizes; ValueError naming the list. Entries past a row's count are never read, so any
+    value goes there."""
+    q_block, k_block = block_size
+    blocks = {"kv": -(-q_len // q_block), "q": -(-kv_len // k_block)}      # rows of each kind of list
+    targets = {"kv": blocks["q"], "q": blocks["kv"]}                      # what their entries index
+    lead = next(iter(arrays.values())).shape[:2]
+    if lead[0] not in (1, batch) or lead[1] not in (1, q_heads):
+        raise ValueError(f"the block lists' leading axes {lead} must be (B or 1, H or 1) with B = {batch}, "
+                         f"H = {q_heads}")
+    for num, indices in PAIRS:
+        if arrays.get(num) is None:
+            continue
+        kind = "q" if num.replace("full_", "").startswith("q") else "kv"
+        counts, listed = arrays[num], arrays[indices]
+        if counts.shape[2] != blocks[kind]:
+            side = "ceil(R / Q_BLOCK)" if kind == "kv" else "ceil(C / KV_BLOCK)"
+            raise ValueError(f"{num} has {counts.shape[2]} blocks on its last axis, but {side} = {blocks[kind]}")
+        width = listed.shape[3]
+        if counts.size and (counts.min() < 0 or counts.max() > width):
+            raise ValueError(f"{num} must be in 0..{width} (the width of {indices}), got "
+                             f"{counts.min()}..{counts.max()}")
+        counted = listed[np.arange(width) < counts[..., None]]
+        if counted.size and (counted.min() < 0 or counted.max() >= targets[kind]):
+            bad = counted.min() if counted.min() < 0 else counted.max()
+            raise ValueError(f"{indices} lists block {bad} in its counted part, outside 0..{targets[kind] - 1}")

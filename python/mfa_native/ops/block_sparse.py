@@ -1,0 +1,115 @@
+"""`mfa_native.block_sparse_attention` and its backward: attention over the key blocks a
+BlockMask lists (FlexAttention's semantics), with the dense kernels' rules inside partial
+blocks. The kernels are attention's, walking block lists instead of one key range."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import codegen
+from ..codegen import AttentionBackwardProblem
+from ..runtime.devices import Device, resolve_device, tuning_facts
+from ..runtime.runner import PreparedPass
+from .attention import Validated, validate
+from .attention_backward import validate_backward
+from .block_mask import PAIRS, BlockMask, check_lists
+from .warm import PreparedCall, SignatureCache, pick, signature
+
+LISTS = tuple(name for pair in PAIRS for name in pair)
+ARGUMENTS = ("q", "k", "v", "mask", "sinks") + LISTS
+BACKWARD_ARGUMENTS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks") + LISTS
+_forward_calls = SignatureCache()
+_backward_calls = SignatureCache()
+
+
+def block_sparse_attention(q, k, v, block_mask: BlockMask, *, scale=None, causal=False, mask=None, window=None,
+                           sinks=None, layout="bhsd", return_lse=False, device: Device | str | None = None):
+    """Attention over the key blocks `block_mask` lists for each query block.
+
+    Query (b, h, r) sees key c iff c lies in a block its query block lists, and either the
+    block is in the full lists, or it is in the partial lists and causal, window and a
+    boolean `mask` allow (r, c) exactly as in `attention`. An additive `mask` is added to
+    the logit wherever (r, c) is visited. A block listed twice (in one list, or in both) is
+    visited twice (its keys count twice in the softmax), as in FlexAttention.
+
+    Args:
+        q, k, v, scale, causal, mask, window, sinks, layout, return_lse, device: as in
+            `attention` (shapes, dtypes, GQA, D and Dv). The block mask's H axis is the
+            query-head count, or 1.
+        block_mask: a `BlockMask` for (R, C) = (q's length, k's length).
+
+    Returns:
+        As `attention`: the output, and with return_lse the (B, Hq, R) float32 lse. Rows that
+        see nothing give 0, and lse -inf (the sink's logit with sinks).
+
+    Raises:
+        TypeError, ValueError naming the argument that is wrong (block_mask included).
+    """
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a mfa_native.BlockMask, got {type(block_mask).__name__}")
+    device = resolve_device(device)
+    arrays = (q, k, v, mask, sinks) + tuple(block_mask.arrays.get(name) for name in LISTS)
+    key = signature(arrays, (scale, causal, window, layout, return_lse, block_mask.structure), device)
+    call = _forward_calls.get(key)
+    if call is not None:
+        return call(arrays)
+    checked = _with_lists(validate(arrays[:5], scale=scale, causal=causal, window=window, layout=layout,
+                                   return_lse=return_lse), block_mask)
+    facts = tuning_facts(device)
+    prepared = PreparedPass(codegen.attention_pass(checked.problem, family=facts.family), device)
+    o = prepared.output_names.index("o")
+    lse = prepared.output_names.index("lse") if return_lse else None
+    finish = (lambda outputs: (outputs[o], outputs[lse])) if return_lse else (lambda outputs: outputs[o])
+    call = PreparedCall(prepared, pick(prepared.input_names, ARGUMENTS, checked.converts), finish,
+                        _list_check(block_mask, checked.problem, first=5))
+    _forward_calls.put(key, call)
+    return call.run([checked.bound[name] for name in prepared.input_names])
+
+
+def block_sparse_attention_backward(q, k, v, o, lse, do, block_mask: BlockMask, *, scale=None, causal=False,
+                                    mask=None, window=None, sinks=None, layout="bhsd",
+                                    device: Device | str | None = None):
+    """Gradients of `block_sparse_attention`, as `attention_backward` returns them:
+    (dq, dk, dv), and dsinks with sinks. No atomics: the dK/dV kernel walks the transposed
+    lists (the block mask's q lists, or built on the device in the same pass).
+
+    Args:
+        q, k, v, o, lse, do, scale, causal, mask, window, sinks, layout, device: as in
+            `attention_backward`; o and lse are what `block_sparse_attention(...,
+            return_lse=True)` returned for the same block mask.
+        block_mask: the `BlockMask` of the forward call.
+    """
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a mfa_native.BlockMask, got {type(block_mask).__name__}")
+    device = resolve_device(device)
+    arrays = (q, k, v, o, lse, do, mask, sinks) + tuple(block_mask.arrays.get(name) for name in LISTS)
+    key = signature(arrays, (scale, causal, window, layout, block_mask.structure), device)
+    call = _backward_calls.get(key)
+    if call is not None:
+        return call(arrays)
+    backward = validate_backward(arrays[:8], scale=scale, causal=causal, window=window, layout=layout)
+    forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), block_mask)
+    problem = replace(backward.problem, forward=forward.problem)
+    prepared = PreparedPass(codegen.attention_backward_pass(problem, family=tuning_facts(device).family), device)
+    wanted = ("dq", "dk", "dv", "dsinks") if problem.forward.sinks else ("dq", "dk", "dv")
+    order = tuple(prepared.output_names.index(name) for name in wanted)
+    call = PreparedCall(prepared, pick(prepared.input_names, BACKWARD_ARGUMENTS, forward.converts),
+                        lambda outputs: tuple(outputs[i] for i in order),
+                        _list_check(block_mask, problem.forward, first=8))
+    _backward_calls.put(key, call)
+    return call.run([forward.bound[name] for name in prepared.input_names])
+
+
+def _with_lists(call: Validated, block_mask: BlockMask) -> Validated:
+    """`call` (attention's checked arguments) with the block mask's lists checked for its problem."""
+    p = call.problem
+    checked = block_mask.checked(p.batch, p.q_heads, p.q_len, p.kv_len)
+    converts = {**call.converts, **{name: None for name in checked.arrays}}
+    return Validated(replace(p, blocks=checked.lists), {**call.bound, **checked.arrays}, converts)
+
+
+def _list_check(block_mask: BlockMask, p, first: int):
+    """The warm path's check of the lists' contents (arguments first.. are the lists)."""
+    block_size = block_mask.block_size
+    sizes = (p.batch, p.q_heads, p.q_len, p.kv_len)
+    return lambda arguments: check_lists(dict(zip(LISTS, arguments[first:])), block_size, *sizes)

@@ -1,0 +1,287 @@
+"""Block-sparse attention (FlexAttention's BlockMask) against a float64 dense reference built from
+the same rules: random lists with and without full blocks, unequal block sizes from 8 to 256,
+lengths that are not multiples of them, broadcast list axes, every masking rule, sinks, GQA,
+both layouts, transposed lists given and built on the device. Outputs are poisoned (conftest)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import relative_l2
+from test_attention import DTYPES, TOLERANCE, make_inputs
+
+import mfa_native
+import mfa_native.reference
+from mfa_native import BlockMask
+from mfa_native.reference import block_sparse_attention_backward_reference, block_sparse_attention_reference
+from mfa_native.work import useful_block_sparse_matrix_ops
+
+
+def random_lists(rng, lead, rows, targets, width, *, allow_duplicates=True):
+    """(num_blocks, indices): per row a random count (0..width) of random targets, padding after it."""
+    counts = rng.integers(0, width + 1, (*lead, rows)).astype(np.int32)
+    if allow_duplicates:
+        listed = rng.integers(0, targets, (*lead, rows, width))
+    else:
+        listed = np.argsort(rng.random((*lead, rows, targets)), axis=-1)[..., :width]
+    padding = rng.integers(-5, 2**31 - 1, listed.shape)  # past the count anything goes
+    listed = np.where(np.arange(width) < counts[..., None], listed, padding)
+    return counts, listed.astype(np.int32)
+
+
+def transposed(counts, listed, key_blocks):
+    """FlexAttention's q lists from kv lists: per key block, the query blocks listing it (in order)."""
+    lead, rows = counts.shape[:2], counts.shape[2]
+    entries = [[[[] for _ in range(key_blocks)] for _ in range(lead[1])] for _ in range(lead[0])]
+    for b in range(lead[0]):
+        for h in range(lead[1]):
+            for i in range(rows):
+                for j in listed[b, h, i, :counts[b, h, i]]:
+                    entries[b][h][j].append(i)
+    width = max(1, max(len(e) for per_b in entries for per_h in per_b for e in per_h))
+    q_counts = np.zeros((*lead, key_blocks), np.int32)
+    q_listed = np.full((*lead, key_blocks, width), 7, np.int32)
+    for b in range(lead[0]):
+        for h in range(lead[1]):
+            for j in range(key_blocks):
+                e = entries[b][h][j]
+                q_counts[b, h, j] = len(e)
+                q_listed[b, h, j, :len(e)] = e
+    return q_counts, q_listed
+
+
+def make_block_mask(rng, *, B, H, R, C, q_block, k_block, full, given, lead=None):
+    rows, cols = -(-R // q_block), -(-C // k_block)
+    lead = lead or (B, H)
+    lists = dict(zip(("kv_num_blocks", "kv_indices"), random_lists(rng, lead, rows, cols, cols + 1)))
+    if full:
+        lists.update(zip(("full_kv_num_blocks", "full_kv_indices"), random_lists(rng, lead, rows, cols, 2)))
+    if given:
+        lists.update(zip(("q_num_blocks", "q_indices"),
+                         transposed(lists["kv_num_blocks"], lists["kv_indices"], cols)))
+        if full:
+            lists.update(zip(("full_q_num_blocks", "full_q_indices"),
+                             transposed(lists["full_kv_num_blocks"], lists["full_kv_indices"], cols)))
+    return BlockMask(**lists, block_size=(q_block, k_block), shape=(R, C))
+
+
+CASES = [
+    dict(dims=dict(R=40, C=56, D=16), blocks=(16, 16), full=True, given=False, kwargs=dict(causal=True)),
+    dict(dims=dict(R=37, C=70, D=24, Dv=8), blocks=(8, 24), full=False, given=True, kwargs={}),
+    dict(dims=dict(Hq=4, Hkv=2, R=50, C=45, D=16), blocks=(24, 8), full=True, given=True,
+         kwargs=dict(window=(9, 3), sinks=True), lead=(1, 4)),
+    dict(dims=dict(B=2, R=33, C=130, D=8, layout="bshd"), blocks=(32, 64), full=True, given=False,
+         kwargs=dict(causal="upper_left", mask="bool", layout="bshd"), lead=(2, 1)),
+    dict(dims=dict(R=20, C=300, D=32, dtype="float16"), blocks=(8, 256), full=True, given=False,
+         kwargs=dict(mask="additive")),
+    dict(dims=dict(Hq=2, R=256, C=96, D=16, dtype="bfloat16"), blocks=(256, 40), full=True, given=True,
+         kwargs=dict(causal=True, sinks=True)),
+]
+
+
+def arguments(rng, case):
+    dims = dict(case["dims"])
+    q, k, v = make_inputs(rng, **dims)
+    B, Hq, R, C = dims.get("B", 1), dims.get("Hq", 2), dims["R"], dims["C"]
+    kwargs = dict(case["kwargs"])
+    if kwargs.get("sinks"):
+        kwargs["sinks"] = rng.standard_normal(Hq).astype(np.float32)
+    if kwargs.get("mask") == "bool":
+        kwargs["mask"] = rng.random((B, 1, R, C)) > 0.3
+    elif kwargs.get("mask") == "additive":
+        mask = rng.standard_normal((R, C)).astype(np.float32)
+        mask[rng.random((R, C)) < 0.2] = -np.inf
+        kwargs["mask"] = mask
+    lead = case.get("lead") or (1, 1)
+    block_mask = make_block_mask(rng, B=B, H=Hq, R=R, C=C, q_block=case["blocks"][0], k_block=case["blocks"][1],
+                                 full=case["full"], given=case["given"], lead=lead)
+    return q, k, v, block_mask, kwargs
+
+
+def dtype_name(x) -> str:
+    return {np.dtype(t): name for name, t in DTYPES.items()}[x.dtype]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['blocks']}-{sorted(c['kwargs'])}")
+def test_forward_matches_the_dense_reference(rng, case):
+    q, k, v, block_mask, kwargs = arguments(rng, case)
+    out, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, **kwargs)
+    expected, expected_lse = block_sparse_attention_reference(q, k, v, block_mask, return_lse=True, **kwargs)
+    tolerance = TOLERANCE[dtype_name(q)]
+    assert out.dtype == q.dtype and out.shape == expected.shape
+    assert relative_l2(out, expected) < tolerance
+    empty = np.isneginf(expected_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), empty)
+    np.testing.assert_allclose(lse[~empty], expected_lse[~empty], rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['blocks']}-{sorted(c['kwargs'])}")
+def test_backward_matches_the_dense_reference(rng, case):
+    q, k, v, block_mask, kwargs = arguments(rng, case)
+    o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, **kwargs)
+    do = rng.standard_normal(o.shape).astype(q.dtype)
+    grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask, **kwargs)
+    expected = block_sparse_attention_backward_reference(q, k, v, do, block_mask, out=o, **kwargs)
+    assert len(grads) == len(expected) == (4 if "sinks" in kwargs else 3)
+    tolerance = 10 * TOLERANCE[dtype_name(q)]
+    for grad, reference in zip(grads, expected):
+        assert relative_l2(grad, reference) < tolerance
+
+
+def test_given_and_built_transposed_lists_give_the_same_bits(rng):
+    case = dict(CASES[2], given=False)
+    q, k, v, built, kwargs = arguments(rng, case)
+    given = BlockMask(**built.arrays, **dict(zip(("q_num_blocks", "q_indices"),
+                                                   transposed(built.kv_num_blocks, built.kv_indices, 6))),
+                      **dict(zip(("full_q_num_blocks", "full_q_indices"),
+                                 transposed(built.full_kv_num_blocks, built.full_kv_indices, 6))),
+                      block_size=built.block_size)
+    o, lse = mfa_native.block_sparse_attention(q, k, v, built, return_lse=True, **kwargs)
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    with mfa_native.profile() as prof:
+        first = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, built, **kwargs)
+    assert prof.records[0].kernel == "attention_transpose_lists"
+    again = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, built, **kwargs)
+    from_given = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, given, **kwargs)
+    for a, b, c in zip(first, again, from_given):
+        np.testing.assert_array_equal(a, b)   # deterministic: no atomics
+        np.testing.assert_array_equal(a, c)
+
+
+def test_only_listed_blocks_are_visited(rng):
+    """Issued matrix work equals the useful tiles of the listed blocks (a block listed twice counts twice)."""
+    R = C = 256
+    q, k, v = make_inputs(rng, Hq=1, R=R, C=C, D=8)
+    block_mask = make_block_mask(rng, B=1, H=1, R=R, C=C, q_block=32, k_block=64, full=True, given=False)
+    for kwargs in ({}, {"causal": True}):
+        with mfa_native.profile() as prof:
+            out = mfa_native.block_sparse_attention(q, k, v, block_mask, **kwargs)
+        (record,) = prof.records
+        if record.simdgroup_matrix_ops is None:
+            pytest.skip("this backend does not count simdgroup_matrix operations")
+        assert record.simdgroup_matrix_ops == useful_block_sparse_matrix_ops(block_mask, 1, 1, R, C, 8, 8, **kwargs)
+        assert relative_l2(out, block_sparse_attention_reference(q, k, v, block_mask, **kwargs)) < 1e-4
+    # Every block listed once, as partial: the dense kernel's work, tile for tile.
+    every = BlockMask(np.full((1, 1, 8), 4, np.int32), np.tile(np.arange(4, dtype=np.int32), (1, 1, 8, 1)),
+                      block_size=(32, 64))
+    with mfa_native.profile() as prof:
+        mfa_native.block_sparse_attention(q, k, v, every, causal=True)
+        mfa_native.attention(q, k, v, causal=True)
+    assert prof.records[0].simdgroup_matrix_ops == prof.records[1].simdgroup_matrix_ops == \
+        useful_block_sparse_matrix_ops(every, 1, 1, R, C, 8, 8, causal=True)
+
+
+def bad(message, exception=ValueError):
+    return pytest.raises(exception, match=message)
+
+
+def test_bad_block_masks_are_refused(rng):
+    num, idx = np.ones((1, 1, 3), np.int32), np.zeros((1, 1, 3, 2), np.int32)
+    with bad("int32", TypeError):
+        BlockMask(num.astype(np.int64), idx)
+    with bad("kv_indices .* must extend"):
+        BlockMask(num, idx[:, :, :2])
+    with bad("multiples of 8"):
+        BlockMask(num, idx, block_size=(12, 16))
+    with bad("pass both or neither"):
+        BlockMask(num, idx, full_kv_num_blocks=num)
+    with bad("block_size", TypeError):
+        BlockMask(num, idx, block_size="128")
+    q, k, v = make_inputs(rng, R=40, C=30, D=8)
+    with bad("ceil\\(R / Q_BLOCK\\)"):
+        mfa_native.block_sparse_attention(q, k, v, BlockMask(num, idx, block_size=8))
+    with bad("outside 0..1"):
+        mfa_native.block_sparse_attention(q, k, v, BlockMask(num, idx + 2, block_size=16))
+    with bad("must be in 0..2"):
+        mfa_native.block_sparse_attention(q, k, v, BlockMask(num * 3, idx, block_size=16))
+    with bad("block_mask.shape"):
+        mfa_native.block_sparse_attention(q, k, v, BlockMask(num, idx, block_size=16, shape=(40, 31)))
+    with bad("leading axes"):
+        lists = BlockMask(np.ones((1, 3, 3), np.int32), np.zeros((1, 3, 3, 2), np.int32), block_size=16)
+        mfa_native.block_sparse_attention(q, k, v, lists)
+    with bad("block_mask must be", TypeError):
+        mfa_native.block_sparse_attention(q, k, v, (num, idx))
+    good = BlockMask(num, idx, block_size=16)
+    mfa_native.block_sparse_attention(q, k, v, good)
+    good.kv_indices[0, 0, 0, 0] = 9   # contents change between warm calls: checked again
+    with bad("outside 0..1"):
+        mfa_native.block_sparse_attention(q, k, v, good)
+
+
+def classify(allowed, q_block, k_block):
+    """numpy: (B, H, NQ, NK) block classes, 0 none, 1 some, 2 all of the pairs that exist."""
+    B, H, R, C = allowed.shape
+    rows, cols = -(-R // q_block), -(-C // k_block)
+    classes = np.zeros((B, H, rows, cols), int)
+    for i in range(rows):
+        for j in range(cols):
+            block = allowed[:, :, i * q_block:(i + 1) * q_block, j * k_block:(j + 1) * k_block]
+            classes[:, :, i, j] = np.where(block.all(axis=(2, 3)), 2, np.where(block.any(axis=(2, 3)), 1, 0))
+    return classes
+
+
+def ordered(selected):
+    """FlexAttention's (num_blocks, indices): the selected blocks ascending, then the others."""
+    return selected.sum(-1).astype(np.int32), np.argsort(~selected, axis=-1, kind="stable").astype(np.int32)
+
+
+@pytest.mark.parametrize("kwargs", [dict(causal=True), dict(causal="upper_left", window=(20, 3)), dict(mask="bool"),
+                                    dict(mask="additive", window=(-1, 0))])
+def test_from_mask_classifies_like_numpy(rng, kwargs):
+    B, H, R, C, block_size = 2, 3, 77, 50, (16, 24)
+    kwargs = dict(kwargs)
+    if kwargs.get("mask") == "bool":
+        mask = rng.random((B, 1, R, C)) > 0.01
+        mask[:, :, :32, 24:] = False      # whole blocks out
+        kwargs["mask"] = mask
+    elif kwargs.get("mask") == "additive":
+        mask = rng.standard_normal((R, C)).astype(np.float32)
+        mask[40:, :] = -np.inf
+        kwargs["mask"] = mask
+    block_mask = BlockMask.from_mask(R=R, C=C, block_size=block_size, B=B, H=H, **kwargs)
+    allowed = np.broadcast_to(mfa_native.reference.allowed_keys(R, C, kwargs.get("causal", False),
+                                                               kwargs.get("window")), (B, H, R, C))
+    mask = kwargs.get("mask")
+    if mask is not None:
+        allowed = allowed & (np.broadcast_to(mask, allowed.shape) if mask.dtype == np.bool_ else
+                             np.broadcast_to(mask > -1e30, allowed.shape))
+    classes = classify(allowed, *block_size)
+    for prefix, c in (("kv", classes), ("q", classes.transpose(0, 1, 3, 2))):
+        for full, kind in (("", 1), ("full_", 2)):
+            num, indices = ordered(c == kind)
+            np.testing.assert_array_equal(getattr(block_mask, f"{full}{prefix}_num_blocks"), num)
+            np.testing.assert_array_equal(getattr(block_mask, f"{full}{prefix}_indices"), indices)
+    assert block_mask.shape == (R, C) and block_mask.block_size == block_size
+    # Used with the same rules, it gives dense attention's result.
+    q, k, v = make_inputs(rng, B=B, Hq=H, Hkv=1, R=R, C=C, D=16)
+    out = mfa_native.block_sparse_attention(q, k, v, block_mask, **kwargs)
+    assert relative_l2(out, mfa_native.reference.attention_reference(q, k, v, **kwargs)) < 1e-4
+
+
+def test_from_mask_refuses_bad_arguments():
+    with bad("R must be an int", TypeError):
+        BlockMask.from_mask(R=3.0, C=5)
+    with bad("multiples of 8"):
+        BlockMask.from_mask(R=16, C=16, block_size=4)
+    with bad("mask must be boolean", TypeError):
+        BlockMask.from_mask(np.zeros((4, 4), np.int8), R=4, C=4, block_size=8)
+    with bad("does not broadcast"):
+        BlockMask.from_mask(np.zeros((3, 4), bool), R=4, C=4, block_size=8)
+
+
+def test_from_torch_converts_flex_attentions_block_mask(rng):
+    torch = pytest.importorskip("torch")
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    R = C = 200  # equal lengths: FlexAttention's positions and our diagonal agree
+
+    def sliding(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx <= 50) & (kv_idx <= q_idx)
+
+    torch_mask = flex.create_block_mask(sliding, B=None, H=None, Q_LEN=R, KV_LEN=C, device="cpu", BLOCK_SIZE=(32, 16))
+    block_mask = BlockMask.from_torch(torch_mask)
+    assert block_mask.block_size == (32, 16) and block_mask.shape == (R, C)
+    np.testing.assert_array_equal(block_mask.kv_indices, torch_mask.kv_indices.numpy())
+    q, k, v = make_inputs(rng, Hq=2, R=R, C=C, D=16)
+    out = mfa_native.block_sparse_attention(q, k, v, block_mask, causal="upper_left", window=(50, 0))
+    expected = mfa_native.reference.attention_reference(q, k, v, causal="upper_left", window=(50, 0))
+    assert relative_l2(out, expected) < 1e-4
