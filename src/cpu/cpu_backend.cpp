@@ -89,6 +89,11 @@ cpu::Launch make_launch(const Dispatch& dispatch, std::size_t threadgroup_memory
   }
   launch.threadgroup_memory = dispatch.threadgroup_memory;
   launch.threadgroup_memory_limit = threadgroup_memory_limit;
+  for (const ArgumentInfo& argument : dispatch.pipeline->function().arguments) {
+    if (argument.kind == ArgumentKind::buffer && argument.is_pointer) {
+      launch.traffic.push_back({argument.index, argument.name});
+    }
+  }
   return launch;
 }
 
