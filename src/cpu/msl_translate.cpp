@@ -84,6 +84,18 @@ inline void check_buffer_holds(ThreadState* t, unsigned index, const char* name,
   t->dispatch->runtime->fail(t, message);
 }
 
+// Adds the traffic of one thread's pointers to its group's counters. Each
+// thread counts on its own stack first: the threads of a group take turns on
+// one OS thread, and counting straight into the group's counters would chain
+// every access of every thread through one memory location.
+inline void add_traffic(const ThreadState* t, const mfa_abi::BufferTraffic* traffic, unsigned count) {
+  mfa_abi::BufferTraffic* const group = t->group->counters->buffers;
+  for (unsigned i = 0; i < count; ++i) {
+    group[i].bytes_read += traffic[i].bytes_read;
+    group[i].bytes_written += traffic[i].bytes_written;
+  }
+}
+
 // Runs one GPU thread; an exception escaping the kernel fails the dispatch.
 // The message is copied out of the handler first: fail() never returns, and
 // a fiber must not be abandoned inside a catch block.
@@ -482,15 +494,27 @@ class Translator {
       arguments += (arguments.empty() ? "\n      " : ",\n      ") + argument_value(parameter.info);
       checks += size_check(parameter.info);
     }
+    const std::string counted = std::to_string(counted_buffers());
+    const std::string traffic = counted == "0" ? "" : "  mfa_abi::BufferTraffic traffic[" + counted + "] = {};\n";
+    const std::string add_traffic = counted == "0" ? "" : "  mfa_glue::add_traffic(t, traffic, " + counted + ");\n";
     return "#line 1 \"mfa_glue_" + name + ".cpp\"\n" + open +
            "static const mfa_abi::KernelInfo mfa_glue_info = {\"" + name + "\", {" + argument_sizes() + "}};\n"
-           "static void mfa_glue_run(mfa_abi::ThreadState* t) {\n" + checks + "  " + name + "(" + arguments +
-           ");\n}\n" + close +
+           "static void mfa_glue_run(mfa_abi::ThreadState* t) {\n" + checks + traffic + "  " + name + "(" +
+           arguments + ");\n" + add_traffic + "}\n" + close +
            "#define MFA_EXPORT extern \"C\" __attribute__((visibility(\"default\")))\n"
            "MFA_EXPORT int mfa_kernel_abi_version() { return mfa_abi::kVersion; }\n"
            "MFA_EXPORT const mfa_abi::KernelInfo* mfa_kernel_info() { return &" + qualified + "mfa_glue_info; }\n"
            "MFA_EXPORT void mfa_kernel_main(mfa_abi::ThreadState* t) {\n"
            "  mfa_glue::run_thread(t, " + qualified + "mfa_glue_run);\n}\n";
+  }
+
+  // Buffer indices up to the highest pointer argument's: the thread's traffic array.
+  int counted_buffers() const {
+    int count = 0;
+    for (const ArgumentInfo& info : kernel_.info.arguments) {
+      if (info.kind == ArgumentKind::buffer && info.is_pointer) count = std::max(count, info.index + 1);
+    }
+    return count;
   }
 
   // KernelInfo::argument_bytes: `sizeof(T), 0, ...` up to the highest buffer index.
@@ -518,7 +542,7 @@ class Translator {
     if (!info.is_pointer) return "*" + pointer;
     if (info.kind != ArgumentKind::buffer) return pointer;
     return "mfa_shim::buffer_ptr<" + element_type(info) + ">(" + pointer + ", t->dispatch->buffer_sizes[" + index +
-           "], " + index + ", t->group->counters->buffers[" + index + "])";
+           "], " + index + ", traffic[" + index + "])";
   }
 
   static std::string element_type(const ArgumentInfo& info) {

@@ -103,10 +103,13 @@ TEST(Translate, GlueBindsEveryArgumentFromTheThreadState) {
   std::string unit = translate(kKernel, "scale");
   std::string glue = glue_of(unit);
   EXPECT_TRUE(contains(glue, "mfa_glue_info = {\"scale\", {sizeof(float), sizeof(float), sizeof(Params)}};"));
+  // Each thread counts its pointers' traffic on its stack, and adds it to its group's as it returns.
+  EXPECT_TRUE(contains(glue, "mfa_abi::BufferTraffic traffic[2] = {};"));
   EXPECT_TRUE(contains(glue, "mfa_shim::buffer_ptr<const float>(static_cast<float*>(t->dispatch->buffers[0]), "
-                             "t->dispatch->buffer_sizes[0], 0, t->group->counters->buffers[0])"));
+                             "t->dispatch->buffer_sizes[0], 0, traffic[0])"));
   EXPECT_TRUE(contains(glue, "mfa_shim::buffer_ptr<float>(static_cast<float*>(t->dispatch->buffers[1]), "
-                             "t->dispatch->buffer_sizes[1], 1, t->group->counters->buffers[1])"));
+                             "t->dispatch->buffer_sizes[1], 1, traffic[1])"));
+  EXPECT_TRUE(contains(glue, "mfa_glue::add_traffic(t, traffic, 2);"));
   EXPECT_TRUE(contains(glue, "*static_cast<Params*>(t->dispatch->buffers[2])"));
   EXPECT_TRUE(contains(glue, "static_cast<float*>(t->group->threadgroup_args[0])"));
   EXPECT_TRUE(contains(glue, "uint3(uint(mfa_glue::thread_position_in_grid(t, 0)), "

@@ -1,7 +1,8 @@
 // Pointers into [[buffer(i)]] arguments. The front end rewrites every pointer
 // type spelled `device T*` or `constant T*` (kernel and helper parameters,
 // locals, casts) into mfa_shim::buffer_ptr<T>, which counts the bytes each
-// access reads and writes against its buffer (mfa_abi::Counters::buffers)
+// access reads and writes against its buffer (in the thread's own count, which
+// the glue adds to mfa_abi::Counters::buffers when the thread returns)
 // and, in the opt-in bounds-checking mode (MFA_SHIM_BOUNDS_CHECK defined),
 // fails the dispatch on an access outside the buffer. Part of the shim metal_stdlib.
 //

@@ -52,7 +52,7 @@ struct BufferTraffic {
 struct Counters {
   uint64_t simdgroup_matrix_ops;  // 8x8x8 multiply-accumulates, counted once per simdgroup
   uint64_t barriers;              // threadgroup barriers completed (counted once per group)
-  BufferTraffic buffers[kMaxBuffers];  // by [[buffer(i)]] index
+  BufferTraffic buffers[kMaxBuffers];  // by [[buffer(i)]] index; the glue adds each thread's as it returns
 };
 
 struct ThreadState;
