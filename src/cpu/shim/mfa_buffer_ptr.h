@@ -15,10 +15,14 @@
 //   p->m) do not compile: copy the element, change the copy, store it back
 //   (float4 e = p[i]; e.x = v; p[i] = e;), or read through a const pointer.
 //   `auto e = p[i];` makes `e` a writable_element, not a copy: spell the type.
+//   A `device T&` cannot bind to a writable element (it does to a const one).
 // - &p[i] is a buffer_ptr when p is writable; when p points to const it is
 //   a plain pointer that no longer counts: write p + i.
 // - Arithmetic and copies keep counting; a buffer_ptr never becomes a plain
 //   pointer. Casts between pointee types ((device float4*)p) keep the buffer.
+//   Pointer types inside #define bodies are not rewritten (a cast there to a
+//   plain pointer does not compile).
+// - Reference arguments (`constant Params& p [[buffer(i)]]`) are not counted.
 // - Atomics count their object as read (load), written (store) or both;
 //   simdgroup_load / simdgroup_store count each lane's two elements.
 #pragma once
