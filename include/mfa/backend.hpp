@@ -69,6 +69,12 @@ class Submission {
   virtual std::vector<DispatchStats> wait() = 0;
 };
 
+// What code generation tunes for, as typed values.
+struct TuningFacts {
+  std::string family;                        // tile-table family: "apple7" .. "apple10"
+  std::uint32_t parallel_threadgroups = 0;   // threadgroups the device runs at once
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -78,6 +84,7 @@ class Backend {
   virtual DeviceLimits limits() const = 0;
   // Facts for `python -m mfa_native info`: GPU family, compiler, cache dir, ...
   virtual std::vector<std::pair<std::string, std::string>> properties() const = 0;
+  virtual TuningFacts tuning() const = 0;
 
   virtual std::shared_ptr<BackendLibrary> compile_library(const std::string& source,
                                                           const CompileOptions& options) = 0;

@@ -38,6 +38,7 @@ class Device {
   std::string name() const;
   DeviceLimits limits() const;
   std::vector<std::pair<std::string, std::string>> properties() const;
+  TuningFacts tuning() const;
 
   std::shared_ptr<const Library> library(const std::string& source,
                                          const CompileOptions& options = {}) const;

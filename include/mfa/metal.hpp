@@ -26,8 +26,9 @@ constexpr int kDLPackDeviceType = 8;
 
 // Encodes `dispatches` into `command_buffer`, an id<MTLCommandBuffer> of
 // `device`'s GPU that is not committed yet and has no encoder open. They get
-// one compute encoder of their own, run in order (a buffer barrier between
-// each two), and run when the caller commits the command buffer, after the
+// one compute encoder of their own, run in order (a buffer barrier before
+// each dispatch that touches memory an earlier one of them wrote, or writes
+// memory it read), and run when the caller commits the command buffer, after the
 // encoders the caller encoded before. Their buffers and pipelines stay
 // alive until the command buffer completes; errors surface in the caller's
 // command buffer. Each dispatch is used as given: build them as CommandBatch

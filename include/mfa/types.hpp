@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 namespace mfa {
 
@@ -32,6 +33,15 @@ struct DeviceLimits {
 // to the type the kernel declares (bool, integer types, half, bfloat, float).
 using ConstantValue = std::variant<bool, std::int64_t, double>;
 
+// Device memory one pointer argument ([[buffer(index)]] `device T*` or
+// `constant T*`) moved in a dispatch: sizeof(T) per element loaded or stored.
+struct BufferTraffic {
+  int index = -1;
+  std::string name;  // the kernel's argument name
+  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_written = 0;
+};
+
 // What one dispatch did. A field is empty when the backend cannot count it.
 struct DispatchStats {
   std::string kernel;
@@ -39,6 +49,8 @@ struct DispatchStats {
   std::optional<std::uint64_t> simdgroup_matrix_ops;  // 8x8x8 multiply-accumulates, once per simdgroup
   std::optional<std::uint64_t> barriers;              // threadgroup barriers completed
   std::optional<double> seconds;                      // wall (cpu) or GPU timestamps (metal)
+  // Every pointer buffer argument, by index; counted exactly by the cpu backend.
+  std::optional<std::vector<BufferTraffic>> traffic;
 };
 
 }  // namespace mfa

@@ -99,6 +99,14 @@ void bind_device(nb::module_& m) {
       .def("argument_size", [](const Pipeline& p, int index) { return p.backend().argument_size(index); },
            "index"_a, "sizeof the type [[buffer(index)]] points or refers to; 0 when unknown");
 
+  nb::class_<TuningFacts>(m, "TuningFacts", "What code generation tunes for: tile-table family and parallel width.")
+      .def_ro("family", &TuningFacts::family, "tile-table family, 'apple7' .. 'apple10'")
+      .def_ro("parallel_threadgroups", &TuningFacts::parallel_threadgroups, "threadgroups the device runs at once")
+      .def("__repr__", [](const TuningFacts& t) {
+        return "<TuningFacts family='" + t.family + "' parallel_threadgroups=" +
+               std::to_string(t.parallel_threadgroups) + ">";
+      });
+
   nb::class_<Device>(m, "Device", "A device that runs MSL kernels: kind 'metal' or 'cpu'.")
       .def_prop_ro("kind", [](const Device& d) { return std::string(to_string(d.kind())); })
       .def_prop_ro("name", &Device::name)
@@ -112,6 +120,7 @@ void bind_device(nb::module_& m) {
                      return out;
                    })
       .def_prop_ro("properties", [](const Device& d) { return to_dict(d.properties()); })
+      .def_prop_ro("tuning", &Device::tuning, "typed tuning facts (TuningFacts)")
       .def(
           "library",
           [](const Device& d, const std::string& source, bool fast_math, bool bounds_check,

@@ -1,5 +1,6 @@
 // Command batches: record dispatches with their bindings, run them, and
 // report what each did.
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -7,7 +8,10 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "bindings.hpp"
 #include "mfa/command_batch.hpp"
@@ -29,6 +33,28 @@ using BufferBinding = std::tuple<int, Buffer, std::size_t>;
 
 Size3 to_size(const Extent& e) { return Size3{std::get<0>(e), std::get<1>(e), std::get<2>(e)}; }
 
+// Bytes read or written per argument name, or None where the backend cannot count.
+using TrafficByName = std::optional<std::map<std::string, std::uint64_t>>;
+
+TrafficByName traffic_by_name(const DispatchStats& stats, std::uint64_t BufferTraffic::*bytes) {
+  if (!stats.traffic) return std::nullopt;
+  std::map<std::string, std::uint64_t> by_name;
+  for (const BufferTraffic& buffer : *stats.traffic) by_name[buffer.name] = buffer.*bytes;
+  return by_name;
+}
+
+std::string optional_text(const std::optional<std::uint64_t>& value) {
+  return value ? std::to_string(*value) : "None";
+}
+
+// e.g. "{'q': 1024, 'o': 0}", or "None".
+std::string traffic_text(const TrafficByName& traffic) {
+  if (!traffic) return "None";
+  std::string text;
+  for (const auto& [name, bytes] : *traffic) text += (text.empty() ? "'" : ", '") + name + "': " + std::to_string(bytes);
+  return "{" + text + "}";
+}
+
 }  // namespace
 
 void bind_dispatch(nb::module_& m) {
@@ -38,11 +64,19 @@ void bind_dispatch(nb::module_& m) {
       .def_ro("simdgroup_matrix_ops", &DispatchStats::simdgroup_matrix_ops)
       .def_ro("barriers", &DispatchStats::barriers)
       .def_ro("seconds", &DispatchStats::seconds)
+      .def_prop_ro(
+          "bytes_read", [](const DispatchStats& s) { return traffic_by_name(s, &BufferTraffic::bytes_read); },
+          "Device bytes read per pointer argument name (cpu backend: exact), or None.")
+      .def_prop_ro(
+          "bytes_written", [](const DispatchStats& s) { return traffic_by_name(s, &BufferTraffic::bytes_written); },
+          "Device bytes written per pointer argument name (cpu backend: exact), or None.")
       .def("__repr__", [](const DispatchStats& s) {
-        std::string ops = s.simdgroup_matrix_ops ? std::to_string(*s.simdgroup_matrix_ops) : "None";
         std::string secs = s.seconds ? std::to_string(*s.seconds) : "None";
         return "<DispatchStats kernel='" + s.kernel + "' threadgroups=" + std::to_string(s.threadgroups) +
-               " simdgroup_matrix_ops=" + ops + " seconds=" + secs + ">";
+               " simdgroup_matrix_ops=" + optional_text(s.simdgroup_matrix_ops) +
+               " barriers=" + optional_text(s.barriers) + " seconds=" + secs +
+               " bytes_read=" + traffic_text(traffic_by_name(s, &BufferTraffic::bytes_read)) +
+               " bytes_written=" + traffic_text(traffic_by_name(s, &BufferTraffic::bytes_written)) + ">";
       });
 
   nb::class_<Buffer>(m, "Buffer", "Device memory owned by the core (or wrapped from another framework).")

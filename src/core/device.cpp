@@ -79,6 +79,7 @@ Device Device::default_device() {
 DeviceKind Device::kind() const { return state_->backend->kind(); }
 std::string Device::name() const { return state_->backend->name(); }
 DeviceLimits Device::limits() const { return state_->backend->limits(); }
+TuningFacts Device::tuning() const { return state_->backend->tuning(); }
 std::vector<std::pair<std::string, std::string>> Device::properties() const {
   return state_->backend->properties();
 }

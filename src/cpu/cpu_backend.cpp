@@ -17,6 +17,10 @@ namespace mfa {
 namespace {
 
 constexpr std::size_t kPageSize = 4096;
+// The cpu backend runs the kernels of the current GPU generation, and keeps
+// each worker busy with two threadgroups (one runs while the other waits).
+constexpr const char* kTuningFamily = "apple9";
+constexpr std::uint32_t kThreadgroupsPerWorker = 2;
 
 class HostStorage final : public BufferStorage {
  public:
@@ -89,6 +93,11 @@ cpu::Launch make_launch(const Dispatch& dispatch, std::size_t threadgroup_memory
   }
   launch.threadgroup_memory = dispatch.threadgroup_memory;
   launch.threadgroup_memory_limit = threadgroup_memory_limit;
+  for (const ArgumentInfo& argument : dispatch.pipeline->function().arguments) {
+    if (argument.kind == ArgumentKind::buffer && argument.is_pointer) {
+      launch.traffic.push_back({argument.index, argument.name});
+    }
+  }
   return launch;
 }
 
@@ -118,6 +127,10 @@ class CpuBackend final : public Backend {
             {"disk_cache_entries_rebuilt", std::to_string(stats.rebuilt)},
             {"worker_threads", std::to_string(cpu::Executor::shared().workers())},
             {"fiber_switch", cpu::fiber_switch_implementation()}};
+  }
+
+  TuningFacts tuning() const override {
+    return {kTuningFamily, kThreadgroupsPerWorker * cpu::Executor::shared().workers()};
   }
 
   std::shared_ptr<BackendLibrary> compile_library(const std::string& source, const CompileOptions& options) override {

@@ -61,6 +61,12 @@ void check_launch(const Launch& launch) {
                         " threadgroup memory lengths, at most " +
                         std::to_string(mfa_abi::kMaxThreadgroupArgs) + " expected");
   }
+  for (const BufferTraffic& traffic : launch.traffic) {
+    if (traffic.index < 0 || traffic.index >= int(mfa_abi::kMaxBuffers)) {
+      throw ArgumentError("launch of kernel '" + launch.kernel + "': traffic of buffer(" +
+                          std::to_string(traffic.index) + ") asked for");
+    }
+  }
 }
 
 std::size_t round_up(std::size_t bytes, std::size_t alignment) {
@@ -129,6 +135,10 @@ struct DispatchJob {
     std::lock_guard<std::mutex> lock(mutex);
     counters.simdgroup_matrix_ops += counters_here.simdgroup_matrix_ops;
     counters.barriers += counters_here.barriers;
+    for (unsigned i = 0; i < mfa_abi::kMaxBuffers; ++i) {
+      counters.buffers[i].bytes_read += counters_here.buffers[i].bytes_read;
+      counters.buffers[i].bytes_written += counters_here.buffers[i].bytes_written;
+    }
     groups_done += groups_here;
     if (failure_here && !failure) failure = std::move(failure_here);
     // Only after recording: groups that see the stop report a failure of
@@ -278,6 +288,11 @@ DispatchStats Executor::run(const Launch& launch) {
   stats.threadgroups = job.groups_done;
   stats.simdgroup_matrix_ops = job.counters.simdgroup_matrix_ops;
   stats.barriers = job.counters.barriers;
+  stats.traffic = launch.traffic;
+  for (BufferTraffic& traffic : *stats.traffic) {
+    traffic.bytes_read = job.counters.buffers[traffic.index].bytes_read;
+    traffic.bytes_written = job.counters.buffers[traffic.index].bytes_written;
+  }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

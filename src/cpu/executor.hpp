@@ -24,6 +24,7 @@ struct Launch {
   std::array<std::size_t, mfa_abi::kMaxBuffers> buffer_sizes{};
   std::vector<std::size_t> threadgroup_memory;  // byte length of [[threadgroup(i)]]
   std::size_t threadgroup_memory_limit = 32 * 1024;
+  std::vector<BufferTraffic> traffic;  // the buffers to report (index, name); run() adds the bytes
 };
 
 class Executor {

@@ -84,6 +84,18 @@ inline void check_buffer_holds(ThreadState* t, unsigned index, const char* name,
   t->dispatch->runtime->fail(t, message);
 }
 
+// Adds the traffic of one thread's pointers to its group's counters. Each
+// thread counts on its own stack first: the threads of a group take turns on
+// one OS thread, and counting straight into the group's counters would chain
+// every access of every thread through one memory location.
+inline void add_traffic(const ThreadState* t, const mfa_abi::BufferTraffic* traffic, unsigned count) {
+  mfa_abi::BufferTraffic* const group = t->group->counters->buffers;
+  for (unsigned i = 0; i < count; ++i) {
+    group[i].bytes_read += traffic[i].bytes_read;
+    group[i].bytes_written += traffic[i].bytes_written;
+  }
+}
+
 // Runs one GPU thread; an exception escaping the kernel fails the dispatch.
 // The message is copied out of the handler first: fail() never returns, and
 // a fiber must not be abandoned inside a catch block.
@@ -189,6 +201,7 @@ class Translator {
     reject_unsupported();
     bake_function_constants();
     rewrite_signature();
+    rewrite_buffer_pointer_types();
     rewrite_threadgroup_variables();
     rewrite_half_literals();
 
@@ -197,7 +210,9 @@ class Translator {
     // Inside namespace metal, unqualified calls find Metal's functions before
     // the C library's: libc++ declares float overloads of exp2, abs, ... in
     // the global namespace, which `using namespace metal;` alone leaves ambiguous.
-    return std::string(kPrelude) + "namespace metal {\n" + ("#line 1 \"" + options_.metal_path + "\"\n") + text + glue() +
+    // Bounds checks: buffer_ptr checks every access (mfa_buffer_ptr.h).
+    const std::string checks = options_.bounds_check ? "#define MFA_SHIM_BOUNDS_CHECK 1\n" : "";
+    return checks + kPrelude + "namespace metal {\n" + ("#line 1 \"" + options_.metal_path + "\"\n") + text + glue() +
            "}  // namespace metal\n";
   }
 
@@ -296,28 +311,53 @@ class Translator {
                    "', which the cpu backend cannot specialize (use bool, an integer type, float, half or bfloat)");
   }
 
-  // The kernel becomes a static function without attributes; with bounds
-  // checks, device/constant pointers become checked pointers.
+  // The kernel becomes a static function without attributes.
   void rewrite_signature() {
     rewriter_.replace(tokens_, kernel_.keyword, "static");
     for (const TokenSpan& attribute : kernel_.attributes) rewriter_.replace(tokens_, attribute, " ");
     for (const msl::ParameterSyntax& parameter : kernel_.parameters) {
-      const ArgumentInfo& info = parameter.info;
-      if (options_.bounds_check && info.kind == ArgumentKind::buffer && info.is_pointer) {
-        for (const TokenSpan& attribute : parameter.attributes) {
-          if (attribute.begin < parameter.name) {
-            fail(tokens_[attribute.begin].line, "put the attributes of '" + info.name + "' after its name");
-          }
-        }
-        rewriter_.replace(tokens_, {parameter.declaration.begin, parameter.name},
-                          "mfa_shim::checked_ptr<" + element_type(info) + "> ");
-      }
       for (const TokenSpan& attribute : parameter.attributes) rewriter_.replace(tokens_, attribute, " ");
     }
   }
 
-  static std::string element_type(const ArgumentInfo& info) {
-    return (info.is_const ? "const " : "") + info.type;
+  // Every pointer type spelled `device T*` or `constant T*` (parameters,
+  // locals, casts, helper functions) -> `mfa_shim::buffer_ptr<T>`, which
+  // counts traffic (and checks bounds, if enabled) through copies and
+  // arithmetic. A `const` just before the address space belongs to T;
+  // `constant` memory is read-only, so its T is const.
+  void rewrite_buffer_pointer_types() {
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+      const bool is_constant = tokens_[i].is("constant");
+      if (!(is_constant || tokens_[i].is("device")) || !translated(i)) continue;
+      const std::size_t star = pointer_star(i + 1);
+      if (star == 0) continue;
+      const bool const_before = i > 0 && tokens_[i - 1].is("const") && translated(i - 1);
+      std::string element = msl::join_tokens(tokens_, {i + 1, star});
+      if ((const_before || is_constant) && element.compare(0, 6, "const ") != 0) element = "const " + element;
+      rewriter_.replace(tokens_, {const_before ? i - 1 : i, star + 1}, "mfa_shim::buffer_ptr<" + element + ">");
+      i = star;
+    }
+  }
+
+  // The `*` that ends the pointee type starting at `begin` (identifiers, `::`
+  // and template arguments), or 0 when the type is not a pointer's.
+  std::size_t pointer_star(std::size_t begin) const {
+    int angle_depth = 0;
+    for (std::size_t j = begin; j < tokens_.size(); ++j) {
+      const Token& token = tokens_[j];
+      if (token.is("<")) {
+        ++angle_depth;
+      } else if (token.is(">") && angle_depth > 0) {
+        --angle_depth;
+      } else if (angle_depth > 0) {
+        if (token.is(";") || token.is("{") || token.is("}")) return 0;
+      } else if (token.is("*")) {
+        return j > begin ? j : 0;
+      } else if (token.kind != TokenKind::identifier && !token.is("::")) {
+        return 0;
+      }
+    }
+    return 0;
   }
 
   // `threadgroup T a[N], b;` at statement level in the kernel body ->
@@ -454,15 +494,27 @@ class Translator {
       arguments += (arguments.empty() ? "\n      " : ",\n      ") + argument_value(parameter.info);
       checks += size_check(parameter.info);
     }
+    const std::string counted = std::to_string(counted_buffers());
+    const std::string traffic = counted == "0" ? "" : "  mfa_abi::BufferTraffic traffic[" + counted + "] = {};\n";
+    const std::string add_traffic = counted == "0" ? "" : "  mfa_glue::add_traffic(t, traffic, " + counted + ");\n";
     return "#line 1 \"mfa_glue_" + name + ".cpp\"\n" + open +
            "static const mfa_abi::KernelInfo mfa_glue_info = {\"" + name + "\", {" + argument_sizes() + "}};\n"
-           "static void mfa_glue_run(mfa_abi::ThreadState* t) {\n" + checks + "  " + name + "(" + arguments +
-           ");\n}\n" + close +
+           "static void mfa_glue_run(mfa_abi::ThreadState* t) {\n" + checks + traffic + "  " + name + "(" +
+           arguments + ");\n" + add_traffic + "}\n" + close +
            "#define MFA_EXPORT extern \"C\" __attribute__((visibility(\"default\")))\n"
            "MFA_EXPORT int mfa_kernel_abi_version() { return mfa_abi::kVersion; }\n"
            "MFA_EXPORT const mfa_abi::KernelInfo* mfa_kernel_info() { return &" + qualified + "mfa_glue_info; }\n"
            "MFA_EXPORT void mfa_kernel_main(mfa_abi::ThreadState* t) {\n"
            "  mfa_glue::run_thread(t, " + qualified + "mfa_glue_run);\n}\n";
+  }
+
+  // Buffer indices up to the highest pointer argument's: the thread's traffic array.
+  int counted_buffers() const {
+    int count = 0;
+    for (const ArgumentInfo& info : kernel_.info.arguments) {
+      if (info.kind == ArgumentKind::buffer && info.is_pointer) count = std::max(count, info.index + 1);
+    }
+    return count;
   }
 
   // KernelInfo::argument_bytes: `sizeof(T), 0, ...` up to the highest buffer index.
@@ -488,11 +540,13 @@ class Translator {
     // spells the address spaces.
     const std::string pointer = "static_cast<" + info.type + "*>(" + address + ")";
     if (!info.is_pointer) return "*" + pointer;
-    if (options_.bounds_check && info.kind == ArgumentKind::buffer) {
-      return "mfa_shim::checked_ptr<" + element_type(info) + ">(" + pointer + ", t->dispatch->buffer_sizes[" +
-             index + "], " + index + ")";
-    }
-    return pointer;
+    if (info.kind != ArgumentKind::buffer) return pointer;
+    return "mfa_shim::buffer_ptr<" + element_type(info) + ">(" + pointer + ", t->dispatch->buffer_sizes[" + index +
+           "], " + index + ", traffic[" + index + "])";
+  }
+
+  static std::string element_type(const ArgumentInfo& info) {
+    return (info.is_const ? "const " : "") + info.type;
   }
 
   // With bounds checks, a reference's buffer must hold its type.

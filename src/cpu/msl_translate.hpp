@@ -11,7 +11,7 @@
 namespace mfa::cpu {
 
 struct TranslateOptions {
-  bool bounds_check = false;         // device pointers become checked pointers
+  bool bounds_check = false;         // buffer pointers check every access
   std::string metal_path = "kernel.metal";  // file name #line directives point at
 };
 

@@ -5,6 +5,7 @@
 #import <Metal/Metal.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "mfa/types.hpp"
@@ -16,7 +17,7 @@ struct DeviceFacts {
   std::string name;                        // e.g. "Apple M2 Pro"
   std::string gpu_family;                  // "apple7" .. "apple10"; empty for GPUs below Apple7
   std::string architecture;                // e.g. "applegpu_g14s"
-  std::string gpu_cores;                   // a count, or "unknown" where the registry has none
+  std::optional<std::uint32_t> gpu_cores;  // empty where the registry has no count
   DeviceLimits limits;
   std::uint64_t recommended_working_set = 0;  // bytes the GPU can use without hurting performance
 };

@@ -24,17 +24,17 @@ MFA_METAL_AVAILABILITY std::string apple_gpu_family(id<MTLDevice> device) {
 
 // The GPU core count is not in the Metal API; the GPU's IORegistry entry
 // (the one registryID names, or a parent) carries it as "gpu-core-count".
-MFA_METAL_AVAILABILITY std::string gpu_core_count(id<MTLDevice> device) {
+MFA_METAL_AVAILABILITY std::optional<std::uint32_t> gpu_core_count(id<MTLDevice> device) {
   io_registry_entry_t entry =
       IOServiceGetMatchingService(kIOMainPortDefault, IORegistryEntryIDMatching(device.registryID));
-  if (entry == IO_OBJECT_NULL) return "unknown";
+  if (entry == IO_OBJECT_NULL) return std::nullopt;
   CFTypeRef value = IORegistryEntrySearchCFProperty(entry, kIOServicePlane, CFSTR("gpu-core-count"),
                                                     kCFAllocatorDefault,
                                                     kIORegistryIterateRecursively | kIORegistryIterateParents);
   IOObjectRelease(entry);
   id count = CFBridgingRelease(value);  // ARC owns it from here; nil stays nil
-  if (![count isKindOfClass:[NSNumber class]]) return "unknown";
-  return std::to_string([static_cast<NSNumber*>(count) unsignedIntValue]);
+  if (![count isKindOfClass:[NSNumber class]]) return std::nullopt;
+  return [static_cast<NSNumber*>(count) unsignedIntValue];
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Encodes a batch of dispatches into a command buffer: one compute encoder,
-// dispatches in order, a buffer barrier between each two. Objective-C++ with ARC only.
+// Encodes a batch of dispatches into a command buffer: one concurrent compute
+// encoder, dispatches in order, a buffer barrier before each dispatch that
+// depends on an earlier one (barriers_before). Objective-C++ with ARC only.
 #pragma once
 
 #import <Metal/Metal.h>

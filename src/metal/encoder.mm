@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "core/dispatch_order.hpp"
 #include "mfa/errors.hpp"
 #include "mfa/pipeline.hpp"
 #include "metal/metal_objects.h"
@@ -54,15 +55,17 @@ MFA_METAL_AVAILABILITY void encode_one(id<MTLComputeCommandEncoder> encoder, con
 void encode_dispatches(id<MTLCommandBuffer> command_buffer, const std::vector<Dispatch>& dispatches) {
   for (const Dispatch& dispatch : dispatches) check_encodable(dispatch, command_buffer.device);
 
-  // Concurrent dispatch plus explicit barriers: the order then holds for
-  // untracked buffers (a framework may hand those over) as for tracked ones.
+  // Concurrent dispatch plus explicit barriers where a dispatch depends on an
+  // earlier one: the order then holds for untracked buffers (a framework may
+  // hand those over) as for tracked ones, and independent dispatches overlap.
   id<MTLComputeCommandEncoder> encoder =
       [command_buffer computeCommandEncoderWithDispatchType:MTLDispatchTypeConcurrent];
   if (!encoder)
     throw ArgumentError("the command buffer cannot take a compute encoder: it is already committed "
                         "or another encoder on it is still open");
+  const std::vector<bool> barriers = barriers_before(dispatches);
   for (std::size_t i = 0; i < dispatches.size(); ++i) {
-    if (i > 0) [encoder memoryBarrierWithScope:MTLBarrierScopeBuffers];
+    if (barriers[i]) [encoder memoryBarrierWithScope:MTLBarrierScopeBuffers];
     encode_one(encoder, dispatches[i]);
   }
   [encoder endEncoding];

@@ -27,6 +27,7 @@ class MFA_METAL_AVAILABILITY MetalBackend final : public Backend {
   std::string name() const override { return facts_.name; }
   DeviceLimits limits() const override { return facts_.limits; }
   std::vector<std::pair<std::string, std::string>> properties() const override;
+  TuningFacts tuning() const override;
 
   std::shared_ptr<BackendLibrary> compile_library(const std::string& source, const CompileOptions& options) override;
   std::shared_ptr<BackendPipeline> make_pipeline(const BackendLibrary& library, const FunctionInfo& function,

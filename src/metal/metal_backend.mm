@@ -24,6 +24,11 @@ namespace {
 // the dispatches.
 constexpr MTLResourceOptions kBufferOptions = MTLResourceStorageModeShared | MTLResourceHazardTrackingModeTracked;
 
+// Threadgroups that keep one GPU core busy, and the core count assumed when
+// the registry has none (a 10-core M-series GPU).
+constexpr std::uint32_t kThreadgroupsPerCore = 16;
+constexpr std::uint32_t kAssumedGpuCores = 10;
+
 std::size_t round_up(std::size_t bytes, std::size_t multiple) { return (bytes + multiple - 1) / multiple * multiple; }
 
 }  // namespace
@@ -38,11 +43,16 @@ MetalBackend::MetalBackend(id<MTLDevice> device, id<MTLCommandQueue> queue, Devi
 std::vector<std::pair<std::string, std::string>> MetalBackend::properties() const {
   return {{"gpu_family", facts_.gpu_family},
           {"architecture", facts_.architecture},
-          {"gpu_cores", facts_.gpu_cores},
+          {"gpu_cores", facts_.gpu_cores ? std::to_string(*facts_.gpu_cores) : "unknown"},
           {"metal_language", language_version_name()},
           {"recommended_working_set_mib", std::to_string(facts_.recommended_working_set >> 20)},
           {"page_size", std::to_string(page_size_)},
           {"pipeline_archive", archive_ ? archive_->path() : "off"}};
+}
+
+TuningFacts MetalBackend::tuning() const {
+  // Families are cumulative: a GPU newer than Apple10 supports Apple10 and reports "apple10".
+  return {facts_.gpu_family, kThreadgroupsPerCore * facts_.gpu_cores.value_or(kAssumedGpuCores)};
 }
 
 std::shared_ptr<BackendLibrary> MetalBackend::compile_library(const std::string& source,

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "executor.hpp"
 #include "mfa/device.hpp"
 #include "mfa/errors.hpp"
 
@@ -33,6 +34,12 @@ TEST(Device, CpuIsAlwaysAvailableWithMetalLimits) {
   EXPECT_EQ(cpu.limits().max_threadgroup_memory, 32u * 1024u);
   EXPECT_EQ(cpu.limits().simd_width, 32u);
   EXPECT_TRUE(mfa::Device::get(mfa::DeviceKind::cpu) == cpu);  // one state per kind
+}
+
+TEST(Device, CpuTunesForTheCurrentGenerationWithTwoThreadgroupsPerWorker) {
+  const mfa::TuningFacts tuning = mfa::Device::get(mfa::DeviceKind::cpu).tuning();
+  EXPECT_EQ(tuning.family, "apple9");
+  EXPECT_EQ(tuning.parallel_threadgroups, 2 * mfa::cpu::Executor::shared().workers());
 }
 
 #if !defined(MFA_HAVE_METAL)

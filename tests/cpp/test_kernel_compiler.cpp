@@ -35,12 +35,17 @@ using mfa::cpu::KernelBinary;
 using mfa::cpu::KernelCompiler;
 using mfa::cpu::ShimFile;
 
-// Just what the test kernels use, with the real ABI header.
+// Just what the test kernels use, with the real ABI header and buffer pointers.
 const char* kStubShim = R"(#pragma once
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include "mfa_kernel_abi.h"
+#include "mfa_runtime.h"
+#include "mfa_buffer_ptr.h"
 #define device
 #define constant const
 #define threadgroup
@@ -207,7 +212,9 @@ class KernelCompilerTest : public ::testing::Test {
   static std::vector<ShimFile> stub_shim() {
     std::vector<ShimFile> files = {{"metal_stdlib", kStubShim}};
     for (const ShimFile& file : mfa::cpu::embedded_shim_files()) {
-      if (file.name == "mfa_kernel_abi.h") files.push_back(file);
+      if (file.name == "mfa_kernel_abi.h" || file.name == "mfa_runtime.h" || file.name == "mfa_buffer_ptr.h") {
+        files.push_back(file);
+      }
     }
     return files;
   }

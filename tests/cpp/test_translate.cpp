@@ -87,7 +87,9 @@ TEST(Translate, StartsWithTheShimThenKeepsEveryLineInPlace) {
   EXPECT_EQ(lines[0], source[0]);
   EXPECT_EQ(lines[2], source[2]);
   EXPECT_EQ(lines[3], " ");  // the attribute is gone
-  EXPECT_EQ(lines[4], "static void scale(device const float* x  ,");
+  EXPECT_EQ(lines[4], "static void scale(mfa_shim::buffer_ptr<const float> x  ,");
+  EXPECT_EQ(lines[5], "                  mfa_shim::buffer_ptr<float> y  ,");
+  EXPECT_EQ(lines[6], "                  constant Params& p  ,");  // a reference stays
   EXPECT_EQ(lines[7], "                  threadgroup float* scratch  ,");
   EXPECT_EQ(lines[9], "                  ushort lane  ) {");
   EXPECT_EQ(lines[10],
@@ -98,9 +100,16 @@ TEST(Translate, StartsWithTheShimThenKeepsEveryLineInPlace) {
 }
 
 TEST(Translate, GlueBindsEveryArgumentFromTheThreadState) {
-  std::string glue = glue_of(translate(kKernel, "scale"));
+  std::string unit = translate(kKernel, "scale");
+  std::string glue = glue_of(unit);
   EXPECT_TRUE(contains(glue, "mfa_glue_info = {\"scale\", {sizeof(float), sizeof(float), sizeof(Params)}};"));
-  EXPECT_TRUE(contains(glue, "static_cast<float*>(t->dispatch->buffers[0])"));
+  // Each thread counts its pointers' traffic on its stack, and adds it to its group's as it returns.
+  EXPECT_TRUE(contains(glue, "mfa_abi::BufferTraffic traffic[2] = {};"));
+  EXPECT_TRUE(contains(glue, "mfa_shim::buffer_ptr<const float>(static_cast<float*>(t->dispatch->buffers[0]), "
+                             "t->dispatch->buffer_sizes[0], 0, traffic[0])"));
+  EXPECT_TRUE(contains(glue, "mfa_shim::buffer_ptr<float>(static_cast<float*>(t->dispatch->buffers[1]), "
+                             "t->dispatch->buffer_sizes[1], 1, traffic[1])"));
+  EXPECT_TRUE(contains(glue, "mfa_glue::add_traffic(t, traffic, 2);"));
   EXPECT_TRUE(contains(glue, "*static_cast<Params*>(t->dispatch->buffers[2])"));
   EXPECT_TRUE(contains(glue, "static_cast<float*>(t->group->threadgroup_args[0])"));
   EXPECT_TRUE(contains(glue, "uint3(uint(mfa_glue::thread_position_in_grid(t, 0)), "
@@ -110,23 +119,46 @@ TEST(Translate, GlueBindsEveryArgumentFromTheThreadState) {
   EXPECT_TRUE(contains(glue, "int mfa_kernel_abi_version()"));
   EXPECT_TRUE(contains(glue, "mfa_kernel_info()"));
   EXPECT_TRUE(contains(glue, "void mfa_kernel_main(mfa_abi::ThreadState* t)"));
-  EXPECT_FALSE(contains(glue, "checked_ptr"));
+  EXPECT_FALSE(contains(unit, "MFA_SHIM_BOUNDS_CHECK"));
   EXPECT_FALSE(contains(glue, "check_buffer_holds"));
 }
 
-TEST(Translate, BoundsChecksWrapPointersAndCheckReferences) {
+TEST(Translate, BoundsChecksAreSwitchedOnAndReferencesChecked) {
   TranslateOptions options;
   options.bounds_check = true;
   std::string unit = translate(kKernel, "scale", {}, options);
+  EXPECT_EQ(unit.rfind("#define MFA_SHIM_BOUNDS_CHECK 1\n#include <metal_stdlib>\n", 0), 0u);
   std::vector<std::string> lines = metal_lines(unit);
-  EXPECT_EQ(lines[4], "static void scale(mfa_shim::checked_ptr<const float>  x  ,");
-  EXPECT_EQ(lines[5], "                  mfa_shim::checked_ptr<float>  y  ,");
-  EXPECT_EQ(lines[6], "                  constant Params& p  ,");  // a reference: checked in the glue
-  EXPECT_EQ(lines[7], "                  threadgroup float* scratch  ,");
-  std::string glue = glue_of(unit);
-  EXPECT_TRUE(contains(glue, "mfa_shim::checked_ptr<const float>(static_cast<float*>(t->dispatch->buffers[0]), "
-                             "t->dispatch->buffer_sizes[0], 0)"));
-  EXPECT_TRUE(contains(glue, "mfa_glue::check_buffer_holds(t, 2, \"p\", sizeof(Params));"));
+  EXPECT_EQ(lines[4], "static void scale(mfa_shim::buffer_ptr<const float> x  ,");
+  EXPECT_TRUE(contains(glue_of(unit), "mfa_glue::check_buffer_holds(t, 2, \"p\", sizeof(Params));"));
+}
+
+TEST(Translate, EveryBufferPointerTypeCountsAndNothingElseChanges) {
+  const std::string source = R"(#include <metal_stdlib>
+using namespace metal;
+constant float kTable[2] = {1.0f, 2.0f};
+float first(const device float* p, constant float* table, device metal::vec<float, 4>* v) {
+  return p[0] * table[0] * kTable[1];
+}
+kernel void run(device float* out [[buffer(0)]], constant uint& n [[buffer(1)]]) {
+  device float* const row = out + n * 2;
+  device const half* halves = (device const half*)(row);
+  device float4& whole = *(device float4*)out;
+  const float product = kTable[0] * n;
+  out[0] = first(row, out, static_cast<device float4*>(out)) + product + halves[0] + whole.x;
+}
+)";
+  std::vector<std::string> lines = metal_lines(translate(source, "run"));
+  EXPECT_EQ(lines[2], "constant float kTable[2] = {1.0f, 2.0f};");
+  EXPECT_EQ(lines[3], "float first(mfa_shim::buffer_ptr<const float> p, mfa_shim::buffer_ptr<const float> table, "
+                      "mfa_shim::buffer_ptr<metal::vec<float, 4>> v) {");
+  EXPECT_EQ(lines[6], "static void run(mfa_shim::buffer_ptr<float> out  , constant uint& n  ) {");
+  EXPECT_EQ(lines[7], "  mfa_shim::buffer_ptr<float> const row = out + n * 2;");
+  EXPECT_EQ(lines[8], "  mfa_shim::buffer_ptr<const half> halves = (mfa_shim::buffer_ptr<const half>)(row);");
+  EXPECT_EQ(lines[9], "  device float4& whole = *(mfa_shim::buffer_ptr<float4>)out;");
+  EXPECT_EQ(lines[10], "  const float product = kTable[0] * n;");
+  EXPECT_EQ(lines[11], "  out[0] = first(row, out, static_cast<mfa_shim::buffer_ptr<float4>>(out)) + product + "
+                       "halves[0] + whole.x;");
 }
 
 TEST(Translate, FunctionConstantsBecomeConstexprWithFullPrecision) {
@@ -235,7 +267,7 @@ namespace ns {
   std::vector<std::string> lines = metal_lines(unit);
   ASSERT_EQ(lines.size(), 7u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(lines[i], "");
-  EXPECT_EQ(lines[5], "static void second(device float* y  ) { y[0] = 2.0f; }");
+  EXPECT_EQ(lines[5], "static void second(mfa_shim::buffer_ptr<float> y  ) { y[0] = 2.0f; }");
   std::string glue = glue_of(unit);
   EXPECT_TRUE(contains(glue, "namespace ns {\nstatic const mfa_abi::KernelInfo mfa_glue_info = "
                              "{\"second\", {0, 0, 0, sizeof(float)}};"));

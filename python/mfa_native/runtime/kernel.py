@@ -122,7 +122,8 @@ class Kernel:
         scalar, a Python number or a small numpy array (plain or structured)
         serves a ``constant T&`` argument. ``threadgroup_memory[i]`` is the byte
         length of ``[[threadgroup(i)]]``. Returns the dispatch's stats
-        (``.threadgroups``, ``.simdgroup_matrix_ops``, ``.seconds``).
+        (``.threadgroups``, ``.simdgroup_matrix_ops``, ``.seconds``, and per
+        argument name ``.bytes_read`` / ``.bytes_written``).
         """
         batch = _core.CommandBatch(self.device)
         keepalive = self.encode(batch, buffers, threadgroups=threadgroups,

@@ -5,18 +5,30 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 
 @dataclass(frozen=True)
 class DispatchRecord:
-    """One dispatch: its kernel, threadgroups, simdgroup 8x8x8 multiply-accumulates
-    (None where the backend cannot count them) and seconds."""
+    """One dispatch: its kernel, threadgroups, simdgroup 8x8x8 multiply-accumulates,
+    seconds, and the device bytes it read and wrote per kernel argument name (for
+    generated kernels the operand names, e.g. "q", "o"). A field is None where the
+    backend cannot count it (traffic: the cpu backend counts it exactly, Metal not)."""
 
     kernel: str
     threadgroups: int
     simdgroup_matrix_ops: int | None
     seconds: float | None
+    bytes_read: dict[str, int] | None = None
+    bytes_written: dict[str, int] | None = None
+
+
+def _summed(counts: Iterable[dict[str, int] | None]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for by_name in counts:
+        for name, count in (by_name or {}).items():
+            total[name] = total.get(name, 0) + count
+    return total
 
 
 @dataclass
@@ -33,6 +45,16 @@ class Profile:
     @property
     def seconds(self) -> float:
         return sum(r.seconds or 0.0 for r in self.records)
+
+    @property
+    def bytes_read(self) -> dict[str, int]:
+        """Device bytes read per argument name, summed over the records that counted them."""
+        return _summed(r.bytes_read for r in self.records)
+
+    @property
+    def bytes_written(self) -> dict[str, int]:
+        """Device bytes written per argument name, summed over the records that counted them."""
+        return _summed(r.bytes_written for r in self.records)
 
 
 _lock = threading.Lock()
@@ -66,7 +88,8 @@ def record(stats) -> None:
     """Called by the dispatch path with each finished dispatch's stats."""
     if not _active:
         return
-    entry = DispatchRecord(stats.kernel, stats.threadgroups, stats.simdgroup_matrix_ops, stats.seconds)
+    entry = DispatchRecord(stats.kernel, stats.threadgroups, stats.simdgroup_matrix_ops, stats.seconds,
+                           stats.bytes_read, stats.bytes_written)
     with _lock:
         for recording in _active:
             recording.records.append(entry)

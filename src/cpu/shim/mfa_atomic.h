@@ -65,19 +65,30 @@ template <class T>
 struct atomic_value<metal::atomic<T>> {
   using type = T;
 };
-// The value type of the atomic `object` points to (a plain or checked pointer).
+// The value type of the atomic `object` points to (a plain or buffer pointer).
 template <class Pointer>
-using atomic_value_t =
-    typename atomic_value<std::remove_cv_t<std::remove_reference_t<decltype(*std::declval<Pointer>())>>>::type;
+using atomic_value_t = typename atomic_value<std::remove_cv_t<pointee_t<Pointer>>>::type;
+
+// What an atomic operation does to its object, for the traffic counters.
+enum class atomic_access { load, store, modify };
+
+template <class T>
+T& atomic_object(T* object, atomic_access) {
+  return *object;
+}
+template <class T>
+T& atomic_object(const buffer_ptr<T>& object, atomic_access access) {
+  return object.access(0, access != atomic_access::store, access != atomic_access::load);
+}
 
 // Lets the rest of the group run, then yields the atomic the pointer designates.
 template <class Pointer>
-auto& atomic_target(Pointer object, const char* op, const call_site& at) {
+auto& atomic_target(Pointer object, atomic_access access, const char* op, const call_site& at) {
   mfa_abi::ThreadState* const thread = mfa_abi::current_thread;
   const mfa_abi::Site site{op, at.file, at.line};
   thread->dispatch->runtime->yield(thread, &site);
   mfa_abi::current_thread = thread;
-  return *object;
+  return atomic_object(object, access);
 }
 
 }  // namespace mfa_shim
@@ -87,19 +98,21 @@ namespace metal {
 template <class Pointer, class T = mfa_shim::atomic_value_t<Pointer>>
 T atomic_load_explicit(Pointer object, memory_order,
                        mfa_shim::call_site at = mfa_shim::call_site()) {
-  return mfa_shim::atomic_target(object, "atomic_load_explicit", at).load();
+  return mfa_shim::atomic_target(object, mfa_shim::atomic_access::load, "atomic_load_explicit", at)
+      .load();
 }
 
 template <class Pointer, class U, class T = mfa_shim::atomic_value_t<Pointer>>
 void atomic_store_explicit(Pointer object, U desired, memory_order,
                            mfa_shim::call_site at = mfa_shim::call_site()) {
-  mfa_shim::atomic_target(object, "atomic_store_explicit", at).store(static_cast<T>(desired));
+  mfa_shim::atomic_target(object, mfa_shim::atomic_access::store, "atomic_store_explicit", at)
+      .store(static_cast<T>(desired));
 }
 
 template <class Pointer, class U, class T = mfa_shim::atomic_value_t<Pointer>>
 T atomic_exchange_explicit(Pointer object, U desired, memory_order,
                            mfa_shim::call_site at = mfa_shim::call_site()) {
-  return mfa_shim::atomic_target(object, "atomic_exchange_explicit", at)
+  return mfa_shim::atomic_target(object, mfa_shim::atomic_access::modify, "atomic_exchange_explicit", at)
       .exchange(static_cast<T>(desired));
 }
 
@@ -107,7 +120,8 @@ template <class Pointer, class U, class T = mfa_shim::atomic_value_t<Pointer>>
 bool atomic_compare_exchange_weak_explicit(Pointer object, T* expected, U desired, memory_order,
                                            memory_order,
                                            mfa_shim::call_site at = mfa_shim::call_site()) {
-  return mfa_shim::atomic_target(object, "atomic_compare_exchange_weak_explicit", at)
+  return mfa_shim::atomic_target(object, mfa_shim::atomic_access::modify,
+                                 "atomic_compare_exchange_weak_explicit", at)
       .compare_exchange(*expected, static_cast<T>(desired));
 }
 
@@ -116,7 +130,8 @@ bool atomic_compare_exchange_weak_explicit(Pointer object, T* expected, U desire
   T atomic_fetch_##name##_explicit(Pointer object, U operand, memory_order,                     \
                                    mfa_shim::call_site at = mfa_shim::call_site()) {            \
     const T y = static_cast<T>(operand);                                                        \
-    return mfa_shim::atomic_target(object, "atomic_fetch_" #name "_explicit", at)              \
+    return mfa_shim::atomic_target(object, mfa_shim::atomic_access::modify,                     \
+                                 "atomic_fetch_" #name "_explicit", at)                         \
         .fetch_modify([y](T x) { return static_cast<T>(expression); });                         \
   }
 MFA_ATOMIC_FETCH(add, x + y)

@@ -12,7 +12,7 @@
 
 namespace mfa_abi {
 
-inline constexpr int kVersion = 1;
+inline constexpr int kVersion = 2;  // 2: Counters::buffers
 inline constexpr unsigned kSimdWidth = 32;
 inline constexpr unsigned kSlotBytes = 64;     // the largest operand one lane brings to a collective
 inline constexpr unsigned kMaxBuffers = 31;    // [[buffer(0..30)]], as in Metal
@@ -36,10 +36,23 @@ struct SimdGroup {
   uint32_t size;    // lanes that exist (< 32 only in a partial last simdgroup)
 };
 
-// Work counted per threadgroup, summed by the executor per dispatch.
+// Bytes moved through the pointers into one [[buffer(i)]] argument: each
+// load or store through a `device T*` / `constant T*` counts sizeof(T);
+// compound assignment counts both. Reference arguments (`constant P&`) are
+// not counted. Through a writable pointer, members and swizzles of an element
+// (p[i].x = v, p->m) do not compile: copy the element, change the copy,
+// store it back. mfa_buffer_ptr.h has the full rules.
+struct BufferTraffic {
+  uint64_t bytes_read;
+  uint64_t bytes_written;
+};
+
+// Work counted per threadgroup, summed by the executor per dispatch. The
+// threads of a group run on one OS thread: plain increments, no atomics.
 struct Counters {
   uint64_t simdgroup_matrix_ops;  // 8x8x8 multiply-accumulates, counted once per simdgroup
   uint64_t barriers;              // threadgroup barriers completed (counted once per group)
+  BufferTraffic buffers[kMaxBuffers];  // by [[buffer(i)]] index; the glue adds each thread's as it returns
 };
 
 struct ThreadState;

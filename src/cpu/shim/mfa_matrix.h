@@ -115,12 +115,12 @@ simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(const T value) {
   return matrix;
 }
 
-// `source` is a device or threadgroup pointer (or a bounds-checked one).
+// `source` is a threadgroup pointer or a buffer_ptr (which counts the lane's elements).
 template <class T, class Pointer>
 void simdgroup_load(simdgroup_matrix<T, 8, 8>& destination, Pointer source,
                     size_t elements_per_row = 8, vec<ulong, 2> matrix_origin = vec<ulong, 2>(0),
                     bool transpose_matrix = false) {
-  static_assert(std::is_same_v<std::remove_cv_t<std::remove_reference_t<decltype(*source)>>, T>,
+  static_assert(std::is_same_v<std::remove_cv_t<mfa_shim::pointee_t<Pointer>>, T>,
                 "simdgroup_load: the pointer's element type must be the matrix's");
   const mfa_shim::matrix_position p = mfa_shim::position_of_lane(mfa_shim::current_lane());
   for (unsigned j = 0; j < 2; ++j) {
@@ -133,7 +133,7 @@ template <class T, class Pointer>
 void simdgroup_store(const simdgroup_matrix<T, 8, 8>& matrix, Pointer destination,
                      size_t elements_per_row = 8, vec<ulong, 2> matrix_origin = vec<ulong, 2>(0),
                      bool transpose_matrix = false) {
-  static_assert(std::is_same_v<std::remove_reference_t<decltype(*destination)>, T>,
+  static_assert(std::is_same_v<mfa_shim::pointee_t<Pointer>, T>,
                 "simdgroup_store: the pointer's element type must be the matrix's");
   const mfa_shim::matrix_position p = mfa_shim::position_of_lane(mfa_shim::current_lane());
   for (unsigned j = 0; j < 2; ++j) {

@@ -1,0 +1,224 @@
+// Pointers into [[buffer(i)]] arguments. The front end rewrites every pointer
+// type spelled `device T*` or `constant T*` (kernel and helper parameters,
+// locals, casts) into mfa_shim::buffer_ptr<T>, which counts the bytes each
+// access reads and writes against its buffer (in the thread's own count, which
+// the glue adds to mfa_abi::Counters::buffers when the thread returns)
+// and, in the opt-in bounds-checking mode (MFA_SHIM_BOUNDS_CHECK defined),
+// fails the dispatch on an access outside the buffer. Part of the shim metal_stdlib.
+//
+// Rules that follow from C++ (Metal itself accepts more):
+// - Through a pointer to const, p[i], *p and p->m read the whole element
+//   (sizeof(T) bytes) where they are evaluated and give a `const T&`.
+// - Through a pointer to non-const, p[i] and *p give a writable_element:
+//   converting it reads, assigning writes, compound assignment and ++/--
+//   read and write. Members and swizzles of a writable element (p[i].x = v,
+//   p->m) do not compile: copy the element, change the copy, store it back
+//   (float4 e = p[i]; e.x = v; p[i] = e;), or read through a const pointer.
+//   `auto e = p[i];` makes `e` a writable_element, not a copy: spell the type.
+//   A `device T&` cannot bind to a writable element (it does to a const one).
+// - &p[i] is a buffer_ptr when p is writable; when p points to const it is
+//   a plain pointer that no longer counts: write p + i.
+// - Arithmetic and copies keep counting; a buffer_ptr never becomes a plain
+//   pointer. Casts between pointee types ((device float4*)p) keep the buffer.
+//   Pointer types inside #define bodies are not rewritten (a cast there to a
+//   plain pointer does not compile).
+// - Reference arguments (`constant Params& p [[buffer(i)]]`) are not counted.
+// - Atomics count their object as read (load), written (store) or both;
+//   simdgroup_load / simdgroup_store count each lane's two elements.
+#pragma once
+
+namespace mfa_shim {
+
+#ifdef MFA_SHIM_BOUNDS_CHECK
+inline constexpr bool bounds_checked = true;
+#else
+inline constexpr bool bounds_checked = false;
+#endif
+
+template <class T>
+class buffer_ptr;
+
+// One element behind a writable buffer_ptr (see the rules above).
+template <class T>
+class writable_element {
+ public:
+  explicit writable_element(const buffer_ptr<T>& at) : at_(at) {}
+  writable_element(const writable_element&) = default;
+
+  operator T() const { return at_.access(0, true, false); }
+  // Explicit casts to other types: float(p[i]) for a bfloat element.
+  template <class U, std::enable_if_t<!std::is_same_v<U, T> && std::is_constructible_v<U, T>, int> = 0>
+  explicit operator U() const {
+    return U(T(*this));
+  }
+
+  writable_element& operator=(const writable_element& other) { return *this = T(other); }
+  template <class U>
+  writable_element& operator=(const writable_element<U>& other) {
+    return *this = U(other);
+  }
+  template <class U, std::enable_if_t<std::is_convertible_v<const U&, T>, int> = 0>
+  writable_element& operator=(const U& value) {
+    at_.access(0, false, true) = T(value);
+    return *this;
+  }
+
+#define MFA_COMPOUND_ASSIGNMENT(op)                   \
+  template <class U>                                  \
+  writable_element& operator op(const U& operand) {   \
+    T& element = at_.access(0, true, true);           \
+    element op operand;                               \
+    return *this;                                     \
+  }
+  MFA_COMPOUND_ASSIGNMENT(+=)
+  MFA_COMPOUND_ASSIGNMENT(-=)
+  MFA_COMPOUND_ASSIGNMENT(*=)
+  MFA_COMPOUND_ASSIGNMENT(/=)
+  MFA_COMPOUND_ASSIGNMENT(%=)
+  MFA_COMPOUND_ASSIGNMENT(&=)
+  MFA_COMPOUND_ASSIGNMENT(|=)
+  MFA_COMPOUND_ASSIGNMENT(^=)
+  MFA_COMPOUND_ASSIGNMENT(<<=)
+  MFA_COMPOUND_ASSIGNMENT(>>=)
+#undef MFA_COMPOUND_ASSIGNMENT
+
+  writable_element& operator++() { return *this += 1; }
+  writable_element& operator--() { return *this -= 1; }
+  T operator++(int) { return step(1); }
+  T operator--(int) { return step(-1); }
+
+  buffer_ptr<T> operator&() const { return at_; }
+
+ private:
+  T step(int by) {
+    T& element = at_.access(0, true, true);
+    const T before = element;
+    element += by;
+    return before;
+  }
+
+  buffer_ptr<T> at_;
+};
+
+template <class T>
+class buffer_ptr {
+ public:
+  using element_type = T;
+  // (add_lvalue_reference_t: a `device void*` has no element to access.)
+  using reference =
+      std::conditional_t<std::is_const_v<T>, std::add_lvalue_reference_t<T>, writable_element<T>>;
+
+  // [[buffer(index)]] at `address`, `bytes` long, counting into `traffic`.
+  buffer_ptr(T* address, size_t bytes, unsigned index, mfa_abi::BufferTraffic& traffic)
+      : address_(address), base_(reinterpret_cast<uintptr_t>(address)), bytes_(bytes),
+        index_(index), traffic_(&traffic) {}
+  // buffer_ptr<float> -> buffer_ptr<const float>.
+  template <class U, std::enable_if_t<std::is_convertible_v<U*, T*>, int> = 0>
+  buffer_ptr(const buffer_ptr<U>& other) : buffer_ptr(other, other.address_) {}
+  // Casts: (device float4*)p, (device const uchar*)p, ...
+  template <class U, std::enable_if_t<!std::is_convertible_v<U*, T*>, int> = 0>
+  explicit buffer_ptr(const buffer_ptr<U>& other)
+      : buffer_ptr(other, reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(other.address_))) {}
+
+  reference operator*() const { return (*this)[0]; }
+  reference operator[](ptrdiff_t i) const {
+    if constexpr (std::is_const_v<T>) {
+      return access(i, true, false);
+    } else {
+      return reference(moved(i));
+    }
+  }
+  T* operator->() const {
+    static_assert(std::is_const_v<T>,
+                  "p->member through a writable device pointer can be counted neither as a read nor "
+                  "as a write: copy the element (T e = p[i]; ... p[i] = e;) or read through a "
+                  "device const pointer (see mfa_buffer_ptr.h)");
+    return &access(0, true, false);
+  }
+
+  // The element `i` places on, counted as read and/or written, bounds
+  // checked if enabled. For shim code (atomics, writable_element).
+  T& access(ptrdiff_t i, bool reads, bool writes) const {
+    constexpr size_t size = sizeof(T);
+    T* const element = moved(i).address_;
+    if constexpr (bounds_checked) check(element, size);
+    if (reads) traffic_->bytes_read += size;
+    if (writes) traffic_->bytes_written += size;
+    return *element;
+  }
+
+  explicit operator bool() const { return address_ != nullptr; }
+
+  buffer_ptr operator+(ptrdiff_t n) const { return moved(n); }
+  buffer_ptr operator-(ptrdiff_t n) const { return moved(-n); }
+  friend buffer_ptr operator+(ptrdiff_t n, const buffer_ptr& p) { return p.moved(n); }
+  ptrdiff_t operator-(const buffer_ptr& other) const { return address_ - other.address_; }
+  buffer_ptr& operator+=(ptrdiff_t n) { return *this = moved(n); }
+  buffer_ptr& operator-=(ptrdiff_t n) { return *this = moved(-n); }
+  buffer_ptr& operator++() { return *this += 1; }
+  buffer_ptr& operator--() { return *this -= 1; }
+  buffer_ptr operator++(int) {
+    const buffer_ptr before = *this;
+    *this += 1;
+    return before;
+  }
+  buffer_ptr operator--(int) {
+    const buffer_ptr before = *this;
+    *this -= 1;
+    return before;
+  }
+
+  friend bool operator==(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ == b.address_; }
+  friend bool operator!=(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ != b.address_; }
+  friend bool operator<(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ < b.address_; }
+  friend bool operator<=(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ <= b.address_; }
+  friend bool operator>(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ > b.address_; }
+  friend bool operator>=(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ >= b.address_; }
+
+ private:
+  template <class>
+  friend class buffer_ptr;
+
+  template <class U>
+  buffer_ptr(const buffer_ptr<U>& other, T* address)
+      : address_(address), base_(other.base_), bytes_(other.bytes_), index_(other.index_),
+        traffic_(other.traffic_) {}
+
+  buffer_ptr moved(ptrdiff_t n) const {
+    buffer_ptr result = *this;
+    result.address_ = reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(address_) + n * ptrdiff_t(sizeof(T)));
+    return result;
+  }
+
+  void check(const T* element, size_t size) const {
+    const ptrdiff_t offset = ptrdiff_t(reinterpret_cast<uintptr_t>(element) - base_);
+    if (offset >= 0 && size_t(offset) + size <= bytes_) return;
+    char message[200];
+    std::snprintf(message, sizeof message,
+                  "out-of-bounds access to buffer(%u): byte offset %td, %zu bytes, buffer has %zu bytes",
+                  index_, offset, size, bytes_);
+    fail(mfa_abi::current_thread, message);
+  }
+
+  T* address_;
+  uintptr_t base_;  // where the buffer starts
+  size_t bytes_;
+  unsigned index_;
+  mfa_abi::BufferTraffic* traffic_;
+};
+
+// The element type a plain or buffer pointer points to.
+template <class Pointer>
+struct pointee;
+template <class T>
+struct pointee<T*> {
+  using type = T;
+};
+template <class T>
+struct pointee<buffer_ptr<T>> {
+  using type = T;
+};
+template <class Pointer>
+using pointee_t = typename pointee<std::remove_cv_t<Pointer>>::type;
+
+}  // namespace mfa_shim
