@@ -50,12 +50,8 @@ def tuning_facts(device: Device) -> TuningFacts:
     """The typed tuning facts the device's backend reports, read once per device."""
     facts = _tuning.get(device)
     if facts is None:
-        # TEMPORARY until the core reports typed facts (Device.tuning).
-        if device.kind == "cpu":
-            facts = TuningFacts("apple9", 2 * int(device.properties.get("worker_threads", "1")))
-        else:
-            facts = TuningFacts(device.properties.get("gpu_family", "apple9"), 160)
-        _tuning[device] = facts
+        reported = device.tuning
+        facts = _tuning[device] = TuningFacts(reported.family, reported.parallel_threadgroups)
     return facts
 
 
