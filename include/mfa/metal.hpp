@@ -20,10 +20,6 @@
 
 namespace mfa::metal {
 
-// DLPack's device type for Metal tensors (kDLMetal): their DLTensor::data is
-// an id<MTLBuffer> and byte_offset is where the tensor starts in it.
-constexpr int kDLPackDeviceType = 8;
-
 // Encodes `dispatches` into `command_buffer`, an id<MTLCommandBuffer> of
 // `device`'s GPU that is not committed yet and has no encoder open. They get
 // one compute encoder of their own, run in order (a buffer barrier before

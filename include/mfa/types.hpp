@@ -22,6 +22,14 @@ struct Size3 {
   bool operator==(const Size3& o) const { return x == o.x && y == o.y && z == o.z; }
 };
 
+// Metal's argument tables: [[buffer(0..30)]] and [[threadgroup(0..30)]].
+constexpr int kMaxArgumentIndex = 30;
+// Threadgroup memory lengths are rounded up to multiples of this (Metal requires it).
+constexpr std::size_t kThreadgroupMemoryGranule = 16;
+// DLPack's device type for Metal tensors (kDLMetal): DLTensor::data is an
+// id<MTLBuffer>, byte_offset where the tensor starts in it.
+constexpr int kDLPackMetal = 8;
+
 // Limits every device reports; kernels are validated against them.
 struct DeviceLimits {
   std::uint32_t max_threads_per_threadgroup = 1024;

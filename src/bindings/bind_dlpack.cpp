@@ -47,8 +47,6 @@ struct DLManagedTensor {
   void (*deleter)(DLManagedTensor*);
 };
 
-constexpr std::int32_t kDLMetal = 8;
-
 // Bytes from the tensor's first element to one past its last.
 std::size_t extent_bytes(const DLTensor& t) {
   const std::size_t item = (std::size_t(t.dtype.bits) * t.dtype.lanes + 7) / 8;
@@ -68,6 +66,7 @@ std::size_t extent_bytes(const DLTensor& t) {
 }  // namespace
 
 void bind_dlpack(nb::module_& m) {
+  m.attr("DLPACK_METAL") = kDLPackMetal;
   m.def(
       "metal_buffer_from_dlpack",
       [](const Device& device, nb::capsule capsule) -> Buffer {
@@ -75,9 +74,9 @@ void bind_dlpack(nb::module_& m) {
           throw ArgumentError("expected an unconsumed DLPack 'dltensor' capsule");
         const auto* managed = static_cast<const DLManagedTensor*>(capsule.data());
         const DLTensor& tensor = managed->dl_tensor;
-        if (tensor.device.device_type != kDLMetal)
+        if (tensor.device.device_type != kDLPackMetal)
           throw ArgumentError("DLPack tensor is on device type " + std::to_string(tensor.device.device_type) +
-                              ", not Metal (" + std::to_string(kDLMetal) + ")");
+                              ", not Metal (" + std::to_string(kDLPackMetal) + ")");
         const std::size_t bytes = extent_bytes(tensor);
 #if defined(MFA_HAVE_METAL)
         return mfa::metal::wrap_buffer(device, tensor.data, std::size_t(tensor.byte_offset), bytes);

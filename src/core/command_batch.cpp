@@ -9,8 +9,6 @@ namespace mfa {
 
 namespace {
 
-constexpr std::size_t kThreadgroupMemoryAlignment = 16;  // Metal requires multiples of 16
-
 std::string where(const Pipeline& pipeline) { return "kernel '" + pipeline.name() + "': "; }
 
 std::string describe(const ArgumentInfo& argument) {
@@ -18,8 +16,9 @@ std::string describe(const ArgumentInfo& argument) {
 }
 
 Binding& binding_at(Dispatch& dispatch, int index) {
-  if (index < 0 || index > 30)
-    throw ArgumentError(where(*dispatch.pipeline) + "buffer index must be 0..30, got " + std::to_string(index));
+  if (index < 0 || index > kMaxArgumentIndex)
+    throw ArgumentError(where(*dispatch.pipeline) + "buffer index must be 0.." + std::to_string(kMaxArgumentIndex) +
+                        ", got " + std::to_string(index));
   // Bindings stay sorted by index; binding an index again replaces it.
   auto found = std::find_if(dispatch.bindings.begin(), dispatch.bindings.end(),
                             [&](const Binding& b) { return b.index >= index; });
@@ -103,11 +102,12 @@ CommandBatch::DispatchRef& CommandBatch::DispatchRef::bytes(int index, const voi
 
 CommandBatch::DispatchRef& CommandBatch::DispatchRef::threadgroup_memory(int index, std::size_t bytes) {
   Dispatch& dispatch = batch_.dispatches_[which_];
-  if (index < 0 || index > 30)
-    throw ArgumentError(where(*dispatch.pipeline) + "threadgroup index must be 0..30, got " + std::to_string(index));
+  if (index < 0 || index > kMaxArgumentIndex)
+    throw ArgumentError(where(*dispatch.pipeline) + "threadgroup index must be 0.." +
+                        std::to_string(kMaxArgumentIndex) + ", got " + std::to_string(index));
   if (dispatch.threadgroup_memory.size() <= std::size_t(index)) dispatch.threadgroup_memory.resize(index + 1, 0);
   dispatch.threadgroup_memory[index] =
-      (bytes + kThreadgroupMemoryAlignment - 1) / kThreadgroupMemoryAlignment * kThreadgroupMemoryAlignment;
+      (bytes + kThreadgroupMemoryGranule - 1) / kThreadgroupMemoryGranule * kThreadgroupMemoryGranule;
   return *this;
 }
 

@@ -17,6 +17,7 @@ namespace mfa {
 namespace {
 
 constexpr std::size_t kPageSize = 4096;
+static_assert(mfa_abi::kMaxBuffers == kMaxArgumentIndex + 1, "the kernel ABI holds every [[buffer(i)]] index");
 // The cpu backend runs the kernels of the current GPU generation, and keeps
 // each worker busy with two threadgroups (one runs while the other waits).
 constexpr const char* kTuningFamily = "apple9";

@@ -13,8 +13,6 @@ namespace mfa::metal {
 
 namespace {
 
-constexpr NSUInteger kThreadgroupMemoryGranule = 16;  // Metal wants threadgroup lengths in multiples of 16
-
 MTLSize to_mtl_size(const Size3& size) { return MTLSizeMake(size.x, size.y, size.z); }
 
 MFA_METAL_AVAILABILITY void check_encodable(const Dispatch& dispatch, id<MTLDevice> device) {
@@ -42,8 +40,8 @@ MFA_METAL_AVAILABILITY void encode_one(id<MTLComputeCommandEncoder> encoder, con
   for (std::size_t index = 0; index < dispatch.threadgroup_memory.size(); ++index) {
     const NSUInteger length = dispatch.threadgroup_memory[index];
     if (length == 0) continue;  // an index the kernel does not use
-    const NSUInteger rounded = (length + kThreadgroupMemoryGranule - 1) / kThreadgroupMemoryGranule *
-                               kThreadgroupMemoryGranule;
+    const NSUInteger granule = kThreadgroupMemoryGranule;
+    const NSUInteger rounded = (length + granule - 1) / granule * granule;
     [encoder setThreadgroupMemoryLength:rounded atIndex:index];
   }
   [encoder dispatchThreadgroups:to_mtl_size(dispatch.threadgroups)

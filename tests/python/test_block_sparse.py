@@ -285,3 +285,26 @@ def test_from_torch_converts_flex_attentions_block_mask(rng):
     out = mfa_native.block_sparse_attention(q, k, v, block_mask, causal="upper_left", window=(50, 0))
     expected = mfa_native.reference.attention_reference(q, k, v, causal="upper_left", window=(50, 0))
     assert relative_l2(out, expected) < 1e-4
+
+
+def test_bytes_read_follow_the_listed_blocks(rng):
+    """K and V are read only for the listed blocks: per visited 8-key tile each simdgroup loads
+    8 keys x ceil(D/8) * 8 features of k (and of v), and nothing of the blocks not listed."""
+    R, C, D, Dv = 64, 512, 16, 8
+    q, k, v = make_inputs(rng, Hq=1, R=R, C=C, D=D, Dv=Dv)
+    lists = [(np.full((1, 1, 4), n, np.int32), np.tile(np.arange(n, dtype=np.int32) * 3, (1, 1, 4, 1)))
+             for n in (1, 2)]   # every query block visits key blocks 0 (and 3) of 8
+    read = []
+    for num, idx in lists:
+        block_mask = BlockMask(num, idx, block_size=(16, 64))
+        with mfa_native.profile() as prof:
+            mfa_native.block_sparse_attention(q, k, v, block_mask)
+        (record,) = prof.records
+        if record.bytes_read is None:
+            pytest.skip("this backend does not count traffic")
+        tiles = useful_block_sparse_matrix_ops(block_mask, 1, 1, R, C, D, Dv) // (D // 8 + 1)
+        assert record.bytes_read["k"] == tiles * 64 * (D // 8) * 4
+        assert record.bytes_read["v"] == tiles * 64 * 1 * 4
+        assert record.bytes_written["o"] == R * Dv * 4
+        read.append(record.bytes_read["k"])
+    assert read[1] == 2 * read[0]

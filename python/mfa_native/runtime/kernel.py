@@ -34,7 +34,7 @@ def _constant_list(constants: Mapping[str | int, ConstantValue] | None) -> list[
 
 
 _DLPACK_CPU = 1
-_DLPACK_METAL = 8  # kDLMetal: DLTensor.data is an id<MTLBuffer>
+_DLPACK_METAL = _core.DLPACK_METAL  # kDLMetal: DLTensor.data is an id<MTLBuffer>
 
 
 def _dlpack_device_type(value: Any) -> int | None:
