@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sdk="${1:?usage: scripts/check-macos-sdk.sh <SDK folder or hexops/xcode-frameworks git dir>}"
-check="${OBJCXX_CHECK:-../shared/tools/objcxx-check.sh}"
+check="${OBJCXX_CHECK:-scripts/objcxx-check.sh}"
 
 bash "$check" -q --werror "$sdk" src/metal/*.mm -- -Iinclude -Isrc
 

@@ -8,6 +8,7 @@ the very same MSL on the CPU.
 from __future__ import annotations
 
 from ._core import CompileError, DeviceUnavailableError, DispatchError, DispatchStats
+from . import reference
 from .embedding import cpp_flags
 from .ops.attention import attention
 from .ops.attention_backward import attention_backward

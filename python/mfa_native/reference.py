@@ -12,7 +12,10 @@ Semantics in one place:
   causal "lower_right" (or True): j <= i + (C - R);  "upper_left": j <= i;
   window (left, right): -left <= j - (i + C - R) <= right, -1 = unbounded side;
   boolean mask: mask[b, h, i, j] is True;
-  additive mask: mask[b, h, i, j] > MASKED_BELOW (so -inf removes the key).
+  additive mask: not mask[b, h, i, j] <= MASKED_BELOW (so -inf removes the key, NaN stays).
+- NaN propagates as in PyTorch's math attention: a NaN logit of an allowed key (from q, k
+  or the additive mask) makes its row's output and lse NaN; a NaN in v[j, d] makes
+  out[i, d] NaN for every row i that sees key j.
 - sinks[h] is one more logit in the softmax denominator, with no value.
 - out = sum_j p_ij v_j with p the softmax over the allowed keys (and the sink);
   lse = natural log of the softmax denominator (sink included).
@@ -83,7 +86,7 @@ def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window
             allowed = allowed & mask
         else:
             additive = mask.astype(np.float64)
-            allowed = allowed & (additive > MASKED_BELOW)
+            allowed = allowed & ~(additive <= MASKED_BELOW)  # a NaN value stays, and makes the row NaN
             logits = logits + np.where(allowed, additive, 0.0)
     logits = np.where(allowed, logits, -np.inf)
 

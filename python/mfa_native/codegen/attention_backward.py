@@ -82,7 +82,7 @@ def dsinks_plan(d: BackwardDescriptor) -> LaunchPlan:
 def _lse2(target: str, at: str) -> list[str]:
     """target = the log2-domain lse at index `at`; -MASKED (P = 0) where lse = -inf (no key)."""
     return [f"const float lse_value = lse[{at}];",
-            f"{target} = lse_value > MASKED ? lse_value * LOG2E : -MASKED;"]
+            f"{target} = lse_value == -INFINITY ? -MASKED : lse_value * LOG2E;  // a NaN row stays NaN"]
 
 
 def _gradient_of_scores(count: int, delta: str) -> list[str]:
@@ -168,17 +168,17 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
     body += ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
     body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
-                   position="key", first="kb", limit="C", reread=REREAD)
+                   position="key", first="kb", limit=end, reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
     body += scores("dp_tile", count=count,
                    lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache else None, "dout_i"), rhs=x["v"],
                    rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys",
-                   position="key", first="kb", limit="C", reread=REREAD)
+                   position="key", first="kb", limit=end, reread=REREAD)
     body += _gradient_of_scores(count, "delta_row")
     body += ["", "// dQ += dS K."]
     body += accumulate("dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
-                       rhs_comment="rows are keys, columns are head dims", position="key", first="kb", limit="C")
+                       rhs_comment="rows are keys, columns are head dims", position="key", first="kb", limit=end)
     return block_loop("kb", begin, end, d.key_block, body)
 
 
@@ -194,7 +194,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     body += ["", "// dQ / scale, accumulated over the keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
     body += block_visits.keys(d, lambda rules, begin, end: _dq_key_steps(d, rules, begin, end))
     t = MSL_TYPES[d.dtype]
-    store = [f"device {t}* dq_row = dq_head + {offset('row', d.dq.strides[2])};"]
+    store = [f"device {t}* dq_row = dq_head + {offset('ulong(row)', d.dq.strides[2])};"]
     store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
     body += ["", "// dQ = scale * dS K.", "if (row < R) {"] + indent(store) + ["}"]
     return _kernel(d, dq_plan(d), body)
@@ -229,26 +229,26 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
     body = bias_over_queries(rules, count, end)
     body += ["", "// lse2 and D of the lane's queries.", f"float lse2[{2 * count}];", f"float delta_q[{2 * count}];"]
     body += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
-        "const uint query = uint(min(qb + j * 8 + int(tc) + e, int(R) - 1));",
+        f"const uint query = uint(min(qb + j * 8 + int(tc) + e, int({end}) - 1));",
         *_lse2("lse2[j * 2 + e]", "rows_at + query"),
         "delta_q[j * 2 + e] = delta[rows_at + query];",
     ]))
     body += ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
     body += scores("p_tile", count=count, lhs=Rows(x["k"], "key_read", "k_tile" if d.cache else None, "k_i"),
                    rhs=x["q"], rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries",
-                   position="query", first="qb", limit="R", reread=REREAD)
+                   position="query", first="qb", limit=end, reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
     body += ["", "// dV += P^T dO."]
     body += accumulate("dv_tile", weights="p_tile", count=count, rhs=x["dout"], rhs_tile="dout_tile",
-                       rhs_comment="rows are queries, columns are value dims", position="query", first="qb", limit="R")
+                       rhs_comment="rows are queries, columns are value dims", position="query", first="qb", limit=end)
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
     body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache else None, "v_i"),
                    rhs=x["dout"], rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
-                   position="query", first="qb", limit="R", reread=REREAD)
+                   position="query", first="qb", limit=end, reread=REREAD)
     body += _gradient_of_scores(count, "delta_q[j * 2 + e]")
     body += ["", "// dK += dS^T Q."]
     body += accumulate("dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
-                       rhs_comment="rows are queries, columns are head dims", position="query", first="qb", limit="R")
+                       rhs_comment="rows are queries, columns are head dims", position="query", first="qb", limit=end)
     return block_loop("qb", begin, end, d.query_block, body)
 
 
@@ -280,9 +280,9 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     body += zeroed("dk_tile", tiles(d.head_dim), "dK / scale") + zeroed("dv_tile", tiles(d.value_dim), "dV")
     body += _query_heads(d)
     t = MSL_TYPES[d.dtype]
-    store = [f"device {t}* dk_row = dk_head + {offset('key_row', d.dk.strides[2])};"]
+    store = [f"device {t}* dk_row = dk_head + {offset('ulong(key_row)', d.dk.strides[2])};"]
     store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
-    store += [f"device {t}* dv_row = dv_head + {offset('key_row', d.dv.strides[2])};"]
+    store += [f"device {t}* dv_row = dv_head + {offset('ulong(key_row)', d.dv.strides[2])};"]
     store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t)
     body += ["", "// dK = scale * dS^T Q, dV = P^T dO.", "if (key_row < C) {"] + indent(store) + ["}"]
     return _kernel(d, dkdv_plan(d), body)

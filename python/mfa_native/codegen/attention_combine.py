@@ -2,7 +2,7 @@
 
 One thread per output element (row, value column). With m_s, l_s the log2-domain
 max and sum of split s and O_s its unnormalized output:
-  top = max(m_s over splits with l_s > 0, sink)
+  top = max(m_s over splits with l_s != 0, sink), NaN if any is NaN
   w_s = exp2(m_s - top),  denominator = sum_s w_s l_s (+ exp2(sink - top))
   O = sum_s w_s O_s / denominator,  lse = (top + log2(denominator)) ln 2
 All arithmetic stays finite (removed rows keep the finite MASKED max, and an
@@ -51,8 +51,8 @@ def _body(d: KernelDescriptor) -> list[str]:
         "float top = sinks[h] * LOG2E;" if d.sinks else "float top = MASKED;",
         "for (uint s = 0; s < S; ++s) {",
         "  const ulong at = first + s * split_stride;",
-        "  if (ml_partial[at * 2 + 1] > 0.0f) {",
-        "    top = max(top, ml_partial[at * 2]);",
+        "  if (ml_partial[at * 2 + 1] != 0.0f) {  // a split that saw a key (or a NaN)",
+        "    top = max_nan(top, ml_partial[at * 2]);",
         "  }",
         "}",
         "float denominator = exp2(sinks[h] * LOG2E - top);" if d.sinks else "float denominator = 0.0f;",
@@ -60,18 +60,18 @@ def _body(d: KernelDescriptor) -> list[str]:
         "for (uint s = 0; s < S; ++s) {",
         "  const ulong at = first + s * split_stride;",
         "  const float l = ml_partial[at * 2 + 1];",
-        "  const float weight = l > 0.0f ? exp2(ml_partial[at * 2] - top) : 0.0f;",
+        "  const float weight = l != 0.0f ? exp2(ml_partial[at * 2] - top) : 0.0f;",
         "  denominator += weight * l;",
         f"  sum += col < {d.value_dim} ? weight * o_partial[at * {d.value_dim} + col] : 0.0f;",
         "}",
         "",
         f"if (col < {d.value_dim}) {{",
-        f"  o[{o_offset} + col] = {t}(denominator > 0.0f ? sum / denominator : 0.0f);",
+        f"  o[{o_offset} + col] = {t}(denominator != 0.0f ? sum / denominator : 0.0f);",
         "}",
     ]
     if d.return_lse:
         lines += ["if (col == 0) {",
-                  "  lse[first] = denominator > 0.0f ? (top + log2(denominator)) * LN2 : -INFINITY;",
+                  "  lse[first] = denominator != 0.0f ? (top + log2(denominator)) * LN2 : -INFINITY;",
                   "}"]
     return lines
 

@@ -70,15 +70,15 @@ class Normalized:
     @staticmethod
     def store(d: KernelDescriptor) -> list[str]:
         t = MSL_TYPES[d.dtype]
-        body = [f"device {t}* o_row = o_head + {offset('row', d.o.strides[2])};"]
+        body = [f"device {t}* o_row = o_head + {offset('ulong(row)', d.o.strides[2])};"]
         body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l")
         if d.return_lse:
             body += ["if (tc == 0) {",
-                     f"  lse[{row_index('row')}] = l > 0.0f ? (m + log2(l)) * LN2 : -INFINITY;",
+                     f"  lse[{row_index('row')}] = l != 0.0f ? (m + log2(l)) * LN2 : -INFINITY;",
                      "}"]
         return (["", "// O /= l; a row with nothing in its denominator stores 0 (and lse = -inf).",
                  head_pointer("o", d.o, "h", t, False),
-                 "const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;",
+                 "const float inv_l = l != 0.0f ? 1.0f / l : 0.0f;  // NaN stays NaN",
                  "if (row < R) {"] + indent(body) + ["}"])
 
     @staticmethod
@@ -148,11 +148,11 @@ def _geometry(d: KernelDescriptor, finish) -> list[str]:
 
 def _softmax(d: KernelDescriptor, key_tiles: int) -> list[str]:
     lines = ["", "// Online softmax: new running max, rescale, probabilities.", "float block_max = MASKED;"]
-    lines += logits(d.scale_log2e, key_tiles, "p_tile", ["block_max = max(block_max, s[i]);"])
+    lines += logits(d.scale_log2e, key_tiles, "p_tile", ["block_max = max_nan(block_max, s[i]);"])
     lines += [
-        "block_max = max(block_max, simd_shuffle_xor(block_max, 1));",
-        "block_max = max(block_max, simd_shuffle_xor(block_max, 8));",
-        "const float m_new = max(m, block_max);",
+        "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 1));",
+        "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 8));",
+        "const float m_new = max_nan(m, block_max);  // a NaN logit makes the row NaN",
         "const float correction = exp2(m - m_new);  // 1 when the max holds, 0 when m was MASKED",
         "m = m_new;",
         "float block_sum = 0.0f;",
@@ -179,12 +179,12 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     body += zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
-                   position="key", first="kb", limit="C",
+                   position="key", first="kb", limit=end,
                    reread="re-read: Q does not stay in registers at this head dimension")
     body += _softmax(d, key_tiles)
     body += ["", "// O += P V."]
     body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
-                       rhs_comment="rows are keys, columns are value dims", position="key", first="kb", limit="C")
+                       rhs_comment="rows are keys, columns are value dims", position="key", first="kb", limit=end)
     return block_loop("kb", begin, end, d.key_block, body)
 
 

@@ -78,8 +78,9 @@ def head_pointer(name: str, layout: OperandLayout, head: str, t: str, const: boo
 
 
 def index(row: str, row_stride: Extent, col: str) -> str:
-    """Element index of (row, col) inside a head: row * stride + col."""
-    part = offset(row, row_stride)
+    """Element index of (row, col) inside a head: row * stride + col, in 64 bits (a head may
+    hold more than 2**32 elements)."""
+    part = offset(f"ulong({row})", row_stride)
     return f"{part} + {col}" if part else col
 
 
@@ -271,7 +272,7 @@ def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[
         if rules.mask == "bool":
             body.append("allowed = allowed && mask_value != 0;")
         else:
-            body.append(f"allowed = allowed && float(mask_value) > {MASKED_BELOW};")
+            body.append(f"allowed = allowed && !(float(mask_value) <= {MASKED_BELOW});  // NaN stays, to show")
             value = "float(mask_value) * LOG2E"
     body.append(f"s[j * 2 + e] = allowed ? {value} : MASKED;")
     lines = ["// Which of the lane's (query, key) pairs are allowed, and the additive mask (log2 domain).",
@@ -279,7 +280,7 @@ def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[
     lines += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", body))
     if rules.mask != "none":
         lines += ["bool lane_sees_key = false;"]
-        lines += loop(f"ushort i = 0; i < {2 * count}; ++i", ["lane_sees_key = lane_sees_key || s[i] > MASKED;"])
+        lines += loop(f"ushort i = 0; i < {2 * count}; ++i", ["lane_sees_key = lane_sees_key || s[i] != MASKED;"])
         lines += ["if (simd_max(uint(lane_sees_key)) == 0u) {",
                   "  continue;  // the mask removes this whole block for these rows",
                   "}"]
@@ -305,7 +306,7 @@ def bias_over_keys(rules: MaskRules, count: int, end: str = "key_end") -> list[s
     dQ). Reads row, kb, `end`, mask_row."""
     at = None
     if rules.mask != "none":
-        at = f"mask_row[{offset('uint(min(key, int(C) - 1))', rules.mask_layout.strides[3]) or '0'}]"
+        at = f"mask_row[{offset('ulong(min(key, int(C) - 1))', rules.mask_layout.strides[3]) or '0'}]"
     return bias(rules, count, "key", "kb", allowed_terms(rules, "int(row)", "key", f"key < {end}"), at)
 
 
@@ -314,7 +315,7 @@ def bias_over_queries(rules: MaskRules, count: int, end: str = "query_end") -> l
     Reads key_row, qb, `end`, mask_key."""
     at = None
     if rules.mask != "none":
-        at = f"mask_key[{offset('uint(min(query, int(R) - 1))', rules.mask_layout.strides[2]) or '0'}]"
+        at = f"mask_key[{offset('ulong(min(query, int(R) - 1))', rules.mask_layout.strides[2]) or '0'}]"
     return bias(rules, count, "query", "qb", allowed_terms(rules, "query", "int(key_row)", f"query < {end}"), at)
 
 
@@ -327,7 +328,7 @@ def logits(scale_log2e: float, count: int, scores_tile: str, also: Sequence[str]
     Reads s (from `bias`)."""
     return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
         "const int i = j * 2 + e;",
-        f"s[i] = s[i] > MASKED ? {scores_tile}[j].thread_elements()[e] * {float_literal(scale_log2e)} + s[i] : MASKED;",
+        f"s[i] = s[i] != MASKED ? {scores_tile}[j].thread_elements()[e] * {float_literal(scale_log2e)} + s[i] : MASKED;",
         *also,
     ]))
 
@@ -336,7 +337,7 @@ def probabilities(count: int, target: str, reference: str, also: Sequence[str] =
     """target[j] = exp2(s - reference) for allowed elements, 0 for removed ones, then `also`
     (with `p` the element's probability). Reads s."""
     return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
-        f"const float p = s[j * 2 + e] > MASKED ? exp2(s[j * 2 + e] - {reference}) : 0.0f;",
+        f"const float p = s[j * 2 + e] != MASKED ? exp2(s[j * 2 + e] - {reference}) : 0.0f;",
         f"{target}[j].thread_elements()[e] = p;",
         *also,
     ]))

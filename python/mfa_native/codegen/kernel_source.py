@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .msl import constants, header, indent, signature, sizes_struct
+from .msl import constants, functions, header, indent, signature, sizes_struct
 from .plan import LaunchPlan
 
 
@@ -18,7 +18,8 @@ class KernelSource:
 def assemble(plan: LaunchPlan, *, summary: list[str], builtins: list[str], body: list[str]) -> KernelSource:
     """Header comment, sizes struct, signature (from the plan's operands), then the body
     behind declarations of the sizes and named constants it uses."""
-    declarations = constants(plan.sizes, "\n".join(body))
-    lines = (header(plan, summary) + sizes_struct(plan.sizes) + signature(plan, builtins)
+    text = "\n".join(body)
+    declarations = constants(plan.sizes, text)
+    lines = (header(plan, summary) + functions(text) + sizes_struct(plan.sizes) + signature(plan, builtins)
              + ["{"] + indent(declarations + [""] + body) + ["}"])
     return KernelSource("\n".join(lines) + "\n", plan)

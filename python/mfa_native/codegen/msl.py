@@ -64,6 +64,24 @@ NAMED_CONSTANTS = {
 }
 
 
+# Helper functions a body may call, emitted ahead of the kernel when it does.
+NAMED_FUNCTIONS = {
+    "max_nan": ["// max that keeps a NaN (MSL's max may return the other argument).",
+                "inline float max_nan(float a, float b) {",
+                "  return (isnan(a) || a >= b) ? a : b;",
+                "}"],
+}
+
+
+def functions(body: str) -> list[str]:
+    """The NAMED_FUNCTIONS that `body` calls."""
+    lines = []
+    for name, text in NAMED_FUNCTIONS.items():
+        if re.search(rf"\b{name}\(", body):
+            lines += text + [""]
+    return lines
+
+
 def sizes_struct(sizes: RuntimeSizes) -> list[str]:
     """The runtime-size struct a kernel binds (nothing when sizes are baked)."""
     if not sizes.fields:

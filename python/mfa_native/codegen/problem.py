@@ -111,7 +111,7 @@ class AttentionProblem:
             raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
         if self.mask != "none" and self.mask_dtype is None:
             object.__setattr__(self, "mask_dtype", "bool" if self.mask == "bool" else "float32")
-        if self.q_heads % self.kv_heads:
+        if self.kv_heads == 0 and self.q_heads or self.kv_heads and self.q_heads % self.kv_heads:
             raise ValueError(f"q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})")
         for name, shape in (("q", self.q_shape), ("k", self.k_shape), ("v", self.v_shape)):
             if getattr(self, f"{name}_strides") is None:
@@ -142,7 +142,7 @@ class AttentionProblem:
 
     @property
     def gqa_ratio(self) -> int:
-        return self.q_heads // self.kv_heads
+        return self.q_heads // self.kv_heads if self.kv_heads else 1
 
     @property
     def softmax_scale(self) -> float:

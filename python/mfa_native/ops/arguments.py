@@ -14,6 +14,7 @@ from ..codegen import MAX_HEAD_DIM, physical
 from ..runtime.arrays import FLOAT_DTYPES
 
 _CAUSAL = {False: "none", True: "lower_right", "lower_right": "lower_right", "upper_left": "upper_left"}
+MAX_INDEX = 2**31 - 1   # sizes, positions and window sides the kernels hold in (signed) 32-bit integers
 
 
 def layout_of(layout) -> str:
@@ -59,8 +60,6 @@ def dimensions(q: np.ndarray, k: np.ndarray, v: np.ndarray, layout: str) -> tupl
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         if x.ndim != 4:
             raise ValueError(f"{name} must have 4 dimensions ({axes(layout)}), got shape {x.shape}")
-        if 0 in x.shape:
-            raise ValueError(f"{name} has an empty dimension: shape {x.shape}")
     B, Hq, R, D = physical(q.shape, layout)
     kb, Hkv, C, kd = physical(k.shape, layout)
     vb, vh, vc, Dv = physical(v.shape, layout)
@@ -70,12 +69,22 @@ def dimensions(q: np.ndarray, k: np.ndarray, v: np.ndarray, layout: str) -> tupl
         raise ValueError(f"k's head dimension ({kd}) must match q's ({D}): q {q.shape}, k {k.shape}")
     if vh != Hkv or vc != C:
         raise ValueError(f"v must have k's heads and length ({layout}): k {k.shape}, v {v.shape}")
-    if Hq % Hkv:
+    if (Hkv == 0 and Hq != 0) or (Hkv and Hq % Hkv):
         raise ValueError(f"q's head count ({Hq}) must be a multiple of k/v's ({Hkv}) (GQA/MQA)")
     for name, dim in (("D (q/k head dimension)", D), ("Dv (v head dimension)", Dv)):
-        if dim > MAX_HEAD_DIM:
+        if not 1 <= dim <= MAX_HEAD_DIM:
             raise ValueError(f"{name} is {dim}; the kernels support 1..{MAX_HEAD_DIM}")
+    for name, size in (("B (batch)", B), ("Hq (query heads)", Hq), ("Hkv (key/value heads)", Hkv),
+                       ("R (query length)", R), ("C (key length)", C)):
+        if size > MAX_INDEX:
+            raise ValueError(f"{name} is {size}; the kernels index it with 32-bit integers, so it must be "
+                             f"below 2**31")
     return B, Hq, Hkv, R, C, D, Dv
+
+
+def is_empty(B: int, Hq: int, R: int, C: int) -> bool:
+    """Nothing to compute: no output rows (B, Hq or R = 0) or no keys (C = 0)."""
+    return B * Hq * R * C == 0
 
 
 def dtype_of(x: np.ndarray, name: str) -> str:
@@ -93,7 +102,9 @@ def causal_mode(causal) -> str:
     raise ValueError(f"causal must be False, True, 'lower_right' or 'upper_left', got {causal!r}")
 
 
-def window_sides(window) -> tuple[int, int] | None:
+def window_sides(window, q_len: int, kv_len: int) -> tuple[int, int] | None:
+    """(left, right) with -1 for unbounded; a side too wide to remove any key for these lengths
+    (left >= C, right >= R) is unbounded too, so no side the kernels hold exceeds 32 bits."""
     if window is None:
         return None
     if not isinstance(window, (tuple, list)) or len(window) != 2:
@@ -105,7 +116,8 @@ def window_sides(window) -> tuple[int, int] | None:
         if value < -1:
             raise ValueError(f"window {side} must be >= 0, or -1 for unbounded, got {value}")
         sides.append(int(value))
-    return (sides[0], sides[1])
+    left, right = sides
+    return (-1 if left >= max(kv_len, 1) else left, -1 if right >= max(q_len, 1) else right)
 
 
 def normalized(x: np.ndarray) -> np.ndarray:

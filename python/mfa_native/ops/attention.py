@@ -9,6 +9,7 @@ from ..codegen import AttentionProblem, physical
 from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
 from . import arguments as check
+from .empty import empty_forward
 from .warm import Convert, PreparedCall, SignatureCache, pick, same_memory, signature
 
 _calls = SignatureCache()
@@ -88,7 +89,7 @@ def validate(arrays, *, scale, causal, window, layout, return_lse) -> Validated:
     B, Hq, Hkv, R, C, D, Dv = check.dimensions(q, k, v, layout)
     scale = check.scale_value(scale)
     causal_mode = check.causal_mode(causal)
-    window = check.window_sides(window)
+    window = check.window_sides(window, R, C)
     return_lse = check.flag(return_lse, "return_lse")
 
     bound = {"q": check.bindable(q), "k": check.bindable(k), "v": check.bindable(v)}
@@ -122,6 +123,10 @@ def _prepare(arrays, *, scale, causal, window, layout, return_lse,
     """The first call of a signature: every check, then the problem's pass, prepared; and
     this call's inputs."""
     call = validate(arrays, scale=scale, causal=causal, window=window, layout=layout, return_lse=return_lse)
+    p = call.problem
+    if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+        empty, names = empty_forward(p, ARGUMENTS, call.converts)
+        return empty, [call.bound[name] for name in names]
     facts = tuning_facts(device)
     description = codegen.attention_pass(call.problem, family=facts.family,
                                          parallel_threadgroups=facts.parallel_threadgroups)

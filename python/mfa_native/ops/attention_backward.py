@@ -10,6 +10,7 @@ from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
 from . import arguments as check
 from .attention import Validated, validate
+from .empty import empty_backward
 from .warm import PreparedCall, SignatureCache, pick, same_memory, signature
 
 ARGUMENTS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks")  # the array arguments, in call order
@@ -77,6 +78,10 @@ def _prepare(arrays, *, scale, causal, window, layout, device: Device) -> tuple[
     """The first call of a signature: every check, then the backward pass, prepared; and
     this call's inputs."""
     call = validate_backward(arrays, scale=scale, causal=causal, window=window, layout=layout)
+    p = call.problem.forward
+    if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+        empty, names = empty_backward(p, ARGUMENTS, call.converts)
+        return empty, [call.bound[name] for name in names]
     description = codegen.attention_backward_pass(call.problem, family=tuning_facts(device).family)
     prepared = PreparedPass(description, device)
     wanted = ("dq", "dk", "dv", "dsinks") if call.problem.forward.sinks else ("dq", "dk", "dv")
