@@ -108,7 +108,7 @@ def test_flags_and_strides_become_literals():
     # o and dO with their own strides: 80 elements between rows instead of 64.
     problem = AttentionBackwardProblem(small().forward, o_strides=(2 * 40 * 80, 40 * 80, 80, 1))
     dq, _ = sources(problem)
-    assert "o_head = o + (ulong(b) * Hq * R * 80 + ulong(h) * R * 80);" in dq and "row_read * 80 + col" in dq
+    assert "o_head = o + (ulong(b) * Hq * R * 80 + ulong(h) * R * 80);" in dq and "ulong(row_read) * 80 + col" in dq
     assert "dout_head = dout + (ulong(b) * Hq * R * 64 + ulong(h) * R * 64);" in dq
 
 
@@ -116,7 +116,7 @@ def test_broadcast_mask_axes_are_read_with_stride_zero():
     # An (R, C) mask broadcast over batch and heads, read per key by dK/dV.
     _, dkdv = sources(small(batch=2, mask="bool", mask_strides=(0, 0, 56, 1)))
     assert "device const uchar* mask_key = mask + (ulong(key_read));" in dkdv
-    assert "mask_key[uint(min(query, int(R) - 1)) * C]" in dkdv
+    assert "mask_key[ulong(min(query, int(R) - 1)) * C]" in dkdv
     # A key-padding mask (B, 1, 1, C): no query term.
     _, dkdv = sources(small(batch=2, mask="additive", mask_strides=(56, 0, 0, 1)))
     assert "mask_key = mask + (ulong(b) * C + ulong(key_read));" in dkdv and "mask_key[0]" in dkdv
