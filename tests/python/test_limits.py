@@ -95,3 +95,13 @@ def test_offsets_past_2_32_elements_are_addressed_in_64_bits(rng, tmp_path):
     q, _, v = make_inputs(rng, Hq=1, R=3, C=rows, D=D, dtype="float16")
     out = mfa_native.attention(q, k, v)
     assert relative_l2(out, attention_reference(q, np.array(k), v)) < 2e-2
+
+
+def test_block_sparse_problems_without_rows_give_empty_results(rng):
+    q = rng.standard_normal((1, 2, 0, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    block_mask = mfa_native.BlockMask(np.zeros((1, 1, 0), np.int32), np.zeros((1, 1, 0, 1), np.int32), block_size=8)
+    out, lse = mfa_native.block_sparse_attention(q, k, k, block_mask, return_lse=True)
+    assert out.shape == (1, 2, 0, 8) and lse.shape == (1, 2, 0)
+    dq, dk, dv = mfa_native.block_sparse_attention_backward(q, k, k, out, lse, out, block_mask)
+    assert dq.shape == q.shape and dk.shape == k.shape and not dk.any() and not dv.any()

@@ -12,7 +12,9 @@ from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
 from .attention import Validated, validate
 from .attention_backward import validate_backward
+from .arguments import is_empty
 from .block_mask import PAIRS, BlockMask, check_lists
+from .empty import empty_backward, empty_forward
 from .warm import PreparedCall, SignatureCache, pick, signature
 
 LISTS = tuple(name for pair in PAIRS for name in pair)
@@ -55,6 +57,10 @@ def block_sparse_attention(q, k, v, block_mask: BlockMask, *, scale=None, causal
         return call(arrays)
     checked = _with_lists(validate(arrays[:5], scale=scale, causal=causal, window=window, layout=layout,
                                    return_lse=return_lse), block_mask)
+    p = checked.problem
+    if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+        call, names = empty_forward(p, ARGUMENTS, checked.converts)
+        return call.run([checked.bound[name] for name in names])
     facts = tuning_facts(device)
     prepared = PreparedPass(codegen.attention_pass(checked.problem, family=facts.family), device)
     o = prepared.output_names.index("o")
@@ -90,6 +96,10 @@ def block_sparse_attention_backward(q, k, v, o, lse, do, block_mask: BlockMask, 
     backward = validate_backward(arrays[:8], scale=scale, causal=causal, window=window, layout=layout)
     forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), block_mask)
     problem = replace(backward.problem, forward=forward.problem)
+    p = problem.forward
+    if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+        call, names = empty_backward(p, BACKWARD_ARGUMENTS, forward.converts)
+        return call.run([forward.bound[name] for name in names])
     prepared = PreparedPass(codegen.attention_backward_pass(problem, family=tuning_facts(device).family), device)
     wanted = ("dq", "dk", "dv", "dsinks") if problem.forward.sinks else ("dq", "dk", "dv")
     order = tuple(prepared.output_names.index(name) for name in wanted)
