@@ -14,6 +14,7 @@ from .ops.attention import attention
 from .ops.attention_backward import attention_backward
 from .ops.block_mask import BlockMask
 from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
+from .ops.sparse import sparse_attention
 from .runtime.devices import Device, default_device, devices
 from .runtime.kernel import Kernel
 from .runtime.passes import PassDescription
@@ -40,4 +41,5 @@ __all__ = [
     "default_device",
     "devices",
     "profile",
+    "sparse_attention",
 ]

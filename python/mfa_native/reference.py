@@ -214,3 +214,40 @@ def block_sparse_attention_backward_reference(q, k, v, dout, block_mask, *, scal
     """Gradients of block-sparse attention in float64, as `attention_backward_reference` gives them."""
     bias = block_sparse_bias(block_mask, q, k, causal=causal, mask=mask, window=window, layout=layout)
     return attention_backward_reference(q, k, v, dout, scale=scale, mask=bias, sinks=sinks, layout=layout, out=out)
+
+
+def sparse_attention_reference(q, k, v, indices, *, scale=None, sinks=None, topk_length=None, layout="bhsd",
+                               return_lse=False):
+    """Sparse-indexed attention in float64: query (b, h, r) attends the keys
+    indices[b, h // (Hq // Hkv), r, :topk_length[b, r]] (layout "bshd": indices (B, R, Hkv,
+    topk)), entries < 0 or >= C skipped, a key listed twice counted twice; as a gather
+    followed by dense attention over the gathered list. A size-1 kv-head axis broadcasts."""
+    qh, kh, vh = (_to_bhsd(x, layout) for x in (q, k, v))
+    listed = np.asarray(indices)
+    listed = listed if layout == "bhsd" else listed.transpose(0, 2, 1, 3)
+    batch, q_heads, q_len, head_dim = qh.shape
+    kv_heads, kv_len, value_dim = kh.shape[1], kh.shape[2], vh.shape[3]
+    ratio = q_heads // kv_heads
+    scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
+    out = np.zeros((batch, q_heads, q_len, value_dim))
+    lse = np.full((batch, q_heads, q_len), -np.inf)
+    for b in range(batch):
+        for h in range(q_heads):
+            for r in range(q_len):
+                row = listed[b, (h // ratio) % listed.shape[1], r]
+                if topk_length is not None:
+                    row = row[:max(0, int(np.asarray(topk_length)[b, r]))]
+                keys = row[(row >= 0) & (row < kv_len)]
+                logits = scale * kh[b, h // ratio, keys] @ qh[b, h, r]
+                terms = [logits] + ([np.array([float(np.asarray(sinks)[h])])] if sinks is not None else [])
+                every = np.concatenate(terms)
+                if every.size == 0:
+                    continue
+                top = every.max()
+                weights = np.exp(every - top)
+                denominator = weights.sum()
+                out[b, h, r] = weights[:len(keys)] @ vh[b, h // ratio, keys] / denominator
+                lse[b, h, r] = top + np.log(denominator)
+    if layout == "bshd":
+        out = out.transpose(0, 2, 1, 3)
+    return (out, lse) if return_lse else out

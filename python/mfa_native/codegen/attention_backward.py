@@ -33,9 +33,9 @@ from functools import lru_cache
 
 from . import block_visits, operands
 from .attention_forward import BUILTINS
-from .blocks import (HeadTensor, Rows, accumulate, bias_over_keys, bias_over_queries, block_loop, head_pointer,
-                     in_registers, key_range, lane_layout, logits, mask_key_pointer, mask_row_pointer, probabilities,
-                     query_range, query_rows_geometry, row_index, scores, store_rows, tiles, zeroed)
+from .blocks import (HeadTensor, Positions, Rows, accumulate, bias_over_keys, bias_over_queries, block_loop,
+                     head_pointer, in_registers, key_range, lane_layout, logits, mask_key_pointer, mask_row_pointer,
+                     probabilities, query_range, query_rows_geometry, row_index, scores, store_rows, tiles, zeroed)
 from .descriptor import BackwardDescriptor, MaskRules
 from .kernel_source import KernelSource, assemble
 from .msl import MSL_TYPES, float_literal, indent, loop, offset
@@ -168,17 +168,17 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
     body += ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
     body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
-                   position="key", first="kb", limit=end, reread=REREAD)
+                   position="key", first="kb", positions=Positions(end), reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
     body += scores("dp_tile", count=count,
                    lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache else None, "dout_i"), rhs=x["v"],
                    rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys",
-                   position="key", first="kb", limit=end, reread=REREAD)
+                   position="key", first="kb", positions=Positions(end), reread=REREAD)
     body += _gradient_of_scores(count, "delta_row")
     body += ["", "// dQ += dS K."]
     body += accumulate("dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
-                       rhs_comment="rows are keys, columns are head dims", position="key", first="kb", limit=end)
+                       rhs_comment="rows are keys, columns are head dims", position="key", first="kb", positions=Positions(end))
     return block_loop("kb", begin, end, d.key_block, body)
 
 
@@ -236,19 +236,19 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
     body += ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
     body += scores("p_tile", count=count, lhs=Rows(x["k"], "key_read", "k_tile" if d.cache else None, "k_i"),
                    rhs=x["q"], rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries",
-                   position="query", first="qb", limit=end, reread=REREAD)
+                   position="query", first="qb", positions=Positions(end), reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
     body += ["", "// dV += P^T dO."]
     body += accumulate("dv_tile", weights="p_tile", count=count, rhs=x["dout"], rhs_tile="dout_tile",
-                       rhs_comment="rows are queries, columns are value dims", position="query", first="qb", limit=end)
+                       rhs_comment="rows are queries, columns are value dims", position="query", first="qb", positions=Positions(end))
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
     body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache else None, "v_i"),
                    rhs=x["dout"], rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
-                   position="query", first="qb", limit=end, reread=REREAD)
+                   position="query", first="qb", positions=Positions(end), reread=REREAD)
     body += _gradient_of_scores(count, "delta_q[j * 2 + e]")
     body += ["", "// dK += dS^T Q."]
     body += accumulate("dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
-                       rhs_comment="rows are queries, columns are head dims", position="query", first="qb", limit=end)
+                       rhs_comment="rows are queries, columns are head dims", position="query", first="qb", positions=Positions(end))
     return block_loop("qb", begin, end, d.query_block, body)
 
 

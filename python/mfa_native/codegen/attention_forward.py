@@ -32,9 +32,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 from . import block_visits, operands
-from .blocks import (HeadTensor, Rows, accumulate, bias_over_keys, block_loop, head_pointer, in_registers, key_range,
-                     logits, mask_row_pointer, probabilities, query_rows_geometry, row_index, scores, store_rows,
-                     tiles, zeroed)
+from .blocks import (HeadTensor, Positions, Rows, accumulate, bias_over_keys, block_loop, head_pointer, in_registers,
+                     key_range, logits, mask_row_pointer, probabilities, query_rows_geometry, row_index, scores,
+                     store_rows, tiles, zeroed)
 from .descriptor import KernelDescriptor, MaskRules
 from .kernel_source import KernelSource, assemble
 from .msl import MSL_TYPES, indent, loop, offset
@@ -179,12 +179,12 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     body += zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
-                   position="key", first="kb", limit=end,
+                   position="key", first="kb", positions=Positions(end),
                    reread="re-read: Q does not stay in registers at this head dimension")
     body += _softmax(d, key_tiles)
     body += ["", "// O += P V."]
     body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
-                       rhs_comment="rows are keys, columns are value dims", position="key", first="kb", limit=end)
+                       rhs_comment="rows are keys, columns are value dims", position="key", first="kb", positions=Positions(end))
     return block_loop("kb", begin, end, d.key_block, body)
 
 

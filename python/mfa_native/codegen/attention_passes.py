@@ -17,6 +17,7 @@ from .attention_backward import generate_dkdv, generate_dq, generate_dsinks
 from .block_lists import generate_classify, generate_kv_lists, generate_q_lists, generate_transpose
 from .attention_combine import generate_combine
 from .attention_forward import generate, generate_partial
+from .sparse_forward import generate_sparse
 from .descriptor import describe, describe_backward, sizes_of
 from .passes import TensorSpec, build_pass
 from .problem import AttentionBackwardProblem, AttentionProblem, physical
@@ -44,6 +45,11 @@ def _forward_inputs(p: AttentionProblem) -> dict[str, TensorSpec]:
         inputs["mask"] = TensorSpec(p.mask_dtype, p.mask_shape, p.mask_strides)  # (B, Hq, R, C) whatever the layout
     if p.sinks:
         inputs["sinks"] = TensorSpec("float32", (p.q_heads,), (1,))
+    if p.tokens is not None:
+        shape = (p.batch, p.kv_heads, p.q_len, p.tokens.topk)
+        inputs["indices"] = _tensor(p, "int32", shape, p.tokens.index_strides)
+        if p.tokens.length_strides is not None:
+            inputs["topk_length"] = TensorSpec("int32", (p.batch, p.q_len), p.tokens.length_strides)
     if p.blocks is not None:
         inputs.update(_lists(p, "kv", "q_len", "q_block", p.blocks.width))
         if p.blocks.full:
@@ -76,9 +82,13 @@ def attention_pass(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_
     p = problem
     if p.blocks is not None:  # the forward walks the kv lists only
         p = replace(p, blocks=replace(p.blocks, q_width=None, full_q_width=None))
-    split = kv_split(p, family, parallel_threadgroups) if parallel_threadgroups and p.blocks is None else None
+    dense = p.blocks is None and p.tokens is None
+    split = kv_split(p, family, parallel_threadgroups) if parallel_threadgroups and dense else None
     d = describe(p, family=family, bake_lengths=bake_lengths, split=split)
-    kernels = (generate(d),) if split is None else (generate_partial(d), generate_combine(d))
+    if p.tokens is not None:
+        kernels = (generate_sparse(d),)
+    else:
+        kernels = (generate(d),) if split is None else (generate_partial(d), generate_combine(d))
     outputs = {"o": _tensor(p, p.dtype, p.o_shape)}
     if p.return_lse:
         outputs["lse"] = TensorSpec("float32", _rows(p))

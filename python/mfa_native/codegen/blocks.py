@@ -85,6 +85,29 @@ def index(row: str, row_stride: Extent, col: str) -> str:
 
 
 @dataclass(frozen=True)
+class Positions:
+    """The sequence positions a tile loads: `first + offset` clamped below `end` (a visited
+    range), or, with `listed`, the entries `listed[slot]` of a token list (slots clamped
+    below `end`, the list's count). A listed position outside 0..C-1 loads 0: it is skipped
+    and never read."""
+
+    end: str
+    listed: str | None = None
+
+    def declare(self, name: str, slot: str) -> list[str]:
+        """Defines `name` (the position of `slot`) and, for listed positions, `name`_valid."""
+        clamped = f"min({slot}, int({self.end}) - 1)"
+        if self.listed is None:
+            return [f"const uint {name} = uint({clamped});"]
+        return [f"const int {name}_listed = {self.listed}[{clamped}];",
+                f"const bool {name}_valid = uint({name}_listed) < C;  // negative entries are huge as uint",
+                f"const uint {name} = {name}_valid ? uint({name}_listed) : 0u;"]
+
+    def valid(self, name: str) -> str | None:
+        return None if self.listed is None else f"{name}_valid"
+
+
+@dataclass(frozen=True)
 class HeadTensor:
     """A (sequence, feature) tensor of the current head: its `{pointer}`, the stride
     between sequence positions and its feature width (D or Dv). Features past the
@@ -98,27 +121,31 @@ class HeadTensor:
     def of(cls, name: str, layout: OperandLayout, width: int) -> HeadTensor:
         return cls(f"{name}_head", layout.strides[2], width)
 
-    def load_rows(self, target: str, row: str, tile: str) -> list[str]:
-        """`target` = 8 rows x features [tile * 8, tile * 8 + 8); the lane reads row `row`."""
+    def load_rows(self, target: str, row: str, tile: str, valid: str | None = None) -> list[str]:
+        """`target` = 8 rows x features [tile * 8, tile * 8 + 8); the lane reads row `row`
+        (0 where `valid`, if given, is false)."""
         lines = [f"const uint col = {tile} * 8 + tc;"]
         for e in (0, 1):
             col = "col + 1" if e else "col"
             value = f"float({self.pointer}[{index(row, self.row_stride, 'col')}{' + 1' if e else ''}])"
-            if self.width % 8:
-                value = f"{col} < {self.width} ? {value} : 0.0f"
+            conditions = ([f"{col} < {self.width}"] if self.width % 8 else []) + ([valid] if valid else [])
+            if conditions:
+                value = f"{' && '.join(conditions)} ? {value} : 0.0f"
             lines.append(f"{target}.thread_elements()[{e}] = {value};")
         return lines
 
-    def load_transposed(self, target: str, position: str, first: str, limit: str, tile: str) -> list[str]:
-        """`target` = features [tile * 8, + 8) x sequence positions [first, first + 8): the
-        transposed rows, as the right operand of A B^T; positions clamp to `limit` - 1."""
+    def load_transposed(self, target: str, position: str, first: str, positions: Positions, tile: str) -> list[str]:
+        """`target` = features [tile * 8, + 8) x the sequence positions of slots [first, first + 8):
+        the transposed rows, as the right operand of A B^T."""
         lines = [f"const uint dim = {tile} * 8 + tr;"]
         for e in (0, 1):
-            lines.append(f"const uint {position}{e} = uint(min({first} + int(tc) + {e}, int({limit}) - 1));")
+            lines += positions.declare(f"{position}{e}", f"{first} + int(tc) + {e}")
         for e in (0, 1):
             value = f"float({self.pointer}[{index(f'{position}{e}', self.row_stride, 'dim')}])"
-            if self.width % 8:
-                value = f"dim < {self.width} ? {value} : 0.0f"
+            conditions = (["dim < " + str(self.width)] if self.width % 8 else []) + \
+                ([positions.valid(f"{position}{e}")] if positions.listed else [])
+            if conditions:
+                value = f"{' && '.join(conditions)} ? {value} : 0.0f"
             lines.append(f"{target}.thread_elements()[{e}] = {value};")
         return lines
 
@@ -171,25 +198,27 @@ class Rows:
 
 
 def scores(result: str, *, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
-           position: str, first: str, limit: str, reread: str) -> list[str]:
-    """result[j] += lhs rows . rhs rows [first + 8 j, + 8) over the shared feature dimension,
-    for the tiles j < tiles (those past the visible range stay as they are). `position` names
-    the loaded positions, clamped to `limit` - 1; `reread` says why lhs is re-read when it is
-    not cached. Reads tiles, tr, tc. Defines nothing outside its loops."""
+           position: str, first: str, positions: Positions, reread: str) -> list[str]:
+    """result[j] += lhs rows . rhs rows of slots [first + 8 j, + 8) over the shared feature
+    dimension, for the tiles j < tiles (those past the visible range stay as they are).
+    `position` names the loaded positions (`positions` says where they come from); `reread`
+    says why lhs is re-read when it is not cached. Reads tiles, tr, tc. Defines nothing
+    outside its loops."""
     per_tile = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
-    per_tile += rhs.load_transposed(rhs_tile, position, f"{first} + j * 8", limit, "i")
+    per_tile += rhs.load_transposed(rhs_tile, position, f"{first} + j * 8", positions, "i")
     per_tile.append(f"simdgroup_multiply_accumulate({result}[j], {lhs.tile()}, {rhs_tile}, {result}[j]);")
     inner = lhs.reread(reread) + loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(per_tile) + ["}"])
     return loop(f"ushort i = 0; i < {tiles(rhs.width)}; ++i", inner)
 
 
 def accumulate(result: str, *, weights: str, count: int, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
-               position: str, first: str, limit: str) -> list[str]:
-    """result[t] += weights[j] . rhs rows [first + 8 j, + 8), features tile t, for tiles j < tiles;
-    positions clamp to `limit` - 1. Reads tiles, tr, tc. Defines nothing outside its loops."""
-    load = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"] + rhs.load_rows(rhs_tile, position, "t")
+               position: str, first: str, positions: Positions) -> list[str]:
+    """result[t] += weights[j] . rhs rows of slots [first + 8 j, + 8), features tile t, for
+    tiles j < tiles. Reads tiles, tr, tc. Defines nothing outside its loops."""
+    load = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
+    load += rhs.load_rows(rhs_tile, position, "t", positions.valid(position))
     load.append(f"simdgroup_multiply_accumulate({result}[t], {weights}[j], {rhs_tile}, {result}[t]);")
-    per_tile = [f"const uint {position} = uint(min({first} + j * 8 + int(tr), int({limit}) - 1));"]
+    per_tile = positions.declare(position, f"{first} + j * 8 + int(tr)")
     per_tile += loop(f"ushort t = 0; t < {tiles(rhs.width)}; ++t", load)
     return loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(per_tile) + ["}"])
 

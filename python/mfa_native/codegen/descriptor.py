@@ -28,7 +28,8 @@ from .tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, tile_row
 SIZE_DOCS = {"B": "batch", "Hq": "query heads", "Hkv": "key/value heads", "R": "query length",
              "C": "key length", "S": "key/value splits", "Cs": "keys per split",
              "NQ": "query blocks", "NK": "key blocks", "Wp": "width of kv_indices",
-             "Wf": "width of full_kv_indices", "Wq": "width of q_indices", "Wqf": "width of full_q_indices"}
+             "Wf": "width of full_kv_indices", "Wq": "width of q_indices", "Wqf": "width of full_q_indices",
+             "T": "entries per token list (topk)"}
 SIZE_NAMES = ("B", "Hq", "Hkv", "R", "C")
 SPLIT_SIZE_NAMES = ("S", "Cs")
 SIZES_STRUCT = "AttentionSizes"
@@ -87,6 +88,15 @@ class BlockFacts:
 
 
 @dataclass(frozen=True)
+class TokenFacts:
+    """What sparse-indexed kernels depend on: the layouts of the token lists (the list width
+    is the runtime size T). Rows of a tile are the query heads of one kv head at one query."""
+
+    indices: OperandLayout          # logical (batch, kv head, query, slot)
+    lengths: OperandLayout | None   # topk_length, logical (batch, query, -, -)
+
+
+@dataclass(frozen=True)
 class AttentionFacts:
     """What every attention kernel depends on: head dimensions, dtype, GQA ratio, the
     q/k/v layouts, the masking rules, sinks, the scale and the tile table's family."""
@@ -115,6 +125,7 @@ class KernelDescriptor(AttentionFacts):
     query_rows: int         # per threadgroup
     key_block: int
     cache_q: bool
+    tokens: TokenFacts | None = None   # sparse-indexed: rows are heads, keys come from lists
 
     @property
     def simdgroups(self) -> int:
@@ -182,6 +193,8 @@ def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) ->
     sizes = dict(zip(SIZE_NAMES, (problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len)))
     if split is not None:
         sizes.update(zip(SPLIT_SIZE_NAMES, split))
+    if problem.tokens is not None:
+        sizes["T"] = problem.tokens.topk
     lists = problem.blocks
     if lists is not None:
         sizes.update(NQ=-(-problem.q_len // lists.q_block), NK=-(-problem.kv_len // lists.k_block), Wp=lists.width)
@@ -245,8 +258,25 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     p = problem
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     row = tile_row(family, max(p.head_dim, p.value_dim))
+    rows = query_rows(p, family) if p.tokens is None else 8 * -(-p.gqa_ratio // 8)  # sparse: a row per head
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
-                            query_rows=query_rows(p, family), key_block=row.key_block, cache_q=row.cache_q)
+                            query_rows=rows, key_block=row.key_block, cache_q=row.cache_q,
+                            tokens=_token_facts(p, bake_lengths))
+
+
+def _token_facts(p: AttentionProblem, bake_lengths: bool) -> TokenFacts | None:
+    if p.tokens is None:
+        return None
+    B, Hkv, R, T = (Extent(1, (name,)) for name in ("B", "Hkv", "R", "T"))
+    baked = sizes_of(p) if bake_lengths else None
+    shape = (p.batch, p.kv_heads, p.q_len, p.tokens.topk)
+    indices = _operand_layout(shape, (B, Hkv, R, T), p.tokens.index_strides, (0, 1, 2, 3), baked)
+    lengths = None
+    if p.tokens.length_strides is not None:
+        one = Extent(1)
+        lengths = _operand_layout((p.batch, p.q_len, 1, 1), (B, R, one, one), (*p.tokens.length_strides, 1, 1),
+                                  (0, 1, 2, 3), baked)
+    return TokenFacts(indices, lengths)
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,

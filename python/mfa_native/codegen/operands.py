@@ -46,6 +46,8 @@ _CATALOG = {
     "full_q_counts": ("int", "full query blocks per key block, built from the kv lists"),
     "full_q_starts": ("int", "where each key block's full query blocks start in full_q_entries"),
     "full_q_entries": ("int", "the full query blocks of every key block, in key-block order"),
+    "indices": ("int", "(B, Hkv|1, R, topk) the keys each query row attends; entries < 0 or >= C skipped"),
+    "topk_length": ("int", "(B, R) how many entries of each list to read"),
     "block_class": ("int", "(B, H, NQ, NK) 0: no pair allowed, 1: some, 2: all (BlockMask.from_mask)"),
 }
 
@@ -74,6 +76,9 @@ def _present(name: str, d: AttentionFacts) -> bool:
         return d.rules.mask != "none"
     if name == "sinks":
         return d.sinks
+    if name in ("indices", "topk_length"):
+        tokens = getattr(d, "tokens", None)
+        return tokens is not None and (name == "indices" or tokens.lengths is not None)
     if name in KEY_LISTS or name in GIVEN_QUERY_LISTS or name in BUILT_QUERY_LISTS:
         f = d.blocks
         if f is None or (name.startswith("full_") and not f.full):

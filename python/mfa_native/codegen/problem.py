@@ -74,6 +74,18 @@ class BlockLists:
 
 
 @dataclass(frozen=True)
+class TokenLists:
+    """Sparse-indexed attention's per-query key lists (DeepSeek sparse attention): `indices`
+    (B, Hkv|1, R, topk) int32 in logical order with these element strides (the slot axis
+    contiguous; a kv-head stride of 0 shares one list among the kv heads), and optionally
+    `topk_length` (B, R) int32 with its strides."""
+
+    topk: int
+    index_strides: tuple[int, int, int, int]
+    length_strides: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
 class AttentionProblem:
     """One attention forward problem. Dimensions follow the issue's names:
     q is (B, Hq, R, D), k is (B, Hkv, C, D), v is (B, Hkv, C, Dv) in logical order."""
@@ -99,6 +111,7 @@ class AttentionProblem:
     scale: float | None = None             # None: 1 / sqrt(D)
     return_lse: bool = False
     blocks: BlockLists | None = None       # block-sparse attention: only the listed key blocks
+    tokens: TokenLists | None = None       # sparse-indexed attention: only the listed keys
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

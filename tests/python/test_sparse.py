@@ -1,0 +1,138 @@
+"""Sparse-indexed attention (per-query token lists) against a float64 gather + dense reference:
+every invalid-index form anywhere in a list, duplicates, all-invalid rows, topk larger than C,
+topk_length, sinks, GQA ratios below and above 8, both layouts, non-contiguous and broadcast
+index tensors, D != Dv, the shared-K/V (MLA) form, R = 1 decode. Outputs are poisoned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import relative_l2
+from test_attention import DTYPES, TOLERANCE, make_inputs
+
+import mfa_native
+from mfa_native.reference import sparse_attention_reference
+
+INVALID = (-1, -2**31, "C", "C+5", 2**31 - 1)
+
+
+def lists(rng, B, Hkv, R, topk, C, layout="bhsd", invalid_share=0.25):
+    """Random token lists with duplicates and every invalid form sprinkled anywhere."""
+    shape = (B, Hkv, R, topk) if layout == "bhsd" else (B, R, Hkv, topk)
+    indices = rng.integers(0, C, shape)
+    bad = rng.random(shape) < invalid_share
+    forms = np.array([C if f == "C" else C + 5 if f == "C+5" else f for f in INVALID], dtype=np.int64)
+    indices[bad] = forms[rng.integers(0, len(forms), bad.sum())]
+    return indices.astype(np.int32)
+
+
+def check(q, k, v, indices, tolerance, **kwargs):
+    out, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, **kwargs)
+    expected, expected_lse = sparse_attention_reference(q, k, v, indices, return_lse=True, **kwargs)
+    assert out.dtype == q.dtype and out.shape == expected.shape and lse.dtype == np.float32
+    assert relative_l2(out, expected) < tolerance
+    empty = np.isneginf(expected_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), empty)
+    np.testing.assert_allclose(lse[~empty], expected_lse[~empty], rtol=tolerance, atol=tolerance)
+    return out, lse
+
+
+CASES = [
+    dict(dims=dict(Hq=4, Hkv=2, R=9, C=70, D=16), topk=20),
+    dict(dims=dict(B=2, Hq=12, Hkv=1, R=3, C=50, D=24, Dv=8), topk=13, kwargs=dict(sinks=True)),   # 12 heads: 2 simdgroups
+    dict(dims=dict(Hq=2, Hkv=2, R=1, C=300, D=32, dtype="float16"), topk=64),                       # decode
+    dict(dims=dict(Hq=8, Hkv=1, R=6, C=40, D=16, dtype="bfloat16", layout="bshd"), topk=17,
+         kwargs=dict(layout="bshd", sinks=True)),
+    dict(dims=dict(Hq=3, Hkv=1, R=5, C=10, D=8), topk=40, lengths=True),                           # topk > C
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"H{c['dims']['Hq']}/{c['dims']['Hkv']}-topk{c['topk']}")
+def test_matches_gather_then_dense(rng, case):
+    dims = case["dims"]
+    q, k, v = make_inputs(rng, **dims)
+    kwargs = dict(case.get("kwargs", {}))
+    layout = kwargs.get("layout", "bhsd")
+    B, Hq, Hkv, R, C = dims.get("B", 1), dims["Hq"], dims["Hkv"], dims["R"], dims["C"]
+    if kwargs.get("sinks"):
+        kwargs["sinks"] = rng.standard_normal(Hq).astype(np.float32)
+    indices = lists(rng, B, Hkv, R, case["topk"], C, layout)
+    row = (0, 0, 0) if layout == "bhsd" else (0, 0, 0)
+    indices[row] = -1                           # a row with no valid entry
+    if case.get("lengths"):
+        kwargs["topk_length"] = rng.integers(0, case["topk"] + 10, (B, R)).astype(np.int32)  # some above topk
+    dtype = {np.dtype(t): n for n, t in DTYPES.items()}[q.dtype]
+    out, lse = check(q, k, v, indices, TOLERANCE[dtype], **kwargs)
+    first_row = out[0, 0, 0] if layout == "bhsd" else out[0, 0, 0]
+    if "sinks" not in kwargs and not case.get("lengths"):
+        assert (first_row.astype(np.float32) == 0).all()
+
+
+def test_strided_broadcast_and_shared_kv_lists(rng):
+    """A list shared by every kv head through stride 0, a non-contiguous index view, and MLA's
+    shared latent: v is k's first Dv features, used in place."""
+    B, Hq, Hkv, R, C, D, Dv = 1, 4, 2, 7, 64, 32, 16
+    q, k, _ = make_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D)
+    v = k[..., :Dv]
+    shared = np.broadcast_to(lists(rng, B, 1, R, 24, C), (B, Hkv, R, 24))      # stride 0 on the kv heads
+    check(q, k, v, shared, 1e-4)
+    wide = lists(rng, B, Hkv, R * 2, 48, C)[:, :, ::2, ::2]                      # gaps on rows and slots
+    check(q, k, v, wide, 1e-4)
+    check(q, k, v, lists(rng, B, 1, R, 24, C), 1e-4)                             # a size-1 kv-head axis
+
+
+def test_duplicates_count_twice_and_all_invalid_rows_give_zero(rng):
+    q, k, v = make_inputs(rng, Hq=2, Hkv=1, R=4, C=16, D=8)
+    indices = np.array([[[[3, 3, 3, 9], [5, -1, 16, 2**31 - 1], [-2**31, -1, 16, 21], [0, 1, 2, 3]]]], np.int32)
+    out, lse = check(q, k, v, indices, 1e-4)
+    assert (out[:, :, 2] == 0).all() and np.isneginf(lse[:, :, 2]).all()
+    sinks = np.array([0.5, -1.0], np.float32)
+    out, lse = check(q, k, v, indices, 1e-4, sinks=sinks)
+    np.testing.assert_allclose(lse[0, :, 2], sinks)  # the sink is the whole denominator
+
+
+def test_work_and_traffic_follow_the_lists(rng):
+    """8 query heads share one list: each listed K/V row is read once per kv head, and the
+    issued matrix work is that of the listed slots, far below dense attention's."""
+    Hq, R, C, D, topk = 8, 2, 4096, 16, 256
+    q, k, v = make_inputs(rng, Hq=Hq, Hkv=1, R=R, C=C, D=D)
+    indices = lists(rng, 1, 1, R, topk, C, invalid_share=0.0)
+    with mfa_native.profile() as prof:
+        mfa_native.sparse_attention(q, k, v, indices)
+    (record,) = prof.records
+    if record.bytes_read is None or record.simdgroup_matrix_ops is None:
+        pytest.skip("this backend does not count")
+    tiles = R * topk // 8                                     # one simdgroup of 8 heads per (r, kv head)
+    assert record.simdgroup_matrix_ops == tiles * (D // 8 + D // 8)
+    assert record.bytes_read["k"] == record.bytes_read["v"] == R * topk * D * 4   # each listed row once
+    dense = mfa_native.profile()
+    with dense as dense_prof:
+        mfa_native.attention(q, k, v)
+    assert record.simdgroup_matrix_ops <= dense_prof.simdgroup_matrix_ops / 16
+
+
+def bad(message, exception=ValueError):
+    return pytest.raises(exception, match=message)
+
+
+def test_bad_lists_are_refused(rng):
+    q, k, v = make_inputs(rng, Hq=2, Hkv=1, R=4, C=16, D=8)
+    indices = lists(rng, 1, 1, 4, 5, 16)
+    with bad("indices must be int32", TypeError):
+        mfa_native.sparse_attention(q, k, v, indices.astype(np.int64))
+    with bad("indices must have shape"):
+        mfa_native.sparse_attention(q, k, v, indices[:, :, :3])
+    with bad("4 dimensions"):
+        mfa_native.sparse_attention(q, k, v, indices[0])
+    with bad("topk_length must not be negative"):
+        mfa_native.sparse_attention(q, k, v, indices, topk_length=np.array([[1, -1, 2, 3]], np.int32))
+    with bad("topk_length must be int32", TypeError):
+        mfa_native.sparse_attention(q, k, v, indices, topk_length=np.ones((1, 4)))
+    with bad("topk_length must have shape"):
+        mfa_native.sparse_attention(q, k, v, indices, topk_length=np.ones((1, 3), np.int32))
+    lengths = np.ones((1, 4), np.int32)
+    for _ in range(2):  # the second call is warm: the contents are checked again
+        mfa_native.sparse_attention(q, k, v, indices, topk_length=lengths)
+    lengths[0, 0] = -3
+    with bad("topk_length must not be negative"):
+        mfa_native.sparse_attention(q, k, v, indices, topk_length=lengths)
