@@ -10,7 +10,9 @@ Intermediates never exist as host arrays.
 
 from __future__ import annotations
 
-from typing import Sequence
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -21,6 +23,26 @@ from .devices import Device
 from .passes import PassDescription
 
 _allocate = np.empty  # outputs; tests poison them by replacing this
+_caller = threading.local()  # .allocate: the caller's framework allocates outputs (allocated_by)
+
+Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+
+
+def allocate(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An op's output array: from the allocator of the enclosing `allocated_by`, else numpy."""
+    return (getattr(_caller, "allocate", None) or _allocate)(shape, dtype)
+
+
+@contextmanager
+def allocated_by(allocator: Allocator) -> Iterator[None]:
+    """Inside the block (on this thread), every op output comes from `allocator`: a numpy
+    view of memory the caller's framework owns (runtime/frameworks.py)."""
+    outer = getattr(_caller, "allocate", None)
+    _caller.allocate = allocator
+    try:
+        yield
+    finally:
+        _caller.allocate = outer
 
 
 class PreparedPass:
@@ -57,7 +79,8 @@ class PreparedPass:
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Runs the pass on `inputs` (numpy arrays in `input_names` order, laid out as the
         description declares them) and returns the outputs in `output_names` order."""
-        outputs = [_allocate(shape, dtype) for shape, dtype in self._outputs]
+        make = getattr(_caller, "allocate", None) or _allocate
+        outputs = [make(shape, dtype) for shape, dtype in self._outputs]
         stats = self._core.run([*inputs, *outputs])
         if profiling.recording():
             for s in stats:
