@@ -11,6 +11,7 @@ from ._core import CompileError, DeviceUnavailableError, DispatchError, Dispatch
 from .embedding import cpp_flags
 from .ops.attention import attention
 from .ops.attention_backward import attention_backward
+from .ops.merge import merge_attention
 from .runtime.devices import Device, default_device, devices
 from .runtime.kernel import Kernel
 from .runtime.passes import PassDescription
@@ -33,5 +34,6 @@ __all__ = [
     "cpp_flags",
     "default_device",
     "devices",
+    "merge_attention",
     "profile",
 ]
