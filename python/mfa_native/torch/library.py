@@ -9,11 +9,13 @@ No `from __future__ import annotations` here: torch.library infers the schemas
 from the annotations' runtime values.
 """
 
+import atexit
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from ..ops import attention as _forward_module, attention_backward as _backward_module
 from ..ops.attention import attention as _attention
 from ..ops.attention_backward import attention_backward as _attention_backward
 
@@ -75,3 +77,9 @@ def _backward(ctx, do, dlse):
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# torch's op registry keeps these functions, and through them the ops' prepared passes, alive
+# past interpreter teardown, which nanobind reports as leaks: drop the passes at exit.
+atexit.register(_forward_module._calls.clear)
+atexit.register(_backward_module._calls.clear)
