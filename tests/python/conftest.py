@@ -47,7 +47,8 @@ def poisoned_outputs(monkeypatch):
 def _poisoned(empty, framework):
     def allocate(shape, dtype, like):
         out = empty(shape, dtype, like)
-        framework.as_numpy(out, "out")[...] = poison(shape, dtype)
+        if not framework.on_metal(out):
+            framework.as_numpy(out, "out")[...] = poison(shape, dtype)
         return out
     return allocate
 

@@ -4,8 +4,9 @@ The op itself computes on numpy arrays. Decorated, a call whose leading arrays
 (q, k, v) are torch tensors or MLX arrays has every array argument of that kind
 viewed as numpy (no copy; runtime/frameworks.py) and its outputs allocated by
 that framework, and returns them: numpy in, numpy out; torch in, torch out; MLX
-in, MLX out. A call with numpy q, k and v goes to the op directly (its warm path
-costs one type check more).
+in, MLX out. Torch MPS tensors run on the metal device, bound in place. A call
+with numpy q, k and v goes to the op directly (its warm path costs one type
+check more).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from ..runtime import runner
-from ..runtime.frameworks import Allocation, framework_of
+from ..runtime.frameworks import FrameworkCall, framework_of
 
 _NUMPY = {np.ndarray}
 Op = TypeVar("Op", bound=Callable[..., Any])
@@ -55,7 +56,12 @@ def _in_framework(op, signature: inspect.Signature, leading, others, args, kwarg
     framework = kinds.pop() if kinds else None
     if framework is None:
         return op(*args, **kwargs)
-    allocation = Allocation(framework, like=_items(values[leading[0]])[0])
+    call = FrameworkCall(framework, like=_items(values[leading[0]])[0])
+    if call.on_metal:
+        if "device" not in signature.parameters:
+            raise TypeError(f"{op.__name__} computes on the host: pass CPU tensors, not {call.like.device} ones")
+        if values.get("device") is None:
+            values["device"] = "metal"
     for name in leading + others:
         if name not in values:
             continue
@@ -65,20 +71,20 @@ def _in_framework(op, signature: inspect.Signature, leading, others, args, kwarg
                                 f"{name} must be numpy or {framework.name}")
         value = values[name]
         if isinstance(value, (list, tuple)):
-            values[name] = type(value)(_view(framework, x, name) for x in value)
+            values[name] = type(value)(_view(call, x, name) for x in value)
         else:
-            values[name] = _view(framework, value, name)
-    with runner.allocated_by(allocation):
+            values[name] = _view(call, value, name)
+    with runner.caller_arrays(call):
         result = op(*bound.args, **bound.kwargs)
-    return allocation.natives(result)
+    return call.natives(result)
 
 
 def _items(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _view(framework, x, name: str):
-    return framework.as_numpy(x, name) if framework_of(x) is framework else x
+def _view(call: FrameworkCall, x, name: str):
+    return call.view(x, name) if framework_of(x) is call.framework else x
 
 
 def _kind_names(kinds) -> str:
