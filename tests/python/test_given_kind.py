@@ -101,3 +101,28 @@ def test_mixing_kinds_is_a_type_error(rng):
     mx = pytest.importorskip("mlx.core")
     with pytest.raises(TypeError, match="mask is a torch array but q is mlx"):
         mfa_native.attention(mx.array(q), mx.array(k), mx.array(v), mask=torch.ones(16, 24, dtype=torch.bool))
+
+
+def test_metal_tensors_are_bound_in_place_of_their_stand_ins(monkeypatch):
+    """The MPS path's bookkeeping, on a CPU tensor posing as a Metal one (the real path runs on a Mac)."""
+    torch = pytest.importorskip("torch")
+
+    class PosingAsMetal(frameworks.Torch):
+        def on_metal(self, x):
+            return True
+
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: None)
+    monkeypatch.setattr(frameworks._core, "metal_buffer_from_dlpack", lambda device, capsule: ("buffer", capsule))
+    q = torch.zeros(2, 3, 4).transpose(1, 2)  # strided: made contiguous (on the device) first
+    call = frameworks.FrameworkCall(PosingAsMetal(), q)
+    stand_in = call.view(q, "q")
+    assert stand_in.shape == (2, 4, 3) and stand_in.strides == (48, 12, 4)
+    sinks = call.view(torch.ones(3), "sinks")  # its values are checked: a host copy
+    assert np.array_equal(sinks, np.ones(3, np.float32))
+    broadcast = np.broadcast_to(stand_in[:1], (5, 4, 3))  # a view of a stand-in binds its tensor too
+    host = np.zeros(3, np.float32)
+    metal = type("FakeDevice", (), {"kind": "metal"})()
+    bound = call.bind([stand_in, broadcast, host], metal)
+    assert bound[0][0] == "buffer" and bound[1][0] == "buffer" and bound[2] is host
+    with pytest.raises(ValueError, match="metal device"):
+        call.bind([stand_in], type("FakeDevice", (), {"kind": "cpu"})())
