@@ -149,7 +149,7 @@ class FrameworkCall:
             raise TypeError(f"{name} is on {x.device} but {self.like.device} is where the call runs")
         if name == "sinks":  # (Hq,): validation reads its values, so it comes to the host
             return self.framework.as_numpy(x.detach().cpu(), name)
-        x = x.detach().contiguous()  # a device copy when strided: stand-ins are never read or copied
+        x = x.detach().contiguous()  # a device copy when strided or broadcast: stand-ins are never read or copied
         stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, _numpy_dtype(x.dtype)), tuple(x.shape),
                                                    tuple(s * x.element_size() for s in x.stride()))
         self._metal[stand_in.__array_interface__["data"][0]] = x

@@ -17,7 +17,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, ca
     differentiable), torch.compile traces it (fullgraph), and torch allocates the output.
 
     Arguments and results are `mfa_native.attention`'s (see its docstring), without
-    `device`: CPU tensors run on the default device.
+    `device`: CPU tensors run on the default device, MPS tensors on the metal device.
     """
     if causal not in CAUSAL or not isinstance(causal, (bool, str)):
         raise ValueError(f"causal must be False, True, 'lower_right' or 'upper_left', got {causal!r}")

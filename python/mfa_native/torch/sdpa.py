@@ -102,7 +102,10 @@ def _canonical(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | No
 def _supported(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
     """Whether mfa_native gives exactly what torch's SDPA gives for these arguments."""
     tensors = (query, key, value)
-    if not all(isinstance(x, Tensor) and x.device.type == "cpu" for x in tensors):
+    if not all(isinstance(x, Tensor) and x.device.type in ("cpu", "mps") for x in tensors):
+        return False
+    if len({x.device for x in tensors}) != 1 or (
+            attn_mask is not None and attn_mask.device != query.device):
         return False
     if query.dtype not in _DTYPES or not (query.dtype == key.dtype == value.dtype):
         return False
@@ -123,8 +126,8 @@ def _supported(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
 @contextmanager
 def sdpa_override() -> Iterator[None]:
     """Inside the block, torch.nn.functional.scaled_dot_product_attention runs through mfa_native
-    where the result is exactly torch's (float32/float16/bfloat16 CPU tensors, no dropout,
-    head dims <= 256, ...), and through torch's own otherwise; shape errors are torch's.
+    where the result is exactly torch's (float32/float16/bfloat16 CPU or MPS tensors, no
+    dropout, head dims <= 256, ...), and through torch's own otherwise; shape errors are torch's.
 
     It replaces the attribute `torch.nn.functional.scaled_dot_product_attention`, so code
     that looks it up when calling (Transformers, Diffusers: `F.scaled_dot_product_attention(...)`)
