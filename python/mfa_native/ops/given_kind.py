@@ -5,8 +5,8 @@ The op itself computes on numpy arrays. Decorated, a call whose leading arrays
 viewed as numpy (no copy; runtime/frameworks.py) and its outputs allocated by
 that framework, and returns them: numpy in, numpy out; torch in, torch out; MLX
 in, MLX out. Torch MPS tensors run on the metal device, bound in place. A call
-with numpy q, k and v goes to the op directly (its warm path costs one type
-check more).
+with numpy q, k and v goes to the op directly (its warm path costs a type
+check per leading array more).
 """
 
 from __future__ import annotations

@@ -81,7 +81,6 @@ class _Ring(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, scale, layout):
         peers = _Peers(group)
-        q, k, v = q.detach(), k.detach(), v.detach()
         block, o, lse = _pack(k, v), None, None
         for step in range(peers.size):
             pending = peers.shift(block, _KV) if step < peers.size - 1 else None
