@@ -12,8 +12,9 @@ if [ ! -f /usr/include/gtest/gtest.h ]; then
 fi
 
 # One build serves both: pip installs the package and keeps the CMake tree
-# (with the C++ tests) in build/ for ctest.
-python3 -m pip install --quiet ".[test]" -Cbuild-dir=build -Ccmake.define.MFA_BUILD_TESTS=ON
+# (with the C++ tests) in build/ for ctest. The torch and mlx extras bring the
+# frameworks the adapter tests need (without them those tests are skipped).
+python3 -m pip install --quiet ".[test,torch,mlx]" -Cbuild-dir=build -Ccmake.define.MFA_BUILD_TESTS=ON
 
 ctest --test-dir build --output-on-failure --parallel 2
 python3 -m pytest -q tests/python

@@ -15,6 +15,7 @@ from .ops.attention_backward import attention_backward
 from .ops.block_mask import BlockMask
 from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
 from .ops.sparse import sparse_attention
+from .ops.merge import merge_attention
 from .runtime.devices import Device, default_device, devices
 from .runtime.kernel import Kernel
 from .runtime.passes import PassDescription
@@ -40,6 +41,7 @@ __all__ = [
     "cpp_flags",
     "default_device",
     "devices",
+    "merge_attention",
     "profile",
     "sparse_attention",
 ]

@@ -35,8 +35,22 @@ def poison(shape, dtype) -> np.ndarray:
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
-    """Every op's outputs start as NaN instead of whatever np.empty returns."""
+    """Every op's outputs start as NaN instead of whatever np.empty (or the caller's framework,
+    for torch and MLX arrays) returns."""
+    from mfa_native.runtime import frameworks
+
     monkeypatch.setattr("mfa_native.runtime.runner._allocate", poison)
+    for framework in frameworks.FRAMEWORKS:
+        monkeypatch.setattr(framework, "empty", _poisoned(framework.empty, framework))
+
+
+def _poisoned(empty, framework):
+    def allocate(shape, dtype, like):
+        out = empty(shape, dtype, like)
+        if not framework.on_metal(out):
+            framework.as_numpy(out, "out")[...] = poison(shape, dtype)
+        return out
+    return allocate
 
 
 def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:

@@ -10,18 +10,21 @@ from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
 from . import arguments as check
 from .empty import empty_forward
+from .given_kind import returns_given_kind
 from .warm import Convert, PreparedCall, SignatureCache, pick, same_memory, signature
 
 _calls = SignatureCache()
 
 
+@returns_given_kind(("q", "k", "v"), ("mask", "sinks"))
 def attention(q, k, v, *, scale=None, causal=False, mask=None, window=None, sinks=None, layout="bhsd",
               return_lse=False, device: Device | str | None = None):
     """Softmax attention, fused: softmax(scale * q k^T + mask) v, computed blockwise on the device.
 
     Args:
-        q, k, v: numpy arrays (or CPU arrays that support DLPack) of one dtype:
-            float32, float16 or ml_dtypes.bfloat16. With layout "bhsd", q is
+        q, k, v: one kind of array: numpy (or CPU arrays that support DLPack),
+            torch CPU tensors or MLX arrays, read in place (no copy); of one dtype:
+            float32, float16 or bfloat16 (ml_dtypes.bfloat16 for numpy). With layout "bhsd", q is
             (B, Hq, R, D), k is (B, Hkv, C, D), v is (B, Hkv, C, Dv); "bshd" swaps
             the sequence and head axes. Hq must be a multiple of Hkv (query head h
             reads kv head h // (Hq // Hkv)). D and Dv are 1..256. Any non-negative
@@ -36,13 +39,15 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, window=None, sink
         window: (left, right): key j is allowed for query i iff
             -left <= j - (i + C - R) <= right; -1 leaves a side unbounded.
         sinks: (Hq,) one extra logit per head in the softmax denominator, with no value.
+            mask and sinks are numpy arrays or q's kind.
         layout: "bhsd" or "bshd"; the output uses the same layout.
         return_lse: also return lse, (B, Hq, R) float32: the natural log of the
             softmax denominator (sink included).
         device: a Device, "cpu", "metal" or None for the default device.
 
     Returns:
-        The output, a numpy array with q's dtype and layout, shape (.., Dv); with
+        The output, an array of q's kind (allocated by its framework, on its device)
+        with q's dtype and layout, shape (.., Dv); with
         return_lse, the tuple (output, lse). A row with no allowed key (and no
         sink) gives output 0 and lse -inf.
 

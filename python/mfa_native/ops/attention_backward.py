@@ -11,12 +11,14 @@ from ..runtime.runner import PreparedPass
 from . import arguments as check
 from .attention import Validated, validate
 from .empty import empty_backward
+from .given_kind import returns_given_kind
 from .warm import PreparedCall, SignatureCache, pick, same_memory, signature
 
 ARGUMENTS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks")  # the array arguments, in call order
 _calls = SignatureCache()
 
 
+@returns_given_kind(("q", "k", "v"), ("o", "lse", "do", "mask", "sinks"))
 def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, mask=None, window=None, sinks=None,
                        layout="bhsd", device: Device | str | None = None):
     """Gradients of `attention` with respect to q, k, v (and sinks), given the gradient of its output.
@@ -27,11 +29,13 @@ def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, mask=No
         o, lse: what `attention(..., return_lse=True)` returned: the output (q's
             dtype and layout, shape (.., Dv)) and lse, (B, Hq, R) float32.
         do: the gradient of the loss with respect to o, shaped and typed like o.
+            q, k and v are one kind (numpy, torch or MLX); the other arrays are
+            numpy or that kind.
             o and do may have any non-negative strides with a contiguous last axis.
         device: a Device, "cpu", "metal" or None for the default device.
 
     Returns:
-        (dq, dk, dv), laid out like q, k and v (contiguous) in the inputs' dtype;
+        (dq, dk, dv) of q's kind, laid out like q, k and v (contiguous) in the inputs' dtype;
         with sinks, (dq, dk, dv, dsinks), dsinks being (Hq,) float32. With GQA, dk
         and dv sum the query heads that share each kv head. The mask gets no
         gradient. Rows with no allowed key contribute nothing. Accumulation runs

@@ -15,6 +15,7 @@ from .attention_backward import validate_backward
 from .arguments import is_empty
 from .block_mask import PAIRS, BlockMask, check_lists
 from .empty import empty_backward, empty_forward
+from .given_kind import returns_given_kind
 from .warm import PreparedCall, SignatureCache, pick, signature
 
 LISTS = tuple(name for pair in PAIRS for name in pair)
@@ -24,6 +25,7 @@ _forward_calls = SignatureCache()
 _backward_calls = SignatureCache()
 
 
+@returns_given_kind(("q", "k", "v"), ("mask", "sinks"))
 def block_sparse_attention(q, k, v, block_mask: BlockMask, *, scale=None, causal=False, mask=None, window=None,
                            sinks=None, layout="bhsd", return_lse=False, device: Device | str | None = None):
     """Attention over the key blocks `block_mask` lists for each query block.
@@ -72,6 +74,7 @@ def block_sparse_attention(q, k, v, block_mask: BlockMask, *, scale=None, causal
     return call.run([checked.bound[name] for name in prepared.input_names])
 
 
+@returns_given_kind(("q", "k", "v"), ("o", "lse", "do", "mask", "sinks"))
 def block_sparse_attention_backward(q, k, v, o, lse, do, block_mask: BlockMask, *, scale=None, causal=False,
                                     mask=None, window=None, sinks=None, layout="bhsd",
                                     device: Device | str | None = None):

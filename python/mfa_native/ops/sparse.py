@@ -15,12 +15,14 @@ from ..runtime.runner import PreparedPass
 from . import arguments as check
 from .attention import Validated, validate
 from .empty import empty_forward
+from .given_kind import returns_given_kind
 from .warm import PreparedCall, SignatureCache, pick, same_memory, signature
 
 ARGUMENTS = ("q", "k", "v", "mask", "sinks", "indices", "topk_length")
 _calls = SignatureCache()
 
 
+@returns_given_kind(("q", "k", "v"), ("indices", "topk_length", "sinks"))
 def sparse_attention(q, k, v, indices, *, scale=None, sinks=None, topk_length=None, layout="bhsd",
                      return_lse=False, device: Device | str | None = None):
     """Attention of each query row over exactly the keys its list names.

@@ -10,7 +10,9 @@ Intermediates never exist as host arrays.
 
 from __future__ import annotations
 
-from typing import Sequence
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -21,6 +23,34 @@ from .devices import Device
 from .passes import PassDescription
 
 _allocate = np.empty  # outputs; tests poison them by replacing this
+_caller = threading.local()  # .arrays: the CallerArrays of the enclosing `caller_arrays` block
+
+
+class CallerArrays(Protocol):
+    """The caller's framework, for one op call (runtime/frameworks.FrameworkCall)."""
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An output: a numpy view (or stand-in) of an array the framework allocated."""
+
+    def bind(self, arrays: Sequence[np.ndarray], device: Device) -> list:
+        """The arrays to run on, with the stand-ins of device memory replaced by core Buffers."""
+
+
+def allocate(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An op's output array: from the enclosing `caller_arrays` block's framework, else numpy."""
+    return (getattr(_caller, "arrays", None) or _allocate)(shape, dtype)
+
+
+@contextmanager
+def caller_arrays(arrays: CallerArrays) -> Iterator[None]:
+    """Inside the block (on this thread), op outputs are allocated by the caller's framework
+    and passes bind the arrays `arrays.bind` gives."""
+    outer = getattr(_caller, "arrays", None)
+    _caller.arrays = arrays
+    try:
+        yield
+    finally:
+        _caller.arrays = outer
 
 
 class PreparedPass:
@@ -57,8 +87,13 @@ class PreparedPass:
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Runs the pass on `inputs` (numpy arrays in `input_names` order, laid out as the
         description declares them) and returns the outputs in `output_names` order."""
-        outputs = [_allocate(shape, dtype) for shape, dtype in self._outputs]
-        stats = self._core.run([*inputs, *outputs])
+        caller = getattr(_caller, "arrays", None)
+        if caller is None:
+            outputs = [_allocate(shape, dtype) for shape, dtype in self._outputs]
+            stats = self._core.run([*inputs, *outputs])
+        else:
+            outputs = [caller(shape, dtype) for shape, dtype in self._outputs]
+            stats = self._core.run(caller.bind([*inputs, *outputs], self.device))
         if profiling.recording():
             for s in stats:
                 profiling.record(s)

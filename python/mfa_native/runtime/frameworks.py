@@ -1,0 +1,207 @@
+"""PyTorch and MLX arrays as numpy views, and outputs allocated by their framework.
+
+The ops compute on numpy arrays. A torch CPU tensor or an MLX array is viewed as
+one without a copy (bfloat16 as its 16-bit pattern, viewed back as
+ml_dtypes.bfloat16), and the op's outputs are allocated by the caller's
+framework and viewed the same way, so the op writes straight into the tensors
+it returns.
+
+A torch MPS tensor has no host view: it is stood in for by a numpy array of its
+shape, strides and dtype over one placeholder element (validation and codegen
+read only those), and the runner binds the tensor itself in its place, through
+DLPack, as a Metal buffer (`FrameworkCall.bind`). MPS calls run on the metal
+device after torch.mps.synchronize() (mfa_native does not share torch's MPS
+command queue: torch's pending work on the inputs must finish first) and have
+finished when they return, so torch's later work sees the results.
+
+Neither framework is imported here: an array is recognized through the modules
+its caller has already imported (sys.modules).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import _core
+from .arrays import DTYPES
+from .devices import Device
+
+BFLOAT16 = DTYPES["bfloat16"]
+
+
+class Framework:
+    """One array library: how to recognize its arrays, view them as numpy and allocate outputs."""
+
+    name: str
+    module: str  # the module whose presence in sys.modules means its arrays may be passed
+
+    def owns(self, x: Any) -> bool:
+        raise NotImplementedError
+
+    def as_numpy(self, x: Any, name: str) -> np.ndarray:
+        """A numpy view of x's host memory (no copy); `name` is the argument, for errors."""
+        raise NotImplementedError
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, like: Any) -> Any:
+        """An uninitialized C-contiguous array of the framework, on `like`'s device."""
+        raise NotImplementedError
+
+    def on_metal(self, x: Any) -> bool:
+        """Whether x lives in Metal memory with no host view (bound through DLPack)."""
+        return False
+
+
+class Torch(Framework):
+    """torch.Tensor on the CPU or MPS (requires_grad is fine: the views are of the detached tensor)."""
+
+    name, module = "torch", "torch"
+
+    def owns(self, x: Any) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(x, torch.Tensor)
+
+    def as_numpy(self, x: Any, name: str) -> np.ndarray:
+        import torch
+
+        if x.device.type != "cpu":
+            raise TypeError(f"{name} is a torch tensor on {x.device}; mfa_native reads CPU and MPS tensors")
+        x = x.detach()
+        if x.dtype == torch.bfloat16:
+            return x.view(torch.int16).numpy().view(BFLOAT16)
+        return x.numpy()
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, like: Any) -> Any:
+        import torch
+
+        return torch.empty(shape, dtype=_torch_dtype(dtype), device=like.device)
+
+    def on_metal(self, x: Any) -> bool:
+        return x.device.type == "mps"
+
+
+class Mlx(Framework):
+    """mlx.core.array: evaluated (mx.eval waits for MLX's stream), then read through the buffer
+    protocol (MLX's memory is unified, on a Mac too)."""
+
+    name, module = "mlx", "mlx.core"
+
+    def owns(self, x: Any) -> bool:
+        mx = sys.modules.get("mlx.core")
+        return mx is not None and isinstance(x, mx.array)
+
+    def as_numpy(self, x: Any, name: str) -> np.ndarray:
+        import mlx.core as mx
+
+        bits = x.dtype == mx.bfloat16
+        try:
+            view = np.asarray(memoryview(x.view(mx.uint16) if bits else x))
+        except RuntimeError as error:  # MLX refuses to evaluate inside mx.compile / mx.vmap
+            raise RuntimeError(f"{name} is an MLX array being traced (mx.compile or mx.vmap): mfa_native's "
+                               "ops run eagerly on evaluated arrays; call them outside the transformation") \
+                from error
+        return view.view(BFLOAT16) if bits else view
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, like: Any) -> Any:
+        import mlx.core as mx
+
+        out = mx.zeros(shape, dtype=_mlx_dtype(dtype))  # MLX has no uninitialized allocation
+        mx.eval(out)
+        return out
+
+
+FRAMEWORKS: tuple[Framework, ...] = (Torch(), Mlx())
+
+
+def framework_of(x: Any) -> Framework | None:
+    """The framework owning x, or None (numpy, or another array type the ops read as numpy)."""
+    if type(x) is np.ndarray or x is None:
+        return None
+    for framework in FRAMEWORKS:
+        if framework.module in sys.modules and framework.owns(x):
+            return framework
+    return None
+
+
+class FrameworkCall:
+    """One op call on `framework`'s arrays: views its arguments (`view`), allocates its outputs
+    (`__call__`, the runner's allocator), binds Metal tensors in place of their stand-ins
+    (`bind`, the runner's binder) and maps the result back (`natives`)."""
+
+    def __init__(self, framework: Framework, like: Any) -> None:
+        self.framework = framework
+        self.like = like
+        self.on_metal = framework.on_metal(like)
+        self._made: list[tuple[np.ndarray, Any]] = []
+        self._metal: dict[int, Any] = {}  # stand-in data address -> the Metal tensor it stands for
+        if self.on_metal:
+            import torch
+
+            torch.mps.synchronize()  # torch's queued work on the inputs finishes before ours reads them
+
+    def view(self, x: Any, name: str) -> np.ndarray:
+        """x (an array of the framework) as numpy: a view of its memory, or a Metal tensor's stand-in."""
+        if not self.framework.on_metal(x):
+            return self.framework.as_numpy(x, name)
+        if not self.on_metal:
+            raise TypeError(f"{name} is on {x.device} but {self.like.device} is where the call runs")
+        if name == "sinks":  # (Hq,): validation reads its values, so it comes to the host
+            return self.framework.as_numpy(x.detach().cpu(), name)
+        x = x.detach().contiguous()  # a device copy when strided or broadcast: stand-ins are never read or copied
+        stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, _numpy_dtype(x.dtype)), tuple(x.shape),
+                                                   tuple(s * x.element_size() for s in x.stride()))
+        self._metal[stand_in.__array_interface__["data"][0]] = x
+        return stand_in
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        native = self.framework.empty(tuple(shape), np.dtype(dtype), self.like)
+        view = self.view(native, "an output")
+        self._made.append((view, native))
+        return view
+
+    def bind(self, arrays: Sequence[np.ndarray], device: Device) -> list:
+        """The arrays a pass runs on, with each Metal tensor's stand-in (or a view of it, such as a
+        broadcast mask) replaced by the tensor, bound in place as a core Buffer."""
+        if not self._metal:
+            return list(arrays)
+        if device.kind != "metal":
+            raise ValueError(f"MPS tensors run on the metal device, not {device.kind}")
+        bound = []
+        for a in arrays:
+            tensor = self._metal.get(a.__array_interface__["data"][0])
+            bound.append(a if tensor is None else _core.metal_buffer_from_dlpack(device, tensor.__dlpack__()))
+        return bound
+
+    def natives(self, result: Any) -> Any:
+        """`result` (an op's return value: an array or a tuple of them) with every array this
+        call allocated replaced by its framework array."""
+        if isinstance(result, tuple):
+            return tuple(self.natives(r) for r in result)
+        for view, native in self._made:
+            if view is result:
+                return native
+        return result
+
+
+def _torch_dtype(dtype: np.dtype):
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+            "int32": torch.int32, "uint8": torch.uint8, "int8": torch.int8, "bool": torch.bool}[dtype.name]
+
+
+def _numpy_dtype(dtype) -> np.dtype:
+    import torch
+
+    return {torch.bfloat16: BFLOAT16, torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+            torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8), torch.int8: np.dtype(np.int8),
+            torch.bool: np.dtype(np.bool_)}[dtype]
+
+
+def _mlx_dtype(dtype: np.dtype):
+    import mlx.core as mx
+
+    return {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32, "int32": mx.int32,
+            "uint8": mx.uint8, "int8": mx.int8, "bool": mx.bool_}[dtype.name]

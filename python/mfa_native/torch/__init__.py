@@ -1,0 +1,18 @@
+"""mfa_native for PyTorch: custom ops, autograd, SDPA and context-parallel attention.
+
+- `attention(q, k, v, **options)`: `mfa_native.attention` with autograd and
+  torch.compile support (`torch.ops.mfa_native.attention` / `.attention_backward`).
+- `scaled_dot_product_attention(...)`: torch.nn.functional's, computed by mfa_native.
+- `sdpa_override()`: a context manager routing torch's SDPA through mfa_native.
+- `ring_attention(q, k, v, group=...)`: attention over a sequence sharded across ranks.
+
+Importing this module imports torch; `import mfa_native` alone does not.
+"""
+
+from __future__ import annotations
+
+from .functional import attention
+from .ring import ring_attention
+from .sdpa import scaled_dot_product_attention, sdpa_override
+
+__all__ = ["attention", "ring_attention", "scaled_dot_product_attention", "sdpa_override"]

@@ -1,0 +1,102 @@
+"""mfa_native.mlx: mx.fast.scaled_dot_product_attention's semantics, gradients, mx.compile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import relative_l2
+from mfa_native.reference import attention_backward_reference, attention_reference
+
+mx = pytest.importorskip("mlx.core")
+mm = pytest.importorskip("mfa_native.mlx")
+
+SCALE = 0.3
+
+
+def _inputs(rng, dtype=np.float32):
+    shapes = ((2, 4, 10, 16), (2, 2, 14, 16), (2, 2, 14, 8))
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
+
+
+def _masks(rng):
+    return {"none": None, "causal": "causal", "bool": rng.random((2, 1, 10, 14)) > 0.3,
+            "additive": rng.standard_normal((10, 14)).astype(np.float32)}
+
+
+def _reference_options(mask):
+    if isinstance(mask, str):
+        return dict(causal="lower_right")
+    return dict(mask=mask)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive"])
+def test_sdpa_matches_mx_fast_and_float64(rng, mask_kind, sinks):
+    q, k, v = _inputs(rng)
+    s = rng.standard_normal(4).astype(np.float32) if sinks else None
+    mask = _masks(rng)[mask_kind]
+    args = [mx.array(x) for x in (q, k, v)]
+    kwargs = dict(scale=SCALE, mask=mx.array(mask) if isinstance(mask, np.ndarray) else mask,
+                  sinks=None if s is None else mx.array(s))
+    ours = mm.scaled_dot_product_attention(*args, **kwargs)
+    theirs = mx.fast.scaled_dot_product_attention(*args, **kwargs)
+    expected = attention_reference(q, k, v, scale=SCALE, sinks=s, **_reference_options(mask))
+    assert isinstance(ours, mx.array) and ours.dtype == mx.float32
+    assert relative_l2(np.array(ours), expected) < 1e-5
+    assert relative_l2(np.array(theirs), expected) < 1e-5
+
+    do = rng.standard_normal(expected.shape).astype(np.float32)
+    primals = args + ([kwargs["sinks"]] if sinks else [])
+    del kwargs["sinks"]
+
+    def loss(fn):
+        def of(*arrays):
+            return (fn(*arrays[:3], sinks=arrays[3] if sinks else None, **kwargs) * mx.array(do)).sum()
+        return of
+
+    argnums = tuple(range(len(primals)))
+    ours = mx.grad(loss(mm.scaled_dot_product_attention), argnums=argnums)(*primals)
+    theirs = mx.grad(loss(mx.fast.scaled_dot_product_attention), argnums=argnums)(*primals)
+    expected = attention_backward_reference(q, k, v, do, scale=SCALE, sinks=s, **_reference_options(mask))
+    for a, b, e in zip(ours, theirs, expected):
+        assert relative_l2(np.array(a), e) < 1e-5
+        assert relative_l2(np.array(b), e) < 1e-4
+
+
+def test_vjp_and_bfloat16(rng):
+    q, k, v = (mx.array(x).astype(mx.bfloat16) for x in _inputs(rng))
+    out, (dq, dk, dv) = mx.vjp(lambda q, k, v: mm.attention(q, k, v, causal=True),
+                               [q, k, v], [mx.ones((2, 4, 10, 8), dtype=mx.bfloat16)])
+    assert out[0].dtype == mx.bfloat16 and dq.dtype == mx.bfloat16
+    f32 = [np.array(x.astype(mx.float32)) for x in (q, k, v)]
+    expected = attention_backward_reference(*f32, np.ones((2, 4, 10, 8)), causal=True)
+    for a, e in zip((dq, dk, dv), expected):
+        assert relative_l2(np.array(a.astype(mx.float32)), e) < 3e-2
+
+
+def test_rows_without_keys_give_zero_where_mlx_gives_the_mean_of_v(rng):
+    q, k, v = (mx.array(x) for x in _inputs(rng))
+    mask = np.ones((10, 14), dtype=bool)
+    mask[2] = False
+    ours = mm.scaled_dot_product_attention(q, k, v, scale=SCALE, mask=mx.array(mask))
+    assert np.array_equal(np.array(ours)[:, :, 2], np.zeros((2, 4, 8), np.float32))
+    assert np.all(np.isfinite(np.array(ours)))
+
+
+def test_lse_is_not_differentiable(rng):
+    q, k, v = (mx.array(x) for x in _inputs(rng))
+    grad = mx.grad(lambda q: mm.attention(q, k, v, return_lse=True)[1].sum())(q)
+    assert not np.any(np.array(grad))
+
+
+def test_compile_raises_a_clear_error(rng):
+    q, k, v = (mx.array(x) for x in _inputs(rng))
+    with pytest.raises(RuntimeError, match="mx.compile or mx.vmap"):
+        mx.compile(lambda q, k, v: mm.scaled_dot_product_attention(q, k, v, scale=SCALE))(q, k, v)
+
+
+def test_mask_string_must_be_causal(rng):
+    q, k, v = (mx.array(x) for x in _inputs(rng))
+    with pytest.raises(ValueError, match="'causal'"):
+        mm.scaled_dot_product_attention(q, k, v, scale=SCALE, mask="upper_left")

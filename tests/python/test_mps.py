@@ -1,0 +1,50 @@
+"""torch MPS tensors: bound in place on the metal device (runs on a Mac only; skipped elsewhere)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mfa_native
+from conftest import relative_l2
+from mfa_native.runtime import frameworks
+
+torch = pytest.importorskip("torch")
+if not torch.backends.mps.is_available() or "metal" not in [d.kind for d in mfa_native.devices()]:
+    pytest.skip("needs torch's MPS backend and mfa_native's metal device", allow_module_level=True)
+mt = pytest.importorskip("mfa_native.torch")
+
+
+def _qkv(rng, dtype=torch.float32):
+    shapes = ((2, 4, 16, 32), (2, 2, 24, 32), (2, 2, 24, 32))
+    return [torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(dtype) for s in shapes]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_mps_in_mps_out_in_place(rng, monkeypatch, dtype):
+    made = []
+    empty = frameworks.FRAMEWORKS[0].empty
+    monkeypatch.setattr(frameworks.FRAMEWORKS[0], "empty", lambda *a: made.append(empty(*a)) or made[-1])
+    cpu = _qkv(rng, dtype)
+    mps = [x.to("mps").transpose(1, 2).contiguous().transpose(1, 2) * 1 for x in cpu]  # torch work queued first
+    o, lse = mfa_native.attention(*mps, causal=True, return_lse=True)
+    assert o is made[0] and o.device.type == "mps" and o.dtype == dtype
+    expected_o, expected_lse = mfa_native.attention(*cpu, causal=True, return_lse=True, device="cpu")
+    assert relative_l2((o.float() * 1).cpu().numpy(), expected_o.float().numpy()) < 1e-5
+    assert relative_l2(lse.cpu().numpy(), expected_lse.numpy()) < 1e-6
+
+
+def test_mps_autograd_and_sdpa(rng):
+    q, k, v = (x.to("mps").requires_grad_() for x in _qkv(rng))
+    out = mt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert relative_l2(out.detach().cpu().numpy(), expected.detach().cpu().numpy()) < 1e-5
+    do = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(expected, (q, k, v), do)):
+        assert a.device.type == "mps" and relative_l2(a.cpu().numpy(), b.cpu().numpy()) < 1e-4
+
+
+def test_host_ops_refuse_mps(rng):
+    o = torch.zeros(1, 2, 3, 4, device="mps")
+    with pytest.raises(TypeError, match="computes on the host"):
+        mfa_native.merge_attention([o], [torch.zeros(1, 2, 3, device="mps")])
