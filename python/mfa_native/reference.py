@@ -251,3 +251,31 @@ def sparse_attention_reference(q, k, v, indices, *, scale=None, sinks=None, topk
     if layout == "bshd":
         out = out.transpose(0, 2, 1, 3)
     return (out, lse) if return_lse else out
+
+
+def sparse_bias(q, k, indices, *, topk_length=None, layout="bhsd") -> np.ndarray:
+    """The additive mask that makes dense attention equal sparse-indexed attention: log of how
+    many times each query row lists each key (-inf where never)."""
+    qh, kh = _to_bhsd(q, layout), _to_bhsd(k, layout)
+    batch, q_heads, q_len, _ = qh.shape
+    kv_heads, kv_len = kh.shape[1], kh.shape[2]
+    listed = np.asarray(indices)
+    listed = listed if layout == "bhsd" else listed.transpose(0, 2, 1, 3)
+    visits = np.zeros((batch, q_heads, q_len, kv_len))
+    for b in range(batch):
+        for h in range(q_heads):
+            for r in range(q_len):
+                row = listed[b, (h // (q_heads // kv_heads)) % listed.shape[1], r]
+                if topk_length is not None:
+                    row = row[:max(0, int(np.asarray(topk_length)[b, r]))]
+                np.add.at(visits[b, h, r], row[(row >= 0) & (row < kv_len)], 1.0)
+    with np.errstate(divide="ignore"):
+        return np.log(visits)
+
+
+def sparse_attention_backward_reference(q, k, v, dout, indices, *, scale=None, sinks=None, topk_length=None,
+                                        layout="bhsd", out=None):
+    """Gradients of sparse-indexed attention in float64, as `attention_backward_reference` gives
+    them (dk and dv summed over every listing of a key and the query heads of its kv head)."""
+    bias = sparse_bias(q, k, indices, topk_length=topk_length, layout=layout)
+    return attention_backward_reference(q, k, v, dout, scale=scale, mask=bias, sinks=sinks, layout=layout, out=out)

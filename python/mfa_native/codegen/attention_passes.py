@@ -17,6 +17,7 @@ from .attention_backward import generate_dkdv, generate_dq, generate_dsinks
 from .block_lists import generate_classify, generate_kv_lists, generate_q_lists, generate_transpose
 from .attention_combine import generate_combine
 from .attention_forward import generate, generate_partial
+from . import sparse_backward
 from .sparse_forward import generate_sparse
 from .descriptor import describe, describe_backward, sizes_of
 from .passes import TensorSpec, build_pass
@@ -101,8 +102,13 @@ def attention_backward_pass(problem: AttentionBackwardProblem, *, family: str = 
     (which reads it), then with sinks the dsinks reduction."""
     p = problem.forward
     d = describe_backward(problem, family=family, bake_lengths=bake_lengths)
-    transpose = (generate_transpose(d),) if p.blocks is not None and not p.blocks.transposed_given else ()
-    kernels = transpose + (generate_dq(d), generate_dkdv(d)) + ((generate_dsinks(d),) if p.sinks else ())
+    dsinks = (generate_dsinks(d),) if p.sinks else ()
+    if p.tokens is not None:
+        kernels = (sparse_backward.generate_transpose(d), sparse_backward.generate_dq(d),
+                   sparse_backward.generate_dkdv(d)) + dsinks
+    else:
+        transpose = (generate_transpose(d),) if p.blocks is not None and not p.blocks.transposed_given else ()
+        kernels = transpose + (generate_dq(d), generate_dkdv(d)) + dsinks
     inputs = _forward_inputs(p)
     if p.blocks is not None and p.blocks.transposed_given:
         inputs.update(_lists(p, "q", "kv_len", "k_block", p.blocks.q_width))

@@ -147,6 +147,7 @@ class BackwardDescriptor(AttentionFacts):
     key_rows: int           # dK/dV kernel: keys per threadgroup
     query_block: int        # dK/dV kernel: queries per step
     cache: bool             # each simdgroup's own rows stay in registers
+    tokens: TokenFacts | None = None   # sparse-indexed: rows are heads, keys come from lists
 
 
 def _operand_layout(shape, sizes, strides, order, baked: dict[str, int] | None) -> OperandLayout:
@@ -293,9 +294,10 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         dk=layouts.of("k"),
         dv=layouts.of("v"),
         scale=float(np.float32(p.softmax_scale)),
-        query_rows=_shrunk(row.query_rows, p.q_len),
+        query_rows=_shrunk(row.query_rows, p.q_len) if p.tokens is None else 8 * -(-p.gqa_ratio // 8),
         key_block=row.key_block,
         key_rows=_shrunk(row.key_rows, p.kv_len),
         query_block=row.query_block,
         cache=row.cache,
+        tokens=_token_facts(p, bake_lengths),
     )

@@ -48,6 +48,11 @@ _CATALOG = {
     "full_q_entries": ("int", "the full query blocks of every key block, in key-block order"),
     "indices": ("int", "(B, Hkv|1, R, topk) the keys each query row attends; entries < 0 or >= C skipped"),
     "topk_length": ("int", "(B, R) how many entries of each list to read"),
+    "p_slots": ("float", "(B, Hq, R, T) P of every listed slot, for the key side"),
+    "ds_slots": ("float", "(B, Hq, R, T) dS of every listed slot, for the key side"),
+    "key_counts": ("int", "(B, Hkv, C) how many (query, slot) entries list each key"),
+    "key_starts": ("int", "(B, Hkv, C) where each key's entries start in key_entries"),
+    "key_entries": ("int", "(B, Hkv, R * T) query * T + slot of every listing, by key"),
     "block_class": ("int", "(B, H, NQ, NK) 0: no pair allowed, 1: some, 2: all (BlockMask.from_mask)"),
 }
 
@@ -67,6 +72,10 @@ def _extent(name: str, d: AttentionFacts) -> Extent | None:
         for prefix, width in (("q", "Wp"), ("full_q", "Wf")):
             extents[f"{prefix}_counts"] = extents[f"{prefix}_starts"] = lists.times(Extent(1, ("NK",)))
             extents[f"{prefix}_entries"] = lists.times(Extent(1, ("NQ", width)))
+    if getattr(d, "tokens", None) is not None:  # sparse-indexed backward: slots and the lists by key
+        extents["p_slots"] = extents["ds_slots"] = Extent(1, ("B", "Hq", "R", "T"))
+        extents["key_counts"] = extents["key_starts"] = Extent(1, ("B", "Hkv", "C"))
+        extents["key_entries"] = Extent(1, ("B", "Hkv", "R", "T"))
     return extents.get(name)
 
 

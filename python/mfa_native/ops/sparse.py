@@ -14,12 +14,15 @@ from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
 from . import arguments as check
 from .attention import Validated, validate
-from .empty import empty_forward
+from .attention_backward import validate_backward
+from .empty import empty_backward, empty_forward
 from .given_kind import returns_given_kind
 from .warm import PreparedCall, SignatureCache, pick, same_memory, signature
 
 ARGUMENTS = ("q", "k", "v", "mask", "sinks", "indices", "topk_length")
+BACKWARD_ARGUMENTS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks", "indices", "topk_length")
 _calls = SignatureCache()
+_backward_calls = SignatureCache()
 
 
 @returns_given_kind(("q", "k", "v"), ("indices", "topk_length", "sinks"))
@@ -63,6 +66,46 @@ def sparse_attention(q, k, v, indices, *, scale=None, sinks=None, topk_length=No
     call = PreparedCall(prepared, pick(prepared.input_names, ARGUMENTS, checked.converts), finish)
     _calls.put(key, call)
     return call.run([checked.bound[name] for name in prepared.input_names])
+
+
+@returns_given_kind(("q", "k", "v"), ("o", "lse", "do", "indices", "topk_length", "sinks"))
+def sparse_attention_backward(q, k, v, indices, o, lse, do, *, scale=None, sinks=None, topk_length=None,
+                              layout="bhsd", device: Device | str | None = None):
+    """Exact gradients of `sparse_attention`: (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks.
+
+    dk and dv sum over the query heads of each kv head and over every listing of a key. No
+    atomics and deterministic (two runs give the same bits): dq comes straight from the
+    lists; dk and dv from the transposed lists (per key, the (query, slot) entries that
+    list it), built on the device in the same pass. When v is a view of k (MLA's shared
+    latent), dk and dv are returned separately: the caller sums them (dk[..., :Dv] += dv).
+
+    Args:
+        q, k, v, indices, scale, sinks, topk_length, layout, device: as passed to
+            `sparse_attention`.
+        o, lse: what `sparse_attention(..., return_lse=True)` returned. do: the gradient of
+            the loss with respect to o, shaped and typed like o.
+    """
+    device = resolve_device(device)
+    arrays = (q, k, v, o, lse, do, None, sinks, indices, topk_length)
+    key = signature(arrays, (scale, layout), device)
+    call = _backward_calls.get(key)
+    if call is not None:
+        return call(arrays)
+    backward = validate_backward(arrays[:8], scale=scale, causal=False, window=None, layout=layout)
+    forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), indices,
+                          topk_length)
+    problem = replace(backward.problem, forward=forward.problem)
+    p = problem.forward
+    if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+        empty, names = empty_backward(p, BACKWARD_ARGUMENTS, forward.converts)
+        return empty.run([forward.bound[name] for name in names])
+    prepared = PreparedPass(codegen.attention_backward_pass(problem, family=tuning_facts(device).family), device)
+    wanted = ("dq", "dk", "dv", "dsinks") if p.sinks else ("dq", "dk", "dv")
+    order = tuple(prepared.output_names.index(name) for name in wanted)
+    call = PreparedCall(prepared, pick(prepared.input_names, BACKWARD_ARGUMENTS, forward.converts),
+                        lambda outputs: tuple(outputs[i] for i in order))
+    _backward_calls.put(key, call)
+    return call.run([forward.bound[name] for name in prepared.input_names])
 
 
 def _indices(indices, shape: tuple[int, int, int], layout: str) -> np.ndarray:
