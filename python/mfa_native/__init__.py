@@ -14,7 +14,7 @@ from .ops.attention import attention
 from .ops.attention_backward import attention_backward
 from .ops.block_mask import BlockMask
 from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
-from .ops.sparse import sparse_attention, sparse_attention_backward
+from .ops.sparse import sparse_attention, sparse_attention_backward, sparse_topk
 from .ops.merge import merge_attention
 from .runtime.devices import Device, default_device, devices
 from .runtime.kernel import Kernel
@@ -45,4 +45,5 @@ __all__ = [
     "profile",
     "sparse_attention",
     "sparse_attention_backward",
+    "sparse_topk",
 ]

@@ -279,3 +279,25 @@ def sparse_attention_backward_reference(q, k, v, dout, indices, *, scale=None, s
     them (dk and dv summed over every listing of a key and the query heads of its kv head)."""
     bias = sparse_bias(q, k, indices, topk_length=topk_length, layout=layout)
     return attention_backward_reference(q, k, v, dout, scale=scale, mask=bias, sinks=sinks, layout=layout, out=out)
+
+
+def sparse_topk_reference(q, k, weights, topk: int, *, causal=True, layout="bhsd", return_scores=False):
+    """The lightning indexer and top-k in float64 scores (numpy argsort): per row the topk
+    candidates by descending score, equal scores by the lower key, padded with -1 (-inf)."""
+    qh, kh = _to_bhsd(q, layout), _to_bhsd(k, layout)
+    w = np.asarray(weights, dtype=np.float64)
+    w = w if layout == "bhsd" else w.transpose(0, 2, 1)
+    batch, heads, q_len, _ = qh.shape
+    kv_len = kh.shape[2]
+    scores = np.einsum("bhr,bhrc->brc", w, np.maximum(np.einsum("bhrd,bcd->bhrc", qh, kh[:, 0]), 0.0))
+    indices = np.full((batch, q_len, topk), -1, np.int32)
+    kept = np.full((batch, q_len, topk), -np.inf, np.float32)
+    for b in range(batch):
+        for r in range(q_len):
+            n = min(kv_len, max(0, r + kv_len - q_len + 1)) if causal else kv_len
+            order = np.lexsort((np.arange(n), -scores[b, r, :n]))[:topk]
+            indices[b, r, :len(order)] = order
+            kept[b, r, :len(order)] = scores[b, r, order]
+    shape = (batch, 1, q_len, topk) if layout == "bhsd" else (batch, q_len, 1, topk)
+    indices, kept = indices.reshape(shape), kept.reshape(shape)
+    return (indices, kept) if return_scores else indices

@@ -11,7 +11,7 @@ from conftest import relative_l2
 from test_attention import DTYPES, TOLERANCE, make_inputs
 
 import mfa_native
-from mfa_native.reference import sparse_attention_backward_reference, sparse_attention_reference
+from mfa_native.reference import sparse_attention_backward_reference, sparse_attention_reference, sparse_topk_reference
 
 INVALID = (-1, -2**31, "C", "C+5", 2**31 - 1)
 
@@ -202,3 +202,56 @@ def test_shared_kv_gradients_come_back_separately(rng):
     assert dk.shape == k.shape and dv.shape == v.shape
     for grad, reference in zip((dq, dk, dv), expected):
         assert relative_l2(grad, reference) < 1e-4
+
+
+@pytest.mark.parametrize("layout,causal,dtype", [("bhsd", True, np.float32), ("bshd", False, np.float16),
+                                                 ("bhsd", False, np.float32)])
+def test_the_indexer_picks_the_top_keys_like_numpy(rng, layout, causal, dtype):
+    B, Hi, R, C, Di, topk = 2, 11, 5, 45, 24, 16
+    q = rng.standard_normal((B, Hi, R, Di) if layout == "bhsd" else (B, R, Hi, Di)).astype(dtype)
+    k = rng.standard_normal((B, 1, C, Di) if layout == "bhsd" else (B, C, 1, Di)).astype(dtype)
+    weights = rng.standard_normal((B, Hi, R) if layout == "bhsd" else (B, R, Hi)).astype(np.float32)
+    indices, scores = mfa_native.sparse_topk(q, k, weights, topk, causal=causal, layout=layout, return_scores=True)
+    expected, expected_scores = sparse_topk_reference(q, k, weights, topk, causal=causal, layout=layout,
+                                                      return_scores=True)
+    assert indices.dtype == np.int32 and indices.shape == expected.shape and scores.dtype == np.float32
+    np.testing.assert_array_equal(indices, expected)
+    np.testing.assert_array_equal(np.isneginf(scores), np.isneginf(expected_scores))
+    finite = np.isfinite(expected_scores)
+    np.testing.assert_allclose(scores[finite], expected_scores[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_the_indexer_breaks_ties_by_the_lower_key_and_pads(rng):
+    """Small integer inputs make exact, tied scores; topk above the candidates pads with -1."""
+    q = rng.integers(-2, 3, (1, 3, 4, 8)).astype(np.float32)
+    k = rng.integers(-1, 2, (1, 1, 10, 8)).astype(np.float32)
+    weights = rng.integers(1, 3, (1, 3, 4)).astype(np.float32)
+    indices, scores = mfa_native.sparse_topk(q, k, weights, 12, return_scores=True)
+    np.testing.assert_array_equal(indices, sparse_topk_reference(q, k, weights, 12))
+    assert (indices[0, 0, 0, 7:] == -1).all() and np.isneginf(scores[0, 0, 0, 7:]).all()  # row 0 has 7 candidates
+
+
+def test_the_indexer_feeds_sparse_attention(rng):
+    B, Hq, Hkv, R, C, D = 1, 4, 2, 6, 64, 16
+    q, k, v = make_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D)
+    iq = rng.standard_normal((B, 3, R, 8)).astype(np.float32)
+    ik = rng.standard_normal((B, 1, C, 8)).astype(np.float32)
+    indices = mfa_native.sparse_topk(iq, ik, rng.random((B, 3, R)).astype(np.float32), 24)
+    shared = np.broadcast_to(indices, (B, Hkv, R, 24))   # one indexer head for every kv head
+    check(q, k, v, shared, 1e-4)
+
+
+def test_the_indexer_refuses_bad_arguments(rng):
+    q = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 5, 8)).astype(np.float32)
+    w = np.ones((1, 2, 3), np.float32)
+    with bad("topk must not be negative"):
+        mfa_native.sparse_topk(q, k, w, -1)
+    with bad("topk must be an int", TypeError):
+        mfa_native.sparse_topk(q, k, w, 2.0)
+    with bad("weights must be float32", TypeError):
+        mfa_native.sparse_topk(q, k, w.astype(np.float16), 2)
+    with bad("weights must have shape"):
+        mfa_native.sparse_topk(q, k, w[:, :1], 2)
+    with bad("k must have shape"):
+        mfa_native.sparse_topk(q, np.concatenate([k, k], axis=1), w, 2)

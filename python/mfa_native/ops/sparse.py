@@ -9,6 +9,8 @@ import numpy as np
 
 from .. import codegen
 from ..codegen import physical
+from ..codegen import sparse_topk as sparse_topk_codegen
+from ..codegen.passes import TensorSpec
 from ..codegen.problem import TokenLists
 from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
@@ -154,3 +156,86 @@ def _with_lists(call: Validated, indices, topk_length) -> Validated:
     index_strides = physical(check.element_strides(bound["indices"]), p.layout)
     tokens = TokenLists(bound["indices"].shape[-1], index_strides, length_strides)
     return Validated(replace(p, tokens=tokens), bound, converts)
+
+
+@returns_given_kind(("q", "k"), ("weights",))
+def sparse_topk(q, k, weights, topk: int, *, causal: bool = True, layout: str = "bhsd", return_scores: bool = False,
+                device: Device | str | None = None):
+    """DeepSeek's lightning indexer and top-k: the keys each query row should attend.
+
+    score[b, r, c] = sum over indexer heads h of weights[b, h, r] * relu(q[b, h, r] . k[b, 0, c]),
+    computed in float32; the topk candidates of each row by descending score (equal scores:
+    the lower key first), padded with -1 where a row has fewer candidates.
+
+    Args:
+        q: (B, Hi, R, Di) indexer queries in "bhsd", (B, R, Hi, Di) in "bshd"; float32,
+            float16 or bfloat16. k: (B, 1, C, Di) ("bshd": (B, C, 1, Di)), q's dtype: one
+            indexer key per token. weights: (B, Hi, R) float32 ("bshd": (B, R, Hi)).
+        topk: how many keys to keep per row (>= 0; more than C pads).
+        causal: key c is a candidate for row r iff c <= r + C - R (lower right, as
+            `attention`'s causal=True); False: every key is.
+        return_scores: also return the matching float32 scores (-inf at padding).
+
+    Returns:
+        indices, int32 (B, 1, R, topk) ("bshd": (B, R, 1, topk)), to pass to
+        `sparse_attention` (broadcast it over the kv heads: np.broadcast_to gives stride 0);
+        with return_scores, (indices, scores).
+    """
+    device = resolve_device(device)
+    layout = check.layout_of(layout)
+    q, k = check.as_array(q, "q"), check.as_array(k, "k")
+    weights = check.as_array(weights, "weights")
+    dtype = check.dtype_of(q, "q")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}; q and k must share one dtype")
+    if weights.dtype != np.float32:
+        raise TypeError(f"weights must be float32, got {weights.dtype}")
+    if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
+        raise TypeError(f"topk must be an int, got {type(topk).__name__}")
+    if topk < 0:
+        raise ValueError(f"topk must not be negative, got {topk}")
+    causal = check.flag(causal, "causal")
+    return_scores = check.flag(return_scores, "return_scores")
+    for x, name in ((q, "q"), (k, "k")):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must have 4 dimensions, got shape {x.shape}")
+    B, Hi, R, Di = physical(q.shape, layout)
+    kb, one, C, kd = physical(k.shape, layout)
+    if kb != B or one != 1 or kd != Di:
+        want = "(B, 1, C, Di)" if layout == "bhsd" else "(B, C, 1, Di)"
+        raise ValueError(f"k must have shape {want} with q's B = {B} and Di = {Di}, got {k.shape}")
+    expected = (B, Hi, R) if layout == "bhsd" else (B, R, Hi)
+    if weights.shape != expected:
+        raise ValueError(f"weights must have shape {expected}, got {weights.shape}")
+    for name, size in (("B (batch)", B), ("Hi (indexer heads)", Hi), ("R (query length)", R),
+                       ("C (key length)", C), ("topk", topk)):
+        if size > check.MAX_INDEX:
+            raise ValueError(f"{name} is {size}; it must be below 2**31")
+    out_shape = (B, 1, R, topk) if layout == "bhsd" else (B, R, 1, topk)
+    if B * Hi * R * C * topk == 0 or Di == 0:
+        indices = np.full(out_shape, -1, np.int32)
+        scores = np.full(out_shape, -np.inf, np.float32)
+        if Hi == 0 or Di == 0:  # every score is 0: the candidates in key order
+            n = np.minimum(np.arange(R) + C - R + 1 if causal else np.full(R, C), C).clip(0)
+            for r in range(R):
+                kept = min(int(n[r]), topk)
+                row = (slice(None), 0, r) if layout == "bhsd" else (slice(None), r, 0)
+                indices[row + (slice(0, kept),)] = np.arange(kept, dtype=np.int32)
+                scores[row + (slice(0, kept),)] = 0.0
+        return (indices, scores) if return_scores else indices
+    q, k = check.bindable(q), check.bindable(k)
+    weights = check.normalized(weights) if check.usable_in_place(weights) else np.ascontiguousarray(weights)
+    logical = {"q": physical(check.element_strides(q), layout), "k": physical(check.element_strides(k), layout),
+               "weights": (*(s // 4 for s in (weights.strides if layout == "bhsd" else
+                                              (weights.strides[0], weights.strides[2], weights.strides[1]))), 0)}
+    descriptor = sparse_topk_codegen.describe_topk(dtype=dtype, shape=dict(B=B, Hi=Hi, R=R, C=C, K=topk, Di=Di),
+                                                   strides=logical, layout=layout, causal=causal)
+    inputs = {"q": TensorSpec(dtype, q.shape, tuple(s // q.itemsize for s in q.strides)),
+              "k": TensorSpec(dtype, k.shape, tuple(s // k.itemsize for s in k.strides)),
+              "weights": TensorSpec("float32", weights.shape, tuple(s // 4 for s in weights.strides))}
+    description = sparse_topk_codegen.topk_pass(descriptor, sizes=dict(B=B, Hi=Hi, R=R, C=C, K=topk),
+                                                inputs=inputs)
+    prepared = PreparedPass(description, device)
+    arrays = {"q": q, "k": k, "weights": weights}
+    outputs = dict(zip(prepared.output_names, prepared.run([arrays[name] for name in prepared.input_names])))
+    return (outputs["indices"], outputs["topk_scores"]) if return_scores else outputs["indices"]
