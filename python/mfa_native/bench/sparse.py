@@ -1,4 +1,4 @@
-"""Block-sparse attention against dense attention with the same mask:
+"""Block-sparse and sparse-indexed attention against dense attention:
 `python -m mfa_native bench sparse [--keys 16384] [--device cpu]`.
 
 Two masks over R = C = --keys: a document mask (block-diagonal, 8 documents) and a causal
@@ -9,6 +9,10 @@ on its own row), visits only the listed blocks and reads no mask inside full one
 Per row: the time of one call, the simdgroup matrix work issued, the useful work of the
 block lists (every 8x8 tile of a listed block holding an allowed pair), and the device
 bytes read from k and v and from the mask (cpu backend: exact; Metal: not counted).
+
+Then token lists (DeepSeek sparse attention): 4 queries of 8 heads sharing one list of 256
+of the --keys keys, against dense attention over all keys and against gathering the listed
+keys (numpy) and running dense attention on them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .. import profile
 from ..ops.attention import attention
 from ..ops.block_mask import BlockMask
 from ..ops.block_sparse import block_sparse_attention
+from ..ops.sparse import sparse_attention
 from ..runtime.devices import resolve_device
 from ..work import useful_block_sparse_matrix_ops
 from ._table import format_table
@@ -39,7 +44,8 @@ def _masks(keys: int) -> dict[str, np.ndarray]:
 
 
 def _timed(call):
-    """(result, seconds, issued matrix ops, device bytes read per buffer) of one call."""
+    """(result, seconds, issued matrix ops, device bytes read per buffer) of one warm call."""
+    call()  # compiles and prepares
     with profile() as recorded:
         start = time.perf_counter()
         result = call()
@@ -51,6 +57,32 @@ def _timed(call):
 
 def _mib(traffic, *names) -> str:
     return "-" if traffic is None else f"{sum(traffic.get(n, 0) for n in names) / 2**20:.1f}"
+
+
+def _token_lists(rng, device, keys: int, d: int, rows: list) -> None:
+    """Sparse-indexed attention (8 query heads share each list) against dense attention and
+    against a gather of the listed keys followed by dense attention."""
+    heads, queries, topk = 8, 4, 256
+    q = rng.standard_normal((1, heads, queries, d)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 1, keys, d)).astype(np.float16) for _ in range(2))
+    indices = np.sort(rng.choice(keys, (1, 1, queries, topk)), axis=-1).astype(np.int32)
+    name = f"token lists: topk {topk} of {keys}, {heads} heads per list"
+    sparse, *sparse_run = _timed(lambda: sparse_attention(q, k, v, indices, device=device))
+    _, *dense_run = _timed(lambda: attention(q, k, v, device=device))
+
+    def gather_then_dense():
+        gathered_k = k[0, 0, indices[0, 0]][:, None]                 # (R, 1, topk, D): one problem per query
+        gathered_v = v[0, 0, indices[0, 0]][:, None]
+        out = attention(q[0].transpose(1, 0, 2)[:, :, None], gathered_k, gathered_v, device=device)
+        return out[:, :, 0].transpose(1, 0, 2)[None]
+
+    gathered, *gather_run = _timed(gather_then_dense)
+    error = float(np.linalg.norm(sparse.astype(np.float64) - gathered) / np.linalg.norm(gathered.astype(np.float64)))
+    for kernel, (seconds, ops, traffic) in (("dense", dense_run), ("gather + dense", gather_run),
+                                            ("sparse-indexed", sparse_run)):
+        rows.append([name, kernel, f"{seconds * 1e3:.1f}", "-" if ops is None else str(ops), "-",
+                     _mib(traffic, "k", "v"), "-"])
+    rows[-1][0] += f" (rel. L2 to gather + dense {error:.1e})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([name, kernel, f"{seconds * 1e3:.1f}", "-" if ops is None else str(ops), str(useful),
                          _mib(traffic, "k", "v"), _mib(traffic, "mask")])
         rows[-1][0] += f" (rel. L2 to dense {error:.1e})"
+    _token_lists(rng, device, n, d, rows)
     print(f"R = C = {n}, D = {d}, float16, blocks {BLOCK}x{BLOCK}, on {device.kind} ({device.name})")
     print(format_table(["mask", "kernel", "ms", "mma issued", "mma useful (listed blocks)", "k+v read MiB",
                         "mask read MiB"], rows))
