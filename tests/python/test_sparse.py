@@ -255,3 +255,23 @@ def test_the_indexer_refuses_bad_arguments(rng):
         mfa_native.sparse_topk(q, k, w[:, :1], 2)
     with bad("k must have shape"):
         mfa_native.sparse_topk(q, np.concatenate([k, k], axis=1), w, 2)
+
+
+def test_listed_rows_are_read_once_per_kv_head_and_once_for_a_shared_latent(rng):
+    """16 heads (two simdgroups) share the staged rows; with v = k[..., :Dv] one staged row
+    serves both products: v's memory is not read at all."""
+    Hq, R, C, D, Dv, topk = 16, 3, 512, 32, 16, 64
+    q, k, _ = make_inputs(rng, Hq=Hq, Hkv=1, R=R, C=C, D=D)
+    v = k[..., :Dv]
+    indices = lists(rng, 1, 1, R, topk, C, invalid_share=0.0)
+    with mfa_native.profile() as prof:
+        out = mfa_native.sparse_attention(q, k, v, indices)
+    (record,) = prof.records
+    if record.bytes_read is None:
+        pytest.skip("this backend does not count traffic")
+    assert record.bytes_read["k"] == R * topk * D * 4 and record.bytes_read["v"] == 0
+    assert relative_l2(out, sparse_attention_reference(q, k, np.ascontiguousarray(v), indices)) < 1e-4
+    separate = np.ascontiguousarray(v)                      # not a view: its own rows, read once too
+    with mfa_native.profile() as prof:
+        mfa_native.sparse_attention(q, k, separate, indices)
+    assert prof.records[0].bytes_read["v"] == R * topk * Dv * 4

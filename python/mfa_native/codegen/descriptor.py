@@ -94,6 +94,8 @@ class TokenFacts:
 
     indices: OperandLayout          # logical (batch, kv head, query, slot)
     lengths: OperandLayout | None   # topk_length, logical (batch, query, -, -)
+    shared_kv: bool                 # v is a view of k's first Dv features
+    stage_rows: int                 # listed K/V rows staged in threadgroup memory per step
 
 
 @dataclass(frozen=True)
@@ -260,12 +262,13 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     row = tile_row(family, max(p.head_dim, p.value_dim))
     rows = query_rows(p, family) if p.tokens is None else 8 * -(-p.gqa_ratio // 8)  # sparse: a row per head
+    key_block = row.key_block if p.tokens is None else stage_rows(p, family)
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
-                            query_rows=rows, key_block=row.key_block, cache_q=row.cache_q,
-                            tokens=_token_facts(p, bake_lengths))
+                            query_rows=rows, key_block=key_block, cache_q=row.cache_q,
+                            tokens=_token_facts(p, bake_lengths, family))
 
 
-def _token_facts(p: AttentionProblem, bake_lengths: bool) -> TokenFacts | None:
+def _token_facts(p: AttentionProblem, bake_lengths: bool, family: str) -> TokenFacts | None:
     if p.tokens is None:
         return None
     B, Hkv, R, T = (Extent(1, (name,)) for name in ("B", "Hkv", "R", "T"))
@@ -277,7 +280,19 @@ def _token_facts(p: AttentionProblem, bake_lengths: bool) -> TokenFacts | None:
         one = Extent(1)
         lengths = _operand_layout((p.batch, p.q_len, 1, 1), (B, R, one, one), (*p.tokens.length_strides, 1, 1),
                                   (0, 1, 2, 3), baked)
-    return TokenFacts(indices, lengths)
+    return TokenFacts(indices, lengths, p.tokens.shared_kv, stage_rows(p, family))
+
+
+STAGE_BYTES = 24 * 1024   # threadgroup memory for staged K/V rows, under the 32 KiB every Apple GPU has
+
+
+def stage_rows(p: AttentionProblem, family: str) -> int:
+    """Listed rows staged per step: the table's key block, fewer when K (and V, unless it is a
+    view of K) rows of that many keys would not fit STAGE_BYTES; a multiple of 8."""
+    item = {"float32": 4, "float16": 2, "bfloat16": 2}[p.dtype]
+    width = p.head_dim + (0 if p.tokens.shared_kv else p.value_dim)
+    fits = STAGE_BYTES // (width * item) // 8 * 8
+    return max(8, min(tile_row(family, max(p.head_dim, p.value_dim)).key_block, fits))
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
@@ -299,5 +314,5 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         key_rows=_shrunk(row.key_rows, p.kv_len),
         query_block=row.query_block,
         cache=row.cache,
-        tokens=_token_facts(p, bake_lengths),
+        tokens=_token_facts(p, bake_lengths, family),
     )

@@ -83,6 +83,7 @@ class TokenLists:
     topk: int
     index_strides: tuple[int, int, int, int]
     length_strides: tuple[int, int] | None = None
+    shared_kv: bool = False   # v is k's first Dv features (MLA's latent): one staged row serves both
 
 
 @dataclass(frozen=True)

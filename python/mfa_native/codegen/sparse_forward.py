@@ -3,11 +3,12 @@ attends exactly the keys its token list names.
 
 Heads as tile rows: one threadgroup per (query row r, kv head, batch); its simdgroups own 8
 of the query heads that read the kv head (rows past the group compute on a valid head and
-are never stored). All of them share r's list, so every listed K/V row is loaded once per
-simdgroup of heads, not once per head. The columns of a tile are list slots: the key
-positions are gathered from the list (`Positions(listed=...)`), an entry outside 0..C-1 is
-skipped (never read), and only the first `count` slots are visited (topk, or topk_length).
-The online softmax, its NaN rules and the finish are the dense forward kernel's.
+are never stored). They all share r's list: each step, the threadgroup stages the next
+listed K (and V) rows in threadgroup memory, each row read from device memory once, and
+every simdgroup's products read the stage; when v is a view of k (MLA's shared latent),
+one staged row serves both. A slot past the count, or whose entry is outside 0..C-1, is
+skipped and reads nothing. The online softmax, its NaN rules and the finish are the dense
+forward kernel's.
 """
 
 from __future__ import annotations
@@ -72,21 +73,53 @@ def _bias(count: int) -> list[str]:
         + loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", body))
 
 
+def stage(d, threads: str) -> list[str]:
+    """Declares the threadgroup arrays of the staged rows (k_stage, and v_stage unless v is a
+    view of k). Reads nothing."""
+    t, rows = MSL_TYPES[d.dtype], d.tokens.stage_rows
+    lines = [f"threadgroup {t} k_stage[{rows * d.head_dim}];  // the step's listed K rows, shared by every simdgroup"]
+    if not d.tokens.shared_kv:
+        lines.append(f"threadgroup {t} v_stage[{rows * d.value_dim}];  // ... and V rows")
+    return lines + ["const uint member = simd_index * 32 + lane;  // this thread's place in the threadgroup", f"const uint threads = {threads};"]
+
+
+def staged_rows(d, *, listed: str = "listed") -> list[str]:
+    """Loads the step's listed rows [kb, kb + stage_rows) into the stage, every thread of the
+    threadgroup a share, each row once; a slot past the count or naming no key stores 0 (and
+    reads nothing). Barriers before (the last step's readers are done) and after. Reads kb,
+    count, `listed`, k_head (v_head), member, threads."""
+    t, rows = MSL_TYPES[d.dtype], d.tokens.stage_rows
+    targets = [("k_stage", "k_head", d.k, d.head_dim)]
+    if not d.tokens.shared_kv:
+        targets.append(("v_stage", "v_head", d.v, d.value_dim))
+    lines = ["threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous step's stage is read"]
+    for target, source, layout, width in targets:
+        at = offset("ulong(key)", layout.strides[2])
+        lines += [f"for (uint e = member; e < {rows * width}u; e += threads) {{",
+                  f"  const int slot = kb + int(e / {width});",
+                  f"  const int key = slot < count ? {listed}[slot] : -1;",
+                  f"  {target}[e] = uint(key) < C ? {source}[{at} + e % {width}] : {t}(0);",
+                  "}"]
+    return lines + ["threadgroup_barrier(mem_flags::mem_threadgroup);  // the stage is filled"]
+
+
 def _slot_steps(d: KernelDescriptor) -> list[str]:
     key_tiles = d.key_block // 8
     q = HeadTensor("q_rows", d.q.strides[1], d.head_dim)
-    k, v = HeadTensor.of("k", d.k, d.head_dim), HeadTensor.of("v", d.v, d.value_dim)
-    listed = Positions("count", listed="listed")
-    body = _bias(key_tiles)
-    body += ["", "// S = Q K^T over the listed keys."] + zeroed("p_tile", key_tiles, "scores, then probabilities")
+    k = HeadTensor("k_stage", Extent(d.head_dim), d.head_dim)
+    v = HeadTensor("k_stage" if d.tokens.shared_kv else "v_stage",
+                   Extent(d.head_dim if d.tokens.shared_kv else d.value_dim), d.value_dim)
+    staged = Positions(str(d.key_block))   # rows of the stage, 0 .. stage_rows - 1
+    body = staged_rows(d) + _bias(key_tiles)
+    body += ["", "// S = Q K^T over the staged rows."] + zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(q, "h", "q_tile" if d.cache_q else None, "q_i"), rhs=k,
-                   rhs_tile="k_tile", rhs_comment="K^T of the listed keys", position="key", first="kb",
-                   positions=listed, reread="re-read: Q does not stay in registers at this head dimension")
+                   rhs_tile="k_tile", rhs_comment="K^T of the listed keys", position="key", first="0",
+                   positions=staged, reread="re-read: Q does not stay in registers at this head dimension")
     body += _softmax(d, key_tiles)
-    body += ["", "// O += P V over the listed keys."]
+    body += ["", "// O += P V over the staged rows."]
     body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=v, rhs_tile="v_tile",
-                       rhs_comment="rows are listed keys, columns are value dims", position="key", first="kb",
-                       positions=listed)
+                       rhs_comment="rows are listed keys, columns are value dims", position="key", first="0",
+                       positions=staged)
     return block_loop("kb", "0", "count", d.key_block, body)
 
 
@@ -113,7 +146,7 @@ def generate_sparse(d: KernelDescriptor) -> KernelSource:
     state += (["float m = sinks[h] * LOG2E;  // the sink is one more logit, with no value", "float l = 1.0f;"]
               if d.sinks else ["float m = MASKED;", "float l = 0.0f;"])
     state += zeroed("o_tile", tiles(d.value_dim), "O, unnormalized")
-    body = _geometry(d) + q_cache + state + _slot_steps(d) + _store(d)
+    body = _geometry(d) + stage(d, str(32 * d.simdgroups)) + q_cache + state + _slot_steps(d) + _store(d)
     summary = [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, {d.gqa_ratio} query heads per kv head as tile rows",
                f"sparse-indexed: token lists{' with topk_length' if d.tokens.lengths else ''}, "
                f"sinks {'yes' if d.sinks else 'no'}, lse {'yes' if d.return_lse else 'no'}",

@@ -51,12 +51,13 @@ def sparse_attention(q, k, v, indices, *, scale=None, sinks=None, topk_length=No
     """
     device = resolve_device(device)
     arrays = (q, k, v, None, sinks, indices, topk_length)
-    key = signature(arrays, (scale, layout, return_lse), device)
+    shared = _shared_latent(k, v)
+    key = signature(arrays, (scale, layout, return_lse, shared), device)
     call = _calls.get(key)
     if call is not None:
         return call(arrays)
     checked = _with_lists(validate(arrays[:5], scale=scale, causal=False, window=None, layout=layout,
-                                   return_lse=return_lse), indices, topk_length)
+                                   return_lse=return_lse), indices, topk_length, shared)
     p = checked.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         empty, names = empty_forward(p, ARGUMENTS, checked.converts)
@@ -95,7 +96,7 @@ def sparse_attention_backward(q, k, v, indices, o, lse, do, *, scale=None, sinks
         return call(arrays)
     backward = validate_backward(arrays[:8], scale=scale, causal=False, window=None, layout=layout)
     forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), indices,
-                          topk_length)
+                          topk_length, False)
     problem = replace(backward.problem, forward=forward.problem)
     p = problem.forward
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
@@ -140,7 +141,14 @@ def _lengths(topk_length, shape: tuple[int, int]) -> np.ndarray:
     return check.normalized(lengths) if check.usable_in_place(lengths) else np.ascontiguousarray(lengths)
 
 
-def _with_lists(call: Validated, indices, topk_length) -> Validated:
+def _shared_latent(k, v) -> bool:
+    """Whether v is k's first Dv features (MLA's shared latent): the same memory, rows and heads."""
+    return (type(k) is np.ndarray and type(v) is np.ndarray and k.dtype == v.dtype and k.ndim == v.ndim == 4
+            and v.shape[:3] == k.shape[:3] and v.shape[3] <= k.shape[3] and v.strides[:3] == k.strides[:3]
+            and k.__array_interface__["data"][0] == v.__array_interface__["data"][0])
+
+
+def _with_lists(call: Validated, indices, topk_length, shared_kv: bool) -> Validated:
     """`call` with the token lists checked and their layout in the problem."""
     p = call.problem
     bound, converts = dict(call.bound), dict(call.converts)
@@ -154,7 +162,7 @@ def _with_lists(call: Validated, indices, topk_length) -> Validated:
         converts["topk_length"] = lambda x: _lengths(x, (p.batch, p.q_len))  # contents: checked every call
         length_strides = tuple(s // 4 for s in bound["topk_length"].strides)
     index_strides = physical(check.element_strides(bound["indices"]), p.layout)
-    tokens = TokenLists(bound["indices"].shape[-1], index_strides, length_strides)
+    tokens = TokenLists(bound["indices"].shape[-1], index_strides, length_strides, shared_kv)
     return Validated(replace(p, tokens=tokens), bound, converts)
 
 
