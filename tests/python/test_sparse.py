@@ -78,6 +78,13 @@ def test_strided_broadcast_and_shared_kv_lists(rng):
     check(q, k, v, shared, 1e-4)
     wide = lists(rng, B, Hkv, R * 2, 48, C)[:, :, ::2, ::2]                      # gaps on rows and slots
     check(q, k, v, wide, 1e-4)
+    for indices in (wide, shared):   # the backward takes the same lists in place
+        o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True)
+        do = rng.standard_normal(o.shape).astype(np.float32)
+        grads = mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, do)
+        expected = sparse_attention_backward_reference(q, k, np.ascontiguousarray(v), do, indices, out=o)
+        for grad, reference in zip(grads, expected):
+            assert relative_l2(grad, reference) < 1e-4
     check(q, k, v, lists(rng, B, 1, R, 24, C), 1e-4)                             # a size-1 kv-head axis
 
 
