@@ -7,11 +7,10 @@ import numpy as np
 from .. import codegen
 from ..codegen import AttentionProblem, physical
 from ..runtime.devices import Device, resolve_device, tuning_facts
-from ..runtime.runner import PreparedPass
 from . import arguments as check
 from .empty import empty_forward
 from .given_kind import returns_given_kind
-from .warm import Convert, PreparedCall, SignatureCache, pick, same_memory, signature
+from .warm import Convert, PreparedCall, SignatureCache, prepared_call, run, same_memory, signature
 
 _calls = SignatureCache()
 
@@ -57,13 +56,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, window=None, sink
     device = resolve_device(device)
     arrays = (q, k, v, mask, sinks)
     key = signature(arrays, (scale, causal, window, layout, return_lse), device)
-    call = _calls.get(key)
-    if call is not None:
-        return call(arrays)
-    call, inputs = _prepare(arrays, scale=scale, causal=causal, window=window, layout=layout, return_lse=return_lse,
-                            device=device)
-    _calls.put(key, call)
-    return call.run(inputs)
+    return run(_calls, key, arrays, lambda: _prepare(arrays, scale=scale, causal=causal, window=window, layout=layout,
+                                                     return_lse=return_lse, device=device))
 
 
 ARGUMENTS = ("q", "k", "v", "mask", "sinks")  # the array arguments, in call order
@@ -130,13 +124,12 @@ def _prepare(arrays, *, scale, causal, window, layout, return_lse,
     call = validate(arrays, scale=scale, causal=causal, window=window, layout=layout, return_lse=return_lse)
     p = call.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        empty, names = empty_forward(p, ARGUMENTS, call.converts)
-        return empty, [call.bound[name] for name in names]
+        return empty_forward(p, ARGUMENTS, call)
     facts = tuning_facts(device)
-    description = codegen.attention_pass(call.problem, family=facts.family,
-                                         parallel_threadgroups=facts.parallel_threadgroups)
-    prepared = PreparedPass(description, device)
-    o, lse = prepared.output_names.index("o"), prepared.output_names.index("lse") if return_lse else None
-    finish = (lambda outputs: (outputs[o], outputs[lse])) if return_lse else (lambda outputs: outputs[o])
-    inputs = [call.bound[name] for name in prepared.input_names]
-    return PreparedCall(prepared, pick(prepared.input_names, ARGUMENTS, call.converts), finish), inputs
+    description = codegen.attention_pass(p, family=facts.family, parallel_threadgroups=facts.parallel_threadgroups)
+    return prepared_call(description, device, call, ARGUMENTS, forward_results(return_lse))
+
+
+def forward_results(return_lse: bool) -> str | tuple[str, str]:
+    """What a forward op returns: o, or (o, lse)."""
+    return ("o", "lse") if return_lse else "o"

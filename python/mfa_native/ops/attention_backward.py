@@ -7,12 +7,11 @@ import numpy as np
 from .. import codegen
 from ..codegen import AttentionBackwardProblem, physical
 from ..runtime.devices import Device, resolve_device, tuning_facts
-from ..runtime.runner import PreparedPass
 from . import arguments as check
 from .attention import Validated, validate
 from .empty import empty_backward
 from .given_kind import returns_given_kind
-from .warm import PreparedCall, SignatureCache, pick, same_memory, signature
+from .warm import PreparedCall, SignatureCache, prepared_call, run, same_memory, signature
 
 ARGUMENTS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks")  # the array arguments, in call order
 _calls = SignatureCache()
@@ -47,12 +46,8 @@ def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, mask=No
     device = resolve_device(device)
     arrays = (q, k, v, o, lse, do, mask, sinks)
     key = signature(arrays, (scale, causal, window, layout), device)
-    call = _calls.get(key)
-    if call is not None:
-        return call(arrays)
-    call, inputs = _prepare(arrays, scale=scale, causal=causal, window=window, layout=layout, device=device)
-    _calls.put(key, call)
-    return call.run(inputs)
+    return run(_calls, key, arrays, lambda: _prepare(arrays, scale=scale, causal=causal, window=window, layout=layout,
+                                                     device=device))
 
 
 def validate_backward(arrays, *, scale, causal, window, layout) -> Validated:
@@ -84,12 +79,11 @@ def _prepare(arrays, *, scale, causal, window, layout, device: Device) -> tuple[
     call = validate_backward(arrays, scale=scale, causal=causal, window=window, layout=layout)
     p = call.problem.forward
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        empty, names = empty_backward(p, ARGUMENTS, call.converts)
-        return empty, [call.bound[name] for name in names]
+        return empty_backward(p, ARGUMENTS, call)
     description = codegen.attention_backward_pass(call.problem, family=tuning_facts(device).family)
-    prepared = PreparedPass(description, device)
-    wanted = ("dq", "dk", "dv", "dsinks") if call.problem.forward.sinks else ("dq", "dk", "dv")
-    order = tuple(prepared.output_names.index(name) for name in wanted)
-    prepared_call = PreparedCall(prepared, pick(prepared.input_names, ARGUMENTS, call.converts),
-                                 lambda outputs: tuple(outputs[i] for i in order))
-    return prepared_call, [call.bound[name] for name in prepared.input_names]
+    return prepared_call(description, device, call, ARGUMENTS, gradients(p.sinks))
+
+
+def gradients(sinks: bool) -> tuple[str, ...]:
+    """What a backward op returns: (dq, dk, dv), and dsinks with sinks."""
+    return ("dq", "dk", "dv", "dsinks") if sinks else ("dq", "dk", "dv")

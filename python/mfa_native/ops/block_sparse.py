@@ -9,14 +9,13 @@ from dataclasses import replace
 from .. import codegen
 from ..codegen import AttentionBackwardProblem
 from ..runtime.devices import Device, resolve_device, tuning_facts
-from ..runtime.runner import PreparedPass
-from .attention import Validated, validate
-from .attention_backward import validate_backward
+from .attention import Validated, forward_results, validate
+from .attention_backward import gradients, validate_backward
 from .arguments import is_empty
 from .block_mask import PAIRS, BlockMask, check_lists
 from .empty import empty_backward, empty_forward
 from .given_kind import returns_given_kind
-from .warm import PreparedCall, SignatureCache, pick, signature
+from .warm import SignatureCache, prepared_call, run, signature
 
 LISTS = tuple(name for pair in PAIRS for name in pair)
 ARGUMENTS = ("q", "k", "v", "mask", "sinks") + LISTS
@@ -54,24 +53,18 @@ def block_sparse_attention(q, k, v, block_mask: BlockMask, *, scale=None, causal
     device = resolve_device(device)
     arrays = (q, k, v, mask, sinks) + tuple(block_mask.arrays.get(name) for name in LISTS)
     key = signature(arrays, (scale, causal, window, layout, return_lse, block_mask.structure), device)
-    call = _forward_calls.get(key)
-    if call is not None:
-        return call(arrays)
-    checked = _with_lists(validate(arrays[:5], scale=scale, causal=causal, window=window, layout=layout,
-                                   return_lse=return_lse), block_mask)
-    p = checked.problem
-    if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        call, names = empty_forward(p, ARGUMENTS, checked.converts)
-        return call.run([checked.bound[name] for name in names])
-    facts = tuning_facts(device)
-    prepared = PreparedPass(codegen.attention_pass(checked.problem, family=facts.family), device)
-    o = prepared.output_names.index("o")
-    lse = prepared.output_names.index("lse") if return_lse else None
-    finish = (lambda outputs: (outputs[o], outputs[lse])) if return_lse else (lambda outputs: outputs[o])
-    call = PreparedCall(prepared, pick(prepared.input_names, ARGUMENTS, checked.converts), finish,
-                        _list_check(block_mask, checked.problem, first=5))
-    _forward_calls.put(key, call)
-    return call.run([checked.bound[name] for name in prepared.input_names])
+
+    def prepare():
+        checked = _with_lists(validate(arrays[:5], scale=scale, causal=causal, window=window, layout=layout,
+                                       return_lse=return_lse), block_mask)
+        p = checked.problem
+        if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+            return empty_forward(p, ARGUMENTS, checked)
+        description = codegen.attention_pass(p, family=tuning_facts(device).family)
+        return prepared_call(description, device, checked, ARGUMENTS, forward_results(return_lse),
+                             _list_check(block_mask, p, first=5))
+
+    return run(_forward_calls, key, arrays, prepare)
 
 
 @returns_given_kind(("q", "k", "v"), ("o", "lse", "do", "mask", "sinks"))
@@ -93,24 +86,19 @@ def block_sparse_attention_backward(q, k, v, o, lse, do, block_mask: BlockMask, 
     device = resolve_device(device)
     arrays = (q, k, v, o, lse, do, mask, sinks) + tuple(block_mask.arrays.get(name) for name in LISTS)
     key = signature(arrays, (scale, causal, window, layout, block_mask.structure), device)
-    call = _backward_calls.get(key)
-    if call is not None:
-        return call(arrays)
-    backward = validate_backward(arrays[:8], scale=scale, causal=causal, window=window, layout=layout)
-    forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), block_mask)
-    problem = replace(backward.problem, forward=forward.problem)
-    p = problem.forward
-    if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        call, names = empty_backward(p, BACKWARD_ARGUMENTS, forward.converts)
-        return call.run([forward.bound[name] for name in names])
-    prepared = PreparedPass(codegen.attention_backward_pass(problem, family=tuning_facts(device).family), device)
-    wanted = ("dq", "dk", "dv", "dsinks") if problem.forward.sinks else ("dq", "dk", "dv")
-    order = tuple(prepared.output_names.index(name) for name in wanted)
-    call = PreparedCall(prepared, pick(prepared.input_names, BACKWARD_ARGUMENTS, forward.converts),
-                        lambda outputs: tuple(outputs[i] for i in order),
-                        _list_check(block_mask, problem.forward, first=8))
-    _backward_calls.put(key, call)
-    return call.run([forward.bound[name] for name in prepared.input_names])
+
+    def prepare():
+        backward = validate_backward(arrays[:8], scale=scale, causal=causal, window=window, layout=layout)
+        forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), block_mask)
+        problem = replace(backward.problem, forward=forward.problem)
+        p = problem.forward
+        if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+            return empty_backward(p, BACKWARD_ARGUMENTS, forward)
+        description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
+        return prepared_call(description, device, forward, BACKWARD_ARGUMENTS, gradients(p.sinks),
+                             _list_check(block_mask, p, first=8))
+
+    return run(_backward_calls, key, arrays, prepare)
 
 
 def _with_lists(call: Validated, block_mask: BlockMask) -> Validated:

@@ -21,8 +21,8 @@ class _NoKernels:
         return inputs
 
 
-def empty_forward(p: AttentionProblem, arguments: tuple[str, ...], converts: dict) -> tuple[PreparedCall, list[str]]:
-    """The forward of an empty problem, and the names of the inputs it takes."""
+def empty_forward(p: AttentionProblem, arguments: tuple[str, ...], checked) -> tuple[PreparedCall, list[np.ndarray]]:
+    """The forward of an empty problem, and this call's inputs (`checked`: bound and converts by name)."""
     names = ["q", "sinks"] if p.sinks else ["q"]
 
     def finish(inputs: list[np.ndarray]):
@@ -32,15 +32,15 @@ def empty_forward(p: AttentionProblem, arguments: tuple[str, ...], converts: dic
             lse[...] = inputs[1][None, :, None]
         return (out, lse) if p.return_lse else out
 
-    return PreparedCall(_NoKernels, pick(names, arguments, converts), finish), names
+    return PreparedCall(_NoKernels, pick(names, arguments, checked.converts), finish), [checked.bound[n] for n in names]
 
 
-def empty_backward(p: AttentionProblem, arguments: tuple[str, ...], converts: dict) -> tuple[PreparedCall, list[str]]:
-    """The backward of an empty problem (zero gradients), and the names of the inputs it takes."""
+def empty_backward(p: AttentionProblem, arguments: tuple[str, ...], checked) -> tuple[PreparedCall, list[np.ndarray]]:
+    """The backward of an empty problem (zero gradients), and this call's inputs."""
 
     def finish(inputs: list[np.ndarray]):
         dtype = inputs[0].dtype
         grads = tuple(np.zeros(physical(s, p.layout), dtype=dtype) for s in (p.q_shape, p.k_shape, p.v_shape))
         return (*grads, np.zeros(p.q_heads, dtype=np.float32)) if p.sinks else grads
 
-    return PreparedCall(_NoKernels, pick(["q"], arguments, converts), finish), ["q"]
+    return PreparedCall(_NoKernels, pick(["q"], arguments, checked.converts), finish), [checked.bound["q"]]

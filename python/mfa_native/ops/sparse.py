@@ -15,11 +15,11 @@ from ..codegen.problem import TokenLists
 from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
 from . import arguments as check
-from .attention import Validated, validate
-from .attention_backward import validate_backward
+from .attention import Validated, forward_results, validate
+from .attention_backward import gradients, validate_backward
 from .empty import empty_backward, empty_forward
 from .given_kind import returns_given_kind
-from .warm import PreparedCall, SignatureCache, pick, same_memory, signature
+from .warm import SignatureCache, prepared_call, run, same_memory, signature
 
 ARGUMENTS = ("q", "k", "v", "mask", "sinks", "indices", "topk_length")
 BACKWARD_ARGUMENTS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks", "indices", "topk_length")
@@ -53,22 +53,17 @@ def sparse_attention(q, k, v, indices, *, scale=None, sinks=None, topk_length=No
     arrays = (q, k, v, None, sinks, indices, topk_length)
     shared = _shared_latent(k, v)
     key = signature(arrays, (scale, layout, return_lse, shared), device)
-    call = _calls.get(key)
-    if call is not None:
-        return call(arrays)
-    checked = _with_lists(validate(arrays[:5], scale=scale, causal=False, window=None, layout=layout,
-                                   return_lse=return_lse), indices, topk_length, shared)
-    p = checked.problem
-    if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        empty, names = empty_forward(p, ARGUMENTS, checked.converts)
-        return empty.run([checked.bound[name] for name in names])
-    prepared = PreparedPass(codegen.attention_pass(p, family=tuning_facts(device).family), device)
-    o = prepared.output_names.index("o")
-    lse = prepared.output_names.index("lse") if return_lse else None
-    finish = (lambda outputs: (outputs[o], outputs[lse])) if return_lse else (lambda outputs: outputs[o])
-    call = PreparedCall(prepared, pick(prepared.input_names, ARGUMENTS, checked.converts), finish)
-    _calls.put(key, call)
-    return call.run([checked.bound[name] for name in prepared.input_names])
+
+    def prepare():
+        checked = _with_lists(validate(arrays[:5], scale=scale, causal=False, window=None, layout=layout,
+                                       return_lse=return_lse), indices, topk_length, shared)
+        p = checked.problem
+        if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+            return empty_forward(p, ARGUMENTS, checked)
+        description = codegen.attention_pass(p, family=tuning_facts(device).family)
+        return prepared_call(description, device, checked, ARGUMENTS, forward_results(return_lse))
+
+    return run(_calls, key, arrays, prepare)
 
 
 @returns_given_kind(("q", "k", "v"), ("o", "lse", "do", "indices", "topk_length", "sinks"))
@@ -91,24 +86,19 @@ def sparse_attention_backward(q, k, v, indices, o, lse, do, *, scale=None, sinks
     device = resolve_device(device)
     arrays = (q, k, v, o, lse, do, None, sinks, indices, topk_length)
     key = signature(arrays, (scale, layout), device)
-    call = _backward_calls.get(key)
-    if call is not None:
-        return call(arrays)
-    backward = validate_backward(arrays[:8], scale=scale, causal=False, window=None, layout=layout)
-    forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), indices,
-                          topk_length, False)
-    problem = replace(backward.problem, forward=forward.problem)
-    p = problem.forward
-    if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        empty, names = empty_backward(p, BACKWARD_ARGUMENTS, forward.converts)
-        return empty.run([forward.bound[name] for name in names])
-    prepared = PreparedPass(codegen.attention_backward_pass(problem, family=tuning_facts(device).family), device)
-    wanted = ("dq", "dk", "dv", "dsinks") if p.sinks else ("dq", "dk", "dv")
-    order = tuple(prepared.output_names.index(name) for name in wanted)
-    call = PreparedCall(prepared, pick(prepared.input_names, BACKWARD_ARGUMENTS, forward.converts),
-                        lambda outputs: tuple(outputs[i] for i in order))
-    _backward_calls.put(key, call)
-    return call.run([forward.bound[name] for name in prepared.input_names])
+
+    def prepare():
+        backward = validate_backward(arrays[:8], scale=scale, causal=False, window=None, layout=layout)
+        forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), indices,
+                              topk_length, False)
+        problem = replace(backward.problem, forward=forward.problem)
+        p = problem.forward
+        if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+            return empty_backward(p, BACKWARD_ARGUMENTS, forward)
+        description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
+        return prepared_call(description, device, forward, BACKWARD_ARGUMENTS, gradients(p.sinks))
+
+    return run(_backward_calls, key, arrays, prepare)
 
 
 def _indices(indices, shape: tuple[int, int, int], layout: str) -> np.ndarray:

@@ -122,3 +122,36 @@ def same_memory(raw, bound: np.ndarray) -> bool:
     memory from its first element with its dtype, so the warm path can bind the argument as given."""
     return (type(raw) is np.ndarray and raw.dtype == bound.dtype
             and raw.__array_interface__["data"][0] == bound.__array_interface__["data"][0])
+
+
+def run(calls: SignatureCache, key: tuple | None, arguments: Sequence,
+        prepare: Callable[[], tuple[PreparedCall, list[np.ndarray]]]):
+    """One call of an op: the prepared call of its signature when there is one (the warm
+    path), else `prepare()` -> (PreparedCall, this call's inputs), kept for the next call."""
+    call = calls.get(key)
+    if call is not None:
+        return call(arguments)
+    call, inputs = prepare()
+    calls.put(key, call)
+    return call.run(inputs)
+
+
+def prepared_call(description, device: Device, checked, arguments: Sequence[str], results: str | tuple[str, ...],
+                  check: Callable[[Sequence], None] | None = None) -> tuple[PreparedCall, list[np.ndarray]]:
+    """The PreparedCall that runs `description` for `checked` (an op's checked arguments: their
+    `bound` arrays and `converts` by name), and this call's inputs. `arguments` names the op's
+    array arguments in call order; `results` the outputs it returns: a name for one array, a
+    tuple of names for a tuple."""
+    prepared = PreparedPass(description, device)
+    if isinstance(results, str):
+        index = prepared.output_names.index(results)
+
+        def finish(outputs):
+            return outputs[index]
+    else:
+        order = tuple(prepared.output_names.index(name) for name in results)
+
+        def finish(outputs):
+            return tuple(outputs[i] for i in order)
+    call = PreparedCall(prepared, pick(prepared.input_names, arguments, checked.converts), finish, check)
+    return call, [checked.bound[name] for name in prepared.input_names]
