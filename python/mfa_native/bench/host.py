@@ -2,7 +2,8 @@
 
 Per case: the host time of a warm call (the median over `--calls` calls of its wall
 time minus the seconds its dispatches report, so what is left is Python, the
-binding, encoding and waiting, not the kernels), the kernel time, the command
+binding, encoding and waiting, not the kernels; recording a dispatch for profile()
+is part of it), the kernel time, the command
 batches per call, and the bytes of the pass's intermediates, which stay on the
 device, against the bytes of caller memory staged between host and device per call
 (0 where the backend binds host memory in place).
@@ -85,7 +86,8 @@ CASES = (
 
 
 def measure(call: Callable[[], object], device: Device, calls: int) -> dict[str, float]:
-    """Host and kernel time (median over `calls` warm calls) and per-call batch counts."""
+    """Host and kernel time (median over `calls` warm calls of wall time minus the call's
+    dispatch seconds) and per-call batch counts."""
     for _ in range(20):
         call()  # compile, prepare, warm the caches
     walls, kernels = [], []

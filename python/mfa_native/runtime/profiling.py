@@ -8,19 +8,47 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 
-@dataclass(frozen=True)
 class DispatchRecord:
     """One dispatch: its kernel, threadgroups, simdgroup 8x8x8 multiply-accumulates,
     seconds, and the device bytes it read and wrote per kernel argument name (for
     generated kernels the operand names, e.g. "q", "o"). A field is None where the
-    backend cannot count it (traffic: the cpu backend counts it exactly, Metal not)."""
+    backend cannot count it (traffic: the cpu backend counts it exactly, Metal not).
 
-    kernel: str
-    threadgroups: int
-    simdgroup_matrix_ops: int | None
-    seconds: float | None
-    bytes_read: dict[str, int] | None = None
-    bytes_written: dict[str, int] | None = None
+    It keeps the core's DispatchStats and reads its fields when asked, so recording a
+    dispatch costs the warm path almost nothing."""
+
+    __slots__ = ("_stats",)
+
+    def __init__(self, stats) -> None:
+        self._stats = stats
+
+    @property
+    def kernel(self) -> str:
+        return self._stats.kernel
+
+    @property
+    def threadgroups(self) -> int:
+        return self._stats.threadgroups
+
+    @property
+    def simdgroup_matrix_ops(self) -> int | None:
+        return self._stats.simdgroup_matrix_ops
+
+    @property
+    def seconds(self) -> float | None:
+        return self._stats.seconds
+
+    @property
+    def bytes_read(self) -> dict[str, int] | None:
+        return self._stats.bytes_read
+
+    @property
+    def bytes_written(self) -> dict[str, int] | None:
+        return self._stats.bytes_written
+
+    def __repr__(self) -> str:
+        return (f"DispatchRecord(kernel={self.kernel!r}, threadgroups={self.threadgroups}, "
+                f"simdgroup_matrix_ops={self.simdgroup_matrix_ops}, seconds={self.seconds})")
 
 
 def _summed(counts: Iterable[dict[str, int] | None]) -> dict[str, int]:
@@ -88,8 +116,7 @@ def record(stats) -> None:
     """Called by the dispatch path with each finished dispatch's stats."""
     if not _active:
         return
-    entry = DispatchRecord(stats.kernel, stats.threadgroups, stats.simdgroup_matrix_ops, stats.seconds,
-                           stats.bytes_read, stats.bytes_written)
+    entry = DispatchRecord(stats)
     with _lock:
         for recording in _active:
             recording.records.append(entry)
