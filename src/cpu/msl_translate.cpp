@@ -96,6 +96,26 @@ inline void add_traffic(const ThreadState* t, const mfa_abi::BufferTraffic* traf
   }
 }
 
+// The watchdog's cooperative check, first in every loop's condition (see
+// rewrite_loop_conditions): a countdown shared by the fibers of this OS
+// thread and, every kLoopIterationsPerCheck iterations, a call into the
+// runtime, which ends the dispatch if the threadgroup has run too long.
+// constexpr, so that loops in constexpr functions still evaluate at compile time.
+inline thread_local unsigned loop_countdown = mfa_abi::kLoopIterationsPerCheck;
+
+[[gnu::noinline, gnu::cold]] inline void check_loop(const char* file, int line) {
+  loop_countdown = mfa_abi::kLoopIterationsPerCheck;
+  ThreadState* const t = mfa_abi::current_thread;
+  const mfa_abi::Site site{"loop", file, line};
+  t->dispatch->runtime->loop_check(t, &site);
+}
+
+constexpr bool loop_continues(const char* file, int line) {
+  if (__builtin_is_constant_evaluated()) return true;
+  if (__builtin_expect(--loop_countdown == 0, 0)) check_loop(file, line);
+  return true;
+}
+
 // Runs one GPU thread; an exception escaping the kernel fails the dispatch.
 // The message is copied out of the handler first: fail() never returns, and
 // a fiber must not be abandoned inside a catch block.
@@ -162,7 +182,10 @@ class Rewriter {
   }
 
   std::string apply() {
-    std::sort(edits_.begin(), edits_.end(), [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+    // An insertion (an empty range) goes before a replacement starting there.
+    std::sort(edits_.begin(), edits_.end(), [](const Edit& a, const Edit& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
     std::string out;
     std::size_t pos = 0;
     for (const Edit& edit : edits_) {
@@ -204,6 +227,7 @@ class Translator {
     rewrite_buffer_pointer_types();
     rewrite_threadgroup_variables();
     rewrite_half_literals();
+    rewrite_loop_conditions();
 
     std::string text = rewriter_.apply();
     if (!text.empty() && text.back() != '\n') text += '\n';
@@ -446,6 +470,39 @@ class Translator {
     std::string dimensions = name + 1 < span.end ? msl::join_tokens(tokens_, {name + 1, span.end}) : "";
     return "auto& " + std::string(tokens_[name].text) + " = mfa_glue::threadgroup_variable<" +
            type + dimensions + ">();";
+  }
+
+  // The watchdog: every loop checks in at each iteration, first thing in its
+  // condition. `while (c)` (also ending a do loop) ->
+  // `while (mfa_glue::loop_continues(__FILE__, LINE) && (c))`; `for (i; c; s)`
+  // likewise, and `for (i;; s)` gets the check alone. Range-based for loops
+  // end by themselves, and loops inside #define bodies are not seen.
+  void rewrite_loop_conditions() {
+    for (std::size_t i = 0; i + 1 < tokens_.size(); ++i) {
+      const bool is_for = tokens_[i].is("for");
+      if (!(is_for || tokens_[i].is("while")) || !translated(i) || !tokens_[i + 1].is("(")) continue;
+      const std::size_t open = i + 1;
+      const std::size_t close = msl::find_closing(tokens_, open);
+      std::size_t begin = open + 1, end = close;
+      if (is_for) {
+        std::vector<std::size_t> semicolons;
+        for (std::size_t j = open + 1; j < close; ++j) {
+          if (tokens_[j].is("(") || tokens_[j].is("[") || tokens_[j].is("{")) j = msl::find_closing(tokens_, j);
+          else if (tokens_[j].is(";")) semicolons.push_back(j);
+        }
+        if (semicolons.size() != 2) continue;  // range-based
+        begin = semicolons[0] + 1;
+        end = semicolons[1];
+      }
+      const std::string check = "mfa_glue::loop_continues(__FILE__, " + std::to_string(tokens_[i].line) + ")";
+      const std::size_t at = tokens_[begin].offset;
+      if (begin == end) {
+        rewriter_.replace(at, at, check);
+      } else {
+        rewriter_.replace(at, at, check + " && (");
+        rewriter_.replace(tokens_[end].offset, tokens_[end].offset, ")");
+      }
+    }
   }
 
   // `1.5h` -> `half(1.5f)`, also inside #define directives.

@@ -56,6 +56,9 @@ const mfa_abi::Runtime& GroupScheduler::runtime() {
         auto& scheduler = *static_cast<GroupScheduler*>(thread->executor);
         scheduler.abandon_current_thread(scheduler.kernel_failure_diagnostic(message));
       },
+      [](mfa_abi::ThreadState* thread, const mfa_abi::Site* site) {
+        static_cast<GroupScheduler*>(thread->executor)->loop_check(site);
+      },
   };
   return table;
 }
@@ -129,6 +132,7 @@ std::optional<std::string> GroupScheduler::run(const std::array<std::uint32_t, 3
   progress_ = 0;
   progress_at_check_ = ~std::uint64_t(0);  // the first check starts the clock
   yields_since_check_ = 0;
+  started_at_ = steady_seconds();
   for (Collective& collective : collectives_) {
     collective.site = nullptr;
     collective.arrived = 0;
@@ -262,11 +266,24 @@ void GroupScheduler::yield(const mfa_abi::Site* site) {
   suspend_current();
 }
 
-void GroupScheduler::check_progress() {
-  yields_since_check_ = 0;
+// A loop whose group has run too long fails wherever it is: with or
+// without barriers and collectives in it, the loop may never end.
+void GroupScheduler::loop_check(const mfa_abi::Site* site) {
+  check_stop();
+  if (steady_seconds() - started_at_ >= launch_.watchdog_seconds) {
+    abandon_current_thread(watchdog_diagnostic(site));
+  }
+}
+
+void GroupScheduler::check_stop() {
   if (launch_.stop != nullptr && launch_.stop->load(std::memory_order_relaxed)) {
     abandon_current_thread("stopped because another threadgroup failed");
   }
+}
+
+void GroupScheduler::check_progress() {
+  yields_since_check_ = 0;
+  check_stop();
   const double now = steady_seconds();
   if (progress_ != progress_at_check_) {
     progress_at_check_ = progress_;

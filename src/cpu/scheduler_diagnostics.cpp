@@ -144,6 +144,15 @@ std::string GroupScheduler::no_progress_diagnostic() const {
   return text.str();
 }
 
+std::string GroupScheduler::watchdog_diagnostic(const mfa_abi::Site* loop) const {
+  std::ostringstream text;
+  text << group_name() << ", " << thread_name(current_) << ": still running after "
+       << launch_.watchdog_seconds << " s (MFA_NATIVE_CPU_WATCHDOG_S), in the loop at "
+       << (loop->file != nullptr ? loop->file : "?") << ':' << loop->line
+       << " (a loop that never ends? on a GPU the command buffer's watchdog would end it)";
+  return text.str();
+}
+
 std::string GroupScheduler::deadlock_diagnostic() const {
   return group_name() + ": deadlock, every unfinished thread waits and none can continue: " +
          describe_waiting_threads();

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -808,6 +810,56 @@ TEST_F(SimdKernelTest, BoundsCheckingReportsTheAccess) {
     d.host(0, longer.data(), 404, false).host(1, out.data(), 400, true);
   });
   EXPECT_EQ(out[99], 1.0f);
+}
+
+const char* kEndlessLoops = R"(
+#include <metal_stdlib>
+using namespace metal;
+kernel void endless(device float* data [[buffer(0)]],
+                    uint i [[thread_position_in_threadgroup]]) {
+  uint turns = 0;
+  while (data[0] >= 0.0f) {
+    turns += 1;
+  }
+  data[i] = float(turns);
+}
+kernel void endless_with_barrier(device float* data [[buffer(0)]],
+                                 uint i [[thread_position_in_threadgroup]]) {
+  for (uint k = 0; data[0] >= 0.0f; ++k) {
+    threadgroup_barrier(mem_flags::mem_none);
+  }
+  data[i] = 1.0f;
+}
+kernel void ends(device float* data [[buffer(0)]],
+                 uint i [[thread_position_in_threadgroup]]) {
+  for (uint k = 0; k < 5000; ++k) data[i] += 1.0f;
+}
+)";
+
+// A loop that never ends fails its dispatch after MFA_NATIVE_CPU_WATCHDOG_S,
+// naming the kernel and the loop's line, with or without a barrier in it;
+// the executor then runs the next dispatch as usual.
+TEST_F(SimdKernelTest, EndlessLoopsEndWithTheWatchdog) {
+  setenv("MFA_NATIVE_CPU_WATCHDOG_S", "0.5", 1);
+  std::vector<float> data(64, 1.0f);
+  auto bind = [&](mfa::CommandBatch::DispatchRef& d) { d.host(0, data.data(), data.size() * 4, true); };
+  const auto endless_pipeline = pipeline(kEndlessLoops, "endless");
+  const auto start = std::chrono::steady_clock::now();
+  const std::string endless = failure_of(endless_pipeline, 4, 64, bind);
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  const std::string with_barrier = failure_of(pipeline(kEndlessLoops, "endless_with_barrier"), 4, 64, bind);
+  unsetenv("MFA_NATIVE_CPU_WATCHDOG_S");
+  EXPECT_NE(endless.find("kernel 'endless': threadgroup ("), std::string::npos) << endless;
+  EXPECT_NE(endless.find("still running after 0.5 s (MFA_NATIVE_CPU_WATCHDOG_S), in the loop at endless.metal:7"),
+            std::string::npos)
+      << endless;
+  EXPECT_NE(with_barrier.find("in the loop at endless_with_barrier.metal:14"), std::string::npos) << with_barrier;
+  EXPECT_GE(elapsed.count(), 0.5);
+  EXPECT_LT(elapsed.count(), 5.0);  // the other groups stop with the first
+
+  std::fill(data.begin(), data.end(), 0.0f);
+  run(pipeline(kEndlessLoops, "ends"), 1, 64, bind);
+  EXPECT_EQ(data[63], 5000.0f);
 }
 
 }  // namespace

@@ -161,6 +161,27 @@ kernel void run(device float* out [[buffer(0)]], constant uint& n [[buffer(1)]])
                        "halves[0] + whole.x;");
 }
 
+TEST(Translate, EveryLoopConditionChecksInWithTheWatchdog) {
+  const std::string source = R"(kernel void spin(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  for (uint k = 0; k < 4 && out[(k)]; ++k) out[k] = 0;
+  for (;;) { break; }
+  while (out[i] > 1.0h) out[i] -= 1;
+  do { out[i] += 1; } while (out[i] < 0);
+  float local[2] = {0, 1};
+  for (float v : local) out[i] += v;
+#define LOOP for (;;) {}
+}
+)";
+  std::vector<std::string> lines = metal_lines(translate(source, "spin"));
+  const std::string check = "mfa_glue::loop_continues(__FILE__, ";
+  EXPECT_EQ(lines[1], "  for (uint k = 0; " + check + "2) && (k < 4 && out[(k)]); ++k) out[k] = 0;");
+  EXPECT_EQ(lines[2], "  for (;" + check + "3);) { break; }");
+  EXPECT_EQ(lines[3], "  while (" + check + "4) && (out[i] > half(1.0f))) out[i] -= 1;");
+  EXPECT_EQ(lines[4], "  do { out[i] += 1; } while (" + check + "5) && (out[i] < 0));");
+  EXPECT_EQ(lines[6], "  for (float v : local) out[i] += v;");  // range-based: ends by itself
+  EXPECT_EQ(lines[7], "#define LOOP for (;;) {}");
+}
+
 TEST(Translate, FunctionConstantsBecomeConstexprWithFullPrecision) {
   const std::string source = R"(constant bool flag [[function_constant(0)]];
 constant int count [[function_constant(1)]];

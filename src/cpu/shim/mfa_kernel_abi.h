@@ -12,7 +12,7 @@
 
 namespace mfa_abi {
 
-inline constexpr int kVersion = 2;  // 2: Counters::buffers
+inline constexpr int kVersion = 3;  // 2: Counters::buffers, 3: Runtime::loop_check
 inline constexpr unsigned kSimdWidth = 32;
 inline constexpr unsigned kSlotBytes = 64;     // the largest operand one lane brings to a collective
 inline constexpr unsigned kMaxBuffers = 31;    // [[buffer(0..30)]], as in Metal
@@ -75,7 +75,16 @@ struct Runtime {
   // Fails the dispatch with `message` (the executor adds kernel, thread and
   // group). Never returns: the fiber is abandoned.
   void (*fail)(ThreadState* thread, const char* message);
+  // The watchdog, called from loops every kLoopIterationsPerCheck
+  // iterations with the loop's site (op "loop"): fails the dispatch when the
+  // caller's threadgroup has run for longer than the limit, or when another
+  // threadgroup of the dispatch failed. Otherwise returns at once.
+  void (*loop_check)(ThreadState* thread, const Site* site);
 };
+
+// How often a loop calls Runtime::loop_check: rarely enough that the clock
+// read it costs does not show, often enough to stop within microseconds.
+inline constexpr unsigned kLoopIterationsPerCheck = 1024;
 
 // Shared by every thread of one dispatch.
 struct DispatchContext {
