@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <string_view>
 #include <variant>
 
 #include "core/msl_syntax.hpp"
@@ -31,13 +34,6 @@ constexpr const char* kPrelude = R"(#include <metal_stdlib>
 
 namespace mfa_glue {
 using mfa_abi::ThreadState;
-
-// A kernel-scope `threadgroup T name;`: every thread of the group runs the
-// same declarations in the same order, so all get the same storage.
-template <class T>
-T& threadgroup_variable() {
-  return *static_cast<T*>(mfa_shim::threadgroup_alloc(sizeof(T), alignof(T)));
-}
 
 // Builtin arguments, per axis (axis is ignored by the one-number builtins).
 inline std::uint32_t thread_position_in_threadgroup(const ThreadState* t, int axis) {
@@ -106,7 +102,7 @@ inline thread_local unsigned loop_countdown = mfa_abi::kLoopIterationsPerCheck;
 [[gnu::noinline, gnu::cold]] inline void check_loop(const char* file, int line) {
   loop_countdown = mfa_abi::kLoopIterationsPerCheck;
   ThreadState* const t = mfa_abi::current_thread;
-  const mfa_abi::Site site{"loop", file, line};
+  const mfa_abi::Site site{"loop", file, line, 0};
   t->dispatch->runtime->loop_check(t, &site);
 }
 
@@ -235,7 +231,9 @@ class Translator {
     // the C library's: libc++ declares float overloads of exp2, abs, ... in
     // the global namespace, which `using namespace metal;` alone leaves ambiguous.
     // Bounds checks: buffer_ptr checks every access (mfa_buffer_ptr.h).
-    const std::string checks = options_.bounds_check ? "#define MFA_SHIM_BOUNDS_CHECK 1\n" : "";
+    // The race detector: threadgroup pointers record their accesses (mfa_threadgroup_ptr.h).
+    const std::string checks = std::string(options_.bounds_check ? "#define MFA_SHIM_BOUNDS_CHECK 1\n" : "") +
+                               (options_.race_check ? "#define MFA_SHIM_RACE_CHECK 1\n" : "");
     return checks + kPrelude + "namespace metal {\n" + ("#line 1 \"" + options_.metal_path + "\"\n") + text + glue() +
            "}  // namespace metal\n";
   }
@@ -347,18 +345,21 @@ class Translator {
   // Every pointer type spelled `device T*` or `constant T*` (parameters,
   // locals, casts, helper functions) -> `mfa_shim::buffer_ptr<T>`, which
   // counts traffic (and checks bounds, if enabled) through copies and
-  // arithmetic. A `const` just before the address space belongs to T;
-  // `constant` memory is read-only, so its T is const.
+  // arithmetic; with the race detector, `threadgroup T*` likewise ->
+  // `mfa_shim::threadgroup_ptr<T>`. A `const` just before the address space
+  // belongs to T; `constant` memory is read-only, so its T is const.
   void rewrite_buffer_pointer_types() {
     for (std::size_t i = 0; i < tokens_.size(); ++i) {
       const bool is_constant = tokens_[i].is("constant");
-      if (!(is_constant || tokens_[i].is("device")) || !translated(i)) continue;
+      const bool is_threadgroup = options_.race_check && tokens_[i].is("threadgroup");
+      if (!(is_constant || is_threadgroup || tokens_[i].is("device")) || !translated(i)) continue;
       const std::size_t star = pointer_star(i + 1);
       if (star == 0) continue;
       const bool const_before = i > 0 && tokens_[i - 1].is("const") && translated(i - 1);
       std::string element = msl::join_tokens(tokens_, {i + 1, star});
       if ((const_before || is_constant) && element.compare(0, 6, "const ") != 0) element = "const " + element;
-      rewriter_.replace(tokens_, {const_before ? i - 1 : i, star + 1}, "mfa_shim::buffer_ptr<" + element + ">");
+      const char* pointer = is_threadgroup ? "mfa_shim::threadgroup_ptr<" : "mfa_shim::buffer_ptr<";
+      rewriter_.replace(tokens_, {const_before ? i - 1 : i, star + 1}, pointer + element + ">");
       i = star;
     }
   }
@@ -385,7 +386,8 @@ class Translator {
   }
 
   // `threadgroup T a[N], b;` at statement level in the kernel body ->
-  // `auto& a = mfa_glue::threadgroup_variable<T[N]>(); auto& b = ...;`
+  // `auto&& a = mfa_shim::threadgroup_variable<T[N]>(); auto&& b = ...;`
+  // (references to the variables; with the race detector, checked proxies).
   // Threadgroup pointer declarations stay as they are.
   void rewrite_threadgroup_variables() {
     for (std::size_t i = kernel_.body.begin + 1; i + 1 < kernel_.body.end; ++i) {
@@ -468,15 +470,17 @@ class Translator {
       if (!tokens_[j].is("[")) fail(line, "cannot read this threadgroup declaration");
     }
     std::string dimensions = name + 1 < span.end ? msl::join_tokens(tokens_, {name + 1, span.end}) : "";
-    return "auto& " + std::string(tokens_[name].text) + " = mfa_glue::threadgroup_variable<" +
+    return "auto&& " + std::string(tokens_[name].text) + " = mfa_shim::threadgroup_variable<" +
            type + dimensions + ">();";
   }
 
   // The watchdog: every loop checks in at each iteration, first thing in its
   // condition. `while (c)` (also ending a do loop) ->
   // `while (mfa_glue::loop_continues(__FILE__, LINE) && (c))`; `for (i; c; s)`
-  // likewise, and `for (i;; s)` gets the check alone. Range-based for loops
-  // end by themselves, and loops inside #define bodies are not seen.
+  // likewise, and `for (i;; s)` gets the check alone. Loops that end by
+  // themselves go without: range-based ones, and those counting up to a small
+  // literal (the tile loops of generated kernels, which the check would keep
+  // from being unrolled and vectorized). Loops inside #define bodies are not seen.
   void rewrite_loop_conditions() {
     for (std::size_t i = 0; i + 1 < tokens_.size(); ++i) {
       const bool is_for = tokens_[i].is("for");
@@ -491,6 +495,7 @@ class Translator {
           else if (tokens_[j].is(";")) semicolons.push_back(j);
         }
         if (semicolons.size() != 2) continue;  // range-based
+        if (counts_to_small_literal(open, semicolons[0], semicolons[1], close)) continue;
         begin = semicolons[0] + 1;
         end = semicolons[1];
       }
@@ -503,6 +508,50 @@ class Translator {
         rewriter_.replace(tokens_[end].offset, tokens_[end].offset, ")");
       }
     }
+  }
+
+  // `for (int v = ...; v < N; ++v) { ... }` (or v <= N, v++, v += M) with an
+  // integer literal N below 2^15, v of an integer type of at least 16 bits,
+  // and a braced body in which v is neither assigned, incremented nor
+  // decremented, nor has its address taken: a loop that ends by itself.
+  bool counts_to_small_literal(std::size_t open, std::size_t first, std::size_t second,
+                               std::size_t close) const {
+    auto is_small_literal = [&](std::size_t j) {
+      if (tokens_[j].kind != TokenKind::number) return false;
+      const std::string text(tokens_[j].text);
+      char* rest = nullptr;
+      const long value = std::strtol(text.c_str(), &rest, 10);
+      return value >= 0 && value < 32768 && (*rest == '\0' || std::string_view(rest) == "u" ||
+                                              std::string_view(rest) == "U");
+    };
+    static constexpr std::string_view kTypes[] = {"int", "uint", "short", "ushort", "long", "ulong",
+                                                  "size_t", "int32_t", "uint32_t"};
+    if (first != open + 5 || !tokens_[open + 3].is("=")) return false;
+    const std::string_view type = tokens_[open + 1].text;
+    if (std::find(std::begin(kTypes), std::end(kTypes), type) == std::end(kTypes)) return false;
+    const std::string_view name = tokens_[open + 2].text;
+    const bool condition = second == first + 4 && tokens_[first + 1].is(name) &&
+                           (tokens_[first + 2].is("<") || tokens_[first + 2].is("<=")) &&
+                           is_small_literal(first + 3);
+    const std::size_t step = second + 1;
+    const bool steps = (close == step + 2 && ((tokens_[step].is("++") && tokens_[step + 1].is(name)) ||
+                                              (tokens_[step].is(name) && tokens_[step + 1].is("++")))) ||
+                       (close == step + 3 && tokens_[step].is(name) && tokens_[step + 1].is("+=") &&
+                        is_small_literal(step + 2));
+    if (!condition || !steps || close + 1 >= tokens_.size() || !tokens_[close + 1].is("{")) return false;
+    const std::size_t body_end = msl::find_closing(tokens_, close + 1);
+    for (std::size_t j = close + 2; j < body_end; ++j) {
+      if (!tokens_[j].is(name)) continue;
+      const Token& before = tokens_[j - 1];
+      const Token& after = tokens_[j + 1];
+      const bool assigned = after.text.back() == '=' && !after.is("==") && !after.is("!=") && !after.is("<=") &&
+                            !after.is(">=");
+      if (assigned || after.is("++") || after.is("--") || after.is(">") || before.is("++") || before.is("--") ||
+          before.is("&") || before.is(".") || before.is("->") || before.is("::")) {
+        return false;
+      }
+    }
+    return true;
   }
 
   // `1.5h` -> `half(1.5f)`, also inside #define directives.
@@ -597,7 +646,9 @@ class Translator {
     // spells the address spaces.
     const std::string pointer = "static_cast<" + info.type + "*>(" + address + ")";
     if (!info.is_pointer) return "*" + pointer;
-    if (info.kind != ArgumentKind::buffer) return pointer;
+    if (info.kind != ArgumentKind::buffer) {
+      return options_.race_check ? "mfa_shim::threadgroup_ptr<" + element_type(info) + ">(" + pointer + ")" : pointer;
+    }
     return "mfa_shim::buffer_ptr<" + element_type(info) + ">(" + pointer + ", t->dispatch->buffer_sizes[" + index +
            "], " + index + ", traffic[" + index + "])";
   }

@@ -59,6 +59,10 @@ const mfa_abi::Runtime& GroupScheduler::runtime() {
       [](mfa_abi::ThreadState* thread, const mfa_abi::Site* site) {
         static_cast<GroupScheduler*>(thread->executor)->loop_check(site);
       },
+      [](mfa_abi::ThreadState* thread, const void* address, std::size_t bytes, unsigned access,
+         const mfa_abi::Site* site) {
+        static_cast<GroupScheduler*>(thread->executor)->race_access(address, bytes, access, site);
+      },
   };
   return table;
 }
@@ -133,6 +137,8 @@ std::optional<std::string> GroupScheduler::run(const std::array<std::uint32_t, 3
   progress_at_check_ = ~std::uint64_t(0);  // the first check starts the clock
   yields_since_check_ = 0;
   started_at_ = steady_seconds();
+  race_detector_.begin_group(static_cast<std::uint32_t>(collectives_.size()),
+                             launch_.dispatch->threadgroup_memory_limit);
   for (Collective& collective : collectives_) {
     collective.site = nullptr;
     collective.arrived = 0;
@@ -218,6 +224,7 @@ int GroupScheduler::simd_arrive(const mfa_abi::Site* site, bool full) {
 
 void GroupScheduler::complete_collective(std::uint32_t simdgroup, std::uint32_t computing_lane) {
   Collective& collective = collectives_[simdgroup];
+  if (collective.site->orders & mfa_abi::kOrdersThreadgroupMemory) race_detector_.simdgroup_barrier(simdgroup);
   simdgroups_[simdgroup].active = collective.live;
   collective.releasing = collective.arrived & ~(1u << computing_lane);
   collective.arrived = 0;
@@ -247,6 +254,7 @@ void GroupScheduler::threadgroup_barrier(const mfa_abi::Site* site) {
     barrier_arrived_ = 0;
     barrier_site_ = nullptr;
     ++group_.counters->barriers;
+    if (site->orders & mfa_abi::kOrdersThreadgroupMemory) race_detector_.threadgroup_barrier();
     for (std::uint32_t i = 0; i < thread_count_; ++i) {
       if (i != current_) make_ready(i);
     }
@@ -273,6 +281,20 @@ void GroupScheduler::loop_check(const mfa_abi::Site* site) {
   if (steady_seconds() - started_at_ >= launch_.watchdog_seconds) {
     abandon_current_thread(watchdog_diagnostic(site));
   }
+}
+
+void GroupScheduler::race_access(const void* address, std::size_t bytes, unsigned access,
+                                 const mfa_abi::Site* site) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(threadgroup_memory_.get());
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  const std::size_t limit = launch_.dispatch->threadgroup_memory_limit;
+  if (at < begin || at - begin > limit || bytes > limit - (at - begin)) {
+    abandon_current_thread(outside_threadgroup_memory_diagnostic(address, bytes, site));
+  }
+  const std::optional<RaceDetector::Race> race =
+      race_detector_.access(at - begin, bytes, (access & mfa_abi::kAccessRead) != 0,
+                            (access & mfa_abi::kAccessWrite) != 0, current_, site->file, site->line);
+  if (race) abandon_current_thread(race_diagnostic(*race));
 }
 
 void GroupScheduler::check_stop() {

@@ -16,6 +16,7 @@
 
 #include "executor.hpp"
 #include "fiber.hpp"
+#include "race_detector.hpp"
 #include "shim/mfa_kernel_abi.h"
 
 namespace mfa::cpu {
@@ -96,6 +97,7 @@ class GroupScheduler {
   void threadgroup_barrier(const mfa_abi::Site* site);
   void yield(const mfa_abi::Site* site);
   void loop_check(const mfa_abi::Site* site);
+  void race_access(const void* address, std::size_t bytes, unsigned access, const mfa_abi::Site* site);
 
   // Fiber lifecycle.
   static void fiber_entry(void* scheduler);
@@ -128,6 +130,10 @@ class GroupScheduler {
   std::string different_barriers_diagnostic(const mfa_abi::Site* site) const;
   std::string no_progress_diagnostic() const;
   std::string watchdog_diagnostic(const mfa_abi::Site* loop) const;
+  std::string race_diagnostic(const RaceDetector::Race& race) const;
+  std::string outside_threadgroup_memory_diagnostic(const void* address, std::size_t bytes,
+                                                    const mfa_abi::Site* site) const;
+  std::string threadgroup_memory_place(std::size_t offset) const;  // "byte 4 of [[threadgroup(1)]]"
   std::string deadlock_diagnostic() const;
 
   GroupLaunch launch_;
@@ -160,6 +166,7 @@ class GroupScheduler {
   double progress_seen_at_ = 0;  // seconds on the steady clock
   std::uint32_t yields_since_check_ = 0;
   double started_at_ = 0;  // when the group started (loop watchdog), steady clock seconds
+  RaceDetector race_detector_;  // used by kernels built with the race detector only
 };
 
 }  // namespace mfa::cpu

@@ -170,10 +170,12 @@ class SimdKernelTest : public ::testing::Test {
   }
 
   std::shared_ptr<const mfa::Pipeline> pipeline(const std::string& source, const std::string& name,
-                                                bool bounds_check = false) {
+                                                bool bounds_check = false, const std::string& sanitize = "",
+                                                const mfa::FunctionConstants& constants = {}) {
     mfa::CompileOptions options;
     options.bounds_check = bounds_check;
-    return device_.pipeline(source, name, {}, options);
+    options.sanitize = sanitize;
+    return device_.pipeline(source, name, constants, options);
   }
 
   // Runs one dispatch; `bind` binds its buffers.
@@ -860,6 +862,103 @@ TEST_F(SimdKernelTest, EndlessLoopsEndWithTheWatchdog) {
   std::fill(data.begin(), data.end(), 0.0f);
   run(pipeline(kEndlessLoops, "ends"), 1, 64, bind);
   EXPECT_EQ(data[63], 5000.0f);
+}
+
+const char* kReduction = R"(#include <metal_stdlib>
+using namespace metal;
+constant int BARRIER [[function_constant(0)]];  // 0: none, 1: mem_none, 2: mem_threadgroup
+kernel void reduce(device const float* in [[buffer(0)]], device float* out [[buffer(1)]],
+                   threadgroup float* partial [[threadgroup(0)]],
+                   uint i [[thread_index_in_threadgroup]], uint n [[threads_per_threadgroup]]) {
+  partial[i] = in[i];
+  if (BARRIER == 1) threadgroup_barrier(mem_flags::mem_none);
+  if (BARRIER == 2) threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint stride = n / 2; stride > 0; stride /= 2) {
+    if (i < stride) partial[i] += partial[i + stride];
+    if (BARRIER == 1) threadgroup_barrier(mem_flags::mem_none);
+    if (BARRIER == 2) threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  if (i == 0) out[0] = partial[0];
+}
+)";
+
+class RaceCheckTest : public SimdKernelTest {
+ protected:
+  // Sums 64 values with the reduction kernel built with `barrier`, racecheck on.
+  std::string reduce(int barrier, float& sum) {
+    std::vector<float> in(64);
+    for (std::size_t k = 0; k < in.size(); ++k) in[k] = float(k);
+    const auto kernel = pipeline(kReduction, "reduce", false, "race", mfa::FunctionConstants().set(0, barrier));
+    return failure_of(kernel, 2, 64, [&](mfa::CommandBatch::DispatchRef& d) {
+      d.host(0, in.data(), 256, false).host(1, &sum, 4, true).threadgroup_memory(0, 256);
+    });
+  }
+};
+
+TEST_F(RaceCheckTest, AReductionWithItsBarriersIsRaceFree) {
+  float sum = 0;
+  EXPECT_EQ(reduce(2, sum), "no error");
+  EXPECT_EQ(sum, 63.0f * 64.0f / 2.0f);
+}
+
+TEST_F(RaceCheckTest, WithoutBarriersTheFirstRaceNamesBothLinesAndThreads) {
+  float sum = 0;
+  // The threads run in turn: thread 0 sums partial[1] before thread 1 writes it.
+  EXPECT_EQ(reduce(0, sum),
+            "kernel 'reduce': threadgroup (0, 0, 0): data race (write-after-read) on byte 4 of "
+            "[[threadgroup(0)]]: thread (0, 0, 0) (simdgroup 0, lane 0) read it at reduce.metal:11, then "
+            "thread (1, 0, 0) (simdgroup 0, lane 1) wrote it at reduce.metal:7, with no "
+            "threadgroup_barrier(mem_flags::mem_threadgroup) between them (nor a simdgroup_barrier with "
+            "mem_threadgroup, for lanes of one simdgroup)");
+}
+
+TEST_F(RaceCheckTest, ABarrierWithoutMemThreadgroupDoesNotOrderThreadgroupMemory) {
+  float sum = 0;
+  const std::string message = reduce(1, sum);
+  EXPECT_NE(message.find("data race (read-after-write) on byte 128 of [[threadgroup(0)]]: thread (32, 0, 0) "
+                         "(simdgroup 1, lane 0) wrote it at reduce.metal:7, then thread (0, 0, 0) (simdgroup "
+                         "0, lane 0) read it at reduce.metal:11"),
+            std::string::npos)
+      << message;
+}
+
+TEST_F(RaceCheckTest, WithoutTheRaceCheckTheSameKernelRunsUnchecked) {
+  std::vector<float> in(64, 1.0f);
+  float sum = 0;
+  const auto kernel = pipeline(kReduction, "reduce", false, "", mfa::FunctionConstants().set(0, 0));
+  run(kernel, 1, 64, [&](mfa::CommandBatch::DispatchRef& d) {
+    d.host(0, in.data(), 256, false).host(1, &sum, 4, true).threadgroup_memory(0, 256);
+  });
+  EXPECT_NE(sum, 64.0f);  // racy: thread 0 summed values the others had not written yet
+}
+
+const char* kNeighbours = R"(#include <metal_stdlib>
+using namespace metal;
+constant bool SIMDGROUP_BARRIER [[function_constant(0)]];
+kernel void neighbours(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]],
+                       uint i [[thread_index_in_threadgroup]]) {
+  threadgroup float values[64];
+  values[i] = float(i);
+  if (SIMDGROUP_BARRIER) simdgroup_barrier(mem_flags::mem_threadgroup);
+  else out[i] = simd_sum(1.0f);
+  out[i] = values[i - lane + (lane + 1) % 32];
+}
+)";
+
+// Lanes of one simdgroup are ordered by simdgroup_barrier(mem_threadgroup),
+// not by other SIMD-group functions.
+TEST_F(RaceCheckTest, OnlyASimdgroupBarrierOrdersTheLanesOfASimdgroup) {
+  std::vector<float> out(64);
+  auto bind = [&](mfa::CommandBatch::DispatchRef& d) { d.host(0, out.data(), 256, true); };
+  EXPECT_EQ(failure_of(pipeline(kNeighbours, "neighbours", false, "race", mfa::FunctionConstants().set(0, true)), 1, 64, bind), "no error");
+  EXPECT_EQ(out[31], 0.0f);
+  EXPECT_EQ(out[32], 33.0f);
+  const std::string message = failure_of(pipeline(kNeighbours, "neighbours", false, "race", mfa::FunctionConstants().set(0, false)), 1, 64, bind);
+  EXPECT_NE(message.find("data race (read-after-write) on byte 0 of the kernel-scope threadgroup variables: "
+                         "thread (0, 0, 0) (simdgroup 0, lane 0) wrote it at neighbours.metal:7, then thread "
+                         "(31, 0, 0) (simdgroup 0, lane 31) read it at neighbours.metal:10"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace

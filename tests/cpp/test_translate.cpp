@@ -93,8 +93,8 @@ TEST(Translate, StartsWithTheShimThenKeepsEveryLineInPlace) {
   EXPECT_EQ(lines[7], "                  threadgroup float* scratch  ,");
   EXPECT_EQ(lines[9], "                  ushort lane  ) {");
   EXPECT_EQ(lines[10],
-            "  auto& tile = mfa_glue::threadgroup_variable<float[32][33]>(); "
-            "auto& total = mfa_glue::threadgroup_variable<float>();");
+            "  auto&& tile = mfa_shim::threadgroup_variable<float[32][33]>(); "
+            "auto&& total = mfa_shim::threadgroup_variable<float>();");
   EXPECT_EQ(lines[11], source[11]);  // a threadgroup pointer stays
   EXPECT_EQ(lines[12], "  y[gid.x] = x[gid.x] * p.scale + half(1.5f) + row[0] + total;");
 }
@@ -170,6 +170,9 @@ TEST(Translate, EveryLoopConditionChecksInWithTheWatchdog) {
   float local[2] = {0, 1};
   for (float v : local) out[i] += v;
 #define LOOP for (;;) {}
+  for (ushort t = 0; t < 8; ++t) { out[t] += t; }
+  for (int t = 0; t <= 8; t += 2) { out[t] = 0; t = 1; }
+  for (int t = 0; t < 40000; t++) { out[0] += 1; }
 }
 )";
   std::vector<std::string> lines = metal_lines(translate(source, "spin"));
@@ -180,6 +183,9 @@ TEST(Translate, EveryLoopConditionChecksInWithTheWatchdog) {
   EXPECT_EQ(lines[4], "  do { out[i] += 1; } while (" + check + "5) && (out[i] < 0));");
   EXPECT_EQ(lines[6], "  for (float v : local) out[i] += v;");  // range-based: ends by itself
   EXPECT_EQ(lines[7], "#define LOOP for (;;) {}");
+  EXPECT_EQ(lines[8], "  for (ushort t = 0; t < 8; ++t) { out[t] += t; }");  // counts to a small literal
+  EXPECT_EQ(lines[9], "  for (int t = 0; " + check + "10) && (t <= 8); t += 2) { out[t] = 0; t = 1; }");
+  EXPECT_EQ(lines[10], "  for (int t = 0; " + check + "11) && (t < 40000); t++) { out[0] += 1; }");
 }
 
 TEST(Translate, FunctionConstantsBecomeConstexprWithFullPrecision) {
@@ -262,9 +268,9 @@ TEST(Translate, ThreadgroupVariablesAnywhereInTheBody) {
 )";
   std::vector<std::string> lines = metal_lines(translate(source, "k"));
   ASSERT_EQ(lines.size(), 11u);
-  EXPECT_EQ(lines[1], "  auto& tiles = mfa_glue::threadgroup_variable<simdgroup_matrix<float, 8, 8>[2]>();");
-  EXPECT_EQ(lines[3], "    auto& counter = mfa_glue::threadgroup_variable<atomic_uint>();");
-  EXPECT_EQ(lines[5], "  auto& spread = mfa_glue::threadgroup_variable<float[4]>();");
+  EXPECT_EQ(lines[1], "  auto&& tiles = mfa_shim::threadgroup_variable<simdgroup_matrix<float, 8, 8>[2]>();");
+  EXPECT_EQ(lines[3], "    auto&& counter = mfa_shim::threadgroup_variable<atomic_uint>();");
+  EXPECT_EQ(lines[5], "  auto&& spread = mfa_shim::threadgroup_variable<float[4]>();");
   EXPECT_EQ(lines[6], "");
   EXPECT_EQ(lines[7], "  threadgroup float (*rows)[4] = nullptr;");
   EXPECT_EQ(lines[8], "  threadgroup float* a = nullptr, *b = nullptr;");
