@@ -478,9 +478,10 @@ class Translator {
   // condition. `while (c)` (also ending a do loop) ->
   // `while (mfa_glue::loop_continues(__FILE__, LINE) && (c))`; `for (i; c; s)`
   // likewise, and `for (i;; s)` gets the check alone. Loops that end by
-  // themselves go without: range-based ones, and those counting up to a small
-  // literal (the tile loops of generated kernels, which the check would keep
-  // from being unrolled and vectorized). Loops inside #define bodies are not seen.
+  // themselves go without: range-based ones and counted ones (every loop of
+  // the generated kernels: the check would keep the tile loops from being
+  // unrolled and vectorized, and cost registers in the key loop). Loops
+  // inside #define bodies are not seen.
   void rewrite_loop_conditions() {
     for (std::size_t i = 0; i + 1 < tokens_.size(); ++i) {
       const bool is_for = tokens_[i].is("for");
@@ -495,7 +496,7 @@ class Translator {
           else if (tokens_[j].is(";")) semicolons.push_back(j);
         }
         if (semicolons.size() != 2) continue;  // range-based
-        if (counts_to_small_literal(open, semicolons[0], semicolons[1], close)) continue;
+        if (counts_to_a_fixed_bound(open, semicolons[0], semicolons[1], close)) continue;
         begin = semicolons[0] + 1;
         end = semicolons[1];
       }
@@ -510,38 +511,46 @@ class Translator {
     }
   }
 
-  // `for (int v = ...; v < N; ++v) { ... }` (or v <= N, v++, v += M) with an
-  // integer literal N below 2^15, v of an integer type of at least 16 bits,
-  // and a braced body in which v is neither assigned, incremented nor
-  // decremented, nor has its address taken: a loop that ends by itself.
-  bool counts_to_small_literal(std::size_t open, std::size_t first, std::size_t second,
+  // `for (T v = ...; v < N; ++v) { ... }` (or v <= N, v++, v += M for a
+  // literal M): a counted loop, which ends by itself when its braced body
+  // writes neither v nor N (no assignment, increment, decrement or address).
+  // N is an integer literal below 2^15 (v of an integer type of 16 bits or
+  // more) or a name (v of 32 bits or more, so that it reaches any int bound).
+  bool counts_to_a_fixed_bound(std::size_t open, std::size_t first, std::size_t second,
                                std::size_t close) const {
-    auto is_small_literal = [&](std::size_t j) {
+    auto is_literal = [&](std::size_t j, long below) {
       if (tokens_[j].kind != TokenKind::number) return false;
       const std::string text(tokens_[j].text);
       char* rest = nullptr;
       const long value = std::strtol(text.c_str(), &rest, 10);
-      return value >= 0 && value < 32768 && (*rest == '\0' || std::string_view(rest) == "u" ||
-                                              std::string_view(rest) == "U");
+      const std::string_view suffix(rest);
+      return value > 0 && value < below && (suffix.empty() || suffix == "u" || suffix == "U");
     };
-    static constexpr std::string_view kTypes[] = {"int", "uint", "short", "ushort", "long", "ulong",
-                                                  "size_t", "int32_t", "uint32_t"};
+    static constexpr std::string_view kShortTypes[] = {"short", "ushort", "int16_t", "uint16_t"};
+    static constexpr std::string_view kWideTypes[] = {"int", "uint", "long", "ulong", "size_t",
+                                                      "int32_t", "uint32_t", "int64_t", "uint64_t"};
+    auto one_of = [](std::string_view word, const auto& words) {
+      return std::find(std::begin(words), std::end(words), word) != std::end(words);
+    };
     if (first != open + 5 || !tokens_[open + 3].is("=")) return false;
     const std::string_view type = tokens_[open + 1].text;
-    if (std::find(std::begin(kTypes), std::end(kTypes), type) == std::end(kTypes)) return false;
+    const bool wide = one_of(type, kWideTypes);
+    if (!wide && !one_of(type, kShortTypes)) return false;
     const std::string_view name = tokens_[open + 2].text;
+    const std::size_t bound = first + 3;
+    const bool bound_is_name = tokens_[bound].kind == TokenKind::identifier;
     const bool condition = second == first + 4 && tokens_[first + 1].is(name) &&
                            (tokens_[first + 2].is("<") || tokens_[first + 2].is("<=")) &&
-                           is_small_literal(first + 3);
+                           ((bound_is_name && wide && !tokens_[bound].is(name)) || is_literal(bound, 32768));
     const std::size_t step = second + 1;
     const bool steps = (close == step + 2 && ((tokens_[step].is("++") && tokens_[step + 1].is(name)) ||
                                               (tokens_[step].is(name) && tokens_[step + 1].is("++")))) ||
                        (close == step + 3 && tokens_[step].is(name) && tokens_[step + 1].is("+=") &&
-                        is_small_literal(step + 2));
+                        is_literal(step + 2, 32768));
     if (!condition || !steps || close + 1 >= tokens_.size() || !tokens_[close + 1].is("{")) return false;
     const std::size_t body_end = msl::find_closing(tokens_, close + 1);
     for (std::size_t j = close + 2; j < body_end; ++j) {
-      if (!tokens_[j].is(name)) continue;
+      if (!tokens_[j].is(name) && !(bound_is_name && tokens_[j].is(tokens_[bound].text))) continue;
       const Token& before = tokens_[j - 1];
       const Token& after = tokens_[j + 1];
       const bool assigned = after.text.back() == '=' && !after.is("==") && !after.is("!=") && !after.is("<=") &&

@@ -1,20 +1,18 @@
 #include "race_detector.hpp"
 
-#include "shim/mfa_kernel_abi.h"
-
 namespace mfa::cpu {
 
-void RaceDetector::begin_group(std::uint32_t simdgroups, std::size_t bytes) {
+void RaceDetector::begin_group(const mfa_abi::SimdGroup* simdgroups, std::size_t bytes) {
   ++epoch_;
   bytes_ = bytes;
-  if (simdgroup_epochs_.size() < simdgroups) simdgroup_epochs_.resize(simdgroups);
+  simdgroups_ = simdgroups;
 }
 
 bool RaceDetector::races(const Access& earlier, std::uint32_t thread) const {
   if (earlier.thread == kNoThread || earlier.thread == thread) return false;
   const std::uint32_t simdgroup = earlier.thread / mfa_abi::kSimdWidth;
   const bool same_simdgroup = simdgroup == thread / mfa_abi::kSimdWidth;
-  return !(same_simdgroup && earlier.simdgroup_epoch < simdgroup_epochs_[simdgroup]);
+  return !(same_simdgroup && earlier.simdgroup_epoch < simdgroups_[simdgroup].ordering_barriers);
 }
 
 // Keeps the reader's latest access, in its own slot, a free one, or one that
@@ -39,7 +37,7 @@ std::optional<RaceDetector::Race> RaceDetector::access(std::size_t offset, std::
                                                        int line) {
   if (shadow_.size() < bytes_) shadow_.resize(bytes_);
   const std::uint32_t simdgroup = thread / mfa_abi::kSimdWidth;
-  const Access now{thread, simdgroup_epochs_[simdgroup], file, line, writes};
+  const Access now{thread, simdgroups_[simdgroup].ordering_barriers, file, line, writes};
   for (std::size_t at = offset; at < offset + bytes; ++at) {
     Byte& byte = shadow_[at];
     if (byte.epoch != epoch_) byte = Byte{epoch_, {}, {}};

@@ -18,13 +18,15 @@
 #include <optional>
 #include <vector>
 
+#include "shim/mfa_kernel_abi.h"
+
 namespace mfa::cpu {
 
 class RaceDetector {
  public:
   struct Access {
     std::uint32_t thread = kNoThread;  // index in the threadgroup
-    std::uint64_t simdgroup_epoch = 0;  // the thread's simdgroup barriers so far
+    std::uint64_t simdgroup_epoch = 0;  // its simdgroup's ordering barriers so far
     const char* file = nullptr;
     int line = 0;
     bool writes = false;
@@ -35,11 +37,11 @@ class RaceDetector {
     Access earlier, later;
   };
 
-  // A new threadgroup with `simdgroups` simdgroups over `bytes` of memory:
-  // nothing recorded before counts. Allocates the shadow only when first used.
-  void begin_group(std::uint32_t simdgroups, std::size_t bytes);
+  // A new threadgroup over `bytes` of memory, whose simdgroups count their
+  // ordering barriers in `simdgroups` (SimdGroup::ordering_barriers): nothing
+  // recorded before counts. Allocates the shadow only when first used.
+  void begin_group(const mfa_abi::SimdGroup* simdgroups, std::size_t bytes);
   void threadgroup_barrier() { ++epoch_; }
-  void simdgroup_barrier(std::uint32_t simdgroup) { ++simdgroup_epochs_[simdgroup]; }
 
   // Records that `thread` reads and/or writes bytes [offset, offset + bytes);
   // returns the first race it makes, if any.
@@ -62,7 +64,7 @@ class RaceDetector {
   std::vector<Byte> shadow_;
   std::size_t bytes_ = 0;
   std::uint64_t epoch_ = 0;  // never reset: a new group or a barrier moves it on
-  std::vector<std::uint64_t> simdgroup_epochs_;
+  const mfa_abi::SimdGroup* simdgroups_ = nullptr;
 };
 
 }  // namespace mfa::cpu

@@ -137,8 +137,7 @@ std::optional<std::string> GroupScheduler::run(const std::array<std::uint32_t, 3
   progress_at_check_ = ~std::uint64_t(0);  // the first check starts the clock
   yields_since_check_ = 0;
   started_at_ = steady_seconds();
-  race_detector_.begin_group(static_cast<std::uint32_t>(collectives_.size()),
-                             launch_.dispatch->threadgroup_memory_limit);
+  race_detector_.begin_group(simdgroups_.data(), launch_.dispatch->threadgroup_memory_limit);
   for (Collective& collective : collectives_) {
     collective.site = nullptr;
     collective.arrived = 0;
@@ -224,7 +223,6 @@ int GroupScheduler::simd_arrive(const mfa_abi::Site* site, bool full) {
 
 void GroupScheduler::complete_collective(std::uint32_t simdgroup, std::uint32_t computing_lane) {
   Collective& collective = collectives_[simdgroup];
-  if (collective.site->orders & mfa_abi::kOrdersThreadgroupMemory) race_detector_.simdgroup_barrier(simdgroup);
   simdgroups_[simdgroup].active = collective.live;
   collective.releasing = collective.arrived & ~(1u << computing_lane);
   collective.arrived = 0;

@@ -162,7 +162,8 @@ kernel void run(device float* out [[buffer(0)]], constant uint& n [[buffer(1)]])
 }
 
 TEST(Translate, EveryLoopConditionChecksInWithTheWatchdog) {
-  const std::string source = R"(kernel void spin(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  const std::string source = R"(kernel void spin(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],
+                 constant int& n [[buffer(1)]]) {
   for (uint k = 0; k < 4 && out[(k)]; ++k) out[k] = 0;
   for (;;) { break; }
   while (out[i] > 1.0h) out[i] -= 1;
@@ -173,19 +174,27 @@ TEST(Translate, EveryLoopConditionChecksInWithTheWatchdog) {
   for (ushort t = 0; t < 8; ++t) { out[t] += t; }
   for (int t = 0; t <= 8; t += 2) { out[t] = 0; t = 1; }
   for (int t = 0; t < 40000; t++) { out[0] += 1; }
+  for (int t = i; t < n; t += 64) { out[t] = 0; }
+  for (int t = i; t < n; t += 64) { n = 3; }
+  for (ushort t = 0; t < n; ++t) { out[t] = 0; }
 }
 )";
   std::vector<std::string> lines = metal_lines(translate(source, "spin"));
   const std::string check = "mfa_glue::loop_continues(__FILE__, ";
-  EXPECT_EQ(lines[1], "  for (uint k = 0; " + check + "2) && (k < 4 && out[(k)]); ++k) out[k] = 0;");
-  EXPECT_EQ(lines[2], "  for (;" + check + "3);) { break; }");
-  EXPECT_EQ(lines[3], "  while (" + check + "4) && (out[i] > half(1.0f))) out[i] -= 1;");
-  EXPECT_EQ(lines[4], "  do { out[i] += 1; } while (" + check + "5) && (out[i] < 0));");
-  EXPECT_EQ(lines[6], "  for (float v : local) out[i] += v;");  // range-based: ends by itself
-  EXPECT_EQ(lines[7], "#define LOOP for (;;) {}");
-  EXPECT_EQ(lines[8], "  for (ushort t = 0; t < 8; ++t) { out[t] += t; }");  // counts to a small literal
-  EXPECT_EQ(lines[9], "  for (int t = 0; " + check + "10) && (t <= 8); t += 2) { out[t] = 0; t = 1; }");
-  EXPECT_EQ(lines[10], "  for (int t = 0; " + check + "11) && (t < 40000); t++) { out[0] += 1; }");
+  EXPECT_EQ(lines[2], "  for (uint k = 0; " + check + "3) && (k < 4 && out[(k)]); ++k) out[k] = 0;");
+  EXPECT_EQ(lines[3], "  for (;" + check + "4);) { break; }");
+  EXPECT_EQ(lines[4], "  while (" + check + "5) && (out[i] > half(1.0f))) out[i] -= 1;");
+  EXPECT_EQ(lines[5], "  do { out[i] += 1; } while (" + check + "6) && (out[i] < 0));");
+  EXPECT_EQ(lines[7], "  for (float v : local) out[i] += v;");  // range-based: ends by itself
+  EXPECT_EQ(lines[8], "#define LOOP for (;;) {}");
+  // Counted loops end by themselves, unless the body writes the counter or
+  // the bound, or the counter is too narrow for its bound.
+  EXPECT_EQ(lines[9], "  for (ushort t = 0; t < 8; ++t) { out[t] += t; }");
+  EXPECT_EQ(lines[10], "  for (int t = 0; " + check + "11) && (t <= 8); t += 2) { out[t] = 0; t = 1; }");
+  EXPECT_EQ(lines[11], "  for (int t = 0; " + check + "12) && (t < 40000); t++) { out[0] += 1; }");
+  EXPECT_EQ(lines[12], "  for (int t = i; t < n; t += 64) { out[t] = 0; }");
+  EXPECT_EQ(lines[13], "  for (int t = i; " + check + "14) && (t < n); t += 64) { n = 3; }");
+  EXPECT_EQ(lines[14], "  for (ushort t = 0; " + check + "15) && (t < n); ++t) { out[t] = 0; }");
 }
 
 TEST(Translate, FunctionConstantsBecomeConstexprWithFullPrecision) {

@@ -41,6 +41,9 @@ struct SimdGroup {
   alignas(16) unsigned char out[kSimdWidth][kSlotBytes];
   uint32_t active;  // bit l: lane l exists and has not returned (valid while computing)
   uint32_t size;    // lanes that exist (< 32 only in a partial last simdgroup)
+  // simdgroup_barriers with mem_threadgroup completed (the race detector's
+  // order among the lanes); counted by the lane that completes one.
+  uint64_t ordering_barriers;
 };
 
 // Bytes moved through the pointers into one [[buffer(i)]] argument: each

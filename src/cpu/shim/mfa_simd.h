@@ -27,10 +27,9 @@ void for_each_active_lane(const mfa_abi::SimdGroup& simd, F f) {
 // Meets the other lanes of the simdgroup at `op`; the one lane the runtime
 // picks runs compute(simd, thread) while the others wait.
 template <class Compute>
-void synchronize_simdgroup(const char* op, const call_site& at, int full, Compute compute,
-                           uint32_t orders = 0) {
+void synchronize_simdgroup(const char* op, const call_site& at, int full, Compute compute) {
   mfa_abi::ThreadState* const thread = mfa_abi::current_thread;
-  const mfa_abi::Site site{op, at.file, at.line, orders};
+  const mfa_abi::Site site{op, at.file, at.line, 0};
   const mfa_abi::Runtime& runtime = *thread->dispatch->runtime;
   if (runtime.simd_arrive(thread, &site, full)) {
     mfa_abi::current_thread = thread;
@@ -287,8 +286,11 @@ inline void threadgroup_barrier(mem_flags flags, mfa_shim::call_site at = mfa_sh
 }
 
 inline void simdgroup_barrier(mem_flags flags, mfa_shim::call_site at = mfa_shim::call_site()) {
-  mfa_shim::synchronize_simdgroup(
-      "simdgroup_barrier", at, 0, [](mfa_abi::SimdGroup&, mfa_abi::ThreadState*) {}, barrier_orders(flags));
+  const bool orders = barrier_orders(flags) != 0;
+  mfa_shim::synchronize_simdgroup("simdgroup_barrier", at, 0,
+                                  [orders](mfa_abi::SimdGroup& simd, mfa_abi::ThreadState*) {
+                                    if (orders) ++simd.ordering_barriers;
+                                  });
 }
 
 }  // namespace metal
