@@ -884,12 +884,13 @@ kernel void reduce(device const float* in [[buffer(0)]], device float* out [[buf
 
 class RaceCheckTest : public SimdKernelTest {
  protected:
-  // Sums 64 values with the reduction kernel built with `barrier`, racecheck on.
-  std::string reduce(int barrier, float& sum) {
+  // Sums 64 values in each of `groups` threadgroups with the reduction
+  // kernel built with `barrier`, racecheck on.
+  std::string reduce(int barrier, float& sum, std::uint32_t groups = 1) {
     std::vector<float> in(64);
     for (std::size_t k = 0; k < in.size(); ++k) in[k] = float(k);
     const auto kernel = pipeline(kReduction, "reduce", false, "race", mfa::FunctionConstants().set(0, barrier));
-    return failure_of(kernel, 2, 64, [&](mfa::CommandBatch::DispatchRef& d) {
+    return failure_of(kernel, groups, 64, [&](mfa::CommandBatch::DispatchRef& d) {
       d.host(0, in.data(), 256, false).host(1, &sum, 4, true).threadgroup_memory(0, 256);
     });
   }
@@ -897,7 +898,7 @@ class RaceCheckTest : public SimdKernelTest {
 
 TEST_F(RaceCheckTest, AReductionWithItsBarriersIsRaceFree) {
   float sum = 0;
-  EXPECT_EQ(reduce(2, sum), "no error");
+  EXPECT_EQ(reduce(2, sum, 8), "no error");
   EXPECT_EQ(sum, 63.0f * 64.0f / 2.0f);
 }
 
