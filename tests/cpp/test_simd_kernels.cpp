@@ -962,4 +962,79 @@ TEST_F(RaceCheckTest, OnlyASimdgroupBarrierOrdersTheLanesOfASimdgroup) {
       << message;
 }
 
+const char* kShapes = R"(#include <metal_stdlib>
+using namespace metal;
+float row_sum(threadgroup const float* row, uint n) {
+  float s = 0;
+  for (uint k = 0; k < n; ++k) { s += row[k]; }
+  return s;
+}
+kernel void shapes(device float* out [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+  threadgroup float tile[4][32];
+  threadgroup float total;
+  tile[i / 32][i % 32] = float(i);
+  if (i == 0) total = 0.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  threadgroup float4* quads = (threadgroup float4*)&tile[i / 32][0];
+  const float4 first = quads[0];
+  if (i % 32 == 0) out[i / 32] = row_sum(tile[i / 32], 32) + first.w;
+  if (i == 127) total += 1.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (i == 5) out[4] = total;
+  if (i == 6) tile[0][1] = 0.0f;
+}
+)";
+
+// 2-D arrays, rows passed to helpers, casts, scalars: every access is
+// checked (a race in the helper names the helper's line), and a race-free
+// kernel computes what it computes unchecked.
+TEST_F(RaceCheckTest, ThreadgroupMemoryOfEveryShapeIsChecked) {
+  std::vector<float> out(5, NAN);
+  auto bind = [&](mfa::CommandBatch::DispatchRef& d) { d.host(0, out.data(), 20, true); };
+  EXPECT_EQ(failure_of(pipeline(kShapes, "shapes", false, "race"), 1, 128, bind), "no error");
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(out[r], 32.0f * 32 * r + 496 + 32 * r + 3) << r;
+  EXPECT_EQ(out[4], 1.0f);
+
+  // Without the second barrier, thread 5 reads `total` after thread 127,
+  // released first from the barrier, wrote it (a kernel-scope scalar names
+  // its declaration's line)...
+  std::string racy = kShapes;
+  const std::string second_barrier = "  threadgroup_barrier(mem_flags::mem_threadgroup);\n  if (i == 5)";
+  racy.replace(racy.find(second_barrier), second_barrier.size(), "\n  if (i == 5)");
+  std::string message = failure_of(pipeline(racy, "shapes", false, "race"), 1, 128, bind);
+  EXPECT_NE(message.find("data race (read-after-write) on byte 512 of the kernel-scope threadgroup variables: "
+                         "thread (127, 0, 0) (simdgroup 3, lane 31) wrote it at shapes.metal:10, then thread "
+                         "(5, 0, 0) (simdgroup 0, lane 5) read it at shapes.metal:10"),
+            std::string::npos)
+      << message;
+  // ... and without that read, thread 6 writes tile[0][1] after thread 0
+  // read it in the helper.
+  const std::string read_total = "if (i == 5) out[4] = total;";
+  racy.replace(racy.find(read_total), read_total.size(), "");
+  message = failure_of(pipeline(racy, "shapes", false, "race"), 1, 128, bind);
+  EXPECT_NE(message.find("data race (write-after-read) on byte 4 of the kernel-scope threadgroup variables: "
+                         "thread (0, 0, 0) (simdgroup 0, lane 0) read it at shapes.metal:5, then thread (6, 0, 0) "
+                         "(simdgroup 0, lane 6) wrote it at shapes.metal:20"),
+            std::string::npos)
+      << message;
+}
+
+TEST_F(RaceCheckTest, AccessesOutsideThreadgroupMemoryAreReported) {
+  const char* source = R"(kernel void beyond(threadgroup float* scratch [[threadgroup(0)]],
+                   device float* out [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+  out[i] = scratch[i + 40000];
+}
+)";
+  std::vector<float> out(4);
+  const std::string message =
+      failure_of(pipeline(source, "beyond", false, "race"), 1, 4, [&](mfa::CommandBatch::DispatchRef& d) {
+        d.host(0, out.data(), 16, true).threadgroup_memory(0, 16);
+      });
+  EXPECT_NE(message.find("thread (0, 0, 0): a threadgroup pointer accesses 4 bytes at "), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("outside the threadgroup's 32768 bytes of threadgroup memory, at beyond.metal:3"),
+            std::string::npos)
+      << message;
+}
+
 }  // namespace
