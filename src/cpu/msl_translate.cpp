@@ -511,11 +511,13 @@ class Translator {
     }
   }
 
-  // `for (T v = ...; v < N; ++v) { ... }` (or v <= N, v++, v += M for a
-  // literal M): a counted loop, which ends by itself when its braced body
-  // writes neither v nor N (no assignment, increment, decrement or address).
-  // N is an integer literal below 2^15 (v of an integer type of 16 bits or
-  // more) or a name (v of 32 bits or more, so that it reaches any int bound).
+  // `for (T v = ...; v < N; ++v) { ... }` (or v++, v += M for a literal M):
+  // a counted loop, which ends by itself when its braced body writes neither
+  // v nor N (no assignment, increment, decrement or address). N is an
+  // integer literal below 2^15 (v of an integer type of 16 bits or more;
+  // v <= N too) or a name (v of 32 bits or more, and only `<`: v <= UINT_MAX
+  // never ends). A name bound within M of its type's maximum would wrap v
+  // around: the one way such a loop escapes the watchdog.
   bool counts_to_a_fixed_bound(std::size_t open, std::size_t first, std::size_t second,
                                std::size_t close) const {
     auto is_literal = [&](std::size_t j, long below) {
@@ -539,9 +541,10 @@ class Translator {
     const std::string_view name = tokens_[open + 2].text;
     const std::size_t bound = first + 3;
     const bool bound_is_name = tokens_[bound].kind == TokenKind::identifier;
+    const bool below = tokens_[first + 2].is("<");
     const bool condition = second == first + 4 && tokens_[first + 1].is(name) &&
-                           (tokens_[first + 2].is("<") || tokens_[first + 2].is("<=")) &&
-                           ((bound_is_name && wide && !tokens_[bound].is(name)) || is_literal(bound, 32768));
+                           (below || tokens_[first + 2].is("<=")) &&
+                           ((bound_is_name && wide && below && !tokens_[bound].is(name)) || is_literal(bound, 32768));
     const std::size_t step = second + 1;
     const bool steps = (close == step + 2 && ((tokens_[step].is("++") && tokens_[step + 1].is(name)) ||
                                               (tokens_[step].is(name) && tokens_[step + 1].is("++")))) ||

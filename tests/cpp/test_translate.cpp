@@ -177,6 +177,7 @@ TEST(Translate, EveryLoopConditionChecksInWithTheWatchdog) {
   for (int t = i; t < n; t += 64) { out[t] = 0; }
   for (int t = i; t < n; t += 64) { n = 3; }
   for (ushort t = 0; t < n; ++t) { out[t] = 0; }
+  for (uint t = 0; t <= n; ++t) { out[t] = 0; }
 }
 )";
   std::vector<std::string> lines = metal_lines(translate(source, "spin"));
@@ -195,6 +196,7 @@ TEST(Translate, EveryLoopConditionChecksInWithTheWatchdog) {
   EXPECT_EQ(lines[12], "  for (int t = i; t < n; t += 64) { out[t] = 0; }");
   EXPECT_EQ(lines[13], "  for (int t = i; " + check + "14) && (t < n); t += 64) { n = 3; }");
   EXPECT_EQ(lines[14], "  for (ushort t = 0; " + check + "15) && (t < n); ++t) { out[t] = 0; }");
+  EXPECT_EQ(lines[15], "  for (uint t = 0; " + check + "16) && (t <= n); ++t) { out[t] = 0; }");
 }
 
 TEST(Translate, FunctionConstantsBecomeConstexprWithFullPrecision) {
