@@ -23,6 +23,9 @@ struct CompileOptions {
   std::string language_version = "3.1";  // Metal: pinned (or the OS's highest if above)
   bool fast_math = false;                 // Metal math mode; kernels call fast:: explicitly
   bool bounds_check = false;              // cpu backend: check every device-buffer access
+  // cpu backend: "" or "race" (report threadgroup-memory data races as
+  // DispatchError). Left empty, the cpu device takes MFA_NATIVE_SANITIZE.
+  std::string sanitize;
   std::vector<std::pair<std::string, std::string>> macros;  // preprocessor definitions
 
   std::string cache_key() const;  // canonical text of every field

@@ -48,11 +48,12 @@ nb::dict to_dict(const std::vector<std::pair<std::string, std::string>>& pairs) 
 
 using ConstantKey = std::variant<int, std::string>;
 
-CompileOptions make_options(bool fast_math, bool bounds_check,
+CompileOptions make_options(bool fast_math, bool bounds_check, const std::string& sanitize,
                             const std::vector<std::pair<std::string, std::string>>& macros) {
   CompileOptions options;
   options.fast_math = fast_math;
   options.bounds_check = bounds_check;
+  options.sanitize = sanitize;
   options.macros = macros;
   return options;
 }
@@ -124,11 +125,11 @@ void bind_device(nb::module_& m) {
       .def(
           "library",
           [](const Device& d, const std::string& source, bool fast_math, bool bounds_check,
-             const std::vector<std::pair<std::string, std::string>>& macros) {
+             const std::string& sanitize, const std::vector<std::pair<std::string, std::string>>& macros) {
             nb::gil_scoped_release release;
-            return d.library(source, make_options(fast_math, bounds_check, macros));
+            return d.library(source, make_options(fast_math, bounds_check, sanitize, macros));
           },
-          "source"_a, nb::kw_only(), "fast_math"_a = false, "bounds_check"_a = false,
+          "source"_a, nb::kw_only(), "fast_math"_a = false, "bounds_check"_a = false, "sanitize"_a = "",
           "macros"_a = std::vector<std::pair<std::string, std::string>>{})
       .def(
           "pipeline",

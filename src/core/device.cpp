@@ -84,8 +84,30 @@ std::vector<std::pair<std::string, std::string>> Device::properties() const {
   return state_->backend->properties();
 }
 
+namespace {
+
+// The options as compiled: the cpu device takes MFA_NATIVE_SANITIZE when the
+// caller names no sanitizer, so that every op of a process can run checked.
+CompileOptions effective_options(const CompileOptions& options, DeviceKind kind) {
+  CompileOptions effective = options;
+  if (const char* requested = std::getenv("MFA_NATIVE_SANITIZE");
+      kind == DeviceKind::cpu && effective.sanitize.empty() && requested != nullptr) {
+    effective.sanitize = requested;
+  }
+  if (!effective.sanitize.empty() && effective.sanitize != "race") {
+    throw ArgumentError("sanitize must be 'race' (or empty), got '" + effective.sanitize + "'" +
+                        (options.sanitize.empty() ? " from MFA_NATIVE_SANITIZE" : ""));
+  }
+  if (!effective.sanitize.empty() && kind != DeviceKind::cpu) {
+    throw ArgumentError("sanitize='" + effective.sanitize + "' needs the cpu device");
+  }
+  return effective;
+}
+
+}  // namespace
+
 std::shared_ptr<const Library> Device::library(const std::string& source, const CompileOptions& options) const {
-  return state_->cache->library(source, options);
+  return state_->cache->library(source, effective_options(options, kind()));
 }
 
 std::shared_ptr<const Pipeline> Device::pipeline(const std::shared_ptr<const Library>& library,

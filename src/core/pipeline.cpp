@@ -11,7 +11,7 @@ namespace mfa {
 
 std::string CompileOptions::cache_key() const {
   std::ostringstream key;
-  key << "msl=" << language_version << ";fast_math=" << fast_math << ";bounds_check=" << bounds_check;
+  key << "msl=" << language_version << ";fast_math=" << fast_math << ";bounds_check=" << bounds_check << ";sanitize=" << sanitize;
   for (const auto& [name, value] : macros) key << ";-D" << name << '=' << value;
   return key.str();
 }

@@ -148,6 +148,7 @@ class CpuBackend final : public Backend {
     const auto& cpu_library = static_cast<const CpuLibrary&>(library);
     cpu::TranslateOptions options;
     options.bounds_check = cpu_library.options.bounds_check;
+    options.race_check = cpu_library.options.sanitize == "race";
     options.metal_path = function.name + ".metal";
     // Macros act like -D flags: defined before anything else in the unit.
     std::string unit;

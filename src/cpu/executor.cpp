@@ -25,6 +25,7 @@ namespace {
 constexpr std::uint64_t kMaxThreadsPerThreadgroup = 1024;
 constexpr std::size_t kThreadgroupArgumentAlignment = 16;
 constexpr double kDefaultNoProgressSeconds = 10;
+constexpr double kDefaultWatchdogSeconds = 10;
 
 // The value of environment variable `name` if set, which must be a positive
 // number (an integer when `integer`).
@@ -255,6 +256,9 @@ DispatchStats Executor::run(const Launch& launch) {
   job.group_launch.no_progress_seconds =
       positive_number_from_environment("MFA_NATIVE_CPU_TIMEOUT", false)
           .value_or(kDefaultNoProgressSeconds);
+  job.group_launch.watchdog_seconds =
+      positive_number_from_environment("MFA_NATIVE_CPU_WATCHDOG_S", false)
+          .value_or(kDefaultWatchdogSeconds);
 
   const Size3& threads = launch.threads_per_threadgroup;
   mfa_abi::DispatchContext dispatch{};

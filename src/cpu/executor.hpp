@@ -43,8 +43,10 @@ class Executor {
   // reaches, a deadlock, lanes at different collectives, a simdgroup_matrix
   // operation with inactive lanes, threadgroup memory over the limit, a
   // failure the kernel reported (bounds checks), an exception escaping the
-  // kernel, and a threadgroup whose threads only yield for
-  // MFA_NATIVE_CPU_TIMEOUT seconds (default 10). Never hangs on those.
+  // kernel, a threadgroup whose threads only yield for
+  // MFA_NATIVE_CPU_TIMEOUT seconds (default 10), and a threadgroup still
+  // running a loop after MFA_NATIVE_CPU_WATCHDOG_S seconds (default 10; the
+  // translator puts a check in every loop). Never hangs on those.
   // Throws ArgumentError for a malformed launch. Safe to call from several
   // threads; dispatches run one after another.
   DispatchStats run(const Launch& launch);

@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <string_view>
 #include <variant>
 
 #include "core/msl_syntax.hpp"
@@ -31,13 +34,6 @@ constexpr const char* kPrelude = R"(#include <metal_stdlib>
 
 namespace mfa_glue {
 using mfa_abi::ThreadState;
-
-// A kernel-scope `threadgroup T name;`: every thread of the group runs the
-// same declarations in the same order, so all get the same storage.
-template <class T>
-T& threadgroup_variable() {
-  return *static_cast<T*>(mfa_shim::threadgroup_alloc(sizeof(T), alignof(T)));
-}
 
 // Builtin arguments, per axis (axis is ignored by the one-number builtins).
 inline std::uint32_t thread_position_in_threadgroup(const ThreadState* t, int axis) {
@@ -94,6 +90,26 @@ inline void add_traffic(const ThreadState* t, const mfa_abi::BufferTraffic* traf
     group[i].bytes_read += traffic[i].bytes_read;
     group[i].bytes_written += traffic[i].bytes_written;
   }
+}
+
+// The watchdog's cooperative check, first in every loop's condition (see
+// rewrite_loop_conditions): a countdown shared by the fibers of this OS
+// thread and, every kLoopIterationsPerCheck iterations, a call into the
+// runtime, which ends the dispatch if the threadgroup has run too long.
+// constexpr, so that loops in constexpr functions still evaluate at compile time.
+inline thread_local unsigned loop_countdown = mfa_abi::kLoopIterationsPerCheck;
+
+[[gnu::noinline, gnu::cold]] inline void check_loop(const char* file, int line) {
+  loop_countdown = mfa_abi::kLoopIterationsPerCheck;
+  ThreadState* const t = mfa_abi::current_thread;
+  const mfa_abi::Site site{"loop", file, line, 0};
+  t->dispatch->runtime->loop_check(t, &site);
+}
+
+constexpr bool loop_continues(const char* file, int line) {
+  if (__builtin_is_constant_evaluated()) return true;
+  if (__builtin_expect(--loop_countdown == 0, 0)) check_loop(file, line);
+  return true;
 }
 
 // Runs one GPU thread; an exception escaping the kernel fails the dispatch.
@@ -162,7 +178,10 @@ class Rewriter {
   }
 
   std::string apply() {
-    std::sort(edits_.begin(), edits_.end(), [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+    // An insertion (an empty range) goes before a replacement starting there.
+    std::sort(edits_.begin(), edits_.end(), [](const Edit& a, const Edit& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
     std::string out;
     std::size_t pos = 0;
     for (const Edit& edit : edits_) {
@@ -204,6 +223,7 @@ class Translator {
     rewrite_buffer_pointer_types();
     rewrite_threadgroup_variables();
     rewrite_half_literals();
+    rewrite_loop_conditions();
 
     std::string text = rewriter_.apply();
     if (!text.empty() && text.back() != '\n') text += '\n';
@@ -211,7 +231,9 @@ class Translator {
     // the C library's: libc++ declares float overloads of exp2, abs, ... in
     // the global namespace, which `using namespace metal;` alone leaves ambiguous.
     // Bounds checks: buffer_ptr checks every access (mfa_buffer_ptr.h).
-    const std::string checks = options_.bounds_check ? "#define MFA_SHIM_BOUNDS_CHECK 1\n" : "";
+    // The race detector: threadgroup pointers record their accesses (mfa_threadgroup_ptr.h).
+    const std::string checks = std::string(options_.bounds_check ? "#define MFA_SHIM_BOUNDS_CHECK 1\n" : "") +
+                               (options_.race_check ? "#define MFA_SHIM_RACE_CHECK 1\n" : "");
     return checks + kPrelude + "namespace metal {\n" + ("#line 1 \"" + options_.metal_path + "\"\n") + text + glue() +
            "}  // namespace metal\n";
   }
@@ -323,18 +345,21 @@ class Translator {
   // Every pointer type spelled `device T*` or `constant T*` (parameters,
   // locals, casts, helper functions) -> `mfa_shim::buffer_ptr<T>`, which
   // counts traffic (and checks bounds, if enabled) through copies and
-  // arithmetic. A `const` just before the address space belongs to T;
-  // `constant` memory is read-only, so its T is const.
+  // arithmetic; with the race detector, `threadgroup T*` likewise ->
+  // `mfa_shim::threadgroup_ptr<T>`. A `const` just before the address space
+  // belongs to T; `constant` memory is read-only, so its T is const.
   void rewrite_buffer_pointer_types() {
     for (std::size_t i = 0; i < tokens_.size(); ++i) {
       const bool is_constant = tokens_[i].is("constant");
-      if (!(is_constant || tokens_[i].is("device")) || !translated(i)) continue;
+      const bool is_threadgroup = options_.race_check && tokens_[i].is("threadgroup");
+      if (!(is_constant || is_threadgroup || tokens_[i].is("device")) || !translated(i)) continue;
       const std::size_t star = pointer_star(i + 1);
       if (star == 0) continue;
       const bool const_before = i > 0 && tokens_[i - 1].is("const") && translated(i - 1);
       std::string element = msl::join_tokens(tokens_, {i + 1, star});
       if ((const_before || is_constant) && element.compare(0, 6, "const ") != 0) element = "const " + element;
-      rewriter_.replace(tokens_, {const_before ? i - 1 : i, star + 1}, "mfa_shim::buffer_ptr<" + element + ">");
+      const char* pointer = is_threadgroup ? "mfa_shim::threadgroup_ptr<" : "mfa_shim::buffer_ptr<";
+      rewriter_.replace(tokens_, {const_before ? i - 1 : i, star + 1}, pointer + element + ">");
       i = star;
     }
   }
@@ -361,7 +386,8 @@ class Translator {
   }
 
   // `threadgroup T a[N], b;` at statement level in the kernel body ->
-  // `auto& a = mfa_glue::threadgroup_variable<T[N]>(); auto& b = ...;`
+  // `auto&& a = mfa_shim::threadgroup_variable<T[N]>(); auto&& b = ...;`
+  // (references to the variables; with the race detector, checked proxies).
   // Threadgroup pointer declarations stay as they are.
   void rewrite_threadgroup_variables() {
     for (std::size_t i = kernel_.body.begin + 1; i + 1 < kernel_.body.end; ++i) {
@@ -444,8 +470,100 @@ class Translator {
       if (!tokens_[j].is("[")) fail(line, "cannot read this threadgroup declaration");
     }
     std::string dimensions = name + 1 < span.end ? msl::join_tokens(tokens_, {name + 1, span.end}) : "";
-    return "auto& " + std::string(tokens_[name].text) + " = mfa_glue::threadgroup_variable<" +
+    return "auto&& " + std::string(tokens_[name].text) + " = mfa_shim::threadgroup_variable<" +
            type + dimensions + ">();";
+  }
+
+  // The watchdog: every loop checks in at each iteration, first thing in its
+  // condition. `while (c)` (also ending a do loop) ->
+  // `while (mfa_glue::loop_continues(__FILE__, LINE) && (c))`; `for (i; c; s)`
+  // likewise, and `for (i;; s)` gets the check alone. Loops that end by
+  // themselves go without: range-based ones and counted ones (every loop of
+  // the generated kernels: the check would keep the tile loops from being
+  // unrolled and vectorized, and cost registers in the key loop). Loops
+  // inside #define bodies are not seen.
+  void rewrite_loop_conditions() {
+    for (std::size_t i = 0; i + 1 < tokens_.size(); ++i) {
+      const bool is_for = tokens_[i].is("for");
+      if (!(is_for || tokens_[i].is("while")) || !translated(i) || !tokens_[i + 1].is("(")) continue;
+      const std::size_t open = i + 1;
+      const std::size_t close = msl::find_closing(tokens_, open);
+      std::size_t begin = open + 1, end = close;
+      if (is_for) {
+        std::vector<std::size_t> semicolons;
+        for (std::size_t j = open + 1; j < close; ++j) {
+          if (tokens_[j].is("(") || tokens_[j].is("[") || tokens_[j].is("{")) j = msl::find_closing(tokens_, j);
+          else if (tokens_[j].is(";")) semicolons.push_back(j);
+        }
+        if (semicolons.size() != 2) continue;  // range-based
+        if (counts_to_a_fixed_bound(open, semicolons[0], semicolons[1], close)) continue;
+        begin = semicolons[0] + 1;
+        end = semicolons[1];
+      }
+      const std::string check = "mfa_glue::loop_continues(__FILE__, " + std::to_string(tokens_[i].line) + ")";
+      const std::size_t at = tokens_[begin].offset;
+      if (begin == end) {
+        rewriter_.replace(at, at, check);
+      } else {
+        rewriter_.replace(at, at, check + " && (");
+        rewriter_.replace(tokens_[end].offset, tokens_[end].offset, ")");
+      }
+    }
+  }
+
+  // `for (T v = ...; v < N; ++v) { ... }` (or v++, v += M for a literal M):
+  // a counted loop, which ends by itself when its braced body writes neither
+  // v nor N (no assignment, increment, decrement or address). N is an
+  // integer literal below 2^15 (v of an integer type of 16 bits or more;
+  // v <= N too) or a name (v of 32 bits or more, and only `<`: v <= UINT_MAX
+  // never ends). A name bound within M of its type's maximum would wrap v
+  // around: the one way such a loop escapes the watchdog.
+  bool counts_to_a_fixed_bound(std::size_t open, std::size_t first, std::size_t second,
+                               std::size_t close) const {
+    auto is_literal = [&](std::size_t j, long below) {
+      if (tokens_[j].kind != TokenKind::number) return false;
+      const std::string text(tokens_[j].text);
+      char* rest = nullptr;
+      const long value = std::strtol(text.c_str(), &rest, 10);
+      const std::string_view suffix(rest);
+      return value > 0 && value < below && (suffix.empty() || suffix == "u" || suffix == "U");
+    };
+    static constexpr std::string_view kShortTypes[] = {"short", "ushort", "int16_t", "uint16_t"};
+    static constexpr std::string_view kWideTypes[] = {"int", "uint", "long", "ulong", "size_t",
+                                                      "int32_t", "uint32_t", "int64_t", "uint64_t"};
+    auto one_of = [](std::string_view word, const auto& words) {
+      return std::find(std::begin(words), std::end(words), word) != std::end(words);
+    };
+    if (first != open + 5 || !tokens_[open + 3].is("=")) return false;
+    const std::string_view type = tokens_[open + 1].text;
+    const bool wide = one_of(type, kWideTypes);
+    if (!wide && !one_of(type, kShortTypes)) return false;
+    const std::string_view name = tokens_[open + 2].text;
+    const std::size_t bound = first + 3;
+    const bool bound_is_name = tokens_[bound].kind == TokenKind::identifier;
+    const bool below = tokens_[first + 2].is("<");
+    const bool condition = second == first + 4 && tokens_[first + 1].is(name) &&
+                           (below || tokens_[first + 2].is("<=")) &&
+                           ((bound_is_name && wide && below && !tokens_[bound].is(name)) || is_literal(bound, 32768));
+    const std::size_t step = second + 1;
+    const bool steps = (close == step + 2 && ((tokens_[step].is("++") && tokens_[step + 1].is(name)) ||
+                                              (tokens_[step].is(name) && tokens_[step + 1].is("++")))) ||
+                       (close == step + 3 && tokens_[step].is(name) && tokens_[step + 1].is("+=") &&
+                        is_literal(step + 2, 32768));
+    if (!condition || !steps || close + 1 >= tokens_.size() || !tokens_[close + 1].is("{")) return false;
+    const std::size_t body_end = msl::find_closing(tokens_, close + 1);
+    for (std::size_t j = close + 2; j < body_end; ++j) {
+      if (!tokens_[j].is(name) && !(bound_is_name && tokens_[j].is(tokens_[bound].text))) continue;
+      const Token& before = tokens_[j - 1];
+      const Token& after = tokens_[j + 1];
+      const bool assigned = after.text.back() == '=' && !after.is("==") && !after.is("!=") && !after.is("<=") &&
+                            !after.is(">=");
+      if (assigned || after.is("++") || after.is("--") || after.is(">") || before.is("++") || before.is("--") ||
+          before.is("&") || before.is(".") || before.is("->") || before.is("::")) {
+        return false;
+      }
+    }
+    return true;
   }
 
   // `1.5h` -> `half(1.5f)`, also inside #define directives.
@@ -540,7 +658,9 @@ class Translator {
     // spells the address spaces.
     const std::string pointer = "static_cast<" + info.type + "*>(" + address + ")";
     if (!info.is_pointer) return "*" + pointer;
-    if (info.kind != ArgumentKind::buffer) return pointer;
+    if (info.kind != ArgumentKind::buffer) {
+      return options_.race_check ? "mfa_shim::threadgroup_ptr<" + element_type(info) + ">(" + pointer + ")" : pointer;
+    }
     return "mfa_shim::buffer_ptr<" + element_type(info) + ">(" + pointer + ", t->dispatch->buffer_sizes[" + index +
            "], " + index + ", traffic[" + index + "])";
   }

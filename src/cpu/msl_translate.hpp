@@ -12,6 +12,7 @@ namespace mfa::cpu {
 
 struct TranslateOptions {
   bool bounds_check = false;         // buffer pointers check every access
+  bool race_check = false;           // threadgroup memory accesses go to the race detector
   std::string metal_path = "kernel.metal";  // file name #line directives point at
 };
 

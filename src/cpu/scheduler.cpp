@@ -56,6 +56,13 @@ const mfa_abi::Runtime& GroupScheduler::runtime() {
         auto& scheduler = *static_cast<GroupScheduler*>(thread->executor);
         scheduler.abandon_current_thread(scheduler.kernel_failure_diagnostic(message));
       },
+      [](mfa_abi::ThreadState* thread, const mfa_abi::Site* site) {
+        static_cast<GroupScheduler*>(thread->executor)->loop_check(site);
+      },
+      [](mfa_abi::ThreadState* thread, const void* address, std::size_t bytes, unsigned access,
+         const mfa_abi::Site* site) {
+        static_cast<GroupScheduler*>(thread->executor)->race_access(address, bytes, access, site);
+      },
   };
   return table;
 }
@@ -129,6 +136,8 @@ std::optional<std::string> GroupScheduler::run(const std::array<std::uint32_t, 3
   progress_ = 0;
   progress_at_check_ = ~std::uint64_t(0);  // the first check starts the clock
   yields_since_check_ = 0;
+  started_at_ = steady_seconds();
+  race_detector_.begin_group(simdgroups_.data(), launch_.dispatch->threadgroup_memory_limit);
   for (Collective& collective : collectives_) {
     collective.site = nullptr;
     collective.arrived = 0;
@@ -243,6 +252,7 @@ void GroupScheduler::threadgroup_barrier(const mfa_abi::Site* site) {
     barrier_arrived_ = 0;
     barrier_site_ = nullptr;
     ++group_.counters->barriers;
+    if (site->orders & mfa_abi::kOrdersThreadgroupMemory) race_detector_.threadgroup_barrier();
     for (std::uint32_t i = 0; i < thread_count_; ++i) {
       if (i != current_) make_ready(i);
     }
@@ -262,11 +272,38 @@ void GroupScheduler::yield(const mfa_abi::Site* site) {
   suspend_current();
 }
 
-void GroupScheduler::check_progress() {
-  yields_since_check_ = 0;
+// A loop whose group has run too long fails wherever it is: with or
+// without barriers and collectives in it, the loop may never end.
+void GroupScheduler::loop_check(const mfa_abi::Site* site) {
+  check_stop();
+  if (steady_seconds() - started_at_ >= launch_.watchdog_seconds) {
+    abandon_current_thread(watchdog_diagnostic(site));
+  }
+}
+
+void GroupScheduler::race_access(const void* address, std::size_t bytes, unsigned access,
+                                 const mfa_abi::Site* site) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(threadgroup_memory_.get());
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  const std::size_t limit = launch_.dispatch->threadgroup_memory_limit;
+  if (at < begin || at - begin > limit || bytes > limit - (at - begin)) {
+    abandon_current_thread(outside_threadgroup_memory_diagnostic(address, bytes, site));
+  }
+  const std::optional<RaceDetector::Race> race =
+      race_detector_.access(at - begin, bytes, (access & mfa_abi::kAccessRead) != 0,
+                            (access & mfa_abi::kAccessWrite) != 0, current_, site->file, site->line);
+  if (race) abandon_current_thread(race_diagnostic(*race));
+}
+
+void GroupScheduler::check_stop() {
   if (launch_.stop != nullptr && launch_.stop->load(std::memory_order_relaxed)) {
     abandon_current_thread("stopped because another threadgroup failed");
   }
+}
+
+void GroupScheduler::check_progress() {
+  yields_since_check_ = 0;
+  check_stop();
   const double now = steady_seconds();
   if (progress_ != progress_at_check_) {
     progress_at_check_ = progress_;

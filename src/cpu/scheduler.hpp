@@ -16,6 +16,7 @@
 
 #include "executor.hpp"
 #include "fiber.hpp"
+#include "race_detector.hpp"
 #include "shim/mfa_kernel_abi.h"
 
 namespace mfa::cpu {
@@ -41,6 +42,7 @@ struct GroupLaunch {
   std::size_t threadgroup_args = 0;  // how many [[threadgroup(i)]] blocks the launch has
   std::size_t static_base = 0;       // kernel-scope threadgroup variables start here
   double no_progress_seconds = 10;   // a group that only yields this long fails
+  double watchdog_seconds = 10;      // a group whose loops still run after this long fails
   const std::atomic<bool>* stop = nullptr;  // set when another threadgroup failed
 };
 
@@ -94,6 +96,8 @@ class GroupScheduler {
   void simd_release();
   void threadgroup_barrier(const mfa_abi::Site* site);
   void yield(const mfa_abi::Site* site);
+  void loop_check(const mfa_abi::Site* site);
+  void race_access(const void* address, std::size_t bytes, unsigned access, const mfa_abi::Site* site);
 
   // Fiber lifecycle.
   static void fiber_entry(void* scheduler);
@@ -110,6 +114,7 @@ class GroupScheduler {
   // the next ready one.
   void suspend_current();
   void check_progress();
+  void check_stop();  // abandons the running thread once another group failed
 
   // Diagnostics (scheduler_diagnostics.cpp): each says what went wrong and
   // where, naming the sites and the threads.
@@ -124,6 +129,11 @@ class GroupScheduler {
   std::string barrier_unreachable_diagnostic(const mfa_abi::Site* site) const;
   std::string different_barriers_diagnostic(const mfa_abi::Site* site) const;
   std::string no_progress_diagnostic() const;
+  std::string watchdog_diagnostic(const mfa_abi::Site* loop) const;
+  std::string race_diagnostic(const RaceDetector::Race& race) const;
+  std::string outside_threadgroup_memory_diagnostic(const void* address, std::size_t bytes,
+                                                    const mfa_abi::Site* site) const;
+  std::string threadgroup_memory_place(std::size_t offset) const;  // "byte 4 of [[threadgroup(1)]]"
   std::string deadlock_diagnostic() const;
 
   GroupLaunch launch_;
@@ -155,6 +165,8 @@ class GroupScheduler {
   std::uint64_t progress_at_check_ = 0;
   double progress_seen_at_ = 0;  // seconds on the steady clock
   std::uint32_t yields_since_check_ = 0;
+  double started_at_ = 0;  // when the group started (loop watchdog), steady clock seconds
+  RaceDetector race_detector_;  // used by kernels built with the race detector only
 };
 
 }  // namespace mfa::cpu

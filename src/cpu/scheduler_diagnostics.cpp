@@ -144,6 +144,50 @@ std::string GroupScheduler::no_progress_diagnostic() const {
   return text.str();
 }
 
+std::string GroupScheduler::watchdog_diagnostic(const mfa_abi::Site* loop) const {
+  std::ostringstream text;
+  text << group_name() << ", " << thread_name(current_) << ": still running after "
+       << launch_.watchdog_seconds << " s (MFA_NATIVE_CPU_WATCHDOG_S), in the loop at "
+       << (loop->file != nullptr ? loop->file : "?") << ':' << loop->line
+       << " (a loop that never ends? on a GPU the command buffer's watchdog would end it)";
+  return text.str();
+}
+
+std::string GroupScheduler::threadgroup_memory_place(std::size_t offset) const {
+  std::size_t argument = launch_.threadgroup_args;
+  while (argument > 0 && launch_.threadgroup_offsets[argument - 1] > offset) --argument;
+  if (offset >= launch_.static_base || argument == 0) {
+    return "byte " + std::to_string(offset - launch_.static_base) + " of the kernel-scope threadgroup variables";
+  }
+  return "byte " + std::to_string(offset - launch_.threadgroup_offsets[argument - 1]) + " of [[threadgroup(" +
+         std::to_string(argument - 1) + ")]]";
+}
+
+std::string GroupScheduler::race_diagnostic(const RaceDetector::Race& race) const {
+  auto who = [&](const RaceDetector::Access& access) {
+    std::ostringstream text;
+    text << thread_name(access.thread) << " (simdgroup " << access.thread / mfa_abi::kSimdWidth << ", lane "
+         << access.thread % mfa_abi::kSimdWidth << ") " << (access.writes ? "wrote" : "read") << " it at "
+         << (access.file != nullptr ? access.file : "?") << ':' << access.line;
+    return text.str();
+  };
+  const char* kind = race.earlier.writes ? (race.later.writes ? "write-after-write" : "read-after-write")
+                                         : "write-after-read";
+  return group_name() + ": data race (" + kind + ") on " + threadgroup_memory_place(race.offset) + ": " +
+         who(race.earlier) + ", then " + who(race.later) +
+         ", with no threadgroup_barrier(mem_flags::mem_threadgroup) between them (nor a simdgroup_barrier "
+         "with mem_threadgroup, for lanes of one simdgroup)";
+}
+
+std::string GroupScheduler::outside_threadgroup_memory_diagnostic(const void* address, std::size_t bytes,
+                                                                  const mfa_abi::Site* site) const {
+  std::ostringstream text;
+  text << kernel_failure_diagnostic("") << "a threadgroup pointer accesses " << bytes << " bytes at " << address
+       << ", outside the threadgroup's " << launch_.dispatch->threadgroup_memory_limit
+       << " bytes of threadgroup memory, at " << (site->file != nullptr ? site->file : "?") << ':' << site->line;
+  return text.str();
+}
+
 std::string GroupScheduler::deadlock_diagnostic() const {
   return group_name() + ": deadlock, every unfinished thread waits and none can continue: " +
          describe_waiting_threads();

@@ -65,7 +65,7 @@ std::uint32_t global_index(const ThreadState* thread) {
 // last to arrive sums the active lanes into out[]. Each call makes its own
 // Site, so lanes must match on its content, not its address.
 float simd_sum(ThreadState* thread, float value, int line) {
-  const Site site{"simd_sum", "kernel.metal", line};
+  const Site site{"simd_sum", "kernel.metal", line, 0};
   mfa_abi::SimdGroup& simd = *thread->simd;
   const std::uint32_t lane = thread->thread_index_in_simdgroup;
   std::memcpy(simd.in[lane], &value, sizeof value);
@@ -90,7 +90,7 @@ float simd_sum(ThreadState* thread, float value, int line) {
 // A collective that needs all 32 lanes, counted once per simdgroup like
 // simdgroup_multiply_accumulate.
 void matrix_op(ThreadState* thread, int line) {
-  const Site site{"simdgroup_multiply_accumulate", "kernel.metal", line};
+  const Site site{"simdgroup_multiply_accumulate", "kernel.metal", line, 0};
   if (runtime(thread).simd_arrive(thread, &site, 1)) {
     ++thread->group->counters->simdgroup_matrix_ops;
     runtime(thread).simd_release(thread);
@@ -98,12 +98,12 @@ void matrix_op(ThreadState* thread, int line) {
 }
 
 void barrier(ThreadState* thread, int line) {
-  const Site site{"threadgroup_barrier", "kernel.metal", line};
+  const Site site{"threadgroup_barrier", "kernel.metal", line, mfa_abi::kOrdersThreadgroupMemory};
   runtime(thread).threadgroup_barrier(thread, &site);
 }
 
 void yield(ThreadState* thread, int line) {
-  const Site site{"atomic_load", "kernel.metal", line};
+  const Site site{"atomic_load", "kernel.metal", line, 0};
   runtime(thread).yield(thread, &site);
 }
 

@@ -35,7 +35,7 @@ using mfa::cpu::KernelBinary;
 using mfa::cpu::KernelCompiler;
 using mfa::cpu::ShimFile;
 
-// Just what the test kernels use, with the real ABI header and buffer pointers.
+// Just what the test kernels use, with the real ABI header, buffer pointers and threadgroup variables.
 const char* kStubShim = R"(#pragma once
 #include <cstddef>
 #include <cstdio>
@@ -61,6 +61,7 @@ inline void* threadgroup_alloc(std::size_t bytes, std::size_t align) {
   return t->group->threadgroup_memory + at;
 }
 }  // namespace mfa_shim
+#include "mfa_threadgroup_ptr.h"
 )";
 
 const char* kAffine = R"(#include <metal_stdlib>
@@ -212,7 +213,8 @@ class KernelCompilerTest : public ::testing::Test {
   static std::vector<ShimFile> stub_shim() {
     std::vector<ShimFile> files = {{"metal_stdlib", kStubShim}};
     for (const ShimFile& file : mfa::cpu::embedded_shim_files()) {
-      if (file.name == "mfa_kernel_abi.h" || file.name == "mfa_runtime.h" || file.name == "mfa_buffer_ptr.h") {
+      if (file.name == "mfa_kernel_abi.h" || file.name == "mfa_runtime.h" || file.name == "mfa_buffer_ptr.h" ||
+          file.name == "mfa_threadgroup_ptr.h") {
         files.push_back(file);
       }
     }

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -168,10 +170,12 @@ class SimdKernelTest : public ::testing::Test {
   }
 
   std::shared_ptr<const mfa::Pipeline> pipeline(const std::string& source, const std::string& name,
-                                                bool bounds_check = false) {
+                                                bool bounds_check = false, const std::string& sanitize = "",
+                                                const mfa::FunctionConstants& constants = {}) {
     mfa::CompileOptions options;
     options.bounds_check = bounds_check;
-    return device_.pipeline(source, name, {}, options);
+    options.sanitize = sanitize;
+    return device_.pipeline(source, name, constants, options);
   }
 
   // Runs one dispatch; `bind` binds its buffers.
@@ -808,6 +812,229 @@ TEST_F(SimdKernelTest, BoundsCheckingReportsTheAccess) {
     d.host(0, longer.data(), 404, false).host(1, out.data(), 400, true);
   });
   EXPECT_EQ(out[99], 1.0f);
+}
+
+const char* kEndlessLoops = R"(
+#include <metal_stdlib>
+using namespace metal;
+kernel void endless(device float* data [[buffer(0)]],
+                    uint i [[thread_position_in_threadgroup]]) {
+  uint turns = 0;
+  while (data[0] >= 0.0f) {
+    turns += 1;
+  }
+  data[i] = float(turns);
+}
+kernel void endless_with_barrier(device float* data [[buffer(0)]],
+                                 uint i [[thread_position_in_threadgroup]]) {
+  for (uint k = 0; data[0] >= 0.0f; ++k) {
+    threadgroup_barrier(mem_flags::mem_none);
+  }
+  data[i] = 1.0f;
+}
+kernel void ends(device float* data [[buffer(0)]],
+                 uint i [[thread_position_in_threadgroup]]) {
+  for (uint k = 0; k < 5000; ++k) data[i] += 1.0f;
+}
+)";
+
+// A loop that never ends fails its dispatch after MFA_NATIVE_CPU_WATCHDOG_S,
+// naming the kernel and the loop's line, with or without a barrier in it;
+// the executor then runs the next dispatch as usual.
+TEST_F(SimdKernelTest, EndlessLoopsEndWithTheWatchdog) {
+  setenv("MFA_NATIVE_CPU_WATCHDOG_S", "0.5", 1);
+  std::vector<float> data(64, 1.0f);
+  auto bind = [&](mfa::CommandBatch::DispatchRef& d) { d.host(0, data.data(), data.size() * 4, true); };
+  const auto endless_pipeline = pipeline(kEndlessLoops, "endless");
+  const auto start = std::chrono::steady_clock::now();
+  const std::string endless = failure_of(endless_pipeline, 4, 64, bind);
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  const std::string with_barrier = failure_of(pipeline(kEndlessLoops, "endless_with_barrier"), 4, 64, bind);
+  unsetenv("MFA_NATIVE_CPU_WATCHDOG_S");
+  EXPECT_NE(endless.find("kernel 'endless': threadgroup ("), std::string::npos) << endless;
+  EXPECT_NE(endless.find("still running after 0.5 s (MFA_NATIVE_CPU_WATCHDOG_S), in the loop at endless.metal:7"),
+            std::string::npos)
+      << endless;
+  EXPECT_NE(with_barrier.find("in the loop at endless_with_barrier.metal:14"), std::string::npos) << with_barrier;
+  EXPECT_GE(elapsed.count(), 0.5);
+  EXPECT_LT(elapsed.count(), 5.0);  // the other groups stop with the first
+
+  std::fill(data.begin(), data.end(), 0.0f);
+  run(pipeline(kEndlessLoops, "ends"), 1, 64, bind);
+  EXPECT_EQ(data[63], 5000.0f);
+}
+
+const char* kReduction = R"(#include <metal_stdlib>
+using namespace metal;
+constant int BARRIER [[function_constant(0)]];  // 0: none, 1: mem_none, 2: mem_threadgroup
+kernel void reduce(device const float* in [[buffer(0)]], device float* out [[buffer(1)]],
+                   threadgroup float* partial [[threadgroup(0)]],
+                   uint i [[thread_index_in_threadgroup]], uint n [[threads_per_threadgroup]]) {
+  partial[i] = in[i];
+  if (BARRIER == 1) threadgroup_barrier(mem_flags::mem_none);
+  if (BARRIER == 2) threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint stride = n / 2; stride > 0; stride /= 2) {
+    if (i < stride) partial[i] += partial[i + stride];
+    if (BARRIER == 1) threadgroup_barrier(mem_flags::mem_none);
+    if (BARRIER == 2) threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  if (i == 0) out[0] = partial[0];
+}
+)";
+
+class RaceCheckTest : public SimdKernelTest {
+ protected:
+  // Sums 64 values in each of `groups` threadgroups with the reduction
+  // kernel built with `barrier`, racecheck on.
+  std::string reduce(int barrier, float& sum, std::uint32_t groups = 1) {
+    std::vector<float> in(64);
+    for (std::size_t k = 0; k < in.size(); ++k) in[k] = float(k);
+    const auto kernel = pipeline(kReduction, "reduce", false, "race", mfa::FunctionConstants().set(0, barrier));
+    return failure_of(kernel, groups, 64, [&](mfa::CommandBatch::DispatchRef& d) {
+      d.host(0, in.data(), 256, false).host(1, &sum, 4, true).threadgroup_memory(0, 256);
+    });
+  }
+};
+
+TEST_F(RaceCheckTest, AReductionWithItsBarriersIsRaceFree) {
+  float sum = 0;
+  EXPECT_EQ(reduce(2, sum, 8), "no error");
+  EXPECT_EQ(sum, 63.0f * 64.0f / 2.0f);
+}
+
+TEST_F(RaceCheckTest, WithoutBarriersTheFirstRaceNamesBothLinesAndThreads) {
+  float sum = 0;
+  // The threads run in turn: thread 0 sums partial[1] before thread 1 writes it.
+  EXPECT_EQ(reduce(0, sum),
+            "kernel 'reduce': threadgroup (0, 0, 0): data race (write-after-read) on byte 4 of "
+            "[[threadgroup(0)]]: thread (0, 0, 0) (simdgroup 0, lane 0) read it at reduce.metal:11, then "
+            "thread (1, 0, 0) (simdgroup 0, lane 1) wrote it at reduce.metal:7, with no "
+            "threadgroup_barrier(mem_flags::mem_threadgroup) between them (nor a simdgroup_barrier with "
+            "mem_threadgroup, for lanes of one simdgroup)");
+}
+
+TEST_F(RaceCheckTest, ABarrierWithoutMemThreadgroupDoesNotOrderThreadgroupMemory) {
+  float sum = 0;
+  const std::string message = reduce(1, sum);
+  EXPECT_NE(message.find("data race (read-after-write) on byte 128 of [[threadgroup(0)]]: thread (32, 0, 0) "
+                         "(simdgroup 1, lane 0) wrote it at reduce.metal:7, then thread (0, 0, 0) (simdgroup "
+                         "0, lane 0) read it at reduce.metal:11"),
+            std::string::npos)
+      << message;
+}
+
+TEST_F(RaceCheckTest, WithoutTheRaceCheckTheSameKernelRunsUnchecked) {
+  std::vector<float> in(64, 1.0f);
+  float sum = 0;
+  const auto kernel = pipeline(kReduction, "reduce", false, "", mfa::FunctionConstants().set(0, 0));
+  run(kernel, 1, 64, [&](mfa::CommandBatch::DispatchRef& d) {
+    d.host(0, in.data(), 256, false).host(1, &sum, 4, true).threadgroup_memory(0, 256);
+  });
+  EXPECT_NE(sum, 64.0f);  // racy: thread 0 summed values the others had not written yet
+}
+
+const char* kNeighbours = R"(#include <metal_stdlib>
+using namespace metal;
+constant bool SIMDGROUP_BARRIER [[function_constant(0)]];
+kernel void neighbours(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]],
+                       uint i [[thread_index_in_threadgroup]]) {
+  threadgroup float values[64];
+  values[i] = float(i);
+  if (SIMDGROUP_BARRIER) simdgroup_barrier(mem_flags::mem_threadgroup);
+  else out[i] = simd_sum(1.0f);
+  out[i] = values[i - lane + (lane + 1) % 32];
+}
+)";
+
+// Lanes of one simdgroup are ordered by simdgroup_barrier(mem_threadgroup),
+// not by other SIMD-group functions.
+TEST_F(RaceCheckTest, OnlyASimdgroupBarrierOrdersTheLanesOfASimdgroup) {
+  std::vector<float> out(64);
+  auto bind = [&](mfa::CommandBatch::DispatchRef& d) { d.host(0, out.data(), 256, true); };
+  EXPECT_EQ(failure_of(pipeline(kNeighbours, "neighbours", false, "race", mfa::FunctionConstants().set(0, true)), 1, 64, bind), "no error");
+  EXPECT_EQ(out[31], 0.0f);
+  EXPECT_EQ(out[32], 33.0f);
+  const std::string message = failure_of(pipeline(kNeighbours, "neighbours", false, "race", mfa::FunctionConstants().set(0, false)), 1, 64, bind);
+  EXPECT_NE(message.find("data race (read-after-write) on byte 0 of the kernel-scope threadgroup variables: "
+                         "thread (0, 0, 0) (simdgroup 0, lane 0) wrote it at neighbours.metal:7, then thread "
+                         "(31, 0, 0) (simdgroup 0, lane 31) read it at neighbours.metal:10"),
+            std::string::npos)
+      << message;
+}
+
+const char* kShapes = R"(#include <metal_stdlib>
+using namespace metal;
+float row_sum(threadgroup const float* row, uint n) {
+  float s = 0;
+  for (uint k = 0; k < n; ++k) { s += row[k]; }
+  return s;
+}
+kernel void shapes(device float* out [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+  threadgroup float tile[4][32];
+  threadgroup float total;
+  tile[i / 32][i % 32] = float(i);
+  if (i == 0) total = 0.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  threadgroup float4* quads = (threadgroup float4*)&tile[i / 32][0];
+  const float4 first = quads[0];
+  if (i % 32 == 0) out[i / 32] = row_sum(tile[i / 32], 32) + first.w;
+  if (i == 127) total += 1.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (i == 5) out[4] = total;
+  if (i == 6) tile[0][1] = 0.0f;
+}
+)";
+
+// 2-D arrays, rows passed to helpers, casts, scalars: every access is
+// checked (a race in the helper names the helper's line), and a race-free
+// kernel computes what it computes unchecked.
+TEST_F(RaceCheckTest, ThreadgroupMemoryOfEveryShapeIsChecked) {
+  std::vector<float> out(5, NAN);
+  auto bind = [&](mfa::CommandBatch::DispatchRef& d) { d.host(0, out.data(), 20, true); };
+  EXPECT_EQ(failure_of(pipeline(kShapes, "shapes", false, "race"), 1, 128, bind), "no error");
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(out[r], 32.0f * 32 * r + 496 + 32 * r + 3) << r;
+  EXPECT_EQ(out[4], 1.0f);
+
+  // Without the second barrier, thread 5 reads `total` after thread 127,
+  // released first from the barrier, wrote it (a kernel-scope scalar names
+  // its declaration's line)...
+  std::string racy = kShapes;
+  const std::string second_barrier = "  threadgroup_barrier(mem_flags::mem_threadgroup);\n  if (i == 5)";
+  racy.replace(racy.find(second_barrier), second_barrier.size(), "\n  if (i == 5)");
+  std::string message = failure_of(pipeline(racy, "shapes", false, "race"), 1, 128, bind);
+  EXPECT_NE(message.find("data race (read-after-write) on byte 512 of the kernel-scope threadgroup variables: "
+                         "thread (127, 0, 0) (simdgroup 3, lane 31) wrote it at shapes.metal:10, then thread "
+                         "(5, 0, 0) (simdgroup 0, lane 5) read it at shapes.metal:10"),
+            std::string::npos)
+      << message;
+  // ... and without that read, thread 6 writes tile[0][1] after thread 0
+  // read it in the helper.
+  const std::string read_total = "if (i == 5) out[4] = total;";
+  racy.replace(racy.find(read_total), read_total.size(), "");
+  message = failure_of(pipeline(racy, "shapes", false, "race"), 1, 128, bind);
+  EXPECT_NE(message.find("data race (write-after-read) on byte 4 of the kernel-scope threadgroup variables: "
+                         "thread (0, 0, 0) (simdgroup 0, lane 0) read it at shapes.metal:5, then thread (6, 0, 0) "
+                         "(simdgroup 0, lane 6) wrote it at shapes.metal:20"),
+            std::string::npos)
+      << message;
+}
+
+TEST_F(RaceCheckTest, AccessesOutsideThreadgroupMemoryAreReported) {
+  const char* source = R"(kernel void beyond(threadgroup float* scratch [[threadgroup(0)]],
+                   device float* out [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+  out[i] = scratch[i + 40000];
+}
+)";
+  std::vector<float> out(4);
+  const std::string message =
+      failure_of(pipeline(source, "beyond", false, "race"), 1, 4, [&](mfa::CommandBatch::DispatchRef& d) {
+        d.host(0, out.data(), 16, true).threadgroup_memory(0, 16);
+      });
+  EXPECT_NE(message.find("thread (0, 0, 0): a threadgroup pointer accesses 4 bytes at "), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("outside the threadgroup's 32768 bytes of threadgroup memory, at beyond.metal:3"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace

@@ -93,8 +93,8 @@ TEST(Translate, StartsWithTheShimThenKeepsEveryLineInPlace) {
   EXPECT_EQ(lines[7], "                  threadgroup float* scratch  ,");
   EXPECT_EQ(lines[9], "                  ushort lane  ) {");
   EXPECT_EQ(lines[10],
-            "  auto& tile = mfa_glue::threadgroup_variable<float[32][33]>(); "
-            "auto& total = mfa_glue::threadgroup_variable<float>();");
+            "  auto&& tile = mfa_shim::threadgroup_variable<float[32][33]>(); "
+            "auto&& total = mfa_shim::threadgroup_variable<float>();");
   EXPECT_EQ(lines[11], source[11]);  // a threadgroup pointer stays
   EXPECT_EQ(lines[12], "  y[gid.x] = x[gid.x] * p.scale + half(1.5f) + row[0] + total;");
 }
@@ -159,6 +159,44 @@ kernel void run(device float* out [[buffer(0)]], constant uint& n [[buffer(1)]])
   EXPECT_EQ(lines[10], "  const float product = kTable[0] * n;");
   EXPECT_EQ(lines[11], "  out[0] = first(row, out, static_cast<mfa_shim::buffer_ptr<float4>>(out)) + product + "
                        "halves[0] + whole.x;");
+}
+
+TEST(Translate, EveryLoopConditionChecksInWithTheWatchdog) {
+  const std::string source = R"(kernel void spin(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],
+                 constant int& n [[buffer(1)]]) {
+  for (uint k = 0; k < 4 && out[(k)]; ++k) out[k] = 0;
+  for (;;) { break; }
+  while (out[i] > 1.0h) out[i] -= 1;
+  do { out[i] += 1; } while (out[i] < 0);
+  float local[2] = {0, 1};
+  for (float v : local) out[i] += v;
+#define LOOP for (;;) {}
+  for (ushort t = 0; t < 8; ++t) { out[t] += t; }
+  for (int t = 0; t <= 8; t += 2) { out[t] = 0; t = 1; }
+  for (int t = 0; t < 40000; t++) { out[0] += 1; }
+  for (int t = i; t < n; t += 64) { out[t] = 0; }
+  for (int t = i; t < n; t += 64) { n = 3; }
+  for (ushort t = 0; t < n; ++t) { out[t] = 0; }
+  for (uint t = 0; t <= n; ++t) { out[t] = 0; }
+}
+)";
+  std::vector<std::string> lines = metal_lines(translate(source, "spin"));
+  const std::string check = "mfa_glue::loop_continues(__FILE__, ";
+  EXPECT_EQ(lines[2], "  for (uint k = 0; " + check + "3) && (k < 4 && out[(k)]); ++k) out[k] = 0;");
+  EXPECT_EQ(lines[3], "  for (;" + check + "4);) { break; }");
+  EXPECT_EQ(lines[4], "  while (" + check + "5) && (out[i] > half(1.0f))) out[i] -= 1;");
+  EXPECT_EQ(lines[5], "  do { out[i] += 1; } while (" + check + "6) && (out[i] < 0));");
+  EXPECT_EQ(lines[7], "  for (float v : local) out[i] += v;");  // range-based: ends by itself
+  EXPECT_EQ(lines[8], "#define LOOP for (;;) {}");
+  // Counted loops end by themselves, unless the body writes the counter or
+  // the bound, or the counter is too narrow for its bound.
+  EXPECT_EQ(lines[9], "  for (ushort t = 0; t < 8; ++t) { out[t] += t; }");
+  EXPECT_EQ(lines[10], "  for (int t = 0; " + check + "11) && (t <= 8); t += 2) { out[t] = 0; t = 1; }");
+  EXPECT_EQ(lines[11], "  for (int t = 0; " + check + "12) && (t < 40000); t++) { out[0] += 1; }");
+  EXPECT_EQ(lines[12], "  for (int t = i; t < n; t += 64) { out[t] = 0; }");
+  EXPECT_EQ(lines[13], "  for (int t = i; " + check + "14) && (t < n); t += 64) { n = 3; }");
+  EXPECT_EQ(lines[14], "  for (ushort t = 0; " + check + "15) && (t < n); ++t) { out[t] = 0; }");
+  EXPECT_EQ(lines[15], "  for (uint t = 0; " + check + "16) && (t <= n); ++t) { out[t] = 0; }");
 }
 
 TEST(Translate, FunctionConstantsBecomeConstexprWithFullPrecision) {
@@ -241,9 +279,9 @@ TEST(Translate, ThreadgroupVariablesAnywhereInTheBody) {
 )";
   std::vector<std::string> lines = metal_lines(translate(source, "k"));
   ASSERT_EQ(lines.size(), 11u);
-  EXPECT_EQ(lines[1], "  auto& tiles = mfa_glue::threadgroup_variable<simdgroup_matrix<float, 8, 8>[2]>();");
-  EXPECT_EQ(lines[3], "    auto& counter = mfa_glue::threadgroup_variable<atomic_uint>();");
-  EXPECT_EQ(lines[5], "  auto& spread = mfa_glue::threadgroup_variable<float[4]>();");
+  EXPECT_EQ(lines[1], "  auto&& tiles = mfa_shim::threadgroup_variable<simdgroup_matrix<float, 8, 8>[2]>();");
+  EXPECT_EQ(lines[3], "    auto&& counter = mfa_shim::threadgroup_variable<atomic_uint>();");
+  EXPECT_EQ(lines[5], "  auto&& spread = mfa_shim::threadgroup_variable<float[4]>();");
   EXPECT_EQ(lines[6], "");
   EXPECT_EQ(lines[7], "  threadgroup float (*rows)[4] = nullptr;");
   EXPECT_EQ(lines[8], "  threadgroup float* a = nullptr, *b = nullptr;");

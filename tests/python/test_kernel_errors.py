@@ -176,3 +176,30 @@ def test_runtime_diagnostics_raise_instead_of_hanging():
     kernel = mfa_native.Kernel(source, "early_exit", device="cpu")
     with pytest.raises(mfa_native.DispatchError, match="threadgroup_barrier"):
         kernel([np.zeros(64, np.float32)], threadgroups=1, threads_per_threadgroup=64)
+
+
+def test_an_endless_loop_ends_with_the_watchdog_and_the_process_stays_usable(monkeypatch):
+    source = """
+    #include <metal_stdlib>
+    using namespace metal;
+    kernel void forever(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+      float x = y[i];
+      while (x >= 0.0f) {
+        x = x + 1.0f;
+      }
+      y[i] = x;
+    }
+    """
+    monkeypatch.setenv("MFA_NATIVE_CPU_WATCHDOG_S", "0.5")
+    kernel = mfa_native.Kernel(source, "forever", device="cpu")
+    y = np.ones(64, np.float32)
+    with pytest.raises(mfa_native.DispatchError,
+                       match=r"kernel 'forever': .*still running after 0.5 s .*in the loop at forever.metal:6"):
+        kernel([y], threadgroups=2, threads_per_threadgroup=32)
+    y[:] = -1.0  # the same kernel, now with loops that end, and another kernel after it
+    kernel([y], threadgroups=2, threads_per_threadgroup=32)
+    np.testing.assert_array_equal(y, -1.0)
+    x = np.arange(16, dtype=np.float32)
+    out = np.empty(16, np.float32)
+    run(mfa_native.Kernel(SOURCE, "copy", constants={"COUNT": 16}, device="cpu"), [x, out, np.float32(3)])
+    np.testing.assert_array_equal(out, 3 * x)

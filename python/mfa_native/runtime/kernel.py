@@ -72,6 +72,11 @@ class Kernel:
         device: a Device, ``"cpu"``, ``"metal"`` or None for the default device.
         bounds_check: cpu backend only: check every device-buffer access and
             raise ``DispatchError`` on one out of bounds.
+        sanitize: cpu backend only: ``"race"`` records every threadgroup-memory
+            access and raises ``DispatchError`` naming both lines and threads
+            of a data race (two threads, one writing, no
+            ``threadgroup_barrier(mem_flags::mem_threadgroup)`` between them).
+            None takes ``MFA_NATIVE_SANITIZE`` (which then applies to every op).
 
     Compiling is cached in memory (per source and constants) and, on the cpu
     backend, on disk, so building the same Kernel again is cheap.
@@ -85,13 +90,16 @@ class Kernel:
         constants: Mapping[str | int, ConstantValue] | None = None,
         device: Device | str | None = None,
         bounds_check: bool = False,
+        sanitize: str | None = None,
     ) -> None:
         if not isinstance(source, str):
             raise TypeError(f"source must be a str of MSL, got {type(source).__name__}")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
+        if sanitize not in (None, "race"):
+            raise ValueError(f"sanitize must be None or 'race', got {sanitize!r}")
         self.device: Device = resolve_device(device)
-        library = self.device.library(source, bounds_check=bool(bounds_check))
+        library = self.device.library(source, bounds_check=bool(bounds_check), sanitize=sanitize or "")
         self.pipeline = self.device.pipeline(library, name, _constant_list(constants))
         self.name = name
         self._buffers = {a.index: a for a in self.pipeline.function.arguments if a.kind == "buffer"}

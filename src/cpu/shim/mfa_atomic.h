@@ -80,12 +80,16 @@ template <class T>
 T& atomic_object(const buffer_ptr<T>& object, atomic_access access) {
   return object.access(0, access != atomic_access::store, access != atomic_access::load);
 }
+template <class T>
+T& atomic_object(const threadgroup_ptr<T>& object, atomic_access) {
+  return *object.address();  // atomics do not race: not recorded
+}
 
 // Lets the rest of the group run, then yields the atomic the pointer designates.
 template <class Pointer>
 auto& atomic_target(Pointer object, atomic_access access, const char* op, const call_site& at) {
   mfa_abi::ThreadState* const thread = mfa_abi::current_thread;
-  const mfa_abi::Site site{op, at.file, at.line};
+  const mfa_abi::Site site{op, at.file, at.line, 0};
   thread->dispatch->runtime->yield(thread, &site);
   mfa_abi::current_thread = thread;
   return atomic_object(object, access);

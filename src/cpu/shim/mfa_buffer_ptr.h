@@ -35,14 +35,15 @@ inline constexpr bool bounds_checked = true;
 inline constexpr bool bounds_checked = false;
 #endif
 
-template <class T>
-class buffer_ptr;
-
-// One element behind a writable buffer_ptr (see the rules above).
-template <class T>
+// One element behind a writable checked pointer (buffer_ptr, and
+// threadgroup_ptr in the race-checking mode; see the rules above). `Pointer`
+// has element_type and access(offset, reads, writes).
+template <class Pointer>
 class writable_element {
+  using T = typename Pointer::element_type;
+
  public:
-  explicit writable_element(const buffer_ptr<T>& at) : at_(at) {}
+  explicit writable_element(const Pointer& at) : at_(at) {}
   writable_element(const writable_element&) = default;
 
   operator T() const { return at_.access(0, true, false); }
@@ -53,9 +54,9 @@ class writable_element {
   }
 
   writable_element& operator=(const writable_element& other) { return *this = T(other); }
-  template <class U>
-  writable_element& operator=(const writable_element<U>& other) {
-    return *this = U(other);
+  template <class Other>
+  writable_element& operator=(const writable_element<Other>& other) {
+    return *this = typename Other::element_type(other);
   }
   template <class U, std::enable_if_t<std::is_convertible_v<const U&, T>, int> = 0>
   writable_element& operator=(const U& value) {
@@ -87,7 +88,7 @@ class writable_element {
   T operator++(int) { return step(1); }
   T operator--(int) { return step(-1); }
 
-  buffer_ptr<T> operator&() const { return at_; }
+  Pointer operator&() const { return at_; }
 
  private:
   T step(int by) {
@@ -97,16 +98,53 @@ class writable_element {
     return before;
   }
 
-  buffer_ptr<T> at_;
+  Pointer at_;
+};
+
+// Arithmetic and comparisons of a checked pointer `Derived`, which has
+// moved(n) (the pointer n elements on) and address().
+template <class Derived>
+class pointer_operators {
+ public:
+  Derived operator+(ptrdiff_t n) const { return self().moved(n); }
+  Derived operator-(ptrdiff_t n) const { return self().moved(-n); }
+  friend Derived operator+(ptrdiff_t n, const Derived& p) { return p.moved(n); }
+  ptrdiff_t operator-(const Derived& other) const { return self().address() - other.address(); }
+  Derived& operator+=(ptrdiff_t n) { return mutable_self() = self().moved(n); }
+  Derived& operator-=(ptrdiff_t n) { return mutable_self() = self().moved(-n); }
+  Derived& operator++() { return *this += 1; }
+  Derived& operator--() { return *this -= 1; }
+  Derived operator++(int) {
+    const Derived before = self();
+    *this += 1;
+    return before;
+  }
+  Derived operator--(int) {
+    const Derived before = self();
+    *this -= 1;
+    return before;
+  }
+  explicit operator bool() const { return self().address() != nullptr; }
+
+  friend bool operator==(const Derived& a, const Derived& b) { return a.address() == b.address(); }
+  friend bool operator!=(const Derived& a, const Derived& b) { return a.address() != b.address(); }
+  friend bool operator<(const Derived& a, const Derived& b) { return a.address() < b.address(); }
+  friend bool operator<=(const Derived& a, const Derived& b) { return a.address() <= b.address(); }
+  friend bool operator>(const Derived& a, const Derived& b) { return a.address() > b.address(); }
+  friend bool operator>=(const Derived& a, const Derived& b) { return a.address() >= b.address(); }
+
+ private:
+  const Derived& self() const { return static_cast<const Derived&>(*this); }
+  Derived& mutable_self() { return static_cast<Derived&>(*this); }
 };
 
 template <class T>
-class buffer_ptr {
+class buffer_ptr : public pointer_operators<buffer_ptr<T>> {
  public:
   using element_type = T;
   // (add_lvalue_reference_t: a `device void*` has no element to access.)
   using reference =
-      std::conditional_t<std::is_const_v<T>, std::add_lvalue_reference_t<T>, writable_element<T>>;
+      std::conditional_t<std::is_const_v<T>, std::add_lvalue_reference_t<T>, writable_element<buffer_ptr>>;
 
   // [[buffer(index)]] at `address`, `bytes` long, counting into `traffic`.
   buffer_ptr(T* address, size_t bytes, unsigned index, mfa_abi::BufferTraffic& traffic)
@@ -147,33 +185,12 @@ class buffer_ptr {
     return *element;
   }
 
-  explicit operator bool() const { return address_ != nullptr; }
-
-  buffer_ptr operator+(ptrdiff_t n) const { return moved(n); }
-  buffer_ptr operator-(ptrdiff_t n) const { return moved(-n); }
-  friend buffer_ptr operator+(ptrdiff_t n, const buffer_ptr& p) { return p.moved(n); }
-  ptrdiff_t operator-(const buffer_ptr& other) const { return address_ - other.address_; }
-  buffer_ptr& operator+=(ptrdiff_t n) { return *this = moved(n); }
-  buffer_ptr& operator-=(ptrdiff_t n) { return *this = moved(-n); }
-  buffer_ptr& operator++() { return *this += 1; }
-  buffer_ptr& operator--() { return *this -= 1; }
-  buffer_ptr operator++(int) {
-    const buffer_ptr before = *this;
-    *this += 1;
-    return before;
+  T* address() const { return address_; }
+  buffer_ptr moved(ptrdiff_t n) const {
+    buffer_ptr result = *this;
+    result.address_ = reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(address_) + n * ptrdiff_t(sizeof(T)));
+    return result;
   }
-  buffer_ptr operator--(int) {
-    const buffer_ptr before = *this;
-    *this -= 1;
-    return before;
-  }
-
-  friend bool operator==(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ == b.address_; }
-  friend bool operator!=(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ != b.address_; }
-  friend bool operator<(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ < b.address_; }
-  friend bool operator<=(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ <= b.address_; }
-  friend bool operator>(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ > b.address_; }
-  friend bool operator>=(const buffer_ptr& a, const buffer_ptr& b) { return a.address_ >= b.address_; }
 
  private:
   template <class>
@@ -183,12 +200,6 @@ class buffer_ptr {
   buffer_ptr(const buffer_ptr<U>& other, T* address)
       : address_(address), base_(other.base_), bytes_(other.bytes_), index_(other.index_),
         traffic_(other.traffic_) {}
-
-  buffer_ptr moved(ptrdiff_t n) const {
-    buffer_ptr result = *this;
-    result.address_ = reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(address_) + n * ptrdiff_t(sizeof(T)));
-    return result;
-  }
 
   void check(const T* element, size_t size) const {
     const ptrdiff_t offset = ptrdiff_t(reinterpret_cast<uintptr_t>(element) - base_);
@@ -207,15 +218,13 @@ class buffer_ptr {
   mfa_abi::BufferTraffic* traffic_;
 };
 
-// The element type a plain or buffer pointer points to.
+// The element type a plain or checked pointer points to.
 template <class Pointer>
-struct pointee;
-template <class T>
-struct pointee<T*> {
-  using type = T;
+struct pointee {
+  using type = typename Pointer::element_type;
 };
 template <class T>
-struct pointee<buffer_ptr<T>> {
+struct pointee<T*> {
   using type = T;
 };
 template <class Pointer>

@@ -12,7 +12,7 @@
 
 namespace mfa_abi {
 
-inline constexpr int kVersion = 2;  // 2: Counters::buffers
+inline constexpr int kVersion = 4;  // 2: Counters::buffers, 3: Runtime::loop_check, 4: race_access
 inline constexpr unsigned kSimdWidth = 32;
 inline constexpr unsigned kSlotBytes = 64;     // the largest operand one lane brings to a collective
 inline constexpr unsigned kMaxBuffers = 31;    // [[buffer(0..30)]], as in Metal
@@ -24,7 +24,14 @@ struct Site {
   const char* op;    // "simd_sum", "threadgroup_barrier", ...
   const char* file;
   int line;
+  uint32_t orders;   // barriers: kOrdersThreadgroupMemory if they order it (mem_threadgroup), else 0
 };
+
+inline constexpr uint32_t kOrdersThreadgroupMemory = 1;
+
+// What a recorded threadgroup-memory access does (Runtime::race_access).
+inline constexpr unsigned kAccessRead = 1;
+inline constexpr unsigned kAccessWrite = 2;
 
 // Operands exchanged in one simdgroup collective. Each lane writes in[lane]
 // before arriving; the lane that computes reads in[] of the active lanes and
@@ -34,6 +41,9 @@ struct SimdGroup {
   alignas(16) unsigned char out[kSimdWidth][kSlotBytes];
   uint32_t active;  // bit l: lane l exists and has not returned (valid while computing)
   uint32_t size;    // lanes that exist (< 32 only in a partial last simdgroup)
+  // simdgroup_barriers with mem_threadgroup completed (the race detector's
+  // order among the lanes); counted by the lane that completes one.
+  uint64_t ordering_barriers;
 };
 
 // Bytes moved through the pointers into one [[buffer(i)]] argument: each
@@ -75,7 +85,23 @@ struct Runtime {
   // Fails the dispatch with `message` (the executor adds kernel, thread and
   // group). Never returns: the fiber is abandoned.
   void (*fail)(ThreadState* thread, const char* message);
+  // The watchdog, called from loops every kLoopIterationsPerCheck
+  // iterations with the loop's site (op "loop"): fails the dispatch when the
+  // caller's threadgroup has run for longer than the limit, or when another
+  // threadgroup of the dispatch failed. Otherwise returns at once.
+  void (*loop_check)(ThreadState* thread, const Site* site);
+  // The race detector (kernels built with MFA_SHIM_RACE_CHECK): the caller
+  // reads and/or writes (kAccess*) `bytes` bytes of threadgroup memory at
+  // `address`, at `site`. Fails the dispatch if that races an access of
+  // another thread since the last barrier that orders threadgroup memory,
+  // or if the bytes are not threadgroup memory. Otherwise records it.
+  void (*race_access)(ThreadState* thread, const void* address, size_t bytes, unsigned access,
+                      const Site* site);
 };
+
+// How often a loop calls Runtime::loop_check: rarely enough that the clock
+// read it costs does not show, often enough to stop within microseconds.
+inline constexpr unsigned kLoopIterationsPerCheck = 1024;
 
 // Shared by every thread of one dispatch.
 struct DispatchContext {

@@ -115,31 +115,35 @@ simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(const T value) {
   return matrix;
 }
 
-// `source` is a threadgroup pointer or a buffer_ptr (which counts the lane's elements).
+// `source` is a threadgroup pointer or a buffer_ptr (which counts the lane's
+// elements); with the race detector, a threadgroup_ptr records them at `at`.
 template <class T, class Pointer>
 void simdgroup_load(simdgroup_matrix<T, 8, 8>& destination, Pointer source,
                     size_t elements_per_row = 8, vec<ulong, 2> matrix_origin = vec<ulong, 2>(0),
-                    bool transpose_matrix = false) {
+                    bool transpose_matrix = false, mfa_shim::call_site at = mfa_shim::call_site()) {
   static_assert(std::is_same_v<std::remove_cv_t<mfa_shim::pointee_t<Pointer>>, T>,
                 "simdgroup_load: the pointer's element type must be the matrix's");
   const mfa_shim::matrix_position p = mfa_shim::position_of_lane(mfa_shim::current_lane());
   for (unsigned j = 0; j < 2; ++j) {
-    destination.thread_elements()[j] = source[mfa_shim::matrix_element_offset(
-        p.row, p.column + j, elements_per_row, matrix_origin, transpose_matrix)];
+    destination.thread_elements()[j] = mfa_shim::element_at(
+        source, mfa_shim::matrix_element_offset(p.row, p.column + j, elements_per_row, matrix_origin,
+                                                transpose_matrix),
+        at);
   }
 }
 
 template <class T, class Pointer>
 void simdgroup_store(const simdgroup_matrix<T, 8, 8>& matrix, Pointer destination,
                      size_t elements_per_row = 8, vec<ulong, 2> matrix_origin = vec<ulong, 2>(0),
-                     bool transpose_matrix = false) {
+                     bool transpose_matrix = false, mfa_shim::call_site at = mfa_shim::call_site()) {
   static_assert(std::is_same_v<mfa_shim::pointee_t<Pointer>, T>,
                 "simdgroup_store: the pointer's element type must be the matrix's");
   const mfa_shim::matrix_position p = mfa_shim::position_of_lane(mfa_shim::current_lane());
   for (unsigned j = 0; j < 2; ++j) {
-    destination[mfa_shim::matrix_element_offset(p.row, p.column + j, elements_per_row,
-                                                matrix_origin, transpose_matrix)] =
-        matrix.thread_elements()[j];
+    mfa_shim::element_at(destination,
+                         mfa_shim::matrix_element_offset(p.row, p.column + j, elements_per_row,
+                                                         matrix_origin, transpose_matrix),
+                         at) = matrix.thread_elements()[j];
   }
 }
 

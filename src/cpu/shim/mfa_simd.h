@@ -29,7 +29,7 @@ void for_each_active_lane(const mfa_abi::SimdGroup& simd, F f) {
 template <class Compute>
 void synchronize_simdgroup(const char* op, const call_site& at, int full, Compute compute) {
   mfa_abi::ThreadState* const thread = mfa_abi::current_thread;
-  const mfa_abi::Site site{op, at.file, at.line};
+  const mfa_abi::Site site{op, at.file, at.line, 0};
   const mfa_abi::Runtime& runtime = *thread->dispatch->runtime;
   if (runtime.simd_arrive(thread, &site, full)) {
     mfa_abi::current_thread = thread;
@@ -256,7 +256,9 @@ inline bool simd_any(bool predicate, mfa_shim::call_site at = mfa_shim::call_sit
   return mfa_shim::ballot("simd_any", at, predicate).votes != 0;
 }
 
-// Memory scopes of a barrier. Every barrier orders all memory on the CPU.
+// Memory scopes of a barrier. Every barrier orders all memory on the CPU;
+// the race detector counts only those with mem_threadgroup as ordering
+// threadgroup memory, as Metal does.
 enum class mem_flags : unsigned {
   mem_none = 0,
   mem_device = 1,
@@ -272,16 +274,23 @@ constexpr mem_flags operator&(mem_flags a, mem_flags b) {
   return static_cast<mem_flags>(static_cast<unsigned>(a) & static_cast<unsigned>(b));
 }
 
-inline void threadgroup_barrier(mem_flags, mfa_shim::call_site at = mfa_shim::call_site()) {
+constexpr uint32_t barrier_orders(mem_flags flags) {
+  return (flags & mem_flags::mem_threadgroup) != mem_flags::mem_none ? mfa_abi::kOrdersThreadgroupMemory : 0;
+}
+
+inline void threadgroup_barrier(mem_flags flags, mfa_shim::call_site at = mfa_shim::call_site()) {
   mfa_abi::ThreadState* const thread = mfa_abi::current_thread;
-  const mfa_abi::Site site{"threadgroup_barrier", at.file, at.line};
+  const mfa_abi::Site site{"threadgroup_barrier", at.file, at.line, barrier_orders(flags)};
   thread->dispatch->runtime->threadgroup_barrier(thread, &site);
   mfa_abi::current_thread = thread;
 }
 
-inline void simdgroup_barrier(mem_flags, mfa_shim::call_site at = mfa_shim::call_site()) {
+inline void simdgroup_barrier(mem_flags flags, mfa_shim::call_site at = mfa_shim::call_site()) {
+  const bool orders = barrier_orders(flags) != 0;
   mfa_shim::synchronize_simdgroup("simdgroup_barrier", at, 0,
-                                  [](mfa_abi::SimdGroup&, mfa_abi::ThreadState*) {});
+                                  [orders](mfa_abi::SimdGroup& simd, mfa_abi::ThreadState*) {
+                                    if (orders) ++simd.ordering_barriers;
+                                  });
 }
 
 }  // namespace metal
