@@ -21,11 +21,12 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <regex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <tuple>
 
+#include "compiler_names.hpp"
 #include "core/sha256.hpp"
 #include "mfa/errors.hpp"
 #include "shim_files.hpp"
@@ -158,13 +159,6 @@ std::string sidecar_text(const std::string& library_bytes) {
   return std::to_string(library_bytes.size()) + " " + sha256_hex(library_bytes) + "\n";
 }
 
-// The major version of the first "major.minor" in `text`; 0 if none.
-int first_major_version(const std::string& text) {
-  std::smatch match;
-  if (!std::regex_search(text, match, std::regex(R"((\d+)\.\d+)"))) return 0;
-  return std::stoi(match[1]);
-}
-
 std::vector<std::string> compile_flags(const HostCompiler& compiler) {
   // Not -ffast-math: NaN and infinity must behave as on the GPU.
   std::vector<std::string> flags = {"-std=c++17", "-O2", "-fPIC", "-shared", "-fno-math-errno",
@@ -254,16 +248,13 @@ HostCompiler HostCompiler::find() {
   // Candidates on PATH, by preference: g++ then clang++, unversioned first,
   // then the highest version number.
   std::map<std::tuple<int, int>, std::string> candidates;  // (family, -version) -> path
-  const std::regex name_pattern(R"((g\+\+|clang\+\+)(-(\d+))?)");
   for (const std::string& dir : path_directories()) {
     std::error_code error;
     for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
-      std::smatch match;
-      std::string name = entry.path().filename().string();
-      if (!std::regex_match(name, match, name_pattern)) continue;
-      int family = match[1] == "g++" ? 0 : 1;
-      int version = match[3].matched ? std::stoi(match[3]) : 1 << 20;
-      candidates.emplace(std::make_tuple(family, -version), entry.path().string());
+      std::optional<CompilerName> name = parse_compiler_name(entry.path().filename().string());
+      if (!name) continue;
+      int family = name->family == CompilerFamily::gcc ? 0 : 1;
+      candidates.emplace(std::make_tuple(family, -name->version.value_or(1 << 20)), entry.path().string());
     }
   }
   std::string tried;
