@@ -40,6 +40,8 @@ namespace fs = std::filesystem;
 
 constexpr int kMinGccMajor = 12;    // _Float16 in C++
 constexpr int kMinClangMajor = 15;
+const std::string kWanted =
+    "g++ >= " + std::to_string(kMinGccMajor) + " or clang++ >= " + std::to_string(kMinClangMajor);
 
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
@@ -232,8 +234,7 @@ HostCompiler HostCompiler::probe(const std::string& program) {
       (is_gcc && compiler.major_version >= kMinGccMajor)) {
     return compiler;
   }
-  throw UnavailableError("'" + path + "' is " + compiler.version + "; the cpu backend needs g++ >= " +
-                         std::to_string(kMinGccMajor) + " or clang++ >= " + std::to_string(kMinClangMajor));
+  throw UnavailableError("'" + path + "' is " + compiler.version + "; the cpu backend needs " + kWanted);
 }
 
 HostCompiler HostCompiler::find() {
@@ -242,7 +243,8 @@ HostCompiler HostCompiler::find() {
     try {
       return probe(override_path);
     } catch (const UnavailableError& e) {
-      throw UnavailableError("MFA_NATIVE_CXX=" + override_path + " cannot be used: " + e.what());
+      throw UnavailableError("MFA_NATIVE_CXX=" + override_path + " cannot be used: " + e.what() +
+                             "\nTo fix: point MFA_NATIVE_CXX at " + kWanted + ", or unset it to search PATH.");
     }
   }
   // Candidates on PATH, by preference: g++ then clang++, unversioned first,
@@ -265,9 +267,11 @@ HostCompiler HostCompiler::find() {
       tried += std::string("\n  ") + e.what();
     }
   }
-  throw UnavailableError("no C++ compiler for the cpu backend: it needs g++ >= " + std::to_string(kMinGccMajor) +
-                         " or clang++ >= " + std::to_string(kMinClangMajor) +
-                         " on PATH, or MFA_NATIVE_CXX naming one" + (tried.empty() ? "" : "; tried:" + tried));
+  throw UnavailableError("no C++ compiler for the cpu backend: it needs " + kWanted +
+                         " on PATH, or MFA_NATIVE_CXX naming one; " +
+                         (tried.empty() ? "PATH has no g++, g++-N, clang++ or clang++-N" : "tried:" + tried) +
+                         "\nTo fix: install one (Debian/Ubuntu: apt-get install g++; Fedora: dnf install gcc-c++;"
+                         " macOS: xcode-select --install), or set MFA_NATIVE_CXX to its path.");
 }
 
 // ---- defaults --------------------------------------------------------------
