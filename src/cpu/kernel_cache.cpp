@@ -76,22 +76,31 @@ std::vector<Entry> scan(const std::string& dir, bool remove_stale_temporaries) {
 
 enum class Removal { removed, gone, in_use };
 
+bool same_file(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
+
+// Whether `path` still names the file open as `fd` (it was not removed or replaced by rename).
+bool still_named(int fd, const std::string& path) {
+  struct stat opened {}, named {};
+  return fstat(fd, &opened) == 0 && stat(path.c_str(), &named) == 0 && same_file(opened, named);
+}
+
 // Removes an entry's files. A library is removed only under an exclusive lock,
 // which a loader's shared lock denies.
 Removal remove_entry(const std::string& dir, const Entry& entry) {
   const std::string stem = dir + "/" + entry.key;
+  const std::string library_path = stem + kLibrarySuffix;
   std::error_code ignored;
   if (entry.has_library) {
-    FileDescriptor library(open((stem + kLibrarySuffix).c_str(), O_RDONLY | O_CLOEXEC));
+    FileDescriptor library(open(library_path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!library) return Removal::gone;
     if (flock(library.get(), LOCK_EX | LOCK_NB) != 0) return Removal::in_use;
-    if (!fs::remove(stem + kLibrarySuffix, ignored)) return Removal::gone;
+    // Replaced meanwhile by a build of the same key, which someone may be loading: keep it.
+    if (!still_named(library.get(), library_path)) return Removal::in_use;
+    if (!fs::remove(library_path, ignored)) return Removal::gone;
   }
   for (const char* suffix : kEntrySuffixes) fs::remove(stem + suffix, ignored);
   return Removal::removed;
 }
-
-bool same_file(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
 
 }  // namespace
 
@@ -176,10 +185,7 @@ std::optional<EntryLoadLock> EntryLoadLock::acquire(const std::string& library) 
     if (errno != EINTR) return std::nullopt;
   }
   // Eviction may have removed the file between open and lock: then it is a miss.
-  struct stat locked {}, current {};
-  if (fstat(fd.get(), &locked) != 0 || stat(library.c_str(), &current) != 0 || !same_file(locked, current)) {
-    return std::nullopt;
-  }
+  if (!still_named(fd.get(), library)) return std::nullopt;
   return EntryLoadLock(std::move(fd));
 }
 
