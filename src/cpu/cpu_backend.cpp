@@ -126,6 +126,8 @@ class CpuBackend final : public Backend {
             {"kernels_compiled", std::to_string(stats.compiles)},
             {"kernels_from_disk_cache", std::to_string(stats.disk_hits)},
             {"disk_cache_entries_rebuilt", std::to_string(stats.rebuilt)},
+            {"disk_cache_entries_evicted", std::to_string(stats.evicted)},
+            {"cache_max_bytes", std::to_string(compiler.max_bytes())},
             {"worker_threads", std::to_string(cpu::Executor::shared().workers())},
             {"fiber_switch", cpu::fiber_switch_implementation()}};
   }

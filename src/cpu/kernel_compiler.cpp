@@ -3,7 +3,8 @@
 // <key>.so.sha256 ("<size> <sha256>") written before it; <key>.cpp keeps the
 // source for debugging. Every file appears by rename, so readers see whole
 // files or none; an entry whose sidecar is missing or does not match, or that
-// does not load, is deleted and rebuilt.
+// does not load, is deleted and rebuilt. The size bound, the last-use order
+// and the locks that keep eviction off entries being loaded: kernel_cache.hpp.
 #include "kernel_compiler.hpp"
 
 #include <dlfcn.h>
@@ -21,11 +22,12 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <regex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <tuple>
 
+#include "compiler_names.hpp"
 #include "core/sha256.hpp"
 #include "mfa/errors.hpp"
 #include "shim_files.hpp"
@@ -39,6 +41,8 @@ namespace fs = std::filesystem;
 
 constexpr int kMinGccMajor = 12;    // _Float16 in C++
 constexpr int kMinClangMajor = 15;
+const std::string kWanted =
+    "g++ >= " + std::to_string(kMinGccMajor) + " or clang++ >= " + std::to_string(kMinClangMajor);
 
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
@@ -144,25 +148,20 @@ class TemporaryFile {
   std::string path_;
 };
 
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out.flush()) throw Error("cannot write " + path);
+}
+
 void write_atomically(const std::string& path, const std::string& text) {
   TemporaryFile temporary(path + unique_suffix());
-  {
-    std::ofstream out(temporary.path(), std::ios::binary);
-    out << text;
-    if (!out.flush()) throw Error("cannot write " + temporary.path());
-  }
+  write_file(temporary.path(), text);
   temporary.commit(path);
 }
 
 std::string sidecar_text(const std::string& library_bytes) {
   return std::to_string(library_bytes.size()) + " " + sha256_hex(library_bytes) + "\n";
-}
-
-// The major version of the first "major.minor" in `text`; 0 if none.
-int first_major_version(const std::string& text) {
-  std::smatch match;
-  if (!std::regex_search(text, match, std::regex(R"((\d+)\.\d+)"))) return 0;
-  return std::stoi(match[1]);
 }
 
 std::vector<std::string> compile_flags(const HostCompiler& compiler) {
@@ -238,8 +237,7 @@ HostCompiler HostCompiler::probe(const std::string& program) {
       (is_gcc && compiler.major_version >= kMinGccMajor)) {
     return compiler;
   }
-  throw UnavailableError("'" + path + "' is " + compiler.version + "; the cpu backend needs g++ >= " +
-                         std::to_string(kMinGccMajor) + " or clang++ >= " + std::to_string(kMinClangMajor));
+  throw UnavailableError("'" + path + "' is " + compiler.version + "; the cpu backend needs " + kWanted);
 }
 
 HostCompiler HostCompiler::find() {
@@ -248,22 +246,20 @@ HostCompiler HostCompiler::find() {
     try {
       return probe(override_path);
     } catch (const UnavailableError& e) {
-      throw UnavailableError("MFA_NATIVE_CXX=" + override_path + " cannot be used: " + e.what());
+      throw UnavailableError("MFA_NATIVE_CXX=" + override_path + " cannot be used: " + e.what() +
+                             "\nTo fix: point MFA_NATIVE_CXX at " + kWanted + ", or unset it to search PATH.");
     }
   }
   // Candidates on PATH, by preference: g++ then clang++, unversioned first,
   // then the highest version number.
   std::map<std::tuple<int, int>, std::string> candidates;  // (family, -version) -> path
-  const std::regex name_pattern(R"((g\+\+|clang\+\+)(-(\d+))?)");
   for (const std::string& dir : path_directories()) {
     std::error_code error;
     for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
-      std::smatch match;
-      std::string name = entry.path().filename().string();
-      if (!std::regex_match(name, match, name_pattern)) continue;
-      int family = match[1] == "g++" ? 0 : 1;
-      int version = match[3].matched ? std::stoi(match[3]) : 1 << 20;
-      candidates.emplace(std::make_tuple(family, -version), entry.path().string());
+      std::optional<CompilerName> name = parse_compiler_name(entry.path().filename().string());
+      if (!name) continue;
+      int family = name->family == CompilerFamily::gcc ? 0 : 1;
+      candidates.emplace(std::make_tuple(family, -name->version.value_or(1 << 20)), entry.path().string());
     }
   }
   std::string tried;
@@ -274,9 +270,11 @@ HostCompiler HostCompiler::find() {
       tried += std::string("\n  ") + e.what();
     }
   }
-  throw UnavailableError("no C++ compiler for the cpu backend: it needs g++ >= " + std::to_string(kMinGccMajor) +
-                         " or clang++ >= " + std::to_string(kMinClangMajor) +
-                         " on PATH, or MFA_NATIVE_CXX naming one" + (tried.empty() ? "" : "; tried:" + tried));
+  throw UnavailableError("no C++ compiler for the cpu backend: it needs " + kWanted +
+                         " on PATH, or MFA_NATIVE_CXX naming one; " +
+                         (tried.empty() ? "PATH has no g++, g++-N, clang++ or clang++-N" : "tried:" + tried) +
+                         "\nTo fix: install one (Debian/Ubuntu: apt-get install g++; Fedora: dnf install gcc-c++;"
+                         " macOS: xcode-select --install), or set MFA_NATIVE_CXX to its path.");
 }
 
 // ---- defaults --------------------------------------------------------------
@@ -300,13 +298,16 @@ KernelCompiler::KernelCompiler(Config config)
     : host_(std::move(config.compiler)),
       description_(host_.path + " (" + host_.version + ")"),
       cache_dir_(std::move(config.cache_dir)),
+      kernels_dir_(kernels_directory(cache_dir_)),
+      max_bytes_(config.max_bytes),
       shim_files_(std::move(config.shim_files)),
       shim_hash_(hash_shim(shim_files_)),
       shim_dir_(cache_dir_ + "/shim-" + shim_hash_.substr(0, 16)),
       flags_(compile_flags(host_)) {}
 
 KernelCompiler& KernelCompiler::shared() {
-  static KernelCompiler compiler(Config{HostCompiler::find(), default_cache_dir(), embedded_shim_files()});
+  static KernelCompiler compiler(
+      Config{HostCompiler::find(), default_cache_dir(), embedded_shim_files(), default_cache_max_bytes()});
   return compiler;
 }
 
@@ -321,8 +322,7 @@ std::shared_ptr<const KernelBinary> KernelCompiler::compile(const std::string& c
   std::string key_text = "mfa kernel ABI " + std::to_string(mfa_abi::kVersion) + "\n" + host_.identity + "\n";
   for (const std::string& flag : flags_) key_text += flag + "\n";
   key_text += shim_hash_ + "\n" + cpp_source;
-  std::string kernels_dir = cache_dir_ + "/kernels";
-  std::string stem = kernels_dir + "/" + sha256_hex(key_text);
+  std::string stem = kernels_dir_ + "/" + sha256_hex(key_text);
 
   if (auto cached = load_cached(stem + ".so", stem + ".so.sha256")) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -330,19 +330,24 @@ std::shared_ptr<const KernelBinary> KernelCompiler::compile(const std::string& c
     return cached;
   }
   std::error_code error;
-  fs::create_directories(kernels_dir, error);
-  if (error) throw Error("cannot create the kernel cache " + kernels_dir + ": " + error.message());
+  fs::create_directories(kernels_dir_, error);
+  if (error) throw Error("cannot create the kernel cache " + kernels_dir_ + ": " + error.message());
   return build(cpp_source, kernel_name, stem);
 }
 
 std::shared_ptr<const KernelBinary> KernelCompiler::load_cached(const std::string& library,
                                                                 const std::string& sidecar) {
+  // Held until the library is loaded: eviction in any process leaves it alone.
+  std::optional<EntryLoadLock> lock = EntryLoadLock::acquire(library);
+  if (!lock) return nullptr;
   std::string bytes, recorded;
-  if (!read_file(library, bytes)) return nullptr;
+  if (!lock->read(bytes)) return nullptr;
   bool intact = read_file(sidecar, recorded) && recorded == sidecar_text(bytes);
   if (intact) {
     try {
-      return std::make_shared<const KernelBinary>(library);
+      auto binary = std::make_shared<const KernelBinary>(library);
+      lock->mark_used();
+      return binary;
     } catch (const Error&) {
       // does not load: rebuilt below
     }
@@ -350,7 +355,7 @@ std::shared_ptr<const KernelBinary> KernelCompiler::load_cached(const std::strin
   std::error_code ignored;
   fs::remove(library, ignored);
   fs::remove(sidecar, ignored);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> stats_lock(mutex_);
   ++stats_.rebuilt;
   return nullptr;
 }
@@ -358,13 +363,15 @@ std::shared_ptr<const KernelBinary> KernelCompiler::load_cached(const std::strin
 std::shared_ptr<const KernelBinary> KernelCompiler::build(const std::string& cpp_source,
                                                           const std::string& kernel_name,
                                                           const std::string& stem) {
+  // Compiled from a temporary copy that no eviction removes, kept as <key>.cpp afterwards.
   const std::string source_path = stem + ".cpp";
-  write_atomically(source_path, cpp_source);
+  TemporaryFile source(stem + unique_suffix() + ".cpp");
+  write_file(source.path(), cpp_source);
   TemporaryFile library(stem + ".so" + unique_suffix());
   write_shim();
   std::vector<std::string> command = {host_.path};
   command.insert(command.end(), flags_.begin(), flags_.end());
-  command.insert(command.end(), {"-I", shim_dir_, "-o", library.path(), source_path});
+  command.insert(command.end(), {"-I", shim_dir_, "-o", library.path(), source.path()});
 
   auto start = std::chrono::steady_clock::now();
   ProcessResult result = run_process(command);
@@ -375,6 +382,7 @@ std::shared_ptr<const KernelBinary> KernelCompiler::build(const std::string& cpp
     stats_.compile_seconds += seconds;
   }
   if (result.exit_code != 0) {
+    source.commit(source_path);
     throw CompileError("kernel '" + kernel_name + "' failed to compile with " + host_.path +
                            " (translated source: " + source_path + ")",
                        result.output);
@@ -392,6 +400,10 @@ std::shared_ptr<const KernelBinary> KernelCompiler::build(const std::string& cpp
   // The sidecar goes first, so a reader that finds the library finds its sidecar.
   write_atomically(stem + ".so.sha256", sidecar_text(bytes));
   library.commit(stem + ".so");
+  source.commit(source_path);
+  Eviction eviction = evict_least_recently_used(kernels_dir_, max_bytes_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.evicted += eviction.entries;
   return binary;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "executor.hpp"
+#include "kernel_cache.hpp"
 #include "shim/mfa_kernel_abi.h"
 
 namespace mfa::cpu {
@@ -66,6 +67,7 @@ struct CompilerStats {
   std::uint64_t compiles = 0;    // compiler invocations
   std::uint64_t disk_hits = 0;   // loaded from the disk cache
   std::uint64_t rebuilt = 0;     // corrupt or partial cache entries replaced
+  std::uint64_t evicted = 0;     // least recently used entries removed to stay under the limit
   double compile_seconds = 0;
 };
 
@@ -75,28 +77,33 @@ class KernelCompiler {
     HostCompiler compiler;
     std::string cache_dir;
     std::vector<ShimFile> shim_files;  // laid out under <cache_dir>/shim-<hash>/ for -I
+    std::uint64_t max_bytes = kDefaultCacheMaxBytes;  // of the kernels directory (kernel_cache.hpp)
   };
 
   explicit KernelCompiler(Config config);
 
-  // The process-wide compiler: HostCompiler::find(), default_cache_dir() and
-  // the embedded shim. Throws UnavailableError when there is no compiler.
+  // The process-wide compiler: HostCompiler::find(), default_cache_dir(),
+  // the embedded shim and default_cache_max_bytes(). Throws UnavailableError
+  // when there is no compiler.
   static KernelCompiler& shared();
 
   // Compiles (or loads from the disk cache) `cpp_source`, a translation unit
   // produced by translate_msl. Throws CompileError carrying the compiler log,
   // with line numbers of the .metal text. Thread-safe; concurrent compiles of
-  // one source, in threads or processes, are safe (one of them wins).
+  // one source, in threads or processes, are safe (one of them wins). A build
+  // then evicts least recently used entries past Config::max_bytes.
   std::shared_ptr<const KernelBinary> compile(const std::string& cpp_source,
                                               const std::string& kernel_name);
 
   const std::string& compiler() const { return description_; }  // path and version, for `info`
   const std::string& cache_dir() const { return cache_dir_; }
+  std::uint64_t max_bytes() const { return max_bytes_; }
   const std::vector<std::string>& flags() const { return flags_; }
   CompilerStats stats() const;
 
  private:
-  // nullptr when there is no intact entry (a damaged one is deleted).
+  // nullptr when there is no intact entry (a damaged one is deleted); a hit
+  // makes the entry the most recently used.
   std::shared_ptr<const KernelBinary> load_cached(const std::string& library, const std::string& sidecar);
   std::shared_ptr<const KernelBinary> build(const std::string& cpp_source, const std::string& kernel_name,
                                             const std::string& stem);
@@ -105,6 +112,8 @@ class KernelCompiler {
   HostCompiler host_;
   std::string description_;
   std::string cache_dir_;
+  std::string kernels_dir_;
+  std::uint64_t max_bytes_;
   std::vector<ShimFile> shim_files_;
   std::string shim_hash_;
   std::string shim_dir_;

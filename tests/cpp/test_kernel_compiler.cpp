@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "core/sha256.hpp"
+#include "kernel_cache.hpp"
 #include "kernel_compiler.hpp"
 #include "mfa/errors.hpp"
 #include "mfa/reflection.hpp"
@@ -416,6 +418,79 @@ TEST_F(KernelCompilerTest, ConcurrentCompilersOfOneSourceAllSucceed) {
   EXPECT_EQ(cache_files(".so").size(), 1u);
   EXPECT_EQ(cache_files(".so.sha256").size(), 1u);
   EXPECT_EQ(cache_files(".cpp").size(), 1u);
+}
+
+TEST_F(KernelCompilerTest, HitsRenewEntriesAndBuildsEvictTheLeastRecentlyUsedPastTheLimit) {
+  // Constants of one text length: entries of (nearly) one size.
+  auto unit = [](double bias) { return translate(kAffine, "affine", {{0, bias}}); };
+  {
+    KernelCompiler filling(config());
+    for (double bias : {1.5, 2.5, 3.5}) filling.compile(unit(bias), "affine");
+    EXPECT_EQ(filling.stats().evicted, 0u);  // 2 GiB by default
+  }
+  const fs::path kernels = cache_dir_ / "kernels";
+  const mfa::cpu::CacheUsage three = mfa::cpu::cache_usage(kernels.string());
+  ASSERT_EQ(three.entries, 3u);
+  // Each source's library (the .cpp next to it holds the source), last used
+  // 30, 20 and 10 minutes ago in that order.
+  std::map<std::string, fs::path> library_of;
+  for (const fs::path& library : cache_files(".so")) {
+    library_of[read_text(fs::path(library).replace_extension(".cpp"))] = library;
+  }
+  int minutes = 30;
+  for (double bias : {1.5, 2.5, 3.5}) {
+    const std::string stem = fs::path(library_of.at(unit(bias))).replace_extension().string();
+    for (const char* suffix : {".so", ".so.sha256", ".cpp"}) {
+      fs::last_write_time(stem + suffix, fs::file_time_type::clock::now() - std::chrono::minutes(minutes));
+    }
+    minutes -= 10;
+  }
+  // Room for three and a half entries.
+  KernelCompiler::Config limited = config();
+  limited.max_bytes = three.bytes + three.bytes / 6;
+  KernelCompiler compiler(limited);
+  compiler.compile(unit(1.5), "affine");  // a hit: the oldest becomes the newest
+  EXPECT_EQ(compiler.stats().disk_hits, 1u);
+  expect_affine_works(*compiler.compile(unit(4.5), "affine"), 4.5f);  // a build: one entry must go
+  EXPECT_EQ(compiler.stats().compiles, 1u);
+  EXPECT_EQ(compiler.stats().evicted, 1u);
+  EXPECT_FALSE(fs::exists(library_of.at(unit(2.5))));  // the least recently used, whole
+  EXPECT_FALSE(fs::exists(fs::path(library_of.at(unit(2.5))).replace_extension(".cpp")));
+  EXPECT_TRUE(fs::exists(library_of.at(unit(1.5))) && fs::exists(library_of.at(unit(3.5))));
+  const mfa::cpu::CacheUsage after = mfa::cpu::cache_usage(kernels.string());
+  EXPECT_EQ(after.entries, 3u);
+  EXPECT_LE(after.bytes, limited.max_bytes);
+}
+
+TEST_F(KernelCompilerTest, CompilersEvictingEachOthersEntriesAllSucceed) {
+  // A one-byte limit: every build removes every entry nobody is loading, while
+  // other compilers (as other processes would) load and rebuild those entries.
+  constexpr int kCompilers = 3;
+  const double biases[] = {0.25, 0.5, 0.75};
+  std::vector<std::string> units;
+  for (double bias : biases) units.push_back(translate(kAffine, "affine", {{0, bias}}));
+  std::vector<std::string> errors(kCompilers);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kCompilers; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        KernelCompiler::Config tiny = config();
+        tiny.max_bytes = 1;
+        KernelCompiler compiler(tiny);
+        for (int k = 0; k < kCompilers; ++k) {
+          const int which = (i + k) % kCompilers;  // each starts with its own, then loads the others'
+          expect_affine_works(*compiler.compile(units[which], "affine"), float(biases[which]));
+        }
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::string& error : errors) EXPECT_TRUE(error.empty()) << error;
+  for (const auto& entry : fs::directory_iterator(cache_dir_ / "kernels")) {
+    EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
 }
 
 TEST_F(KernelCompilerTest, MfaNativeCxxOverridesTheCompiler) {

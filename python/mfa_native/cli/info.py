@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import mfa_native
 
@@ -12,15 +13,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Prints what every device reports; a device that cannot work here (the cpu backend
+    without a usable C++ compiler) gets its diagnosis instead, and the exit status is 1."""
     del args
     print(f"mfa_native {mfa_native.__version__}")
     print(f"default device: {mfa_native.default_device().kind}")
+    unusable = []
     for device in mfa_native.devices():
         print(f"\ndevice {device.kind}: {device.name}")
         for key, value in device.limits.items():
             print(f"  {key}: {value}")
-        for key, value in device.properties.items():
+        try:
+            properties = device.properties
+        except mfa_native.DeviceUnavailableError as error:
+            unusable.append(device.kind)
+            print(f"  cannot run kernels: {error}".replace("\n", "\n    "))
+            continue
+        for key, value in properties.items():
             print(f"  {key}: {value}")
         print("  pipeline cache: " + ", ".join(f"{k}={v}" for k, v in device.cache_stats().items()))
         print("  buffer pool: " + ", ".join(f"{k}={v}" for k, v in device.pool_stats().items()))
+    if unusable:
+        print(f"\nmfa_native info: {', '.join(unusable)} cannot run kernels here (see above)", file=sys.stderr)
+        return 1
     return 0
