@@ -1,7 +1,7 @@
-// Hand-written parsing of compiler file names and `--version` lines. Not
-// std::regex: built into a module that links libstdc++ statically (as
-// manylinux toolchains do), it throws std::bad_cast or crashes once another
-// libstdc++ is loaded in the same process.
+// Hand-written parsing of compiler file names and `--version` lines, with no
+// regular-expression library: that one, built into a module that links
+// libstdc++ statically (as manylinux toolchains do), throws std::bad_cast or
+// crashes once another libstdc++ is loaded in the same process.
 #pragma once
 
 #include <optional>
