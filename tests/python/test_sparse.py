@@ -282,3 +282,19 @@ def test_listed_rows_are_read_once_per_kv_head_and_once_for_a_shared_latent(rng)
     with mfa_native.profile() as prof:
         mfa_native.sparse_attention(q, k, separate, indices)
     assert prof.records[0].bytes_read["v"] == R * topk * Dv * 4
+
+
+def test_sparse_ops_return_what_they_are_given():
+    torch = pytest.importorskip("torch")
+    q, k, v = torch.randn(1, 2, 5, 16), torch.randn(1, 1, 30, 16), torch.randn(1, 1, 30, 16)
+    indices = torch.randint(0, 30, (1, 1, 5, 8), dtype=torch.int32)
+    out = mfa_native.sparse_attention(q, k, v, indices)
+    assert isinstance(out, torch.Tensor) and out.shape == (1, 2, 5, 16)
+    expected = sparse_attention_reference(q.numpy(), k.numpy(), v.numpy(), indices.numpy())
+    assert relative_l2(out.numpy(), expected) < 1e-4
+    picked = mfa_native.sparse_topk(torch.randn(1, 2, 5, 8), torch.randn(1, 1, 30, 8), torch.rand(1, 2, 5), 4)
+    assert isinstance(picked, torch.Tensor) and picked.dtype == torch.int32
+    block_mask = mfa_native.BlockMask.from_mask(causal=True, R=5, C=30, block_size=8)
+    out = mfa_native.block_sparse_attention(q, k, v, block_mask, causal=True)
+    assert isinstance(out, torch.Tensor)
+    assert relative_l2(out.numpy(), mfa_native.attention(q.numpy(), k.numpy(), v.numpy(), causal=True)) < 1e-5
