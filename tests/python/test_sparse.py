@@ -47,25 +47,32 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"H{c['dims']['Hq']}/{c['dims']['Hkv']}-topk{c['topk']}")
-def test_matches_gather_then_dense(rng, case):
+def arguments(rng, case):
+    """(q, k, v, indices, kwargs) of a CASES entry: fresh inputs; row 0 of the first list has no
+    valid entry; sinks and topk_length (some above topk) where the case asks for them."""
     dims = case["dims"]
     q, k, v = make_inputs(rng, **dims)
     kwargs = dict(case.get("kwargs", {}))
-    layout = kwargs.get("layout", "bhsd")
     B, Hq, Hkv, R, C = dims.get("B", 1), dims["Hq"], dims["Hkv"], dims["R"], dims["C"]
     if kwargs.get("sinks"):
         kwargs["sinks"] = rng.standard_normal(Hq).astype(np.float32)
-    indices = lists(rng, B, Hkv, R, case["topk"], C, layout)
-    row = (0, 0, 0) if layout == "bhsd" else (0, 0, 0)
-    indices[row] = -1                           # a row with no valid entry
     if case.get("lengths"):
-        kwargs["topk_length"] = rng.integers(0, case["topk"] + 10, (B, R)).astype(np.int32)  # some above topk
-    dtype = {np.dtype(t): n for n, t in DTYPES.items()}[q.dtype]
-    out, lse = check(q, k, v, indices, TOLERANCE[dtype], **kwargs)
-    first_row = out[0, 0, 0] if layout == "bhsd" else out[0, 0, 0]
-    if "sinks" not in kwargs and not case.get("lengths"):
-        assert (first_row.astype(np.float32) == 0).all()
+        kwargs["topk_length"] = rng.integers(0, case["topk"] + 10, (B, R)).astype(np.int32)
+    indices = lists(rng, B, Hkv, R, case["topk"], C, kwargs.get("layout", "bhsd"))
+    indices[0, 0, 0] = -1
+    return q, k, v, indices, kwargs
+
+
+def tolerance_of(x) -> float:
+    return TOLERANCE[{np.dtype(t): n for n, t in DTYPES.items()}[x.dtype]]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"H{c['dims']['Hq']}/{c['dims']['Hkv']}-topk{c['topk']}")
+def test_matches_gather_then_dense(rng, case):
+    q, k, v, indices, kwargs = arguments(rng, case)
+    out, lse = check(q, k, v, indices, tolerance_of(q), **kwargs)
+    if "sinks" not in kwargs and "topk_length" not in kwargs:   # the row with no valid entry
+        assert (out[0, 0, 0].astype(np.float32) == 0).all()
 
 
 def test_strided_broadcast_and_shared_kv_lists(rng):
@@ -147,24 +154,14 @@ def test_bad_lists_are_refused(rng):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"H{c['dims']['Hq']}/{c['dims']['Hkv']}-topk{c['topk']}")
 def test_backward_matches_the_reference_and_repeats_bit_for_bit(rng, case):
-    dims = case["dims"]
-    q, k, v = make_inputs(rng, **dims)
-    kwargs = dict(case.get("kwargs", {}))
-    layout = kwargs.get("layout", "bhsd")
-    B, Hq, Hkv, R, C = dims.get("B", 1), dims["Hq"], dims["Hkv"], dims["R"], dims["C"]
-    if kwargs.get("sinks"):
-        kwargs["sinks"] = rng.standard_normal(Hq).astype(np.float32)
-    if case.get("lengths"):
-        kwargs["topk_length"] = rng.integers(0, case["topk"] + 10, (B, R)).astype(np.int32)
-    indices = lists(rng, B, Hkv, R, case["topk"], C, layout)
+    q, k, v, indices, kwargs = arguments(rng, case)
     o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, **kwargs)
     do = rng.standard_normal(o.shape).astype(q.dtype)
     grads = mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, do, **kwargs)
     expected = sparse_attention_backward_reference(q, k, v, do, indices, out=o, **kwargs)
-    dtype = {np.dtype(t): n for n, t in DTYPES.items()}[q.dtype]
     assert len(grads) == (4 if "sinks" in kwargs else 3)
     for grad, reference in zip(grads, expected):
-        assert np.linalg.norm(grad.astype(np.float64) - reference) <= 10 * TOLERANCE[dtype] * np.linalg.norm(reference) \
+        assert np.linalg.norm(grad.astype(np.float64) - reference) <= 10 * tolerance_of(q) * np.linalg.norm(reference) \
             + 1e-5
     again = mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, do, **kwargs)
     for a, b in zip(grads, again):
