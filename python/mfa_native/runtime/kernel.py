@@ -112,7 +112,7 @@ class Kernel:
         self.pipeline = self.device.pipeline(library, name, self._constants)
         self.name = name
         # In the parent, an "address" kernel runs in a child (asan.py) with these.
-        self._in_child = (source, bool(bounds_check)) if sanitize == "address" and not asan.in_child() else None
+        self._runs_in_child = (source, bool(bounds_check)) if sanitize == "address" and not asan.in_child() else None
         self._buffers = {a.index: a for a in self.pipeline.function.arguments if a.kind == "buffer"}
 
     @property
@@ -144,10 +144,10 @@ class Kernel:
         (``.threadgroups``, ``.simdgroup_matrix_ops``, ``.seconds``, and per
         argument name ``.bytes_read`` / ``.bytes_written``).
         """
-        if self._in_child:
+        if self._runs_in_child:
             grid, group, memory, arrays, inline, _ = self._bindings(buffers, threadgroups, threads_per_threadgroup,
                                                                     threadgroup_memory)
-            source, bounds_check = self._in_child
+            source, bounds_check = self._runs_in_child
             asan.run_in_child(self.device, source, self.name, self._constants, bounds_check, arrays, inline,
                               grid, group, memory)
             return None
@@ -172,7 +172,7 @@ class Kernel:
     ) -> list[np.ndarray]:
         """Records one dispatch into `batch`. Returns the arrays the batch uses:
         keep them alive until the batch has been waited for."""
-        if self._in_child:
+        if self._runs_in_child:
             raise ValueError(f"kernel {self.name!r} has sanitize='address': it runs in a child process "
                              "when called, and cannot be encoded into a batch")
         grid, group, memory, arrays, inline, device_buffers = self._bindings(
