@@ -90,12 +90,13 @@ namespace {
 // caller names no sanitizer, so that every op of a process can run checked.
 CompileOptions effective_options(const CompileOptions& options, DeviceKind kind) {
   CompileOptions effective = options;
-  if (const char* requested = std::getenv("MFA_NATIVE_SANITIZE");
-      kind == DeviceKind::cpu && effective.sanitize.empty() && requested != nullptr) {
+  // MFA_NATIVE_SANITIZE=address is mfa_native.Kernel's (it runs kernels in a child process).
+  if (const char* requested = std::getenv("MFA_NATIVE_SANITIZE"); kind == DeviceKind::cpu &&
+      effective.sanitize.empty() && requested != nullptr && std::string(requested) != "address") {
     effective.sanitize = requested;
   }
-  if (!effective.sanitize.empty() && effective.sanitize != "race") {
-    throw ArgumentError("sanitize must be 'race' (or empty), got '" + effective.sanitize + "'" +
+  if (!effective.sanitize.empty() && effective.sanitize != "race" && effective.sanitize != "address") {
+    throw ArgumentError("sanitize must be 'race', 'address' (or empty), got '" + effective.sanitize + "'" +
                         (options.sanitize.empty() ? " from MFA_NATIVE_SANITIZE" : ""));
   }
   if (!effective.sanitize.empty() && kind != DeviceKind::cpu) {

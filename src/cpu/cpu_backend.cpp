@@ -2,6 +2,7 @@
 // (kernel_compiler) -> fibers (executor). Host memory is used in place.
 #include <algorithm>
 #include <cstdlib>
+#include <dlfcn.h>
 #include <future>
 #include <memory>
 #include <thread>
@@ -58,18 +59,31 @@ struct CpuLibrary final : BackendLibrary {
   CompileOptions options;
 };
 
+// sanitize="address": the kernel is built with AddressSanitizer, which only
+// loads into a process the ASan runtime started (the child process of
+// runtime/asan_child.py); elsewhere the pipeline has reflection but no binary.
+const std::vector<std::string> kAddressFlags = {"-fsanitize=address", "-fno-omit-frame-pointer", "-g"};
+bool asan_runtime_loaded() { return dlsym(RTLD_DEFAULT, "__asan_init") != nullptr; }
+
 class CpuPipeline final : public BackendPipeline {
  public:
-  // `declared_max` is the kernel's [[max_total_threads_per_threadgroup(N)]], 0 if absent.
+  // `declared_max` is the kernel's [[max_total_threads_per_threadgroup(N)]], 0 if absent;
+  // `binary` is null for a sanitize="address" kernel outside the ASan child.
   CpuPipeline(std::shared_ptr<const cpu::KernelBinary> binary, std::uint32_t declared_max)
       : binary_(std::move(binary)),
         max_threads_(declared_max ? std::min(declared_max, DeviceLimits{}.max_threads_per_threadgroup)
                                   : DeviceLimits{}.max_threads_per_threadgroup) {}
   std::uint32_t max_total_threads_per_threadgroup() const override { return max_threads_; }
   std::size_t argument_size(int index) const override {
-    return index >= 0 && index < int(mfa_abi::kMaxBuffers) ? binary_->info().argument_bytes[index] : 0;
+    return binary_ && index >= 0 && index < int(mfa_abi::kMaxBuffers) ? binary_->info().argument_bytes[index] : 0;
   }
-  const cpu::KernelBinary& binary() const { return *binary_; }
+  const cpu::KernelBinary& binary(const std::string& kernel) const {
+    if (!binary_) {
+      throw DispatchError(kernel, "built with sanitize='address', it runs in a child process when its "
+                                  "mfa_native.Kernel is called, not in a command batch");
+    }
+    return *binary_;
+  }
 
  private:
   std::shared_ptr<const cpu::KernelBinary> binary_;
@@ -80,7 +94,7 @@ cpu::Launch make_launch(const Dispatch& dispatch, std::size_t threadgroup_memory
   const auto& pipeline = static_cast<const CpuPipeline&>(dispatch.pipeline->backend());
   cpu::Launch launch;
   launch.kernel = dispatch.pipeline->name();
-  launch.main = pipeline.binary().main();
+  launch.main = pipeline.binary(launch.kernel).main();
   launch.threadgroups = dispatch.threadgroups;
   launch.threads_per_threadgroup = dispatch.threads_per_threadgroup;
   for (const Binding& binding : dispatch.bindings) {
@@ -155,9 +169,16 @@ class CpuBackend final : public Backend {
     // Macros act like -D flags: defined before anything else in the unit.
     std::string unit;
     for (const auto& [name, value] : cpu_library.options.macros) unit += "#define " + name + " " + value + "\n";
+    const bool address = cpu_library.options.sanitize == "address";
+    if (address) unit += "#define MFA_SHIM_ADDRESS_CHECK 1\n";  // redzones after threadgroup variables
     unit += translate_msl(cpu_library.source, function, constants, options);
-    return std::make_shared<CpuPipeline>(cpu::KernelCompiler::shared().compile(unit, function.name),
-                                         function.max_total_threads_per_threadgroup);
+    std::shared_ptr<const cpu::KernelBinary> binary;
+    if (!address) {
+      binary = cpu::KernelCompiler::shared().compile(unit, function.name);
+    } else if (asan_runtime_loaded()) {
+      binary = cpu::KernelCompiler::shared().compile(unit, function.name, kAddressFlags);
+    }
+    return std::make_shared<CpuPipeline>(std::move(binary), function.max_total_threads_per_threadgroup);
   }
 
   std::shared_ptr<BufferStorage> allocate(std::size_t bytes) override { return std::make_shared<HostStorage>(bytes); }

@@ -317,10 +317,12 @@ CompilerStats KernelCompiler::stats() const {
 }
 
 std::shared_ptr<const KernelBinary> KernelCompiler::compile(const std::string& cpp_source,
-                                                            const std::string& kernel_name) {
+                                                            const std::string& kernel_name,
+                                                            const std::vector<std::string>& extra_flags) {
   // Everything that changes the binary is in the key.
   std::string key_text = "mfa kernel ABI " + std::to_string(mfa_abi::kVersion) + "\n" + host_.identity + "\n";
   for (const std::string& flag : flags_) key_text += flag + "\n";
+  for (const std::string& flag : extra_flags) key_text += flag + "\n";
   key_text += shim_hash_ + "\n" + cpp_source;
   std::string stem = kernels_dir_ + "/" + sha256_hex(key_text);
 
@@ -332,7 +334,7 @@ std::shared_ptr<const KernelBinary> KernelCompiler::compile(const std::string& c
   std::error_code error;
   fs::create_directories(kernels_dir_, error);
   if (error) throw Error("cannot create the kernel cache " + kernels_dir_ + ": " + error.message());
-  return build(cpp_source, kernel_name, stem);
+  return build(cpp_source, kernel_name, extra_flags, stem);
 }
 
 std::shared_ptr<const KernelBinary> KernelCompiler::load_cached(const std::string& library,
@@ -362,6 +364,7 @@ std::shared_ptr<const KernelBinary> KernelCompiler::load_cached(const std::strin
 
 std::shared_ptr<const KernelBinary> KernelCompiler::build(const std::string& cpp_source,
                                                           const std::string& kernel_name,
+                                                          const std::vector<std::string>& extra_flags,
                                                           const std::string& stem) {
   // Compiled from a temporary copy that no eviction removes, kept as <key>.cpp afterwards.
   const std::string source_path = stem + ".cpp";
@@ -371,6 +374,7 @@ std::shared_ptr<const KernelBinary> KernelCompiler::build(const std::string& cpp
   write_shim();
   std::vector<std::string> command = {host_.path};
   command.insert(command.end(), flags_.begin(), flags_.end());
+  command.insert(command.end(), extra_flags.begin(), extra_flags.end());
   command.insert(command.end(), {"-I", shim_dir_, "-o", library.path(), source.path()});
 
   auto start = std::chrono::steady_clock::now();

@@ -92,8 +92,9 @@ class KernelCompiler {
   // with line numbers of the .metal text. Thread-safe; concurrent compiles of
   // one source, in threads or processes, are safe (one of them wins). A build
   // then evicts least recently used entries past Config::max_bytes.
-  std::shared_ptr<const KernelBinary> compile(const std::string& cpp_source,
-                                              const std::string& kernel_name);
+  // `extra_flags` (e.g. -fsanitize=address) follow the usual flags and are keyed.
+  std::shared_ptr<const KernelBinary> compile(const std::string& cpp_source, const std::string& kernel_name,
+                                              const std::vector<std::string>& extra_flags = {});
 
   const std::string& compiler() const { return description_; }  // path and version, for `info`
   const std::string& cache_dir() const { return cache_dir_; }
@@ -106,7 +107,7 @@ class KernelCompiler {
   // makes the entry the most recently used.
   std::shared_ptr<const KernelBinary> load_cached(const std::string& library, const std::string& sidecar);
   std::shared_ptr<const KernelBinary> build(const std::string& cpp_source, const std::string& kernel_name,
-                                            const std::string& stem);
+                                            const std::vector<std::string>& extra_flags, const std::string& stem);
   void write_shim();  // lays out the shim headers for -I unless they are there
 
   HostCompiler host_;

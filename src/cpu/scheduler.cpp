@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <new>
 #include <utility>
 
@@ -27,6 +28,15 @@ std::uint32_t lowest_lane(std::uint32_t lanes) {
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// A sanitize="address" kernel poisons a redzone after each threadgroup
+// variable (mfa_memory.h); the ASan runtime, when loaded, unpoisons the block
+// before each group refills it. The core itself is not built with ASan.
+void unpoison_threadgroup_memory(unsigned char* memory, std::size_t bytes) {
+  using Unpoison = void (*)(const volatile void*, std::size_t);
+  static const auto unpoison = reinterpret_cast<Unpoison>(dlsym(RTLD_DEFAULT, "__asan_unpoison_memory_region"));
+  if (unpoison) unpoison(memory, bytes);
 }
 
 }  // namespace
@@ -127,6 +137,7 @@ std::optional<std::string> GroupScheduler::run(const std::array<std::uint32_t, 3
                                                mfa_abi::Counters& counters) {
   std::copy(position.begin(), position.end(), group_.threadgroup_position_in_grid);
   group_.counters = &counters;
+  unpoison_threadgroup_memory(threadgroup_memory_.get(), launch_.dispatch->threadgroup_memory_limit);
   std::memset(threadgroup_memory_.get(), kPoison, launch_.dispatch->threadgroup_memory_limit);
 
   finished_ = 0;

@@ -67,10 +67,10 @@ def test_a_gemm_through_threadgroup_tiles_is_race_free(rng, monkeypatch):
 
 
 def test_unknown_sanitizers_are_refused(monkeypatch):
-    with pytest.raises(ValueError, match="sanitize must be None or 'race'"):
+    with pytest.raises(ValueError, match="sanitize must be None, 'race' or 'address'"):
         mfa_native.Kernel(REDUCTION, "total", device="cpu", sanitize="thread")
     monkeypatch.setenv("MFA_NATIVE_SANITIZE", "memory")
-    with pytest.raises(ValueError, match="sanitize must be 'race'.*MFA_NATIVE_SANITIZE"):
+    with pytest.raises(ValueError, match="sanitize must be 'race', 'address'.*MFA_NATIVE_SANITIZE"):
         mfa_native.Kernel(REDUCTION, "total", constants={"SYNC": True}, device="cpu")
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .. import _core
-from . import profiling
+from . import asan, profiling
 from .arrays import msl_vector
 from .devices import Device, resolve_device
 
@@ -75,8 +76,13 @@ class Kernel:
         sanitize: cpu backend only: ``"race"`` records every threadgroup-memory
             access and raises ``DispatchError`` naming both lines and threads
             of a data race (two threads, one writing, no
-            ``threadgroup_barrier(mem_flags::mem_threadgroup)`` between them).
-            None takes ``MFA_NATIVE_SANITIZE`` (which then applies to every op).
+            ``threadgroup_barrier(mem_flags::mem_threadgroup)`` between them);
+            ``"address"`` runs each call of the kernel built with AddressSanitizer
+            in a child process and raises ``DispatchError`` with ASan's report on
+            an out-of-bounds stack or threadgroup-array access (the call then
+            returns None: the stats stay in the child).
+            None takes ``MFA_NATIVE_SANITIZE`` (``race`` applies to every op,
+            ``address`` to every Kernel).
 
     Compiling is cached in memory (per source and constants) and, on the cpu
     backend, on disk, so building the same Kernel again is cheap.
@@ -96,12 +102,17 @@ class Kernel:
             raise TypeError(f"source must be a str of MSL, got {type(source).__name__}")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
-        if sanitize not in (None, "race"):
-            raise ValueError(f"sanitize must be None or 'race', got {sanitize!r}")
+        if sanitize not in (None, "race", "address"):
+            raise ValueError(f"sanitize must be None, 'race' or 'address', got {sanitize!r}")
         self.device: Device = resolve_device(device)
+        if sanitize is None and self.device.kind == "cpu" and os.environ.get("MFA_NATIVE_SANITIZE") == "address":
+            sanitize = "address"
         library = self.device.library(source, bounds_check=bool(bounds_check), sanitize=sanitize or "")
-        self.pipeline = self.device.pipeline(library, name, _constant_list(constants))
+        self._constants = _constant_list(constants)
+        self.pipeline = self.device.pipeline(library, name, self._constants)
         self.name = name
+        # In the parent, an "address" kernel runs in a child (asan.py) with these.
+        self._runs_in_child = (source, bool(bounds_check)) if sanitize == "address" and not asan.in_child() else None
         self._buffers = {a.index: a for a in self.pipeline.function.arguments if a.kind == "buffer"}
 
     @property
@@ -119,7 +130,7 @@ class Kernel:
         threadgroups: int | Sequence[int],
         threads_per_threadgroup: int | Sequence[int],
         threadgroup_memory: Sequence[int] = (),
-    ) -> _core.DispatchStats:
+    ) -> _core.DispatchStats | None:
         """Runs the kernel once and waits for it.
 
         ``buffers[i]`` binds ``[[buffer(i)]]``: a C-contiguous numpy array (or a
@@ -133,6 +144,13 @@ class Kernel:
         (``.threadgroups``, ``.simdgroup_matrix_ops``, ``.seconds``, and per
         argument name ``.bytes_read`` / ``.bytes_written``).
         """
+        if self._runs_in_child:
+            grid, group, memory, arrays, inline, _ = self._bindings(buffers, threadgroups, threads_per_threadgroup,
+                                                                    threadgroup_memory)
+            source, bounds_check = self._runs_in_child
+            asan.run_in_child(self.device, source, self.name, self._constants, bounds_check, arrays, inline,
+                              grid, group, memory)
+            return None
         batch = _core.CommandBatch(self.device)
         keepalive = self.encode(batch, buffers, threadgroups=threadgroups,
                                 threads_per_threadgroup=threads_per_threadgroup,
@@ -154,6 +172,19 @@ class Kernel:
     ) -> list[np.ndarray]:
         """Records one dispatch into `batch`. Returns the arrays the batch uses:
         keep them alive until the batch has been waited for."""
+        if self._runs_in_child:
+            raise ValueError(f"kernel {self.name!r} has sanitize='address': it runs in a child process "
+                             "when called, and cannot be encoded into a batch")
+        grid, group, memory, arrays, inline, device_buffers = self._bindings(
+            buffers, threadgroups, threads_per_threadgroup, threadgroup_memory)
+        host = [(index, a.ctypes.data, a.nbytes, bool(a.flags.writeable)) for index, a in arrays]
+        batch.dispatch(self.pipeline, grid, group, host, inline, device_buffers, memory)
+        return [a for _, a in arrays] + [value for value in buffers if _dlpack_device_type(value) == _DLPACK_METAL]
+
+    def _bindings(self, buffers, threadgroups, threads_per_threadgroup, threadgroup_memory):
+        """Checks a dispatch's arguments: (grid, group, threadgroup memory lengths,
+        [(index, array)] of pointer arguments, [(index, bytes)] of `constant T&`
+        ones, [(index, Metal buffer, offset)])."""
         if isinstance(buffers, (np.ndarray, str, bytes)) or not isinstance(buffers, Sequence):
             raise TypeError("buffers must be a sequence (list or tuple) whose item i binds [[buffer(i)]]")
         grid = _extent("threadgroups", threadgroups)
@@ -162,7 +193,7 @@ class Kernel:
         if any(n < 0 for n in memory):
             raise ValueError(f"threadgroup_memory lengths must be >= 0, got {list(threadgroup_memory)}")
 
-        host, inline, device_buffers, keepalive = [], [], [], []
+        arrays, inline, device_buffers = [], [], []
         for index, value in enumerate(buffers):
             if value is None:
                 continue
@@ -173,18 +204,14 @@ class Kernel:
             if not argument.is_pointer:
                 inline.append((index, self._bytes_for(index, argument, value)))
             elif _dlpack_device_type(value) == _DLPACK_METAL:
-                keepalive.append(value)
                 device_buffers.append((index, self._metal_buffer_for(index, argument, value), 0))
             else:
-                array = self._array_for(index, argument, value)
-                keepalive.append(array)
-                host.append((index, array.ctypes.data, array.nbytes, bool(array.flags.writeable)))
+                arrays.append((index, self._array_for(index, argument, value)))
         for index, argument in self._buffers.items():
             if index >= len(buffers) or buffers[index] is None:
                 raise ValueError(f"kernel {self.name!r}: [[buffer({index})]] {argument.name!r} is not bound; "
                                  f"pass buffers[{index}]")
-        batch.dispatch(self.pipeline, grid, group, host, inline, device_buffers, memory)
-        return keepalive
+        return grid, group, memory, arrays, inline, device_buffers
 
     def _metal_buffer_for(self, index: int, argument, value: Any) -> _core.Buffer:
         """A Metal tensor (PyTorch MPS, MLX) bound in place through DLPack. The

@@ -2,7 +2,19 @@
 // threadgroup variables (threadgroup_alloc). Part of the shim metal_stdlib.
 #pragma once
 
+#ifdef MFA_SHIM_ADDRESS_CHECK
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace mfa_shim {
+
+#ifdef MFA_SHIM_ADDRESS_CHECK
+// sanitize="address": a poisoned gap after each variable, so that ASan reports
+// an access past its end (the scheduler unpoisons the block at group start).
+constexpr size_t kThreadgroupRedzone = 32;
+#else
+constexpr size_t kThreadgroupRedzone = 0;
+#endif
 
 // Storage for one kernel-scope `threadgroup` variable. Every thread of the
 // group declares the same variables in the same order, so every thread gets
@@ -24,7 +36,10 @@ inline void* threadgroup_alloc(size_t bytes, size_t align) {
                   limit / 1024, end - arguments, arguments);
     fail(thread, message);
   }
-  thread->static_cursor = end;
+  thread->static_cursor = end + kThreadgroupRedzone < limit ? end + kThreadgroupRedzone : limit;
+#ifdef MFA_SHIM_ADDRESS_CHECK
+  ASAN_POISON_MEMORY_REGION(memory + end, thread->static_cursor - end);
+#endif
   return memory + start;
 }
 
