@@ -43,6 +43,7 @@ __all__ = [
     "devices",
     "merge_attention",
     "profile",
+    "reference",
     "sparse_attention",
     "sparse_attention_backward",
     "sparse_topk",

@@ -270,7 +270,7 @@ def test_from_mask_refuses_bad_arguments():
 
 
 def test_from_torch_converts_flex_attentions_block_mask(rng):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     R = C = 200  # equal lengths: FlexAttention's positions and our diagonal agree
 

@@ -38,7 +38,7 @@ from .blocks import (HeadTensor, Positions, Rows, accumulate, bias_over_keys, bi
                      probabilities, query_range, query_rows_geometry, row_index, scores, store_rows, tiles, zeroed)
 from .descriptor import BackwardDescriptor, MaskRules
 from .kernel_source import KernelSource, assemble
-from .msl import MSL_TYPES, float_literal, indent, loop, offset
+from .msl import BUILTINS_LANE, MSL_TYPES, float_literal, indent, loop, offset
 from .plan import GridAxis, LaunchPlan
 from .sizes import Extent
 
@@ -312,5 +312,4 @@ def generate_dsinks(d: BackwardDescriptor) -> KernelSource:
     ]
     plan = dsinks_plan(d)
     summary = ["dsinks = sum over batch and rows of each row's -p_sink D, one simdgroup per head"]
-    builtins = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_simdgroup]]"]
-    return assemble(plan, summary=summary, builtins=builtins, body=body)
+    return assemble(plan, summary=summary, builtins=BUILTINS_LANE, body=body)

@@ -17,14 +17,12 @@ from . import operands
 from .blocks import row_index
 from .descriptor import KernelDescriptor
 from .kernel_source import KernelSource, assemble
-from .msl import MSL_TYPES, offset
+from .msl import BUILTINS_THREAD, MSL_TYPES, offset
 from .plan import GridAxis, LaunchPlan
 from .sizes import Extent
 
 KERNEL_NAME = "attention_combine"
 COLUMNS_PER_THREADGROUP = 32
-BUILTINS = ["uint3 group [[threadgroup_position_in_grid]]",
-            "ushort lane [[thread_index_in_threadgroup]]"]
 
 
 def launch_plan(d: KernelDescriptor) -> LaunchPlan:
@@ -81,4 +79,4 @@ def generate_combine(d: KernelDescriptor) -> KernelSource:
     """The MSL source and launch plan of the kernel that finishes a split-KV pass."""
     summary = [f"{d.dtype} output, Dv = {d.value_dim}, sinks {'yes' if d.sinks else 'no'}, "
                f"lse {'yes' if d.return_lse else 'no'}"]
-    return assemble(launch_plan(d), summary=summary, builtins=BUILTINS, body=_body(d))
+    return assemble(launch_plan(d), summary=summary, builtins=BUILTINS_THREAD, body=_body(d))

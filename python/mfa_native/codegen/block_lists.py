@@ -19,13 +19,12 @@ from . import operands
 from .blocks import MASKED_BELOW, allowed_terms
 from .descriptor import BackwardDescriptor, KernelDescriptor
 from .kernel_source import KernelSource, assemble
-from .msl import indent, offset
+from .msl import BUILTINS_THREAD, indent, offset
 from .plan import GridAxis, LaunchPlan
 from .sizes import Extent
 
 TRANSPOSE_KERNEL_NAME = "attention_transpose_lists"
 THREADS = 32
-BUILTINS = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_threadgroup]]"]
 
 
 def _pairs(d: BackwardDescriptor) -> Extent:
@@ -84,7 +83,7 @@ def generate_transpose(d: BackwardDescriptor) -> KernelSource:
     body.append("}")
     summary = [f"transposed block lists: per {d.blocks.k_block}-key block its {d.blocks.q_block}-query blocks, "
                "in query-block order"]
-    return assemble(transpose_plan(d), summary=summary, builtins=BUILTINS, body=body)
+    return assemble(transpose_plan(d), summary=summary, builtins=BUILTINS_THREAD, body=body)
 
 
 # ---------------------------------------------------------------------------
@@ -131,7 +130,7 @@ def generate_classify(d: KernelDescriptor) -> KernelSource:
              "}"]
     summary = [f"block classes for BlockMask.from_mask: {f.q_block}x{f.k_block} blocks, causal {rules.causal}, "
                f"window {rules.window}, mask {rules.mask}"]
-    return assemble(classify_plan(d), summary=summary, builtins=BUILTINS, body=body)
+    return assemble(classify_plan(d), summary=summary, builtins=BUILTINS_THREAD, body=body)
 
 
 def _lists_plan(d: KernelDescriptor, name: str, prefix: str, rows: str) -> LaunchPlan:
@@ -170,7 +169,7 @@ def generate_kv_lists(d: KernelDescriptor) -> KernelSource:
     """Per (batch, head, query block): its partial and full key blocks."""
     body = _ordered("kv", "NQ", "NK", "ulong(t) * NK + e")
     return assemble(_lists_plan(d, ROWS_KERNEL_NAME, "kv", "NQ"), summary=["kv lists from block classes"],
-                    builtins=BUILTINS, body=body)
+                    builtins=BUILTINS_THREAD, body=body)
 
 
 @lru_cache(maxsize=32)
@@ -178,4 +177,4 @@ def generate_q_lists(d: KernelDescriptor) -> KernelSource:
     """Per (batch, head, key block): its partial and full query blocks."""
     body = _ordered("q", "NK", "NQ", "(ulong(t / NK) * NQ + e) * NK + t % NK")
     return assemble(_lists_plan(d, COLUMNS_KERNEL_NAME, "q", "NK"), summary=["q lists from block classes"],
-                    builtins=BUILTINS, body=body)
+                    builtins=BUILTINS_THREAD, body=body)

@@ -63,6 +63,13 @@ def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> li
     ]
 
 
+def element_offset(layout: OperandLayout, *axes: tuple[str, int]) -> str:
+    """The sum of `index * stride` over (index expression, logical axis) pairs of an operand
+    layout, 0 when every such axis is broadcast."""
+    terms = [offset(index, layout.strides[axis]) for index, axis in axes]
+    return " + ".join(t for t in terms if t) or "0"
+
+
 def row_index(row: str) -> str:
     """The index of query row `row` of (batch b, query head h) in a (B, Hq, R) array
     (lse, delta, sink_grad) as a ulong expression. Reads b, h, Hq, R."""

@@ -13,6 +13,11 @@ from .sizes import Extent, RuntimeSizes
 # Element types in device memory, by numpy dtype name.
 MSL_TYPES = MSL_ELEMENTS
 
+# Builtin parameters of kernels that are not one simdgroup per 8 rows: the threadgroup, and
+# the thread's index in the threadgroup or in its simdgroup.
+BUILTINS_THREAD = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_threadgroup]]"]
+BUILTINS_LANE = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_simdgroup]]"]
+
 # Loops over register tiles must unroll, or the tiles spill out of registers.
 UNROLL = "#pragma clang loop unroll(full)"
 

@@ -21,21 +21,20 @@ from functools import lru_cache
 from . import operands
 from .attention_backward import _gradient_of_scores, _lse2
 from .attention_forward import BUILTINS
-from .blocks import (HeadTensor, Positions, Rows, accumulate, block_loop, in_registers, logits, probabilities,
-                     row_index, scores, store_rows, tiles, zeroed)
+from .blocks import (HeadTensor, Positions, Rows, accumulate, block_loop, element_offset, in_registers, logits,
+                     probabilities, row_index, scores, store_rows, tiles, zeroed)
 from .descriptor import BackwardDescriptor
 from .kernel_source import KernelSource, assemble
-from .msl import MSL_TYPES, float_literal, indent, loop
+from .msl import BUILTINS_THREAD, MSL_TYPES, float_literal, indent, loop
 from .plan import GridAxis, LaunchPlan
 from .sizes import Extent
-from .sparse_forward import _bias, _geometry, _terms
+from .sparse_forward import _bias, _geometry
 
 DQ_KERNEL_NAME = "sparse_backward_dq"
 TRANSPOSE_KERNEL_NAME = "sparse_transpose_lists"
 DKDV_KERNEL_NAME = "sparse_backward_dkdv"
 INPUTS = ("q", "k", "v", "dout", "lse")
 REREAD = "re-read: the rows do not stay in registers at this head dimension"
-SLOT_SIMPLE_BUILTINS = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_threadgroup]]"]
 
 
 def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
@@ -123,7 +122,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     body = _geometry(d)
     for name in ("o", "dout"):
         body.append(f"device const {t}* {name}_rows = {name} + "
-                    f"({_terms(getattr(d, name), ('ulong(b)', 0), ('ulong(r)', 2))});")
+                    f"({element_offset(getattr(d, name), ('ulong(b)', 0), ('ulong(r)', 2))});")
     body.append(f"const ulong row_at = {row_index('r')};  // the row in lse, sink_grad and the slot arrays")
     if d.cache:
         body += ["", "// Q and dO of the 8 heads, held in registers as 8x8 tiles."]
@@ -132,7 +131,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     body += _delta(d)
     body += ["", "// dQ / scale, accumulated over the listed keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
     body += _dq_steps(d)
-    store = [f"device {t}* dq_row = dq + ({_terms(d.dq, ('ulong(b)', 0), ('ulong(h)', 1), ('ulong(r)', 2))});"]
+    store = [f"device {t}* dq_row = dq + ({element_offset(d.dq, ('ulong(b)', 0), ('ulong(h)', 1), ('ulong(r)', 2))});"]
     store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
     body += ["", "// dQ = scale * dS K.", f"if (head_slot < {d.gqa_ratio}) {{"] + indent(store) + ["}"]
     return assemble(dq_plan(d), summary=_summary(d, "sparse-indexed dQ, heads as tile rows; stores P and dS"),
@@ -145,8 +144,8 @@ def generate_transpose(d: BackwardDescriptor) -> KernelSource:
     f = d.tokens
     count = "int(T)"
     if f.lengths is not None:
-        count = f"max(0, min(int(T), topk_length[{_terms(f.lengths, ('ulong(b)', 0), ('ulong(r)', 1))}]))"
-    row = f"indices + ({_terms(f.indices, ('ulong(b)', 0), ('ulong(h_kv)', 1), ('ulong(r)', 2))})"
+        count = f"max(0, min(int(T), topk_length[{element_offset(f.lengths, ('ulong(b)', 0), ('ulong(r)', 1))}]))"
+    row = f"indices + ({element_offset(f.indices, ('ulong(b)', 0), ('ulong(h_kv)', 1), ('ulong(r)', 2))})"
     scan = ["for (uint r = 0; r < R; ++r) {", f"  device const int* listed = {row};", f"  const int count = {count};",
             "  for (int slot = 0; slot < count; ++slot) {", "    const int key = listed[slot];",
             "    if (uint(key) < C) {  // entries < 0 or >= C are skipped"]
@@ -164,7 +163,7 @@ def generate_transpose(d: BackwardDescriptor) -> KernelSource:
                            "      counts[key] += 1;", "    }", "  }", "}"])
     body.append("}")
     return assemble(transpose_plan(d), summary=_summary(d, "per key, the (query, slot) entries listing it"),
-                    builtins=SLOT_SIMPLE_BUILTINS, body=body)
+                    builtins=BUILTINS_THREAD, body=body)
 
 
 @lru_cache(maxsize=32)
@@ -173,8 +172,8 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     t = MSL_TYPES[d.dtype]
     width = max(d.head_dim, d.value_dim)
     per_lane = -(-width // 32)
-    q_at = _terms(d.q, ("ulong(b)", 0), ("ulong(h)", 1), ("ulong(r)", 2))
-    dout_at = _terms(d.dout, ("ulong(b)", 0), ("ulong(h)", 1), ("ulong(r)", 2))
+    q_at = element_offset(d.q, ("ulong(b)", 0), ("ulong(h)", 1), ("ulong(r)", 2))
+    dout_at = element_offset(d.dout, ("ulong(b)", 0), ("ulong(h)", 1), ("ulong(r)", 2))
     body = ["const uint c = group.x;", "const uint h_kv = group.y;", "const uint b = group.z;",
             "const ulong pair = ulong(b) * Hkv + h_kv;",
             "const int first = key_starts[pair * C + c];", "const int listings = key_counts[pair * C + c];",
@@ -193,12 +192,12 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
              "  const uint r = uint(entry) / T;", "  const uint slot = uint(entry) % T;"]
     body += indent(loop(f"uint g = 0; g < {d.gqa_ratio}; ++g", per_head, unroll=False))
     body.append("}")
-    k_at = _terms(d.dk, ("ulong(b)", 0), ("ulong(h_kv)", 1), ("ulong(c)", 2))
-    v_at = _terms(d.dv, ("ulong(b)", 0), ("ulong(h_kv)", 1), ("ulong(c)", 2))
+    k_at = element_offset(d.dk, ("ulong(b)", 0), ("ulong(h_kv)", 1), ("ulong(c)", 2))
+    v_at = element_offset(d.dv, ("ulong(b)", 0), ("ulong(h_kv)", 1), ("ulong(c)", 2))
     body += [f"device {t}* dk_row = dk + ({k_at});", f"device {t}* dv_row = dv + ({v_at});"]
     body += loop(f"ushort i = 0; i < {per_lane}; ++i", [
         "const uint col = lane + i * 32;",
         f"if (col < {d.head_dim}) {{ dk_row[col] = {t}(dk_acc[i] * {float_literal(d.scale)}); }}",
         f"if (col < {d.value_dim}) {{ dv_row[col] = {t}(dv_acc[i]); }}"])
     return assemble(dkdv_plan(d), summary=_summary(d, "sparse-indexed dK, dV: a simdgroup per key, lanes over features"),
-                    builtins=SLOT_SIMPLE_BUILTINS, body=body)
+                    builtins=BUILTINS_THREAD, body=body)

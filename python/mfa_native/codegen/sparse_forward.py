@@ -17,8 +17,8 @@ from functools import lru_cache
 
 from . import operands
 from .attention_forward import BUILTINS, _softmax
-from .blocks import (HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, lane_layout,
-                     row_index, scores, store_rows, tiles, zeroed)
+from .blocks import (HeadTensor, Positions, Rows, accumulate, block_loop, element_offset, head_pointer, in_registers,
+                     lane_layout, row_index, scores, store_rows, tiles, zeroed)
 from .descriptor import KernelDescriptor
 from .kernel_source import KernelSource, assemble
 from .msl import MSL_TYPES, indent, loop, offset
@@ -36,12 +36,6 @@ def sparse_plan(d: KernelDescriptor) -> LaunchPlan:
     return LaunchPlan(SPARSE_KERNEL_NAME, tuple(ops), grid, 32 * d.simdgroups, d.sizes)
 
 
-def _terms(layout, *axes: tuple[str, int]) -> str:
-    """`index * stride` summed over (index, logical axis) pairs of an operand layout."""
-    terms = [offset(index, layout.strides[axis]) for index, axis in axes]
-    return " + ".join(t for t in terms if t) or "0"
-
-
 def _geometry(d: KernelDescriptor) -> list[str]:
     t = MSL_TYPES[d.dtype]
     f = d.tokens
@@ -51,13 +45,13 @@ def _geometry(d: KernelDescriptor) -> list[str]:
              "const uint head_slot = simd_index * 8 + tr;  // which head of the group",
              f"const uint h = h_kv * {d.gqa_ratio} + min(head_slot, {d.gqa_ratio - 1}u);",
              "",
-             f"device const {t}* q_rows = q + ({_terms(d.q, ('ulong(b)', 0), ('ulong(r)', 2))});"
+             f"device const {t}* q_rows = q + ({element_offset(d.q, ('ulong(b)', 0), ('ulong(r)', 2))});"
              "  // row h: this query of head h",
              head_pointer("k", d.k, "h_kv", t, True),
              head_pointer("v", d.v, "h_kv", t, True),
-             f"device const int* listed = indices + ({_terms(f.indices, ('ulong(b)', 0), ('ulong(h_kv)', 1), ('ulong(r)', 2))});"]
+             f"device const int* listed = indices + ({element_offset(f.indices, ('ulong(b)', 0), ('ulong(h_kv)', 1), ('ulong(r)', 2))});"]
     if f.lengths is not None:
-        length = f"topk_length[{_terms(f.lengths, ('ulong(b)', 0), ('ulong(r)', 1))}]"
+        length = f"topk_length[{element_offset(f.lengths, ('ulong(b)', 0), ('ulong(r)', 1))}]"
         lines.append(f"const int count = max(0, min(int(T), {length}));  // the first topk_length entries")
     else:
         lines.append("const int count = int(T);")
@@ -75,19 +69,21 @@ def _bias(count: int) -> list[str]:
 
 def stage(d, threads: str) -> list[str]:
     """Declares the threadgroup arrays of the staged rows (k_stage, and v_stage unless v is a
-    view of k). Reads nothing."""
+    view of k), and `member` and `threads`: the thread's place in the threadgroup and its size.
+    Reads simd_index, lane."""
     t, rows = MSL_TYPES[d.dtype], d.tokens.stage_rows
     lines = [f"threadgroup {t} k_stage[{rows * d.head_dim}];  // the step's listed K rows, shared by every simdgroup"]
     if not d.tokens.shared_kv:
         lines.append(f"threadgroup {t} v_stage[{rows * d.value_dim}];  // ... and V rows")
-    return lines + ["const uint member = simd_index * 32 + lane;  // this thread's place in the threadgroup", f"const uint threads = {threads};"]
+    return lines + ["const uint member = simd_index * 32 + lane;  // this thread's place in the threadgroup",
+                    f"const uint threads = {threads};"]
 
 
-def staged_rows(d, *, listed: str = "listed") -> list[str]:
+def staged_rows(d) -> list[str]:
     """Loads the step's listed rows [kb, kb + stage_rows) into the stage, every thread of the
     threadgroup a share, each row once; a slot past the count or naming no key stores 0 (and
     reads nothing). Barriers before (the last step's readers are done) and after. Reads kb,
-    count, `listed`, k_head (v_head), member, threads."""
+    count, listed, k_head (v_head), member, threads."""
     t, rows = MSL_TYPES[d.dtype], d.tokens.stage_rows
     targets = [("k_stage", "k_head", d.k, d.head_dim)]
     if not d.tokens.shared_kv:
@@ -97,7 +93,7 @@ def staged_rows(d, *, listed: str = "listed") -> list[str]:
         at = offset("ulong(key)", layout.strides[2])
         lines += [f"for (uint e = member; e < {rows * width}u; e += threads) {{",
                   f"  const int slot = kb + int(e / {width});",
-                  f"  const int key = slot < count ? {listed}[slot] : -1;",
+                  "  const int key = slot < count ? listed[slot] : -1;",
                   f"  {target}[e] = uint(key) < C ? {source}[{at} + e % {width}] : {t}(0);",
                   "}"]
     return lines + ["threadgroup_barrier(mem_flags::mem_threadgroup);  // the stage is filled"]
@@ -125,7 +121,7 @@ def _slot_steps(d: KernelDescriptor) -> list[str]:
 
 def _store(d: KernelDescriptor) -> list[str]:
     t = MSL_TYPES[d.dtype]
-    body = [f"device {t}* o_row = o + ({_terms(d.o, ('ulong(b)', 0), ('ulong(h)', 1), ('ulong(r)', 2))});"]
+    body = [f"device {t}* o_row = o + ({element_offset(d.o, ('ulong(b)', 0), ('ulong(h)', 1), ('ulong(r)', 2))});"]
     body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l")
     if d.return_lse:
         body += ["if (tc == 0) {", f"  lse[{row_index('r')}] = l != 0.0f ? (m + log2(l)) * LN2 : -INFINITY;", "}"]

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from . import passes
-from .blocks import HeadTensor, Positions, lane_layout, tiles, zeroed
+from .blocks import HeadTensor, Positions, element_offset, lane_layout, tiles, zeroed
 from .descriptor import OperandLayout, _operand_layout
 from .problem import memory_order
 from .kernel_source import KernelSource, assemble
-from .msl import MSL_TYPES, float_literal, indent, loop, offset
+from .msl import BUILTINS_LANE, BUILTINS_THREAD, MSL_TYPES, indent, loop
 from .plan import GridAxis, LaunchPlan, Operand
 from .sizes import SIZES_OPERAND, Extent, RuntimeSizes
 
@@ -47,31 +47,23 @@ class TopkDescriptor:
     sizes: RuntimeSizes
 
 
-def _operand(name: str, msl: str, purpose: str, extent: Extent | None = None) -> Operand:
-    return Operand(name, msl, purpose, extent)
-
-
 def scores_plan(d: TopkDescriptor) -> LaunchPlan:
     t = MSL_TYPES[d.dtype]
-    ops = (_operand("q", f"device const {t}*", "indexer queries"), _operand("k", f"device const {t}*", "indexer keys"),
-           _operand("weights", "device const float*", "(B, Hi, R) head weights"),
-           _operand("scores", "device float*", "(B, R, C) indexer scores", Extent(1, ("B", "R", "C"))),
-           _operand(SIZES_OPERAND, f"constant {d.sizes.struct}&", "runtime sizes"))
+    ops = (Operand("q", f"device const {t}*", "indexer queries"), Operand("k", f"device const {t}*", "indexer keys"),
+           Operand("weights", "device const float*", "(B, Hi, R) head weights"),
+           Operand("scores", "device float*", "(B, R, C) indexer scores", Extent(1, ("B", "R", "C"))),
+           Operand(SIZES_OPERAND, f"constant {d.sizes.struct}&", "runtime sizes"))
     grid = (GridAxis(Extent(1, ("C",)), KEYS_PER_GROUP), GridAxis(Extent(1, ("R",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(SCORES_KERNEL_NAME, ops, grid, 32, d.sizes)
 
 
 def select_plan(d: TopkDescriptor) -> LaunchPlan:
-    ops = (_operand("scores", "device const float*", "(B, R, C) indexer scores", Extent(1, ("B", "R", "C"))),
-           _operand("indices", "device int*", "the kept keys of each row, best first, -1 as padding"),
-           _operand("topk_scores", "device float*", "their scores, -inf as padding"),
-           _operand(SIZES_OPERAND, f"constant {d.sizes.struct}&", "runtime sizes"))
+    ops = (Operand("scores", "device const float*", "(B, R, C) indexer scores", Extent(1, ("B", "R", "C"))),
+           Operand("indices", "device int*", "the kept keys of each row, best first, -1 as padding"),
+           Operand("topk_scores", "device float*", "their scores, -inf as padding"),
+           Operand(SIZES_OPERAND, f"constant {d.sizes.struct}&", "runtime sizes"))
     grid = (GridAxis(Extent(1, ("R",))), GridAxis(Extent(1, ("B",))), GridAxis(Extent(1)))
     return LaunchPlan(SELECT_KERNEL_NAME, ops, grid, SELECT_THREADS, d.sizes)
-
-
-def _terms(layout: OperandLayout, *axes: tuple[str, int]) -> str:
-    return " + ".join(x for x in (offset(index, layout.strides[axis]) for index, axis in axes) if x) or "0"
 
 
 @lru_cache(maxsize=32)
@@ -81,15 +73,15 @@ def generate_scores(d: TopkDescriptor) -> KernelSource:
     k = HeadTensor("k_rows", d.k.strides[2], d.head_dim)
     body = ["const uint r = group.y;", "const uint b = group.z;", *lane_layout(),
             f"const uint key_first = group.x * {KEYS_PER_GROUP};",
-            f"device const {t}* q_rows = q + ({_terms(d.q, ('ulong(b)', 0), ('ulong(r)', 2))});  // row h: head h",
-            f"device const {t}* k_rows = k + ({_terms(d.k, ('ulong(b)', 0))});",
+            f"device const {t}* q_rows = q + ({element_offset(d.q, ('ulong(b)', 0), ('ulong(r)', 2))});  // row h: head h",
+            f"device const {t}* k_rows = k + ({element_offset(d.k, ('ulong(b)', 0))});",
             f"float column[{2 * KEYS_PER_GROUP // 8}];  // the lane's two keys of every tile: summed over heads"]
     body += loop(f"ushort j = 0; j < {2 * KEYS_PER_GROUP // 8}; ++j", ["column[j] = 0.0f;"])
     keys = Positions("int(C)")
     per_head_tile = [
         "const uint head = head_tile * 8 + tr;",
         "const uint head_read = min(head, Hi - 1);",
-        f"const float weight = head < Hi ? weights[{_terms(d.weights, ('ulong(b)', 0), ('ulong(head_read)', 1), ('ulong(r)', 2))}] : 0.0f;",
+        f"const float weight = head < Hi ? weights[{element_offset(d.weights, ('ulong(b)', 0), ('ulong(head_read)', 1), ('ulong(r)', 2))}] : 0.0f;",
     ] + zeroed("s_tile", KEYS_PER_GROUP // 8, "Q K^T: 8 heads x 8 keys per tile")
     per_feature = ["simdgroup_float8x8 q_tile;"] + q.load_rows("q_tile", "head_read", "i")
     per_key_tile = ["simdgroup_float8x8 k_tile;"] + k.load_transposed("k_tile", "key", "int(key_first) + j * 8",
@@ -109,7 +101,7 @@ def generate_scores(d: TopkDescriptor) -> KernelSource:
         "const uint key = key_first + j * 8 + tc + e;",
         "if (key < C) {", "  scores[(ulong(b) * R + r) * C + key] = column[j * 2 + e];", "}"]))) + ["}"]
     summary = [f"indexer scores: {d.dtype}, Di = {d.head_dim}, heads as tile rows, {KEYS_PER_GROUP} keys per simdgroup"]
-    return assemble(scores_plan(d), summary=summary, builtins=_BUILTINS_SCORES, body=body)
+    return assemble(scores_plan(d), summary=summary, builtins=BUILTINS_LANE, body=body)
 
 
 @lru_cache(maxsize=32)
@@ -136,11 +128,9 @@ def generate_select(d: TopkDescriptor) -> KernelSource:
             f"  topk_scores[{out} + slot] = -INFINITY;",
             "}"]
     summary = [f"top-k of the indexer scores{' (causal candidates)' if d.causal else ''}: rank of each candidate"]
-    return assemble(select_plan(d), summary=summary, builtins=_BUILTINS_SELECT, body=body)
+    return assemble(select_plan(d), summary=summary, builtins=BUILTINS_THREAD, body=body)
 
 
-_BUILTINS_SCORES = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_simdgroup]]"]
-_BUILTINS_SELECT = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_threadgroup]]"]
 
 
 def describe_topk(*, dtype: str, shape: dict[str, int], strides: dict[str, tuple[int, ...]], layout: str,

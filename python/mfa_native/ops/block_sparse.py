@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import codegen
-from ..codegen import AttentionBackwardProblem
 from ..runtime.devices import Device, resolve_device, tuning_facts
 from .attention import Validated, forward_results, validate
 from .attention_backward import gradients, validate_backward
