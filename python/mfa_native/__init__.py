@@ -16,6 +16,7 @@ from .ops.block_mask import BlockMask
 from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
 from .ops.sparse import sparse_attention, sparse_attention_backward, sparse_topk
 from .ops.merge import merge_attention
+from .quantized import QuantizedTensor
 from .runtime.devices import Device, default_device, devices
 from .runtime.kernel import Kernel
 from .runtime.passes import PassDescription
@@ -33,6 +34,7 @@ __all__ = [
     "DispatchStats",
     "Kernel",
     "PassDescription",
+    "QuantizedTensor",
     "Profile",
     "attention",
     "attention_backward",

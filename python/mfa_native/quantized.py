@@ -1,0 +1,145 @@
+"""`QuantizedTensor`: a logical float tensor stored quantized along its last axis.
+
+The storage formats are codegen/quant_format.py's: MLX's affine format, bit-exact with
+`mx.quantize`, and GGUF's q8_0 and q4_0 blocks. Attention reads such a tensor as k or v
+inside its kernels (nothing writes a dequantized copy); `dequantize()` is for checks and
+for code that wants the floats.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .codegen.quant_format import GGUF_BLOCK, QuantFormat
+from .runtime.arrays import DTYPES, FLOAT_DTYPES
+from .runtime.frameworks import framework_of
+
+
+def _numpy(x, name: str) -> np.ndarray:
+    """A numpy view of a field given as numpy, a torch CPU tensor or an MLX array."""
+    if isinstance(x, np.ndarray):
+        return x
+    framework = framework_of(x)
+    if framework is None:
+        raise TypeError(f"{name} must be a numpy array, a torch CPU tensor or an MLX array, got {type(x).__name__}")
+    return framework.as_numpy(x, name)
+
+
+class QuantizedTensor:
+    """A float tensor of logical `shape` and `dtype`, stored quantized along its last axis.
+
+    Fields:
+        data: the stored values: uint32 words (affine) or uint8 blocks (q8_0, q4_0), shape
+            shape[:-1] + (words or bytes per row,).
+        scales, biases: affine: one per group, shape shape[:-1] + (D // group_size,), in the
+            logical float dtype; None for GGUF (the scale is inside each block).
+        format: "affine", "q8_0" or "q4_0".
+        bits, group_size: bits per value and values per scale (GGUF: 8 or 4, and 32).
+        shape: the logical shape (the last axis is D).
+        dtype: the logical float dtype (numpy; ml_dtypes.bfloat16 for bfloat16).
+
+    The arrays may be numpy arrays, torch CPU tensors or MLX arrays (read without a copy
+    where they allow it); `dequantize()` returns the kind of `data`.
+    """
+
+    __slots__ = ("data", "scales", "biases", "format", "bits", "group_size", "shape", "dtype", "_numpy")
+
+    def __init__(self, data, scales=None, biases=None, *, format: str = "affine", bits: int | None = None,
+                 group_size: int | None = None, dtype=None) -> None:
+        f = QuantFormat.of(format, bits, group_size)
+        stored = _numpy(data, "data")
+        if stored.dtype != DTYPES[f.data_dtype]:
+            raise TypeError(f"data of format {f.name!r} must be {f.data_dtype}, got {stored.dtype}")
+        if stored.ndim < 1:
+            raise ValueError("data must have at least one axis (the quantized one)")
+        width = stored.shape[-1]
+        features = width * 32 // f.bits if f.affine else width // f.group_bytes * GGUF_BLOCK
+        if features < f.group_size or features % f.group_size or f.data_width(features) != width:
+            raise ValueError(f"data's last axis ({stored.shape[-1]}) holds no whole number of groups of "
+                             f"format {f.describe()}")
+        groups = (*stored.shape[:-1], f.groups(features))
+        arrays = {"data": stored}
+        if f.affine:
+            if scales is None or biases is None:
+                raise ValueError("the affine format needs scales and biases")
+            for name, x in (("scales", scales), ("biases", biases)):
+                x = _numpy(x, name)
+                if x.shape != groups:
+                    raise ValueError(f"{name} must have shape {groups} (one per group of {f.group_size}), "
+                                     f"got {x.shape}")
+                if x.dtype not in FLOAT_DTYPES:
+                    raise TypeError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
+                arrays[name] = x
+            if arrays["biases"].dtype != arrays["scales"].dtype:
+                raise TypeError(f"scales ({arrays['scales'].dtype}) and biases ({arrays['biases'].dtype}) "
+                                "must share a dtype")
+            logical = arrays["scales"].dtype if dtype is None else np.dtype(dtype)
+        else:
+            if scales is not None or biases is not None:
+                raise ValueError(f"format {f.name!r} keeps its scales inside the blocks: scales and biases "
+                                 "must be None")
+            logical = np.dtype(np.float32) if dtype is None else np.dtype(dtype)
+        if logical not in FLOAT_DTYPES:
+            raise TypeError(f"dtype must be float32, float16 or bfloat16, got {logical}")
+        self.data, self.scales, self.biases = data, scales, biases
+        self.format, self.bits, self.group_size = f.name, f.bits, f.group_size
+        self.shape = (*stored.shape[:-1], features)
+        self.dtype = logical
+        self._numpy = arrays
+
+    @classmethod
+    def from_mlx(cls, wq, scales, biases, *, group_size: int = 64, bits: int = 4) -> QuantizedTensor:
+        """Wraps what `mx.quantize(w, group_size, bits)` returns (MLX arrays or numpy copies
+        of them), without conversion."""
+        return cls(wq, scales, biases, format="affine", bits=bits, group_size=group_size)
+
+    @property
+    def quant_format(self) -> QuantFormat:
+        return QuantFormat(self.format, self.bits, self.group_size)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every stored field: data, scales and biases."""
+        return sum(x.nbytes for x in self.arrays().values())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The stored fields as numpy arrays (views of the given ones), by name."""
+        return dict(self._numpy)
+
+    def dequantize(self):
+        """The logical tensor, in `dtype`, as numpy or the framework of `data`."""
+        values = dequantize_numpy(self.quant_format, self._numpy).astype(self.dtype)
+        framework = framework_of(self.data)
+        if framework is None:
+            return values
+        out = framework.empty(values.shape, values.dtype, self.data)
+        framework.as_numpy(out, "dequantize()")[...] = values
+        return out
+
+    def __repr__(self) -> str:
+        return (f"QuantizedTensor(shape={self.shape}, dtype={self.dtype}, "
+                f"format={self.quant_format.describe()!r})")
+
+
+def dequantize_numpy(f: QuantFormat, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """The stored values as float32 (numpy), from the fields of a tensor of format `f`."""
+    data = np.ascontiguousarray(arrays["data"])
+    rows = data.shape[:-1]
+    if f.affine:
+        bits = np.unpackbits(data.astype("<u4").view(np.uint8).reshape(*rows, -1), axis=-1, bitorder="little")
+        q = (bits.reshape(*rows, -1, f.bits).astype(np.uint32) << np.arange(f.bits, dtype=np.uint32)).sum(-1)
+        scales = arrays["scales"].astype(np.float32).repeat(f.group_size, -1)
+        biases = arrays["biases"].astype(np.float32).repeat(f.group_size, -1)
+        return scales * q.astype(np.float32) + biases
+    blocks = data.reshape(*rows, -1, f.group_bytes)
+    d = blocks[..., :2].copy().view("<f2").astype(np.float32)
+    if f.name == "q8_0":
+        q = blocks[..., 2:].view(np.int8).astype(np.float32)
+    else:
+        packed = blocks[..., 2:]
+        q = np.concatenate([packed & 15, packed >> 4], axis=-1).astype(np.float32) - 8.0
+    return (d * q).reshape(*rows, -1)
