@@ -31,15 +31,16 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import block_visits, operands
-from .blocks import (HeadTensor, Positions, Rows, accumulate, bias_over_keys, block_loop, head_pointer, in_registers,
-                     key_range, logits, mask_row_pointer, probabilities, query_rows_geometry, row_index, scores,
-                     store_rows, tiles, zeroed)
+from . import block_visits, operands, staging
+from .blocks import (PACKED_LAST_QUERY, HeadTensor, Positions, Rows, accumulate, bias_over_keys, block_loop,
+                     head_pointer, in_registers, key_range, logits, mask_row_pointer, packed_rows_geometry,
+                     probabilities, query_rows_geometry, row_index, scores, store_rows, tiles, zeroed)
 from .descriptor import KernelDescriptor, MaskRules
 from .kernel_source import KernelSource, assemble
 from .msl import MSL_TYPES, indent, loop, offset
 from .plan import GridAxis, LaunchPlan, Operand
 from .sizes import Extent
+from .staging import StagedTensor
 
 KERNEL_NAME = "attention_forward"
 PARTIAL_KERNEL_NAME = "attention_partial"
@@ -119,30 +120,56 @@ class SplitPartial:
 
 
 def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
-    ops = operands.reads(d, "q", "k", "v", "mask", *operands.KEY_LISTS) + finish.results(d) + operands.sizes(d)
-    grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(finish.grid_z))
-    return LaunchPlan(finish.kernel_name, tuple(ops), grid, 32 * d.simdgroups, d.sizes)
+    ops = (operands.reads(d, "q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "mask",
+                          *operands.KEY_LISTS) + finish.results(d) + operands.sizes(d))
+    if d.packed_heads:  # rows: the (query, head) pairs of one kv head
+        rows, heads = GridAxis(Extent(d.gqa_ratio, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hkv",)))
+    else:
+        rows, heads = GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",)))
+    return LaunchPlan(finish.kernel_name, tuple(ops), (rows, heads, GridAxis(finish.grid_z)), 32 * d.simdgroups,
+                      d.sizes)
 
 
 # ---------------------------------------------------------------------------
 # Pieces of the kernel body. Each returns a list of lines.
 
 
+def _staged(d: KernelDescriptor) -> list[StagedTensor]:
+    """With packed heads, the stage holds the step's K and V rows (quantized ones decoded)."""
+    return [StagedTensor("k", d.head_dim, d.k, d.k_quant), StagedTensor("v", d.value_dim, d.v, d.v_quant)]
+
+
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
-    return {"q": HeadTensor.of("q", d.q, d.head_dim), "k": HeadTensor.of("k", d.k, d.head_dim),
-            "v": HeadTensor.of("v", d.v, d.value_dim)}
+    q = HeadTensor.of("q", d.q, d.head_dim)
+    if d.packed_heads:
+        return {"q": q, "k": HeadTensor("k_stage", Extent(d.head_dim), d.head_dim),
+                "v": HeadTensor("v_stage", Extent(d.value_dim), d.value_dim)}
+    return {"q": q, "k": HeadTensor.of("k", d.k, d.head_dim), "v": HeadTensor.of("v", d.v, d.value_dim)}
+
+
+def _kv_pointers(d: KernelDescriptor) -> list[str]:
+    """k_head, v_head (and a quantized tensor's k_scales_head, ...) of kv head h_kv."""
+    lines = []
+    for name, layout, quant in (("k", d.k, d.k_quant), ("v", d.v, d.v_quant)):
+        if quant is None:
+            lines.append(head_pointer(name, layout, "h_kv", MSL_TYPES[d.dtype], True))
+            continue
+        lines.append(head_pointer(name, quant.data, "h_kv", MSL_TYPES[quant.format.data_dtype], True))
+        if quant.format.affine:
+            lines += [head_pointer(f"{name}_{field}", getattr(quant, field), "h_kv", MSL_TYPES[quant.scale_dtype], True)
+                      for field in ("scales", "biases")]
+    return lines
 
 
 def _geometry(d: KernelDescriptor, finish) -> list[str]:
     t = MSL_TYPES[d.dtype]
-    lines = query_rows_geometry(d.query_rows, d.gqa_ratio, finish.batch) + [
-        "",
-        head_pointer("q", d.q, "h", t, True),
-        head_pointer("k", d.k, "h_kv", t, True),
-        head_pointer("v", d.v, "h_kv", t, True),
-    ]
+    rows = (packed_rows_geometry(d.query_rows, d.gqa_ratio, finish.batch) if d.packed_heads
+            else query_rows_geometry(d.query_rows, d.gqa_ratio, finish.batch))
+    lines = rows + ["", head_pointer("q", d.q, "h", t, True)] + _kv_pointers(d)
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
+    if d.packed_heads:
+        lines += staging.declare(_staged(d), d.key_block, d.dtype, str(32 * d.simdgroups))
     return lines
 
 
@@ -174,17 +201,23 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     """The online softmax over the keys [begin, end), key_block at a time, with `rules`."""
     key_tiles = d.key_block // 8
     x = _tensors(d)
-    body = bias_over_keys(rules, key_tiles, end)
+    body, first, positions = [], "kb", Positions(end)
+    if d.packed_heads:  # the step's keys come from the stage, its rows 0 .. key_block - 1
+        body = ["// The step's K and V rows, staged once for every head of the kv head."]
+        body += staging.fill(_staged(d), d.key_block, d.dtype, key="kb + slot", valid=f"key < {end}")
+        first, positions = "0", Positions(str(d.key_block))
+    body += bias_over_keys(rules, key_tiles, end)
     body += ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
     body += zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
-                   position="key", first="kb", positions=Positions(end),
+                   position="key", first=first, positions=positions,
                    reread="re-read: Q does not stay in registers at this head dimension")
     body += _softmax(d, key_tiles)
     body += ["", "// O += P V."]
     body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
-                       rhs_comment="rows are keys, columns are value dims", position="key", first="kb", positions=Positions(end))
+                       rhs_comment="rows are keys, columns are value dims", position="key", first=first,
+                       positions=positions)
     return block_loop("kb", begin, end, d.key_block, body)
 
 
@@ -207,7 +240,8 @@ def _kernel(d: KernelDescriptor, finish) -> KernelSource:
     state = (["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
              + finish.initial_state(d) + zeroed("o_tile", tiles(d.value_dim), "O, unnormalized"))
     visits = block_visits.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
-    body = _geometry(d, finish) + key_range(d.rules) + finish.key_limits + q_cache + state + visits + finish.store(d)
+    keys = key_range(d.rules, last=PACKED_LAST_QUERY if d.packed_heads else None)
+    body = _geometry(d, finish) + keys + finish.key_limits + q_cache + state + visits + finish.store(d)
     return assemble(launch_plan(d, finish), summary=_summary(d, finish), builtins=BUILTINS, body=body)
 
 

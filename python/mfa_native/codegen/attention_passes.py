@@ -39,9 +39,22 @@ def _rows(p: AttentionProblem) -> tuple[int, int, int]:
     return (p.batch, p.q_heads, p.q_len)
 
 
+def _kv_inputs(p: AttentionProblem, name: str, shape, strides, storage) -> dict[str, TensorSpec]:
+    """k or v: a tensor of the problem's dtype, or a quantized tensor's fields."""
+    if storage is None:
+        return {name: _tensor(p, p.dtype, shape, strides)}
+    f, rows = storage.format, shape[:3]
+    inputs = {name: _tensor(p, f.data_dtype, (*rows, f.data_width(shape[3])), storage.data_strides)}
+    if f.affine:
+        for field, strides in (("scales", storage.scale_strides), ("biases", storage.bias_strides)):
+            inputs[f"{name}_{field}"] = _tensor(p, storage.scale_dtype, (*rows, f.groups(shape[3])), strides)
+    return inputs
+
+
 def _forward_inputs(p: AttentionProblem) -> dict[str, TensorSpec]:
-    inputs = {"q": _tensor(p, p.dtype, p.q_shape, p.q_strides), "k": _tensor(p, p.dtype, p.k_shape, p.k_strides),
-              "v": _tensor(p, p.dtype, p.v_shape, p.v_strides)}
+    inputs = {"q": _tensor(p, p.dtype, p.q_shape, p.q_strides),
+              **_kv_inputs(p, "k", p.k_shape, p.k_strides, p.k_quant),
+              **_kv_inputs(p, "v", p.v_shape, p.v_strides, p.v_quant)}
     if p.mask != "none":
         inputs["mask"] = TensorSpec(p.mask_dtype, p.mask_shape, p.mask_strides)  # (B, Hq, R, C) whatever the layout
     if p.sinks:

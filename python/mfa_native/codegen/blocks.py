@@ -63,6 +63,30 @@ def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> li
     ]
 
 
+# The last query a packed-heads threadgroup holds (see packed_rows_geometry).
+PACKED_LAST_QUERY = "int(min(q_last, R - 1))"
+
+
+def packed_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
+    """Packed heads: the threadgroup's rows are (query, head) pairs of kv head h_kv = group.y,
+    pair = query * ratio + head slot, so the query heads that read one kv head are rows of one
+    tile. `batch` defines b. Reads group, simd_index, lane, R. Defines h_kv, tr, tc, the lane's
+    h, row (its query) and row_read (clamped, for loads), and q_first, q_last: the
+    threadgroup's first and last query (the key range covers all of its rows)."""
+    return [
+        f"// This simdgroup's 8 rows: (query, head) pairs of the {gqa_ratio} query heads reading kv head h_kv.",
+        *batch,
+        "const uint h_kv = group.y;",
+        *lane_layout(),
+        f"const uint pair = group.x * {query_rows} + simd_index * 8 + tr;",
+        f"const uint row = pair / {gqa_ratio};  // the lane's query",
+        f"const uint h = h_kv * {gqa_ratio} + pair % {gqa_ratio};  // and its head",
+        "const uint row_read = min(row, R - 1);  // rows past R compute on a valid row and are never stored",
+        f"const uint q_first = group.x * {query_rows} / {gqa_ratio};",
+        f"const uint q_last = (group.x * {query_rows} + {query_rows - 1}) / {gqa_ratio};",
+    ]
+
+
 def element_offset(layout: OperandLayout, *axes: tuple[str, int]) -> str:
     """The sum of `index * stride` over (index expression, logical axis) pairs of an operand
     layout, 0 when every such axis is broadcast."""
@@ -234,16 +258,16 @@ def accumulate(result: str, *, weights: str, count: int, rhs: HeadTensor, rhs_ti
 # Masking: which (query, key) pairs are allowed.
 
 
-def key_range(rules: MaskRules) -> list[str]:
-    """The keys any of the simdgroup's queries q_first.. may see. Reads q_first, R, C.
-    Defines key_begin, key_end (ints, narrowed further by callers that split the keys) and,
-    where the rules need them, diagonal and row_last."""
+def key_range(rules: MaskRules, last: str | None = None) -> list[str]:
+    """The keys any of the queries q_first..`last` may see (default: the simdgroup's 8 rows).
+    Reads q_first, R, C. Defines key_begin, key_end (ints, narrowed further by callers that
+    split the keys) and, where the rules need them, diagonal and row_last."""
     lines = ["", "// Keys any of these rows may see: [key_begin, key_end). Whole blocks outside are never visited."]
     if rules.uses_diagonal:
         lines.append("const int diagonal = int(C) - int(R);  // key j lines up with query j - diagonal (lower right)")
     left, right = rules.window_sides
     if rules.limits_keys_above:
-        lines.append("const int row_last = int(min(q_first + 7, R - 1));")
+        lines.append(f"const int row_last = {last or 'int(min(q_first + 7, R - 1))'};")
     lines += ["int key_begin = 0;", "int key_end = q_first < R ? int(C) : 0;"]
     if rules.causal == "lower_right":
         lines.append("key_end = min(key_end, row_last + diagonal + 1);  // causal, lower right")

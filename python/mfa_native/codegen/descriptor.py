@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import AttentionBackwardProblem, AttentionProblem, contiguous_strides, memory_order
+from .problem import AttentionBackwardProblem, AttentionProblem, QuantizedStorage, contiguous_strides, memory_order
+from .quant_format import QuantFormat
 from .sizes import Extent, RuntimeSizes
 from .tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, tile_row
 
@@ -99,6 +100,19 @@ class TokenFacts:
 
 
 @dataclass(frozen=True)
+class QuantFacts:
+    """What kernels reading a quantized k or v depend on: its format, the dtype of its affine
+    scales and biases, and the layouts of its fields (logical (batch, kv head, key, -) order,
+    in elements of each field)."""
+
+    format: QuantFormat
+    scale_dtype: str | None
+    data: OperandLayout
+    scales: OperandLayout | None
+    biases: OperandLayout | None
+
+
+@dataclass(frozen=True)
 class AttentionFacts:
     """What every attention kernel depends on: head dimensions, dtype, GQA ratio, the
     q/k/v layouts, the masking rules, sinks, the scale and the tile table's family."""
@@ -128,6 +142,9 @@ class KernelDescriptor(AttentionFacts):
     key_block: int
     cache_q: bool
     tokens: TokenFacts | None = None   # sparse-indexed: rows are heads, keys come from lists
+    packed_heads: bool = False         # rows are (query, head) pairs of one kv head; K/V staged
+    k_quant: QuantFacts | None = None  # k read quantized, dequantized into the stage
+    v_quant: QuantFacts | None = None
 
     @property
     def simdgroups(self) -> int:
@@ -186,9 +203,32 @@ def _shrunk(rows: int, length: int) -> int:
     return rows
 
 
+PACKED_ROWS = 128   # (query, head) pairs per packed-heads threadgroup: every head of a kv head, up to MQA's 128
+
+
 def query_rows(problem: AttentionProblem, family: str) -> int:
-    """Query rows per threadgroup: the table's, or fewer when the queries cannot fill it (decode)."""
-    return _shrunk(tile_row(family, max(problem.head_dim, problem.value_dim)).query_rows, problem.q_len)
+    """Rows per threadgroup. A row is a query of one head: the table's count, or fewer when
+    the queries cannot fill it (decode). With packed heads a row is a (query, head) pair of one
+    kv head: all of them up to PACKED_ROWS, so decode reads each K/V byte once per kv head."""
+    p = problem
+    if p.packs_heads:
+        return min(8 * -(-p.q_len * p.gqa_ratio // 8), PACKED_ROWS)
+    return _shrunk(tile_row(family, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
+
+
+def forward_threadgroups(problem: AttentionProblem, family: str) -> int:
+    """Threadgroups of the one-pass forward kernel (before any split of the keys)."""
+    p = problem
+    heads, rows = (p.kv_heads, p.q_len * p.gqa_ratio) if p.packs_heads else (p.q_heads, p.q_len)
+    return p.batch * heads * -(-rows // query_rows(p, family))
+
+
+def forward_key_block(problem: AttentionProblem, family: str) -> int:
+    """Keys per step of the forward kernels: the table's, or the staged rows (packed heads)."""
+    p = problem
+    if p.packs_heads:
+        return stage_rows(p, family, p.head_dim + p.value_dim)
+    return tile_row(family, max(p.head_dim, p.value_dim)).key_block
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -226,6 +266,23 @@ class _Layouts:
             mask_layout = _operand_layout(p.mask_shape, (B, Hq, R, C), p.mask_strides, (0, 1, 2, 3), baked)
         self.rules = MaskRules(p.causal, p.window, p.mask, p.mask_dtype, mask_layout)
 
+    def quantized(self, storage: QuantizedStorage | None, width: int) -> QuantFacts | None:
+        """The layouts of a quantized k or v of `width` features, None when it is not quantized."""
+        if storage is None:
+            return None
+        f, p = storage.format, self._p
+        B, Hkv, C = (Extent(1, (name,)) for name in ("B", "Hkv", "C"))
+
+        def field(columns: int, strides) -> OperandLayout:
+            shape = (p.batch, p.kv_heads, p.kv_len, columns)
+            return _operand_layout(shape, (B, Hkv, C, Extent(columns)), strides, self._order, self._baked)
+
+        scales = biases = None
+        if f.affine:
+            scales, biases = (field(f.groups(width), storage.scale_strides),
+                              field(f.groups(width), storage.bias_strides))
+        return QuantFacts(f, storage.scale_dtype, field(f.data_width(width), storage.data_strides), scales, biases)
+
     def of(self, kind: str, strides=None) -> OperandLayout:
         """The layout of a tensor shaped like q, k, v or o ("kind"); strides None: contiguous (allocated)."""
         shape, sizes = self._kinds[kind]
@@ -261,11 +318,15 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     p = problem
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     row = tile_row(family, max(p.head_dim, p.value_dim))
-    rows = query_rows(p, family) if p.tokens is None else 8 * -(-p.gqa_ratio // 8)  # sparse: a row per head
-    key_block = row.key_block if p.tokens is None else stage_rows(p, family)
+    if p.tokens is None:
+        rows, key_block = query_rows(p, family), forward_key_block(p, family)
+    else:  # sparse: a row per head
+        rows, key_block = 8 * -(-p.gqa_ratio // 8), _token_stage_rows(p, family)
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
                             query_rows=rows, key_block=key_block, cache_q=row.cache_q,
-                            tokens=_token_facts(p, bake_lengths, family))
+                            tokens=_token_facts(p, bake_lengths, family), packed_heads=p.packs_heads,
+                            k_quant=layouts.quantized(p.k_quant, p.head_dim),
+                            v_quant=layouts.quantized(p.v_quant, p.value_dim))
 
 
 def _token_facts(p: AttentionProblem, bake_lengths: bool, family: str) -> TokenFacts | None:
@@ -280,19 +341,23 @@ def _token_facts(p: AttentionProblem, bake_lengths: bool, family: str) -> TokenF
         one = Extent(1)
         lengths = _operand_layout((p.batch, p.q_len, 1, 1), (B, R, one, one), (*p.tokens.length_strides, 1, 1),
                                   (0, 1, 2, 3), baked)
-    return TokenFacts(indices, lengths, p.tokens.shared_kv, stage_rows(p, family))
+    return TokenFacts(indices, lengths, p.tokens.shared_kv, _token_stage_rows(p, family))
 
 
 STAGE_BYTES = 24 * 1024   # threadgroup memory for staged K/V rows, under the 32 KiB every Apple GPU has
 
 
-def stage_rows(p: AttentionProblem, family: str) -> int:
-    """Listed rows staged per step: the table's key block, fewer when K (and V, unless it is a
-    view of K) rows of that many keys would not fit STAGE_BYTES; a multiple of 8."""
+def stage_rows(p: AttentionProblem, family: str, width: int) -> int:
+    """Rows staged per step: the table's key block, fewer when rows of `width` features (K's and
+    V's together) would not fit STAGE_BYTES; a multiple of 8."""
     item = {"float32": 4, "float16": 2, "bfloat16": 2}[p.dtype]
-    width = p.head_dim + (0 if p.tokens.shared_kv else p.value_dim)
     fits = STAGE_BYTES // (width * item) // 8 * 8
     return max(8, min(tile_row(family, max(p.head_dim, p.value_dim)).key_block, fits))
+
+
+def _token_stage_rows(p: AttentionProblem, family: str) -> int:
+    """Listed rows staged per step: K's and V's, or K's alone when V is a view of K."""
+    return stage_rows(p, family, p.head_dim + (0 if p.tokens.shared_kv else p.value_dim))
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,

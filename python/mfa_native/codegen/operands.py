@@ -18,6 +18,10 @@ _CATALOG = {
     "q": ("tensor", "queries"),
     "k": ("tensor", "keys"),
     "v": ("tensor", "values"),
+    "k_scales": ("scale", "affine scales of the quantized k, one per group"),
+    "k_biases": ("scale", "affine biases of the quantized k, one per group"),
+    "v_scales": ("scale", "affine scales of the quantized v, one per group"),
+    "v_biases": ("scale", "affine biases of the quantized v, one per group"),
     "mask": ("mask", "mask: True = attend, or added to the logits"),
     "sinks": ("float", "(Hq,) extra logit per head, no value"),
     "o": ("tensor", "attention's output, laid out like q (Dv wide)"),
@@ -79,8 +83,23 @@ def _extent(name: str, d: AttentionFacts) -> Extent | None:
     return extents.get(name)
 
 
+# The operands of a quantized k or v, by the tensor they store.
+_QUANTIZED_FIELDS = {name: name[0] for name in ("k", "k_scales", "k_biases", "v", "v_scales", "v_biases")}
+
+
+def quantized(name: str, d: AttentionFacts):
+    """The QuantFacts of operand `name` (k or v, or their scales and biases) when it is stored
+    quantized, else None."""
+    tensor = _QUANTIZED_FIELDS.get(name)
+    return None if tensor is None else getattr(d, f"{tensor}_quant", None)
+
+
 def _present(name: str, d: AttentionFacts) -> bool:
-    """Whether the problem has operand `name`: a mask, sinks and block lists only when it uses them."""
+    """Whether the problem has operand `name`: a mask, sinks, block lists and affine scales
+    only when it uses them."""
+    if name.endswith(("_scales", "_biases")):
+        quant = quantized(name, d)
+        return quant is not None and quant.format.affine
     if name == "mask":
         return d.rules.mask != "none"
     if name == "sinks":
@@ -101,7 +120,12 @@ def _present(name: str, d: AttentionFacts) -> bool:
 
 def _operand(name: str, d: AttentionFacts, const: bool) -> Operand:
     element, purpose = _CATALOG[name]
-    if element == "tensor":
+    quant = quantized(name, d)
+    if element == "tensor" and quant is not None:
+        msl, purpose = MSL_TYPES[quant.format.data_dtype], f"{purpose}, stored {quant.format.describe()}"
+    elif element == "scale":
+        msl = MSL_TYPES[quant.scale_dtype]
+    elif element == "tensor":
         msl = MSL_TYPES[d.dtype]
     elif element == "mask":
         msl = MSL_TYPES[d.rules.mask_dtype]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .quant_format import QuantFormat
+
 DTYPES = ("float32", "float16", "bfloat16")
 LAYOUTS = ("bhsd", "bshd")
 CAUSAL = ("none", "lower_right", "upper_left")
@@ -87,6 +89,20 @@ class TokenLists:
 
 
 @dataclass(frozen=True)
+class QuantizedStorage:
+    """How a quantized k or v is stored (a QuantizedTensor, as far as a kernel depends on it):
+    its format, the dtype of its affine scales and biases, and the element strides of each
+    field in logical (batch, head, sequence, -) order; the last axis of every field is
+    contiguous."""
+
+    format: QuantFormat
+    data_strides: Strides
+    scale_dtype: str | None = None        # affine only
+    scale_strides: Strides | None = None
+    bias_strides: Strides | None = None
+
+
+@dataclass(frozen=True)
 class AttentionProblem:
     """One attention forward problem. Dimensions follow the issue's names:
     q is (B, Hq, R, D), k is (B, Hkv, C, D), v is (B, Hkv, C, Dv) in logical order."""
@@ -113,6 +129,8 @@ class AttentionProblem:
     return_lse: bool = False
     blocks: BlockLists | None = None       # block-sparse attention: only the listed key blocks
     tokens: TokenLists | None = None       # sparse-indexed attention: only the listed keys
+    k_quant: QuantizedStorage | None = None  # k is read quantized (k_strides are then unused)
+    v_quant: QuantizedStorage | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -153,6 +171,13 @@ class AttentionProblem:
     @property
     def mask_shape(self) -> tuple[int, int, int, int]:
         return (self.batch, self.q_heads, self.q_len, self.kv_len)
+
+    @property
+    def packs_heads(self) -> bool:
+        """Whether a threadgroup's rows are the query heads of one kv head (at its queries),
+        staging K/V rows in threadgroup memory for all of them: so with quantized K/V, whose
+        every byte a threadgroup then reads once per kv head."""
+        return self.k_quant is not None or self.v_quant is not None
 
     @property
     def gqa_ratio(self) -> int:

@@ -106,13 +106,13 @@ def decode_group(f: QuantFormat, *, data: str, scale: str, bias: str | None, tar
                 f"      stream |= ulong({data}[word++]) << held;",
                 "      held += 32u;",
                 "    }",
-                f"    const float q = float(uint(stream) & {mask});",
+                f"    const float value = float(uint(stream) & {mask});",
                 f"    stream >>= {f.bits}u;",
                 f"    held -= {f.bits}u;",
-                f"    {target}[i] = {cast}({scale} * q + {bias});",
+                f"    {target}[i] = {cast}({scale} * value + {bias});",
                 "  }",
                 "}"]
-    d = f"float(as_type<half>(ushort({data}[0]) | ushort(ushort({data}[1]) << 8)))"
+    d = f"float(as_type<half>(ushort(uint({data}[0]) | (uint({data}[1]) << 8))))"
     if f.name == "q8_0":
         body = [f"  {target}[i] = {cast}(d * float(as_type<char>({data}[2 + i])));"]
         count = GGUF_BLOCK

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import operands
+from . import operands, staging
 from .attention_forward import BUILTINS, _softmax
 from .blocks import (HeadTensor, Positions, Rows, accumulate, block_loop, element_offset, head_pointer, in_registers,
                      lane_layout, row_index, scores, store_rows, tiles, zeroed)
@@ -24,6 +24,7 @@ from .kernel_source import KernelSource, assemble
 from .msl import MSL_TYPES, indent, loop, offset
 from .plan import GridAxis, LaunchPlan
 from .sizes import Extent
+from .staging import StagedTensor
 
 SPARSE_KERNEL_NAME = "sparse_attention_forward"
 
@@ -67,36 +68,17 @@ def _bias(count: int) -> list[str]:
         + loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", body))
 
 
-def stage(d, threads: str) -> list[str]:
-    """Declares the threadgroup arrays of the staged rows (k_stage, and v_stage unless v is a
-    view of k), and `member` and `threads`: the thread's place in the threadgroup and its size.
-    Reads simd_index, lane."""
-    t, rows = MSL_TYPES[d.dtype], d.tokens.stage_rows
-    lines = [f"threadgroup {t} k_stage[{rows * d.head_dim}];  // the step's listed K rows, shared by every simdgroup"]
-    if not d.tokens.shared_kv:
-        lines.append(f"threadgroup {t} v_stage[{rows * d.value_dim}];  // ... and V rows")
-    return lines + ["const uint member = simd_index * 32 + lane;  // this thread's place in the threadgroup",
-                    f"const uint threads = {threads};"]
+def staged_tensors(d) -> list[StagedTensor]:
+    """What the stage holds: K rows, and V rows unless v is a view of k."""
+    tensors = [StagedTensor("k", d.head_dim, d.k)]
+    return tensors if d.tokens.shared_kv else tensors + [StagedTensor("v", d.value_dim, d.v)]
 
 
 def staged_rows(d) -> list[str]:
-    """Loads the step's listed rows [kb, kb + stage_rows) into the stage, every thread of the
-    threadgroup a share, each row once; a slot past the count or naming no key stores 0 (and
-    reads nothing). Barriers before (the last step's readers are done) and after. Reads kb,
-    count, listed, k_head (v_head), member, threads."""
-    t, rows = MSL_TYPES[d.dtype], d.tokens.stage_rows
-    targets = [("k_stage", "k_head", d.k, d.head_dim)]
-    if not d.tokens.shared_kv:
-        targets.append(("v_stage", "v_head", d.v, d.value_dim))
-    lines = ["threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous step's stage is read"]
-    for target, source, layout, width in targets:
-        at = offset("ulong(key)", layout.strides[2])
-        lines += [f"for (uint e = member; e < {rows * width}u; e += threads) {{",
-                  f"  const int slot = kb + int(e / {width});",
-                  "  const int key = slot < count ? listed[slot] : -1;",
-                  f"  {target}[e] = uint(key) < C ? {source}[{at} + e % {width}] : {t}(0);",
-                  "}"]
-    return lines + ["threadgroup_barrier(mem_flags::mem_threadgroup);  // the stage is filled"]
+    """Loads the step's listed rows [kb, kb + stage_rows) into the stage; a slot past the
+    count or naming no key stores 0 (and reads nothing). Reads kb, count, listed."""
+    return staging.fill(staged_tensors(d), d.tokens.stage_rows, d.dtype,
+                        key="kb + slot < count ? listed[kb + slot] : -1", valid="uint(key) < C")
 
 
 def _slot_steps(d: KernelDescriptor) -> list[str]:
@@ -142,7 +124,7 @@ def generate_sparse(d: KernelDescriptor) -> KernelSource:
     state += (["float m = sinks[h] * LOG2E;  // the sink is one more logit, with no value", "float l = 1.0f;"]
               if d.sinks else ["float m = MASKED;", "float l = 0.0f;"])
     state += zeroed("o_tile", tiles(d.value_dim), "O, unnormalized")
-    body = _geometry(d) + stage(d, str(32 * d.simdgroups)) + q_cache + state + _slot_steps(d) + _store(d)
+    body = _geometry(d) + staging.declare(staged_tensors(d), d.tokens.stage_rows, d.dtype, str(32 * d.simdgroups)) + q_cache + state + _slot_steps(d) + _store(d)
     summary = [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, {d.gqa_ratio} query heads per kv head as tile rows",
                f"sparse-indexed: token lists{' with topk_length' if d.tokens.lengths else ''}, "
                f"sinks {'yes' if d.sinks else 'no'}, lse {'yes' if d.return_lse else 'no'}",

@@ -5,9 +5,8 @@ small combine kernel merges the splits."""
 
 from __future__ import annotations
 
-from .descriptor import query_rows
+from .descriptor import forward_key_block, forward_threadgroups
 from .problem import AttentionProblem
-from .tables import tile_row
 
 DECODE_MAX_ROWS = 16       # only decode-shaped problems split
 MIN_KEYS_PER_SPLIT = 256   # below this a split costs more than it saves
@@ -19,12 +18,11 @@ def kv_split(problem: AttentionProblem, family: str, parallel_threadgroups: int)
     threadgroups at once; None when the problem already has enough threadgroups (or keys are few)."""
     if problem.q_len > DECODE_MAX_ROWS:
         return None
-    rows = query_rows(problem, family)
-    threadgroups = problem.batch * problem.q_heads * -(-problem.q_len // rows)
+    threadgroups = forward_threadgroups(problem, family)
     splits = min(-(-parallel_threadgroups // threadgroups), problem.kv_len // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
     if splits < 2:
         return None
-    key_block = tile_row(family, max(problem.head_dim, problem.value_dim)).key_block
+    key_block = forward_key_block(problem, family)
     keys = -(-problem.kv_len // splits)
     keys = -(-keys // key_block) * key_block  # whole key blocks per split
     splits = -(-problem.kv_len // keys)

@@ -6,6 +6,9 @@ import numpy as np
 
 from .. import codegen
 from ..codegen import AttentionProblem, physical
+from ..codegen.problem import QuantizedStorage
+from ..quantized import QuantizedTensor
+from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import Device, resolve_device, tuning_facts
 from . import arguments as check
 from .empty import empty_forward
@@ -64,26 +67,36 @@ ARGUMENTS = ("q", "k", "v", "mask", "sinks")  # the array arguments, in call ord
 
 
 class Validated:
-    """One call's arguments, checked: the problem they make, the arrays to bind by name, and
-    how a warm call turns each argument into its array (None: bound as given)."""
+    """One call's arguments, checked: the problem they make, the arrays to bind by name, how
+    a warm call turns each argument into its array (None: bound as given), and for arrays
+    that are not an argument of their own (a quantized k's scales), the argument they come from."""
 
     def __init__(self, problem: AttentionProblem, bound: dict[str, np.ndarray],
-                 converts: dict[str, Convert | None]) -> None:
+                 converts: dict[str, Convert | None], sources: dict[str, str] | None = None) -> None:
         self.problem = problem
         self.bound = bound
         self.converts = converts
+        self.sources = sources or {}
 
 
-def validate(arrays, *, scale, causal, window, layout, return_lse) -> Validated:
-    """Every check of `attention`'s arguments (also `attention_backward`'s forward ones);
-    `arrays` = (q, k, v, mask, sinks) as passed."""
+def validate(arrays, *, scale, causal, window, layout, return_lse,
+             quantized_refusal: str | None = "only attention reads quantized K/V") -> Validated:
+    """Every check of `attention`'s arguments (also those of the ops that share them);
+    `arrays` = (q, k, v, mask, sinks) as passed. k and v may be QuantizedTensors unless
+    `quantized_refusal` says why the op refuses them (a TypeError)."""
     q, k, v, mask, sinks = arrays
     layout = check.layout_of(layout)
     raw = {"q": q, "k": k, "v": v}
-    q, k, v = (check.as_array(x, name) for name, x in raw.items())
+    q = check.as_array(q, "q")
+    k, v = (x if isinstance(x, QuantizedTensor) else check.as_array(x, name) for name, x in (("k", k), ("v", v)))
     dtype = check.dtype_of(q, "q")
     for x, name in ((k, "k"), (v, "v")):
-        if x.dtype != q.dtype:
+        if isinstance(x, QuantizedTensor):
+            if quantized_refusal is not None:
+                raise TypeError(f"{name} is a QuantizedTensor: {quantized_refusal}")
+            if x.ndim != 4:
+                raise ValueError(f"{name} must have 4 dimensions, got shape {x.shape}")
+        elif x.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; q, k and v must share one dtype")
     B, Hq, Hkv, R, C, D, Dv = check.dimensions(q, k, v, layout)
     scale = check.scale_value(scale)
@@ -91,8 +104,15 @@ def validate(arrays, *, scale, causal, window, layout, return_lse) -> Validated:
     window = check.window_sides(window, R, C)
     return_lse = check.flag(return_lse, "return_lse")
 
-    bound = {"q": check.bindable(q), "k": check.bindable(k), "v": check.bindable(v)}
-    converts: dict[str, Convert | None] = {"q": check.bindable, "k": check.bindable, "v": check.bindable}
+    bound = {"q": check.bindable(q)}
+    converts: dict[str, Convert | None] = {"q": check.bindable}
+    sources: dict[str, str] = {}
+    storage = {}
+    for name, x in (("k", k), ("v", v)):
+        if isinstance(x, QuantizedTensor):
+            storage[name] = _quantized_fields(x, name, layout, bound, converts, sources)
+        else:
+            bound[name], converts[name] = check.bindable(x), check.bindable
     mask_kind, mask_dtype, mask_strides = "none", None, None
     if mask is not None:
         bound["mask"], mask_kind, mask_dtype = check.mask_array(mask, (B, Hq, R, C))
@@ -103,25 +123,42 @@ def validate(arrays, *, scale, causal, window, layout, return_lse) -> Validated:
         converts["sinks"] = lambda s: check.sinks_array(s, Hq)  # always: finiteness is a check of contents
     raw.update(mask=mask, sinks=sinks)
     for name in bound:
-        if name != "sinks" and same_memory(raw[name], bound[name]):
+        if name in raw and name != "sinks" and same_memory(raw[name], bound[name]):
             converts[name] = None
 
     problem = AttentionProblem(
         batch=B, q_heads=Hq, kv_heads=Hkv, q_len=R, kv_len=C, head_dim=D, value_dim=Dv,
         dtype=dtype, layout=layout,
         q_strides=physical(check.element_strides(bound["q"]), layout),
-        k_strides=physical(check.element_strides(bound["k"]), layout),
-        v_strides=physical(check.element_strides(bound["v"]), layout),
+        k_strides=None if "k" in storage else physical(check.element_strides(bound["k"]), layout),
+        v_strides=None if "v" in storage else physical(check.element_strides(bound["v"]), layout),
         causal=causal_mode, window=window, mask=mask_kind, mask_dtype=mask_dtype, mask_strides=mask_strides,
-        sinks=sinks is not None, scale=scale, return_lse=return_lse)
-    return Validated(problem, bound, converts)
+        sinks=sinks is not None, scale=scale, return_lse=return_lse, k_quant=storage.get("k"),
+        v_quant=storage.get("v"))
+    return Validated(problem, bound, converts, sources)
+
+
+def _quantized_fields(x: QuantizedTensor, name: str, layout: str, bound: dict, converts: dict,
+                      sources: dict) -> QuantizedStorage:
+    """Binds the fields of a quantized k or v (as `name`, `name`_scales, `name`_biases, each
+    from argument `name`) and returns how they are stored."""
+    strides = {}
+    for field, array in x.arrays().items():
+        buffer = name if field == "data" else f"{name}_{field}"
+        bound[buffer] = check.bindable(array)
+        converts[buffer] = lambda t, field=field: check.bindable(t.arrays()[field])
+        sources[buffer] = name
+        strides[field] = physical(check.element_strides(bound[buffer]), layout)
+    scale_dtype = FLOAT_DTYPES[x.arrays()["scales"].dtype] if "scales" in strides else None
+    return QuantizedStorage(x.quant_format, strides["data"], scale_dtype, strides.get("scales"), strides.get("biases"))
 
 
 def _prepare(arrays, *, scale, causal, window, layout, return_lse,
              device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
     """The first call of a signature: every check, then the problem's pass, prepared; and
     this call's inputs."""
-    call = validate(arrays, scale=scale, causal=causal, window=window, layout=layout, return_lse=return_lse)
+    call = validate(arrays, scale=scale, causal=causal, window=window, layout=layout, return_lse=return_lse,
+                    quantized_refusal=None)
     p = call.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_forward(p, ARGUMENTS, call)

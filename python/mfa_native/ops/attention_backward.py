@@ -55,7 +55,8 @@ def validate_backward(arrays, *, scale, causal, window, layout) -> Validated:
     sinks) as passed. The problem is an AttentionBackwardProblem."""
     q, k, v, o, lse, do, mask, sinks = arrays
     forward = validate((q, k, v, mask, sinks), scale=scale, causal=causal, window=window, layout=layout,
-                       return_lse=False)
+                       return_lse=False, quantized_refusal="a quantized cache has no gradient; attention_backward "
+                       "differentiates attention over float k and v")
     p = forward.problem
     dtype = forward.bound["q"].dtype
     shape = physical(p.o_shape, layout)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
+from ..quantized import QuantizedTensor
 from ..runtime import runner
 from ..runtime.frameworks import FrameworkCall, framework_of
 
@@ -53,7 +54,7 @@ def returns_given_kind(leading: Sequence[str], others: Sequence[str] = ()) -> Ca
 def _in_framework(op, signature: inspect.Signature, leading, others, args, kwargs):
     bound = signature.bind(*args, **kwargs)
     values = bound.arguments
-    found = {name: [framework_of(x) for x in _items(values.get(name))] for name in leading + others}
+    found = {name: [framework_of(_stored(x)) for x in _items(values.get(name))] for name in leading + others}
     kinds = {kind for name in leading for kind in found[name]}
     if len(kinds) > 1:
         described = ", ".join(f"{name}: {_kind_names(found[name])}" for name in leading)
@@ -88,8 +89,16 @@ def _items(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def _stored(x):
+    """What tells an argument's kind: its own, or a QuantizedTensor's data's."""
+    return x.data if isinstance(x, QuantizedTensor) else x
+
+
 def _view(call: FrameworkCall, x, name: str):
-    return call.view(x, name) if framework_of(x) is call.framework else x
+    """x as numpy (a QuantizedTensor holds numpy views of its fields already)."""
+    if isinstance(x, QuantizedTensor) or framework_of(x) is not call.framework:
+        return x
+    return call.view(x, name)
 
 
 def _kind_names(kinds) -> str:

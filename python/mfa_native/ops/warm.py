@@ -7,7 +7,8 @@ cannot differ in anything but array contents, so the first call's checks,
 problem, pass description and prepared pass all hold for them; only checks of
 contents (finite sinks) run again, inside the argument's conversion.
 
-Only numpy arrays make a signature (other array types go the full way each time).
+Only numpy arrays make a signature, and QuantizedTensors of numpy arrays (other array types
+go the full way each time).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..quantized import QuantizedTensor
 from ..runtime.devices import Device, tuning_facts
 from ..runtime.runner import PreparedPass
 
@@ -45,6 +47,9 @@ def signature(arrays: Sequence, options: Sequence, device: Device) -> tuple | No
             key.append(None)
         elif type(a) is np.ndarray:
             key.append((a.shape, a.strides, a.dtype))
+        elif type(a) is QuantizedTensor and type(a.data) is np.ndarray:
+            fields = a.arrays().values()
+            key.append((a.format, a.bits, a.group_size, a.dtype, *((x.shape, x.strides, x.dtype) for x in fields)))
         else:
             return None
     key += [_strict(o) if type(o) in _SEQUENCES else (type(o), o) for o in options]
@@ -111,10 +116,13 @@ class SignatureCache:
             self._calls.clear()
 
 
-def pick(inputs: Sequence[str], arguments: Sequence[str], converts: dict[str, Convert | None]) -> tuple:
+def pick(inputs: Sequence[str], arguments: Sequence[str], converts: dict[str, Convert | None],
+         sources: dict[str, str] | None = None) -> tuple:
     """PreparedCall.picks for the pass inputs `inputs` of an op whose array arguments are
-    `arguments` (names, in call order), with each input's conversion (None: as given)."""
-    return tuple((arguments.index(name), converts[name]) for name in inputs)
+    `arguments` (names, in call order), with each input's conversion (None: as given); an
+    input named in `sources` comes from that argument (a quantized k's scales from k)."""
+    sources = sources or {}
+    return tuple((arguments.index(sources.get(name, name)), converts[name]) for name in inputs)
 
 
 def same_memory(raw, bound: np.ndarray) -> bool:
@@ -153,5 +161,6 @@ def prepared_call(description, device: Device, checked, arguments: Sequence[str]
 
         def finish(outputs):
             return tuple(outputs[i] for i in order)
-    call = PreparedCall(prepared, pick(prepared.input_names, arguments, checked.converts), finish, check)
+    call = PreparedCall(prepared, pick(prepared.input_names, arguments, checked.converts, checked.sources), finish,
+                        check)
     return call, [checked.bound[name] for name in prepared.input_names]
