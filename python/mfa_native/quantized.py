@@ -107,8 +107,13 @@ class QuantizedTensor:
         return sum(x.nbytes for x in self.arrays().values())
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The stored fields as numpy arrays (views of the given ones), by name."""
+        """The stored fields as numpy arrays (views of the given ones), by name: data, and
+        scales and biases where the format has them."""
         return dict(self._numpy)
+
+    def field(self, name: str) -> np.ndarray:
+        """One stored field as a numpy array (a view of the given one): "data", "scales" or "biases"."""
+        return self._numpy[name]
 
     def dequantize(self):
         """The logical tensor, in `dtype`, as numpy or the framework of `data`."""

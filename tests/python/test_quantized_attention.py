@@ -173,6 +173,19 @@ def test_wraps_what_mlx_quantize_writes(rng):
     assert relative_l2(np.array(out), expected) < 1e-4
 
 
+def test_torch_fields_and_queries_give_torch(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v = tensors(rng, dtype="float16", k_format=("affine", 8, 64), v_format=("q4_0", None, None))
+    as_torch = {name: torch.from_numpy(x) for name, x in k.arrays().items()}
+    k_torch = QuantizedTensor(as_torch["data"], as_torch["scales"], as_torch["biases"], bits=8, group_size=64)
+    v_torch = QuantizedTensor(torch.from_numpy(v.field("data")), format="q4_0", dtype=np.float16)
+    out = mfa_native.attention(torch.from_numpy(q), k_torch, v_torch, causal=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float16
+    assert isinstance(k_torch.dequantize(), torch.Tensor)
+    expected = attention_reference(q, floats(k, q.dtype), floats(v, q.dtype), causal=True)
+    assert relative_l2(out.numpy(), expected) < TOLERANCE["float16"]
+
+
 def test_warm_calls_read_new_contents(rng):
     """Calls of one signature share a prepared pass; each reads its own tensors."""
     for _ in range(3):

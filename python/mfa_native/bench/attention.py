@@ -1,4 +1,5 @@
-"""Attention benchmark: `python -m mfa_native bench attention [--backward] [--device cpu] [--repeat 3]`.
+"""Attention benchmark: `python -m mfa_native bench attention [--backward | --quantized] [--device cpu]
+[--repeat 3]`.
 
 For each configuration: the warm time per call, the simdgroup 8x8x8
 multiply-accumulates the kernel issued against the useful minimum (every 8x8
@@ -10,6 +11,10 @@ issued against useful multiply-accumulates (both kernels: the 7 products of
 the two-kernel algorithm on every allowed tile). Its TFLOPS count the 5
 products a backward pass needs (2.5 times the forward's FLOPs when D = Dv):
 the two that each kernel recomputes, so that neither needs atomics, are overhead.
+
+With --quantized: decode shapes with K and V stored as float16, MLX affine 8/4-bit and GGUF
+q8_0/q4_0 (bench/_quantized.py): time, and the bytes read from K and V against their stored
+size and against the float16 run.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from ..runtime.arrays import bfloat16
 from ..runtime.devices import resolve_device
 from ..ops.attention import attention
 from ..ops.attention_backward import attention_backward
+from . import _quantized
 from ._table import format_table
 
 
@@ -54,6 +60,18 @@ CPU_CONFIGS = (
     Config("decode", 1, 8, 8, 1, 2048, 64, 64, "float16"),
     Config("decode 1 head (split-KV)", 1, 1, 1, 1, 8192, 64, 64, "float16"),
     Config("D 192 / Dv 128", 1, 2, 2, 128, 128, 192, 128, "float32"),
+)
+
+# Decode, where reading K/V is the cost (--quantized).
+CPU_DECODE_CONFIGS = (
+    Config("decode GQA 32/8", 1, 32, 8, 1, 2048, 128, 128, "float16"),
+    Config("decode MQA 16/1", 1, 16, 1, 1, 4096, 64, 64, "float16", causal=True),
+    Config("decode 4 rows GQA 8/2 (split-KV)", 1, 8, 2, 4, 4096, 128, 128, "float16", causal=True),
+)
+METAL_DECODE_CONFIGS = (
+    Config("decode GQA 32/8", 8, 32, 8, 1, 8192, 128, 128, "float16"),
+    Config("decode B1 GQA 32/8 (split-KV)", 1, 32, 8, 1, 32768, 128, 128, "float16"),
+    Config("decode MQA 32/1", 4, 32, 1, 1, 16384, 64, 64, "float16", causal=True),
 )
 
 METAL_CONFIGS = (
@@ -145,16 +163,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", choices=["cpu", "metal"], help="default: the default device")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls per configuration (median)")
     parser.add_argument("--only", help="run the configurations whose name contains this text")
-    parser.add_argument("--backward", action="store_true", help="time the backward pass (and the forward with lse)")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--backward", action="store_true", help="time the backward pass (and the forward with lse)")
+    what.add_argument("--quantized", action="store_true", help="decode with quantized K/V against float16 K/V")
     args = parser.parse_args(argv)
 
     device = resolve_device(args.device)
     on_metal = device.kind == "metal"
-    configs = [c for c in (METAL_CONFIGS if on_metal else CPU_CONFIGS) if not args.only or args.only in c.name]
+    if args.quantized:
+        configs = METAL_DECODE_CONFIGS if on_metal else CPU_DECODE_CONFIGS
+    else:
+        configs = METAL_CONFIGS if on_metal else CPU_CONFIGS
+    configs = [c for c in configs if not args.only or args.only in c.name]
     peak = peak_tflops(device.name) if on_metal else None
-    table = _backward_table if args.backward else _forward_table
-    headers, rows = table(configs, device, args.repeat, rates=on_metal, peak=peak)
-    what = "attention backward (and forward with lse)" if args.backward else "attention forward"
+    if args.quantized:
+        headers, rows = _quantized.rows(configs, device, args.repeat, _measure, _shape, _inputs)
+        what = "attention forward, quantized K/V"
+    else:
+        table = _backward_table if args.backward else _forward_table
+        headers, rows = table(configs, device, args.repeat, rates=on_metal, peak=peak)
+        what = "attention backward (and forward with lse)" if args.backward else "attention forward"
     print(f"\n{what} on {device.kind} ({device.name}), median of {args.repeat} warm calls")
     print(format_table(headers, rows))
     return 0

@@ -9,7 +9,8 @@ device, against the bytes of caller memory staged between host and device per ca
 (0 where the backend binds host memory in place).
 
 Targets (issue "one pass runner"): at most 20 us for the tiny forward, 40 us for
-the tiny backward and the tiny split-KV decode.
+the tiny backward and the tiny split-KV decode; a quantized decode (k and v
+QuantizedTensors of numpy arrays) holds the tiny forward's 20 us.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import numpy as np
 from .. import codegen
 from ..ops.attention import attention
 from ..ops.attention_backward import attention_backward
+from ..ops.quantize import quantize
+from ..codegen.problem import QuantizedStorage, contiguous_strides
+from ..codegen.quant_format import QuantFormat
 from ..runtime import profiling
 from ..runtime.devices import Device, resolve_device, tuned_as, tuning_facts
 from ._table import format_table
@@ -60,6 +64,24 @@ def _backward(dims):
     return make
 
 
+def _quantized_forward(dims, format: str):
+    """attention over k and v quantized (once, before the timed calls) in `format`."""
+    def make(rng, device):
+        q, k, v = _qkv(rng, *dims)
+        k, v = (quantize(x, format, device=device) for x in (k, v))
+        return lambda: attention(q, k, v, device=device)
+    return make
+
+
+def _quantized_problem(dims, format: str):
+    B, Hq, Hkv, R, C, D = dims
+    f = QuantFormat.of(format)
+    rows = contiguous_strides("bhsd", (B, Hkv, C, f.data_width(D)))
+    scales = contiguous_strides("bhsd", (B, Hkv, C, f.groups(D))) if f.affine else None
+    storage = QuantizedStorage(f, rows, "float32" if f.affine else None, scales, scales)
+    return _problem(dims, k_quant=storage, v_quant=storage)
+
+
 def _problem(dims, dtype="float32", **kwargs):
     B, Hq, Hkv, R, C, D = dims
     return codegen.AttentionProblem(B, Hq, Hkv, R, C, D, D, dtype=dtype, **kwargs)
@@ -72,6 +94,7 @@ def _scratch(description) -> int:
 TINY = (1, 1, 1, 8, 8, 16)
 DECODE = (1, 1, 1, 1, 2048, 16)
 GQA = (1, 8, 2, 128, 128, 64)
+QUANTIZED_DECODE = (1, 8, 2, 1, 256, 64)
 CASES = (
     Case("tiny forward", "B1 H1 R8 C8 D16 f32", 20.0, _forward(TINY),
          lambda device: _scratch(codegen.attention_pass(_problem(TINY)))),
@@ -80,6 +103,8 @@ CASES = (
     Case("tiny split-KV decode", "B1 H1 R1 C2048 D16 f32", 40.0, _forward(DECODE),
          lambda device: _scratch(codegen.attention_pass(
              _problem(DECODE), parallel_threadgroups=tuning_facts(device).parallel_threadgroups))),
+    Case("tiny quantized decode", "B1 H8/2 R1 C256 D64 q4_0", 20.0, _quantized_forward(QUANTIZED_DECODE, "q4_0"),
+         lambda device: _scratch(codegen.attention_pass(_quantized_problem(QUANTIZED_DECODE, "q4_0")))),
     Case("GQA prefill causal", "B1 H8/2 R128 C128 D64 f16", None, _forward(GQA, np.float16, causal=True),
          lambda device: _scratch(codegen.attention_pass(_problem(GQA, "float16", causal="lower_right")))),
 )

@@ -146,7 +146,10 @@ def _quantized_fields(x: QuantizedTensor, name: str, layout: str, bound: dict, c
     for field, array in x.arrays().items():
         buffer = name if field == "data" else f"{name}_{field}"
         bound[buffer] = check.bindable(array)
-        converts[buffer] = lambda t, field=field: check.bindable(t.arrays()[field])
+        if same_memory(array, bound[buffer]):  # bound as given on warm calls
+            converts[buffer] = lambda t, field=field: t.field(field)
+        else:
+            converts[buffer] = lambda t, field=field: check.bindable(t.field(field))
         sources[buffer] = name
         strides[field] = physical(check.element_strides(bound[buffer]), layout)
     scale_dtype = FLOAT_DTYPES[x.arrays()["scales"].dtype] if "scales" in strides else None

@@ -41,8 +41,7 @@ def returns_given_kind(leading: Sequence[str], others: Sequence[str] = ()) -> Ca
         @functools.wraps(op)
         def call(*args, **kwargs):
             # numpy q, k (and v): the op as is. Spelled out, as this is every warm call's path.
-            if len(args) >= count and type(args[0]) is ndarray and type(args[1]) is ndarray and \
-                    (count == 2 or type(args[2]) is ndarray):
+            if len(args) >= count and type(args[0]) is ndarray and _host(args[1]) and (count == 2 or _host(args[2])):
                 return op(*args, **kwargs)
             return _in_framework(op, signature, leading, others, args, kwargs)
 
@@ -87,6 +86,11 @@ def _in_framework(op, signature: inspect.Signature, leading, others, args, kwarg
 
 def _items(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _host(x) -> bool:
+    """Whether x is numpy, or a QuantizedTensor of numpy fields (a warm call's check, kept short)."""
+    return type(x) is np.ndarray or (type(x) is QuantizedTensor and type(x.data) is np.ndarray)
 
 
 def _stored(x):
