@@ -193,8 +193,10 @@ def encode_group(f: QuantFormat, *, values: str, data: str, scale: str | None, b
         d = "precise::divide(max_value, -8.0f)"
         split = GGUF_BLOCK // 2
         codes = [f"for (uint i = 0; i < {split}u; ++i) {{  // value i in the low nibble, i + {split} in the high",
-                 f"  const float low = trunc(float({values}[i]) * id + 8.5f);",
-                 f"  const float high = trunc(float({values}[i + {split}]) * id + 8.5f);",
+                 "  // x * id rounded to float before the + 8.5, as the reference: the max (a no-op, |x * id| <= 8)",
+                 "  // keeps a compiler from contracting the two into one fma, which can truncate the other way.",
+                 f"  const float low = trunc(max(float({values}[i]) * id, -16.0f) + 8.5f);",
+                 f"  const float high = trunc(max(float({values}[i + {split}]) * id, -16.0f) + 8.5f);",
                  "  const uint low_code = finite && !isnan(low) ? uint(clamp(low, 0.0f, 15.0f)) : 0u;",
                  "  const uint high_code = finite && !isnan(high) ? uint(clamp(high, 0.0f, 15.0f)) : 0u;",
                  f"  {data}[2 + i] = uchar(low_code | (high_code << 4));",
