@@ -11,6 +11,9 @@ are poisoned (conftest): a field the kernel never wrote fails."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from ml_dtypes import bfloat16
@@ -324,3 +327,12 @@ def test_generated_kernel_reads_as_its_format():
     assert not any(" / " in line for line in code)   # every division is precise::divide
     gguf_source = codegen.generate(codegen.QuantizeDescriptor("float16", QuantFormat.of("q4_0"))).source
     assert "scales" not in gguf_source and "device uchar* data [[buffer(1)]]" in gguf_source
+
+
+def test_the_readme_snippet_runs():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("## Quantized tensors\n")
+    section = readme[start:readme.index("\n## ", start + 1)]
+    namespace: dict = {}
+    exec(compile(re.findall(r"```python\n(.*?)```", section, re.S)[0], "README.md", "exec"), namespace)  # noqa: S102
+    assert namespace["error"] < 0.05
