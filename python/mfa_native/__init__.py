@@ -16,6 +16,7 @@ from .ops.block_mask import BlockMask
 from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
 from .ops.sparse import sparse_attention, sparse_attention_backward, sparse_topk
 from .ops.merge import merge_attention
+from .ops.quantize import quantize
 from .quantized import QuantizedTensor
 from .runtime.devices import Device, default_device, devices
 from .runtime.kernel import Kernel
@@ -45,6 +46,7 @@ __all__ = [
     "devices",
     "merge_attention",
     "profile",
+    "quantize",
     "reference",
     "sparse_attention",
     "sparse_attention_backward",

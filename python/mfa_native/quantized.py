@@ -116,9 +116,18 @@ class QuantizedTensor:
         return self._numpy[name]
 
     def dequantize(self):
-        """The logical tensor, in `dtype`, as numpy or the framework of `data`."""
-        values = dequantize_numpy(self.quant_format, self._numpy).astype(self.dtype)
+        """The logical tensor, in `dtype`, as numpy or the framework of `data`: scale * q + bias
+        (GGUF: d * q) computed in float32 and rounded once to `dtype`, except for affine MLX
+        arrays, which `mx.dequantize` dequantizes as MLX does (in the float dtype's own
+        arithmetic: float16 and bfloat16 may differ from the float32 path by an ulp)."""
         framework = framework_of(self.data)
+        if self.format == "affine" and framework is not None and framework.name == "mlx" and \
+                all(framework_of(x) is framework for x in (self.scales, self.biases)) and \
+                self._numpy["scales"].dtype == self.dtype:
+            import mlx.core as mx
+
+            return mx.dequantize(self.data, self.scales, self.biases, group_size=self.group_size, bits=self.bits)
+        values = dequantize_numpy(self.quant_format, self._numpy).astype(self.dtype)
         if framework is None:
             return values
         out = framework.empty(values.shape, values.dtype, self.data)

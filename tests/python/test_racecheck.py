@@ -83,7 +83,8 @@ def test_the_environment_checks_every_kernel():
 # Every generated kernel runs clean under the race detector: the tests of
 # each pass (forward, split-KV partial + combine, backward dQ / dK dV /
 # dsinks, block-sparse with given and built transposed lists, from_mask,
-# sparse-indexed forward (its staged rows in threadgroup memory), backward, top-k),
+# sparse-indexed forward (its staged rows in threadgroup memory), backward, top-k,
+# quantize),
 # run again in a process where MFA_NATIVE_SANITIZE=race builds every kernel
 # checked. The first test there proves that the variable takes effect.
 SWEEP = [
@@ -95,6 +96,7 @@ SWEEP = [
     "tests/python/test_block_sparse.py",
     "tests/python/test_sparse.py",
     "tests/python/test_kernel.py",
+    "tests/python/test_quantize.py::test_head_tensors",
 ]
 
 

@@ -189,7 +189,8 @@ def _torch_dtype(dtype: np.dtype):
     import torch
 
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-            "int32": torch.int32, "uint8": torch.uint8, "int8": torch.int8, "bool": torch.bool}[dtype.name]
+            "int32": torch.int32, "uint8": torch.uint8, "int8": torch.int8, "bool": torch.bool,
+            "uint32": getattr(torch, "uint32", None)}[dtype.name]   # torch.uint32: torch >= 2.3
 
 
 def _numpy_dtype(dtype) -> np.dtype:
@@ -204,4 +205,4 @@ def _mlx_dtype(dtype: np.dtype):
     import mlx.core as mx
 
     return {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32, "int32": mx.int32,
-            "uint8": mx.uint8, "int8": mx.int8, "bool": mx.bool_}[dtype.name]
+            "uint8": mx.uint8, "int8": mx.int8, "bool": mx.bool_, "uint32": mx.uint32}[dtype.name]
