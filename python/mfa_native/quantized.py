@@ -39,10 +39,11 @@ class QuantizedTensor:
         dtype: the logical float dtype (numpy; ml_dtypes.bfloat16 for bfloat16).
 
     The arrays may be numpy arrays, torch CPU tensors or MLX arrays (read without a copy
-    where they allow it); `dequantize()` returns the kind of `data`.
+    where they allow it); `dequantize()` returns the kind of `data`. `signature` is what
+    the ops' warm path keys on: the format and every field's shape, strides and dtype.
     """
 
-    __slots__ = ("data", "scales", "biases", "format", "bits", "group_size", "shape", "dtype", "_numpy")
+    __slots__ = ("data", "scales", "biases", "format", "bits", "group_size", "shape", "dtype", "_numpy", "signature")
 
     def __init__(self, data, scales=None, biases=None, *, format: str = "affine", bits: int | None = None,
                  group_size: int | None = None, dtype=None) -> None:
@@ -86,6 +87,9 @@ class QuantizedTensor:
         self.shape = (*stored.shape[:-1], features)
         self.dtype = logical
         self._numpy = arrays
+        # What a call's signature needs of the tensor (ops/warm.py), computed once.
+        self.signature = (f.name, f.bits, f.group_size, logical,
+                          *((x.shape, x.strides, x.dtype) for x in arrays.values()))
 
     @classmethod
     def from_mlx(cls, wq, scales, biases, *, group_size: int = 64, bits: int = 4) -> QuantizedTensor:

@@ -66,7 +66,7 @@ CPU_CONFIGS = (
 CPU_DECODE_CONFIGS = (
     Config("decode GQA 32/8", 1, 32, 8, 1, 2048, 128, 128, "float16"),
     Config("decode MQA 16/1", 1, 16, 1, 1, 4096, 64, 64, "float16", causal=True),
-    Config("decode 4 rows GQA 8/2 (split-KV)", 1, 8, 2, 4, 4096, 128, 128, "float16", causal=True),
+    Config("decode 4 rows GQA 8/2", 1, 8, 2, 4, 4096, 128, 128, "float16", causal=True),
 )
 METAL_DECODE_CONFIGS = (
     Config("decode GQA 32/8", 8, 32, 8, 1, 8192, 128, 128, "float16"),

@@ -94,7 +94,7 @@ def _scratch(description) -> int:
 TINY = (1, 1, 1, 8, 8, 16)
 DECODE = (1, 1, 1, 1, 2048, 16)
 GQA = (1, 8, 2, 128, 128, 64)
-QUANTIZED_DECODE = (1, 8, 2, 1, 256, 64)
+QUANTIZED_DECODE = (1, 8, 2, 1, 32, 64)
 CASES = (
     Case("tiny forward", "B1 H1 R8 C8 D16 f32", 20.0, _forward(TINY),
          lambda device: _scratch(codegen.attention_pass(_problem(TINY)))),
@@ -103,7 +103,7 @@ CASES = (
     Case("tiny split-KV decode", "B1 H1 R1 C2048 D16 f32", 40.0, _forward(DECODE),
          lambda device: _scratch(codegen.attention_pass(
              _problem(DECODE), parallel_threadgroups=tuning_facts(device).parallel_threadgroups))),
-    Case("tiny quantized decode", "B1 H8/2 R1 C256 D64 q4_0", 20.0, _quantized_forward(QUANTIZED_DECODE, "q4_0"),
+    Case("tiny quantized decode", "B1 H8/2 R1 C32 D64 q4_0", 20.0, _quantized_forward(QUANTIZED_DECODE, "q4_0"),
          lambda device: _scratch(codegen.attention_pass(_quantized_problem(QUANTIZED_DECODE, "q4_0")))),
     Case("GQA prefill causal", "B1 H8/2 R128 C128 D64 f16", None, _forward(GQA, np.float16, causal=True),
          lambda device: _scratch(codegen.attention_pass(_problem(GQA, "float16", causal="lower_right")))),

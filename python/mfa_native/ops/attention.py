@@ -13,7 +13,7 @@ from ..runtime.devices import Device, resolve_device, tuning_facts
 from . import arguments as check
 from .empty import empty_forward
 from .given_kind import returns_given_kind
-from .warm import Convert, PreparedCall, SignatureCache, prepared_call, run, same_memory, signature
+from .warm import Checked, Convert, PreparedCall, SignatureCache, prepared_call, run, same_memory, signature
 
 _calls = SignatureCache()
 
@@ -66,17 +66,13 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, window=None, sink
 ARGUMENTS = ("q", "k", "v", "mask", "sinks")  # the array arguments, in call order
 
 
-class Validated:
-    """One call's arguments, checked: the problem they make, the arrays to bind by name, how
-    a warm call turns each argument into its array (None: bound as given), and for arrays
-    that are not an argument of their own (a quantized k's scales), the argument they come from."""
+class Validated(Checked):
+    """One call's arguments, checked: the problem they make, and how they bind (Checked)."""
 
     def __init__(self, problem: AttentionProblem, bound: dict[str, np.ndarray],
                  converts: dict[str, Convert | None], sources: dict[str, str] | None = None) -> None:
+        super().__init__(bound, converts, sources)
         self.problem = problem
-        self.bound = bound
-        self.converts = converts
-        self.sources = sources or {}
 
 
 def validate(arrays, *, scale, causal, window, layout, return_lse,

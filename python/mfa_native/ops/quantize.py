@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numbers
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -15,7 +14,7 @@ from ..runtime.arrays import DTYPES
 from ..runtime.devices import Device, resolve_device
 from ..runtime.frameworks import FrameworkCall, framework_of
 from . import arguments as check
-from .warm import PreparedCall, SignatureCache, pick, prepared_call, run, signature
+from .warm import Checked, PreparedCall, SignatureCache, pick, prepared_call, run, signature
 
 ARGUMENTS = ("x",)
 MAX_GROUPS = 2**32 - 1   # the kernel's one runtime size, a 32-bit word
@@ -91,8 +90,8 @@ def _quantize(x, format, bits, group_size, device) -> tuple:
         if array.size // f.group_size > MAX_GROUPS:
             raise ValueError(f"x has {array.size // f.group_size} groups; at most {MAX_GROUPS} fit one call")
         contiguous = array.flags.c_contiguous
-        checked = SimpleNamespace(bound={"x": array if contiguous else np.ascontiguousarray(array)},
-                                  converts={"x": None if contiguous else np.ascontiguousarray})
+        checked = Checked(bound={"x": array if contiguous else np.ascontiguousarray(array)},
+                          converts={"x": None if contiguous else np.ascontiguousarray})
         results = ("data", "scales", "biases") if f.affine else ("data",)
         descriptor = codegen.QuantizeDescriptor(dtype, f)
         if array.size == 0:

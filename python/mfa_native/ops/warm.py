@@ -48,12 +48,23 @@ def signature(arrays: Sequence, options: Sequence, device: Device) -> tuple | No
         elif type(a) is np.ndarray:
             key.append((a.shape, a.strides, a.dtype))
         elif type(a) is QuantizedTensor and type(a.data) is np.ndarray:
-            fields = a.arrays().values()
-            key.append((a.format, a.bits, a.group_size, a.dtype, *((x.shape, x.strides, x.dtype) for x in fields)))
+            key.append(a.signature)
         else:
             return None
     key += [_strict(o) if type(o) in _SEQUENCES else (type(o), o) for o in options]
     return tuple(key)
+
+
+class Checked:
+    """An op's checked arguments: the arrays to bind, by pass input name; how a warm call turns
+    its argument into each (None: bound as given); and, for inputs that are not an argument
+    of their own (a quantized k's scales), the argument they come from."""
+
+    def __init__(self, bound: dict[str, np.ndarray], converts: dict[str, Convert | None],
+                 sources: dict[str, str] | None = None) -> None:
+        self.bound = bound
+        self.converts = converts
+        self.sources = sources or {}
 
 
 class PreparedCall:
@@ -146,8 +157,8 @@ def run(calls: SignatureCache, key: tuple | None, arguments: Sequence,
 
 def prepared_call(description, device: Device, checked, arguments: Sequence[str], results: str | tuple[str, ...],
                   check: Callable[[Sequence], None] | None = None) -> tuple[PreparedCall, list[np.ndarray]]:
-    """The PreparedCall that runs `description` for `checked` (an op's checked arguments: their
-    `bound` arrays and `converts` by name), and this call's inputs. `arguments` names the op's
+    """The PreparedCall that runs `description` for `checked` (an op's Checked arguments), and
+    this call's inputs. `arguments` names the op's
     array arguments in call order; `results` the outputs it returns: a name for one array, a
     tuple of names for a tuple."""
     prepared = PreparedPass(description, device)
