@@ -30,6 +30,14 @@ def test_the_attention_and_backward_snippets_run():
     assert namespace["dq"].shape == namespace["q"].shape and namespace["dsinks"].shape == (8,)
 
 
+def test_the_quantized_kv_snippet_runs():
+    namespace: dict = {}
+    (block,) = python_blocks("## Quantized K/V caches")
+    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    out, expected = (namespace[name].astype("float32") for name in ("out", "expected"))
+    assert out.shape == (1, 32, 1, 128) and abs(out - expected).max() < 2e-3
+
+
 def test_files_the_docs_name_exist():
     named = set(re.findall(r"`((?:docs|scripts|src|include|tests|examples|benchmarks|python)/[\w./-]+)`", README))
     for path in ROOT.glob("python/mfa_native/**/*.py"):
