@@ -31,6 +31,10 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, window=None, sink
             the sequence and head axes. Hq must be a multiple of Hkv (query head h
             reads kv head h // (Hq // Hkv)). D and Dv are 1..256. Any non-negative
             strides with a contiguous last axis are used in place, without a copy.
+            k and/or v may be QuantizedTensors (a quantized K/V cache: MLX's affine
+            format, GGUF's q8_0 or q4_0, quantized along D): the kernel reads the stored
+            bytes once per kv head and dequantizes them on chip, rounded to q's dtype;
+            the result is attention over k.dequantize(), v.dequantize().
         scale: logit scale; default 1 / sqrt(D).
         causal: False, True (= "lower_right": the last query lines up with the
             last key, as in MLX and FlashAttention 2.1+) or "upper_left" (query i
