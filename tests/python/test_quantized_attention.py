@@ -131,6 +131,13 @@ def test_dtypes_layouts_gqa_and_value_dims(rng, dtype, layout, heads, dims):
     check(q, k, v, causal=True, layout=layout)
 
 
+@pytest.mark.parametrize("causal", [True, "upper_left"])
+def test_prefill_spans_several_threadgroups_per_kv_head(rng, causal):
+    """R * ratio (query, head) pairs beyond one threadgroup's 128 rows: 77 * 4 = 308 pairs."""
+    q, k, v = tensors(rng, Hq=8, Hkv=2, R=77, C=90, D=32, k_format=("affine", 6, 32), v_format=("q8_0", None, None))
+    check(q, k, v, causal=causal, window=(30, 5))
+
+
 def test_split_kv_decode(rng):
     q, k, v = tensors(rng, Hq=8, Hkv=2, R=1, C=1500, D=64, k_format=("affine", 4, 64), v_format=("affine", 4, 64))
     sinks = rng.standard_normal(8).astype(np.float32)
