@@ -75,6 +75,12 @@ NAMED_FUNCTIONS = {
                 "inline float max_nan(float a, float b) {",
                 "  return (isnan(a) || a >= b) ? a : b;",
                 "}"],
+    "quantize_int8": ["// x / scale rounded to the nearest integer (halfway to even) and clamped to +-127; a",
+                      "// scale that is 0, infinite or NaN stores 0 (the scale itself carries the NaN on).",
+                      "inline char quantize_int8(float x, float scale) {",
+                      "  const bool usable = scale > 0.0f && isfinite(scale);",
+                      "  return char(usable ? clamp(rint(x / scale), -127.0f, 127.0f) : 0.0f);",
+                      "}"],
 }
 
 
