@@ -5,7 +5,9 @@ Generic pieces: sizes.py (extents, runtime sizes), plan.py (operands, grid), msl
 (text helpers), kernel_source.py (assembling a kernel), passes.py (kernels -> pass
 description). The attention family: problem.py, descriptor.py, tables.py, split.py,
 operands.py, blocks.py, the generators attention_forward.py, attention_combine.py,
-attention_backward.py, and attention_passes.py, which builds its passes.
+attention_backward.py, and attention_passes.py, which builds its passes. Int8 attention:
+int8_problem.py, int8_operands.py, int8_products.py (the product step and its exactness
+bound), the generators int8_quantize.py and int8_forward.py, and int8_passes.py.
 
 >>> from mfa_native.codegen import AttentionProblem, attention_source
 >>> print(attention_source(AttentionProblem(1, 8, 8, 128, 128, 64, 64, dtype="float16", causal="lower_right")))
@@ -19,6 +21,9 @@ from .attention_combine import generate_combine
 from .attention_forward import KERNEL_NAME, PARTIAL_KERNEL_NAME, generate, generate_partial
 from .attention_passes import BAKE_LENGTHS, attention_backward_pass, attention_pass, block_mask_pass
 from .descriptor import BackwardDescriptor, KernelDescriptor, describe, describe_backward, sizes_of
+from .int8_passes import int8_attention_pass, int8_quantizer_pass
+from .int8_problem import Int8Problem
+from .int8_products import check_exact as check_int8_exact
 from .kernel_source import KernelSource
 from .plan import GridAxis, LaunchPlan, Operand
 from .problem import AttentionBackwardProblem, AttentionProblem, BlockLists, contiguous_strides, physical
@@ -53,6 +58,7 @@ __all__ = [
     "Extent",
     "FAMILIES",
     "GridAxis",
+    "Int8Problem",
     "KERNEL_NAME",
     "KernelDescriptor",
     "KernelSource",
@@ -66,6 +72,7 @@ __all__ = [
     "attention_pass",
     "attention_source",
     "block_mask_pass",
+    "check_int8_exact",
     "contiguous_strides",
     "describe",
     "describe_backward",
@@ -74,6 +81,8 @@ __all__ = [
     "generate_dkdv",
     "generate_dq",
     "generate_partial",
+    "int8_attention_pass",
+    "int8_quantizer_pass",
     "kv_split",
     "physical",
     "sizes_of",
