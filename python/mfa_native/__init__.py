@@ -14,6 +14,7 @@ from .ops.attention import attention
 from .ops.attention_backward import attention_backward
 from .ops.block_mask import BlockMask
 from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
+from .ops.int8_attention import int8_attention
 from .ops.sparse import sparse_attention, sparse_attention_backward, sparse_topk
 from .ops.merge import merge_attention
 from .ops.quantize import quantize
@@ -44,6 +45,7 @@ __all__ = [
     "cpp_flags",
     "default_device",
     "devices",
+    "int8_attention",
     "merge_attention",
     "profile",
     "quantize",

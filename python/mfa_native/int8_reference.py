@@ -1,0 +1,156 @@
+"""Numpy emulation of int8 attention, written from its semantics (independently of the kernels).
+
+`int8_quantized_reference` quantizes q, k and v as `mfa_native.int8_attention` specifies:
+float32 scales absmax / 127 (IEEE float32 division), values rint(x / scale) (halfway to
+even) clamped to +-127, means as float32 sums in key order divided by C, and K minus its
+mean (a float32 subtraction) with smooth_k. It returns what the quantizer kernels store,
+by the same names and logical shapes (scales one per row, a tile's rows sharing one).
+
+`int8_attention_emulation` runs the rest of the pipeline on those integers: the products in
+int64, everything else in float64:
+
+- logits = scale * (q_int . k_int * q_scale * k_scale + q . mean(k)) (+ additive mask),
+  the last term with smooth_k (the float q, the mean over all C keys), so the logits are
+  the unshifted ones;
+- pv="float": the softmax of those logits (sinks in the denominator) times v;
+- pv="int8": per aligned block of 64 keys, P_int = rint(127 * exp(logit - block max)) over
+  the allowed keys (0 elsewhere); the denominator is sum over blocks of exp(block max - M)
+  * sum(P_int) / 127 plus exp(sink - M), M the row's maximum (sink included); the output
+  is (sum over blocks of exp(block max - M) / 127 * (P_int . v_int) * v_scale + v_mean *
+  the keys' share of the denominator) / denominator;
+- lse = M + log(denominator); a row with no allowed key and no sink: output 0, lse -inf.
+
+Masking rules are those of `mfa_native.reference`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .reference import MASKED_BELOW, allowed_keys
+
+INT8_MAX = 127
+P_BLOCK = 64
+TILE_ROWS = {"token": (1, 1), "tile": (16, 64)}   # (query rows, key rows) per scale
+
+
+def _bhsd32(x, layout: str) -> np.ndarray:
+    """The tensor's values as float32 (exact for float16 and bfloat16), logical order."""
+    x = np.asarray(x).astype(np.float32)
+    return x if layout == "bhsd" else x.transpose(0, 2, 1, 3)
+
+
+def column_mean(x: np.ndarray) -> np.ndarray:
+    """(..., C, d) float32 -> (..., d): the float32 sum over the keys in order, divided by C."""
+    total = np.add.accumulate(x, axis=-2, dtype=np.float32)[..., -1, :]
+    return (total / np.float32(x.shape[-2])).astype(np.float32)
+
+
+def quantize(x: np.ndarray, absmax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (float32) against absmax (broadcastable float32) -> (int64 values, float32 scales)."""
+    scale = (absmax / np.float32(INT8_MAX)).astype(np.float32)
+    usable = (scale > 0) & np.isfinite(scale)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = np.clip(np.rint(x / np.where(usable, scale, np.float32(1))), -INT8_MAX, INT8_MAX)
+    return np.where(usable, values, 0).astype(np.int64), scale
+
+
+def quantize_rows(x: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """x (..., n, d) float32 with one scale per `rows` rows aligned from row 0 -> int64 values
+    (..., n, d) and float32 scales (..., n), a group's rows sharing its scale."""
+    n = x.shape[-2]
+    groups = -(-n // rows)
+    row_max = np.abs(x).max(axis=-1)                     # a NaN stays
+    padded = np.zeros(row_max.shape[:-1] + (groups * rows,), dtype=np.float32)
+    padded[..., :n] = row_max
+    group_max = padded.reshape(row_max.shape[:-1] + (groups, rows)).max(axis=-1)
+    absmax = np.repeat(group_max, rows, axis=-1)[..., :n]
+    values, scale = quantize(x, absmax[..., None])
+    return values, scale[..., 0]
+
+
+def int8_quantized_reference(q, k, v, *, layout="bhsd", qk_scale="token", smooth_k=True, pv="int8"
+                             ) -> dict[str, np.ndarray]:
+    """What the quantizer kernels store (see the module docstring), by buffer name."""
+    qf, kf, vf = (_bhsd32(x, layout) for x in (q, k, v))
+    q_rows, k_rows = TILE_ROWS[qk_scale]
+    out: dict[str, np.ndarray] = {}
+    if smooth_k:
+        out["k_mean"] = column_mean(kf)
+        kf = (kf - out["k_mean"][..., None, :]).astype(np.float32)
+        ratio = qf.shape[1] // kf.shape[1]
+        mean = np.repeat(out["k_mean"], ratio, axis=1).astype(np.float64)
+        out["q_shift"] = np.einsum("bhrd,bhd->bhr", qf.astype(np.float64), mean)
+    out["k_int8"], out["k_scale"] = quantize_rows(kf, k_rows)
+    out["q_int8"], out["q_scale"] = quantize_rows(qf, q_rows)
+    if pv == "int8":
+        out["v_mean"] = column_mean(vf)
+        centered = (vf - out["v_mean"][..., None, :]).astype(np.float32)
+        values, scale = quantize(centered, np.abs(centered).max(axis=-2, keepdims=True))
+        out["v_int8"], out["v_scale"] = values, scale[..., 0, :]
+    return out
+
+
+def int8_attention_emulation(q, k, v, *, scale=None, causal=False, mask=None, window=None, sinks=None,
+                             layout="bhsd", return_lse=False, qk_scale="token", smooth_k=True, pv="int8"):
+    """int8 attention's output (float64, laid out like q) and with return_lse its lse."""
+    x = int8_quantized_reference(q, k, v, layout=layout, qk_scale=qk_scale, smooth_k=smooth_k, pv=pv)
+    B, Hq, R, D = x["q_int8"].shape
+    C = x["k_int8"].shape[2]
+    ratio = Hq // x["k_int8"].shape[1]
+
+    def per_q_head(a):
+        return np.repeat(a, ratio, axis=1)
+
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    integer = np.einsum("bhrd,bhcd->bhrc", x["q_int8"], per_q_head(x["k_int8"]))           # int64
+    scores = integer * x["q_scale"][..., None].astype(np.float64) * per_q_head(x["k_scale"])[..., None, :]
+    if smooth_k:
+        scores = scores + x["q_shift"][..., None]
+    logits = scale * scores
+    allowed = np.broadcast_to(allowed_keys(R, C, causal, window), logits.shape)
+    if mask is not None:
+        mask = np.broadcast_to(np.asarray(mask), logits.shape)
+        if mask.dtype == np.bool_:
+            allowed = allowed & mask
+        else:
+            additive = mask.astype(np.float64)
+            allowed = allowed & ~(additive <= MASKED_BELOW)
+            logits = logits + np.where(allowed, additive, 0.0)
+    logits = np.where(allowed, logits, -np.inf)
+    sink = (np.broadcast_to(np.asarray(sinks, dtype=np.float64)[None, :, None], (B, Hq, R)) if sinks is not None
+            else np.full((B, Hq, R), -np.inf))
+
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if pv == "float":
+            M = np.maximum(logits.max(axis=-1), sink)
+            shift = np.where(np.isneginf(M), 0.0, M)
+            weights = np.exp(logits - shift[..., None])
+            keys = weights.sum(axis=-1)
+            numerator = np.einsum("bhrc,bhcd->bhrd", weights, per_q_head(_bhsd32(v, layout)).astype(np.float64))
+        else:
+            blocks = -(-C // P_BLOCK)
+            padded = np.full(logits.shape[:-1] + (blocks * P_BLOCK,), -np.inf)
+            padded[..., :C] = logits
+            padded = padded.reshape(logits.shape[:-1] + (blocks, P_BLOCK))
+            block_max = padded.max(axis=-1)                                    # -inf: no allowed key
+            reference = np.where(np.isneginf(block_max), 0.0, block_max)[..., None]
+            p_int = np.where(np.isneginf(padded), 0.0, np.rint(INT8_MAX * np.exp(padded - reference)))
+            M = np.maximum(block_max.max(axis=-1), sink)
+            shift = np.where(np.isneginf(M), 0.0, M)
+            unit = np.exp(block_max - shift[..., None]) / INT8_MAX             # 0 for empty blocks
+            keys = (unit * p_int.sum(axis=-1)).sum(axis=-1)
+            v_int = np.zeros(x["v_int8"].shape[:2] + (blocks * P_BLOCK, x["v_int8"].shape[-1]), dtype=np.int64)
+            v_int[:, :, :C] = x["v_int8"]
+            v_int = per_q_head(v_int.reshape(v_int.shape[:2] + (blocks, P_BLOCK, v_int.shape[-1])))
+            block_pv = np.einsum("bhrnk,bhnkd->bhrnd", p_int.astype(np.int64), v_int)   # exact integers
+            numerator = (np.einsum("bhrn,bhrnd->bhrd", unit, block_pv.astype(np.float64))
+                         * per_q_head(x["v_scale"])[:, :, None, :]
+                         + per_q_head(x["v_mean"])[:, :, None, :] * keys[..., None])
+        denominator = keys + np.exp(sink - shift)
+        empty = np.isneginf(M)
+        out = np.where(empty[..., None], 0.0, numerator / denominator[..., None])
+        lse = np.where(empty, -np.inf, shift + np.log(denominator))
+    if layout == "bshd":
+        out = out.transpose(0, 2, 1, 3)
+    return (out, lse) if return_lse else out
