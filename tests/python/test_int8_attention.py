@@ -185,12 +185,13 @@ def test_backward_through_attention_backward_with_int8_lse(rng):
     output and lse gives gradients close to attention's."""
     q, k, v = INPUTS["gaussian"](rng, shapes(R=40, C=90, D=32))
     do = rng.standard_normal(q.shape[:3] + (v.shape[-1],)).astype(np.float32)
-    o, lse = mfa_native.int8_attention(q, k, v, causal=True, pv="float", return_lse=True)
-    grads = mfa_native.attention_backward(q, k, v, o, lse, do, causal=True)
     o_float, lse_float = mfa_native.attention(q, k, v, causal=True, return_lse=True)
     expected = mfa_native.attention_backward(q, k, v, o_float, lse_float, do, causal=True)
-    for got, want in zip(grads, expected):
-        assert relative_l2(got, want) < 0.05
+    for pv in ("int8", "float"):
+        o, lse = mfa_native.int8_attention(q, k, v, causal=True, pv=pv, return_lse=True)
+        grads = mfa_native.attention_backward(q, k, v, o, lse, do, causal=True)
+        for got, want in zip(grads, expected):
+            assert relative_l2(got, want) < 0.02, pv   # about 0.5 % measured
 
 
 # ---------------------------------------------------------------------------
