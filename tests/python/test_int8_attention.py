@@ -14,6 +14,8 @@ import itertools
 import numpy as np
 import pytest
 from conftest import relative_l2
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ml_dtypes import bfloat16
 
 import mfa_native
@@ -141,6 +143,31 @@ def test_computes_the_emulated_pipeline(rng, case):
         np.testing.assert_allclose(lse[~empty], expected_lse[~empty], rtol=1e-5, atol=1e-5)
         rows = out if kwargs["layout"] == "bhsd" else out.transpose(0, 2, 1, 3)
         assert np.all(rows[empty] == 0), "rows without keys give 0"
+
+
+@st.composite
+def int8_problems(draw):
+    seed = draw(st.integers(0, 2**32 - 1))
+    Hkv = draw(st.sampled_from([1, 2]))
+    case = dict(dims=dict(R=draw(st.integers(1, 70)), C=draw(st.integers(1, 140)), D=draw(st.sampled_from([8, 20])),
+                          Hq=Hkv * draw(st.sampled_from([1, 2])), Hkv=Hkv),
+                causal=draw(st.sampled_from([False, True, "upper_left"])),
+                window=draw(st.sampled_from([None, (30, 5), (-1, 0)])), sinks=draw(st.booleans()),
+                mask=draw(st.sampled_from([None, "bool", "additive"])))
+    options = dict(qk_scale=draw(st.sampled_from(["token", "tile"])), smooth_k=draw(st.booleans()),
+                   pv=draw(st.sampled_from(["int8", "float"])))
+    return seed, case, options
+
+
+@settings(max_examples=16, deadline=None)
+@given(int8_problems())
+def test_random_problems_compute_the_emulated_pipeline(problem):
+    seed, case, options = problem
+    (q, k, v), kwargs = _arguments(np.random.default_rng(seed), {n: x for n, x in case.items() if x is not None})
+    out, lse = mfa_native.int8_attention(q, k, v, return_lse=True, **options, **kwargs)
+    expected, expected_lse = int8_attention_emulation(q, k, v, return_lse=True, **options, **kwargs)
+    assert np.linalg.norm(out - expected) <= 1e-4 * np.linalg.norm(expected) + 1e-6
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
 
 
 def test_fully_masked_rows_give_zero_and_minus_infinity(rng):
