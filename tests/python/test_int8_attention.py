@@ -207,6 +207,16 @@ def test_warm_calls_reuse_the_prepared_pass(rng):
                        "int8_attention_forward"], "one pass: quantizers, then attention"
 
 
+def test_causal_skips_the_key_blocks_above_the_diagonal(rng):
+    q, k, v = INPUTS["gaussian"](rng, shapes(R=256, C=256, D=16, Hq=1))
+    ops = {}
+    for causal in (False, True):
+        with mfa_native.profile() as prof:
+            mfa_native.int8_attention(q, k, v, causal=causal)
+        ops[causal] = prof.records[-1].simdgroup_matrix_ops
+    assert ops[True] < 0.65 * ops[False], ops   # about half, plus the diagonal blocks
+
+
 def test_backward_through_attention_backward_with_int8_lse(rng):
     """No backward of its own: attention_backward with the float inputs and int8_attention's
     output and lse gives gradients close to attention's."""

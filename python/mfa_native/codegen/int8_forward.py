@@ -27,7 +27,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from . import int8_operands, operands
-from .attention_forward import BUILTINS, Normalized, _softmax
+from .attention_forward import BUILTINS, Normalized, _softmax, _summary as _dense_summary
 from .blocks import (HeadTensor, Positions, accumulate, bias_over_keys, block_loop, head_pointer, key_range, logits,
                      mask_row_pointer, query_rows_geometry, row_index, tiles, zeroed)
 from .int8_problem import Int8Descriptor
@@ -181,12 +181,8 @@ def _key_steps(x: Int8Descriptor, end: str) -> list[str]:
 
 def _summary(x: Int8Descriptor) -> list[str]:
     d = x.attention
-    r = d.rules
-    window = "none" if r.window is None else f"(left {r.window[0]}, right {r.window[1]})"
-    mask = r.mask if r.mask == "none" else f"{r.mask} ({r.mask_dtype})"
-    return [f"int8 attention: {d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}, "
-            f"smooth_k {'yes' if x.smooth_k else 'no'}, pv {x.pv}",
-            f"causal {r.causal}, window {window}, mask {mask}" + Normalized.summary(d),
+    dense = _dense_summary(d, Normalized)   # the dense kernel's: sizes, then the masking rules, then tiles
+    return [f"int8 attention, smooth_k {'yes' if x.smooth_k else 'no'}, pv {x.pv}: {dense[0]}", dense[1],
             f"tiles ({d.family}): {d.query_rows} query rows per threadgroup, blocks of {P_BLOCK} keys from key 0"]
 
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import codegen
 from ..codegen import Int8Problem
+from ..codegen.int8_problem import PV_MODES, QK_SCALES
 from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
 from . import arguments as check
@@ -15,9 +16,6 @@ from .given_kind import returns_given_kind
 from .warm import PreparedCall, SignatureCache, prepared_call, run, signature
 
 _calls = SignatureCache()
-
-QK_SCALES = ("token", "tile")
-PV_MODES = ("int8", "float")
 
 
 @returns_given_kind(("q", "k", "v"), ("mask", "sinks"))
