@@ -38,6 +38,17 @@ def test_the_quantized_kv_snippet_runs():
     assert out.shape == (1, 32, 1, 128) and abs(out - expected).max() < 2e-3
 
 
+def test_the_int8_attention_snippet_runs():
+    namespace: dict = {}
+    (block,) = python_blocks("## int8 attention")
+    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    expected = namespace["expected"]
+    for name, bound in (("out", 0.05), ("out_tile", 0.02)):
+        out = namespace[name]
+        assert out.shape == expected.shape
+        assert ((out - expected) ** 2).sum() ** 0.5 <= bound * (expected ** 2).sum() ** 0.5, name
+
+
 def test_files_the_docs_name_exist():
     named = set(re.findall(r"`((?:docs|scripts|src|include|tests|examples|benchmarks|python)/[\w./-]+)`", README))
     for path in ROOT.glob("python/mfa_native/**/*.py"):

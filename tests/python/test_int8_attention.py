@@ -293,6 +293,8 @@ def test_attention_arguments_are_checked_as_in_attention(rng):
         mfa_native.int8_attention(q, k.astype(np.float16), v)
     with pytest.raises(ValueError, match="sinks"):
         mfa_native.int8_attention(q, k, v, sinks=np.full(2, np.nan, dtype=np.float32))
+    with pytest.raises(TypeError, match="k is a QuantizedTensor: int8_attention quantizes float k and v itself"):
+        mfa_native.int8_attention(q, mfa_native.quantize(k, "q8_0"), v)
 
 
 def test_codegen_refuses_integer_sums_that_could_reach_2_to_the_24():

@@ -45,6 +45,8 @@ class Int8Problem:
             raise ValueError(f"pv must be one of {PV_MODES}, got {self.pv!r}")
         if self.attention.blocks is not None or self.attention.tokens is not None:
             raise ValueError("int8 attention is dense: no block lists or token lists")
+        if self.attention.k_quant is not None or self.attention.v_quant is not None:
+            raise ValueError("int8 attention quantizes float k and v itself: no quantized K/V storage")
 
 
 @dataclass(frozen=True)

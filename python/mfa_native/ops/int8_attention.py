@@ -17,6 +17,9 @@ from .warm import PreparedCall, SignatureCache, prepared_call, run, signature
 
 _calls = SignatureCache()
 
+# Why a QuantizedTensor k or v is refused (a TypeError naming it).
+QUANTIZED_REFUSAL = "int8_attention quantizes float k and v itself; pass k.dequantize() (or use attention)"
+
 
 @returns_given_kind(("q", "k", "v"), ("mask", "sinks"))
 def int8_attention(q, k, v, *, scale=None, causal=False, mask=None, window=None, sinks=None, layout="bhsd",
@@ -27,8 +30,9 @@ def int8_attention(q, k, v, *, scale=None, causal=False, mask=None, window=None,
 
     Takes float inputs and returns float outputs exactly like `attention` (same arguments,
     shapes, layouts, masks, window, sinks, GQA, dtypes float32 / float16 / bfloat16, arrays
-    of q's kind); the quantization is internal, in one pass of kernels (quantizers, then
-    attention) whose int8 values, scales and means stay in device memory.
+    of q's kind; k and v are float arrays, not QuantizedTensors); the quantization is
+    internal, in one pass of kernels (quantizers, then attention) whose int8 values, scales
+    and means stay in device memory.
 
     Args:
         q, k, v, scale, causal, mask, window, sinks, layout, return_lse, device: as in
@@ -92,7 +96,8 @@ def _prepare(arrays, *, scale, causal, window, layout, return_lse, qk_scale, smo
     """The first call of a signature: every check, then the problem's pass, prepared; and
     this call's inputs."""
     options = int8_options(qk_scale, smooth_k, pv)
-    call = validate(arrays, scale=scale, causal=causal, window=window, layout=layout, return_lse=return_lse)
+    call = validate(arrays, scale=scale, causal=causal, window=window, layout=layout, return_lse=return_lse,
+                    quantized_refusal=QUANTIZED_REFUSAL)
     p = call.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_forward(p, ARGUMENTS, call)
@@ -108,7 +113,8 @@ def int8_quantized(q, k, v, *, layout="bhsd", qk_scale="token", smooth_k=True, p
     sequence, feature) order. For checking the quantizers; no warm path."""
     device = resolve_device(device)
     options = int8_options(qk_scale, smooth_k, pv)
-    call = validate((q, k, v, None, None), scale=None, causal=False, window=None, layout=layout, return_lse=False)
+    call = validate((q, k, v, None, None), scale=None, causal=False, window=None, layout=layout, return_lse=False,
+                    quantized_refusal=QUANTIZED_REFUSAL)
     p = call.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         raise ValueError("int8_quantized needs non-empty q, k and v")
