@@ -149,7 +149,7 @@ def test_computes_the_emulated_pipeline(rng, case):
 def int8_problems(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     Hkv = draw(st.sampled_from([1, 2]))
-    case = dict(dims=dict(R=draw(st.integers(1, 70)), C=draw(st.integers(1, 140)), D=draw(st.sampled_from([8, 20])),
+    case = dict(dims=dict(R=draw(st.integers(1, 70)), C=draw(st.integers(1, 140)), D=20,   # D: the cases above
                           Hq=Hkv * draw(st.sampled_from([1, 2])), Hkv=Hkv),
                 causal=draw(st.sampled_from([False, True, "upper_left"])),
                 window=draw(st.sampled_from([None, (30, 5), (-1, 0)])), sinks=draw(st.booleans()),
@@ -159,7 +159,7 @@ def int8_problems(draw):
     return seed, case, options
 
 
-@settings(max_examples=16, deadline=None)
+@settings(max_examples=12, deadline=None)   # each example may compile new kernels: a cold run stays short
 @given(int8_problems())
 def test_random_problems_compute_the_emulated_pipeline(problem):
     seed, case, options = problem
