@@ -311,3 +311,14 @@ def test_empty_problems_run_no_kernel(rng):
     q, k, v = INPUTS["gaussian"](rng, shapes(C=0))
     out, lse = mfa_native.int8_attention(q, k, v, return_lse=True)
     assert np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+@pytest.mark.parametrize("framework", ["torch", "mlx.core"])
+def test_framework_arrays_in_give_that_framework_out(rng, framework):
+    module = pytest.importorskip(framework)
+    convert = module.from_numpy if framework == "torch" else module.array
+    q, k, v = (rng.standard_normal((1, 4, n, 32)).astype(np.float32) for n in (9, 70, 70))
+    expected = mfa_native.int8_attention(q, k, v, causal=True)
+    out = mfa_native.int8_attention(convert(q), convert(k), convert(v), causal=True)
+    assert type(out).__module__.split(".")[0] == framework.split(".")[0]
+    np.testing.assert_array_equal(np.asarray(out), expected)
