@@ -103,9 +103,12 @@ def sizes_struct(sizes: RuntimeSizes) -> list[str]:
 
 
 def signature(plan, builtins: list[str]) -> list[str]:
-    """`kernel void name(...)` with one [[buffer(i)]] parameter per plan operand, then the builtins."""
+    """`kernel void name(...)` with one [[buffer(i)]] parameter per plan operand, then the
+    builtins; it declares the plan's threads per threadgroup as its maximum, so Metal's
+    compiler fits its registers to the launch (a 512-thread packed-heads kernel included)."""
     params = [f"{o.msl_type} {o.name} [[buffer({i})]]" for i, o in enumerate(plan.operands)] + builtins
-    return [f"kernel void {plan.kernel_name}("] + [f"    {p}," for p in params[:-1]] + [f"    {params[-1]})"]
+    return ([f"[[max_total_threads_per_threadgroup({plan.threads_per_threadgroup})]]",
+             f"kernel void {plan.kernel_name}("] + [f"    {p}," for p in params[:-1]] + [f"    {params[-1]})"])
 
 
 def constants(sizes: RuntimeSizes, body: str) -> list[str]:
