@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import MASKED_BELOW, allowed_keys
+from .reference import masked_logits
 
 INT8_MAX = 127
 P_BLOCK = 64
@@ -107,17 +107,7 @@ def int8_attention_emulation(q, k, v, *, scale=None, causal=False, mask=None, wi
     scores = integer * x["q_scale"][..., None].astype(np.float64) * per_q_head(x["k_scale"])[..., None, :]
     if smooth_k:
         scores = scores + x["q_shift"][..., None]
-    logits = scale * scores
-    allowed = np.broadcast_to(allowed_keys(R, C, causal, window), logits.shape)
-    if mask is not None:
-        mask = np.broadcast_to(np.asarray(mask), logits.shape)
-        if mask.dtype == np.bool_:
-            allowed = allowed & mask
-        else:
-            additive = mask.astype(np.float64)
-            allowed = allowed & ~(additive <= MASKED_BELOW)
-            logits = logits + np.where(allowed, additive, 0.0)
-    logits = np.where(allowed, logits, -np.inf)
+    logits = masked_logits(scale * scores, causal, window, mask)
     sink = (np.broadcast_to(np.asarray(sinks, dtype=np.float64)[None, :, None], (B, Hq, R)) if sinks is not None
             else np.full((B, Hq, R), -np.inf))
 

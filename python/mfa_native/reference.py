@@ -65,6 +65,23 @@ def _to_bhsd(x: np.ndarray, layout: str) -> np.ndarray:
     return x if layout == "bhsd" else x.transpose(0, 2, 1, 3)
 
 
+def masked_logits(logits: np.ndarray, causal, window, mask) -> np.ndarray:
+    """Logits (B, Hq, R, C) with the masking rules applied: a removed key's logit is -inf
+    (causal, window, a False boolean mask entry, an additive value <= -1e30), and an
+    additive mask is added to the allowed ones (a NaN value stays, and makes the row NaN)."""
+    R, C = logits.shape[-2:]
+    allowed = np.broadcast_to(allowed_keys(R, C, causal, window), logits.shape)
+    if mask is not None:
+        mask = np.broadcast_to(np.asarray(mask), logits.shape)
+        if mask.dtype == np.bool_:
+            allowed = allowed & mask
+        else:
+            additive = mask.astype(np.float64)
+            allowed = allowed & ~(additive <= MASKED_BELOW)
+            logits = logits + np.where(allowed, additive, 0.0)
+    return np.where(allowed, logits, -np.inf)
+
+
 def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window=None,
                             sinks=None, layout="bhsd"):
     """Softmax probabilities (B, Hq, R, C) and lse (B, Hq, R), both float64.
@@ -78,17 +95,7 @@ def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window
     if scale is None:
         scale = 1.0 / np.sqrt(head_dim)
 
-    logits = scale * np.einsum("bhid,bhjd->bhij", qh, kh)
-    allowed = np.broadcast_to(allowed_keys(q_len, kv_len, causal, window), logits.shape)
-    if mask is not None:
-        mask = np.broadcast_to(np.asarray(mask), logits.shape)
-        if mask.dtype == np.bool_:
-            allowed = allowed & mask
-        else:
-            additive = mask.astype(np.float64)
-            allowed = allowed & ~(additive <= MASKED_BELOW)  # a NaN value stays, and makes the row NaN
-            logits = logits + np.where(allowed, additive, 0.0)
-    logits = np.where(allowed, logits, -np.inf)
+    logits = masked_logits(scale * np.einsum("bhid,bhjd->bhij", qh, kh), causal, window, mask)
 
     if sinks is not None:
         sink = np.broadcast_to(np.asarray(sinks).astype(np.float64)[None, :, None], (batch, q_heads, q_len))
