@@ -1,5 +1,6 @@
 """mfa_native for MLX: `scaled_dot_product_attention` with mx.fast's semantics, and `attention`,
-both differentiable (mx.grad, mx.vjp).
+both differentiable (mx.grad, mx.vjp); `quantized_scaled_dot_product_attention`, mlx-lm's
+function of that name over a quantized KV cache, read in the kernel.
 
 They run eagerly: their arguments are evaluated (mx.eval, which waits for MLX's
 stream) and read in place through the buffer protocol (MLX's memory is unified);
@@ -19,6 +20,7 @@ import mlx.core as mx
 
 from .ops.attention import attention as _attention
 from .ops.attention_backward import attention_backward as _attention_backward
+from .quantized import QuantizedTensor
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float | None = None, causal: bool | str = False,
@@ -67,3 +69,23 @@ def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *, scale
             raise ValueError(f"mask must be 'causal', an array or None, got {mask!r}")
         return attention(q, k, v, scale=scale, causal="lower_right", sinks=sinks)
     return attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+
+
+def quantized_scaled_dot_product_attention(queries: mx.array, q_keys: Sequence[mx.array],
+                                           q_values: Sequence[mx.array], *, scale: float,
+                                           mask: str | mx.array | None = None, group_size: int = 64,
+                                           bits: int = 8, sinks: mx.array | None = None) -> mx.array:
+    """mlx-lm's `quantized_scaled_dot_product_attention`, with K and V read quantized inside
+    the kernel (mlx-lm dequantizes them and builds the whole score matrix).
+
+    q_keys and q_values are what mlx-lm's QuantizedKVCache holds: (wq, scales, biases) as
+    `mx.quantize(x, group_size, bits)` returns them, (B, Hkv, S, ...) along the head
+    dimension; queries (B, Hq, L, D). mask, scale and sinks as in
+    `scaled_dot_product_attention`. Not differentiable: a quantized cache has no gradient.
+    """
+    k, v = (QuantizedTensor.from_mlx(*fields, group_size=group_size, bits=bits) for fields in (q_keys, q_values))
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"mask must be 'causal', an array or None, got {mask!r}")
+        return _attention(queries, k, v, scale=scale, causal="lower_right", sinks=sinks)
+    return _attention(queries, k, v, scale=scale, mask=mask, sinks=sinks)

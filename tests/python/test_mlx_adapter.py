@@ -100,3 +100,21 @@ def test_mask_string_must_be_causal(rng):
     q, k, v = (mx.array(x) for x in _inputs(rng))
     with pytest.raises(ValueError, match="'causal'"):
         mm.scaled_dot_product_attention(q, k, v, scale=SCALE, mask="upper_left")
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool"])
+def test_quantized_sdpa_over_an_mlx_lm_cache(rng, mask_kind):
+    """mlx-lm's quantized_scaled_dot_product_attention: the cache's (wq, scales, biases) tuples,
+    read in the kernel; equal to attention over what mx.dequantize gives."""
+    q, k, v = _inputs(rng)
+    k, v = (np.concatenate([x] * 4, axis=-1) for x in (k, v))    # D = 64, Dv = 32: whole groups of 32
+    q = np.concatenate([q] * 4, axis=-1)
+    q_keys, q_values = (mx.quantize(mx.array(x), group_size=32, bits=4) for x in (k, v))
+    mask = _masks(rng)[mask_kind]
+    out = mm.quantized_scaled_dot_product_attention(
+        mx.array(q), q_keys, q_values, scale=SCALE, mask=mx.array(mask) if isinstance(mask, np.ndarray) else mask,
+        group_size=32, bits=4)
+    assert isinstance(out, mx.array) and out.shape == (2, 4, 10, 32)
+    k_floats, v_floats = (np.array(mx.dequantize(*fields, group_size=32, bits=4)) for fields in (q_keys, q_values))
+    expected = attention_reference(q, k_floats, v_floats, scale=SCALE, **_reference_options(mask))
+    assert relative_l2(np.array(out), expected) < 1e-4
