@@ -2,8 +2,8 @@
 
 `int8_quantized_reference` quantizes q, k and v as `mfa_native.int8_attention` specifies:
 float32 scales absmax / 127 (IEEE float32 division), values rint(x / scale) (halfway to
-even) clamped to +-127, means as float32 sums in key order divided by C, and K minus its
-mean (a float32 subtraction) with smooth_k. It returns what the quantizer kernels store,
+even) clamped to +-127, means over the keys in float64, and values less their mean (K
+with smooth_k, V with pv="int8") as the float32 of the exact difference. It returns what the quantizer kernels store,
 by the same names and logical shapes (scales one per row, a tile's rows sharing one).
 
 `int8_attention_emulation` runs the rest of the pipeline on those integers: the products in
@@ -41,9 +41,13 @@ def _bhsd32(x, layout: str) -> np.ndarray:
 
 
 def column_mean(x: np.ndarray) -> np.ndarray:
-    """(..., C, d) float32 -> (..., d): the float32 sum over the keys in order, divided by C."""
-    total = np.add.accumulate(x, axis=-2, dtype=np.float32)[..., -1, :]
-    return (total / np.float32(x.shape[-2])).astype(np.float32)
+    """(..., C, d) float32 -> (..., d): the mean over the keys, in float64."""
+    return x.astype(np.float64).mean(axis=-2)
+
+
+def centered(x: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """x (..., C, d) float32 less its mean (..., d) float64: the float32 of the exact difference."""
+    return (x.astype(np.float64) - mean[..., None, :]).astype(np.float32)
 
 
 def quantize(x: np.ndarray, absmax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -76,17 +80,20 @@ def int8_quantized_reference(q, k, v, *, layout="bhsd", qk_scale="token", smooth
     q_rows, k_rows = TILE_ROWS[qk_scale]
     out: dict[str, np.ndarray] = {}
     if smooth_k:
-        out["k_mean"] = column_mean(kf)
-        kf = (kf - out["k_mean"][..., None, :]).astype(np.float32)
+        k_mean = column_mean(kf)
+        out["k_mean"] = k_mean.astype(np.float32)
+        out["k_mean_low"] = (k_mean - out["k_mean"]).astype(np.float32)
+        kf = centered(kf, k_mean)
         ratio = qf.shape[1] // kf.shape[1]
         mean = np.repeat(out["k_mean"], ratio, axis=1).astype(np.float64)
         out["q_shift"] = np.einsum("bhrd,bhd->bhr", qf.astype(np.float64), mean)
     out["k_int8"], out["k_scale"] = quantize_rows(kf, k_rows)
     out["q_int8"], out["q_scale"] = quantize_rows(qf, q_rows)
     if pv == "int8":
-        out["v_mean"] = column_mean(vf)
-        centered = (vf - out["v_mean"][..., None, :]).astype(np.float32)
-        values, scale = quantize(centered, np.abs(centered).max(axis=-2, keepdims=True))
+        v_mean = column_mean(vf)
+        out["v_mean"] = v_mean.astype(np.float32)
+        v_centered = centered(vf, v_mean)
+        values, scale = quantize(v_centered, np.abs(v_centered).max(axis=-2, keepdims=True))
         out["v_int8"], out["v_scale"] = values, scale[..., 0, :]
     return out
 

@@ -8,8 +8,9 @@ simdgroup 8 of them, walking the keys in blocks of exactly P_BLOCK, aligned from
 visible range's first block starts at a multiple of P_BLOCK). Per block:
 
   1. allowed keys and the additive mask (blocks.bias_over_keys);
-  2. S = Q K^T in exact integers (int8_products), then the logits of the unshifted scores,
-     S * q_scale * k_scale + q . mean(k), times scale * log2(e), plus the mask;
+  2. S = Q K^T in exact integers (int8_products), then the logits S * q_scale * k_scale,
+     times scale * log2(e), plus the mask; with smooth_k the row's shift q . mean(k) is
+     left out here (it is the same for every key of the row, see _shift);
   3. pv="float": the dense kernel's online softmax and O += P V (V in its dtype, P float32);
      pv="int8": P quantized against the block's own maximum logit, round(127 * exp2(s -
      block_max)) in 0..127, its integers summed into the denominator, the block's P V in
@@ -18,8 +19,8 @@ visible range's first block starts at a multiple of P_BLOCK). Per block:
 
 The finish is the dense kernel's (`Normalized`: O / l, lse, the sink's initial state); with
 pv="int8", O first gets V's scale per channel and its mean times the real keys' mass (l
-without the sink's share). Since the logits are the unshifted ones, lse and the sink need
-nothing of smooth_k.
+without the sink's share). The results are those of the unshifted logits: with smooth_k
+the sink enters less the row's shift and m gets the shift back before lse is stored.
 """
 
 from __future__ import annotations
@@ -98,13 +99,28 @@ def _scores(x: Int8Descriptor, end: str) -> list[str]:
     lines += int8_products("p_tile", left="q_tile", inner=tiles(x.attention.head_dim), outer=KEY_TILES,
                            visible="o < tiles",
                            load_right=lambda tile: k.load_transposed(tile, "key", "kb + o * 8", Positions(end), "i"))
-    shift = " + row_shift" if x.smooth_k else ""
-    lines += ["", "// The scores of the unshifted logits: dequantized" + (", plus q . mean(k)." if shift else ".")]
+    lines += ["", "// The scores, dequantized" + (" (without the row's shift q . mean(k): see _shift)." if x.smooth_k
+                                               else ".")]
     lines += loop(f"int j = 0; j < {KEY_TILES}; ++j", loop("int e = 0; e < 2; ++e", [
         f"const float key_scale = key_scales[min(kb + j * 8 + int(tc) + e, {end} - 1)];",
-        f"p_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * (row_scale * key_scale){shift};",
+        "p_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * (row_scale * key_scale);",
     ]))
     return lines
+
+
+def _shift(x: Int8Descriptor, sign: str) -> list[str]:
+    """smooth_k: the logits are those of the unshifted scores, S + q . mean(k), but the shift is
+    the same for every key of a row, so the softmax and P's quantization blocks run without it
+    (float32 logits then round at their own size, not the shift's) and only what competes with
+    the keys or leaves the kernel carries it: the sink enters less the shift (`sign` "-"), and m
+    gets it back before lse is stored ("+"). A MASKED m (no key, no sink) stays MASKED."""
+    if not x.smooth_k:
+        return []
+    shift = f"row_shift * {float_literal(x.attention.scale_log2e)}"
+    if sign == "-":
+        return [f"m -= {shift};  // the sink, against the keys' logits without the row's shift"] if x.attention.sinks \
+            else []
+    return ["", f"m += {shift};  // lse of the unshifted logits"]
 
 
 def _float_values(x: Int8Descriptor, end: str) -> list[str]:
@@ -192,10 +208,10 @@ def generate_int8(x: Int8Descriptor) -> KernelSource:
     d = x.attention
     align = [f"key_begin = key_begin / {P_BLOCK} * {P_BLOCK};  // P's blocks are aligned from key 0"]
     state = ["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
-    state += Normalized.initial_state(d)
+    state += Normalized.initial_state(d) + _shift(x, "-")
     if x.pv == "int8" and _keys_mass(x) != "l":
         state.append("float l_keys = 0.0f;  // l without the sink's share")
     state += zeroed("o_tile", tiles(d.value_dim), "O, unnormalized")
-    finish = (_restore_values(x) if x.pv == "int8" else []) + Normalized.store(d)
+    finish = (_restore_values(x) if x.pv == "int8" else []) + _shift(x, "+") + Normalized.store(d)
     body = _geometry(x) + key_range(d.rules) + align + _q_tiles(x) + state + _key_steps(x, "key_end") + finish
     return assemble(launch_plan(x), summary=_summary(x), builtins=BUILTINS, body=body)

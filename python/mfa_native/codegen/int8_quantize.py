@@ -12,7 +12,10 @@ A scale is absmax / 127 over the values it covers (float32, IEEE division), a va
 quantize_int8(x, scale) = clamp(rint(x / scale), -127, 127). Scales are stored per row, the
 rows of a tile sharing one value. A NaN makes its absmax (max_nan), so its scale, NaN: it
 reaches every logit (or, for v, every output channel) that the scale covers. Means are
-float32 sums in key order divided by C.
+compensated sums divided by C, kept as two floats (mean and mean_low) that add up to the
+mean to float64's precision, so a centered value is the float32 of the exact x - mean, as a
+float64 emulation has it (a float32 mean would move every centered value of a channel
+with a large mean by up to half its ulp, enough to flip integers).
 
 Row quantizers: one simdgroup per scale, its lanes over the features of the scale's rows.
 Column kernels: one thread per channel, walking the keys in order.
@@ -48,7 +51,7 @@ def _reduce_lanes(name: str, op: str) -> list[str]:
 @dataclass(frozen=True)
 class _RowSource:
     """What a row quantizer reads: tensor `name` of (batch, head) rows of `length`, `rows`
-    per scale; with `centered`, k_mean is subtracted first."""
+    per scale; with `centered`, k's mean (k_mean and k_mean_low) is subtracted first."""
 
     name: str
     layout: OperandLayout
@@ -60,7 +63,7 @@ class _RowSource:
 
 def _row_plan(x: Int8Descriptor, kernel: str, src: _RowSource, results: tuple[str, ...]) -> LaunchPlan:
     d = x.attention
-    mean = int8_operands.reads(x, "k_mean") if x.smooth_k else []
+    mean = int8_operands.reads(x, "k_mean", "k_mean_low") if x.smooth_k else []
     ops = operands.reads(d, src.name) + mean + int8_operands.writes(x, *results) + operands.sizes(d)
     grid = (GridAxis(Extent(1, (src.length,)), src.rows), GridAxis(Extent(1, (src.heads,))),
             GridAxis(Extent(1, ("B",))))
@@ -75,21 +78,22 @@ def _row_quantizer(x: Int8Descriptor, kernel: str, src: _RowSource, ints: str, s
     t, width, n = MSL_TYPES[d.dtype], d.head_dim, src.name
     kv_head = f"h / {d.gqa_ratio}" if src.heads == "Hq" and d.gqa_ratio > 1 else "h"
     raw = f"float({n}_head[{index('first + r', src.layout.strides[2], 'c')}])"
-    value = f"{raw} - mean[c]" if src.centered else raw
+    value = f"({raw} - mean[c]) - mean_low[c]" if src.centered else raw
     body = [f"// Rows [first, first + rows) of (batch b, head h): {src.rows} per scale, aligned from row 0.",
             "const uint b = group.z;", "const uint h = group.y;",
             f"const uint first = group.x * {src.rows};",
             f"const uint rows = min({src.rows}u, {src.length} - first);",
             head_pointer(n, src.layout, "h", t, True)]
     if x.smooth_k:
-        body.append(f"device const float* mean = k_mean + (ulong(b) * Hkv + {kv_head}) * {width};")
+        body += [f"device const float* mean = k_mean + (ulong(b) * Hkv + {kv_head}) * {width};",
+                 f"device const float* mean_low = k_mean_low + (ulong(b) * Hkv + {kv_head}) * {width};"]
     body += [f"const ulong row_at = (ulong(b) * {src.heads} + h) * {src.length} + first;  // of the first row",
              "", "// absmax over the rows' values: the scale."]
     per_value = loop(f"uint c = lane; c < {width}; c += {SIMD_WIDTH}", [f"absmax = max_nan(absmax, abs({value}));"],
                      unroll=False)
     body += ["float absmax = 0.0f;"] + loop("uint r = 0; r < rows; ++r", per_value, unroll=False)
     body += _reduce_lanes("absmax", "max_nan")
-    body += [f"const float scale = absmax / {float_literal(INT8_MAX)};  // NaN when a value is: it carries on",
+    body += [f"const float scale = precise::divide(absmax, {float_literal(INT8_MAX)});  // NaN when a value is: it carries on",
              "", "// The values as int8, and the scale once per row."]
     quantize = loop(f"uint c = lane; c < {width}; c += {SIMD_WIDTH}",
                     [f"{ints}[(row_at + r) * {width} + c] = quantize_int8({value}, scale);"], unroll=False)
@@ -121,31 +125,42 @@ def generate_quantize_k(x: Int8Descriptor) -> KernelSource:
     return _row_quantizer(x, QUANTIZE_K_KERNEL, src, "k_int8", "k_scale", None)
 
 
-def _column_kernel(x: Int8Descriptor, kernel: str, name: str, mean: str, quantized: tuple[str, str] | None
-                   ) -> KernelSource:
-    """Per (batch b, kv head h) and channel: `mean` = the mean of tensor `name` over the C keys;
-    with `quantized` = (ints, scales), also its values minus the mean as int8, one scale per channel."""
+def _column_kernel(x: Int8Descriptor, kernel: str, name: str, means: tuple[str, ...],
+                   quantized: tuple[str, str] | None) -> KernelSource:
+    """Per (batch b, kv head h) and channel: the mean of tensor `name` over the C keys, as
+    float32 `mean` and the rest `mean_low` (the two add up to the mean to float64's precision),
+    stored in `means` (mean, and mean_low if named); with `quantized` = (ints, scales), also
+    its values minus the mean as int8, one scale per channel. Centering with both parts makes
+    the centered values the float32 of the exact ones, as a float64 reference has them."""
     d = x.attention
     layout, width = (d.k, d.head_dim) if name == "k" else (d.v, d.value_dim)
     value = f"float({name}_head[{index('j', layout.strides[2], 'c')}])"
     keys = "uint j = 0; j < C; ++j"
     inner = [head_pointer(name, layout, "h", MSL_TYPES[d.dtype], True),
              f"const ulong at = (ulong(b) * Hkv + h) * {width} + c;",
-             "float sum = 0.0f;"]
-    inner += loop(keys, [f"sum += {value};"], unroll=False)
-    inner += ["const float mean = sum / float(C);  // in key order", f"{mean}[at] = mean;"]
+             "// The sum over the keys, compensated (Neumaier): the mean is the float32 of the exact",
+             "// mean, whatever C, as a float64 reference computes it.",
+             "float sum = 0.0f;",
+             "float lost = 0.0f;  // what the float32 additions rounded away"]
+    inner += loop(keys, [f"const float x = {value};", "const float next = sum + x;",
+                         "lost += abs(sum) >= abs(x) ? (sum - next) + x : (x - next) + sum;",
+                         "sum = next;"], unroll=False)
+    inner += ["const float mean = precise::divide(sum + lost, float(C));",
+              "const float mean_low = precise::divide(fma(-mean, float(C), sum) + lost, float(C));  // what it missed"]
+    inner += [f"{buffer}[at] = {part};" for buffer, part in zip(means, ("mean", "mean_low"))]
     if quantized is not None:
         ints, scales = quantized
         inner += ["", "// The channel minus its mean: absmax over the keys, then the int8 values.",
                   "float absmax = 0.0f;"]
-        inner += loop(keys, [f"absmax = max_nan(absmax, abs({value} - mean));"], unroll=False)
-        inner += [f"const float scale = absmax / {float_literal(INT8_MAX)};", f"{scales}[at] = scale;",
+        inner += loop(keys, [f"absmax = max_nan(absmax, abs(({value} - mean) - mean_low));"], unroll=False)
+        inner += [f"const float scale = precise::divide(absmax, {float_literal(INT8_MAX)});", f"{scales}[at] = scale;",
                   f"device char* ints = {ints} + (ulong(b) * Hkv + h) * C * {width};"]
-        inner += loop(keys, [f"ints[ulong(j) * {width} + c] = quantize_int8({value} - mean, scale);"], unroll=False)
+        inner += loop(keys, [f"ints[ulong(j) * {width} + c] = quantize_int8(({value} - mean) - mean_low, scale);"],
+                      unroll=False)
     body = ["// One channel c of (batch b, kv head h) per thread.", "const uint b = group.z;",
             "const uint h = group.y;", f"const uint c = group.x * {SIMD_WIDTH} + lane;"]
     body += [f"if (c < {width}) {{"] + indent(inner) + ["}"] if width % SIMD_WIDTH else inner
-    results = (mean,) + (quantized or ())
+    results = means + (quantized or ())
     ops = operands.reads(d, name) + int8_operands.writes(x, *results) + operands.sizes(d)
     grid = (GridAxis(Extent(width), SIMD_WIDTH), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
     plan = LaunchPlan(kernel, tuple(ops), grid, SIMD_WIDTH, d.sizes)
@@ -156,12 +171,12 @@ def _column_kernel(x: Int8Descriptor, kernel: str, name: str, mean: str, quantiz
 
 @lru_cache(maxsize=64)
 def generate_key_mean(x: Int8Descriptor) -> KernelSource:
-    return _column_kernel(x, KEY_MEAN_KERNEL, "k", "k_mean", None)
+    return _column_kernel(x, KEY_MEAN_KERNEL, "k", ("k_mean", "k_mean_low"), None)
 
 
 @lru_cache(maxsize=64)
 def generate_quantize_v(x: Int8Descriptor) -> KernelSource:
-    return _column_kernel(x, QUANTIZE_V_KERNEL, "v", "v_mean", ("v_int8", "v_scale"))
+    return _column_kernel(x, QUANTIZE_V_KERNEL, "v", ("v_mean",), ("v_int8", "v_scale"))
 
 
 def quantizer_kernels(x: Int8Descriptor) -> tuple[KernelSource, ...]:

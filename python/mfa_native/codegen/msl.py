@@ -79,7 +79,7 @@ NAMED_FUNCTIONS = {
                       "// scale that is 0, infinite or NaN stores 0 (the scale itself carries the NaN on).",
                       "inline char quantize_int8(float x, float scale) {",
                       "  const bool usable = scale > 0.0f && isfinite(scale);",
-                      "  return char(usable ? clamp(rint(x / scale), -127.0f, 127.0f) : 0.0f);",
+                      "  return char(usable ? clamp(rint(precise::divide(x, scale)), -127.0f, 127.0f) : 0.0f);",
                       "}"],
 }
 
