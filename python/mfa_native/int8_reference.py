@@ -1,9 +1,10 @@
 """Numpy emulation of int8 attention, written from its semantics (independently of the kernels).
 
 `int8_quantized_reference` quantizes q, k and v as `mfa_native.int8_attention` specifies:
-float32 scales absmax / 127 (IEEE float32 division), values rint(x / scale) (halfway to
-even) clamped to +-127, means over the keys in float64, and values less their mean (K
-with smooth_k, V with pv="int8") as the float32 of the exact difference. It returns what the quantizer kernels store,
+float32 scales absmax / 127 (IEEE float32 division; absmax over the values rounded to
+float32), values rint(x / scale) of the exact quotient (halfway to even) clamped to +-127,
+means over the keys in float64, and values less their mean (K with smooth_k, V with
+pv="int8") exact. It returns what the quantizer kernels store,
 by the same names and logical shapes (scales one per row, a tile's rows sharing one).
 
 `int8_attention_emulation` runs the rest of the pipeline on those integers: the products in
@@ -46,25 +47,32 @@ def column_mean(x: np.ndarray) -> np.ndarray:
 
 
 def centered(x: np.ndarray, mean: np.ndarray) -> np.ndarray:
-    """x (..., C, d) float32 less its mean (..., d) float64: the float32 of the exact difference."""
-    return (x.astype(np.float64) - mean[..., None, :]).astype(np.float32)
+    """x (..., C, d) float32 less its mean (..., d) float64, in float64."""
+    return x.astype(np.float64) - mean[..., None, :]
 
 
 def quantize(x: np.ndarray, absmax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x (float32) against absmax (broadcastable float32) -> (int64 values, float32 scales)."""
+    """x (float64, or float32) against absmax (broadcastable float32) -> (int64 values: the
+    integers nearest the exact quotients, halfway to even; float32 scales)."""
     scale = (absmax / np.float32(INT8_MAX)).astype(np.float32)
     usable = (scale > 0) & np.isfinite(scale)
     with np.errstate(divide="ignore", invalid="ignore"):
-        values = np.clip(np.rint(x / np.where(usable, scale, np.float32(1))), -INT8_MAX, INT8_MAX)
+        quotient = x.astype(np.float64) / np.where(usable, scale, np.float32(1)).astype(np.float64)
+        values = np.clip(np.rint(quotient), -INT8_MAX, INT8_MAX)
     return np.where(usable, values, 0).astype(np.int64), scale
 
 
+def absolute(x: np.ndarray) -> np.ndarray:
+    """|x| as float32, the values a scale's absmax is taken over (float32, as the kernels have them)."""
+    return np.abs(x.astype(np.float32))
+
+
 def quantize_rows(x: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """x (..., n, d) float32 with one scale per `rows` rows aligned from row 0 -> int64 values
+    """x (..., n, d) (float32, or float64 when centered) with one scale per `rows` rows aligned from row 0 -> int64 values
     (..., n, d) and float32 scales (..., n), a group's rows sharing its scale."""
     n = x.shape[-2]
     groups = -(-n // rows)
-    row_max = np.abs(x).max(axis=-1)                     # a NaN stays
+    row_max = absolute(x).max(axis=-1)                   # a NaN stays
     padded = np.zeros(row_max.shape[:-1] + (groups * rows,), dtype=np.float32)
     padded[..., :n] = row_max
     group_max = padded.reshape(row_max.shape[:-1] + (groups, rows)).max(axis=-1)
@@ -93,7 +101,7 @@ def int8_quantized_reference(q, k, v, *, layout="bhsd", qk_scale="token", smooth
         v_mean = column_mean(vf)
         out["v_mean"] = v_mean.astype(np.float32)
         v_centered = centered(vf, v_mean)
-        values, scale = quantize(v_centered, np.abs(v_centered).max(axis=-2, keepdims=True))
+        values, scale = quantize(v_centered, absolute(v_centered).max(axis=-2, keepdims=True))
         out["v_int8"], out["v_scale"] = values, scale[..., 0, :]
     return out
 

@@ -145,6 +145,18 @@ def test_computes_the_emulated_pipeline(rng, case):
         assert np.all(rows[empty] == 0), "rows without keys give 0"
 
 
+@pytest.mark.parametrize("pv", ["int8", "float"])
+def test_biased_keys_compute_the_emulated_pipeline(rng, pv):
+    """K with a large mean per channel: centered on the exact mean (not a float32 one, which
+    would move every value of such a channel and flip its integers), and the logits without
+    the row's large shift, the kernel still computes the float64 emulation's pipeline."""
+    q, k, v = INPUTS["biased K"](rng, shapes(Hq=4, Hkv=2, R=24, C=700, D=64))
+    out, lse = mfa_native.int8_attention(q, k, v, pv=pv, return_lse=True)
+    expected, expected_lse = int8_attention_emulation(q, k, v, pv=pv, return_lse=True)
+    assert relative_l2(out, expected) <= 1e-4
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
 @st.composite
 def int8_problems(draw):
     seed = draw(st.integers(0, 2**32 - 1))

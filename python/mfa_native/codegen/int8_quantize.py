@@ -9,7 +9,8 @@ kernel, turning q, k and v into int8 values and float32 scales (and means) in de
   scale per channel.
 
 A scale is absmax / 127 over the values it covers (float32, IEEE division), a value
-quantize_int8(x, scale) = clamp(rint(x / scale), -127, 127). Scales are stored per row, the
+quantize_int8(x, scale) = clamp(rint(x / scale), -127, 127) of the exact quotient (its float32
+rounding may cross a half-way point: fma decides). Scales are stored per row, the
 rows of a tile sharing one value. A NaN makes its absmax (max_nan), so its scale, NaN: it
 reaches every logit (or, for v, every output channel) that the scale covers. Means are
 compensated sums divided by C, kept as two floats (mean and mean_low) that add up to the
@@ -61,6 +62,14 @@ class _RowSource:
     centered: bool
 
 
+def _value(raw: str, mean: tuple[str, str] | None) -> tuple[list[str], str, str]:
+    """(lines defining it, hi, lo): the value `raw` as two floats, its mean (the expressions of
+    its two parts) subtracted exactly (minus_mean) when given, else (raw, 0)."""
+    if mean is None:
+        return [], raw, "0.0f"
+    return [f"const float2 value = minus_mean({raw}, {mean[0]}, {mean[1]});"], "value.x", "value.y"
+
+
 def _row_plan(x: Int8Descriptor, kernel: str, src: _RowSource, results: tuple[str, ...]) -> LaunchPlan:
     d = x.attention
     mean = int8_operands.reads(x, "k_mean", "k_mean_low") if x.smooth_k else []
@@ -78,7 +87,8 @@ def _row_quantizer(x: Int8Descriptor, kernel: str, src: _RowSource, ints: str, s
     t, width, n = MSL_TYPES[d.dtype], d.head_dim, src.name
     kv_head = f"h / {d.gqa_ratio}" if src.heads == "Hq" and d.gqa_ratio > 1 else "h"
     raw = f"float({n}_head[{index('first + r', src.layout.strides[2], 'c')}])"
-    value = f"({raw} - mean[c]) - mean_low[c]" if src.centered else raw
+    decl, hi, lo = _value(raw, ("mean[c]", "mean_low[c]") if src.centered else None)
+    value = f"{hi} + {lo}" if src.centered else raw
     body = [f"// Rows [first, first + rows) of (batch b, head h): {src.rows} per scale, aligned from row 0.",
             "const uint b = group.z;", "const uint h = group.y;",
             f"const uint first = group.x * {src.rows};",
@@ -89,14 +99,14 @@ def _row_quantizer(x: Int8Descriptor, kernel: str, src: _RowSource, ints: str, s
                  f"device const float* mean_low = k_mean_low + (ulong(b) * Hkv + {kv_head}) * {width};"]
     body += [f"const ulong row_at = (ulong(b) * {src.heads} + h) * {src.length} + first;  // of the first row",
              "", "// absmax over the rows' values: the scale."]
-    per_value = loop(f"uint c = lane; c < {width}; c += {SIMD_WIDTH}", [f"absmax = max_nan(absmax, abs({value}));"],
-                     unroll=False)
+    per_value = loop(f"uint c = lane; c < {width}; c += {SIMD_WIDTH}",
+                     decl + [f"absmax = max_nan(absmax, abs({value}));"], unroll=False)
     body += ["float absmax = 0.0f;"] + loop("uint r = 0; r < rows; ++r", per_value, unroll=False)
     body += _reduce_lanes("absmax", "max_nan")
     body += [f"const float scale = precise::divide(absmax, {float_literal(INT8_MAX)});  // NaN when a value is: it carries on",
              "", "// The values as int8, and the scale once per row."]
     quantize = loop(f"uint c = lane; c < {width}; c += {SIMD_WIDTH}",
-                    [f"{ints}[(row_at + r) * {width} + c] = quantize_int8({value}, scale);"], unroll=False)
+                    decl + [f"{ints}[(row_at + r) * {width} + c] = quantize_int8({hi}, {lo}, scale);"], unroll=False)
     body += loop("uint r = 0; r < rows; ++r", quantize, unroll=False)
     body += loop(f"uint r = lane; r < rows; r += {SIMD_WIDTH}", [f"{scales}[row_at + r] = scale;"], unroll=False)
     if shift is not None:
@@ -152,10 +162,11 @@ def _column_kernel(x: Int8Descriptor, kernel: str, name: str, means: tuple[str, 
         ints, scales = quantized
         inner += ["", "// The channel minus its mean: absmax over the keys, then the int8 values.",
                   "float absmax = 0.0f;"]
-        inner += loop(keys, [f"absmax = max_nan(absmax, abs(({value} - mean) - mean_low));"], unroll=False)
+        decl, hi, lo = _value(value, ("mean", "mean_low"))
+        inner += loop(keys, decl + [f"absmax = max_nan(absmax, abs({hi} + {lo}));"], unroll=False)
         inner += [f"const float scale = precise::divide(absmax, {float_literal(INT8_MAX)});", f"{scales}[at] = scale;",
                   f"device char* ints = {ints} + (ulong(b) * Hkv + h) * C * {width};"]
-        inner += loop(keys, [f"ints[ulong(j) * {width} + c] = quantize_int8(({value} - mean) - mean_low, scale);"],
+        inner += loop(keys, decl + [f"ints[ulong(j) * {width} + c] = quantize_int8({hi}, {lo}, scale);"],
                       unroll=False)
     body = ["// One channel c of (batch b, kv head h) per thread.", "const uint b = group.z;",
             "const uint h = group.y;", f"const uint c = group.x * {SIMD_WIDTH} + lane;"]
