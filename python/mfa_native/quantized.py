@@ -35,8 +35,10 @@ class QuantizedTensor:
             logical float dtype; None for GGUF (the scale is inside each block).
         format: "affine", "q8_0" or "q4_0".
         bits, group_size: bits per value and values per scale (GGUF: 8 or 4, and 32).
-        shape: the logical shape (the last axis is D).
-        dtype: the logical float dtype (numpy; ml_dtypes.bfloat16 for bfloat16).
+        shape: the logical shape (the last axis is D), read off `data`; a `shape` given to
+            the constructor is checked against it.
+        dtype: the logical float dtype (numpy; ml_dtypes.bfloat16 for bfloat16): the
+            scales' for affine unless given; float32 for GGUF unless given.
 
     The arrays may be numpy arrays, torch CPU tensors or MLX arrays (read without a copy
     where they allow it); `dequantize()` returns the kind of `data`. `signature` is what
@@ -46,7 +48,7 @@ class QuantizedTensor:
     __slots__ = ("data", "scales", "biases", "format", "bits", "group_size", "shape", "dtype", "_numpy", "signature")
 
     def __init__(self, data, scales=None, biases=None, *, format: str = "affine", bits: int | None = None,
-                 group_size: int | None = None, dtype=None) -> None:
+                 group_size: int | None = None, shape: tuple[int, ...] | None = None, dtype=None) -> None:
         f = QuantFormat.of(format, bits, group_size)
         stored = _numpy(data, "data")
         if stored.dtype != DTYPES[f.data_dtype]:
@@ -58,6 +60,9 @@ class QuantizedTensor:
         if features < f.group_size or features % f.group_size or f.data_width(features) != width:
             raise ValueError(f"data's last axis ({stored.shape[-1]}) holds no whole number of groups of "
                              f"format {f.describe()}")
+        if shape is not None and tuple(shape) != (*stored.shape[:-1], features):
+            raise ValueError(f"shape {tuple(shape)} is not the logical shape of this data, "
+                             f"{(*stored.shape[:-1], features)}")
         groups = (*stored.shape[:-1], f.groups(features))
         arrays = {"data": stored}
         if f.affine:

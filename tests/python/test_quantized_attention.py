@@ -272,6 +272,13 @@ def test_bad_formats_are_refused(kwargs, error, match):
                         **kwargs)
 
 
+def test_a_given_shape_must_be_the_datas(rng):
+    blocks = random_quantized(rng, (2, 3, 64), "q8_0").field("data")
+    assert QuantizedTensor(blocks, format="q8_0", shape=(2, 3, 64)).shape == (2, 3, 64)
+    with pytest.raises(ValueError, match="is not the logical shape"):
+        QuantizedTensor(blocks, format="q8_0", shape=(2, 3, 128))
+
+
 def test_every_field_combination_compiles_one_kernel_per_format(rng):
     """The descriptor keeps formats apart: two formats never share a cached kernel."""
     sources = set()
