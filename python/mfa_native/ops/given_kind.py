@@ -41,7 +41,9 @@ def returns_given_kind(leading: Sequence[str], others: Sequence[str] = ()) -> Ca
         @functools.wraps(op)
         def call(*args, **kwargs):
             # numpy q, k (and v): the op as is. Spelled out, as this is every warm call's path.
-            if len(args) >= count and type(args[0]) is ndarray and _host(args[1]) and (count == 2 or _host(args[2])):
+            if len(args) >= count and type(args[0]) is ndarray and \
+                    (type(args[1]) is ndarray or _quantized_host(args[1])) and \
+                    (count == 2 or type(args[2]) is ndarray or _quantized_host(args[2])):
                 return op(*args, **kwargs)
             return _in_framework(op, signature, leading, others, args, kwargs)
 
@@ -88,9 +90,9 @@ def _items(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _host(x) -> bool:
-    """Whether x is numpy, or a QuantizedTensor of numpy fields (a warm call's check, kept short)."""
-    return type(x) is np.ndarray or (type(x) is QuantizedTensor and type(x.data) is np.ndarray)
+def _quantized_host(x) -> bool:
+    """Whether x is a QuantizedTensor of numpy fields (numpy arrays are told apart inline)."""
+    return type(x) is QuantizedTensor and type(x.data) is np.ndarray
 
 
 def _stored(x):

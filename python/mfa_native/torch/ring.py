@@ -77,21 +77,28 @@ def _unpack(block: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return block[:a.numel()].view(a.shape), block[a.numel():].view(b.shape)
 
 
+def _shards(peers: _Peers, k: Tensor, v: Tensor, causal: bool):
+    """The K/V shards as they pass this rank, one per step: (the causal argument for the local
+    queries over it, None when they see none of its keys; its k; its v). The next shard is
+    already on its way while the caller computes on this one."""
+    block = _pack(k, v)
+    for step in range(peers.size):
+        pending = peers.shift(block, _KV) if step < peers.size - 1 else None
+        kb, vb = _unpack(block, k, v)
+        yield _mode(causal, (peers.rank - step) % peers.size, peers.rank), kb, vb
+        if pending is not None:
+            block = pending()
+
+
 class _Ring(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, scale, layout):
         peers = _Peers(group)
-        block, o, lse = _pack(k, v), None, None
-        for step in range(peers.size):
-            pending = peers.shift(block, _KV) if step < peers.size - 1 else None
-            source = (peers.rank - step) % peers.size
-            mode = _mode(causal, source, peers.rank)
+        o, lse = None, None
+        for mode, kb, vb in _shards(peers, k, v, causal):
             if mode is not None:
-                kb, vb = _unpack(block, k, v)
                 part = attention(q, kb, vb, scale=scale, causal=mode, layout=layout, return_lse=True)
                 o, lse = part if o is None else merge_attention([o, part[0]], [lse, part[1]], layout=layout)
-            if pending is not None:
-                block = pending()
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.options = (peers, causal, scale, layout)
         return o
@@ -101,18 +108,12 @@ class _Ring(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         peers, causal, scale, layout = ctx.options
         dq = torch.zeros(q.shape, dtype=torch.float32)
-        block, grads = _pack(k, v), torch.zeros(k.numel() + v.numel(), dtype=torch.float32)
-        for step in range(peers.size):
-            pending = peers.shift(block, _KV) if step < peers.size - 1 else None
-            source = (peers.rank - step) % peers.size
-            mode = _mode(causal, source, peers.rank)
+        grads = torch.zeros(k.numel() + v.numel(), dtype=torch.float32)
+        for mode, kb, vb in _shards(peers, k, v, causal):
             if mode is not None:
-                kb, vb = _unpack(block, k, v)
                 dq_s, dk_s, dv_s = attention_backward(q, kb, vb, o, lse, do, scale=scale, causal=mode, layout=layout)
                 dq += dq_s
                 grads += _pack(dk_s, dv_s)
             grads = peers.shift(grads, _GRADS)()  # after the last step, this rank's own shard's dk/dv
-            if pending is not None:
-                block = pending()
         dk, dv = _unpack(grads, k, v)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
