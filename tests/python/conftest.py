@@ -28,9 +28,17 @@ def rng(request) -> np.random.Generator:
 
 
 def poison(shape, dtype) -> np.ndarray:
-    """NaN everywhere (or all ones for integer dtypes): an element a kernel never writes shows."""
+    """NaN everywhere, or for integers the dtype's most negative value (its largest, unsigned),
+    which no kernel stores as a count, an index or a symmetric int8 value (-128): an element a
+    kernel never writes shows."""
     dtype = np.dtype(dtype)
-    return np.full(shape, np.nan if dtype.kind == "f" or dtype.name == "bfloat16" else 1, dtype=dtype)
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        value = np.nan
+    elif dtype == np.bool_:
+        value = True
+    else:
+        value = np.iinfo(dtype).min if dtype.kind == "i" else np.iinfo(dtype).max
+    return np.full(shape, value, dtype=dtype)
 
 
 @pytest.fixture(autouse=True)
