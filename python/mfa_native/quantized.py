@@ -1,6 +1,6 @@
 """`QuantizedTensor`: a logical float tensor stored quantized along its last axis.
 
-The storage formats are codegen/quant_format.py's: MLX's affine format, bit-exact with
+The storage formats are quant_formats.py's: MLX's affine format, bit-exact with
 `mx.quantize`, and GGUF's q8_0 and q4_0 blocks. Attention reads such a tensor as k or v
 inside its kernels (nothing writes a dequantized copy); `dequantize()` is for checks and
 for code that wants the floats.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codegen.quant_format import GGUF_BLOCK, QuantFormat
+from .quant_formats import GGUF_BLOCK, QuantFormat
 from .runtime.arrays import DTYPES, FLOAT_DTYPES
 from .runtime.frameworks import framework_of
 

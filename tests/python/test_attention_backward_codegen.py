@@ -8,8 +8,8 @@ from test_codegen import UNSUFFIXED_FLOAT, code_of, kernel_of, signature_buffers
 
 from mfa_native import codegen
 from mfa_native.codegen import AttentionBackwardProblem, AttentionProblem, attention_backward_pass, describe_backward
-from mfa_native.codegen.msl import float_literal
-from mfa_native.codegen.tables import BACKWARD_TABLES, backward_tile_row
+from mfa_native.codegen.kernel.msl import float_literal
+from mfa_native.codegen.kernel.tables import BACKWARD_TABLES, backward_tile_row
 
 PROBLEMS = [
     AttentionProblem(1, 4, 4, 64, 64, 64, 64),

@@ -9,11 +9,12 @@ import pytest
 
 import mfa_native
 from mfa_native import codegen
+from mfa_native.runtime.templates import PassTemplate
 from mfa_native.__main__ import main as cli_main
 from mfa_native.codegen import (AttentionProblem, attention_kernel, attention_pass, attention_source, describe,
                                 kv_split, sizes_of)
-from mfa_native.codegen.msl import float_literal
-from mfa_native.codegen.tables import TABLES, tile_row
+from mfa_native.codegen.kernel.msl import float_literal
+from mfa_native.codegen.kernel.tables import TABLES, tile_row
 
 # A floating literal without its suffix: digits with a point or an exponent, not followed by f/h.
 UNSUFFIXED_FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][-+]?\d+)(?![\w.])")
@@ -192,8 +193,14 @@ def test_emit_prints_the_codegen_source(capsys):
     assert "[[buffer(0)]] q: input float16 (1, 1, 128, 64)" in out
     assert "kernel attention_forward: threadgroups (8, 1, 1), 64 threads each" in out
     assert cli_main(["emit", "attention", "--head-dim", "64", "--json"]) == 0
+    template = PassTemplate.from_json(capsys.readouterr().out)
+    assert template == codegen.attention_template(AttentionProblem(1, 1, 1, 128, 128, 64, 64, dtype="float16"))
+    assert template.sizes == ("B", "Hq", "Hkv", "R", "C")
+    assert cli_main(["emit", "attention", "--head-dim", "64", "--json", "--sizes", "R=300,B=2"]) == 0
     assert mfa_native.PassDescription.from_json(capsys.readouterr().out) == attention_pass(
-        AttentionProblem(1, 1, 1, 128, 128, 64, 64, dtype="float16"))
+        AttentionProblem(2, 1, 1, 300, 128, 64, 64, dtype="float16"))
+    assert cli_main(["emit", "attention", "--head-dim", "64", "--json", "--sizes", "R"]) == 2
+    assert "NAME=N" in capsys.readouterr().err
     # A decode problem on a device that runs 64 threadgroups at once: the split-KV pair.
     assert cli_main(["emit", "attention", "--head-dim", "64", "--q-len", "1", "--kv-len", "4096",
                      "--parallel-threadgroups", "64"]) == 0

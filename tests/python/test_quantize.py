@@ -318,8 +318,8 @@ def test_errors_name_the_argument(call, error, match):
 
 
 def test_generated_kernel_reads_as_its_format():
-    from mfa_native.codegen import quantize as codegen
-    from mfa_native.codegen.quant_format import QuantFormat
+    from mfa_native.codegen.storage import quantize as codegen
+    from mfa_native.quant_formats import QuantFormat
 
     source = codegen.generate(codegen.QuantizeDescriptor("bfloat16", QuantFormat.of("affine", 5, 128))).source
     assert "kernel void quantize(" in source and "device bfloat* scales [[buffer(2)]]" in source

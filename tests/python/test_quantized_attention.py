@@ -18,7 +18,7 @@ from ml_dtypes import bfloat16
 
 import mfa_native
 from mfa_native import QuantizedTensor, codegen
-from mfa_native.codegen.quant_format import AFFINE_BITS, AFFINE_GROUP_SIZES, QuantFormat
+from mfa_native.quant_formats import AFFINE_BITS, AFFINE_GROUP_SIZES, QuantFormat
 from mfa_native.reference import attention_reference
 from mfa_native.runtime.devices import tuned_as
 

@@ -26,8 +26,8 @@ from .. import codegen
 from ..ops.attention import attention
 from ..ops.attention_backward import attention_backward
 from ..ops.quantize import quantize
-from ..codegen.problem import QuantizedStorage, contiguous_strides
-from ..codegen.quant_format import QuantFormat
+from ..codegen import QuantizedStorage, contiguous_strides
+from ..quant_formats import QuantFormat
 from ..runtime import profiling
 from ..runtime.devices import Device, resolve_device, tuned_as, tuning_facts
 from ._table import format_table
@@ -79,7 +79,7 @@ def _quantized_problem(dims, format: str):
     rows = contiguous_strides("bhsd", (B, Hkv, C, f.data_width(D)))
     scales = contiguous_strides("bhsd", (B, Hkv, C, f.groups(D))) if f.affine else None
     storage = QuantizedStorage(f, rows, "float32" if f.affine else None, scales, scales)
-    return _problem(dims, k_quant=storage, v_quant=storage)
+    return _problem(dims, k_storage=storage, v_storage=storage)
 
 
 def _problem(dims, dtype="float32", **kwargs):

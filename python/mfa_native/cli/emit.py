@@ -7,6 +7,7 @@ import sys
 
 from .. import codegen
 from ..codegen import AttentionProblem
+from ..runtime.templates import evaluate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "get the split-KV pair of kernels (default: never split)")
     tuning.add_argument("--plan", action="store_true",
                         help="print the pass: each kernel's grid and the buffers it binds, instead of the source")
-    tuning.add_argument("--json", action="store_true", help="print the pass description as JSON")
+    tuning.add_argument("--json", action="store_true",
+                        help="print the pass template as JSON (sizes symbolic); with --sizes, the evaluated pass")
+    tuning.add_argument("--sizes", metavar="NAME=N,...",
+                        help="with --json: evaluate the template for these runtime sizes (e.g. B=2,Hq=8,Hkv=2,R=1,C=4096);"
+                             " the problem's own fill the rest")
     tuning.add_argument("--backward", action="store_true",
                         help="the backward pass's kernels (dQ, then dK/dV) instead of the forward's")
 
@@ -61,16 +66,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         problem = problem_from(args)
         if args.backward:
-            attention_pass = codegen.attention_backward_pass(codegen.AttentionBackwardProblem(problem),
-                                                             family=args.family, bake_lengths=args.bake_lengths)
+            template = codegen.attention_backward_template(codegen.AttentionBackwardProblem(problem),
+                                                           family=args.family, bake_lengths=args.bake_lengths)
         else:
-            attention_pass = codegen.attention_pass(problem, family=args.family, bake_lengths=args.bake_lengths,
-                                                    parallel_threadgroups=args.parallel_threadgroups)
+            template = codegen.attention_template(problem, family=args.family, bake_lengths=args.bake_lengths,
+                                                  parallel_threadgroups=args.parallel_threadgroups)
+        sizes = {**codegen.call_sizes(problem, args.parallel_threadgroups), **_sizes(args.sizes)}
+        attention_pass = evaluate(template, sizes)
     except ValueError as error:
         print(f"emit: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(attention_pass.to_json())
+        print(attention_pass.to_json() if args.sizes else template.to_json())
         return 0
     for kernel in attention_pass.kernels:
         if not args.plan:
@@ -83,3 +90,14 @@ def run(args: argparse.Namespace) -> int:
             layout = f" strides {b.strides}" if b.strides is not None else ""
             print(f"  [[buffer({index})]] {name}: {b.role} {b.dtype} {b.shape}{layout}")
     return 0
+
+
+def _sizes(text: str | None) -> dict[str, int]:
+    """--sizes NAME=N,...: runtime sizes."""
+    sizes = {}
+    for item in filter(None, (text or "").split(",")):
+        name, _, value = item.partition("=")
+        if not name.strip() or not value.strip().isdigit():
+            raise ValueError(f"--sizes takes NAME=N pairs separated by commas, got {item!r}")
+        sizes[name.strip()] = int(value)
+    return sizes

@@ -1,13 +1,16 @@
 """Kernel generation: problem -> kernel descriptor (tiles from tables) -> MSL source + launch
 plan -> pass description.
 
-Generic pieces: sizes.py (extents, runtime sizes), plan.py (operands, grid), msl.py
-(text helpers), kernel_source.py (assembling a kernel), passes.py (kernels -> pass
-description). The attention family: problem.py, descriptor.py, tables.py, split.py,
-operands.py, blocks.py, the generators attention_forward.py, attention_combine.py,
-attention_backward.py, and attention_passes.py, which builds its passes. Int8 attention:
-int8_problem.py, int8_operands.py, int8_products.py (the product step and its exactness
-bound), the generators int8_quantize.py and int8_forward.py, and int8_passes.py.
+The folders are wings, each importing only the floors below it (a test checks the rule):
+
+- kernel/: the ground floor: MSL text helpers, sizes and layouts, launch plans, 8x8 tiles,
+  tile tables, assembling a kernel, pass descriptions;
+- storage/: how an operand is read: quantized formats, the storage facet, staging;
+- attention/: the dense family: problem, facets, descriptor, kernels and passes;
+- sparse/: block lists and token lists (cases of the key-visit facet), the indexer;
+- int8/: int8 attention.
+
+This module is the face: it re-exports what the ops, the CLI and the tests use.
 
 >>> from mfa_native.codegen import AttentionProblem, attention_source
 >>> print(attention_source(AttentionProblem(1, 8, 8, 128, 128, 64, 64, dtype="float16", causal="lower_right")))
@@ -15,21 +18,29 @@ bound), the generators int8_quantize.py and int8_forward.py, and int8_passes.py.
 
 from __future__ import annotations
 
-from .attention_backward import DKDV_KERNEL_NAME, DQ_KERNEL_NAME, DSINKS_KERNEL_NAME, generate_dkdv, generate_dq
-from .attention_combine import KERNEL_NAME as COMBINE_KERNEL_NAME
-from .attention_combine import generate_combine
-from .attention_forward import KERNEL_NAME, PARTIAL_KERNEL_NAME, generate, generate_partial
-from .attention_passes import BAKE_LENGTHS, attention_backward_pass, attention_pass, block_mask_pass
-from .descriptor import BackwardDescriptor, KernelDescriptor, describe, describe_backward, sizes_of
-from .int8_passes import int8_attention_pass, int8_quantizer_pass
-from .int8_problem import Int8Problem
-from .int8_products import check_exact as check_int8_exact
-from .kernel_source import KernelSource
-from .plan import GridAxis, LaunchPlan, Operand
-from .problem import AttentionBackwardProblem, AttentionProblem, BlockLists, contiguous_strides, physical
-from .sizes import Extent, RuntimeSizes
-from .split import kv_split
-from .tables import CPU_FAMILY, FAMILIES, MAX_HEAD_DIM
+from .attention.backward import DKDV_KERNEL_NAME, DQ_KERNEL_NAME, generate_dkdv, generate_dq
+from .attention.combine import KERNEL_NAME as COMBINE_KERNEL_NAME
+from .attention.combine import generate_combine
+from .attention.descriptor import BackwardDescriptor, KernelDescriptor, describe, describe_backward, sizes_of
+from .attention.dsinks import DSINKS_KERNEL_NAME
+from .attention.forward import KERNEL_NAME, PARTIAL_KERNEL_NAME, generate, generate_partial
+from .attention.keys import DENSE
+from .attention.passes import (BAKE_LENGTHS, attention_backward_pass, attention_backward_template, attention_pass,
+                               attention_template, call_sizes)
+from .attention.problem import AttentionBackwardProblem, AttentionProblem
+from .attention.split import kv_split
+from .int8.passes import int8_attention_pass, int8_quantizer_pass
+from .int8.problem import Int8Problem
+from .int8.products import check_exact as check_int8_exact
+from .kernel.layouts import contiguous_strides, physical
+from .kernel.plan import GridAxis, LaunchPlan, Operand
+from .kernel.sizes import Extent, RuntimeSizes
+from .kernel.source import KernelSource
+from .kernel.tables import CPU_FAMILY, FAMILIES, MAX_HEAD_DIM
+from .sparse.block_mask import block_mask_pass
+from .sparse.block_visits import BlockLists
+from .sparse.token_lists import TokenLists
+from .storage.stored import PLAIN, QuantizedStorage
 
 
 def attention_kernel(problem: AttentionProblem, *, family: str = CPU_FAMILY,
@@ -52,6 +63,7 @@ __all__ = [
     "BlockLists",
     "COMBINE_KERNEL_NAME",
     "CPU_FAMILY",
+    "DENSE",
     "DKDV_KERNEL_NAME",
     "DQ_KERNEL_NAME",
     "DSINKS_KERNEL_NAME",
@@ -66,12 +78,18 @@ __all__ = [
     "MAX_HEAD_DIM",
     "Operand",
     "PARTIAL_KERNEL_NAME",
+    "PLAIN",
+    "QuantizedStorage",
     "RuntimeSizes",
+    "TokenLists",
     "attention_backward_pass",
+    "attention_backward_template",
     "attention_kernel",
     "attention_pass",
+    "attention_template",
     "attention_source",
     "block_mask_pass",
+    "call_sizes",
     "check_int8_exact",
     "contiguous_strides",
     "describe",

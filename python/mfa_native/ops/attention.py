@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import codegen
 from ..codegen import AttentionProblem, physical
-from ..codegen.problem import QuantizedStorage
+from ..codegen import QuantizedStorage
 from ..quantized import QuantizedTensor
 from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import Device, resolve_device, tuning_facts
@@ -133,8 +133,8 @@ def validate(arrays, *, scale, causal, window, layout, return_lse,
         k_strides=None if "k" in storage else physical(check.element_strides(bound["k"]), layout),
         v_strides=None if "v" in storage else physical(check.element_strides(bound["v"]), layout),
         causal=causal_mode, window=window, mask=mask_kind, mask_dtype=mask_dtype, mask_strides=mask_strides,
-        sinks=sinks is not None, scale=scale, return_lse=return_lse, k_quant=storage.get("k"),
-        v_quant=storage.get("v"))
+        sinks=sinks is not None, scale=scale, return_lse=return_lse, k_storage=storage.get("k", codegen.PLAIN),
+        v_storage=storage.get("v", codegen.PLAIN))
     return Validated(problem, bound, converts, sources)
 
 

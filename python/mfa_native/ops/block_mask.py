@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codegen.problem import BlockLists
+from ..codegen import BlockLists
 from . import arguments as check
 
 # (num_blocks, indices) pairs, in the order the passes bind them.

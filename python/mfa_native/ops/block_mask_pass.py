@@ -31,7 +31,7 @@ def from_mask(cls, mask, *, causal, window, R, C, block_size: tuple[int, int], B
     lists = codegen.BlockLists(q_block, k_block, False, False, cols, cols, rows, rows)
     problem = codegen.AttentionProblem(B, H, H, R, C, 8, 8, causal=check.causal_mode(causal),
                                        window=check.window_sides(window, R, C), mask=kind, mask_dtype=dtype,
-                                       mask_strides=strides, blocks=lists)
+                                       mask_strides=strides, keys=lists)
     prepared = PreparedPass(codegen.block_mask_pass(problem, family=tuning_facts(device).family), device)
     outputs = dict(zip(prepared.output_names, prepared.run(inputs)))
     return cls(**outputs, block_size=block_size, shape=(R, C))

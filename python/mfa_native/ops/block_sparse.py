@@ -105,7 +105,7 @@ def _with_lists(call: Validated, block_mask: BlockMask) -> Validated:
     p = call.problem
     checked = block_mask.checked(p.batch, p.q_heads, p.q_len, p.kv_len)
     converts = {**call.converts, **{name: None for name in checked.arrays}}
-    return Validated(replace(p, blocks=checked.lists), {**call.bound, **checked.arrays}, converts)
+    return Validated(replace(p, keys=checked.lists), {**call.bound, **checked.arrays}, converts)
 
 
 def _list_check(block_mask: BlockMask, p, first: int):

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import codegen
 from ..codegen import Int8Problem
-from ..codegen.int8_problem import PV_MODES, QK_SCALES
+from ..codegen.int8.problem import PV_MODES, QK_SCALES
 from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
 from . import arguments as check

@@ -6,8 +6,8 @@ import numbers
 
 import numpy as np
 
-from ..codegen import quantize as codegen
-from ..codegen.quant_format import FORMATS, QuantFormat
+from ..codegen.storage import quantize as codegen
+from ..quant_formats import FORMATS, QuantFormat
 from ..quantized import QuantizedTensor
 from ..runtime import runner
 from ..runtime.arrays import DTYPES

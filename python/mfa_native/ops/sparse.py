@@ -9,11 +9,11 @@ import numpy as np
 
 from .. import codegen
 from ..codegen import physical
-from ..codegen import sparse_topk as sparse_topk_codegen
-from ..codegen.passes import TensorSpec
-from ..codegen.problem import TokenLists
+from ..codegen import TokenLists
+from ..codegen.sparse import topk as sparse_topk_codegen
 from ..runtime.devices import Device, resolve_device, tuning_facts
 from ..runtime.runner import PreparedPass
+from ..runtime.templates import evaluate
 from . import arguments as check
 from .attention import Validated, forward_results, validate
 from .attention_backward import gradients, validate_backward
@@ -153,7 +153,7 @@ def _with_lists(call: Validated, indices, topk_length, shared_kv: bool) -> Valid
         length_strides = tuple(s // 4 for s in bound["topk_length"].strides)
     index_strides = physical(check.element_strides(bound["indices"]), p.layout)
     tokens = TokenLists(bound["indices"].shape[-1], index_strides, length_strides, shared_kv)
-    return Validated(replace(p, tokens=tokens), bound, converts)
+    return Validated(replace(p, keys=tokens), bound, converts)
 
 
 @returns_given_kind(("q", "k"), ("weights",))
@@ -228,11 +228,7 @@ def sparse_topk(q, k, weights, topk: int, *, causal: bool = True, layout: str = 
                                               (weights.strides[0], weights.strides[2], weights.strides[1]))), 0)}
     descriptor = sparse_topk_codegen.describe_topk(dtype=dtype, shape=dict(B=B, Hi=Hi, R=R, C=C, K=topk, Di=Di),
                                                    strides=logical, layout=layout, causal=causal)
-    inputs = {"q": TensorSpec(dtype, q.shape, tuple(s // q.itemsize for s in q.strides)),
-              "k": TensorSpec(dtype, k.shape, tuple(s // k.itemsize for s in k.strides)),
-              "weights": TensorSpec("float32", weights.shape, tuple(s // 4 for s in weights.strides))}
-    description = sparse_topk_codegen.topk_pass(descriptor, sizes=dict(B=B, Hi=Hi, R=R, C=C, K=topk),
-                                                inputs=inputs)
+    description = evaluate(sparse_topk_codegen.topk_template(descriptor), dict(B=B, Hi=Hi, R=R, C=C, K=topk))
     prepared = PreparedPass(description, device)
     arrays = {"q": q, "k": k, "weights": weights}
     outputs = dict(zip(prepared.output_names, prepared.run([arrays[name] for name in prepared.input_names])))

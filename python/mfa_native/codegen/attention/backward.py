@@ -1,0 +1,266 @@
+"""MSL for the attention backward pass, from a BackwardDescriptor: three kernels, no atomics.
+
+Apple GPUs have no native float atomics, so each kernel owns its outputs
+outright and P is recomputed in both (7 products instead of 5):
+
+attention_backward_dq, parallel over query blocks (the forward's shape: one
+simdgroup per 8 query rows, walking the keys in blocks):
+  D = rowsum(dO o O) per row, stored for the second kernel (and, with sinks,
+  the row's share of dsinks, -p_sink D); then per block of keys
+  P = exp2(S * scale * log2(e) + bias - lse2) with S = Q K^T, dP = dO V^T,
+  dS = P o (dP - D), dQ += dS K. At the end dQ *= scale.
+
+attention_backward_dkdv, parallel over key blocks (one simdgroup per 8 keys,
+walking the queries in blocks), for every query head of its kv head's group,
+so the group's dK and dV are summed in registers:
+  P^T = exp2(S^T ...) with S^T = K Q^T, dV += P^T dO, dP^T = V dO^T,
+  dS^T = P^T o (dP^T - D), dK += dS^T Q. At the end dK *= scale.
+
+With sinks, attention_backward_dsinks (dsinks.py) then sums the rows' -p_sink D that the
+dQ kernel stored.
+
+lse2 = lse * log2(e) is the log2-domain denominator the forward stored (sink
+included); a row with no key (lse = -inf) gets lse2 = -MASKED, so its P is 0
+and nothing it touches turns NaN. Blocks that causal, window or a mask remove
+are skipped in both kernels, as in the forward (key_range / query_range, and
+the mask's block test in `bias`). Tile loads, products, masking and the
+exp2-domain softmax are the forward's building blocks (blocks.py).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..kernel.msl import MSL_TYPES, float_literal, indent, loop, offset
+from ..kernel.plan import GridAxis, LaunchPlan
+from ..kernel.sizes import Extent
+from ..kernel.source import KernelSource, assemble
+from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers,
+                            lane_layout, scores, store_rows, tiles, zeroed)
+from . import operands
+from .descriptor import BackwardDescriptor
+from .forward import BUILTINS
+from .masking import MaskRules, bias_over_keys, bias_over_queries, key_range, mask_key_pointer, mask_row_pointer, query_range
+from .rows import query_rows_geometry, row_index
+from .softmax import gradient_of_scores, logits, lse2, probabilities
+
+DQ_KERNEL_NAME = "attention_backward_dq"
+DKDV_KERNEL_NAME = "attention_backward_dkdv"
+REREAD = "re-read: the rows do not stay in registers at this head dimension"
+INPUTS = ("q", "k", "v", "dout", "lse")
+
+
+def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
+    return {"q": HeadTensor.of("q", d.q, d.head_dim), "k": HeadTensor.of("k", d.k, d.head_dim),
+            "v": HeadTensor.of("v", d.v, d.value_dim), "o": HeadTensor.of("o", d.o, d.value_dim),
+            "dout": HeadTensor.of("dout", d.dout, d.value_dim)}
+
+
+def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
+    ops = (operands.reads(d, *INPUTS, "o", "mask", "sinks", *d.keys.key_lists)
+           + operands.writes(d, "dq", "delta", *(["sink_grad"] if d.sinks else [])) + operands.sizes(d))
+    grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Extent(1, ("B",))))
+    return LaunchPlan(DQ_KERNEL_NAME, tuple(ops), grid, 32 * (d.query_rows // 8), d.sizes)
+
+
+def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
+    ops = (operands.reads(d, *INPUTS, "delta", "mask", *d.keys.query_lists)
+           + operands.writes(d, "dk", "dv") + operands.sizes(d))
+    grid = (GridAxis(Extent(1, ("C",)), d.key_rows), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
+    return LaunchPlan(DKDV_KERNEL_NAME, tuple(ops), grid, 32 * (d.key_rows // 8), d.sizes)
+
+
+# ---------------------------------------------------------------------------
+# Pieces shared by the two kernels.
+
+
+def _recomputed_probabilities(d: BackwardDescriptor, count: int, lse2: str) -> list[str]:
+    return (["", "// P = exp2(S * scale * log2(e) + bias - lse2): the forward's probabilities, from its lse."]
+            + logits(d.scale_log2e, count, "p_tile") + probabilities(count, "p_tile", lse2))
+
+
+def _summary(d: BackwardDescriptor, kernel: str) -> list[str]:
+    if kernel == DQ_KERNEL_NAME:
+        tile = (f"{d.query_rows} query rows per threadgroup, {d.key_block} keys per block, "
+                f"Q and dO {'in registers' if d.cache else 're-read per block'}")
+    else:
+        tile = (f"{d.key_rows} keys per threadgroup, {d.query_block} queries per block, "
+                f"K and V {'in registers' if d.cache else 're-read per block'}")
+    return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
+            f"{d.rules.describe()}, sinks {'yes' if d.sinks else 'no'}",
+            f"tiles ({d.family}): {tile}"]
+
+
+def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelSource:
+    return assemble(plan, summary=_summary(d, plan.kernel_name), builtins=BUILTINS, body=body)
+
+
+# ---------------------------------------------------------------------------
+# The dQ kernel.
+
+
+def _dq_geometry(d: BackwardDescriptor) -> list[str]:
+    t = MSL_TYPES[d.dtype]
+    lines = query_rows_geometry(d.query_rows, d.gqa_ratio, ["const uint b = group.z;"]) + [
+        f"const ulong row_at = {row_index('row_read')};  // the row in lse, delta and sink_grad",
+        "",
+        head_pointer("q", d.q, "h", t, True),
+        head_pointer("k", d.k, "h_kv", t, True),
+        head_pointer("v", d.v, "h_kv", t, True),
+        head_pointer("o", d.o, "h", t, True),
+        head_pointer("dout", d.dout, "h", t, True),
+        head_pointer("dq", d.dq, "h", t, False),
+    ]
+    if d.rules.mask != "none":
+        lines.append(mask_row_pointer(d.rules))
+    return lines
+
+
+def _row_delta(d: BackwardDescriptor) -> list[str]:
+    """D of the lane's row, stored for the dK/dV kernel, and lse2; with sinks, -p_sink D."""
+    x = _tensors(d)
+    per_tile = ["simdgroup_float8x8 o_t;", "{"] + indent(x["o"].load_rows("o_t", "row_read", "t")) + ["}"]
+    dout = "dout_tile[t]"
+    if not d.cache:
+        dout = "dout_t"
+        per_tile += ["simdgroup_float8x8 dout_t;", "{"] + indent(x["dout"].load_rows("dout_t", "row_read", "t")) + ["}"]
+    per_tile.append(f"delta_row += o_t.thread_elements()[0] * {dout}.thread_elements()[0]"
+                    f" + o_t.thread_elements()[1] * {dout}.thread_elements()[1];")
+    lines = ["", "// D = rowsum(dO o O) of the lane's row: two columns per tile, then the row's four lanes.",
+             "float delta_row = 0.0f;"]
+    lines += loop(f"ushort t = 0; t < {tiles(d.value_dim)}; ++t", per_tile)
+    lines += ["delta_row += simd_shuffle_xor(delta_row, 1);",
+              "delta_row += simd_shuffle_xor(delta_row, 8);"]
+    lines += lse2("const float lse2", "row_at")
+    stores = ["delta[row_at] = delta_row;"]
+    if d.sinks:
+        stores.append("sink_grad[row_at] = -exp2(sinks[h] * LOG2E - lse2) * delta_row;  // -p_sink D")
+    return lines + ["if (row < R && tc == 0) {"] + indent(stores) + ["}"]
+
+
+def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
+    """dQ over the keys [begin, end), key_block at a time, with `rules`."""
+    count = d.key_block // 8
+    x = _tensors(d)
+    body = bias_over_keys(rules, count, end)
+    body += ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
+    body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache else None, "q_i"),
+                   rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
+                   position="key", first="kb", positions=Positions(end), reread=REREAD)
+    body += _recomputed_probabilities(d, count, "lse2")
+    body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
+    body += scores("dp_tile", count=count,
+                   lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache else None, "dout_i"), rhs=x["v"],
+                   rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys",
+                   position="key", first="kb", positions=Positions(end), reread=REREAD)
+    body += gradient_of_scores(count, "delta_row")
+    body += ["", "// dQ += dS K."]
+    body += accumulate("dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
+                       rhs_comment="rows are keys, columns are head dims", position="key", first="kb", positions=Positions(end))
+    return block_loop("kb", begin, end, d.key_block, body)
+
+
+@lru_cache(maxsize=128)
+def generate_dq(d: BackwardDescriptor) -> KernelSource:
+    """The dQ kernel (it also stores D, and each row's share of dsinks)."""
+    x = _tensors(d)
+    body = _dq_geometry(d) + key_range(d.rules)
+    if d.cache:
+        body += ["", "// Q and dO: the 8 rows, held in registers as 8x8 tiles."]
+        body += in_registers("q_tile", x["q"], "row_read") + in_registers("dout_tile", x["dout"], "row_read")
+    body += _row_delta(d)
+    body += ["", "// dQ / scale, accumulated over the keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
+    body += d.keys.keys(d, lambda rules, begin, end: _dq_key_steps(d, rules, begin, end))
+    t = MSL_TYPES[d.dtype]
+    store = [f"device {t}* dq_row = dq_head + {offset('ulong(row)', d.dq.strides[2])};"]
+    store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
+    body += ["", "// dQ = scale * dS K.", "if (row < R) {"] + indent(store) + ["}"]
+    return _kernel(d, dq_plan(d), body)
+
+
+# ---------------------------------------------------------------------------
+# The dK/dV kernel.
+
+
+def _dkdv_geometry(d: BackwardDescriptor) -> list[str]:
+    t = MSL_TYPES[d.dtype]
+    return [
+        "// This simdgroup's 8 keys, of one (batch, kv head).",
+        "const uint b = group.z;",
+        "const uint h_kv = group.y;",
+        f"const uint key_first = group.x * {d.key_rows} + simd_index * 8;",
+        *lane_layout(),
+        "const uint key_row = key_first + tr;",
+        "const uint key_read = min(key_row, C - 1);  // keys past C compute on a valid key and are never stored",
+        "",
+        head_pointer("k", d.k, "h_kv", t, True),
+        head_pointer("v", d.v, "h_kv", t, True),
+        head_pointer("dk", d.dk, "h_kv", t, False),
+        head_pointer("dv", d.dv, "h_kv", t, False),
+    ]
+
+
+def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
+    """dK and dV over the queries [begin, end) of head h, query_block at a time, with `rules`."""
+    count = d.query_block // 8
+    x = _tensors(d)
+    body = bias_over_queries(rules, count, end)
+    body += ["", "// lse2 and D of the lane's queries.", f"float lse2[{2 * count}];", f"float delta_q[{2 * count}];"]
+    body += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
+        f"const uint query = uint(min(qb + j * 8 + int(tc) + e, int({end}) - 1));",
+        *lse2("lse2[j * 2 + e]", "rows_at + query"),
+        "delta_q[j * 2 + e] = delta[rows_at + query];",
+    ]))
+    body += ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
+    body += scores("p_tile", count=count, lhs=Rows(x["k"], "key_read", "k_tile" if d.cache else None, "k_i"),
+                   rhs=x["q"], rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries",
+                   position="query", first="qb", positions=Positions(end), reread=REREAD)
+    body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
+    body += ["", "// dV += P^T dO."]
+    body += accumulate("dv_tile", weights="p_tile", count=count, rhs=x["dout"], rhs_tile="dout_tile",
+                       rhs_comment="rows are queries, columns are value dims", position="query", first="qb", positions=Positions(end))
+    body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
+    body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache else None, "v_i"),
+                   rhs=x["dout"], rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
+                   position="query", first="qb", positions=Positions(end), reread=REREAD)
+    body += gradient_of_scores(count, "delta_q[j * 2 + e]")
+    body += ["", "// dK += dS^T Q."]
+    body += accumulate("dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
+                       rhs_comment="rows are queries, columns are head dims", position="query", first="qb", positions=Positions(end))
+    return block_loop("qb", begin, end, d.query_block, body)
+
+
+def _query_heads(d: BackwardDescriptor) -> list[str]:
+    """The query loop for every query head that reads this kv head."""
+    t = MSL_TYPES[d.dtype]
+    per_head = [head_pointer("q", d.q, "h", t, True), head_pointer("dout", d.dout, "h", t, True)]
+    if d.rules.mask != "none":
+        per_head.append(mask_key_pointer(d.rules))
+    per_head.append(f"const ulong rows_at = {row_index('0')};  // this head's rows in lse and delta")
+    per_head += d.keys.queries(d, lambda rules, begin, end: _query_steps(d, rules, begin, end))
+    if d.gqa_ratio == 1:
+        return ["", "// The one query head that reads this kv head.", "{", "  const uint h = h_kv;"] \
+            + indent(per_head) + ["}"]
+    return (["", f"// The {d.gqa_ratio} query heads that read this kv head: their dK and dV add up here."]
+            + loop(f"uint g = 0; g < {d.gqa_ratio}; ++g", [f"const uint h = h_kv * {d.gqa_ratio} + g;"] + per_head,
+                   unroll=False))
+
+
+@lru_cache(maxsize=128)
+def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
+    """The dK/dV kernel (it reads the D the dQ kernel stored)."""
+    x = _tensors(d)
+    body = _dkdv_geometry(d) + query_range(d.rules)
+    if d.cache:
+        body += ["", "// K and V: the 8 rows, held in registers as 8x8 tiles."]
+        body += in_registers("k_tile", x["k"], "key_read") + in_registers("v_tile", x["v"], "key_read")
+    body += ["", "// dK / scale and dV, accumulated over the queries of every head in the group."]
+    body += zeroed("dk_tile", tiles(d.head_dim), "dK / scale") + zeroed("dv_tile", tiles(d.value_dim), "dV")
+    body += _query_heads(d)
+    t = MSL_TYPES[d.dtype]
+    store = [f"device {t}* dk_row = dk_head + {offset('ulong(key_row)', d.dk.strides[2])};"]
+    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
+    store += [f"device {t}* dv_row = dv_head + {offset('ulong(key_row)', d.dv.strides[2])};"]
+    store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t)
+    body += ["", "// dK = scale * dS^T Q, dV = P^T dO.", "if (key_row < C) {"] + indent(store) + ["}"]
+    return _kernel(d, dkdv_plan(d), body)

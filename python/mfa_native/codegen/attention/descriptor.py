@@ -1,0 +1,189 @@
+"""Kernel descriptors: exactly the facts the generated source depends on.
+
+`describe(problem)` reduces an AttentionProblem to a KernelDescriptor (the
+forward kernels), `describe_backward` an AttentionBackwardProblem to a
+BackwardDescriptor (the backward kernels). Both extend AttentionFacts, the
+facts every attention kernel depends on. A descriptor is the cache key of its
+source, so two problems that differ only in runtime values (sequence lengths,
+batch and head counts) share one kernel.
+
+Strides become `OperandLayout`s (kernel/layouts.py): dense strides stay symbolic,
+e.g. `R * 64`, so a contiguous tensor of another length reuses the kernel. With
+`bake_lengths`, the sizes themselves are literals too. The facets of the problem
+(keys, storage, rows) describe themselves: their kernel-side facts are fields here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kernel.layouts import OperandLayout, contiguous_strides, memory_order, operand_layout
+from ..kernel.sizes import Extent, RuntimeSizes
+from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, tile_row
+from .masking import MaskRules
+from .problem import AttentionBackwardProblem, AttentionProblem
+from .rows import shrunk
+
+# The runtime sizes, by their names in the generated MSL; split-KV kernels add
+# S (key/value splits) and Cs (keys per split), the key facets their list sizes.
+SIZE_DOCS = {"B": "batch", "Hq": "query heads", "Hkv": "key/value heads", "R": "query length",
+             "C": "key length", "S": "key/value splits", "Cs": "keys per split",
+             "NQ": "query blocks", "NK": "key blocks", "Wp": "width of kv_indices",
+             "Wf": "width of full_kv_indices", "Wq": "width of q_indices", "Wqf": "width of full_q_indices",
+             "T": "entries per token list (topk)"}
+SIZE_NAMES = ("B", "Hq", "Hkv", "R", "C")
+SPLIT_SIZE_NAMES = ("S", "Cs")
+SIZES_STRUCT = "AttentionSizes"
+
+
+@dataclass(frozen=True)
+class AttentionFacts:
+    """What every attention kernel depends on: head dimensions, dtype, GQA ratio, the
+    q/k/v layouts, the masking rules, sinks, the scale, the tile table's family, and the
+    key-visit and storage facets' kernel-side facts."""
+
+    head_dim: int
+    value_dim: int
+    dtype: str
+    gqa_ratio: int
+    q: OperandLayout
+    k: OperandLayout
+    v: OperandLayout
+    rules: MaskRules
+    sinks: bool
+    scale_log2e: float      # softmax scale * log2(e), as the float32 the kernels use
+    family: str
+    sizes: RuntimeSizes     # the runtime sizes the kernels read (or their literals)
+    keys: object            # the key-visit facet (attention/keys.py; the sparse wing's lists)
+    k_storage: object       # the storage facets of k and v (storage/stored.py)
+    v_storage: object
+
+
+@dataclass(frozen=True)
+class KernelDescriptor(AttentionFacts):
+    """The forward kernels: attention_forward, or the split-KV pair (partial and combine)."""
+
+    o: OperandLayout
+    return_lse: bool
+    query_rows: int         # per threadgroup
+    key_block: int
+    cache_q: bool
+    rows: object            # the rows facet (attention/rows.py)
+
+    @property
+    def simdgroups(self) -> int:
+        return self.query_rows // 8
+
+
+@dataclass(frozen=True)
+class BackwardDescriptor(AttentionFacts):
+    """The backward kernels (see backward.py)."""
+
+    o: OperandLayout        # the forward output, an input here
+    dout: OperandLayout     # its gradient, dO
+    dq: OperandLayout       # the gradients, allocated contiguous in the problem's layout
+    dk: OperandLayout
+    dv: OperandLayout
+    scale: float            # softmax scale, as the float32 the kernels use (dQ and dK carry it)
+    query_rows: int         # dQ kernel: query rows per threadgroup
+    key_block: int          # dQ kernel: keys per step
+    key_rows: int           # dK/dV kernel: keys per threadgroup
+    query_block: int        # dK/dV kernel: queries per step
+    cache: bool             # each simdgroup's own rows stay in registers
+
+
+def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
+    """Runtime size name -> value, in struct order; with a split, also S (splits) and Cs (keys
+    per split); then the key facet's sizes."""
+    sizes = dict(zip(SIZE_NAMES, (problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len)))
+    if split is not None:
+        sizes.update(zip(SPLIT_SIZE_NAMES, split))
+    sizes.update(problem.keys.sizes(problem))
+    return sizes
+
+
+def _check_head_dims(p: AttentionProblem) -> None:
+    if not 1 <= max(p.head_dim, p.value_dim) <= MAX_HEAD_DIM or min(p.head_dim, p.value_dim) < 1:
+        raise ValueError(f"head dimensions must be in 1..{MAX_HEAD_DIM}, got D={p.head_dim}, Dv={p.value_dim}")
+
+
+class _Layouts:
+    """The symbolic layouts of a problem's tensors (`of`), of its stored k/v fields (`field`),
+    and its mask rules."""
+
+    def __init__(self, p: AttentionProblem, baked: dict[str, int] | None) -> None:
+        D, Dv = Extent(p.head_dim), Extent(p.value_dim)
+        B, Hq, Hkv, R, C = (Extent(1, (name,)) for name in SIZE_NAMES)
+        self._p, self._baked, self._order = p, baked, memory_order(p.layout)
+        self._kinds = {"q": (p.q_shape, (B, Hq, R, D)), "k": (p.k_shape, (B, Hkv, C, D)),
+                       "v": (p.v_shape, (B, Hkv, C, Dv)), "o": (p.o_shape, (B, Hq, R, Dv))}
+        mask_layout = None
+        if p.mask != "none":
+            mask_layout = operand_layout(p.mask_shape, (B, Hq, R, C), p.mask_strides, (0, 1, 2, 3), baked)
+        self.rules = MaskRules(p.causal, p.window, p.mask, p.mask_dtype, mask_layout)
+
+    def field(self, columns: int, strides) -> OperandLayout:
+        """The layout of a stored field of k or v: (B, Hkv, C, columns), these strides."""
+        p = self._p
+        B, Hkv, C = (Extent(1, (name,)) for name in ("B", "Hkv", "C"))
+        shape = (p.batch, p.kv_heads, p.kv_len, columns)
+        return operand_layout(shape, (B, Hkv, C, Extent(columns)), strides, self._order, self._baked)
+
+    def of(self, kind: str, strides=None) -> OperandLayout:
+        """The layout of a tensor shaped like q, k, v or o ("kind"); strides None: contiguous (allocated)."""
+        shape, sizes = self._kinds[kind]
+        strides = contiguous_strides(self._p.layout, shape) if strides is None else strides
+        return operand_layout(shape, sizes, strides, self._order, self._baked)
+
+
+def _facts(p: AttentionProblem, family: str, sizes: dict[str, int], bake_lengths: bool) -> tuple[dict, _Layouts]:
+    """The AttentionFacts fields of `p`, and the layouts helper for the rest."""
+    _check_head_dims(p)
+    baked = sizes if bake_lengths else None
+    layouts = _Layouts(p, baked)
+    facts = dict(head_dim=p.head_dim, value_dim=p.value_dim, dtype=p.dtype, gqa_ratio=p.gqa_ratio,
+                 q=layouts.of("q", p.q_strides), k=layouts.of("k", p.k_strides), v=layouts.of("v", p.v_strides),
+                 rules=layouts.rules, sinks=p.sinks,
+                 scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))), family=family,
+                 sizes=RuntimeSizes(SIZES_STRUCT, tuple((name, SIZE_DOCS[name]) for name in sizes),
+                                    tuple(sizes.items()) if bake_lengths else None),
+                 keys=p.keys.describe(p, family, baked),
+                 k_storage=p.k_storage.describe(p.head_dim, layouts.field),
+                 v_storage=p.v_storage.describe(p.value_dim, layouts.field))
+    return facts, layouts
+
+
+def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_lengths: bool = False,
+             split: tuple[int, int] | None = None) -> KernelDescriptor:
+    """The descriptor of the forward kernels of `problem`, tiles from `family`'s table;
+    `split` = (splits, keys per split) adds the split sizes S and Cs (the split-KV pair)."""
+    p = problem
+    facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
+    rows = p.rows
+    return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
+                            query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
+                            cache_q=tile_row(family, max(p.head_dim, p.value_dim)).cache_q, rows=rows)
+
+
+def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
+                      bake_lengths: bool = False) -> BackwardDescriptor:
+    """The descriptor of the backward kernels of `problem`, tiles from `family`'s backward table."""
+    p = problem.forward
+    facts, layouts = _facts(p, family, sizes_of(p), bake_lengths)
+    row = backward_tile_row(family, max(p.head_dim, p.value_dim))
+    return BackwardDescriptor(
+        **facts,
+        o=layouts.of("o", problem.o_strides),
+        dout=layouts.of("o", problem.dout_strides),
+        dq=layouts.of("q"),
+        dk=layouts.of("k"),
+        dv=layouts.of("v"),
+        scale=float(np.float32(p.softmax_scale)),
+        query_rows=p.rows.backward_query_rows(p, family),
+        key_block=row.key_block,
+        key_rows=shrunk(row.key_rows, p.kv_len),
+        query_block=row.query_block,
+        cache=row.cache,
+    )

@@ -1,0 +1,87 @@
+"""Which keys a query tile visits: the key-visit facet.
+
+`DENSE` is the dense family's case: every key of the visible range [key_begin, key_end)
+that causal and window leave (and, in the dK/dV kernel, every query of [query_begin,
+query_end)). The list-driven cases (block lists, token lists) live in the sparse wing and
+answer the same questions:
+
+- problem side: the runtime sizes it adds with their values (`sizes`), what the forward pass
+  needs of it (`forward_only`), how its rows map to tiles (`rows`), and its kernel-side facts
+  (`describe`);
+- kernel side: the sizes a caller gives and those it derives (`sizes_given`, `derived`), the
+  pass inputs it declares (`inputs`, `backward_inputs`), the ranges a forward or dQ simdgroup visits (`keys`) and a dK/dV simdgroup
+  (`queries`), the buffers it adds (`catalog`, `extents`, `present`, and the names the key
+  and query walks read), a clause for a kernel's header (`summary`), and which kernels run
+  its forward and backward passes (`forward_kernels`, `backward_kernels`: the dense ones,
+  given as a callable, unless the case has its own).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .masking import MaskRules
+from .rows import PACKED_HEADS, PER_HEAD
+
+Steps = Callable[[MaskRules, str, str], list[str]]
+
+
+def storage_rows(p):
+    """The rows facet of a problem whose keys form a range: heads packed when K/V storage asks."""
+    return PACKED_HEADS if p.k_storage.packs_heads or p.v_storage.packs_heads else PER_HEAD
+
+
+class DenseKeys:
+    """Every key of the visible range."""
+
+    splits = True          # split-KV may cut the range for decode
+    key_lists: tuple[str, ...] = ()
+    query_lists: tuple[str, ...] = ()
+    catalog: dict[str, tuple[str, str]] = {}
+
+    # Problem side.
+    def sizes(self, p) -> dict[str, int]:
+        return {}
+
+    def forward_only(self) -> DenseKeys:
+        return self
+
+    def rows(self, p):
+        return storage_rows(p)
+
+    def describe(self, p, family: str, baked) -> DenseKeys:
+        return self
+
+    # Kernel side.
+    sizes_given: tuple[str, ...] = ()
+    derived: tuple[tuple[str, str], ...] = ()
+
+    def inputs(self, spec) -> dict:
+        return {}
+
+    def backward_inputs(self, spec) -> dict:
+        return {}
+
+    def keys(self, d, steps: Steps) -> list[str]:
+        return steps(d.rules, "key_begin", "key_end")
+
+    def queries(self, d, steps: Steps) -> list[str]:
+        return steps(d.rules, "query_begin", "query_end")
+
+    def present(self, name: str) -> bool:
+        return False
+
+    def extents(self, d) -> dict:
+        return {}
+
+    def summary(self) -> str:
+        return ""
+
+    def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+        return dense()
+
+    def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+        return dense()
+
+
+DENSE = DenseKeys()

@@ -1,0 +1,171 @@
+"""Masking: which (query, key) pairs are allowed, as MSL lines.
+
+`MaskRules` are the facts the kernels bake (causal, window, mask). From them: the visible
+range of the other sequence (`key_range`, `query_range`), the allowed test of one pair
+(`allowed_terms`), and the additive mask in the log2 domain (`bias`), which also skips
+blocks a mask removes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..kernel.layouts import OperandLayout
+from ..kernel.msl import MSL_TYPES, loop, offset
+
+
+@dataclass(frozen=True)
+class MaskRules:
+    """The facts that decide which keys a query may see, as the kernels bake them."""
+
+    causal: str
+    window: tuple[int, int] | None
+    mask: str
+    mask_dtype: str | None
+    mask_layout: OperandLayout | None
+
+    @property
+    def window_sides(self) -> tuple[int | None, int | None]:
+        """The bounded sides of the window, (left, right), None where unbounded."""
+        if self.window is None:
+            return None, None
+        return tuple(None if side == -1 else side for side in self.window)  # type: ignore[return-value]
+
+    @property
+    def uses_diagonal(self) -> bool:
+        return self.causal == "lower_right" or self.window_sides != (None, None)
+
+    @property
+    def limits_keys_above(self) -> bool:
+        """Whether some rule removes keys after a query's diagonal."""
+        return self.causal != "none" or self.window_sides[1] is not None
+
+    def describe(self) -> str:
+        """One line for a generated kernel's header."""
+        window = "none" if self.window is None else f"(left {self.window[0]}, right {self.window[1]})"
+        mask = self.mask if self.mask == "none" else f"{self.mask} ({self.mask_dtype})"
+        return f"causal {self.causal}, window {window}, mask {mask}"
+
+
+MASKED_BELOW = "-1.0e30f"   # additive mask values at or below this remove the key (see reference.py)
+
+
+def key_range(rules: MaskRules, last: str | None = None) -> list[str]:
+    """The keys any of the queries q_first..`last` may see (default: the simdgroup's 8 rows).
+    Reads q_first, R, C. Defines key_begin, key_end (ints, narrowed further by callers that
+    split the keys) and, where the rules need them, diagonal and row_last."""
+    lines = ["", "// Keys any of these rows may see: [key_begin, key_end). Whole blocks outside are never visited."]
+    if rules.uses_diagonal:
+        lines.append("const int diagonal = int(C) - int(R);  // key j lines up with query j - diagonal (lower right)")
+    left, right = rules.window_sides
+    if rules.limits_keys_above:
+        lines.append(f"const int row_last = {last or 'int(min(q_first + 7, R - 1))'};")
+    lines += ["int key_begin = 0;", "int key_end = q_first < R ? int(C) : 0;"]
+    if rules.causal == "lower_right":
+        lines.append("key_end = min(key_end, row_last + diagonal + 1);  // causal, lower right")
+    elif rules.causal == "upper_left":
+        lines.append("key_end = min(key_end, row_last + 1);  // causal, upper left")
+    if left is not None:
+        lines.append(f"key_begin = max(key_begin, int(q_first) + diagonal - {left});  // window, left")
+    if right is not None:
+        lines.append(f"key_end = min(key_end, row_last + diagonal + {right + 1});  // window, right")
+    return lines
+
+
+def query_range(rules: MaskRules) -> list[str]:
+    """The queries that may see any of the simdgroup's keys key_first.. (the mirror of
+    key_range: key j is seen from query j - diagonal on). Reads key_first, R, C. Defines
+    query_begin, query_end and, where needed, diagonal and key_last."""
+    lines = ["", "// Queries that may see any of these keys: [query_begin, query_end). Blocks outside are skipped."]
+    if rules.uses_diagonal:
+        lines.append("const int diagonal = int(C) - int(R);  // key j lines up with query j - diagonal (lower right)")
+    left, right = rules.window_sides
+    if left is not None:
+        lines.append("const int key_last = int(min(key_first + 7, C - 1));")
+    lines += ["int query_begin = 0;", "int query_end = key_first < C ? int(R) : 0;"]
+    if rules.causal == "lower_right":
+        lines.append("query_begin = max(query_begin, int(key_first) - diagonal);  // causal, lower right")
+    elif rules.causal == "upper_left":
+        lines.append("query_begin = max(query_begin, int(key_first));  // causal, upper left")
+    if left is not None:
+        lines.append(f"query_end = min(query_end, key_last - diagonal + {left + 1});  // window, left")
+    if right is not None:
+        lines.append(f"query_begin = max(query_begin, int(key_first) - diagonal - {right});  // window, right")
+    return lines
+
+
+def allowed_terms(rules: MaskRules, query: str, key: str, bound: str) -> list[str]:
+    """Conditions (ints) for `key` of `query` beyond the mask. `bound` keeps positions past
+    the visible range (past C or R, or past a split's end) out of the last tile."""
+    terms = [bound]
+    if rules.causal == "lower_right":
+        terms.append(f"{key} <= {query} + diagonal")
+    elif rules.causal == "upper_left":
+        terms.append(f"{key} <= {query}")
+    left, right = rules.window_sides
+    if left is not None:
+        terms.append(f"{key} >= {query} + diagonal - {left}")
+    if right is not None:
+        terms.append(f"{key} <= {query} + diagonal + {right}")
+    return terms
+
+
+def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[str], mask_at: str | None
+         ) -> list[str]:
+    """s[j * 2 + e] = the additive term (log2 domain) of the lane's element (position
+    `first` + j * 8 + tc + e), or MASKED where it is removed; `mask_at` is the element's
+    mask value. With a mask, a block no lane may see is skipped (`continue`, taken by the
+    whole simdgroup alike). Reads tc, diagonal (when the rules use it). Defines s[2 * count]."""
+    body = [f"const int {position} = {first} + j * 8 + int(tc) + e;",
+            f"bool allowed = {' && '.join(allowed)};"]
+    value = "0.0f"
+    if rules.mask != "none":
+        body.append(f"const {MSL_TYPES[rules.mask_dtype]} mask_value = {mask_at};")
+        if rules.mask == "bool":
+            body.append("allowed = allowed && mask_value != 0;")
+        else:
+            body.append(f"allowed = allowed && !(float(mask_value) <= {MASKED_BELOW});  // NaN stays, to show")
+            value = "float(mask_value) * LOG2E"
+    body.append(f"s[j * 2 + e] = allowed ? {value} : MASKED;")
+    lines = ["// Which of the lane's (query, key) pairs are allowed, and the additive mask (log2 domain).",
+             f"float s[{2 * count}];"]
+    lines += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", body))
+    if rules.mask != "none":
+        lines += ["bool lane_sees_key = false;"]
+        lines += loop(f"ushort i = 0; i < {2 * count}; ++i", ["lane_sees_key = lane_sees_key || s[i] != MASKED;"])
+        lines += ["if (simd_max(uint(lane_sees_key)) == 0u) {",
+                  "  continue;  // the mask removes this whole block for these rows",
+                  "}"]
+    return lines
+
+
+def mask_row_pointer(rules: MaskRules) -> str:
+    """Defines `mask_row`: the mask of the lane's query row (row_read) of head h. Reads b, h, row_read."""
+    m = rules.mask_layout.strides
+    terms = [x for x in (offset("ulong(b)", m[0]), offset("ulong(h)", m[1]), offset("ulong(row_read)", m[2])) if x]
+    return f"device const {MSL_TYPES[rules.mask_dtype]}* mask_row = mask + ({' + '.join(terms) or '0'});"
+
+
+def mask_key_pointer(rules: MaskRules) -> str:
+    """Defines `mask_key`: the mask of the lane's key (key_read) for the queries of head h. Reads b, h, key_read."""
+    m = rules.mask_layout.strides
+    terms = [x for x in (offset("ulong(b)", m[0]), offset("ulong(h)", m[1]), offset("ulong(key_read)", m[3])) if x]
+    return f"device const {MSL_TYPES[rules.mask_dtype]}* mask_key = mask + ({' + '.join(terms) or '0'});"
+
+
+def bias_over_keys(rules: MaskRules, count: int, end: str = "key_end") -> list[str]:
+    """`bias` for a query row per lane and the keys kb.. (before `end`) as elements (forward,
+    dQ). Reads row, kb, `end`, mask_row."""
+    at = None
+    if rules.mask != "none":
+        at = f"mask_row[{offset('ulong(min(key, int(C) - 1))', rules.mask_layout.strides[3]) or '0'}]"
+    return bias(rules, count, "key", "kb", allowed_terms(rules, "int(row)", "key", f"key < {end}"), at)
+
+
+def bias_over_queries(rules: MaskRules, count: int, end: str = "query_end") -> list[str]:
+    """`bias` for a key row per lane and the queries qb.. (before `end`) as elements (dK/dV).
+    Reads key_row, qb, `end`, mask_key."""
+    at = None
+    if rules.mask != "none":
+        at = f"mask_key[{offset('ulong(min(query, int(R) - 1))', rules.mask_layout.strides[2]) or '0'}]"
+    return bias(rules, count, "query", "qb", allowed_terms(rules, "query", "int(key_row)", f"query < {end}"), at)

@@ -1,0 +1,165 @@
+"""How rows map to tiles: the rows facet.
+
+Every attention kernel gives each simdgroup 8 rows. `PER_HEAD`: a threadgroup's rows are
+queries of one (batch, query head). `PACKED_HEADS`: they are the (query, head) pairs of the
+query heads that read one kv head, staging each step's K/V rows once in threadgroup memory
+for all of them (quantized K/V, whose every byte a threadgroup then reads once per kv
+head). A case answers how many rows a threadgroup holds and how many keys a step takes
+(from the tile tables), the grid's row and head axes, the MSL that defines a simdgroup's
+rows, and the last query a threadgroup's key range must cover.
+"""
+
+from __future__ import annotations
+
+from ..kernel.plan import GridAxis
+from ..kernel.sizes import Extent
+from ..kernel.tables import backward_tile_row, tile_row
+from ..kernel.tiles import lane_layout
+
+STAGE_BYTES = 24 * 1024   # threadgroup memory for staged K/V rows, under the 32 KiB every Apple GPU has
+PACKED_ROWS = 128   # (query, head) pairs per packed-heads threadgroup: every head of a kv head, up to MQA's 128
+ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def shrunk(rows: int, length: int) -> int:
+    """`rows` per threadgroup, halved (down to 8) while half of them still cover `length`."""
+    while rows > 8 and rows // 2 >= length:
+        rows //= 2
+    return rows
+
+
+def shrunk_guards(length: str, rows: int, table: int) -> tuple[str, ...]:
+    """The conditions on `length` under which shrunk(table, length) == rows."""
+    return ((f"{length} > {rows // 2}",) if rows > 8 else ()) + ((f"{length} <= {rows}",) if rows < table else ())
+
+
+def stage_rows(p, family: str, width: int) -> int:
+    """Rows staged per step: the table's key block, fewer when rows of `width` features (K's and
+    V's together) would not fit STAGE_BYTES; a multiple of 8."""
+    fits = STAGE_BYTES // (width * ITEM_BYTES[p.dtype]) // 8 * 8
+    return max(8, min(tile_row(family, max(p.head_dim, p.value_dim)).key_block, fits))
+
+
+def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
+    """The simdgroup's 8 query rows of (batch b, query head h = group.y) and the kv head h_kv
+    they read. `batch` defines b. Reads group, simd_index, lane, R. Defines h, h_kv, q_first,
+    tr, tc, row (the lane's row) and row_read (clamped, for loads)."""
+    return [
+        "// This simdgroup's 8 query rows, of one (batch, query head), and the kv head they read.",
+        *batch,
+        "const uint h = group.y;",
+        f"const uint h_kv = h / {gqa_ratio};" if gqa_ratio > 1 else "const uint h_kv = h;",
+        f"const uint q_first = group.x * {query_rows} + simd_index * 8;",
+        *lane_layout(),
+        "const uint row = q_first + tr;",
+        "const uint row_read = min(row, R - 1);  // rows past R compute on a valid row and are never stored",
+    ]
+
+
+def packed_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
+    """Packed heads: the threadgroup's rows are (query, head) pairs of kv head h_kv = group.y,
+    pair = query * ratio + head slot, so the query heads that read one kv head are rows of one
+    tile. `batch` defines b. Reads group, simd_index, lane, R. Defines h_kv, tr, tc, the lane's
+    h, row (its query) and row_read (clamped, for loads), and q_first, q_last: the
+    threadgroup's first and last query (the key range covers all of its rows)."""
+    return [
+        f"// This simdgroup's 8 rows: (query, head) pairs of the {gqa_ratio} query heads reading kv head h_kv.",
+        *batch,
+        "const uint h_kv = group.y;",
+        *lane_layout(),
+        f"const uint pair = group.x * {query_rows} + simd_index * 8 + tr;",
+        f"const uint row = pair / {gqa_ratio};  // the lane's query",
+        f"const uint h = h_kv * {gqa_ratio} + pair % {gqa_ratio};  // and its head",
+        "const uint row_read = min(row, R - 1);  // rows past R compute on a valid row and are never stored",
+        f"const uint q_first = group.x * {query_rows} / {gqa_ratio};",
+        f"const uint q_last = (group.x * {query_rows} + {query_rows - 1}) / {gqa_ratio};",
+    ]
+
+
+class PerHead:
+    """A threadgroup's rows are queries of one (batch, query head)."""
+
+    packed = False
+    last_query = None   # the simdgroup's own 8 rows bound its keys
+
+    @staticmethod
+    def query_rows(p, family: str) -> int:
+        """The table's count, or fewer when the queries cannot fill it (decode)."""
+        return shrunk(tile_row(family, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
+
+    @staticmethod
+    def key_block(p, family: str) -> int:
+        return tile_row(family, max(p.head_dim, p.value_dim)).key_block
+
+    @staticmethod
+    def backward_query_rows(p, family: str) -> int:
+        """The dQ kernel's rows: its table's count, or fewer for few queries."""
+        return shrunk(backward_tile_row(family, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
+
+    @staticmethod
+    def threadgroups_expression(p, family: str) -> str:
+        """Threadgroups of the one-pass forward kernel (before any split of the keys)."""
+        return f"B * Hq * cdiv(R, {PerHead.query_rows(p, family)})"
+
+    @staticmethod
+    def guards(p, family: str) -> tuple[str, ...]:
+        """Where the table's rows, shrunk for few queries, are those of `p` (a guard each)."""
+        return shrunk_guards("R", PerHead.query_rows(p, family),
+                             tile_row(family, max(p.head_dim, p.value_dim)).query_rows)
+
+    @staticmethod
+    def backward_guards(p, family: str) -> tuple[str, ...]:
+        row = backward_tile_row(family, max(p.head_dim, p.value_dim))
+        return (shrunk_guards("R", PerHead.backward_query_rows(p, family), row.query_rows)
+                + shrunk_guards("C", shrunk(row.key_rows, p.kv_len), row.key_rows))
+
+    @staticmethod
+    def grid(gqa_ratio: int, query_rows: int) -> tuple[GridAxis, GridAxis]:
+        return GridAxis(Extent(1, ("R",)), query_rows), GridAxis(Extent(1, ("Hq",)))
+
+    @staticmethod
+    def geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
+        return query_rows_geometry(query_rows, gqa_ratio, batch)
+
+
+class PackedHeads:
+    """A threadgroup's rows are (query, head) pairs of one kv head; K/V rows are staged."""
+
+    packed = True
+    last_query = "int(min(q_last, R - 1))"   # the threadgroup's last query (see packed_rows_geometry)
+
+    @staticmethod
+    def query_rows(p, family: str) -> int:
+        """Every (query, head) pair of the kv head, up to PACKED_ROWS, so decode reads each K/V
+        byte once per kv head."""
+        return min(8 * -(-p.q_len * p.gqa_ratio // 8), PACKED_ROWS)
+
+    @staticmethod
+    def key_block(p, family: str) -> int:
+        """The staged rows: K's and V's."""
+        return stage_rows(p, family, p.head_dim + p.value_dim)
+
+    @staticmethod
+    def threadgroups_expression(p, family: str) -> str:
+        return f"B * Hkv * cdiv(R * {p.gqa_ratio}, {PackedHeads.query_rows(p, family)})"
+
+    @staticmethod
+    def guards(p, family: str) -> tuple[str, ...]:
+        return (f"min(8 * cdiv(R * {p.gqa_ratio}, 8), {PACKED_ROWS}) == {PackedHeads.query_rows(p, family)}",)
+
+    @staticmethod
+    def grid(gqa_ratio: int, query_rows: int) -> tuple[GridAxis, GridAxis]:
+        return GridAxis(Extent(gqa_ratio, ("R",)), query_rows), GridAxis(Extent(1, ("Hkv",)))
+
+    @staticmethod
+    def geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
+        return packed_rows_geometry(query_rows, gqa_ratio, batch)
+
+
+PER_HEAD, PACKED_HEADS = PerHead(), PackedHeads()
+
+
+def row_index(row: str) -> str:
+    """The index of query row `row` of (batch b, query head h) in a (B, Hq, R) array
+    (lse, delta, sink_grad) as a ulong expression. Reads b, h, Hq, R."""
+    return f"(ulong(b) * Hq + h) * R + {row}"

@@ -1,0 +1,72 @@
+"""The exp2-domain softmax, as MSL lines: logits S * scale * log2(e) + bias (`logits`),
+probabilities exp2(logit - reference) (`probabilities`), the forward kernels' online
+softmax step (`online_softmax`), and the backward's denominators (`lse2`) and
+dS = P o (dP - D) (`gradient_of_scores`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..kernel.msl import float_literal, loop
+from ..kernel.tiles import tiles
+
+
+def logits(scale_log2e: float, count: int, scores_tile: str, also: Sequence[str] = ()) -> list[str]:
+    """s[i] = score * scale * log2(e) + bias for allowed elements (MASKED stays MASKED), then `also`.
+    Reads s (from `bias`)."""
+    return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
+        "const int i = j * 2 + e;",
+        f"s[i] = s[i] != MASKED ? {scores_tile}[j].thread_elements()[e] * {float_literal(scale_log2e)} + s[i] : MASKED;",
+        *also,
+    ]))
+
+
+def probabilities(count: int, target: str, reference: str, also: Sequence[str] = ()) -> list[str]:
+    """target[j] = exp2(s - reference) for allowed elements, 0 for removed ones, then `also`
+    (with `p` the element's probability). Reads s."""
+    return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
+        f"const float p = s[j * 2 + e] != MASKED ? exp2(s[j * 2 + e] - {reference}) : 0.0f;",
+        f"{target}[j].thread_elements()[e] = p;",
+        *also,
+    ]))
+
+
+def online_softmax(d, key_tiles: int) -> list[str]:
+    """One step of the forward's online softmax over `key_tiles` tiles of scores in p_tile:
+    the new running max m, the rescale of l and o_tile, probabilities in p_tile. Reads p_tile,
+    s (the bias), m, l, o_tile."""
+    lines = ["", "// Online softmax: new running max, rescale, probabilities.", "float block_max = MASKED;"]
+    lines += logits(d.scale_log2e, key_tiles, "p_tile", ["block_max = max_nan(block_max, s[i]);"])
+    lines += [
+        "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 1));",
+        "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 8));",
+        "const float m_new = max_nan(m, block_max);  // a NaN logit makes the row NaN",
+        "const float correction = exp2(m - m_new);  // 1 when the max holds, 0 when m was MASKED",
+        "m = m_new;",
+        "float block_sum = 0.0f;",
+    ]
+    lines += probabilities(key_tiles, "p_tile", "m", ["block_sum += p;"])
+    lines += [
+        "block_sum += simd_shuffle_xor(block_sum, 1);",
+        "block_sum += simd_shuffle_xor(block_sum, 8);",
+        "l = l * correction + block_sum;",
+    ]
+    lines += loop(f"ushort t = 0; t < {tiles(d.value_dim)}; ++t", [
+        "o_tile[t].thread_elements()[0] *= correction;",
+        "o_tile[t].thread_elements()[1] *= correction;",
+    ])
+    return lines
+
+
+def lse2(target: str, at: str) -> list[str]:
+    """target = the log2-domain lse at index `at`; -MASKED (P = 0) where lse = -inf (no key)."""
+    return [f"const float lse_value = lse[{at}];",
+            f"{target} = lse_value == -INFINITY ? -MASKED : lse_value * LOG2E;  // a NaN row stays NaN"]
+
+
+def gradient_of_scores(count: int, delta: str) -> list[str]:
+    """dS = P o (dP - D), written over dP."""
+    return (["", "// dS = P o (dP - D), in place of dP."]
+            + loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
+                "dp_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * "
+                f"(dp_tile[j].thread_elements()[e] - {delta});"])))

@@ -1,0 +1,41 @@
+"""Split-KV for decode: when a few query rows per head leave the device idle, the
+keys are cut into S splits that run as separate threadgroups (the partial
+kernel stores each split's unnormalized O and its softmax max and sum), and a
+small combine kernel merges the splits.
+
+The decision is a program over the runtime sizes and the device's parallel threadgroups P
+(`derived`): the forward's threadgroups TG, the splits that would fill the device S0, the
+keys per split Cs (whole key blocks), the splits S that take, and SPLIT, whether to split.
+A pass template carries it, so a bundle decides per call as `kv_split` does here.
+"""
+
+from __future__ import annotations
+
+from ...runtime.expressions import evaluate
+from .problem import AttentionProblem
+
+DECODE_MAX_ROWS = 16       # only decode-shaped problems split
+MIN_KEYS_PER_SPLIT = 256   # below this a split costs more than it saves
+MAX_SPLITS = 64
+DEVICE_SIZE = "P"          # the runtime size naming the threadgroups a device runs at once
+
+
+def derived(problem: AttentionProblem, family: str) -> tuple[tuple[str, str], ...]:
+    """The split decision's derived sizes, in order (they read B, Hq, Hkv, R, C and P)."""
+    rows = problem.rows
+    key_block = rows.key_block(problem, family)
+    return (("TG", rows.threadgroups_expression(problem, family)),
+            ("S0", f"min(cdiv(P, TG), C / {MIN_KEYS_PER_SPLIT}, {MAX_SPLITS})"),
+            ("Cs", f"cdiv(cdiv(C, max(S0, 1)), {key_block}) * {key_block}"),
+            ("S", "cdiv(C, Cs)"),
+            ("SPLIT", f"R <= {DECODE_MAX_ROWS} && S0 >= 2 && S >= 2"))
+
+
+def kv_split(problem: AttentionProblem, family: str, parallel_threadgroups: int) -> tuple[int, int] | None:
+    """(splits, keys per split) when splitting fills a device that runs `parallel_threadgroups`
+    threadgroups at once; None when the problem already has enough threadgroups (or keys are few)."""
+    p = problem
+    sizes = dict(B=p.batch, Hq=p.q_heads, Hkv=p.kv_heads, R=p.q_len, C=p.kv_len, P=parallel_threadgroups)
+    for name, expression in derived(p, family):
+        sizes[name] = evaluate(expression, sizes)
+    return (sizes["S"], sizes["Cs"]) if sizes["SPLIT"] else None

@@ -1,0 +1,208 @@
+"""8x8 tiles of simdgroup matrices, as MSL lines: the building blocks every kernel that
+multiplies shares (attention forward, dQ, dK/dV, the indexer's scores).
+
+Each simdgroup owns 8 rows (queries, or keys in the dK/dV kernel) and walks the other
+sequence in blocks of 8-column tiles:
+
+- tile loads: a tensor's rows as an 8x8 tile (`HeadTensor.load_rows`), or its rows as the
+  columns of a transposed tile (`HeadTensor.load_transposed`);
+- `scores`: S = A B^T over the feature dimension (Q K^T, dO V^T, K Q^T, V dO^T);
+- `accumulate`: C += P B, P being probabilities or their gradients;
+- `block_loop`: the loop over blocks of the other sequence.
+
+Every 8x8 tile is read and written lane-locally through thread_elements():
+lane `lane` holds row tr = (lane / 16) * 4 + (lane / 2) % 4 and columns
+tc, tc + 1 with tc = ((lane / 4) & 2) * 2 + (lane % 2) * 2, so the four lanes
+of a row differ in lane bits 0 and 3 (row reductions: shuffle_xor 1 and 8).
+
+Each block's docstring says which MSL names it reads (besides its arguments)
+and which it defines, so blocks compose without surprises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layouts import OperandLayout
+from .msl import indent, loop, offset
+from .sizes import Extent
+
+
+def tiles(n: int) -> int:
+    """8-wide tiles covering n."""
+    return -(-n // 8)
+
+
+def lane_layout() -> list[str]:
+    """Defines tr, tc: the lane's row and first column in every 8x8 tile. Reads lane."""
+    return ["// The lane's place in every 8x8 tile: row tr, columns tc and tc + 1.",
+            "const uint tr = (lane / 16) * 4 + (lane / 2) % 4;",
+            "const uint tc = ((lane / 4) & 2) * 2 + (lane % 2) * 2;"]
+
+
+def element_offset(layout: OperandLayout, *axes: tuple[str, int]) -> str:
+    """The sum of `index * stride` over (index expression, logical axis) pairs of an operand
+    layout, 0 when every such axis is broadcast."""
+    terms = [offset(index, layout.strides[axis]) for index, axis in axes]
+    return " + ".join(t for t in terms if t) or "0"
+
+
+def head_pointer(name: str, layout: OperandLayout, head: str, t: str, const: bool) -> str:
+    """Defines `{name}_head`: the operand's first element of (batch b, head `head`). Reads b."""
+    terms = [offset("ulong(b)", layout.strides[0]), offset(f"ulong({head})", layout.strides[1])]
+    terms = [x for x in terms if x] or ["0"]
+    qualifier = "device const" if const else "device"
+    return f"{qualifier} {t}* {name}_head = {name} + ({' + '.join(terms)});"
+
+
+def index(row: str, row_stride: Extent, col: str) -> str:
+    """Element index of (row, col) inside a head: row * stride + col, in 64 bits (a head may
+    hold more than 2**32 elements)."""
+    part = offset(f"ulong({row})", row_stride)
+    return f"{part} + {col}" if part else col
+
+
+@dataclass(frozen=True)
+class Positions:
+    """The sequence positions a tile loads: `first + offset` clamped below `end` (a visited
+    range), or, with `listed`, the entries `listed[slot]` of a token list (slots clamped
+    below `end`, the list's count). A listed position outside 0..C-1 loads 0: it is skipped
+    and never read."""
+
+    end: str
+    listed: str | None = None
+
+    def declare(self, name: str, slot: str) -> list[str]:
+        """Defines `name` (the position of `slot`) and, for listed positions, `name`_valid."""
+        clamped = f"min({slot}, int({self.end}) - 1)"
+        if self.listed is None:
+            return [f"const uint {name} = uint({clamped});"]
+        return [f"const int {name}_listed = {self.listed}[{clamped}];",
+                f"const bool {name}_valid = uint({name}_listed) < C;  // negative entries are huge as uint",
+                f"const uint {name} = {name}_valid ? uint({name}_listed) : 0u;"]
+
+    def valid(self, name: str) -> str | None:
+        return None if self.listed is None else f"{name}_valid"
+
+
+@dataclass(frozen=True)
+class HeadTensor:
+    """A (sequence, feature) tensor of the current head: its `{pointer}`, the stride
+    between sequence positions and its feature width (D or Dv). Features past the
+    width read as 0, so a partial last tile adds nothing to a product."""
+
+    pointer: str
+    row_stride: Extent
+    width: int
+
+    @classmethod
+    def of(cls, name: str, layout: OperandLayout, width: int) -> HeadTensor:
+        return cls(f"{name}_head", layout.strides[2], width)
+
+    def load_rows(self, target: str, row: str, tile: str, valid: str | None = None) -> list[str]:
+        """`target` = 8 rows x features [tile * 8, tile * 8 + 8); the lane reads row `row`
+        (0 where `valid`, if given, is false)."""
+        lines = [f"const uint col = {tile} * 8 + tc;"]
+        for e in (0, 1):
+            col = "col + 1" if e else "col"
+            value = f"float({self.pointer}[{index(row, self.row_stride, 'col')}{' + 1' if e else ''}])"
+            conditions = ([f"{col} < {self.width}"] if self.width % 8 else []) + ([valid] if valid else [])
+            if conditions:
+                value = f"{' && '.join(conditions)} ? {value} : 0.0f"
+            lines.append(f"{target}.thread_elements()[{e}] = {value};")
+        return lines
+
+    def load_transposed(self, target: str, position: str, first: str, positions: Positions, tile: str) -> list[str]:
+        """`target` = features [tile * 8, + 8) x the sequence positions of slots [first, first + 8):
+        the transposed rows, as the right operand of A B^T."""
+        lines = [f"const uint dim = {tile} * 8 + tr;"]
+        for e in (0, 1):
+            lines += positions.declare(f"{position}{e}", f"{first} + int(tc) + {e}")
+        for e in (0, 1):
+            value = f"float({self.pointer}[{index(f'{position}{e}', self.row_stride, 'dim')}])"
+            conditions = (["dim < " + str(self.width)] if self.width % 8 else []) + \
+                ([positions.valid(f"{position}{e}")] if positions.listed else [])
+            if conditions:
+                value = f"{' && '.join(conditions)} ? {value} : 0.0f"
+            lines.append(f"{target}.thread_elements()[{e}] = {value};")
+        return lines
+
+
+def store_rows(target: str, acc: str, width: int, cast: str | None = None, factor: str | None = None) -> list[str]:
+    """target[col] = acc tiles (times `factor`, converted to `cast`) for the lane's row and
+    columns < width; `target` points at the row."""
+    store = ["const uint col = t * 8 + tc;"]
+    for e in (0, 1):
+        col = "col + 1" if e else "col"
+        value = f"{acc}[t].thread_elements()[{e}]" + (f" * {factor}" if factor else "")
+        write = f"{target}[{col}] = {f'{cast}({value})' if cast else value};"
+        if width % 8:
+            write = f"if ({col} < {width}) {{ {write} }}"
+        store.append(write)
+    return loop(f"ushort t = 0; t < {tiles(width)}; ++t", store)
+
+
+def zeroed(name: str, count: int, comment: str) -> list[str]:
+    """`simdgroup_float8x8 name[count]`, all zero."""
+    return ([f"simdgroup_float8x8 {name}[{count}];  // {comment}"]
+            + loop(f"ushort t = 0; t < {count}; ++t",
+                   [f"{name}[t] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);"]))
+
+
+def in_registers(name: str, tensor: HeadTensor, row: str) -> list[str]:
+    """The lane's 8 rows of `tensor`, all features, held in registers as `name[tiles]`."""
+    count = tiles(tensor.width)
+    return ([f"simdgroup_float8x8 {name}[{count}];"]
+            + loop(f"ushort i = 0; i < {count}; ++i", tensor.load_rows(f"{name}[i]", row, "i")))
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The left operand of `scores`: 8 rows of a tensor, either held in registers
+    (`cached` names the tile array) or re-read tile by tile from row `row`."""
+
+    tensor: HeadTensor
+    row: str
+    cached: str | None
+    name: str     # of the re-read tile
+
+    def tile(self) -> str:
+        return f"{self.cached}[i]" if self.cached else self.name
+
+    def reread(self, why: str) -> list[str]:
+        if self.cached:
+            return []
+        return [f"simdgroup_float8x8 {self.name};  // {why}"] + self.tensor.load_rows(self.name, self.row, "i")
+
+
+def scores(result: str, *, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
+           position: str, first: str, positions: Positions, reread: str) -> list[str]:
+    """result[j] += lhs rows . rhs rows of slots [first + 8 j, + 8) over the shared feature
+    dimension, for the tiles j < tiles (those past the visible range stay as they are).
+    `position` names the loaded positions (`positions` says where they come from); `reread`
+    says why lhs is re-read when it is not cached. Reads tiles, tr, tc. Defines nothing
+    outside its loops."""
+    per_tile = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
+    per_tile += rhs.load_transposed(rhs_tile, position, f"{first} + j * 8", positions, "i")
+    per_tile.append(f"simdgroup_multiply_accumulate({result}[j], {lhs.tile()}, {rhs_tile}, {result}[j]);")
+    inner = lhs.reread(reread) + loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(per_tile) + ["}"])
+    return loop(f"ushort i = 0; i < {tiles(rhs.width)}; ++i", inner)
+
+
+def accumulate(result: str, *, weights: str, count: int, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
+               position: str, first: str, positions: Positions) -> list[str]:
+    """result[t] += weights[j] . rhs rows of slots [first + 8 j, + 8), features tile t, for
+    tiles j < tiles. Reads tiles, tr, tc. Defines nothing outside its loops."""
+    load = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
+    load += rhs.load_rows(rhs_tile, position, "t", positions.valid(position))
+    load.append(f"simdgroup_multiply_accumulate({result}[t], {weights}[j], {rhs_tile}, {result}[t]);")
+    per_tile = positions.declare(position, f"{first} + j * 8 + int(tr)")
+    per_tile += loop(f"ushort t = 0; t < {tiles(rhs.width)}; ++t", load)
+    return loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(per_tile) + ["}"])
+
+
+def block_loop(start: str, begin: str, end: str, block: int, body: list[str]) -> list[str]:
+    """for (start = begin; start < end; start += block); defines `tiles` inside: the block's
+    8-wide tiles before `end`."""
+    head = [f"const int tiles = min({block // 8}, ({end} - {start} + 7) / 8);  // 8-wide tiles before {end}"]
+    return ["", f"for (int {start} = {begin}; {start} < {end}; {start} += {block}) {{"] + indent(head + body) + ["}"]

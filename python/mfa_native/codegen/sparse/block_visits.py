@@ -1,0 +1,247 @@
+"""Block lists (FlexAttention's BlockMask): the key-visit facet's block-sparse case.
+
+A query block visits the key blocks its lists name: partial blocks apply the masking rules
+and are clipped to the dense visible range; full blocks apply only the additive mask (a
+score modification) and the bounds. A block listed twice is visited twice. The simdgroup's
+8 rows lie in one block (block sizes are multiples of 8), so its list is uniform across the
+simdgroup and every lane takes the same loop trips. Each visited range goes through the
+kernel's own `steps(rules, begin, end)`, as a dense range does.
+
+Per key block the transposed lists (its query blocks) come from the caller (q_indices,
+padded like kv_indices) or from `attention_transpose_lists` in the same pass (counts,
+starts and entries, in query-block order; block_transpose.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..attention.keys import Steps, storage_rows
+from ..attention.masking import MaskRules
+from ..kernel.msl import indent
+from ..kernel.passes import contiguous
+from ..kernel.sizes import Extent
+from .block_transpose import BUILT_QUERY_LISTS, generate_transpose
+
+# The lists a kernel walking keys reads, and those a kernel walking queries reads when the
+# caller gives them (else it reads BUILT_QUERY_LISTS, built on the device).
+KEY_LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+GIVEN_QUERY_LISTS = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+# Block-sparse lists, (B|1, H|1, blocks[, width]) int32: name -> (element, what it holds).
+CATALOG = {
+    "kv_num_blocks": ("int", "partial key blocks per query block"),
+    "kv_indices": ("int", "the partial key blocks of each query block, counted part first"),
+    "full_kv_num_blocks": ("int", "full key blocks per query block"),
+    "full_kv_indices": ("int", "the full key blocks of each query block"),
+    "q_num_blocks": ("int", "partial query blocks per key block"),
+    "q_indices": ("int", "the partial query blocks of each key block"),
+    "full_q_num_blocks": ("int", "full query blocks per key block"),
+    "full_q_indices": ("int", "the full query blocks of each key block"),
+    "q_counts": ("int", "partial query blocks per key block, built from the kv lists"),
+    "q_starts": ("int", "where each key block's partial query blocks start in q_entries"),
+    "q_entries": ("int", "the partial query blocks of every key block, in key-block order"),
+    "full_q_counts": ("int", "full query blocks per key block, built from the kv lists"),
+    "full_q_starts": ("int", "where each key block's full query blocks start in full_q_entries"),
+    "full_q_entries": ("int", "the full query blocks of every key block, in key-block order"),
+    "block_class": ("int", "(B, H, NQ, NK) 0: no pair allowed, 1: some, 2: all (BlockMask.from_mask)"),
+}
+
+
+@dataclass(frozen=True)
+class BlockLists:
+    """Block-sparse attention's lists (the tensors of FlexAttention's BlockMask), as far as a
+    kernel depends on them. The lists are (B|1, H|1, blocks[, width]) int32, C-contiguous;
+    `widths` are the last-axis lengths of kv_indices, full_kv_indices, q_indices and
+    full_q_indices, None where that list is absent (the transposed lists are then built on
+    the device from the kv lists, when a backward pass needs them)."""
+
+    q_block: int
+    k_block: int
+    batch_broadcast: bool   # the lists' batch axis has size 1
+    head_broadcast: bool    # their head axis has size 1 (else it is Hq)
+    width: int
+    full_width: int | None = None
+    q_width: int | None = None
+    full_q_width: int | None = None
+
+    splits = False
+
+    def __post_init__(self) -> None:
+        for name in ("q_block", "k_block"):
+            size = getattr(self, name)
+            if size < 8 or size % 8:
+                raise ValueError(f"block sizes must be positive multiples of 8, got {name}={size}")
+
+    @property
+    def full(self) -> bool:
+        return self.full_width is not None
+
+    @property
+    def transposed_given(self) -> bool:
+        return self.q_width is not None
+
+    def sizes(self, p) -> dict[str, int]:
+        sizes = dict(NQ=-(-p.q_len // self.q_block), NK=-(-p.kv_len // self.k_block), Wp=self.width)
+        for name, width in (("Wf", self.full_width), ("Wq", self.q_width), ("Wqf", self.full_q_width)):
+            if width is not None:
+                sizes[name] = width
+        return sizes
+
+    def forward_only(self) -> BlockLists:
+        """The forward walks the kv lists only."""
+        return replace(self, q_width=None, full_q_width=None)
+
+    def rows(self, p):
+        return storage_rows(p)
+
+    def describe(self, p, family: str, baked) -> BlockFacts:
+        return BlockFacts(self.q_block, self.k_block, self.batch_broadcast, self.head_broadcast, self.full,
+                          self.transposed_given)
+
+
+@dataclass(frozen=True)
+class BlockFacts:
+    """What block-sparse kernels depend on: the block sizes, which list axes broadcast, which
+    lists there are (the widths are runtime sizes Wp, Wf, Wq, Wqf)."""
+
+    q_block: int
+    k_block: int
+    batch_broadcast: bool
+    head_broadcast: bool
+    full: bool               # full_kv lists (and, in the backward, full_q lists)
+    transposed_given: bool   # backward: q lists given (else built on the device)
+
+    key_lists = KEY_LISTS
+    query_lists = GIVEN_QUERY_LISTS + BUILT_QUERY_LISTS
+    catalog = CATALOG
+
+    @property
+    def sizes_given(self) -> tuple[str, ...]:
+        """The given runtime sizes (besides B, Hq, Hkv, R, C): the lists' widths."""
+        return ("Wp",) + (("Wf",) if self.full else ()) + \
+            ((("Wq",) + (("Wqf",) if self.full else ())) if self.transposed_given else ())
+
+    @property
+    def derived(self) -> tuple[tuple[str, str], ...]:
+        return (("NQ", f"cdiv(R, {self.q_block})"), ("NK", f"cdiv(C, {self.k_block})"))
+
+    def _lists(self, prefix: str, blocks: str, width: str, spec) -> dict:
+        """A (num_blocks, indices) pair: int32, C-contiguous, (B|1, H|1, blocks[, width])."""
+        axes = (Extent(1) if self.batch_broadcast else Extent(1, ("B",)),
+                Extent(1) if self.head_broadcast else Extent(1, ("Hq",)), Extent(1, (blocks,)))
+        num, indices = axes, (*axes, Extent(1, (width,)))
+        return {f"{prefix}_num_blocks": spec("int32", num, contiguous(num), logical=False),
+                f"{prefix}_indices": spec("int32", indices, contiguous(indices), logical=False)}
+
+    def inputs(self, spec) -> dict:
+        inputs = self._lists("kv", "NQ", "Wp", spec)
+        if self.full:
+            inputs.update(self._lists("full_kv", "NQ", "Wf", spec))
+        return inputs
+
+    def backward_inputs(self, spec) -> dict:
+        inputs = self.inputs(spec)
+        if self.transposed_given:
+            inputs.update(self._lists("q", "NK", "Wq", spec))
+            if self.full:
+                inputs.update(self._lists("full_q", "NK", "Wqf", spec))
+        return inputs
+
+    @property
+    def heads(self) -> str:
+        """The lists' head extent as an MSL expression."""
+        return "1" if self.head_broadcast else "Hq"
+
+    def present(self, name: str) -> bool:
+        if name == "block_class":
+            return True
+        if name.startswith("full_") and not self.full:
+            return False
+        if name in GIVEN_QUERY_LISTS:
+            return self.transposed_given
+        if name in BUILT_QUERY_LISTS:
+            return not self.transposed_given
+        return name in KEY_LISTS
+
+    def extents(self, d) -> dict[str, Extent]:
+        """Block classes, and the transposed lists built on the device: per (batch|1, head|1)."""
+        extents = {"block_class": Extent(1, ("B", "Hq", "NQ", "NK"))}
+        lists = self.pairs()
+        for prefix, width in (("q", "Wp"), ("full_q", "Wf")):
+            extents[f"{prefix}_counts"] = extents[f"{prefix}_starts"] = lists.times(Extent(1, ("NK",)))
+            extents[f"{prefix}_entries"] = lists.times(Extent(1, ("NQ", width)))
+        return extents
+
+    def pairs(self) -> Extent:
+        """The list pairs, (B|1) * (Hq|1)."""
+        return Extent(1, (() if self.batch_broadcast else ("B",)) + (() if self.head_broadcast else ("Hq",)))
+
+    def summary(self) -> str:
+        lists = "partial and full lists" if self.full else "partial lists"
+        return f"; block-sparse {self.q_block}x{self.k_block}, {lists}"
+
+    def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+        return dense()
+
+    def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+        return (() if self.transposed_given else (generate_transpose(d),)) + dense()
+
+    def keys(self, d, steps: Steps) -> list[str]:
+        """The key blocks listed for a forward or dQ simdgroup's query block (rows q_first..)."""
+        f = self
+        lines = ["", "// The key blocks listed for this simdgroup's query block: partial, then full.",
+                 f"const ulong list_at = {list_base(f, 'NQ')} + q_first / {f.q_block};"]
+        lines += _visit("partial blocks: the masking rules apply", "q_first < R ? kv_num_blocks[list_at] : 0",
+                        "kv_indices[list_at * Wp + n]", f"max(listed * {f.k_block}, key_begin)",
+                        f"min(listed * {f.k_block} + {f.k_block}, key_end)",
+                        steps(d.rules, "block_begin", "block_end"))
+        if f.full:
+            lines += _visit("full blocks: every pair allowed", "q_first < R ? full_kv_num_blocks[list_at] : 0",
+                            "full_kv_indices[list_at * Wf + n]", f"listed * {f.k_block}",
+                            f"min(listed * {f.k_block} + {f.k_block}, int(C))",
+                            steps(full_rules(d.rules), "block_begin", "block_end"))
+        return lines
+
+    def queries(self, d, steps: Steps) -> list[str]:
+        """The query blocks listed for a dK/dV simdgroup's key block (keys key_first..), head h."""
+        f = self
+        lines = ["", "// The query blocks listed for this simdgroup's key block: partial, then full.",
+                 f"const ulong block_at = {list_base(f, 'NK')} + key_first / {f.k_block};"]
+        kinds = [("q", "partial blocks: the masking rules apply", d.rules, "query_begin", "query_end", "Wq")]
+        if f.full:
+            kinds.append(("full_q", "full blocks: every pair allowed", full_rules(d.rules), "0", "int(R)", "Wqf"))
+        for prefix, what, rules, low, high, width in kinds:
+            if f.transposed_given:
+                count = f"{prefix}_num_blocks[block_at]"
+                listed = f"{prefix}_indices[block_at * {width} + n]"
+            else:
+                count = f"{prefix}_counts[block_at]"
+                listed = f"{prefix}_entries[{list_base(f, 'NQ * Wp' if prefix == 'q' else 'NQ * Wf')} " \
+                         f"+ {prefix}_starts[block_at] + n]"
+            lines += _visit(what, f"key_first < C ? {count} : 0", listed, f"max(listed * {f.q_block}, {low})",
+                            f"min(listed * {f.q_block} + {f.q_block}, {high})", steps(rules, "block_begin", "block_end"))
+        return lines
+
+
+def full_rules(rules: MaskRules) -> MaskRules:
+    """The rules inside a full block: only an additive mask (added to every visited pair)."""
+    if rules.mask == "additive":
+        return MaskRules("none", None, rules.mask, rules.mask_dtype, rules.mask_layout)
+    return MaskRules("none", None, "none", None, None)
+
+
+def list_base(f: BlockFacts, blocks: str, head: str = "h") -> str:
+    """Index of the first of `blocks` entries of this (batch b, head) in a (B|1, H|1, blocks) list."""
+    b = "0" if f.batch_broadcast else "b"
+    h = "0" if f.head_broadcast else head
+    return f"(ulong({b}) * {f.heads} + {h}) * {blocks}"
+
+
+def _visit(what: str, count: str, listed: str, begin: str, end: str, steps: list[str]) -> list[str]:
+    body = [f"const int listed = {listed};", f"const int block_begin = {begin};", f"const int block_end = {end};"]
+    return ["{  // " + what, f"  const int count = {count};", "  for (int n = 0; n < count; ++n) {"] \
+        + indent(body + steps, 2) + ["  }", "}"]
+
+

@@ -1,0 +1,135 @@
+"""MSL for sparse-indexed attention (DeepSeek sparse attention), forward: each query row
+attends exactly the keys its token list names.
+
+Heads as tile rows: one threadgroup per (query row r, kv head, batch); its simdgroups own 8
+of the query heads that read the kv head (rows past the group compute on a valid head and
+are never stored). They all share r's list: each step, the threadgroup stages the next
+listed K (and V) rows in threadgroup memory, each row read from device memory once, and
+every simdgroup's products read the stage; when v is a view of k (MLA's shared latent),
+one staged row serves both. A slot past the count, or whose entry is outside 0..C-1, is
+skipped and reads nothing. The online softmax, its NaN rules and the finish are the dense
+forward kernel's.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..attention import operands
+from ..attention.descriptor import KernelDescriptor
+from ..attention.forward import BUILTINS
+from ..attention.rows import row_index
+from ..attention.softmax import online_softmax
+from ..kernel.msl import MSL_TYPES, indent, loop, offset
+from ..kernel.plan import GridAxis, LaunchPlan
+from ..kernel.sizes import Extent
+from ..kernel.source import KernelSource, assemble
+from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, element_offset, head_pointer,
+                            in_registers, lane_layout, scores, store_rows, tiles, zeroed)
+from ..storage import staging
+from ..storage.staging import StagedTensor
+
+SPARSE_KERNEL_NAME = "sparse_attention_forward"
+
+
+def sparse_plan(d: KernelDescriptor) -> LaunchPlan:
+    ops = (operands.reads(d, "q", "k", "v", "indices", "topk_length")
+           + operands.writes(d, "o", *(["lse"] if d.return_lse else [])) + operands.reads(d, "sinks")
+           + operands.sizes(d))
+    grid = (GridAxis(Extent(1, ("R",))), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
+    return LaunchPlan(SPARSE_KERNEL_NAME, tuple(ops), grid, 32 * d.simdgroups, d.sizes)
+
+
+def slot_geometry(d: KernelDescriptor) -> list[str]:
+    t = MSL_TYPES[d.dtype]
+    f = d.keys
+    lines = ["// This simdgroup's rows: 8 of the query heads of kv head h_kv, all at query row r.",
+             "const uint r = group.x;", "const uint h_kv = group.y;", "const uint b = group.z;",
+             *lane_layout(),
+             "const uint head_slot = simd_index * 8 + tr;  // which head of the group",
+             f"const uint h = h_kv * {d.gqa_ratio} + min(head_slot, {d.gqa_ratio - 1}u);",
+             "",
+             f"device const {t}* q_rows = q + ({element_offset(d.q, ('ulong(b)', 0), ('ulong(r)', 2))});"
+             "  // row h: this query of head h",
+             head_pointer("k", d.k, "h_kv", t, True),
+             head_pointer("v", d.v, "h_kv", t, True),
+             f"device const int* listed = indices + ({element_offset(f.indices, ('ulong(b)', 0), ('ulong(h_kv)', 1), ('ulong(r)', 2))});"]
+    if f.lengths is not None:
+        length = f"topk_length[{element_offset(f.lengths, ('ulong(b)', 0), ('ulong(r)', 1))}]"
+        lines.append(f"const int count = max(0, min(int(T), {length}));  // the first topk_length entries")
+    else:
+        lines.append("const int count = int(T);")
+    return lines
+
+
+def slot_bias(count: int) -> list[str]:
+    """s = 0 for the lane's slots that name a key (slot < count, entry in 0..C-1), else MASKED."""
+    body = ["const int slot = kb + j * 8 + int(tc) + e;",
+            "const int entry = listed[min(slot, count - 1)];",
+            "s[j * 2 + e] = slot < count && uint(entry) < C ? 0.0f : MASKED;"]
+    return ["// Which of the lane's slots name a key (entries < 0 or >= C are skipped).", f"float s[{2 * count}];"] \
+        + loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", body))
+
+
+def staged_tensors(d) -> list[StagedTensor]:
+    """What the stage holds: K rows, and V rows unless v is a view of k."""
+    tensors = [StagedTensor("k", d.head_dim, d.k)]
+    return tensors if d.keys.shared_kv else tensors + [StagedTensor("v", d.value_dim, d.v)]
+
+
+def staged_rows(d) -> list[str]:
+    """Loads the step's listed rows [kb, kb + stage_rows) into the stage; a slot past the
+    count or naming no key stores 0 (and reads nothing). Reads kb, count, listed."""
+    return staging.fill(staged_tensors(d), d.keys.stage_rows, d.dtype,
+                        key="kb + slot < count ? listed[kb + slot] : -1", valid="uint(key) < C")
+
+
+def _slot_steps(d: KernelDescriptor) -> list[str]:
+    key_tiles = d.key_block // 8
+    q = HeadTensor("q_rows", d.q.strides[1], d.head_dim)
+    k = HeadTensor("k_stage", Extent(d.head_dim), d.head_dim)
+    v = HeadTensor("k_stage" if d.keys.shared_kv else "v_stage",
+                   Extent(d.head_dim if d.keys.shared_kv else d.value_dim), d.value_dim)
+    staged = Positions(str(d.key_block))   # rows of the stage, 0 .. stage_rows - 1
+    body = staged_rows(d) + slot_bias(key_tiles)
+    body += ["", "// S = Q K^T over the staged rows."] + zeroed("p_tile", key_tiles, "scores, then probabilities")
+    body += scores("p_tile", count=key_tiles, lhs=Rows(q, "h", "q_tile" if d.cache_q else None, "q_i"), rhs=k,
+                   rhs_tile="k_tile", rhs_comment="K^T of the listed keys", position="key", first="0",
+                   positions=staged, reread="re-read: Q does not stay in registers at this head dimension")
+    body += online_softmax(d, key_tiles)
+    body += ["", "// O += P V over the staged rows."]
+    body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=v, rhs_tile="v_tile",
+                       rhs_comment="rows are listed keys, columns are value dims", position="key", first="0",
+                       positions=staged)
+    return block_loop("kb", "0", "count", d.key_block, body)
+
+
+def _store(d: KernelDescriptor) -> list[str]:
+    t = MSL_TYPES[d.dtype]
+    body = [f"device {t}* o_row = o + ({element_offset(d.o, ('ulong(b)', 0), ('ulong(h)', 1), ('ulong(r)', 2))});"]
+    body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l")
+    if d.return_lse:
+        body += ["if (tc == 0) {", f"  lse[{row_index('r')}] = l != 0.0f ? (m + log2(l)) * LN2 : -INFINITY;", "}"]
+    return (["", "// O /= l; a row with nothing in its denominator stores 0 (and lse = -inf).",
+             "const float inv_l = l != 0.0f ? 1.0f / l : 0.0f;  // NaN stays NaN",
+             f"if (head_slot < {d.gqa_ratio}) {{"] + indent(body) + ["}"])
+
+
+@lru_cache(maxsize=64)
+def generate_sparse(d: KernelDescriptor) -> KernelSource:
+    """The sparse-indexed forward kernel of `d` (d.keys set)."""
+    q = HeadTensor("q_rows", d.q.strides[1], d.head_dim)
+    q_cache = []
+    if d.cache_q:
+        q_cache = ["", f"// Q: the 8 heads' rows, {d.head_dim} wide, held in registers as 8x8 tiles."]
+        q_cache += in_registers("q_tile", q, "h")
+    state = ["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
+    state += (["float m = sinks[h] * LOG2E;  // the sink is one more logit, with no value", "float l = 1.0f;"]
+              if d.sinks else ["float m = MASKED;", "float l = 0.0f;"])
+    state += zeroed("o_tile", tiles(d.value_dim), "O, unnormalized")
+    body = slot_geometry(d) + staging.declare(staged_tensors(d), d.keys.stage_rows, d.dtype, str(32 * d.simdgroups)) + q_cache + state + _slot_steps(d) + _store(d)
+    summary = [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, {d.gqa_ratio} query heads per kv head as tile rows",
+               f"sparse-indexed: token lists{' with topk_length' if d.keys.lengths else ''}, "
+               f"sinks {'yes' if d.sinks else 'no'}, lse {'yes' if d.return_lse else 'no'}",
+               f"tiles ({d.family}): {d.key_block} list slots per step"]
+    return assemble(sparse_plan(d), summary=summary, builtins=BUILTINS, body=body)
