@@ -13,9 +13,11 @@ from .embedding import cpp_flags
 from .ops.attention import attention
 from .ops.attention_backward import attention_backward
 from .ops.block_mask import BlockMask
+from .ops.block_mask_pass import from_mask as _from_mask  # declares block_mask_from_mask
 from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
 from .ops.int8_attention import int8_attention
-from .ops.sparse import sparse_attention, sparse_attention_backward, sparse_topk
+from .ops.sparse import sparse_attention, sparse_attention_backward
+from .ops.topk import sparse_topk
 from .ops.merge import merge_attention
 from .ops.quantize import quantize
 from .quantized import QuantizedTensor

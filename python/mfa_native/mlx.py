@@ -18,37 +18,64 @@ from typing import Sequence
 
 import mlx.core as mx
 
+import inspect
+
+from .ops.attention import ATTENTION
 from .ops.attention import attention as _attention
-from .ops.attention_backward import attention_backward as _attention_backward
+from .ops.declaration import Call, Op
 from .quantized import QuantizedTensor
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float | None = None, causal: bool | str = False,
-              mask: mx.array | None = None, window: Sequence[int] | None = None, sinks: mx.array | None = None,
-              layout: str = "bhsd", return_lse: bool = False) -> mx.array | tuple[mx.array, mx.array]:
-    """`mfa_native.attention` on MLX arrays, differentiable: mx.grad / mx.vjp give q, k, v and
-    sinks their gradients through `mfa_native.attention_backward` (the mask gets none; lse, with
-    return_lse, is not differentiable: it is returned through mx.stop_gradient).
+def mlx_function(op: Op):
+    """`op` on MLX arrays as an mx.custom_function: its primals are the op's differentiable
+    arrays (those given), its vjp runs the backward op (its arguments found by name, as
+    torch/library.py finds them: forward arguments, outputs, and `d` + an output's name for its
+    cotangent) or, for an op without one, raises NotImplementedError: never a zero gradient.
+    Outputs the backward takes no cotangent of (lse) come back through mx.stop_gradient. Same
+    arguments as the op, less `device`."""
+    signature = inspect.Signature([p for p in op.parameters() if p.name != "device"])
+    primal_names = [a.name for a in op.arguments if a.kind == "array" and a.grad]
+    selectors = {o.when: True for o in op.outputs if o.when in op.option_names}
+    backward_op = op.backward_op
+    backward_names = [] if backward_op is None else [p.name for p in backward_op.parameters() if p.name != "device"]
 
-    Arguments and results are `mfa_native.attention`'s (see its docstring), without `device`.
-    """
-    options = dict(scale=scale, causal=causal, window=window, layout=layout)
-    primals = (q, k, v) if sinks is None else (q, k, v, sinks)
+    def function(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        given = [n for n in primal_names if values[n] is not None]
+        everything = Call(op, {**values, **selectors}).results   # what the forward computes
+        everything = (everything,) if isinstance(everything, str) else everything
 
-    @mx.custom_function
-    def forward(*arrays):
-        q, k, v, *rest = arrays
-        return _attention(q, k, v, mask=mask, sinks=rest[0] if rest else None, return_lse=True, **options)
+        @mx.custom_function
+        def forward(*primals):
+            result = op.function(**{**values, **dict(zip(given, primals)), **selectors})
+            return tuple(result) if isinstance(result, tuple) else (result,)
 
-    @forward.vjp
-    def backward(arrays, cotangents, outputs):
-        q, k, v, *rest = arrays
-        grads = _attention_backward(q, k, v, *outputs, cotangents[0], mask=mask, sinks=rest[0] if rest else None,
-                                    **options)
-        return grads if not rest else (*grads[:3], grads[3].astype(rest[0].dtype))
+        @forward.vjp
+        def vjp(primals, cotangents, outputs):
+            if backward_op is None:
+                raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
+            known = {**values, **dict(zip(given, primals)), **dict(zip(everything, outputs)),
+                     **{f"d{name}": c for name, c in zip(everything, cotangents)}}
+            grads = backward_op.function(**{n: known[n] for n in backward_names})
+            by_name = dict(zip((o.name for o in backward_op.outputs), grads if isinstance(grads, tuple) else (grads,)))
+            return tuple(by_name[op.gradients[n]].astype(p.dtype) for n, p in zip(given, primals))
 
-    o, lse = forward(*primals)
-    return (o, mx.stop_gradient(lse)) if return_lse else o
+        outputs = dict(zip(everything, forward(*[values[n] for n in given])))
+        outputs = {name: o if f"d{name}" in backward_names else mx.stop_gradient(o) for name, o in outputs.items()}
+        asked = Call(op, values).results
+        return outputs[asked] if isinstance(asked, str) else tuple(outputs[name] for name in asked)
+
+    function.__name__ = function.__qualname__ = op.name
+    function.__signature__ = signature
+    function.__doc__ = (f"`mfa_native.{op.name}` on MLX arrays, differentiable (mx.grad, mx.vjp) through its "
+                        "declared backward; outputs the backward takes no cotangent of come back through "
+                        f"mx.stop_gradient. Arguments and results are `mfa_native.{op.name}`'s, without `device`.")
+    return function
+
+
+attention = mlx_function(ATTENTION)
 
 
 def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float,

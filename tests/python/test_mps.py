@@ -44,7 +44,16 @@ def test_mps_autograd_and_sdpa(rng):
         assert a.device.type == "mps" and relative_l2(a.cpu().numpy(), b.cpu().numpy()) < 1e-4
 
 
-def test_host_ops_refuse_mps(rng):
-    o = torch.zeros(1, 2, 3, 4, device="mps")
-    with pytest.raises(TypeError, match="computes on the host"):
-        mfa_native.merge_attention([o], [torch.zeros(1, 2, 3, device="mps")])
+def test_merge_runs_on_mps(rng):
+    """merge_attention is a pass on the device: MPS parts merge in place, as CPU ones do."""
+    parts = [torch.randn(1, 2, 3, 4) for _ in range(2)]
+    lses = [torch.randn(1, 2, 3) for _ in range(2)]
+    o, lse = mfa_native.merge_attention([p.to("mps") for p in parts], [x.to("mps") for x in lses])
+    expected_o, expected_lse = mfa_native.merge_attention(parts, lses)
+    assert o.device.type == "mps" and relative_l2(o.cpu().numpy(), expected_o.numpy()) < 1e-6
+    assert relative_l2(lse.cpu().numpy(), expected_lse.numpy()) < 1e-6
+
+
+def test_quantize_refuses_mps():
+    with pytest.raises(TypeError, match="quantize reads CPU tensors"):
+        mfa_native.quantize(torch.zeros(1, 64, device="mps"))

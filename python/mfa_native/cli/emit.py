@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tuning.add_argument("--json", action="store_true",
                         help="print the pass template as JSON (sizes symbolic); with --sizes, the evaluated pass")
     tuning.add_argument("--sizes", metavar="NAME=N,...",
-                        help="with --json: evaluate the template for these runtime sizes (e.g. B=2,Hq=8,Hkv=2,R=1,C=4096);"
-                             " the problem's own fill the rest")
+                        help="with --json: evaluate the template for these runtime sizes "
+                             "(e.g. B=2,Hq=8,Hkv=2,R=1,C=4096); the problem's own fill the rest")
     tuning.add_argument("--backward", action="store_true",
                         help="the backward pass's kernels (dQ, then dK/dV) instead of the forward's")
 

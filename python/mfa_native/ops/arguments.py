@@ -13,7 +13,8 @@ import numpy as np
 from ..codegen import MAX_HEAD_DIM, physical
 from ..runtime.arrays import FLOAT_DTYPES
 
-_CAUSAL = {False: "none", True: "lower_right", "lower_right": "lower_right", "upper_left": "upper_left"}
+_CAUSAL = {False: "none", True: "lower_right", "none": "none", "lower_right": "lower_right",
+           "upper_left": "upper_left"}
 MAX_INDEX = 2**31 - 1   # sizes, positions and window sides the kernels hold in (signed) 32-bit integers
 
 
@@ -99,7 +100,7 @@ def causal_mode(causal) -> str:
         return _CAUSAL[bool(causal)]
     if isinstance(causal, str) and causal in _CAUSAL:
         return _CAUSAL[causal]
-    raise ValueError(f"causal must be False, True, 'lower_right' or 'upper_left', got {causal!r}")
+    raise ValueError(f"causal must be False, True, 'lower_right' or 'upper_left' (or 'none'), got {causal!r}")
 
 
 def window_sides(window, q_len: int, kv_len: int) -> tuple[int, int] | None:
@@ -201,3 +202,12 @@ def lse_array(lse, shape: tuple[int, int, int]) -> np.ndarray:
     if lse.shape != shape:
         raise ValueError(f"lse must have shape (B, Hq, R) = {shape}, got {lse.shape}")
     return np.ascontiguousarray(lse)
+
+
+def window_list(window) -> list[int] | None:
+    """window as a torch.library schema holds it: None or [left, right] (checked for its form)."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ValueError(f"window must be a (left, right) pair of ints, got {window!r}")
+    return [int(side) for side in window]

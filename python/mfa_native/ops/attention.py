@@ -1,73 +1,67 @@
-"""`mfa_native.attention`: the fused flash-attention forward pass."""
+"""`mfa_native.attention`: the fused flash-attention forward pass, declared once."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import codegen
-from ..codegen import AttentionProblem, physical
-from ..codegen import QuantizedStorage
+from .. import codegen, reference
+from ..codegen import AttentionProblem, QuantizedStorage, physical
 from ..quantized import QuantizedTensor
 from ..runtime.arrays import FLOAT_DTYPES
-from ..runtime.devices import Device, resolve_device, tuning_facts
+from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
+from .declaration import Arg, Call, Op, Out
 from .empty import empty_forward
-from .given_kind import returns_given_kind
-from .warm import Checked, Convert, PreparedCall, SignatureCache, prepared_call, run, same_memory, signature
+from .warm import Checked, Convert, PreparedCall, prepared_call, same_memory
 
-_calls = SignatureCache()
-
-
-@returns_given_kind(("q", "k", "v"), ("mask", "sinks"))
-def attention(q, k, v, *, scale=None, causal=False, mask=None, window=None, sinks=None, layout="bhsd",
-              return_lse=False, device: Device | str | None = None):
-    """Softmax attention, fused: softmax(scale * q k^T + mask) v, computed blockwise on the device.
-
-    Args:
-        q, k, v: one kind of array: numpy (or CPU arrays that support DLPack),
-            torch CPU tensors or MLX arrays, read in place (no copy); of one dtype:
-            float32, float16 or bfloat16 (ml_dtypes.bfloat16 for numpy). With layout "bhsd", q is
-            (B, Hq, R, D), k is (B, Hkv, C, D), v is (B, Hkv, C, Dv); "bshd" swaps
-            the sequence and head axes. Hq must be a multiple of Hkv (query head h
-            reads kv head h // (Hq // Hkv)). D and Dv are 1..256. Any non-negative
-            strides with a contiguous last axis are used in place, without a copy.
-            k and/or v may be QuantizedTensors (a quantized K/V cache: MLX's affine
-            format, GGUF's q8_0 or q4_0, quantized along D): the kernel reads the stored
-            bytes once per kv head and dequantizes them on chip, rounded to q's dtype;
-            the result is attention over k.dequantize(), v.dequantize().
-        scale: logit scale; default 1 / sqrt(D).
-        causal: False, True (= "lower_right": the last query lines up with the
-            last key, as in MLX and FlashAttention 2.1+) or "upper_left" (query i
-            sees keys j <= i, PyTorch's is_causal).
-        mask: boolean (True = attend) or additive float mask, broadcastable to
-            (B, Hq, R, C) whatever the layout; broadcast axes are read with stride
-            0. Additive values of -inf (or <= -1e30) remove the key.
-        window: (left, right): key j is allowed for query i iff
-            -left <= j - (i + C - R) <= right; -1 leaves a side unbounded.
-        sinks: (Hq,) one extra logit per head in the softmax denominator, with no value.
-            mask and sinks are numpy arrays or q's kind.
-        layout: "bhsd" or "bshd"; the output uses the same layout.
-        return_lse: also return lse, (B, Hq, R) float32: the natural log of the
-            softmax denominator (sink included).
-        device: a Device, "cpu", "metal" or None for the default device.
-
-    Returns:
-        The output, an array of q's kind (allocated by its framework, on its device)
-        with q's dtype and layout, shape (.., Dv); with
-        return_lse, the tuple (output, lse). A row with no allowed key (and no
-        sink) gives output 0 and lse -inf.
-
-    Raises:
-        TypeError, ValueError naming the argument that is wrong.
-    """
-    device = resolve_device(device)
-    arrays = (q, k, v, mask, sinks)
-    key = signature(arrays, (scale, causal, window, layout, return_lse), device)
-    return run(_calls, key, arrays, lambda: _prepare(arrays, scale=scale, causal=causal, window=window, layout=layout,
-                                                     return_lse=return_lse, device=device))
+# The arguments the attention family shares, each documented once.
+Q = Arg("q", "array", leading=True, grad=True, keyword=False, doc="""
+    queries. q, k, v: one kind of array: numpy (or CPU arrays that support DLPack),
+    torch tensors (CPU or MPS) or MLX arrays, read in place (no copy); of one dtype:
+    float32, float16 or bfloat16 (ml_dtypes.bfloat16 for numpy). With layout "bhsd", q is
+    (B, Hq, R, D), k is (B, Hkv, C, D), v is (B, Hkv, C, Dv); "bshd" swaps the sequence and
+    head axes. Hq must be a multiple of Hkv (query head h reads kv head h // (Hq // Hkv)).
+    D and Dv are 1..256. Any non-negative strides with a contiguous last axis are used in
+    place, without a copy.""")
+K = Arg("k", "array", leading=True, grad=True, keyword=False, quantized=True, doc="""
+    keys. k and/or v may be QuantizedTensors (a quantized K/V cache: MLX's affine format,
+    GGUF's q8_0 or q4_0, quantized along D): the kernel reads the stored bytes once per kv
+    head and dequantizes them on chip, rounded to q's dtype; the result is attention over
+    k.dequantize(), v.dequantize().""")
+V = Arg("v", "array", leading=True, grad=True, keyword=False, quantized=True, doc="values (see q and k).")
+SCALE = Arg("scale", "option", default=None, schema="float?", doc="logit scale; default 1 / sqrt(D).")
+CAUSAL = Arg("causal", "option", default=False, schema="str", to_schema=check.causal_mode, doc="""
+    False, True (= "lower_right": the last query lines up with the last key, as in MLX and
+    FlashAttention 2.1+) or "upper_left" (query i sees keys j <= i, PyTorch's is_causal).""")
+MASK = Arg("mask", "array", default=None, doc="""
+    boolean (True = attend) or additive float mask, broadcastable to (B, Hq, R, C) whatever
+    the layout; broadcast axes are read with stride 0. Additive values of -inf (or <= -1e30)
+    remove the key. A numpy array or q's kind.""")
+WINDOW = Arg("window", "option", default=None, schema="int[]?", to_schema=check.window_list, doc="""
+    (left, right): key j is allowed for query i iff -left <= j - (i + C - R) <= right; -1
+    leaves a side unbounded.""")
+SINKS = Arg("sinks", "array", default=None, grad=True, doc="""
+    (Hq,) one extra logit per head in the softmax denominator, with no value; finite. A
+    numpy array or q's kind.""")
+LAYOUT = Arg("layout", "option", default="bhsd", schema="str", doc='"bhsd" or "bshd"; the output uses the same layout.')
+RETURN_LSE = Arg("return_lse", "option", default=False, schema="bool", doc="""
+    also return lse, (B, Hq, R) float32: the natural log of the softmax denominator (sink
+    included).""")
 
 
-ARGUMENTS = ("q", "k", "v", "mask", "sinks")  # the array arguments, in call order
+def rows_of(values: dict) -> tuple[int, int, int]:
+    """(B, Hq, R) of a call's q, from its shape and layout."""
+    shape = values["q"].shape
+    return (shape[0], shape[1], shape[2]) if values["layout"] == "bhsd" else (shape[0], shape[2], shape[1])
+
+
+# Which output of the attention family's backward ops is the gradient of which argument.
+GRADIENT_OF = {"q": "dq", "k": "dk", "v": "dv", "sinks": "dsinks"}
+
+OUTPUT = Out("o", "the output, q's kind, dtype and layout, shape (.., Dv)",
+             fake=lambda a: ((*a["q"].shape[:-1], a["v"].shape[-1]), "q"))
+LSE = Out("lse", "(B, Hq, R) float32, natural log of the softmax denominator", when="return_lse",
+          fake=lambda a: (rows_of(a), "float32"))
 
 
 class Validated(Checked):
@@ -156,20 +150,36 @@ def _quantized_fields(x: QuantizedTensor, name: str, layout: str, bound: dict, c
     return QuantizedStorage(x.quant_format, strides["data"], scale_dtype, strides.get("scales"), strides.get("biases"))
 
 
-def _prepare(arrays, *, scale, causal, window, layout, return_lse,
-             device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
+def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
     """The first call of a signature: every check, then the problem's pass, prepared; and
     this call's inputs."""
-    call = validate(arrays, scale=scale, causal=causal, window=window, layout=layout, return_lse=return_lse,
-                    quantized_refusal=None)
-    p = call.problem
+    checked = validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale, causal=call.causal,
+                       window=call.window, layout=call.layout, return_lse=call.return_lse, quantized_refusal=None)
+    p = checked.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        return empty_forward(p, ARGUMENTS, call)
+        return empty_forward(p, call.op.array_names, checked)
     facts = tuning_facts(device)
     description = codegen.attention_pass(p, family=facts.family, parallel_threadgroups=facts.parallel_threadgroups)
-    return prepared_call(description, device, call, ARGUMENTS, forward_results(return_lse))
+    return prepared_call(description, device, checked, call.op.array_names, call.results)
 
 
-def forward_results(return_lse: bool) -> str | tuple[str, str]:
-    """What a forward op returns: o, or (o, lse)."""
-    return ("o", "lse") if return_lse else "o"
+ATTENTION = Op(
+    "attention",
+    "Softmax attention, fused: softmax(scale * q k^T + mask) v, computed blockwise on the device.",
+    arguments=(Q, K, V, SCALE, CAUSAL, MASK, WINDOW, SINKS, LAYOUT, RETURN_LSE),
+    outputs=(OUTPUT, LSE),
+    prepare=_prepare,
+    reference=reference.attention_reference,
+    backward="attention_backward",
+    gradients=GRADIENT_OF,
+    details="""
+    Returns:
+        The output, an array of q's kind (allocated by its framework, on its device)
+        with q's dtype and layout, shape (.., Dv); with
+        return_lse, the tuple (output, lse). A row with no allowed key (and no
+        sink) gives output 0 and lse -inf.
+
+    Raises:
+        TypeError, ValueError naming the argument that is wrong.
+    """)
+attention = ATTENTION.function

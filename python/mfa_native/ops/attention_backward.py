@@ -4,50 +4,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import codegen
+from .. import codegen, reference
 from ..codegen import AttentionBackwardProblem, physical
-from ..runtime.devices import Device, resolve_device, tuning_facts
+from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
-from .attention import Validated, validate
+from .attention import CAUSAL, K, LAYOUT, MASK, Q, SCALE, SINKS, V, WINDOW, Validated, validate
+from .declaration import Arg, Call, Op, Out
 from .empty import empty_backward
-from .given_kind import returns_given_kind
-from .warm import PreparedCall, SignatureCache, prepared_call, run, same_memory, signature
+from .warm import PreparedCall, prepared_call, same_memory
 
-ARGUMENTS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks")  # the array arguments, in call order
-_calls = SignatureCache()
-
-
-@returns_given_kind(("q", "k", "v"), ("o", "lse", "do", "mask", "sinks"))
-def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, mask=None, window=None, sinks=None,
-                       layout="bhsd", device: Device | str | None = None):
-    """Gradients of `attention` with respect to q, k, v (and sinks), given the gradient of its output.
-
-    Args:
-        q, k, v, scale, causal, mask, window, sinks, layout: exactly as passed to
-            `attention` (same semantics, shapes, dtypes and strides).
-        o, lse: what `attention(..., return_lse=True)` returned: the output (q's
-            dtype and layout, shape (.., Dv)) and lse, (B, Hq, R) float32.
-        do: the gradient of the loss with respect to o, shaped and typed like o.
-            q, k and v are one kind (numpy, torch or MLX); the other arrays are
-            numpy or that kind.
-            o and do may have any non-negative strides with a contiguous last axis.
-        device: a Device, "cpu", "metal" or None for the default device.
-
-    Returns:
-        (dq, dk, dv) of q's kind, laid out like q, k and v (contiguous) in the inputs' dtype;
-        with sinks, (dq, dk, dv, dsinks), dsinks being (Hq,) float32. With GQA, dk
-        and dv sum the query heads that share each kv head. The mask gets no
-        gradient. Rows with no allowed key contribute nothing. Accumulation runs
-        in float32.
-
-    Raises:
-        TypeError, ValueError naming the argument that is wrong.
-    """
-    device = resolve_device(device)
-    arrays = (q, k, v, o, lse, do, mask, sinks)
-    key = signature(arrays, (scale, causal, window, layout), device)
-    return run(_calls, key, arrays, lambda: _prepare(arrays, scale=scale, causal=causal, window=window, layout=layout,
-                                                     device=device))
+O = Arg("o", "array", keyword=False, doc="""
+    what `attention(..., return_lse=True)` returned: the output (q's dtype and layout, shape
+    (.., Dv)); any non-negative strides with a contiguous last axis.""")
+LSE_IN = Arg("lse", "array", keyword=False, doc="the lse it returned, (B, Hq, R) float32.")
+DO = Arg("do", "array", keyword=False, doc="""
+    the gradient of the loss with respect to o, shaped and typed like o (any non-negative
+    strides with a contiguous last axis).""")
+GRADIENTS = (Out("dq", "gradient of q, laid out like q", fake=lambda a: (a["q"].shape, "q")),
+             Out("dk", "gradient of k, laid out like k", fake=lambda a: (a["k"].shape, "k")),
+             Out("dv", "gradient of v, laid out like v", fake=lambda a: (a["v"].shape, "v")),
+             Out("dsinks", "(Hq,) float32", when="sinks", fake=lambda a: (a["sinks"].shape, "float32")))
+# The pass's names of the array arguments, in declaration order (do binds as dout).
+BINDINGS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks")
 
 
 def validate_backward(arrays, *, scale, causal, window, layout) -> Validated:
@@ -74,17 +52,39 @@ def validate_backward(arrays, *, scale, causal, window, layout) -> Validated:
     return Validated(problem, bound, converts)
 
 
-def _prepare(arrays, *, scale, causal, window, layout, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
+def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
     """The first call of a signature: every check, then the backward pass, prepared; and
     this call's inputs."""
-    call = validate_backward(arrays, scale=scale, causal=causal, window=window, layout=layout)
-    p = call.problem.forward
+    checked = validate_backward((call.q, call.k, call.v, call.o, call.lse, call.do, call.mask, call.sinks),
+                                scale=call.scale, causal=call.causal, window=call.window, layout=call.layout)
+    p = checked.problem.forward
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        return empty_backward(p, ARGUMENTS, call)
-    description = codegen.attention_backward_pass(call.problem, family=tuning_facts(device).family)
-    return prepared_call(description, device, call, ARGUMENTS, gradients(p.sinks))
+        return empty_backward(p, BINDINGS, checked)
+    description = codegen.attention_backward_pass(checked.problem, family=tuning_facts(device).family)
+    return prepared_call(description, device, checked, BINDINGS, call.results)
 
 
-def gradients(sinks: bool) -> tuple[str, ...]:
-    """What a backward op returns: (dq, dk, dv), and dsinks with sinks."""
-    return ("dq", "dk", "dv", "dsinks") if sinks else ("dq", "dk", "dv")
+ATTENTION_BACKWARD = Op(
+    "attention_backward",
+    "Gradients of `attention` with respect to q, k, v (and sinks), given the gradient of its output.",
+    arguments=(Q, K, V, O, LSE_IN, DO, SCALE, CAUSAL, MASK, WINDOW, SINKS, LAYOUT),
+    outputs=GRADIENTS,
+    prepare=_prepare,
+    reference=reference.attention_backward_reference,
+    no_backward="attention_backward has no second derivative",
+    details="""
+    q, k, v, scale, causal, mask, window, sinks and layout are exactly as passed to
+    `attention` (same semantics, shapes, dtypes and strides); q, k and v are one kind
+    (numpy, torch or MLX), the other arrays numpy or that kind.
+
+    Returns:
+        (dq, dk, dv) of q's kind, laid out like q, k and v (contiguous) in the inputs' dtype;
+        with sinks, (dq, dk, dv, dsinks), dsinks being (Hq,) float32. With GQA, dk
+        and dv sum the query heads that share each kv head. The mask gets no
+        gradient. Rows with no allowed key contribute nothing. Accumulation runs
+        in float32.
+
+    Raises:
+        TypeError, ValueError naming the argument that is wrong.
+    """)
+attention_backward = ATTENTION_BACKWARD.function

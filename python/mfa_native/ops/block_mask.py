@@ -23,7 +23,8 @@ PAIRS = (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indice
          ("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices"))
 
 
-def _block_size(block_size) -> tuple[int, int]:
+def block_size_pair(block_size) -> tuple[int, int]:
+    """block_size as (Qb, Kb), checked: an int or a pair of positive multiples of 8."""
     sizes = (block_size, block_size) if isinstance(block_size, numbers.Integral) else block_size
     if not isinstance(sizes, (tuple, list)) or len(sizes) != 2 or \
             not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sizes):
@@ -70,7 +71,7 @@ class BlockMask:
     def __init__(self, kv_num_blocks, kv_indices, *, block_size=(128, 128), full_kv_num_blocks=None,
                  full_kv_indices=None, q_num_blocks=None, q_indices=None, full_q_num_blocks=None,
                  full_q_indices=None, shape=None) -> None:
-        self.block_size = _block_size(block_size)
+        self.block_size = block_size_pair(block_size)
         given = dict(kv_num_blocks=kv_num_blocks, kv_indices=kv_indices, full_kv_num_blocks=full_kv_num_blocks,
                      full_kv_indices=full_kv_indices, q_num_blocks=q_num_blocks, q_indices=q_indices,
                      full_q_num_blocks=full_q_num_blocks, full_q_indices=full_q_indices)
@@ -104,26 +105,12 @@ class BlockMask:
     @classmethod
     def from_mask(cls, mask=None, *, causal=False, window=None, R: int, C: int, block_size=128, B: int = 1,
                   H: int = 1, device=None) -> BlockMask:
-        """The block mask of dense rules, classified on the device: a block with no allowed pair
-        is left out, a block whose pairs are all allowed is full, the rest are partial. Edge
-        blocks cut short by R or C are judged on the pairs that exist.
-
-        Args:
-            mask: None, or a boolean (True = attend) or additive mask broadcastable to
-                (B, H, R, C), as `attention` takes it (additive values of -inf or <= -1e30 remove
-                the pair). Pass the same mask, causal and window to block_sparse_attention.
-            causal, window: as in `attention`.
-            R, C: the query and key lengths. block_size: Qb or (Qb, Kb), multiples of 8.
-            B, H: the batch and query heads the lists cover (1: the same for all).
-            device: where the classifier runs.
-
-        Returns:
-            A BlockMask with all eight lists, ordered as FlexAttention orders them (the listed
-            blocks ascending, then the others ascending as padding), and shape (R, C).
-        """
+        """The block mask of dense rules, classified on the device (`block_mask_from_mask`, whose
+        declaration documents the arguments): a block with no allowed pair is left out, a block
+        whose pairs are all allowed is full, the rest are partial."""
         from .block_mask_pass import from_mask
-        return from_mask(cls, mask, causal=causal, window=window, R=R, C=C, block_size=_block_size(block_size),
-                         B=B, H=H, device=device)
+        return from_mask(mask, causal=causal, window=window, R=R, C=C, block_size=block_size, B=B, H=H,
+                         device=device)
 
     @classmethod
     def from_torch(cls, block_mask) -> BlockMask:

@@ -1,66 +1,94 @@
-"""`mfa_native.merge_attention`: attention over a union of disjoint key sets, from its parts."""
+"""`mfa_native.merge_attention`: attention over a union of disjoint key sets, from its parts,
+merged on the device (codegen/attention/merge.py)."""
 
 from __future__ import annotations
-
-from typing import Sequence
 
 import numpy as np
 
 from ..codegen import physical
-from ..runtime import runner
+from ..codegen.attention import merge as codegen_merge
+from ..runtime.devices import Device
+from ..runtime.templates import evaluate
 from . import arguments as check
-from .given_kind import returns_given_kind
+from .declaration import Arg, Call, Op, Out
+from .empty import empty_call, filled
+from .warm import Checked, PreparedCall, prepared_call, same_memory
 
 
-@returns_given_kind(("outputs", "lses"))
-def merge_attention(outputs: Sequence, lses: Sequence, *, layout: str = "bhsd"):
-    """The exact combination of attentions of the same queries over disjoint sets of keys.
+def _merge_reference(outputs, lses, *, layout="bhsd"):
+    """float64: output = sum_i exp(lses[i] - lse) outputs[i], lse = logsumexp over the parts."""
+    logs = np.stack([np.asarray(x, np.float64) for x in lses])
+    parts = np.stack([np.asarray(x, np.float64) for x in outputs])
+    top = np.max(np.where(np.isneginf(logs), -np.inf, logs), axis=0)
+    seen = top > -np.inf
+    shares = np.exp(logs - np.where(seen, top, 0.0))
+    total = shares.sum(axis=0)
+    weights = shares / np.where(seen, total, 1.0)
+    if layout == "bshd":
+        weights = weights.transpose(0, 1, 3, 2)
+    merged = np.einsum("pbhr,pbhrd->bhrd" if layout == "bhsd" else "pbrh,pbrhd->brhd", weights, parts)
+    return merged, np.where(seen, top + np.log(np.where(seen, total, 1.0)), -np.inf)
 
-    With lse = logsumexp over parts of lses[i], the result is
-    output = sum_i exp(lses[i] - lse) * outputs[i], computed in float32; a part
-    whose lse is -inf (a row that saw no key there) contributes nothing, and a row
-    with lse -inf in every part gets output 0 and lse -inf, as `attention` gives.
 
-    Args:
-        outputs: what `attention` returned for each part: arrays of one kind (numpy,
-            torch or MLX), dtype and shape, (B, Hq, R, Dv) for layout "bhsd",
-            (B, R, Hq, Dv) for "bshd".
-        lses: the parts' lse, (B, Hq, R) float32 (`attention(..., return_lse=True)`).
-        layout: "bhsd" or "bshd", as passed to `attention`.
-
-    Returns:
-        (output, lse): output in the parts' dtype, layout and kind; lse (B, Hq, R) float32.
-
-    Raises:
-        TypeError, ValueError naming the argument that is wrong.
-    """
-    layout = check.layout_of(layout)
+def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
+    layout = check.layout_of(call.layout)
+    outputs, lses = call.outputs, call.lses
     if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)):
         raise TypeError("outputs and lses must be lists (or tuples) of arrays")
     if not outputs or len(outputs) != len(lses):
         raise ValueError(f"outputs and lses must be non-empty and of one length, got {len(outputs)} and {len(lses)}")
     parts = [check.as_array(o, f"outputs[{i}]") for i, o in enumerate(outputs)]
     first = parts[0]
-    check.dtype_of(first, "outputs[0]")
+    dtype = check.dtype_of(first, "outputs[0]")
     for i, part in enumerate(parts):
         if part.dtype != first.dtype or part.shape != first.shape or part.ndim != 4:
             raise ValueError(f"outputs must be 4-d arrays of one dtype and shape: outputs[0] is {first.dtype} "
                              f"{first.shape}, outputs[{i}] is {part.dtype} {part.shape}")
-    B, Hq, R, _ = physical(first.shape, layout)
-    logs = np.stack([check.lse_array(lse, (B, Hq, R)) for lse in lses])  # (parts, B, Hq, R)
+    B, Hq, R, Dv = physical(first.shape, layout)
+    bound, converts, names = {}, {}, []
+    for i, (raw, convert) in enumerate([(o, np.ascontiguousarray) for o in parts]
+                                       + [(lse, lambda x, shape=(B, Hq, R): check.lse_array(x, shape)) for lse in lses]):
+        name = codegen_merge.part(i) if i < len(parts) else codegen_merge.part_lse(i - len(parts))
+        bound[name] = convert(raw)
+        converts[name] = None if same_memory(raw, bound[name]) else convert
+        names.append(name)
+    checked = Checked(bound, converts)
+    if B * Hq * R * Dv == 0:
+        return empty_call([], tuple(names), checked,
+                          lambda inputs: [filled(first.shape, first.dtype, 0), filled((B, Hq, R), np.float32, -np.inf)])
+    descriptor = codegen_merge.describe_merge(dtype=dtype, value_dim=Dv, parts=len(parts), layout=layout)
+    description = evaluate(codegen_merge.merge_template(descriptor), dict(B=B, Hq=Hq, R=R))
+    return prepared_call(description, device, checked, tuple(names), ("o", "lse"))
 
-    top = logs.max(axis=0)
-    seen = top > -np.inf
-    top = np.where(seen, top, np.float32(0))
-    shares = np.exp(logs - top)  # exp(-inf) = 0: parts that saw no key
-    total = shares.sum(axis=0)
-    weights = shares / np.where(seen, total, np.float32(1))
-    if layout == "bshd":
-        weights = weights.transpose(0, 1, 3, 2)
-    merged = np.einsum("pbhr,pbhrd->bhrd", weights, np.stack(parts).astype(np.float32, copy=False))
 
-    output = runner.allocate(first.shape, first.dtype)
-    output[...] = merged
-    lse = runner.allocate((B, Hq, R), np.dtype(np.float32))
-    lse[...] = np.where(seen, top + np.log(np.where(seen, total, np.float32(1))), np.float32(-np.inf))
-    return output, lse
+MERGE_ATTENTION = Op(
+    "merge_attention",
+    "The exact combination of attentions of the same queries over disjoint sets of keys.",
+    arguments=(
+        Arg("outputs", "arrays", leading=True, keyword=False, doc="""
+            what `attention` returned for each part: arrays of one kind (numpy, torch or MLX),
+            dtype and shape, (B, Hq, R, Dv) for layout "bhsd", (B, R, Hq, Dv) for "bshd"."""),
+        Arg("lses", "arrays", keyword=False,
+            doc="the parts' lse, (B, Hq, R) float32 (`attention(..., return_lse=True)`)."),
+        Arg("layout", "option", default="bhsd", doc='"bhsd" or "bshd", as passed to `attention`.'),
+    ),
+    outputs=(Out("o", "the merged output, in the parts' dtype, layout and kind"),
+             Out("lse", "(B, Hq, R) float32")),
+    prepare=_prepare,
+    reference=_merge_reference,
+    no_backward="merge_attention has no backward yet: differentiate the parts' attention instead",
+    details="""
+    With lse = logsumexp over parts of lses[i], the result is
+    output = sum_i exp(lses[i] - lse) * outputs[i], computed in float32 on the device (one
+    pass, one kernel); a part whose lse is -inf (a row that saw no key there) contributes
+    nothing, a row with lse -inf in every part gets output 0 and lse -inf, as `attention`
+    gives, and a NaN in any part's lse makes its row's output and lse NaN (as
+    torch.logsumexp).
+
+    Returns:
+        (output, lse): output in the parts' dtype, layout and kind; lse (B, Hq, R) float32.
+
+    Raises:
+        TypeError, ValueError naming the argument that is wrong.
+    """)
+merge_attention = MERGE_ATTENTION.function

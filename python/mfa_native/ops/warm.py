@@ -143,18 +143,6 @@ def same_memory(raw, bound: np.ndarray) -> bool:
             and raw.__array_interface__["data"][0] == bound.__array_interface__["data"][0])
 
 
-def run(calls: SignatureCache, key: tuple | None, arguments: Sequence,
-        prepare: Callable[[], tuple[PreparedCall, list[np.ndarray]]]):
-    """One call of an op: the prepared call of its signature when there is one (the warm
-    path), else `prepare()` -> (PreparedCall, this call's inputs), kept for the next call."""
-    call = calls.get(key)
-    if call is not None:
-        return call(arguments)
-    call, inputs = prepare()
-    calls.put(key, call)
-    return call.run(inputs)
-
-
 def prepared_call(description, device: Device, checked, arguments: Sequence[str], results: str | tuple[str, ...],
                   check: Callable[[Sequence], None] | None = None) -> tuple[PreparedCall, list[np.ndarray]]:
     """The PreparedCall that runs `description` for `checked` (an op's Checked arguments), and

@@ -46,6 +46,11 @@ class TuningFacts:
 _tuning: dict[Device, TuningFacts] = {}
 
 
+def forget_tuning() -> None:
+    """Drops the tuning facts read so far (and the Device objects they are keyed by)."""
+    _tuning.clear()
+
+
 def tuning_facts(device: Device) -> TuningFacts:
     """The typed tuning facts the device's backend reports, read once per device."""
     facts = _tuning.get(device)

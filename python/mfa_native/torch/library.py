@@ -1,85 +1,152 @@
-"""`torch.ops.mfa_native.attention` and `.attention_backward`: torch.library custom ops.
+"""torch.library custom ops derived from the ops' declarations (ops/declaration.py).
 
-Registered with fake implementations (so torch.compile and FakeTensor trace them
-without running them) and, for the forward, `register_autograd` running the
-backward op. Their real implementations are mfa_native's ops, which read the
-tensors in place and write into tensors torch allocates.
+`custom_op(op)` registers `torch.ops.mfa_native.<op.name>` from the declaration alone: its
+schema (array arguments as `Tensor` / `Tensor?`, in declaration order, then the options
+with their declared schema types; an option that only selects outputs, such as
+return_lse, is left out and every output returned), a fake implementation from the
+outputs' declared shapes (so torch.compile and FakeTensor trace it without running it),
+and, when the op declares a backward, `register_autograd` running the backward's custom
+op. Arguments are read in place and outputs written into tensors torch allocates.
 
-No `from __future__ import annotations` here: torch.library infers the schemas
-from the annotations' runtime values.
+The backward's arguments are found by name: a forward argument, a forward output (o, lse),
+or `d` + an output's name for that output's gradient (do). The backward's results go to
+the forward arguments its `gradients` map names. A forward output whose gradient the
+backward does not take (lse) is not differentiable; an array argument the op gives no
+gradient (mask) raises NotImplementedError when autograd asks for one. An absent optional
+output (dsinks without sinks) is an empty (0,) tensor.
 """
 
+from __future__ import annotations
+
 import atexit
-from typing import Optional
+import inspect
+from typing import Any
 
+import numpy as np
 import torch
-from torch import Tensor
 
-from ..ops import attention as _forward_module, attention_backward as _backward_module
-from ..ops.attention import attention as _attention
-from ..ops.attention_backward import attention_backward as _attention_backward
+from ..ops.declaration import Op, release_caches
+from ..runtime.frameworks import _torch_dtype
 
-CAUSAL = {False: "none", True: "lower_right", "lower_right": "lower_right", "upper_left": "upper_left"}
-_AS_OPTION = {"none": False, "lower_right": "lower_right", "upper_left": "upper_left"}
+_REGISTERED: dict[str, Any] = {}
+atexit.register(release_caches)   # torch's op registry keeps the ops (and their caches) alive past teardown
 
 
-def _window(window: Optional[list[int]]) -> Optional[tuple[int, int]]:
-    return None if window is None else (window[0], window[1])
+def schema_arguments(op: Op) -> list[tuple[str, str]]:
+    """(name, schema type) of the custom op's arguments: the arrays in declaration order, then
+    the options."""
+    selectors = {o.when for o in op.outputs if o.when is not None}
+    tensors, options = [], []
+    for a in op.arguments:
+        if a.kind == "array":
+            tensors.append((a.name, "Tensor" if a.default is not None else "Tensor?"))
+        elif a.kind == "option" and a.name not in selectors:
+            if a.schema is None:
+                raise NotImplementedError(f"{op.name}: option {a.name} declares no torch schema type")
+            options.append((a.name, a.schema))
+        elif a.kind != "option":
+            raise NotImplementedError(f"{op.name}: a {a.kind!r} argument ({a.name}) has no torch.library form yet")
+    return tensors + options
 
 
-@torch.library.custom_op("mfa_native::attention", mutates_args=())
-def attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sinks: Optional[Tensor],
-                 scale: Optional[float], causal: str, window: Optional[list[int]], layout: str) -> tuple[Tensor, Tensor]:
-    """(o, lse) of `mfa_native.attention`; causal is "none", "lower_right" or "upper_left"."""
-    o, lse = _attention(q, k, v, scale=scale, causal=_AS_OPTION[causal], mask=mask, window=_window(window),
-                        sinks=sinks, layout=layout, return_lse=True)
-    return o, lse
+def schema(op: Op) -> str:
+    arguments = ", ".join(f"{kind} {name}" for name, kind in schema_arguments(op))
+    return f"({arguments}) -> ({', '.join('Tensor' for _ in op.outputs)})"
 
 
-@attention_op.register_fake
-def _attention_fake(q, k, v, mask, sinks, scale, causal, window, layout):
-    rows = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
-    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(rows, dtype=torch.float32)
+def custom_op(op: Op):
+    """torch.ops.mfa_native.<op.name>, registered once per op."""
+    if op.name in _REGISTERED:
+        return _REGISTERED[op.name]
+    names = [name for name, _ in schema_arguments(op)]
+    selectors = {o.when for o in op.outputs if o.when is not None and o.when not in names}
+
+    def implementation(*args):
+        values = dict(zip(names, args), **{name: True for name in selectors})
+        result = op.function(**values)
+        results = result if isinstance(result, tuple) else (result,)
+        returned = iter(results)
+        like = values[op.leading[0]]
+        return tuple(next(returned) if _returned(o, values) else like.new_empty(0, dtype=torch.float32)
+                     for o in op.outputs)
+
+    def fake(*args):
+        values = dict(zip(names, args))
+        outputs = []
+        for o in op.outputs:
+            if not _returned(o, {**values, **{name: True for name in selectors}}):
+                outputs.append(values[op.leading[0]].new_empty(0, dtype=torch.float32))
+                continue
+            shape, dtype = o.fake(values)
+            dtype = values[dtype].dtype if dtype in values else _torch_dtype(np.dtype(dtype))
+            outputs.append(values[op.leading[0]].new_empty(shape, dtype=dtype))
+        return tuple(outputs)
+
+    registered = torch.library.custom_op(f"mfa_native::{op.name}", implementation, mutates_args=(),
+                                         schema=schema(op))
+    registered.register_fake(fake)
+    if op.backward is not None:
+        _register_autograd(op, registered, names)
+    _REGISTERED[op.name] = registered
+    return registered
 
 
-@torch.library.custom_op("mfa_native::attention_backward", mutates_args=())
-def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
-                          mask: Optional[Tensor], sinks: Optional[Tensor], scale: Optional[float], causal: str,
-                          window: Optional[list[int]], layout: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dsinks) of `mfa_native.attention_backward`; dsinks is empty, shape (0,),
-    without sinks."""
-    grads = _attention_backward(q, k, v, o, lse, do, scale=scale, causal=_AS_OPTION[causal], mask=mask,
-                                window=_window(window), sinks=sinks, layout=layout)
-    if sinks is None:
-        return (*grads, q.new_empty(0, dtype=torch.float32))
-    return grads
+def _returned(output, values: dict) -> bool:
+    return output.when is None or (values.get(output.when) is not None and values.get(output.when) is not False)
 
 
-@attention_backward_op.register_fake
-def _attention_backward_fake(q, k, v, o, lse, do, mask, sinks, scale, causal, window, layout):
-    heads = 0 if sinks is None else sinks.shape[0]
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            q.new_empty((heads,), dtype=torch.float32))
+def _register_autograd(op: Op, registered, names: list[str]) -> None:
+    backward_op = op.backward_op
+    backward = custom_op(backward_op)
+    backward_names = [name for name, _ in schema_arguments(backward_op)]
+    outputs = [o.name for o in op.outputs]
+    tensors = [name for name, kind in schema_arguments(op) if kind.startswith("Tensor")]
+
+    def setup_context(ctx, inputs, output) -> None:
+        values = dict(zip(names, inputs))
+        ctx.save_for_backward(*(values[n] for n in tensors), *output)
+        ctx.options = {n: v for n, v in values.items() if n not in tensors}
+        ctx.mark_non_differentiable(*(out for name, out in zip(outputs, output) if f"d{name}" not in backward_names))
+
+    def gradient(ctx, *grads):
+        saved = ctx.saved_tensors
+        values = {**dict(zip(tensors, saved)), **dict(zip(outputs, saved[len(tensors):])), **ctx.options}
+        values.update({f"d{name}": g for name, g in zip(outputs, grads)})
+        for index, name in enumerate(names):
+            if ctx.needs_input_grad[index] and name not in op.gradients:
+                raise NotImplementedError(f"{op.name} gives {name} no gradient; pass {name}.detach()")
+        results = dict(zip((o.name for o in backward_op.outputs), backward(*(values[n] for n in backward_names))))
+        grads_in = []
+        for name in names:
+            g = results.get(op.gradients.get(name)) if values.get(name) is not None else None
+            grads_in.append(None if g is None else g.to(values[name].dtype))
+        return tuple(grads_in)
+
+    registered.register_autograd(gradient, setup_context=setup_context)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, mask, sinks, scale, causal, window, layout = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, mask, sinks)
-    ctx.options = (scale, causal, window, layout)
-    ctx.mark_non_differentiable(lse)
+def torch_function(op: Op):
+    """`op` for torch tensors through its custom op: autograd and torch.compile, torch allocates
+    the outputs; the same arguments (less `device`: CPU tensors run on the default device,
+    MPS tensors on the metal device) and results as the op."""
+    registered = custom_op(op)
+    names = [name for name, _ in schema_arguments(op)]
+    converts = {a.name: a.to_schema for a in op.arguments if a.to_schema is not None}
+    signature = inspect.Signature([p for p in op.parameters() if p.name != "device"])
 
+    def function(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        results = registered(*(converts[n](values[n]) if n in converts else values[n] for n in names))
+        kept = tuple(r for o, r in zip(op.outputs, results) if _returned(o, values))
+        return kept[0] if len(kept) == 1 and op.outputs[0].when is None and all(
+            o.when is not None for o in op.outputs[1:]) else kept
 
-def _backward(ctx, do, dlse):
-    q, k, v, o, lse, mask, sinks = ctx.saved_tensors
-    dq, dk, dv, dsinks = attention_backward_op(q, k, v, o, lse, do, mask, sinks, *ctx.options)
-    return dq, dk, dv, None, None if sinks is None else dsinks.to(sinks.dtype), None, None, None, None
-
-
-attention_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-# torch's op registry keeps these functions, and through them the ops' prepared passes, alive
-# past interpreter teardown, which nanobind reports as leaks: drop the passes at exit.
-atexit.register(_forward_module._calls.clear)
-atexit.register(_backward_module._calls.clear)
+    function.__name__ = function.__qualname__ = op.name
+    function.__signature__ = signature
+    function.__doc__ = (f"`mfa_native.{op.name}` on torch tensors, through `torch.ops.mfa_native.{op.name}`: "
+                        "autograd gives the differentiable arguments their gradients, torch.compile traces it "
+                        "(fullgraph), and torch allocates the outputs.\n\nArguments and results are "
+                        f"`mfa_native.{op.name}`'s, without `device`.")
+    return function

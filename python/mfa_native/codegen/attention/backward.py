@@ -40,7 +40,8 @@ from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop,
 from . import operands
 from .descriptor import BackwardDescriptor
 from .forward import BUILTINS
-from .masking import MaskRules, bias_over_keys, bias_over_queries, key_range, mask_key_pointer, mask_row_pointer, query_range
+from .masking import (MaskRules, bias_over_keys, bias_over_queries, key_range, mask_key_pointer, mask_row_pointer,
+                      query_range)
 from .rows import query_rows_geometry, row_index
 from .softmax import gradient_of_scores, logits, lse2, probabilities
 

@@ -8,12 +8,13 @@ answer the same questions:
 - problem side: the runtime sizes it adds with their values (`sizes`), what the forward pass
   needs of it (`forward_only`), how its rows map to tiles (`rows`), and its kernel-side facts
   (`describe`);
-- kernel side: the sizes a caller gives and those it derives (`sizes_given`, `derived`), the
-  pass inputs it declares (`inputs`, `backward_inputs`), the ranges a forward or dQ simdgroup visits (`keys`) and a dK/dV simdgroup
-  (`queries`), the buffers it adds (`catalog`, `extents`, `present`, and the names the key
-  and query walks read), a clause for a kernel's header (`summary`), and which kernels run
-  its forward and backward passes (`forward_kernels`, `backward_kernels`: the dense ones,
-  given as a callable, unless the case has its own).
+- kernel side: the sizes a caller gives and those it derives (`sizes_given`, `derived`),
+  the pass inputs it declares (`inputs`, `backward_inputs`), the ranges a forward or dQ
+  simdgroup visits (`keys`) and a dK/dV simdgroup (`queries`), the buffers it adds
+  (`catalog`, `extents`, `present`, and the names the key and query walks read), a clause
+  for a kernel's header (`summary`), and which kernels run its forward and backward passes
+  (`forward_kernels`, `backward_kernels`: the dense ones, given as a callable, unless the
+  case has its own).
 """
 
 from __future__ import annotations

@@ -115,8 +115,9 @@ def attention_template(problem: AttentionProblem, *, family: str = CPU_FAMILY, b
         given.append(split_kv.DEVICE_SIZE)
         derived += split_kv.derived(p, family)
         guards.append("SPLIT" if split else "!SPLIT")
-    return build_template("attention", kernels, sizes=given, inputs={**forward_inputs(p, d), **d.keys.inputs(tensor_spec(p))},
-                          outputs=outputs, derived=derived, guards=guards, valid_for=valid_for(p, family))
+    inputs = {**forward_inputs(p, d), **d.keys.inputs(tensor_spec(p))}
+    return build_template("attention", kernels, sizes=given, inputs=inputs, outputs=outputs, derived=derived,
+                          guards=guards, valid_for=valid_for(p, family))
 
 
 def call_sizes(problem: AttentionProblem, parallel_threadgroups: int | None = None) -> dict[str, int]:

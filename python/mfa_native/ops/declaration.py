@@ -1,0 +1,256 @@
+"""One declaration per op: its arguments, outputs, pass, reference and backward, written once.
+
+An `Op` is declared with `Arg`s (name, kind, default, what it is) and `Out`s, the function
+that prepares a call's pass (`prepare`: every check, the problem, the pass, for the first
+call of a signature), its float64 reference, and its backward (the op computing its
+gradients) or why it has none. Everything else is derived from the declaration:
+
+- the public function: a real Python function with the declared signature and a docstring
+  whose Args section lists the declared arguments (`Op.function`);
+- the warm path: a call's signature is its array arguments' types, shapes, strides and
+  dtypes, its options and the device; a seen signature runs its prepared pass directly;
+- the caller's array kind: numpy in, numpy out; torch in, torch out; MLX in, MLX out
+  (given_kind.py);
+- the framework adapters (torch.library ops with autograd, MLX custom functions with a
+  vjp; torch/library.py, mlx.py), which read the declaration's arguments, outputs and
+  backward, and raise for a gradient an op does not have.
+
+Adding an argument to an op is adding one `Arg` to its declaration (and reading it in the
+op's `prepare`): the function, its docstring, the warm signature and the adapters follow.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..quantized import QuantizedTensor
+from ..runtime.devices import forget_tuning, resolve_device
+from . import given_kind
+from .warm import SignatureCache, signature
+
+REQUIRED = inspect.Parameter.empty
+KINDS = ("array", "arrays", "option", "lists")
+OPS: dict[str, Op] = {}   # every declared op, by name
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument: `kind` "array" (numpy, torch or MLX; None when optional), "arrays" (a
+    list or tuple of them), "option" (a plain value), or "lists" (an object holding arrays,
+    a BlockMask: `expand(value)` gives its arrays and the part of it the kernels depend on)."""
+
+    name: str
+    kind: str
+    doc: str
+    default: Any = REQUIRED
+    keyword: bool = True        # keyword-only; False: positional (or keyword)
+    leading: bool = False       # its array kind is the call's (q, k, v)
+    grad: bool = False          # a framework may differentiate with respect to it
+    quantized: bool = False     # it may be a QuantizedTensor
+    expand: Callable[[Any], tuple[tuple, Any]] | None = None
+    names: tuple[str, ...] = ()   # "lists": the names of the arrays `expand` gives, in order
+    schema: str | None = None     # an option's type in a torch.library schema ("float?", "str", "int[]?")
+    to_schema: Callable[[Any], Any] | None = None   # an option's value as that type (canonical)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"argument {self.name}: kind must be one of {KINDS}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Out:
+    """One output; `when` names the argument that makes the op return it (return_lse, sinks);
+    `fake(values)` gives its (shape, dtype) from the arguments' shapes alone (a dtype is a numpy
+    dtype name, or the name of the argument whose dtype it has), for tracing frameworks."""
+
+    name: str
+    doc: str
+    when: str | None = None
+    fake: Callable[[dict], tuple[tuple[int, ...], str]] | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call's arguments by name, as passed (the first call of a signature reads them)."""
+
+    op: Op
+    values: dict[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def results(self) -> str | tuple[str, ...]:
+        """The outputs this call returns: a name when it is the one output always returned,
+        else a tuple of names (an output whose `when` argument is None or False is left out)."""
+        names = tuple(o.name for o in self.op.outputs if o.when is None or _given(self.values[o.when]))
+        always = [o.name for o in self.op.outputs if o.when is None]
+        return names[0] if names == tuple(always) and len(always) == 1 else names
+
+
+@dataclass(eq=False)
+class Op:
+    """A public op, declared once (see the module docstring)."""
+
+    name: str
+    summary: str
+    arguments: tuple[Arg, ...]
+    outputs: tuple[Out, ...]
+    prepare: Callable[[Call, Any], tuple[Any, list]]   # (call, device) -> (PreparedCall, this call's inputs)
+    details: str = ""                                  # the docstring after the Args section
+    reference: Callable | None = None
+    backward: str | None = None                        # the name of the op computing its gradients
+    gradients: dict[str, str] = field(default_factory=dict)   # argument -> the backward's output
+    no_backward: str | None = None                     # why there is none (said when a gradient is asked)
+    wrap: Callable[[Any, Call], Any] | None = None     # the result as the op returns it (e.g. a BlockMask)
+    key: Callable[[dict], tuple] | None = None         # what else the kernels depend on (v aliasing k)
+    takes_device: bool = True
+    on_metal: str | None = None                        # why Metal-resident arrays are refused, if they are
+    calls: SignatureCache = field(default_factory=SignatureCache, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.name in OPS:
+            raise ValueError(f"op {self.name!r} is declared twice")
+        OPS[self.name] = self
+        # The array arguments in signature order (a "lists" argument's arrays by their names).
+        self.array_names = tuple(n for a in self.arguments for n in ((a.name,) if a.kind == "array" else a.names))
+        self.option_names = tuple(a.name for a in self.arguments if a.kind == "option")
+        self._simple = all(a.kind in ("array", "option") for a in self.arguments)
+        self.function = self._function()
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def call(self, values: dict[str, Any]):
+        """A call with every argument by name (defaults filled in)."""
+        device = resolve_device(values.get("device"))
+        arrays, options = self._signature_parts(values)
+        key = signature(arrays, options, device)
+        prepared = self.calls.get(key)
+        if prepared is not None:
+            return prepared(arrays)
+        prepared, inputs = self.prepare(Call(self, values), device)
+        self.calls.put(key, prepared)
+        return prepared.run(inputs)
+
+    def _signature_parts(self, values: dict[str, Any]) -> tuple[tuple, tuple]:
+        """The arrays and options that make a call's signature (and the warm path's arguments)."""
+        if self._simple and self.key is None:
+            return tuple(values[n] for n in self.array_names), tuple(values[n] for n in self.option_names)
+        arrays, options = [], []
+        for a in self.arguments:
+            value = values[a.name]
+            if a.kind == "array":
+                arrays.append(value)
+            elif a.kind == "option":
+                options.append(value)
+            elif a.kind == "arrays":
+                items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+                arrays += items
+                options.append((type(value), len(items)))
+            else:
+                expanded, structure = a.expand(value)
+                arrays += expanded
+                options.append(structure)
+        if self.key is not None:
+            options += self.key(values)
+        return tuple(arrays), tuple(options)
+
+    def numpy_call(self, values: dict[str, Any]):
+        result = self.call(values)
+        return result if self.wrap is None else self.wrap(result, Call(self, values))
+
+    def bound(self, values: dict[str, Any]) -> Call:
+        return Call(self, values)
+
+    # -- the public function ----------------------------------------------------------------
+
+    def parameters(self) -> list[inspect.Parameter]:
+        kinds = {False: inspect.Parameter.POSITIONAL_OR_KEYWORD, True: inspect.Parameter.KEYWORD_ONLY}
+        params = [inspect.Parameter(a.name, kinds[a.keyword], default=a.default) for a in self.arguments]
+        if self.takes_device:
+            params.append(inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default=None))
+        return params
+
+    def docstring(self) -> str:
+        lines = [self.summary, "", "Args:"]
+        for a in self.arguments:
+            text = a.doc.strip().splitlines()
+            lines.append(f"    {a.name}: {text[0]}")
+            lines += [f"        {line.strip()}" for line in text[1:]]
+        if self.takes_device:
+            lines.append('    device: a Device, "cpu", "metal" or None for the default device.')
+        return "\n".join(lines) + ("\n\n" + inspect.cleandoc(self.details) if self.details else "")
+
+    def _function(self) -> Callable:
+        """The public function, written out (so a warm call costs what a hand-written one does):
+        numpy leading arrays go straight to `numpy_call`, other kinds through given_kind."""
+        params = self.parameters()
+        defaults = {f"_default_{p.name}": p.default for p in params if p.default is not REQUIRED}
+        text, star = [], False
+        for p in params:
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and not star:
+                text.append("*")
+                star = True
+            text.append(p.name if p.default is REQUIRED else f"{p.name}=_default_{p.name}")
+        leading = [a for a in self.arguments if a.leading]
+        fast = " and ".join(f"(type({a.name}) is _ndarray" + (f" or _host_quantized({a.name}))" if a.quantized else ")")
+                            for a in leading) or "True"
+        values = "{" + ", ".join(f"'{p.name}': {p.name}" for p in params) + "}"
+        source = (f"def {self.name}({', '.join(text)}):\n"
+                  f"    if {fast}:\n"
+                  f"        return _op.numpy_call({values})\n"
+                  f"    return _given_kind(_op, {values})\n")
+        namespace = {"_op": self, "_ndarray": np.ndarray, "_host_quantized": _host_quantized,
+                     "_given_kind": given_kind.call, **defaults}
+        exec(compile(source, f"<mfa_native.{self.name}>", "exec"), namespace)
+        function = namespace[self.name]
+        function.__doc__ = self.docstring()
+        function.__signature__ = inspect.Signature(params)
+        function.__qualname__ = self.name
+        function.__module__ = "mfa_native"
+        function.declaration = self
+        return function
+
+    @property
+    def backward_op(self) -> Op | None:
+        """The declaration of the op computing this one's gradients (None: it has none)."""
+        return None if self.backward is None else OPS[self.backward]
+
+    @property
+    def leading(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.arguments if a.leading)
+
+    @property
+    def others(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.arguments if a.kind in ("array", "arrays") and not a.leading)
+
+
+def _given(value) -> bool:
+    """Whether an output's `when` argument asks for it: an array given, or a true option."""
+    return value is not None and value is not False
+
+
+def _host_quantized(x) -> bool:
+    """Whether x is a QuantizedTensor of numpy fields (numpy arrays are told apart inline)."""
+    return type(x) is QuantizedTensor and type(x.data) is np.ndarray
+
+
+def release_caches() -> None:
+    """Drops every op's prepared calls and the devices' tuning facts: the core objects they hold.
+    An adapter whose framework keeps the ops alive past interpreter teardown (torch's op
+    registry) calls it at exit, which nanobind would otherwise report as leaks."""
+    for op in OPS.values():
+        op.calls.clear()
+    forget_tuning()
+
+
+def declared(function: Callable) -> Op:
+    """The declaration of a public op function."""
+    return function.declaration

@@ -1,0 +1,124 @@
+"""`mfa_native.sparse_topk`: DeepSeek's lightning indexer and top-k, declared once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import reference
+from ..codegen import physical
+from ..codegen.sparse import topk as codegen_topk
+from ..runtime.devices import Device
+from ..runtime.templates import evaluate
+from . import arguments as check
+from .declaration import Arg, Call, Op, Out
+from .empty import empty_call, filled
+from .warm import Checked, PreparedCall, prepared_call
+
+
+def _arrays(call: Call) -> tuple[Checked, dict[str, int], str]:
+    """Every check of the arguments: the arrays to bind, the sizes B, Hi, R, C, K, Di, the dtype."""
+    layout = check.layout_of(call.layout)
+    q, k = check.as_array(call.q, "q"), check.as_array(call.k, "k")
+    weights = check.as_array(call.weights, "weights")
+    dtype = check.dtype_of(q, "q")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}; q and k must share one dtype")
+    if weights.dtype != np.float32:
+        raise TypeError(f"weights must be float32, got {weights.dtype}")
+    topk = call.topk
+    if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
+        raise TypeError(f"topk must be an int, got {type(topk).__name__}")
+    if topk < 0:
+        raise ValueError(f"topk must not be negative, got {topk}")
+    check.flag(call.causal, "causal")
+    check.flag(call.return_scores, "return_scores")
+    for x, name in ((q, "q"), (k, "k")):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must have 4 dimensions, got shape {x.shape}")
+    B, Hi, R, Di = physical(q.shape, layout)
+    kb, one, C, kd = physical(k.shape, layout)
+    if kb != B or one != 1 or kd != Di:
+        want = "(B, 1, C, Di)" if layout == "bhsd" else "(B, C, 1, Di)"
+        raise ValueError(f"k must have shape {want} with q's B = {B} and Di = {Di}, got {k.shape}")
+    expected = (B, Hi, R) if layout == "bhsd" else (B, R, Hi)
+    if weights.shape != expected:
+        raise ValueError(f"weights must have shape {expected}, got {weights.shape}")
+    sizes = dict(B=B, Hi=Hi, R=R, C=C, K=int(topk), Di=Di)
+    for name, size in (("B (batch)", B), ("Hi (indexer heads)", Hi), ("R (query length)", R),
+                       ("C (key length)", C), ("topk", topk)):
+        if size > check.MAX_INDEX:
+            raise ValueError(f"{name} is {size}; it must be below 2**31")
+
+    def weights_bound(w):
+        return check.normalized(w) if check.usable_in_place(w) else np.ascontiguousarray(w)
+
+    bound = {"q": check.bindable(q), "k": check.bindable(k), "weights": weights_bound(weights)}
+    converts = {"q": check.bindable, "k": check.bindable, "weights": weights_bound}
+    return Checked(bound, converts), sizes, dtype
+
+
+def _candidates(sizes: dict[str, int], causal: bool, layout: str) -> list[np.ndarray]:
+    """With no scores to rank (no indexer head or feature, every score 0) the candidates in key
+    order, padded; with no key, query or slot, nothing but padding."""
+    B, Hi, R, C, K, Di = (sizes[n] for n in ("B", "Hi", "R", "C", "K", "Di"))
+    shape = (B, 1, R, K) if layout == "bhsd" else (B, R, 1, K)
+    indices, scores = filled(shape, np.int32, -1), filled(shape, np.float32, -np.inf)
+    if Hi == 0 or Di == 0:
+        n = np.minimum(np.arange(R) + C - R + 1 if causal else np.full(R, C), C).clip(0)
+        for r in range(R):
+            kept = min(int(n[r]), K)
+            row = (slice(None), 0, r) if layout == "bhsd" else (slice(None), r, 0)
+            indices[row + (slice(0, kept),)] = np.arange(kept, dtype=np.int32)
+            scores[row + (slice(0, kept),)] = 0.0
+    return [indices, scores]
+
+
+def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
+    checked, sizes, dtype = _arrays(call)
+    layout, causal = call.layout, bool(call.causal)
+    finish = tuple if call.return_scores else (lambda outputs: outputs[0])
+    if sizes["B"] * sizes["Hi"] * sizes["R"] * sizes["C"] * sizes["K"] == 0 or sizes["Di"] == 0:
+        return empty_call([], call.op.array_names, checked, lambda inputs: _candidates(sizes, causal, layout),
+                          finish)
+    bound = checked.bound
+    strides = {name: physical(check.element_strides(bound[name]), layout) for name in ("q", "k")}
+    w = check.element_strides(bound["weights"])
+    strides["weights"] = (*(w if layout == "bhsd" else (w[0], w[2], w[1])), 0)
+    descriptor = codegen_topk.describe_topk(dtype=dtype, shape=sizes, strides=strides, layout=layout, causal=causal)
+    description = evaluate(codegen_topk.topk_template(descriptor), {n: sizes[n] for n in ("B", "Hi", "R", "C", "K")})
+    return prepared_call(description, device, checked, call.op.array_names, call.results)
+
+
+SPARSE_TOPK = Op(
+    "sparse_topk",
+    "DeepSeek's lightning indexer and top-k: the keys each query row should attend.",
+    arguments=(
+        Arg("q", "array", leading=True, keyword=False, doc="""
+            (B, Hi, R, Di) indexer queries in "bhsd", (B, R, Hi, Di) in "bshd"; float32,
+            float16 or bfloat16."""),
+        Arg("k", "array", leading=True, keyword=False, doc="""
+            (B, 1, C, Di) ("bshd": (B, C, 1, Di)), q's dtype: one indexer key per token."""),
+        Arg("weights", "array", keyword=False, doc='(B, Hi, R) float32 ("bshd": (B, R, Hi)).'),
+        Arg("topk", "option", keyword=False, doc="how many keys to keep per row (>= 0; more than C pads)."),
+        Arg("causal", "option", default=True, doc="""
+            key c is a candidate for row r iff c <= r + C - R (lower right, as `attention`'s
+            causal=True); False: every key is."""),
+        Arg("layout", "option", default="bhsd", doc='"bhsd" or "bshd".'),
+        Arg("return_scores", "option", default=False,
+            doc="also return the matching float32 scores (-inf at padding)."),
+    ),
+    outputs=(Out("indices", "int32 (B, 1, R, topk)"), Out("topk_scores", "float32", when="return_scores")),
+    prepare=_prepare,
+    reference=reference.sparse_topk_reference,
+    no_backward="sparse_topk selects keys: its integer result has no gradient",
+    details="""
+    score[b, r, c] = sum over indexer heads h of weights[b, h, r] * relu(q[b, h, r] . k[b, 0, c]),
+    computed in float32; the topk candidates of each row by descending score (equal scores:
+    the lower key first), padded with -1 where a row has fewer candidates.
+
+    Returns:
+        indices, int32 (B, 1, R, topk) ("bshd": (B, R, 1, topk)), to pass to
+        `sparse_attention` (broadcast it over the kv heads: np.broadcast_to gives stride 0);
+        with return_scores, (indices, scores).
+    """)
+sparse_topk = SPARSE_TOPK.function
