@@ -11,7 +11,8 @@
 # Runs after scripts/run-tests.sh (CI: .ci/run), with the package installed and
 # the CMake tree in build/. Installs clang-16 and clang-19 from Debian when they
 # are missing and it runs as root; without root it sweeps what is there.
-# PYTHON and BUILD_DIR override the interpreter and the CMake tree.
+# PYTHON and BUILD_DIR override the interpreter and the CMake tree; COMPILERS
+# (names on PATH, space-separated) the compilers to sweep.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -36,7 +37,7 @@ fi
 # Every g++-N (N >= 12) and clang++-N (N >= 16) on PATH, one per real binary.
 compilers=()
 declare -A seen=()
-for name in g++-12 g++-13 g++-14 g++-15 clang++-16 clang++-17 clang++-18 clang++-19 clang++-20 clang++-21; do
+for name in ${COMPILERS:-g++-12 g++-13 g++-14 g++-15 clang++-16 clang++-17 clang++-18 clang++-19 clang++-20 clang++-21}; do
   path=$(command -v "$name" || true)
   [ -n "$path" ] || continue
   real=$(readlink -f "$path")
@@ -60,10 +61,13 @@ kernels=(
   tests/python/test_bounds_check.py::test_an_index_past_a_thread_array_fails
   tests/python/test_attention.py::test_sinks
   tests/python/test_attention_backward.py::test_sinks
-  tests/python/test_sparse.py::test_matches_gather_then_dense
+  "tests/python/test_sparse.py::test_matches_gather_then_dense[H4/2-topk20]"
   tests/python/test_sparse.py::test_the_indexer_feeds_sparse_attention
-  tests/python/test_block_sparse.py::test_forward_matches_the_dense_reference
-  tests/python/test_kernel.py
+  "tests/python/test_block_sparse.py::test_forward_matches_the_dense_reference[(32, 64)-['causal', 'layout', 'mask']]"
+  tests/python/test_kernel.py::test_shuffles_match_a_scalar_reference
+  "tests/python/test_kernel.py::test_staged_gemm_with_ragged_edges[37-45-29]"
+  tests/python/test_kernel.py::test_half_and_bfloat_inputs_and_outputs
+  tests/python/test_kernel.py::test_threadgroup_memory_arguments
 )
 
 for cxx in "${compilers[@]}"; do
