@@ -22,7 +22,10 @@ class Pipeline;
 struct CompileOptions {
   std::string language_version = "3.1";  // Metal: pinned (or the OS's highest if above)
   bool fast_math = false;                 // Metal math mode; kernels call fast:: explicitly
-  bool bounds_check = false;              // cpu backend: check every device-buffer access
+  // cpu backend: check every access to a device buffer, threadgroup array,
+  // [[threadgroup(i)]] block and thread-local array against its exact extent
+  // (MFA_NATIVE_BOUNDS_CHECK=1 turns it on for every library of the cpu device).
+  bool bounds_check = false;
   // cpu backend: "" or "race" (report threadgroup-memory data races as
   // DispatchError). Left empty, the cpu device takes MFA_NATIVE_SANITIZE.
   std::string sanitize;

@@ -87,9 +87,17 @@ std::vector<std::pair<std::string, std::string>> Device::properties() const {
 namespace {
 
 // The options as compiled: the cpu device takes MFA_NATIVE_SANITIZE when the
-// caller names no sanitizer, so that every op of a process can run checked.
+// caller names no sanitizer, and MFA_NATIVE_BOUNDS_CHECK=1 turns bounds checks
+// on, so that every op of a process can run checked.
 CompileOptions effective_options(const CompileOptions& options, DeviceKind kind) {
   CompileOptions effective = options;
+  if (const char* bounds = std::getenv("MFA_NATIVE_BOUNDS_CHECK"); kind == DeviceKind::cpu && bounds != nullptr) {
+    const std::string value = bounds;
+    if (value != "0" && value != "1" && !value.empty()) {
+      throw ArgumentError("MFA_NATIVE_BOUNDS_CHECK must be 1 (check every kernel) or 0, got '" + value + "'");
+    }
+    effective.bounds_check = effective.bounds_check || value == "1";
+  }
   // MFA_NATIVE_SANITIZE=address is mfa_native.Kernel's (it runs kernels in a child process).
   if (const char* requested = std::getenv("MFA_NATIVE_SANITIZE"); kind == DeviceKind::cpu &&
       effective.sanitize.empty() && requested != nullptr && std::string(requested) != "address") {

@@ -273,6 +273,9 @@ DispatchStats Executor::run(const Launch& launch) {
   dispatch.simdgroups_per_threadgroup = static_cast<std::uint32_t>(
       (threads.volume() + mfa_abi::kSimdWidth - 1) / mfa_abi::kSimdWidth);
   dispatch.threadgroup_memory_limit = launch.threadgroup_memory_limit;
+  std::array<std::size_t, mfa_abi::kMaxThreadgroupArgs> threadgroup_arg_sizes{};
+  std::copy(launch.threadgroup_memory.begin(), launch.threadgroup_memory.end(), threadgroup_arg_sizes.begin());
+  dispatch.threadgroup_arg_sizes = threadgroup_arg_sizes.data();
   job.group_launch.dispatch = &dispatch;
   job.group_launch.main = launch.main;
   job.group_launch.stop = &job.stop;

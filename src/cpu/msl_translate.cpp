@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <optional>
 #include <string_view>
 #include <variant>
 
@@ -222,6 +223,7 @@ class Translator {
     rewrite_signature();
     rewrite_buffer_pointer_types();
     rewrite_threadgroup_variables();
+    if (options_.bounds_check) rewrite_thread_arrays();
     rewrite_half_literals();
     rewrite_loop_conditions();
 
@@ -230,7 +232,8 @@ class Translator {
     // Inside namespace metal, unqualified calls find Metal's functions before
     // the C library's: libc++ declares float overloads of exp2, abs, ... in
     // the global namespace, which `using namespace metal;` alone leaves ambiguous.
-    // Bounds checks: buffer_ptr checks every access (mfa_buffer_ptr.h).
+    // Bounds checks: buffer_ptr checks every access (mfa_buffer_ptr.h), and
+    // threadgroup pointers and thread arrays their array's extent (mfa_arrays.h).
     // The race detector: threadgroup pointers record their accesses (mfa_threadgroup_ptr.h).
     const std::string checks = std::string(options_.bounds_check ? "#define MFA_SHIM_BOUNDS_CHECK 1\n" : "") +
                                (options_.race_check ? "#define MFA_SHIM_RACE_CHECK 1\n" : "");
@@ -345,13 +348,13 @@ class Translator {
   // Every pointer type spelled `device T*` or `constant T*` (parameters,
   // locals, casts, helper functions) -> `mfa_shim::buffer_ptr<T>`, which
   // counts traffic (and checks bounds, if enabled) through copies and
-  // arithmetic; with the race detector, `threadgroup T*` likewise ->
-  // `mfa_shim::threadgroup_ptr<T>`. A `const` just before the address space
+  // arithmetic; with the race detector or bounds checks, `threadgroup T*`
+  // likewise -> `mfa_shim::threadgroup_ptr<T>`. A `const` just before the address space
   // belongs to T; `constant` memory is read-only, so its T is const.
   void rewrite_buffer_pointer_types() {
     for (std::size_t i = 0; i < tokens_.size(); ++i) {
       const bool is_constant = tokens_[i].is("constant");
-      const bool is_threadgroup = options_.race_check && tokens_[i].is("threadgroup");
+      const bool is_threadgroup = checks_threadgroup_memory() && tokens_[i].is("threadgroup");
       if (!(is_constant || is_threadgroup || tokens_[i].is("device")) || !translated(i)) continue;
       const std::size_t star = pointer_star(i + 1);
       if (star == 0) continue;
@@ -470,8 +473,168 @@ class Translator {
       if (!tokens_[j].is("[")) fail(line, "cannot read this threadgroup declaration");
     }
     std::string dimensions = name + 1 < span.end ? msl::join_tokens(tokens_, {name + 1, span.end}) : "";
+    const std::string declaration = "threadgroup " + type + " " + std::string(tokens_[name].text) + dimensions;
     return "auto&& " + std::string(tokens_[name].text) + " = mfa_shim::threadgroup_variable<" +
-           type + dimensions + ">();";
+           type + dimensions + ">(" + string_literal(declaration) + ");";
+  }
+
+  // Bounds checks: each thread-local array declared at statement level in a
+  // function body, `[const] [thread] T a[N][M] [= {...}];`, becomes
+  // `struct Tag {...}; [const] mfa_shim::thread_array<mfa_shim::thread_array<T, (M), Tag>, (N), Tag> a
+  // [= {{...}}];` (mfa_arrays.h), where Tag names the declaration. A statement
+  // with several declarators becomes one declaration per declarator. Only
+  // the type, the dimensions and the initializer's braces are edited, so the
+  // initializer's own tokens still get the other rewrites.
+  void rewrite_thread_arrays() {
+    const std::vector<bool> starts = statement_starts_in_functions();
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+      if (starts[i] && translated(i)) i = rewrite_thread_array_declaration(i);
+    }
+  }
+
+  // Tokens that begin a statement in a function body: after `{`, `}`, `;` or
+  // a preprocessor line, in a brace block that is code (a function body, or
+  // a block at statement level in one), outside parentheses and brackets.
+  std::vector<bool> statement_starts_in_functions() const {
+    std::vector<bool> starts(tokens_.size(), false);
+    std::vector<bool> code_blocks;  // one per open `{`: whether it holds statements
+    int brackets = 0;
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+      const Token& token = tokens_[i];
+      const bool in_code = !code_blocks.empty() && code_blocks.back() && brackets == 0;
+      const bool after_statement = i > 0 && (tokens_[i - 1].is("{") || tokens_[i - 1].is("}") ||
+                                             tokens_[i - 1].is(";") || tokens_[i - 1].kind == TokenKind::preprocessor);
+      if (in_code && after_statement && token.kind == TokenKind::identifier) starts[i] = true;
+      if (token.is("(") || token.is("[") || token.is("[[")) {
+        ++brackets;
+      } else if (token.is(")") || token.is("]") || token.is("]]")) {
+        --brackets;
+      } else if (token.is("{")) {
+        const bool body = i > 0 && (tokens_[i - 1].is(")") || (tokens_[i - 1].is("const") && i > 1 && tokens_[i - 2].is(")")));
+        const bool block = in_code && (after_statement || tokens_[i - 1].is("else") || tokens_[i - 1].is("do"));
+        code_blocks.push_back(brackets == 0 && (body || block));
+      } else if (token.is("}") && !code_blocks.empty()) {
+        code_blocks.pop_back();
+      }
+    }
+    return starts;
+  }
+
+  // Rewrites the declaration starting at `begin` if it declares a
+  // thread-local array; returns the index of the last token it looked at.
+  std::size_t rewrite_thread_array_declaration(std::size_t begin) {
+    static constexpr std::string_view kNotTypes[] = {
+        "return", "else", "do", "case", "default", "goto", "throw", "delete", "new", "sizeof", "typedef",
+        "using", "static", "constexpr", "extern", "register", "struct", "class", "union", "enum",
+        "namespace", "template", "typename", "friend", "threadgroup", "device", "constant", "if", "for",
+        "while", "switch", "break", "continue", "static_assert", "operator", "alignas", "auto", "volatile"};
+    std::size_t j = begin;
+    bool is_const = false;
+    for (; j < tokens_.size() && (tokens_[j].is("const") || tokens_[j].is("thread")); ++j) {
+      is_const |= tokens_[j].is("const");
+    }
+    const std::size_t type_begin = j;
+    if (std::find(std::begin(kNotTypes), std::end(kNotTypes), tokens_[type_begin].text) != std::end(kNotTypes)) {
+      return begin;
+    }
+    // The statement's end, and every token of it untouched so far.
+    std::size_t end = begin;
+    for (; end < tokens_.size() && !tokens_[end].is(";"); ++end) {
+      if (tokens_[end].is("}") || !translated(end)) return begin;
+      if (tokens_[end].is("(") || tokens_[end].is("[") || tokens_[end].is("{")) end = msl::find_closing(tokens_, end);
+    }
+    if (end >= tokens_.size()) return begin;
+    // The type: identifiers, `::` and template arguments, up to the first declarator's name.
+    std::size_t k = type_begin;
+    for (int angle = 0; k < end; ++k) {
+      const Token& token = tokens_[k];
+      if (angle > 0) {
+        angle += token.is("<") ? 1 : token.is(">") ? -1 : 0;
+      } else if (token.is("<")) {
+        ++angle;
+      } else if (token.kind != TokenKind::identifier && !token.is("::")) {
+        break;
+      }
+    }
+    if (k <= type_begin + 1 || tokens_[k - 1].kind != TokenKind::identifier ||
+        !(tokens_[k].is("[") || tokens_[k].is(",") || tokens_[k].is("=") || tokens_[k].is(";"))) {
+      return end;
+    }
+    const std::string type = msl::join_tokens(tokens_, {type_begin, k - 1});
+    const std::string qualifiers = is_const ? "const " : "";
+
+    // The declarators, at the commas outside brackets, braces and template arguments.
+    std::vector<TokenSpan> declarators;
+    std::size_t from = k - 1;
+    for (std::size_t d = from; d <= end; ++d) {
+      if (d < end && (tokens_[d].is("(") || tokens_[d].is("[") || tokens_[d].is("{"))) {
+        d = msl::find_closing(tokens_, d);
+      } else if (d == end || tokens_[d].is(",")) {
+        declarators.push_back({from, d});
+        from = d + 1;
+      }
+    }
+    std::vector<std::optional<ArrayDeclarator>> arrays;
+    for (const TokenSpan& span : declarators) arrays.push_back(array_declarator(span));
+    if (std::none_of(arrays.begin(), arrays.end(), [](const auto& a) { return a.has_value(); })) return end;
+
+    for (std::size_t d = 0; d < declarators.size(); ++d) {
+      const TokenSpan& span = declarators[d];
+      const std::size_t name = span.begin;
+      std::string declared_type = qualifiers + type;
+      if (arrays[d]) {
+        const ArrayDeclarator& array = *arrays[d];
+        const std::string tag = "mfa_array_" + std::string(tokens_[name].text);
+        const std::string dimensions = msl::join_tokens(tokens_, {name + 1, array.dimensions.back().end + 1});
+        const std::string declaration = "thread " + qualifiers + type + " " + std::string(tokens_[name].text) +
+                                        dimensions;
+        std::string nested = type;
+        for (std::size_t n = array.dimensions.size(); n-- > 0;) {
+          nested = "mfa_shim::thread_array<" + nested + ", (" + msl::join_tokens(tokens_, array.dimensions[n]) +
+                   "), " + tag + ">";
+        }
+        declared_type = "struct " + tag + " { static const char* declaration() { return " +
+                        string_literal(declaration) + "; } }; " + qualifiers + nested;
+        rewriter_.replace(tokens_, {name + 1, array.dimensions.back().end + 1}, "");
+        if (array.initializer) {
+          const std::size_t open = array.initializer, close = msl::find_closing(tokens_, open);
+          rewriter_.replace(tokens_[open].offset, tokens_[open].offset, "{");
+          rewriter_.replace(tokens_[close].end(), tokens_[close].end(), "}");
+        }
+      }
+      if (d == 0) {
+        if (arrays[d]) rewriter_.replace(tokens_, {begin, name}, declared_type);
+      } else {
+        rewriter_.replace(tokens_, {name - 1, name}, "; " + declared_type);
+      }
+    }
+    return end;
+  }
+
+  struct ArrayDeclarator {
+    std::vector<TokenSpan> dimensions;  // the tokens inside each [ ]
+    std::size_t initializer = 0;        // index of the initializer's `{`, or 0
+  };
+
+  // `name [d1] [d2] ... [= {...}]`: its dimensions and initializer; nothing
+  // for another declarator (a scalar, a pointer, an unknown bound, ...).
+  std::optional<ArrayDeclarator> array_declarator(TokenSpan span) const {
+    if (span.end <= span.begin + 1 || tokens_[span.begin].kind != TokenKind::identifier) return std::nullopt;
+    ArrayDeclarator array;
+    std::size_t j = span.begin + 1;
+    for (; j < span.end && tokens_[j].is("["); j = msl::find_closing(tokens_, j) + 1) {
+      const std::size_t close = msl::find_closing(tokens_, j);
+      if (close == j + 1 || close >= span.end) return std::nullopt;  // `a[]`: unknown bound
+      array.dimensions.push_back({j + 1, close});
+    }
+    if (array.dimensions.empty()) return std::nullopt;
+    if (j == span.end) return array;
+    if (!tokens_[j].is("=") || j + 1 >= span.end || !tokens_[j + 1].is("{") ||
+        msl::find_closing(tokens_, j + 1) != span.end - 1) {
+      return std::nullopt;
+    }
+    array.initializer = j + 1;
+    return array;
   }
 
   // The watchdog: every loop checks in at each iteration, first thing in its
@@ -659,10 +822,27 @@ class Translator {
     const std::string pointer = "static_cast<" + info.type + "*>(" + address + ")";
     if (!info.is_pointer) return "*" + pointer;
     if (info.kind != ArgumentKind::buffer) {
-      return options_.race_check ? "mfa_shim::threadgroup_ptr<" + element_type(info) + ">(" + pointer + ")" : pointer;
+      if (!checks_threadgroup_memory()) return pointer;
+      const std::string declaration = "[[threadgroup(" + index + ")]] threadgroup " + element_type(info) + "* " +
+                                      info.name;
+      return "mfa_shim::threadgroup_argument<" + element_type(info) + ">(" + pointer +
+             ", t->dispatch->threadgroup_arg_sizes[" + index + "], " + string_literal(declaration) + ")";
     }
     return "mfa_shim::buffer_ptr<" + element_type(info) + ">(" + pointer + ", t->dispatch->buffer_sizes[" + index +
            "], " + index + ", traffic[" + index + "])";
+  }
+
+  // Threadgroup memory goes through mfa_shim::threadgroup_ptr in both checking modes.
+  bool checks_threadgroup_memory() const { return options_.race_check || options_.bounds_check; }
+
+  // `text` as a C++ string literal.
+  static std::string string_literal(const std::string& text) {
+    std::string literal = "\"";
+    for (char c : text) {
+      if (c == '"' || c == '\\') literal += '\\';
+      literal += c;
+    }
+    return literal + "\"";
   }
 
   static std::string element_type(const ArgumentInfo& info) {

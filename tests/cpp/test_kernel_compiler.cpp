@@ -42,9 +42,11 @@ const char* kStubShim = R"(#pragma once
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include "mfa_kernel_abi.h"
 #include "mfa_runtime.h"
 #include "mfa_buffer_ptr.h"
@@ -215,8 +217,8 @@ class KernelCompilerTest : public ::testing::Test {
   static std::vector<ShimFile> stub_shim() {
     std::vector<ShimFile> files = {{"metal_stdlib", kStubShim}};
     for (const ShimFile& file : mfa::cpu::embedded_shim_files()) {
-      if (file.name == "mfa_kernel_abi.h" || file.name == "mfa_runtime.h" || file.name == "mfa_buffer_ptr.h" ||
-          file.name == "mfa_threadgroup_ptr.h") {
+      if (file.name == "mfa_kernel_abi.h" || file.name == "mfa_runtime.h" || file.name == "mfa_scalar.h" ||
+          file.name == "mfa_buffer_ptr.h" || file.name == "mfa_arrays.h" || file.name == "mfa_threadgroup_ptr.h") {
         files.push_back(file);
       }
     }

@@ -814,6 +814,180 @@ TEST_F(SimdKernelTest, BoundsCheckingReportsTheAccess) {
   EXPECT_EQ(out[99], 1.0f);
 }
 
+const char* kCasts = R"(#include <metal_stdlib>
+using namespace metal;
+enum class Mode : uint { keep = 0, negate = 1 };
+kernel void casts(device uint* modes [[buffer(0)]], device float* values [[buffer(1)]],
+                  device half* halves [[buffer(2)]], threadgroup float* scratch [[threadgroup(0)]],
+                  uint i [[thread_index_in_threadgroup]]) {
+  scratch[i] = values[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const Mode mode = Mode(modes[i]);
+  halves[i] = half(scratch[i]);
+  values[i] = mode == Mode::negate ? -float(halves[i]) : float(bfloat(scratch[i]));
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  scratch[i] = float(halves[i]) * 2.0f;
+  halves[i] = scratch[i];
+}
+)";
+
+// Explicit casts of a writable element (device memory always; threadgroup
+// memory with the race detector or bounds checks) are static_casts, as in
+// MSL: half(x) of a float element, bfloat(x), E(x) for a scoped enum. They
+// must not depend on std::is_constructible, which is false where only an
+// explicit conversion exists: int to a scoped enum everywhere, and float to
+// _Float16 on g++ >= 13 (C++23's rules for extended floating types), where
+// half(scratch[i]) failed to compile under sanitize="race".
+TEST_F(SimdKernelTest, ExplicitCastsOfWritableElementsCompileInEveryMode) {
+  constexpr std::size_t n = 64;
+  for (const auto& [bounds_check, sanitize] : std::vector<std::pair<bool, std::string>>{
+           {false, ""}, {true, ""}, {false, "race"}, {true, "race"}}) {
+    std::vector<std::uint32_t> modes(n);
+    std::vector<float> values(n);
+    std::vector<_Float16> halves(n, _Float16(NAN));
+    for (std::size_t k = 0; k < n; ++k) {
+      modes[k] = k % 3 == 0;
+      values[k] = float(k) * 0.25f - 8.0f;
+    }
+    const std::vector<float> inputs = values;
+    const std::string message =
+        failure_of(pipeline(kCasts, "casts", bounds_check, sanitize), 1, n, [&](mfa::CommandBatch::DispatchRef& d) {
+          d.host(0, modes.data(), n * 4, true).host(1, values.data(), n * 4, true).host(2, halves.data(), n * 2, true);
+          d.threadgroup_memory(0, n * 4);
+        });
+    ASSERT_EQ(message, "no error") << "bounds_check " << bounds_check << ", sanitize '" << sanitize << "'";
+    for (std::size_t k = 0; k < n; ++k) {
+      EXPECT_EQ(values[k], modes[k] ? -inputs[k] : inputs[k]) << k;
+      EXPECT_EQ(static_cast<float>(halves[k]), 2.0f * inputs[k]) << k;  // exact in half
+    }
+  }
+}
+
+// --- exact array bounds (bounds_check) ----------------------------------------------
+
+const char* kArrays = R"(#include <metal_stdlib>
+using namespace metal;
+kernel void spill(device float* out [[buffer(0)]], constant int& shift [[buffer(1)]],
+                  uint t [[thread_index_in_threadgroup]]) {
+  threadgroup float small[32];
+  threadgroup float after[32];
+  after[t] = 1.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  small[int(t) + shift] = 2.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[t] = after[t];
+}
+kernel void rows(device float* out [[buffer(0)]], constant int& shift [[buffer(1)]],
+                 uint t [[thread_index_in_threadgroup]]) {
+  threadgroup float grid[4][8];
+  grid[t / 8][t % 8] = float(t);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float v = grid[t / 8][t % 8];
+  if (t == 0) v += grid[shift / 8][0];
+  if (t == 0) v += grid[0][shift];
+  out[t] = v;
+}
+float sum3(thread const float* v) { return v[0] + v[1] + v[2]; }
+kernel void local(device float* out [[buffer(0)]], constant int& shift [[buffer(1)]],
+                  uint t [[thread_index_in_threadgroup]]) {
+  float a[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  float b[2][3];
+  for (int k = 0; k < 6; ++k) { b[k / 3][k % 3] = float(k); }
+  out[t] = a[t % 4] + sum3(a) + b[1][2];
+  if (t == 3) out[t] = a[shift];
+  if (t == 4) out[t] = b[0][shift];
+}
+kernel void block(device float* out [[buffer(0)]], constant int& shift [[buffer(1)]],
+                  threadgroup float* tile [[threadgroup(0)]], uint t [[thread_index_in_threadgroup]]) {
+  threadgroup float* p = tile + 8;
+  p[t] = float(t);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  threadgroup const float4* quads = (threadgroup const float4*)tile;
+  out[t] = t != 0 ? p[t] : shift < 1000 ? p[shift] : quads[shift - 1000].x;
+}
+)";
+
+class ArrayBoundsTest : public SimdKernelTest {
+ protected:
+  // Runs `kernel` (32 threads, 64 floats of [[threadgroup(0)]]) with `shift`;
+  // the DispatchError's text from "out-of-bounds", or "no error".
+  std::string run_arrays(const std::string& kernel, int shift, bool bounds_check = true,
+                         const std::string& sanitize = "") {
+    out_.assign(32, NAN);
+    const std::string message = failure_of(pipeline(kArrays, kernel, bounds_check, sanitize), 1, 32,
+                                           [&](mfa::CommandBatch::DispatchRef& d) {
+                                             d.host(0, out_.data(), 128, true).bytes(1, &shift, 4);
+                                             if (kernel == "block") d.threadgroup_memory(0, 64 * 4);
+                                           });
+    const std::size_t at = message.find("out-of-bounds");
+    return at == std::string::npos ? message : message.substr(at);
+  }
+  std::vector<float> out_;
+};
+
+// The issue's case: small[t + 40] lands in `after`, which unchecked is
+// silently overwritten; checked, any index outside small -- just past it,
+// just before it, far away -- names the array, its size, the index and the line.
+TEST_F(ArrayBoundsTest, ThreadgroupArraysAreCheckedNearAndFar) {
+  EXPECT_EQ(run_arrays("spill", 0), "no error");
+  EXPECT_EQ(out_[31], 1.0f);
+  EXPECT_EQ(run_arrays("spill", 40, false), "no error");
+  EXPECT_EQ(out_[8], 2.0f);  // unchecked: `after` was overwritten
+  const std::string past = run_arrays("spill", 40);
+  EXPECT_EQ(past.find("out-of-bounds index "), 0u) << past;
+  EXPECT_NE(past.find(" into threadgroup float small[32] (32 elements) at spill.metal:9"), std::string::npos) << past;
+  const int index = std::atoi(past.c_str() + std::strlen("out-of-bounds index "));
+  EXPECT_GE(index, 40);
+  EXPECT_LE(index, 71);
+  EXPECT_EQ(run_arrays("spill", -1), "out-of-bounds index -1 into threadgroup float small[32] (32 elements) at spill.metal:9");
+  const std::string far = run_arrays("spill", 1 << 20);
+  EXPECT_NE(far.find(" into threadgroup float small[32] (32 elements) at spill.metal:9"), std::string::npos) << far;
+  EXPECT_GE(std::atol(far.c_str() + std::strlen("out-of-bounds index ")), 1 << 20);
+  // With the race detector too.
+  EXPECT_EQ(run_arrays("spill", -1, true, "race"),
+            "out-of-bounds index -1 into threadgroup float small[32] (32 elements) at spill.metal:9");
+}
+
+// Each subscript of a 2-D array is checked against its own dimension.
+TEST_F(ArrayBoundsTest, EveryDimensionOfA2DArrayIsChecked) {
+  EXPECT_EQ(run_arrays("rows", 7), "no error");
+  EXPECT_EQ(out_[0], 7.0f);
+  EXPECT_EQ(out_[31], 31.0f);
+  EXPECT_EQ(run_arrays("rows", 8), "out-of-bounds index 8 into threadgroup float grid[4][8] (8 elements) at rows.metal:20");
+  EXPECT_EQ(run_arrays("rows", 32), "out-of-bounds index 4 into threadgroup float grid[4][8] (4 elements) at rows.metal:19");
+}
+
+// A thread's own arrays: a[8] on float a[4] (which ASan misses when it
+// lands in the thread's other locals), and each dimension of a 2-D one.
+TEST_F(ArrayBoundsTest, ThreadArraysAreChecked) {
+  EXPECT_EQ(run_arrays("local", 2), "no error");
+  EXPECT_EQ(out_[0], 1.0f + 6.0f + 5.0f);
+  EXPECT_EQ(out_[3], 3.0f);
+  EXPECT_EQ(out_[4], 2.0f);
+  EXPECT_EQ(run_arrays("local", 2, false), "no error");
+  EXPECT_EQ(out_[0], 12.0f);
+  EXPECT_EQ(run_arrays("local", 8), "out-of-bounds index 8 into thread float a[4] (4 elements) at local.metal:30");
+  EXPECT_EQ(run_arrays("local", 3), "out-of-bounds index 3 into thread float b[2][3] (3 elements) at local.metal:31");
+  EXPECT_EQ(run_arrays("local", -2), "out-of-bounds index -2 into thread float a[4] (4 elements) at local.metal:30");
+}
+
+// [[threadgroup(i)]] memory is checked against the dispatch's length for it,
+// through pointer arithmetic and casts to wider elements.
+TEST_F(ArrayBoundsTest, ThreadgroupArgumentsAreCheckedAgainstTheirLength) {
+  EXPECT_EQ(run_arrays("block", 55), "no error");
+  EXPECT_TRUE(std::isnan(out_[0]));  // tile[63] was never written: the poison
+
+  EXPECT_EQ(out_[31], 31.0f);
+  EXPECT_EQ(run_arrays("block", 56),
+            "out-of-bounds index 64 into [[threadgroup(0)]] threadgroup float* tile (64 elements) at block.metal:39");
+  EXPECT_EQ(run_arrays("block", -9),
+            "out-of-bounds index -1 into [[threadgroup(0)]] threadgroup float* tile (64 elements) at block.metal:39");
+  EXPECT_EQ(run_arrays("block", 1015), "no error");
+  EXPECT_EQ(run_arrays("block", 1016),
+            "out-of-bounds index 64 into [[threadgroup(0)]] threadgroup float* tile (64 elements) (a 16-byte access "
+            "at byte offset 256 of 256) at block.metal:39");
+}
+
 const char* kEndlessLoops = R"(
 #include <metal_stdlib>
 using namespace metal;

@@ -93,8 +93,8 @@ TEST(Translate, StartsWithTheShimThenKeepsEveryLineInPlace) {
   EXPECT_EQ(lines[7], "                  threadgroup float* scratch  ,");
   EXPECT_EQ(lines[9], "                  ushort lane  ) {");
   EXPECT_EQ(lines[10],
-            "  auto&& tile = mfa_shim::threadgroup_variable<float[32][33]>(); "
-            "auto&& total = mfa_shim::threadgroup_variable<float>();");
+            "  auto&& tile = mfa_shim::threadgroup_variable<float[32][33]>(\"threadgroup float tile[32][33]\"); "
+            "auto&& total = mfa_shim::threadgroup_variable<float>(\"threadgroup float total\");");
   EXPECT_EQ(lines[11], source[11]);  // a threadgroup pointer stays
   EXPECT_EQ(lines[12], "  y[gid.x] = x[gid.x] * p.scale + half(1.5f) + row[0] + total;");
 }
@@ -131,6 +131,66 @@ TEST(Translate, BoundsChecksAreSwitchedOnAndReferencesChecked) {
   std::vector<std::string> lines = metal_lines(unit);
   EXPECT_EQ(lines[4], "static void scale(mfa_shim::buffer_ptr<const float> x  ,");
   EXPECT_TRUE(contains(glue_of(unit), "mfa_glue::check_buffer_holds(t, 2, \"p\", sizeof(Params));"));
+}
+
+// Exact array bounds: under bounds checks every thread-local array of a
+// function body becomes a checked thread_array naming its declaration (only
+// its type, dimensions and initializer braces change, line for line), and
+// threadgroup pointers and [[threadgroup(i)]] blocks become checked
+// threadgroup_ptrs that know their extent.
+TEST(Translate, BoundsChecksWrapEveryThreadAndThreadgroupArray) {
+  const std::string source = R"(#include <metal_stdlib>
+using namespace metal;
+struct Pair { float v[2]; };
+float pick(thread const float* p, uint i) { float w[3] = {1.0h, 2.0f, 3.0f}; return p[i] * w[i]; }
+kernel void k(device float* out [[buffer(0)]], threadgroup float* tile [[threadgroup(0)]],
+              uint i [[thread_index_in_threadgroup]]) {
+  threadgroup float shared[8][9];
+  float a[4], b = 1.0f, c[2][3] = {{1.0f, 2.0f, 3.0f}, {4.0f, 5.0f, 6.0f}};
+  const thread simdgroup_float8x8 tiles[2] = {};
+  float unknown[] = {1.0f};
+  static constexpr float table[2] = {1.0f, 2.0f};
+  a[i] = c[1][i] + pick(a, i);
+  threadgroup float* row = tile + 8;
+  out[i] = a[i] + row[i] + shared[i][0] + unknown[0] + table[0];
+}
+)";
+  TranslateOptions options;
+  options.bounds_check = true;
+  const std::string unit = translate(source, "k", {}, options);
+  const std::vector<std::string> lines = metal_lines(unit);
+  ASSERT_EQ(lines.size(), 15u);
+  EXPECT_EQ(lines[2], source.substr(source.find("struct Pair"), 28));  // members stay
+  EXPECT_EQ(lines[3],
+            "float pick(thread const float* p, uint i) { struct mfa_array_w { static const char* declaration() { "
+            "return \"thread float w[3]\"; } }; mfa_shim::thread_array<float, (3), mfa_array_w> w = "
+            "{{half(1.0f), 2.0f, 3.0f}}; return p[i] * w[i]; }");
+  EXPECT_EQ(lines[4], "static void k(mfa_shim::buffer_ptr<float> out  , mfa_shim::threadgroup_ptr<float> tile  ,");
+  EXPECT_EQ(lines[6],
+            "  auto&& shared = mfa_shim::threadgroup_variable<float[8][9]>(\"threadgroup float shared[8][9]\");");
+  EXPECT_EQ(lines[7],
+            "  struct mfa_array_a { static const char* declaration() { return \"thread float a[4]\"; } }; "
+            "mfa_shim::thread_array<float, (4), mfa_array_a> a; float b = 1.0f; "
+            "struct mfa_array_c { static const char* declaration() { return \"thread float c[2][3]\"; } }; "
+            "mfa_shim::thread_array<mfa_shim::thread_array<float, (3), mfa_array_c>, (2), mfa_array_c> c = "
+            "{{{1.0f, 2.0f, 3.0f}, {4.0f, 5.0f, 6.0f}}};");
+  EXPECT_EQ(lines[8],
+            "  struct mfa_array_tiles { static const char* declaration() { return \"thread const simdgroup_float8x8 "
+            "tiles[2]\"; } }; const mfa_shim::thread_array<simdgroup_float8x8, (2), mfa_array_tiles> tiles = {{}};");
+  // An unknown bound and static arrays stay as they are.
+  EXPECT_EQ(lines[9], "  float unknown[] = {1.0f};");
+  EXPECT_EQ(lines[10], "  static constexpr float table[2] = {1.0f, 2.0f};");
+  EXPECT_EQ(lines[11], "  a[i] = c[1][i] + pick(a, i);");
+  EXPECT_EQ(lines[12], "  mfa_shim::threadgroup_ptr<float> row = tile + 8;");
+  EXPECT_TRUE(contains(glue_of(unit),
+                       "mfa_shim::threadgroup_argument<float>(static_cast<float*>(t->group->threadgroup_args[0]), "
+                       "t->dispatch->threadgroup_arg_sizes[0], \"[[threadgroup(0)]] threadgroup float* tile\")"));
+
+  // Without bounds checks, nothing of it.
+  const std::string plain = translate(source, "k");
+  EXPECT_FALSE(contains(plain, "thread_array<"));
+  EXPECT_FALSE(contains(plain, "threadgroup_argument<"));
+  EXPECT_EQ(metal_lines(plain)[7], "  float a[4], b = 1.0f, c[2][3] = {{1.0f, 2.0f, 3.0f}, {4.0f, 5.0f, 6.0f}};");
 }
 
 TEST(Translate, EveryBufferPointerTypeCountsAndNothingElseChanges) {
@@ -279,9 +339,13 @@ TEST(Translate, ThreadgroupVariablesAnywhereInTheBody) {
 )";
   std::vector<std::string> lines = metal_lines(translate(source, "k"));
   ASSERT_EQ(lines.size(), 11u);
-  EXPECT_EQ(lines[1], "  auto&& tiles = mfa_shim::threadgroup_variable<simdgroup_matrix<float, 8, 8>[2]>();");
-  EXPECT_EQ(lines[3], "    auto&& counter = mfa_shim::threadgroup_variable<atomic_uint>();");
-  EXPECT_EQ(lines[5], "  auto&& spread = mfa_shim::threadgroup_variable<float[4]>();");
+  // Each names its declaration, for the bounds checks' messages.
+  EXPECT_EQ(lines[1],
+            "  auto&& tiles = mfa_shim::threadgroup_variable<simdgroup_matrix<float, 8, 8>[2]>("
+            "\"threadgroup simdgroup_matrix<float, 8, 8> tiles[2]\");");
+  EXPECT_EQ(lines[3],
+            "    auto&& counter = mfa_shim::threadgroup_variable<atomic_uint>(\"threadgroup atomic_uint counter\");");
+  EXPECT_EQ(lines[5], "  auto&& spread = mfa_shim::threadgroup_variable<float[4]>(\"threadgroup float spread[4]\");");
   EXPECT_EQ(lines[6], "");
   EXPECT_EQ(lines[7], "  threadgroup float (*rows)[4] = nullptr;");
   EXPECT_EQ(lines[8], "  threadgroup float* a = nullptr, *b = nullptr;");

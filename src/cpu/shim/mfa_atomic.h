@@ -82,7 +82,9 @@ T& atomic_object(const buffer_ptr<T>& object, atomic_access access) {
 }
 template <class T>
 T& atomic_object(const threadgroup_ptr<T>& object, atomic_access) {
-  return *object.address();  // atomics do not race: not recorded
+  // Atomics do not race: not recorded. Bounds checked like any access.
+  if constexpr (bounds_checked) check_extent(object.extent(), object.address(), sizeof(T), object.site());
+  return *object.address();
 }
 
 // Lets the rest of the group run, then yields the atomic the pointer designates.

@@ -27,6 +27,8 @@
 //   simdgroup_load / simdgroup_store count each lane's two elements.
 #pragma once
 
+#include "mfa_scalar.h"  // is_scalar_v
+
 namespace mfa_shim {
 
 #ifdef MFA_SHIM_BOUNDS_CHECK
@@ -34,6 +36,25 @@ inline constexpr bool bounds_checked = true;
 #else
 inline constexpr bool bounds_checked = false;
 #endif
+
+// Whether `static_cast<U>(T)` is valid: explicit casts in MSL text (half(x),
+// bfloat(x), E(x) for an enum) are static_casts. Not std::is_constructible:
+// that is direct-initialization `U u(t);`, which an explicit-only conversion
+// fails -- float to _Float16 on compilers that apply C++23's rules for
+// extended floating types (g++ >= 13: float has the greater rank), int to a
+// scoped enum on every compiler.
+template <class T, class U, class = void>
+struct static_castable : std::false_type {};
+template <class T, class U>
+struct static_castable<T, U, std::void_t<decltype(static_cast<U>(std::declval<T>()))>> : std::true_type {};
+
+// Whether `element = value` is valid MSL for an element of type T: what
+// converts implicitly in C++, and any scalar to any scalar (MSL converts
+// float to half implicitly; g++ >= 13 does not count that as an implicit
+// conversion, so std::is_convertible says no there).
+template <class U, class T>
+inline constexpr bool msl_assignable_v =
+    std::is_convertible_v<const U&, T> || (is_scalar_v<U> && is_scalar_v<T>);
 
 // One element behind a writable checked pointer (buffer_ptr, and
 // threadgroup_ptr in the race-checking mode; see the rules above). `Pointer`
@@ -47,10 +68,11 @@ class writable_element {
   writable_element(const writable_element&) = default;
 
   operator T() const { return at_.access(0, true, false); }
-  // Explicit casts to other types: float(p[i]) for a bfloat element.
-  template <class U, std::enable_if_t<!std::is_same_v<U, T> && std::is_constructible_v<U, T>, int> = 0>
+  // Explicit casts to other types: float(p[i]) for a bfloat element,
+  // half(p[i]) for a float one (see static_castable).
+  template <class U, std::enable_if_t<!std::is_same_v<U, T> && static_castable<const T&, U>::value, int> = 0>
   explicit operator U() const {
-    return U(T(*this));
+    return static_cast<U>(T(*this));
   }
 
   writable_element& operator=(const writable_element& other) { return *this = T(other); }
@@ -58,9 +80,9 @@ class writable_element {
   writable_element& operator=(const writable_element<Other>& other) {
     return *this = typename Other::element_type(other);
   }
-  template <class U, std::enable_if_t<std::is_convertible_v<const U&, T>, int> = 0>
+  template <class U, std::enable_if_t<msl_assignable_v<U, T>, int> = 0>
   writable_element& operator=(const U& value) {
-    at_.access(0, false, true) = T(value);
+    at_.access(0, false, true) = static_cast<T>(value);
     return *this;
   }
 

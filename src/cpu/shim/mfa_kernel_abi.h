@@ -12,7 +12,8 @@
 
 namespace mfa_abi {
 
-inline constexpr int kVersion = 4;  // 2: Counters::buffers, 3: Runtime::loop_check, 4: race_access
+inline constexpr int kVersion = 5;  // 2: Counters::buffers, 3: Runtime::loop_check, 4: race_access,
+                                    // 5: DispatchContext::threadgroup_arg_sizes
 inline constexpr unsigned kSimdWidth = 32;
 inline constexpr unsigned kSlotBytes = 64;     // the largest operand one lane brings to a collective
 inline constexpr unsigned kMaxBuffers = 31;    // [[buffer(0..30)]], as in Metal
@@ -112,6 +113,7 @@ struct DispatchContext {
   uint32_t threads_per_threadgroup[3];
   uint32_t simdgroups_per_threadgroup;
   size_t threadgroup_memory_limit;  // 32 KiB: dynamic + kernel-scope threadgroup memory together
+  const size_t* threadgroup_arg_sizes;  // [kMaxThreadgroupArgs]: byte length of [[threadgroup(i)]], 0 if none
 };
 
 // Shared by the threads of one threadgroup.
