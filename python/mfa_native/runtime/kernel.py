@@ -71,8 +71,11 @@ class Kernel:
         constants: values of its ``[[function_constant(i)]]`` declarations, keyed
             by name or index.
         device: a Device, ``"cpu"``, ``"metal"`` or None for the default device.
-        bounds_check: cpu backend only: check every device-buffer access and
-            raise ``DispatchError`` on one out of bounds.
+        bounds_check: cpu backend only: check every access to a device buffer, a
+            threadgroup array (and ``[[threadgroup(i)]]`` memory) and a thread-local
+            array, and raise ``DispatchError`` naming the array, its size, the index
+            and the ``.metal`` line of one out of bounds (MFA_NATIVE_BOUNDS_CHECK=1
+            turns it on for every kernel of the process).
         sanitize: cpu backend only: ``"race"`` records every threadgroup-memory
             access and raises ``DispatchError`` naming both lines and threads
             of a data race (two threads, one writing, no
