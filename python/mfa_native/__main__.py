@@ -1,5 +1,8 @@
 """`python -m mfa_native <command>`: each command is a module in mfa_native/cli/."""
 
+# A command module has add_arguments(parser) and run(args), and optionally summary(), its
+# line in --help (else its docstring's first line).
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     for info in sorted(pkgutil.iter_modules(cli.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{cli.__name__}.{info.name}")
         modules[info.name] = module
-        sub = commands.add_parser(info.name, help=(module.__doc__ or "").strip().splitlines()[0])
+        summary = module.summary() if hasattr(module, "summary") else (module.__doc__ or "").strip().splitlines()[0]
+        sub = commands.add_parser(info.name, help=summary)
         module.add_arguments(sub)
     args = parser.parse_args(argv)
     return modules[args.command].run(args)

@@ -1,28 +1,45 @@
-"""Print the MSL generated for a problem: `emit attention --head-dim 64 --causal lower_right ...`."""
+"""Print the MSL generated for a problem: `emit KIND --head-dim 64 ...`, one KIND per pass codegen builds."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Callable, Iterator
 
 from .. import codegen
 from ..codegen import AttentionProblem
-from ..runtime.templates import evaluate
+from ..codegen.attention import merge as codegen_merge
+from ..codegen.int8 import passes as int8_passes
+from ..codegen.sparse import topk as codegen_topk
+from ..codegen.storage import quantize as codegen_quantize
+from ..quant_formats import FORMATS, QuantFormat
+from ..runtime import templates
+from ..runtime.templates import PassTemplate, evaluate
+
+Built = tuple[PassTemplate, dict[str, int]]   # a family's pass template and the problem's own runtime sizes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kernel", choices=["attention"], help="which kernel to generate")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = "kernel families:\n" + "\n".join(f"  {name:<19} {doc}" for name, (_, doc) in KINDS.items())
+    parser.add_argument("kernel", choices=list(KINDS), help="which pass to generate (see above)")
     shape = parser.add_argument_group("problem")
-    shape.add_argument("--head-dim", type=int, required=True, help="D, the q/k head dimension")
+    shape.add_argument("--head-dim", type=int, required=True,
+                       help="D, the q/k head dimension (quantize: x's last axis; sparse-topk: Di)")
     shape.add_argument("--value-dim", type=int, help="Dv, the v head dimension (default: D)")
     shape.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float16")
     shape.add_argument("--layout", choices=["bhsd", "bshd"], default="bhsd")
     shape.add_argument("--batch", type=int, default=1)
-    shape.add_argument("--q-heads", type=int, default=1)
+    shape.add_argument("--q-heads", type=int, default=1,
+                       help="Hq (quantize: x's head axis; sparse-topk: the indexer heads Hi)")
     shape.add_argument("--kv-heads", type=int, help="default: --q-heads")
-    shape.add_argument("--q-len", type=int, default=128, help="R (a runtime value unless --bake-lengths)")
+    shape.add_argument("--q-len", type=int, default=128,
+                       help="R (a runtime value unless --bake-lengths; quantize: x's rows per head)")
     shape.add_argument("--kv-len", type=int, help="C (default: R)")
-    shape.add_argument("--causal", choices=["none", "lower_right", "upper_left"], default="none")
+    shape.add_argument("--causal", choices=["none", "lower_right", "upper_left"], default="none",
+                       help="sparse-topk: lower_right (its only alignment) or none")
     shape.add_argument("--mask", choices=["none", "bool", "additive"], default="none")
     shape.add_argument("--mask-dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                        help="element type of an additive mask")
@@ -30,11 +47,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shape.add_argument("--sinks", action="store_true", help="one extra logit per head")
     shape.add_argument("--lse", action="store_true", help="also store the log-sum-exp")
     shape.add_argument("--scale", type=float, help="default: 1/sqrt(D)")
+    family = parser.add_argument_group("family options")
+    family.add_argument("--topk", type=int, default=64,
+                        help="sparse-attention: entries per key list; sparse-topk: keys kept per row (default 64)")
+    family.add_argument("--qk-scale", choices=["token", "tile"], default="token", help="int8-attention")
+    family.add_argument("--no-smooth-k", action="store_true", help="int8-attention: quantize K without its mean")
+    family.add_argument("--pv", choices=["int8", "float"], default="int8", help="int8-attention")
+    family.add_argument("--format", choices=list(FORMATS), default="affine", help="quantize")
+    family.add_argument("--bits", type=int, help="quantize: affine 2, 3, 4, 5, 6 or 8 (default 8)")
+    family.add_argument("--group-size", type=int, help="quantize: affine 32, 64 or 128 (default 64)")
+    family.add_argument("--parts", type=int, default=2, help="merge: attention parts to merge (default 2)")
     tuning = parser.add_argument_group("kernel")
     tuning.add_argument("--family", choices=codegen.FAMILIES, default=codegen.CPU_FAMILY, help="tile table to use")
-    tuning.add_argument("--bake-lengths", action="store_true", help="sizes as literals instead of a runtime struct")
+    tuning.add_argument("--bake-lengths", action="store_true",
+                        help="sizes as literals instead of a runtime struct (attention families)")
     tuning.add_argument("--parallel-threadgroups", type=int, metavar="N",
-                        help="threadgroups the device runs at once: decode problems that leave it idle "
+                        help="attention: threadgroups the device runs at once: decode problems that leave it idle "
                              "get the split-KV pair of kernels (default: never split)")
     tuning.add_argument("--plan", action="store_true",
                         help="print the pass: each kernel's grid and the buffers it binds, instead of the source")
@@ -44,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --json: evaluate the template for these runtime sizes "
                              "(e.g. B=2,Hq=8,Hkv=2,R=1,C=4096); the problem's own fill the rest")
     tuning.add_argument("--backward", action="store_true",
-                        help="the backward pass's kernels (dQ, then dK/dV) instead of the forward's")
+                        help="attention, sparse-attention: the backward pass's kernels instead of the forward's")
 
 
 def problem_from(args: argparse.Namespace) -> AttentionProblem:
@@ -62,31 +90,135 @@ def problem_from(args: argparse.Namespace) -> AttentionProblem:
         mask=args.mask, mask_dtype=mask_dtype, sinks=args.sinks, scale=args.scale, return_lse=args.lse)
 
 
+def _forward(args: argparse.Namespace, problem: AttentionProblem) -> Built:
+    template = codegen.attention_template(problem, family=args.family, bake_lengths=args.bake_lengths,
+                                          parallel_threadgroups=args.parallel_threadgroups)
+    return template, codegen.call_sizes(problem, args.parallel_threadgroups)
+
+
+def _backward(args: argparse.Namespace, problem: AttentionProblem) -> Built:
+    template = codegen.attention_backward_template(codegen.AttentionBackwardProblem(problem), family=args.family,
+                                                   bake_lengths=args.bake_lengths)
+    return template, codegen.call_sizes(problem)
+
+
+def attention(args: argparse.Namespace) -> Built:
+    return (_backward if args.backward else _forward)(args, problem_from(args))
+
+
+def attention_backward(args: argparse.Namespace) -> Built:
+    return _backward(args, problem_from(args))
+
+
+def sparse_attention(args: argparse.Namespace) -> Built:
+    """Token lists, contiguous (B, Hkv, R, topk) indices, as `sparse_attention` builds them."""
+    problem = problem_from(args)
+    if args.topk < 1:
+        raise ValueError(f"--topk must be positive, got {args.topk}")
+    lists = (problem.batch, problem.kv_heads, problem.q_len, args.topk)
+    problem = replace(problem, keys=codegen.TokenLists(args.topk, codegen.contiguous_strides("bhsd", lists)))
+    return (_backward if args.backward else _forward)(args, problem)
+
+
+def int8_attention(args: argparse.Namespace) -> Built:
+    problem = codegen.Int8Problem(problem_from(args), qk_scale=args.qk_scale, smooth_k=not args.no_smooth_k,
+                                  pv=args.pv)
+    with _evaluated(int8_passes) as seen:
+        int8_passes.int8_attention_pass(problem, family=args.family, bake_lengths=args.bake_lengths)
+    return seen[-1]
+
+
+def quantize(args: argparse.Namespace) -> Built:
+    """x of shape (--batch, --q-heads, --q-len, --head-dim), contiguous, as `quantize` binds it."""
+    f = QuantFormat.of(args.format, args.bits, args.group_size)
+    shape = (args.batch, args.q_heads, args.q_len, args.head_dim)
+    if args.head_dim % f.group_size:
+        raise ValueError(f"--head-dim ({args.head_dim}) must be a multiple of the group size ({f.group_size})")
+    with _evaluated(codegen_quantize) as seen:
+        codegen_quantize.quantize_pass(codegen_quantize.QuantizeDescriptor(args.dtype, f), shape)
+    return seen[-1]
+
+
+def sparse_topk(args: argparse.Namespace) -> Built:
+    """The indexer: q (B, Hi, R, Di), k (B, 1, C, Di), weights (B, Hi, R), contiguous."""
+    if args.causal == "upper_left":
+        raise ValueError("sparse-topk's causal rule is lower_right (c <= r + C - R) or none")
+    if args.topk < 0:
+        raise ValueError(f"--topk must not be negative, got {args.topk}")
+    sizes = dict(B=args.batch, Hi=args.q_heads, R=args.q_len, C=args.kv_len or args.q_len, K=args.topk,
+                 Di=args.head_dim)
+    B, Hi, R, C, Di = (sizes[n] for n in ("B", "Hi", "R", "C", "Di"))
+    q = codegen.contiguous_strides(args.layout, (B, Hi, R, Di))   # logical order, as the op passes them
+    k = codegen.contiguous_strides(args.layout, (B, 1, C, Di))
+    w = (Hi * R, R, 1) if args.layout == "bhsd" else (R * Hi, 1, Hi)   # weights (B, Hi, R) or (B, R, Hi)
+    weights = (*w, 0)
+    descriptor = codegen_topk.describe_topk(dtype=args.dtype, shape=sizes, strides=dict(q=q, k=k, weights=weights),
+                                            layout=args.layout, causal=args.causal != "none")
+    return codegen_topk.topk_template(descriptor), {n: sizes[n] for n in ("B", "Hi", "R", "C", "K")}
+
+
+def merge(args: argparse.Namespace) -> Built:
+    """`merge_attention` of --parts parts of (B, Hq, R, Dv) outputs and their lse."""
+    if args.parts < 1:
+        raise ValueError(f"--parts must be positive, got {args.parts}")
+    descriptor = codegen_merge.describe_merge(dtype=args.dtype, value_dim=args.value_dim or args.head_dim,
+                                              parts=args.parts, layout=args.layout)
+    return codegen_merge.merge_template(descriptor), dict(B=args.batch, Hq=args.q_heads, R=args.q_len)
+
+
+KINDS: dict[str, tuple[Callable[[argparse.Namespace], Built], str]] = {
+    "attention": (attention, "attention's forward pass (the split-KV pair with --parallel-threadgroups)"),
+    "attention-backward": (attention_backward, "attention_backward: the dQ and dK/dV kernels (and dsinks)"),
+    "sparse-attention": (sparse_attention, "sparse_attention over --topk token lists (--backward: its gradients)"),
+    "int8-attention": (int8_attention, "int8_attention: the int8 quantizers and the integer attention kernel"),
+    "quantize": (quantize, "quantize: x (B, Hq, R, D) to --format [--bits --group-size]"),
+    "sparse-topk": (sparse_topk, "sparse_topk: the lightning indexer's scores and the top --topk of each row"),
+    "merge": (merge, "merge_attention of --parts parts"),
+}
+
+
+def summary() -> str:
+    """The command's line in `python -m mfa_native --help`: every kind by name."""
+    return f"Print the MSL (or the pass) generated for a problem: `emit KIND ...`, KIND one of {', '.join(KINDS)}."
+
+
+@contextmanager
+def _evaluated(module) -> Iterator[list[Built]]:
+    """The templates `module`'s pass builder evaluates, with their sizes. int8 attention's and
+    quantize's builders return the evaluated pass only; this sees the template they evaluate,
+    so --json prints a template for every family without a second copy of a builder."""
+    seen: list[Built] = []
+
+    def evaluating(template: PassTemplate, sizes):
+        seen.append((template, dict(sizes)))
+        return templates.evaluate(template, sizes)
+
+    original = module.evaluate
+    module.evaluate = evaluating
+    try:
+        yield seen
+    finally:
+        module.evaluate = original
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        problem = problem_from(args)
-        if args.backward:
-            template = codegen.attention_backward_template(codegen.AttentionBackwardProblem(problem),
-                                                           family=args.family, bake_lengths=args.bake_lengths)
-        else:
-            template = codegen.attention_template(problem, family=args.family, bake_lengths=args.bake_lengths,
-                                                  parallel_threadgroups=args.parallel_threadgroups)
-        sizes = {**codegen.call_sizes(problem, args.parallel_threadgroups), **_sizes(args.sizes)}
-        attention_pass = evaluate(template, sizes)
+        template, sizes = KINDS[args.kernel][0](args)
+        description = evaluate(template, {**sizes, **_sizes(args.sizes)})
     except ValueError as error:
         print(f"emit: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(attention_pass.to_json() if args.sizes else template.to_json())
+        print(description.to_json() if args.sizes else template.to_json())
         return 0
-    for kernel in attention_pass.kernels:
+    for kernel in description.kernels:
         if not args.plan:
             print(kernel.source, end="")
             continue
         groups = ", ".join(map(str, kernel.threadgroups))
         print(f"kernel {kernel.entry}: threadgroups ({groups}), {kernel.threads_per_threadgroup[0]} threads each")
         for index, name in enumerate(kernel.buffers):
-            b = attention_pass.buffer(name)
+            b = description.buffer(name)
             layout = f" strides {b.strides}" if b.strides is not None else ""
             print(f"  [[buffer({index})]] {name}: {b.role} {b.dtype} {b.shape}{layout}")
     return 0
