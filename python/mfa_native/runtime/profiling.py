@@ -14,6 +14,12 @@ class DispatchRecord:
     generated kernels the operand names, e.g. "q", "o"). A field is None where the
     backend cannot count it (traffic: the cpu backend counts it exactly, Metal not).
 
+    bytes_read and bytes_written count accesses, not distinct bytes: each load or store
+    through a device or constant pointer adds the size of its element, so an element read
+    n times counts n times (dense attention's k, read by every simdgroup of every query
+    head, shows as a multiple of k.nbytes). They are the traffic the kernel issues, before
+    any cache, not the size of what it touches.
+
     It keeps the core's DispatchStats and reads its fields when asked, so recording a
     dispatch costs the warm path almost nothing."""
 
@@ -40,10 +46,12 @@ class DispatchRecord:
 
     @property
     def bytes_read(self) -> dict[str, int] | None:
+        """Bytes loaded per pointer argument name, every access counted (not distinct bytes)."""
         return self._stats.bytes_read
 
     @property
     def bytes_written(self) -> dict[str, int] | None:
+        """Bytes stored per pointer argument name, every access counted (not distinct bytes)."""
         return self._stats.bytes_written
 
     def __repr__(self) -> str:
@@ -76,12 +84,14 @@ class Profile:
 
     @property
     def bytes_read(self) -> dict[str, int]:
-        """Device bytes read per argument name, summed over the records that counted them."""
+        """Device bytes read per argument name, summed over the records that counted them;
+        accesses, not distinct bytes (see DispatchRecord)."""
         return _summed(r.bytes_read for r in self.records)
 
     @property
     def bytes_written(self) -> dict[str, int]:
-        """Device bytes written per argument name, summed over the records that counted them."""
+        """Device bytes written per argument name, summed over the records that counted them;
+        accesses, not distinct bytes (see DispatchRecord)."""
         return _summed(r.bytes_written for r in self.records)
 
 
@@ -96,6 +106,7 @@ def profile() -> Iterator[Profile]:
     >>> with mfa_native.profile() as p:
     ...     mfa_native.attention(q, k, v, causal=True)
     >>> p.records[0].simdgroup_matrix_ops
+    >>> p.bytes_read["k"]   # every load of k counted: a multiple of k.nbytes (cpu backend)
     """
     recording = Profile()
     with _lock:
