@@ -1,17 +1,133 @@
-"""Documentation a new user follows (issue "Hardening", part 8): the README's snippets run, the
-files it names exist in a clone, the documented `mfa_native.reference` works after a plain
-`import mfa_native`, and the demo says what its first call spent time on."""
+"""Documentation a new user follows: every fenced python, sh and bash block of README.md and
+docs/*.md runs as written in a fresh interpreter (issue "Reliability", items 6 and 9); the files
+the README names exist in a clone; the documented `mfa_native.reference` works after a plain
+`import mfa_native`; and the demo says what its first call spent time on.
+
+A block that cannot run here carries a marker on the line before its fence:
+`<!-- docs: skip: REASON -->` (the reason is the test's skip message) or
+`<!-- docs: torchrun ARGS -->` (run with `torchrun --standalone ARGS`, e.g. two gloo ranks).
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUN = {"python", "sh", "bash"}            # the fence languages that are run
+TIMEOUT_S = 180                           # per block (each takes seconds; a hang must not stall the suite)
+FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
+INSTALLS = re.compile(r"\b(pip3? install|apt-get|apt install|sudo)\b")   # never run: it changes the machine
+MARKER = re.compile(r"^\s*<!--\s*docs:\s*(?P<kind>skip|torchrun)\b:?\s*(?P<text>.*?)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int                  # of the opening fence, 1-based
+    lang: str
+    code: str
+    marker: tuple[str, str] | None = None   # ("skip", reason) or ("torchrun", arguments)
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def fenced_blocks(path: Path) -> list[Block]:
+    """Every fenced block of a markdown file (indented fences too, inside list items), with the
+    docs marker of the line just before its fence."""
+    lines = path.read_text().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        indent, end = len(fence["indent"]), i + 1
+        while not lines[end].strip().startswith("```"):
+            end += 1
+        code = "\n".join(line[indent:] if line[:indent].strip() == "" else line for line in lines[i + 1:end])
+        marker = MARKER.match(lines[i - 1]) if i else None
+        blocks.append(Block(path, i + 1, fence["lang"], code + "\n",
+                            (marker["kind"], marker["text"]) if marker else None))
+        i = end + 1
+    return blocks
+
+
+BLOCKS = [block for path in DOCS for block in fenced_blocks(path) if block.lang in RUN]
+
+
+def _workspace(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A working directory that looks like a clone (every top-level entry of the repository
+    linked in, so `examples/...` and `scripts/...` resolve, while whatever a block writes lands
+    in tmp_path), and an environment whose `python` is this interpreter."""
+    work, bin_dir = tmp_path / "clone", tmp_path / "bin"
+    work.mkdir()
+    bin_dir.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git",):
+            (work / entry.name).symlink_to(entry)
+    for name in ("python", "python3"):
+        (bin_dir / name).symlink_to(sys.executable)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    return work, env
+
+
+def command(block: Block, script: Path) -> list[str]:
+    """How a block runs: python in a fresh interpreter, shell with bash -e, torchrun blocks as
+    their marker says."""
+    if block.marker and block.marker[0] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", *shlex.split(block.marker[1]),
+                str(script)]
+    if block.lang == "python":
+        return [sys.executable, "-c", block.code]
+    return ["bash", "-e", "-o", "pipefail", "-c", block.code]
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
+def test_the_block_runs_as_written(block: Block, tmp_path):
+    if block.marker and block.marker[0] == "skip":
+        assert block.marker[1], f"{block.where}: a skip marker needs its reason"
+        pytest.skip(f"{block.where}: {block.marker[1]}")
+    assert not INSTALLS.search(block.code), f"{block.where} installs something: mark it <!-- docs: skip: ... -->"
+    assert block.marker is None or block.lang == "python", f"{block.where}: torchrun runs python blocks"
+    work, env = _workspace(tmp_path)
+    script = tmp_path / "block.py"
+    script.write_text(block.code)
+    try:
+        done = subprocess.run(command(block, script), cwd=work, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as timeout:
+        pytest.fail(f"{block.where}: still running after {TIMEOUT_S} s\n{timeout.stdout}\n{timeout.stderr}")
+    assert done.returncode == 0, (f"{block.where} ({block.lang}) exited with {done.returncode}\n"
+                                  f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}")
+
+
+def test_markers_sit_on_run_blocks_and_skips_are_few():
+    """A marker applies to the fence right after it (so none may stand elsewhere), and skipping
+    stays the exception: each skip says why."""
+    for path in DOCS:
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if "docs:" in line and "<!--" in line:
+                assert MARKER.match(line), f"{path.name}:{i + 1}: malformed docs marker {line!r}"
+                fence = FENCE.match(lines[i + 1]) if i + 1 < len(lines) else None
+                assert fence and fence["lang"] in RUN, f"{path.name}:{i + 1}: a docs marker must precede a run block"
+    skipped = [b for b in BLOCKS if b.marker and b.marker[0] == "skip"]
+    installing = [b.where for b in BLOCKS if INSTALLS.search(b.code) and b not in skipped]
+    assert installing == [], "blocks that install must be skipped"
+    assert all(b.marker[1] for b in skipped)
+    assert len(skipped) <= len(BLOCKS) // 4, [b.where for b in skipped]
 
 
 def python_blocks(section: str) -> list[str]:
@@ -49,8 +165,28 @@ def test_the_int8_attention_snippet_runs():
         assert ((out - expected) ** 2).sum() ** 0.5 <= bound * (expected ** 2).sum() ** 0.5, name
 
 
+def test_scripts_the_blocks_run_exist():
+    """Skipped blocks too: `bash some/script.sh` in a block names a script of this repository."""
+    scripts = {(b.where, path) for b in BLOCKS for path in re.findall(r"\bbash\s+([\w./-]+\.sh)\b", b.code)}
+    assert scripts and sorted(s for s in scripts if not (ROOT / s[1]).is_file()) == []
+
+
+def test_commands_the_docs_show_exist():
+    """Every `bench NAME` and `emit KIND` the docs show is one, and the list under "Benchmarks"
+    names every benchmark."""
+    from mfa_native.cli import bench, emit
+
+    text = "\n".join(path.read_text() for path in DOCS)
+    assert set(re.findall(r"python -m mfa_native bench (\w+)", text)) <= set(bench.names())
+    assert set(re.findall(r"python -m mfa_native emit (\w[\w-]*)", text)) <= set(emit.KINDS)
+    section = README[README.index("## Benchmarks\n"):README.index("## Layout\n")]
+    listed = re.findall(r"^python -m mfa_native bench (\w+)", re.findall(r"```bash\n(.*?)```", section, re.S)[0], re.M)
+    assert set(listed) == set(bench.names())
+
+
 def test_files_the_docs_name_exist():
-    named = set(re.findall(r"`((?:docs|scripts|src|include|tests|examples|benchmarks|python)/[\w./-]+)`", README))
+    named = set(re.findall(r"`((?:docs|scripts|src|include|tests|examples|benchmarks|python)/[\w./-]+)`",
+                           "\n".join(path.read_text() for path in DOCS)))
     for path in ROOT.glob("python/mfa_native/**/*.py"):
         named |= set(re.findall(r"\b(docs/[\w.-]+\.md)\b", path.read_text()))
     missing = sorted(p for p in named if not any(ROOT.glob(p.rstrip("/"))))
@@ -71,3 +207,27 @@ def test_demo_tells_compiling_from_a_disk_cache_hit(tmp_path):
     warm = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
     assert "includes compiling 1 kernel" in cold
     assert "kernel loaded from the disk cache" in warm and "compiling" not in warm
+
+
+def test_profile_byte_counts_are_accesses_as_documented():
+    """README, "Profiling": k of 4 KiB shows as 128 KiB read (every simdgroup of every query
+    head reads all of it); the README and profile()'s docstrings say they count accesses."""
+    import numpy as np
+
+    import mfa_native
+    from mfa_native.runtime import profiling
+
+    q = np.random.randn(1, 4, 64, 32).astype(np.float16)
+    k = np.random.randn(1, 1, 64, 32).astype(np.float16)
+    v = np.random.randn(1, 1, 64, 32).astype(np.float16)
+    with mfa_native.profile() as p:
+        mfa_native.attention(q, k, v, device="cpu")
+    (record,) = p.records
+    assert record.bytes_read["k"] == 32 * k.nbytes == 128 * 1024 and p.bytes_read == record.bytes_read
+    assert record.bytes_written == {"q": 0, "k": 0, "v": 0, "o": q.nbytes}
+    section = README[README.index("### Profiling"):README.index("### cpu backend settings")]
+    assert "accesses, not distinct bytes" in section and "128 KiB" in section
+    for documented in (profiling.DispatchRecord, profiling.DispatchRecord.bytes_read,
+                       profiling.DispatchRecord.bytes_written, profiling.Profile.bytes_read,
+                       profiling.Profile.bytes_written):
+        assert "not distinct bytes" in " ".join(documented.__doc__.split()), documented
