@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,7 +27,10 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN = {"python", "sh", "bash"}            # the fence languages that are run
 TIMEOUT_S = 180                           # per block (each takes seconds; a hang must not stall the suite)
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
-INSTALLS = re.compile(r"\b(pip3? install|apt-get|apt install|sudo)\b")   # never run: it changes the machine
+# Never run (they change the machine: packages, the installed mfa_native), marked or not: a
+# block doing any of this must carry a skip marker, and the runner refuses it otherwise.
+INSTALLS = re.compile(r"\b(pip3? install|-m pip\b|apt-get|apt install|sudo|"
+                      r"scripts/(run-tests|check-portable|compiler-sweep|wheel-smoke)\.sh)")
 MARKER = re.compile(r"^\s*<!--\s*docs:\s*(?P<kind>skip|torchrun)\b:?\s*(?P<text>.*?)\s*-->\s*$")
 
 
@@ -104,11 +108,21 @@ def test_the_block_runs_as_written(block: Block, tmp_path):
     work, env = _workspace(tmp_path)
     script = tmp_path / "block.py"
     script.write_text(block.code)
+    # A session of its own, so that a timeout ends the block's whole process tree (torchrun's
+    # ranks, a shell's children), not only its first process.
+    process = subprocess.Popen(command(block, script), cwd=work, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        done = subprocess.run(command(block, script), cwd=work, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired as timeout:
-        pytest.fail(f"{block.where}: still running after {TIMEOUT_S} s\n{timeout.stdout}\n{timeout.stderr}")
+        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{block.where}: still running after {TIMEOUT_S} s\n{stdout[-4000:]}\n{stderr[-4000:]}")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert done.returncode == 0, (f"{block.where} ({block.lang}) exited with {done.returncode}\n"
                                   f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}")
 
