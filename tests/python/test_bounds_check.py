@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mfa_native
+from kernel_sweep import GENERATED_KERNEL_TESTS, run_sweep
 
 # The issue's kernel: small[t + 40] lands in `after`, past ASan's redzone after `small`.
 SPILL = """
@@ -130,27 +128,12 @@ def test_the_environment_checks_every_kernel():
 # ragged lengths, odd head dimensions, int8 and quantized K/V, run again in a
 # process where MFA_NATIVE_BOUNDS_CHECK=1 builds every kernel checked. The
 # first test there proves that the variable takes effect.
-SWEEP = [
-    "tests/python/test_bounds_check.py::test_the_environment_checks_every_kernel",
-    "tests/python/test_attention.py::test_split_kv_decode",
-    "tests/python/test_attention.py::test_sinks",
-    "tests/python/test_attention.py::test_sequence_lengths_including_one_and_ragged",
-    "tests/python/test_attention.py::test_head_dimensions",
-    "tests/python/test_attention_backward.py::test_sinks",
-    "tests/python/test_attention_backward.py::test_decode_shapes",
-    "tests/python/test_block_sparse.py",
-    "tests/python/test_sparse.py",
-    "tests/python/test_kernel.py",
-    "tests/python/test_quantize.py::test_head_tensors",
-    "tests/python/test_int8_attention.py::test_computes_the_emulated_pipeline",
-    "tests/python/test_quantized_attention.py::test_every_format_as_k_and_as_v",
-]
+SWEEP = ["tests/python/test_bounds_check.py::test_the_environment_checks_every_kernel", *GENERATED_KERNEL_TESTS,
+         "tests/python/test_attention.py::test_sequence_lengths_including_one_and_ragged",
+         "tests/python/test_attention.py::test_head_dimensions",
+         "tests/python/test_int8_attention.py::test_computes_the_emulated_pipeline",
+         "tests/python/test_quantized_attention.py::test_every_format_as_k_and_as_v"]
 
 
 def test_every_generated_kernel_runs_clean_with_bounds_checks():
-    root = Path(__file__).resolve().parents[2]
-    environment = dict(os.environ, MFA_NATIVE_BOUNDS_CHECK="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *SWEEP],
-                            cwd=root, env=environment, capture_output=True, text=True, timeout=1200)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+    run_sweep("MFA_NATIVE_BOUNDS_CHECK", "1", SWEEP)

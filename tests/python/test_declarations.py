@@ -164,7 +164,7 @@ def test_the_merge_runs_on_the_device_and_keeps_nan(rng, dtype, poisoned_outputs
     assert relative_l2(lse[keep], expected_lse[keep]) < 1e-6
 
 
-def test_one_empty_path_gives_the_callers_kind(rng):
+def test_one_empty_path_gives_the_callers_kind(rng, poisoned_outputs):
     torch = pytest.importorskip("torch")
     q = torch.randn(1, 2, 0, 16)
     k = torch.randn(1, 2, 5, 16)

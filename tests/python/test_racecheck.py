@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import mfa_native
+from kernel_sweep import GENERATED_KERNEL_TESTS, run_sweep
 from mfa_native.sample_kernels import gemm
 
 REDUCTION = """
@@ -93,23 +91,8 @@ def test_the_environment_checks_every_kernel():
 # quantize),
 # run again in a process where MFA_NATIVE_SANITIZE=race builds every kernel
 # checked. The first test there proves that the variable takes effect.
-SWEEP = [
-    "tests/python/test_racecheck.py::test_the_environment_checks_every_kernel",
-    "tests/python/test_attention.py::test_split_kv_decode",
-    "tests/python/test_attention.py::test_sinks",
-    "tests/python/test_attention_backward.py::test_sinks",
-    "tests/python/test_attention_backward.py::test_decode_shapes",
-    "tests/python/test_block_sparse.py",
-    "tests/python/test_sparse.py",
-    "tests/python/test_kernel.py",
-    "tests/python/test_quantize.py::test_head_tensors",
-]
+SWEEP = ["tests/python/test_racecheck.py::test_the_environment_checks_every_kernel", *GENERATED_KERNEL_TESTS]
 
 
-def test_every_generated_kernel_runs_clean_under_the_race_detector(tmp_path):
-    root = Path(__file__).resolve().parents[2]
-    environment = dict(os.environ, MFA_NATIVE_SANITIZE="race")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *SWEEP],
-                            cwd=root, env=environment, capture_output=True, text=True, timeout=1200)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+def test_every_generated_kernel_runs_clean_under_the_race_detector():
+    run_sweep("MFA_NATIVE_SANITIZE", "race", SWEEP)

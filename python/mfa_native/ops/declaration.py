@@ -90,7 +90,7 @@ class Call:
     def results(self) -> str | tuple[str, ...]:
         """The outputs this call returns: a name when it is the one output always returned,
         else a tuple of names (an output whose `when` argument is None or False is left out)."""
-        names = tuple(o.name for o in self.op.outputs if o.when is None or _given(self.values[o.when]))
+        names = tuple(o.name for o in self.op.outputs if asked(o, self.values))
         always = [o.name for o in self.op.outputs if o.when is None]
         return names[0] if names == tuple(always) and len(always) == 1 else names
 
@@ -232,8 +232,10 @@ class Op:
         return tuple(a.name for a in self.arguments if a.kind in ("array", "arrays") and not a.leading)
 
 
-def _given(value) -> bool:
-    """Whether an output's `when` argument asks for it: an array given, or a true option."""
+def asked(output: Out, values: dict) -> bool:
+    """Whether a call with `values` asks for `output`: it has no `when`, or its `when` argument
+    is an array given or a true option."""
+    value = values.get(output.when) if output.when is not None else True
     return value is not None and value is not False
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.declaration import Op, release_caches
+from ..ops.declaration import Op, asked, release_caches
 from ..runtime.frameworks import _torch_dtype
 
 _REGISTERED: dict[str, Any] = {}
@@ -67,14 +67,14 @@ def custom_op(op: Op):
         results = result if isinstance(result, tuple) else (result,)
         returned = iter(results)
         like = values[op.leading[0]]
-        return tuple(next(returned) if _returned(o, values) else like.new_empty(0, dtype=torch.float32)
+        return tuple(next(returned) if asked(o, values) else like.new_empty(0, dtype=torch.float32)
                      for o in op.outputs)
 
     def fake(*args):
         values = dict(zip(names, args))
         outputs = []
         for o in op.outputs:
-            if not _returned(o, {**values, **{name: True for name in selectors}}):
+            if not asked(o, {**values, **{name: True for name in selectors}}):
                 outputs.append(values[op.leading[0]].new_empty(0, dtype=torch.float32))
                 continue
             shape, dtype = o.fake(values)
@@ -89,10 +89,6 @@ def custom_op(op: Op):
         _register_autograd(op, registered, names)
     _REGISTERED[op.name] = registered
     return registered
-
-
-def _returned(output, values: dict) -> bool:
-    return output.when is None or (values.get(output.when) is not None and values.get(output.when) is not False)
 
 
 def _register_autograd(op: Op, registered, names: list[str]) -> None:
@@ -139,7 +135,7 @@ def torch_function(op: Op):
         bound.apply_defaults()
         values = dict(bound.arguments)
         results = registered(*(converts[n](values[n]) if n in converts else values[n] for n in names))
-        kept = tuple(r for o, r in zip(op.outputs, results) if _returned(o, values))
+        kept = tuple(r for o, r in zip(op.outputs, results) if asked(o, values))
         return kept[0] if len(kept) == 1 and op.outputs[0].when is None and all(
             o.when is not None for o in op.outputs[1:]) else kept
 

@@ -1,0 +1,33 @@
+"""The sweeps that rerun the suite's generated kernels under a cpu-backend check (the race
+detector, exact bounds): which tests make those kernels, and how a sweep runs them in a child
+pytest whose environment turns the check on for every kernel it builds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Tests whose kernels cover the generators: split-KV decode, sinks, backward, block and token
+# lists, the Kernel API, quantized storage.
+GENERATED_KERNEL_TESTS = [
+    "tests/python/test_attention.py::test_split_kv_decode",
+    "tests/python/test_attention.py::test_sinks",
+    "tests/python/test_attention_backward.py::test_sinks",
+    "tests/python/test_attention_backward.py::test_decode_shapes",
+    "tests/python/test_block_sparse.py",
+    "tests/python/test_sparse.py",
+    "tests/python/test_kernel.py",
+    "tests/python/test_quantize.py::test_head_tensors",
+]
+
+
+def run_sweep(variable: str, value: str, tests: list[str]) -> None:
+    """Runs `tests` in a child pytest with `variable`=`value`; every one must pass, none skip."""
+    root = Path(__file__).resolve().parents[2]
+    environment = dict(os.environ, **{variable: value})
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *tests],
+                            cwd=root, env=environment, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
