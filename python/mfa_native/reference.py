@@ -289,8 +289,9 @@ def sparse_attention_backward_reference(q, k, v, dout, indices, *, scale=None, s
 
 
 def sparse_topk_reference(q, k, weights, topk: int, *, causal=True, layout="bhsd", return_scores=False):
-    """The lightning indexer and top-k in float64 scores (numpy argsort): per row the topk
-    candidates by descending score, equal scores by the lower key, padded with -1 (-inf)."""
+    """The lightning indexer and top-k in float64 scores (numpy lexsort): per row the topk
+    candidates by descending score, equal scores by the lower key, NaN above every number
+    (the lower key first among NaNs, as torch.topk), padded with -1 (-inf)."""
     qh, kh = _to_bhsd(q, layout), _to_bhsd(k, layout)
     w = np.asarray(weights, dtype=np.float64)
     w = w if layout == "bhsd" else w.transpose(0, 2, 1)
@@ -302,7 +303,9 @@ def sparse_topk_reference(q, k, weights, topk: int, *, causal=True, layout="bhsd
     for b in range(batch):
         for r in range(q_len):
             n = min(kv_len, max(0, r + kv_len - q_len + 1)) if causal else kv_len
-            order = np.lexsort((np.arange(n), -scores[b, r, :n]))[:topk]
+            row = scores[b, r, :n]
+            nan = np.isnan(row)
+            order = np.lexsort((np.arange(n), -np.where(nan, 0.0, row), ~nan))[:topk]
             indices[b, r, :len(order)] = order
             kept[b, r, :len(order)] = scores[b, r, order]
     shape = (batch, 1, q_len, topk) if layout == "bhsd" else (batch, q_len, 1, topk)

@@ -235,6 +235,24 @@ def test_the_indexer_breaks_ties_by_the_lower_key_and_pads(rng):
     assert (indices[0, 0, 0, 7:] == -1).all() and np.isneginf(scores[0, 0, 0, 7:]).all()  # row 0 has 7 candidates
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_indexer_ranks_nan_first_like_torch_topk(rng, causal):
+    """A NaN score ranks above every number, the lower key first among NaNs: every slot is
+    written (the outputs start poisoned), and the row is a permutation of its candidates."""
+    q = rng.standard_normal((1, 2, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 8, 16)).astype(np.float32)
+    k[0, 0, 5] = np.nan
+    k[0, 0, 2, 3] = np.nan
+    weights = rng.random((1, 2, 4)).astype(np.float32) + 0.5
+    indices, scores = mfa_native.sparse_topk(q, k, weights, 8, causal=causal, return_scores=True)
+    expected, expected_scores = sparse_topk_reference(q, k, weights, 8, causal=causal, return_scores=True)
+    np.testing.assert_array_equal(indices, expected)
+    np.testing.assert_array_equal(np.isnan(scores), np.isnan(expected_scores))
+    if not causal:
+        assert (indices[0, 0, :, :2] == [2, 5]).all()
+        assert all(sorted(row) == list(range(8)) for row in indices[0, 0])
+
+
 def test_the_indexer_feeds_sparse_attention(rng):
     B, Hq, Hkv, R, C, D = 1, 4, 2, 6, 64, 16
     q, k, v = make_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D)

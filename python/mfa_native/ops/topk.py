@@ -114,7 +114,9 @@ SPARSE_TOPK = Op(
     details="""
     score[b, r, c] = sum over indexer heads h of weights[b, h, r] * relu(q[b, h, r] . k[b, 0, c]),
     computed in float32; the topk candidates of each row by descending score (equal scores:
-    the lower key first), padded with -1 where a row has fewer candidates.
+    the lower key first), padded with -1 where a row has fewer candidates. A NaN score ranks
+    above every number, the lower key first among NaNs (torch.topk's rule); NaN in q, k or
+    weights gives NaN scores (relu keeps NaN).
 
     Returns:
         indices, int32 (B, 1, R, topk) ("bshd": (B, R, 1, topk)), to pass to

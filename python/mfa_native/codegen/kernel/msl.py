@@ -49,6 +49,15 @@ def offset(index: str, e: Extent) -> str | None:
     return f"{index} * {extent(e)}"
 
 
+def ranks_before(*, score: str, key: str, other_score: str, other_key: str) -> str:
+    """An MSL bool: (other_score, other_key) comes before (score, key) in descending-score
+    order, torch.topk's: NaN above every number, the lower key first among equal scores and
+    among NaNs. A total order (every pair compares one way), so ranks are a permutation."""
+    nan, other_nan = f"isnan({score})", f"isnan({other_score})"
+    return (f"({other_nan} ? (!{nan} || {other_key} < {key}) : "
+            f"(!{nan} && ({other_score} > {score} || ({other_score} == {score} && {other_key} < {key}))))")
+
+
 def indent(lines: list[str], levels: int = 1) -> list[str]:
     pad = "  " * levels
     return [pad + line if line else line for line in lines]

@@ -6,8 +6,8 @@ rows of its 8x8 tiles (Q of 8 heads times K^T of 8 keys), so every key row is re
 8 heads; the weighted sum over heads is a sum over tile rows (lanes differing in bits 1, 2, 4).
 
 sparse_topk_select: per query row, each candidate key's rank in the order (score
-descending, key ascending) is the number of candidates before it, so every rank is written
-once and the result does not depend on thread timing; ranks below topk are stored, the
+descending, key ascending; NaN above every number, as torch.topk) is the number of
+candidates before it; the order is total, so every rank is written once and the result does not depend on thread timing; ranks below topk are stored, the
 slots past the candidates are padded with -1 (score -inf). With causal, key c is a
 candidate for row r iff c <= r + C - R. (O(C^2) comparisons per row: a first, exact
 version; a sort in threadgroup memory is the faster one.)
@@ -21,7 +21,7 @@ from functools import lru_cache
 from ..kernel import passes
 from ...runtime.templates import PassTemplate
 from ..kernel.layouts import OperandLayout, memory_order, operand_layout, physical
-from ..kernel.msl import BUILTINS_LANE, BUILTINS_THREAD, MSL_TYPES, indent, loop
+from ..kernel.msl import BUILTINS_LANE, BUILTINS_THREAD, MSL_TYPES, indent, loop, ranks_before
 from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import SIZES_OPERAND, Extent, RuntimeSizes
 from ..kernel.source import KernelSource, assemble
@@ -90,7 +90,8 @@ def generate_scores(d: TopkDescriptor) -> KernelSource:
     per_feature += loop(f"int j = 0; j < {KEYS_PER_GROUP // 8}; ++j", per_key_tile)
     per_head_tile += loop(f"ushort i = 0; i < {tiles(d.head_dim)}; ++i", per_feature)
     per_head_tile += loop(f"int j = 0; j < {KEYS_PER_GROUP // 8}; ++j", loop("int e = 0; e < 2; ++e", [
-        "column[j * 2 + e] += weight * max(s_tile[j].thread_elements()[e], 0.0f);  // relu, weighted"]))
+        "const float s = s_tile[j].thread_elements()[e];",
+        "column[j * 2 + e] += weight * (s < 0.0f ? 0.0f : s);  // relu, weighted; NaN stays NaN"]))
     body += ["", "// Scores of 64 keys, 8 indexer heads at a time (heads past Hi weigh 0)."]
     body += loop("uint head_tile = 0; head_tile * 8 < Hi; ++head_tile", per_head_tile, unroll=False)
     body += ["", "// The sum over heads: over the 8 rows of each tile (lanes that differ in bits 1, 2 and 4)."]
@@ -116,7 +117,7 @@ def generate_select(d: TopkDescriptor) -> KernelSource:
             "  uint rank = 0;",
             "  for (uint other = 0; other < candidates; ++other) {",
             "    const float s = row[other];",
-            "    rank += (s > score || (s == score && other < c)) ? 1u : 0u;",
+            f"    rank += {ranks_before(score='score', key='c', other_score='s', other_key='other')} ? 1u : 0u;",
             "  }",
             "  if (rank < K) {",
             f"    indices[{out} + rank] = int(c);",
