@@ -151,18 +151,20 @@ class QuantizedTensor:
 def dequantize_numpy(f: QuantFormat, arrays: dict[str, np.ndarray]) -> np.ndarray:
     """The stored values as float32 (numpy), from the fields of a tensor of format `f`."""
     data = np.ascontiguousarray(arrays["data"])
-    rows = data.shape[:-1]
+    rows, width = data.shape[:-1], data.shape[-1]   # explicit sizes: an empty tensor reshapes too
     if f.affine:
-        bits = np.unpackbits(data.astype("<u4").view(np.uint8).reshape(*rows, -1), axis=-1, bitorder="little")
-        q = (bits.reshape(*rows, -1, f.bits).astype(np.uint32) << np.arange(f.bits, dtype=np.uint32)).sum(-1)
+        bits = np.unpackbits(data.astype("<u4").view(np.uint8).reshape(*rows, width * 4), axis=-1, bitorder="little")
+        q = (bits.reshape(*rows, width * 32 // f.bits, f.bits).astype(np.uint32)
+             << np.arange(f.bits, dtype=np.uint32)).sum(-1)
         scales = arrays["scales"].astype(np.float32).repeat(f.group_size, -1)
         biases = arrays["biases"].astype(np.float32).repeat(f.group_size, -1)
         return scales * q.astype(np.float32) + biases
-    blocks = data.reshape(*rows, -1, f.group_bytes)
+    groups = width // f.group_bytes
+    blocks = data.reshape(*rows, groups, f.group_bytes)
     d = blocks[..., :2].copy().view("<f2").astype(np.float32)
     if f.name == "q8_0":
         q = blocks[..., 2:].view(np.int8).astype(np.float32)
     else:
         packed = blocks[..., 2:]
         q = np.concatenate([packed & 15, packed >> 4], axis=-1).astype(np.float32) - 8.0
-    return (d * q).reshape(*rows, -1)
+    return (d * q).reshape(*rows, groups * f.group_size)

@@ -296,6 +296,14 @@ def test_strided_empty_and_warm_calls(rng, monkeypatch):
     np.testing.assert_array_equal(again.data, first.data)
 
 
+@pytest.mark.parametrize("fmt, bits", [("affine", 3), ("affine", 8), ("q8_0", None), ("q4_0", None)])
+@pytest.mark.parametrize("shape", [(0, 2, 64), (3, 0, 64)])
+def test_an_empty_tensor_dequantizes_to_an_empty_one(fmt, bits, shape):
+    empty = mfa_native.quantize(np.zeros(shape, np.float16), fmt, bits=bits)
+    values = empty.dequantize()
+    assert values.shape == shape and values.dtype == np.float16
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda x: mfa_native.quantize(x, "q5_0"), ValueError, "format must be one of"),
     (lambda x: mfa_native.quantize(x, 4), TypeError, "format must be a str"),
