@@ -56,8 +56,8 @@ def check(q, k, v, **kwargs):
     return out, lse
 
 
-@pytest.mark.parametrize("dtype, layout, heads", itertools.product(
-    DTYPES, ["bhsd", "bshd"], [(2, 2), (4, 2), (3, 1)]))
+@pytest.mark.parametrize("dtype, layout, heads", list(itertools.product(
+    DTYPES, ["bhsd", "bshd"], [(2, 2), (4, 2), (3, 1)])))
 def test_dtypes_layouts_and_gqa(rng, dtype, layout, heads):
     q, k, v = make_inputs(rng, B=2, Hq=heads[0], Hkv=heads[1], D=40, dtype=dtype, layout=layout)
     check(q, k, v, layout=layout)

@@ -69,8 +69,8 @@ def check(rng, q, k, v, **kwargs):
     return grads, lse
 
 
-@pytest.mark.parametrize("dtype, layout, heads", itertools.product(
-    DTYPES, ["bhsd", "bshd"], [(2, 2), (4, 2), (3, 1)]))
+@pytest.mark.parametrize("dtype, layout, heads", list(itertools.product(
+    DTYPES, ["bhsd", "bshd"], [(2, 2), (4, 2), (3, 1)])))
 def test_dtypes_layouts_and_gqa(rng, dtype, layout, heads):
     q, k, v = make_inputs(rng, B=2, Hq=heads[0], Hkv=heads[1], D=40, dtype=dtype, layout=layout)
     check(rng, q, k, v, layout=layout)
