@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -27,5 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     return modules[args.command].run(args)
 
 
+def run_in_a_pipe() -> int:
+    """main(), quiet when the reader of stdout goes away (`python -m mfa_native info | head`):
+    the rest of the output has nowhere to go, and that is not an error worth a traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush at exit fails too
+        return 141  # as a shell reports a command that SIGPIPE stopped (128 + 13)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_in_a_pipe())

@@ -24,3 +24,13 @@ def test_bench_core_prints_its_table():
     out = run_cli("bench", "core", "--size", "40", "--repeats", "1")
     for row in ("fiber context switches", "GEMM 40^3", "cold disk cache", "warm disk cache"):
         assert row in out
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`python -m mfa_native info | head -1`: the pipe closes after one line."""
+    child = subprocess.Popen([sys.executable, "-m", "mfa_native", "info"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, bufsize=1)
+    assert child.stdout.readline().startswith("mfa_native ")
+    child.stdout.close()
+    stderr = child.communicate(timeout=600)[1]
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
