@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -26,6 +27,7 @@ constexpr std::uint64_t kMaxThreadsPerThreadgroup = 1024;
 constexpr std::size_t kThreadgroupArgumentAlignment = 16;
 constexpr double kDefaultNoProgressSeconds = 10;
 constexpr double kDefaultWatchdogSeconds = 10;
+constexpr double kMaxCpuThreads = 1024;  // MFA_NATIVE_CPU_THREADS beyond this is a typo, not a machine
 
 // The value of environment variable `name` if set, which must be a positive
 // number (an integer when `integer`).
@@ -240,9 +242,28 @@ Executor::Executor(unsigned workers) {
 
 Executor::~Executor() = default;
 
+namespace {
+// The worker count MFA_NATIVE_CPU_THREADS asks for (0: unset), checked.
+unsigned workers_from_environment() {
+  const std::optional<double> workers = positive_number_from_environment("MFA_NATIVE_CPU_THREADS", true);
+  if (workers && *workers > kMaxCpuThreads) {
+    throw ArgumentError("MFA_NATIVE_CPU_THREADS must be at most " + std::to_string(static_cast<int>(kMaxCpuThreads)) +
+                        ", got '" + std::getenv("MFA_NATIVE_CPU_THREADS") + "'");
+  }
+  return static_cast<unsigned>(workers.value_or(0));
+}
+}  // namespace
+
 Executor& Executor::shared() {
-  static Executor executor(static_cast<unsigned>(
-      positive_number_from_environment("MFA_NATIVE_CPU_THREADS", true).value_or(0)));
+  static Executor executor = [] {
+    const unsigned workers = workers_from_environment();
+    try {
+      return Executor(workers);
+    } catch (const std::system_error& error) {
+      throw ArgumentError("could not start the cpu backend's " + std::to_string(workers) +
+                          " worker threads (MFA_NATIVE_CPU_THREADS): " + error.what());
+    }
+  }();
   return executor;
 }
 

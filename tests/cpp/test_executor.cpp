@@ -772,6 +772,8 @@ TEST(ExecutorDeathTest, SharedExecutorTakesItsSizeFromTheEnvironment) {
   EXPECT_EXIT(shared_workers_exit_code("3"), testing::ExitedWithCode(3), "");
   EXPECT_EXIT(shared_workers_exit_code("many"), testing::ExitedWithCode(100),
               "MFA_NATIVE_CPU_THREADS must be a positive integer, got 'many'");
+  EXPECT_EXIT(shared_workers_exit_code("100000"), testing::ExitedWithCode(100),
+              "MFA_NATIVE_CPU_THREADS must be at most 1024, got '100000'");
 }
 
 // Thread 0 of each group waits (without yielding) until both groups run at
