@@ -6,11 +6,19 @@ runtime/frameworks.py) and its outputs allocated by that framework, and returns 
 in, numpy out; torch in, torch out; MLX in, MLX out. Torch MPS tensors run on the metal
 device, bound in place. A call with numpy leading arrays goes to the op directly (the
 declared function checks that inline: declaration.py).
+
+A framework must see the call to differentiate it, or it takes the outputs for constants
+and gives the inputs zero gradients. So a call on MLX arrays runs through the op's MLX
+custom function (mlx.py: its vjp, or an error if the op has none), and a call on torch
+tensors that require grad (with grad enabled) through its torch custom op (torch/library.py);
+inside those, the op runs as below.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from ..quantized import QuantizedTensor
 from ..runtime import runner
@@ -28,6 +36,8 @@ def call(op, values: dict[str, Any]):
     framework = kinds.pop() if kinds else None
     if framework is None:
         return op.numpy_call(values)
+    if not getattr(_adapter, "inside", False) and _differentiated(framework, values, leading + op.others):
+        return _through_adapter(op, framework, values)
     framework_call = FrameworkCall(framework, like=_items(values[leading[0]])[0])
     values = dict(values)
     if framework_call.on_metal:
@@ -51,6 +61,42 @@ def call(op, values: dict[str, Any]):
         result = op.call(values)
     result = framework_call.natives(result)
     return result if op.wrap is None else op.wrap(result, op.bound(values))
+
+
+_adapter = threading.local()  # .inside: this thread runs an op inside its framework adapter
+
+
+@contextmanager
+def inside_adapter() -> Iterator[None]:
+    """The block runs an op for its framework adapter: call it directly, not through the adapter."""
+    outer = getattr(_adapter, "inside", False)
+    _adapter.inside = True
+    try:
+        yield
+    finally:
+        _adapter.inside = outer
+
+
+def _differentiated(framework, values: dict[str, Any], names) -> bool:
+    """Whether the framework may differentiate this call: always for MLX (a transform gives no
+    sign of itself), for torch when grad is enabled and an argument requires it."""
+    if framework.name == "mlx":
+        return True
+    import torch
+
+    return torch.is_grad_enabled() and any(
+        getattr(_stored(x), "requires_grad", False) for name in names for x in _items(values.get(name)))
+
+
+def _through_adapter(op, framework, values: dict[str, Any]):
+    """The call, through the op's differentiable form in `framework`."""
+    if framework.name == "mlx":
+        from ..mlx import mlx_call
+
+        return mlx_call(op, values)
+    from ..torch.library import torch_call
+
+    return torch_call(op, values)
 
 
 def _items(value) -> list:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..ops.declaration import Op, asked, release_caches
+from ..ops.given_kind import inside_adapter
 from ..runtime.frameworks import _torch_dtype
 
 _REGISTERED: dict[str, Any] = {}
@@ -63,7 +64,8 @@ def custom_op(op: Op):
 
     def implementation(*args):
         values = dict(zip(names, args), **{name: True for name in selectors})
-        result = op.function(**values)
+        with inside_adapter():
+            result = op.function(**values)
         results = result if isinstance(result, tuple) else (result,)
         returned = iter(results)
         like = values[op.leading[0]]
@@ -87,6 +89,8 @@ def custom_op(op: Op):
     registered.register_fake(fake)
     if op.backward is not None:
         _register_autograd(op, registered, names)
+    else:
+        registered.register_autograd(_no_gradient(op), setup_context=lambda ctx, inputs, output: None)
     _REGISTERED[op.name] = registered
     return registered
 
@@ -125,19 +129,12 @@ def torch_function(op: Op):
     """`op` for torch tensors through its custom op: autograd and torch.compile, torch allocates
     the outputs; the same arguments (less `device`: CPU tensors run on the default device,
     MPS tensors on the metal device) and results as the op."""
-    registered = custom_op(op)
-    names = [name for name, _ in schema_arguments(op)]
-    converts = {a.name: a.to_schema for a in op.arguments if a.to_schema is not None}
     signature = inspect.Signature([p for p in op.parameters() if p.name != "device"])
 
     def function(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        values = dict(bound.arguments)
-        results = registered(*(converts[n](values[n]) if n in converts else values[n] for n in names))
-        kept = tuple(r for o, r in zip(op.outputs, results) if asked(o, values))
-        return kept[0] if len(kept) == 1 and op.outputs[0].when is None and all(
-            o.when is not None for o in op.outputs[1:]) else kept
+        return torch_call(op, dict(bound.arguments))
 
     function.__name__ = function.__qualname__ = op.name
     function.__signature__ = signature
@@ -146,3 +143,35 @@ def torch_function(op: Op):
                         "(fullgraph), and torch allocates the outputs.\n\nArguments and results are "
                         f"`mfa_native.{op.name}`'s, without `device`.")
     return function
+
+
+def torch_call(op: Op, values: dict):
+    """A call of `op` (every argument by name; `device` is the tensors') through its custom op."""
+    try:
+        registered = custom_op(op)
+    except NotImplementedError as error:
+        raise NotImplementedError(f"{op.name} has no torch autograd yet ({error}); call it under torch.no_grad() "
+                                  "or on detached tensors") from None
+    kinds = dict(schema_arguments(op))
+    converts = {a.name: a.to_schema for a in op.arguments if a.to_schema is not None}
+    like = values[op.leading[0]]
+
+    def argument(name: str):
+        value = values[name]
+        if name in converts:
+            return converts[name](value)
+        if kinds[name].startswith("Tensor") and isinstance(value, np.ndarray):   # numpy beside q's tensors
+            return torch.from_numpy(np.ascontiguousarray(value)).to(like.device)
+        return value
+
+    results = registered(*(argument(n) for n in kinds))
+    kept = tuple(r for o, r in zip(op.outputs, results) if asked(o, values))
+    return kept[0] if len(kept) == 1 and op.outputs[0].when is None and all(
+        o.when is not None for o in op.outputs[1:]) else kept
+
+
+def _no_gradient(op: Op):
+    """The autograd formula of an op without a backward: an error, never a zero gradient."""
+    def gradient(ctx, *grads):
+        raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
+    return gradient
