@@ -56,6 +56,7 @@ BAD_ARGUMENTS = [
     (dict(scale="0.1"), TypeError, ["scale", "str"]),
     (dict(scale=True), TypeError, ["scale"]),
     (dict(scale=float("nan")), ValueError, ["scale", "finite"]),
+    (dict(scale=1e300), ValueError, ["scale", "float32"]),     # scale * log2(e) overflows float32
     (dict(return_lse="yes"), TypeError, ["return_lse"]),
     (dict(device="gpu"), ValueError, ["device", "gpu"]),
     (dict(device=3), TypeError, ["device"]),

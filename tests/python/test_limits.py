@@ -35,6 +35,12 @@ def test_key_lengths_the_kernels_cannot_index_are_refused(keys):
         mfa_native.attention(huge((1, 1, 4, 16)), huge((1, 1, keys, 16)), huge((1, 1, keys, 16)))
 
 
+def test_sparse_lists_wider_than_the_kernels_can_index_are_refused(rng):
+    q, k, v = make_inputs(rng, R=4, C=8, D=16)
+    with pytest.raises(ValueError, match="indices has topk = 2147483648"):  # before a 32 GiB copy of it
+        mfa_native.sparse_attention(q, k, v, huge((1, 2, 4, 2**31), np.int32))
+
+
 def test_windows_wider_than_the_problem_are_unbounded(rng):
     q, k, v = make_inputs(rng, R=20, C=33, D=16)
     for window in ((2**31, 0), (2**40, 2**33), (5, 2**31 + 7)):

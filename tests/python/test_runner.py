@@ -3,6 +3,7 @@ description as a value that replays, and warm calls that keep every check."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -96,6 +97,80 @@ def test_the_description_round_trips_through_json_and_replays(rng):
     expected = mfa_native.attention_backward(q, k, v, o, lse, do, causal="upper_left", sinks=sinks)
     for name, grad in zip(("dq", "dk", "dv", "dsinks"), expected):
         np.testing.assert_array_equal(outputs[name], grad)
+
+
+# PreparedPass.run checks its inputs against the description: a decode pass built for 64 keys.
+DECODE = codegen.AttentionProblem(1, 4, 2, 1, 64, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def decode_pass() -> PreparedPass:
+    return PreparedPass(codegen.attention_pass(DECODE), mfa_native.default_device())
+
+
+def test_run_on_the_arrays_the_pass_was_built_for_matches_the_reference(rng, decode_pass):
+    q, k, v = make_inputs(rng, Hq=4, Hkv=2, R=1, C=64, D=16)
+    q_strided = np.lib.stride_tricks.as_strided(q, strides=(7, q.strides[1], 3, q.strides[3]))  # extent-1 axes
+    for inputs in ([q, k, v], (q_strided, k, v)):
+        (out,) = decode_pass.run(inputs)
+        assert relative_l2(out, attention_reference(q, k, v)) < 1e-5
+
+
+def wrong_inputs(rng) -> dict[str, tuple[list, type, str]]:
+    """Inputs the decode pass was not built for -> (inputs, the error, what its message says)."""
+    q, k, v = make_inputs(rng, Hq=4, Hkv=2, R=1, C=64, D=16)
+    wide = np.zeros((1, 2, 64, 32), np.float32)
+    return {
+        "fewer keys": ([q, k[:, :, :16], v[:, :, :16]], ValueError,
+                       r"input 'k' has shape \(1, 2, 16, 16\); this pass was built for \(1, 2, 64, 16\)"),
+        "float16": ([q.astype(np.float16), k, v], ValueError, "input 'q' has dtype float16; .* float32"),
+        "float64": ([q, k, v.astype(np.float64)], ValueError, "input 'v' has dtype float64"),
+        "a strided view": ([q, k, wide[..., ::2]], ValueError, r"input 'v' has strides \(4096, 2048, 32, 2\)"),
+        "another axis order": ([q, k.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3), v], ValueError,
+                               r"input 'k' has strides .*\(0, 1024, 16, 1\)"),
+        "a negative stride": ([q, k[:, :, ::-1], v], ValueError, "input 'k' has strides"),
+        "one more axis": ([q[None], k, v], ValueError, "input 'q' has shape"),
+        "too few": ([q, k], ValueError, r"takes 3 inputs \(q, k, v\), got 2"),
+        "too many": ([q, k, v, v], ValueError, "takes 3 inputs"),
+        "a list": ([q, k.tolist(), v], TypeError, "input 'k' is a list, not a numpy array"),
+        "a memoryview": ([q, k, memoryview(v)], TypeError, "input 'v' is a memoryview"),
+        "None": ([None, k, v], TypeError, "input 'q' is a NoneType"),
+        "one array": (q, TypeError, "inputs must be a list or tuple"),
+    }
+
+
+@pytest.mark.parametrize("case", list(wrong_inputs(np.random.default_rng(0))))
+def test_run_refuses_what_the_pass_was_not_built_for_naming_the_input(rng, decode_pass, case):
+    inputs, error, message = wrong_inputs(rng)[case]
+    with pytest.raises(error, match=message):
+        decode_pass.run(inputs)
+
+
+def test_run_refuses_a_torch_tensor_naming_its_device(rng, decode_pass):
+    torch = pytest.importorskip("torch")
+    q, k, v = make_inputs(rng, Hq=4, Hkv=2, R=1, C=64, D=16)
+    with pytest.raises(TypeError, match="input 'k' is a torch array on cpu; .* call the op"):
+        decode_pass.run([q, torch.from_numpy(k), v])
+
+
+def test_run_refuses_an_input_smaller_than_the_bytes_the_pass_reads(rng):
+    description = codegen.attention_pass(DECODE)
+    k = description.buffer("k")
+    buffers = tuple(dataclasses.replace(b, nbytes=2 * b.nbytes) if b is k else b for b in description.buffers)
+    prepared = PreparedPass(dataclasses.replace(description, buffers=buffers), mfa_native.default_device())
+    with pytest.raises(ValueError, match=f"input 'k' spans {k.nbytes} bytes .*; this pass reads {2 * k.nbytes}"):
+        prepared.run(list(make_inputs(rng, Hq=4, Hkv=2, R=1, C=64, D=16)))
+
+
+def test_the_ops_run_their_passes_unchecked(rng, monkeypatch):
+    """The ops built their inputs from the description: cold and warm calls skip run's checks."""
+    def refuse(*_):
+        raise AssertionError("an op checked its pass's inputs")
+
+    monkeypatch.setattr(runner, "check_inputs", refuse)
+    q, k, v = make_inputs(rng, R=5, C=9, D=16)
+    for _ in range(2):
+        assert relative_l2(mfa_native.attention(q, k, v), attention_reference(q, k, v)) < 1e-5
 
 
 def test_a_warm_call_gives_the_bits_of_a_cold_one_and_converts_what_it_must(rng):

@@ -16,6 +16,7 @@ from ..runtime.arrays import FLOAT_DTYPES
 _CAUSAL = {False: "none", True: "lower_right", "none": "none", "lower_right": "lower_right",
            "upper_left": "upper_left"}
 MAX_INDEX = 2**31 - 1   # sizes, positions and window sides the kernels hold in (signed) 32-bit integers
+MAX_SCALE = float(np.finfo(np.float32).max / np.log2(np.e))  # the kernels scale logits by scale * log2(e), float32
 
 
 def layout_of(layout) -> str:
@@ -31,6 +32,9 @@ def scale_value(scale) -> float | None:
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
     if not np.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
+    if abs(scale) > MAX_SCALE:
+        raise ValueError(f"scale is {scale}; the kernels take scale * log2(e) in float32, so |scale| must be "
+                         f"at most {MAX_SCALE:.4g}")
     return float(scale)
 
 

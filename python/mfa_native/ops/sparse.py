@@ -112,6 +112,9 @@ def _indices(indices, shape: tuple[int, int, int], layout: str) -> np.ndarray:
     full[head_axis] = kv_heads if indices.shape[head_axis] == 1 else indices.shape[head_axis]
     if tuple(full[:3]) != expected:
         raise ValueError(f"indices must have shape {axes} = {(*expected, 'topk')}, got {indices.shape}")
+    if indices.shape[3] > check.MAX_INDEX:
+        raise ValueError(f"indices has topk = {indices.shape[3]} entries per row; the kernels index it with "
+                         "32-bit integers, so it must be below 2**31")
     return check.bindable(np.broadcast_to(indices, tuple(full)))
 
 

@@ -91,8 +91,9 @@ class PreparedCall:
         return self.run([arguments[i] if convert is None else convert(arguments[i]) for i, convert in self.picks])
 
     def run(self, inputs: list[np.ndarray]):
-        """Runs the pass on its inputs (in `input_names` order) and finishes the result."""
-        return self.finish(self.pass_.run(inputs))
+        """Runs the pass on its inputs (in `input_names` order, built from the description by
+        the op's checks or a warm call's picks, so not checked again) and finishes the result."""
+        return self.finish(self.pass_.run_unchecked(inputs))
 
 
 class SignatureCache:

@@ -2,10 +2,13 @@
 
 `PreparedPass(description, device)` compiles the kernels once (the core's caches
 make a second preparation cheap) and resolves every binding into the core's
-PreparedPass. `run(inputs)` then allocates the outputs, and the core takes the
-intermediates from the device pool and encodes the whole pass into one command
-batch: one commit, one wait, dependent dispatches ordered by the core.
-Intermediates never exist as host arrays.
+PreparedPass. `run(inputs)` then checks the inputs against their declarations
+(an array the kernels were not built for would be read out of bounds), allocates
+the outputs, and the core takes the intermediates from the device pool and
+encodes the whole pass into one command batch: one commit, one wait, dependent
+dispatches ordered by the core. Intermediates never exist as host arrays.
+`run_unchecked(inputs)` skips the checks, for callers that built the inputs from
+the description themselves (the ops' warm path).
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from typing import Iterator, Protocol, Sequence
 import numpy as np
 
 from .. import _core
-from . import profiling
+from . import frameworks, profiling
 from .arrays import DTYPES
 from .devices import Device
-from .passes import PassDescription
+from .passes import BufferDecl, PassDescription
 
 _allocate = np.empty  # outputs; tests poison them by replacing this
 _caller = threading.local()  # .arrays: the CallerArrays of the enclosing `caller_arrays` block
@@ -68,6 +71,7 @@ class PreparedPass:
         inputs, outputs = description.inputs, description.outputs
         self.input_names = tuple(b.name for b in inputs)
         self.output_names = tuple(b.name for b in outputs)
+        self._inputs = inputs
         self._outputs = tuple((b.shape, DTYPES[b.dtype]) for b in outputs)
         slots = {b.name: ("array", i) for i, b in enumerate(inputs + outputs)}
         intermediates = description.of_role("intermediate")
@@ -86,7 +90,17 @@ class PreparedPass:
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Runs the pass on `inputs` (numpy arrays in `input_names` order, laid out as the
-        description declares them) and returns the outputs in `output_names` order."""
+        description declares them) and returns the outputs in `output_names` order.
+
+        Raises TypeError (not a list of numpy arrays) or ValueError (wrong count, dtype,
+        shape or strides, or too small for the bytes the kernels read), naming the input."""
+        check_inputs(self._inputs, inputs)
+        return self.run_unchecked(inputs)
+
+    def run_unchecked(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """`run` without checking the inputs, for callers that built them from the description
+        (an input the kernels were not built for is read out of bounds). Only their count is
+        checked, by the core."""
         caller = getattr(_caller, "arrays", None)
         if caller is None:
             outputs = [_allocate(shape, dtype) for shape, dtype in self._outputs]
@@ -98,3 +112,53 @@ class PreparedPass:
             for s in stats:
                 profiling.record(s)
         return outputs
+
+
+def check_inputs(decls: Sequence[BufferDecl], inputs: Sequence) -> None:
+    """Raises unless `inputs` are numpy arrays laid out as `decls` (a pass's inputs) declare:
+    TypeError for what is not a list or tuple of numpy arrays, ValueError for a wrong count,
+    dtype, shape or strides, or an array that does not cover the bytes the kernels read."""
+    names = ", ".join(d.name for d in decls)
+    if not isinstance(inputs, (list, tuple)):
+        raise TypeError(f"PreparedPass.run: inputs must be a list or tuple of numpy arrays ({names}), "
+                        f"got {type(inputs).__name__}")
+    if len(inputs) != len(decls):
+        raise ValueError(f"PreparedPass.run: this pass takes {len(decls)} inputs ({names}), got {len(inputs)}")
+    for decl, x in zip(decls, inputs):
+        _check_input(decl, x)
+
+
+def _check_input(decl: BufferDecl, x) -> None:
+    """Raises unless x is a numpy array with `decl`'s dtype, shape and strides (any stride on an
+    axis of extent 1) that covers `decl.nbytes` from its first element."""
+    where = f"PreparedPass.run: input {decl.name!r}"
+    if not isinstance(x, np.ndarray):
+        raise _not_numpy(where, x)
+    if x.dtype != DTYPES[decl.dtype]:
+        raise ValueError(f"{where} has dtype {x.dtype}; this pass was built for {decl.dtype}")
+    if x.shape != decl.shape:
+        raise ValueError(f"{where} has shape {x.shape}; this pass was built for {decl.shape}")
+    if 0 in x.shape:
+        return
+    itemsize = x.itemsize
+    if any(n != 1 and s != e * itemsize for n, s, e in zip(x.shape, x.strides, decl.strides)):
+        strides = tuple(s // itemsize if s % itemsize == 0 else s / itemsize for s in x.strides)
+        raise ValueError(f"{where} has strides {strides} (elements); this pass was built for {decl.strides} "
+                         "(any stride on an axis of extent 1)")
+    span = itemsize + sum((n - 1) * s for n, s in zip(x.shape, x.strides) if n > 1)
+    if span < decl.nbytes:
+        raise ValueError(f"{where} spans {span} bytes from its first element; this pass reads {decl.nbytes}")
+
+
+def _not_numpy(where: str, x) -> TypeError:
+    """The error for an input that is not a numpy array: a framework's array (named, with its
+    device) is read through the ops, which view it or bind its device memory."""
+    framework = frameworks.framework_of(x)
+    if framework is None:
+        module = type(x).__module__
+        kind = type(x).__qualname__ if module == "builtins" else f"{module}.{type(x).__qualname__}"
+        return TypeError(f"{where} is a {kind}, not a numpy array")
+    device = getattr(x, "device", None)
+    on = "" if device is None else f" on {device}"
+    return TypeError(f"{where} is a {framework.name} array{on}; PreparedPass.run reads numpy arrays: view it "
+                     f"as one, or call the op, which takes {framework.name} arrays")
