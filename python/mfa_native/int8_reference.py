@@ -7,13 +7,21 @@ means over the keys in float64, and values less their mean (K with smooth_k, V w
 pv="int8") exact. It returns what the quantizer kernels store,
 by the same names and logical shapes (scales one per row, a tile's rows sharing one).
 
+K's and V's statistics (means, scales) cover the attended keys only: those some query row
+of some query head of the (batch, kv head) may see under causal, window and mask
+(`attended_keys`, from `mfa_native.reference.masked_logits`). A key no query attends counts
+as 0 (its integers are 0; a token scale of such a row is 0), and with none attended the
+means are 0. With a rule that may remove keys (causal upper left, a window, a mask) the
+flags are returned too, as `k_attended`.
+
 `int8_attention_emulation` runs the rest of the pipeline on those integers: the products in
 int64, everything else in float64:
 
 - logits = scale * (q_int . k_int * q_scale * k_scale + q . mean(k)) (+ additive mask),
-  the last term with smooth_k (the float q, the mean over all C keys), so the logits are
-  the unshifted ones;
-- pv="float": the softmax of those logits (sinks in the denominator) times v;
+  the last term with smooth_k (the float q, the mean over the attended keys), so the logits
+  are the unshifted ones;
+- pv="float": the softmax of those logits (sinks in the denominator) times v, v's rows of
+  keys no query attends 0;
 - pv="int8": per aligned block of 64 keys, P_int = rint(127 * exp(logit - block max)) over
   the allowed keys (0 elsewhere); the denominator is sum over blocks of exp(block max - M)
   * sum(P_int) / 127 plus exp(sink - M), M the row's maximum (sink included); the output
@@ -28,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import masked_logits
+from .reference import CAUSAL_MODES, masked_logits
 
 INT8_MAX = 127
 P_BLOCK = 64
@@ -41,9 +49,10 @@ def _bhsd32(x, layout: str) -> np.ndarray:
     return x if layout == "bhsd" else x.transpose(0, 2, 1, 3)
 
 
-def column_mean(x: np.ndarray) -> np.ndarray:
-    """(..., C, d) float32 -> (..., d): the mean over the keys, in float64."""
-    return x.astype(np.float64).mean(axis=-2)
+def column_mean(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """(..., C, d) float32, the keys no query attends 0, and the attended keys' counts (..., 1)
+    -> (..., d): the mean over the attended keys, in float64 (0 when there is none)."""
+    return x.astype(np.float64).sum(axis=-2) / np.maximum(counts, 1)
 
 
 def centered(x: np.ndarray, mean: np.ndarray) -> np.ndarray:
@@ -81,26 +90,48 @@ def quantize_rows(x: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
     return values, scale[..., 0]
 
 
-def int8_quantized_reference(q, k, v, *, layout="bhsd", qk_scale="token", smooth_k=True, pv="int8"
-                             ) -> dict[str, np.ndarray]:
+def attended_keys(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], causal=False, window=None, mask=None
+                  ) -> np.ndarray:
+    """(B, Hkv, C) bool, logical shapes (B, Hq, R, D) and (B, Hkv, C, D): whether some row of
+    some query head of the kv head may see the key (its logit is not -inf under the rules)."""
+    B, Hq, R, _ = q_shape
+    Hkv, C = kv_shape[1], kv_shape[2]
+    with np.errstate(invalid="ignore"):
+        seen = ~np.isneginf(masked_logits(np.zeros((B, Hq, R, C)), causal, window, mask))
+    return seen.reshape(B, Hkv, Hq // Hkv, R, C).any(axis=(2, 3))
+
+
+def _kept(x: np.ndarray, attended: np.ndarray) -> np.ndarray:
+    """x (B, H, C, d) with the rows of keys no query attends 0."""
+    return np.where(attended[..., None], x, 0)
+
+
+def int8_quantized_reference(q, k, v, *, causal=False, mask=None, window=None, layout="bhsd", qk_scale="token",
+                             smooth_k=True, pv="int8") -> dict[str, np.ndarray]:
     """What the quantizer kernels store (see the module docstring), by buffer name."""
     qf, kf, vf = (_bhsd32(x, layout) for x in (q, k, v))
     q_rows, k_rows = TILE_ROWS[qk_scale]
+    attended = attended_keys(qf.shape, kf.shape, causal, window, mask)
+    counts = attended.sum(axis=-1)[..., None]
     out: dict[str, np.ndarray] = {}
+    if CAUSAL_MODES[causal] == "upper_left" or window is not None or mask is not None:   # rules that may remove keys
+        out["k_attended"] = attended.astype(np.int8)
+    kf = _kept(kf, attended)
     if smooth_k:
-        k_mean = column_mean(kf)
+        k_mean = column_mean(kf, counts)
         out["k_mean"] = k_mean.astype(np.float32)
         out["k_mean_low"] = (k_mean - out["k_mean"]).astype(np.float32)
-        kf = centered(kf, k_mean)
+        kf = _kept(centered(kf, k_mean), attended)
         ratio = qf.shape[1] // kf.shape[1]
         mean = np.repeat(out["k_mean"], ratio, axis=1).astype(np.float64)
         out["q_shift"] = np.einsum("bhrd,bhd->bhr", qf.astype(np.float64), mean)
     out["k_int8"], out["k_scale"] = quantize_rows(kf, k_rows)
     out["q_int8"], out["q_scale"] = quantize_rows(qf, q_rows)
     if pv == "int8":
-        v_mean = column_mean(vf)
+        vf = _kept(vf, attended)
+        v_mean = column_mean(vf, counts)
         out["v_mean"] = v_mean.astype(np.float32)
-        v_centered = centered(vf, v_mean)
+        v_centered = _kept(centered(vf, v_mean), attended)
         values, scale = quantize(v_centered, absolute(v_centered).max(axis=-2, keepdims=True))
         out["v_int8"], out["v_scale"] = values, scale[..., 0, :]
     return out
@@ -109,7 +140,8 @@ def int8_quantized_reference(q, k, v, *, layout="bhsd", qk_scale="token", smooth
 def int8_attention_emulation(q, k, v, *, scale=None, causal=False, mask=None, window=None, sinks=None,
                              layout="bhsd", return_lse=False, qk_scale="token", smooth_k=True, pv="int8"):
     """int8 attention's output (float64, laid out like q) and with return_lse its lse."""
-    x = int8_quantized_reference(q, k, v, layout=layout, qk_scale=qk_scale, smooth_k=smooth_k, pv=pv)
+    x = int8_quantized_reference(q, k, v, causal=causal, mask=mask, window=window, layout=layout,
+                                 qk_scale=qk_scale, smooth_k=smooth_k, pv=pv)
     B, Hq, R, D = x["q_int8"].shape
     C = x["k_int8"].shape[2]
     ratio = Hq // x["k_int8"].shape[1]
@@ -132,7 +164,9 @@ def int8_attention_emulation(q, k, v, *, scale=None, causal=False, mask=None, wi
             shift = np.where(np.isneginf(M), 0.0, M)
             weights = np.exp(logits - shift[..., None])
             keys = weights.sum(axis=-1)
-            numerator = np.einsum("bhrc,bhcd->bhrd", weights, per_q_head(_bhsd32(v, layout)).astype(np.float64))
+            attended = attended_keys(x["q_int8"].shape, x["k_int8"].shape, causal, window, mask)
+            values = _kept(_bhsd32(v, layout), attended)
+            numerator = np.einsum("bhrc,bhcd->bhrd", weights, per_q_head(values).astype(np.float64))
         else:
             blocks = -(-C // P_BLOCK)
             padded = np.full(logits.shape[:-1] + (blocks * P_BLOCK,), -np.inf)

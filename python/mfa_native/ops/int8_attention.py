@@ -26,12 +26,13 @@ QK_SCALE = Arg("qk_scale", "option", default="token", doc="""
     "tile": one per 16 query rows and per 64 key rows, aligned from row 0 of each (batch,
     head); K is quantized per kv head.""")
 SMOOTH_K = Arg("smooth_k", "option", default=True, doc="""
-    quantize K minus its mean over all C keys (per batch, kv head and channel). The results
-    are those of the unshifted logits: each row's shift scale * q . mean(k) (float q) is
-    added back before the softmax, so lse and the sinks are those of the unshifted logits.""")
+    quantize K minus its mean over the attended keys (per batch, kv head and channel; see
+    "Statistics" below). The results are those of the unshifted logits: each row's shift
+    scale * q . mean(k) (float q) is added back before the softmax, so lse and the sinks are
+    those of the unshifted logits.""")
 PV = Arg("pv", "option", default="int8", doc="""
-    "int8": V minus its per-channel mean over the keys is int8 with one scale per channel
-    (the mean comes back with the real keys' probability mass, not the sink's); P is
+    "int8": V minus its per-channel mean over the attended keys is int8 with one scale per
+    channel (the mean comes back with the real keys' probability mass, not the sink's); P is
     quantized to integers 0..127 (round(127 * p / block max)) per aligned block of 64 keys
     (keys 0-63, 64-127, ...), against the row's maximum over the allowed keys of the block
     (additive mask included), and the denominator is summed from the quantized P. "float": V
@@ -95,9 +96,19 @@ INT8_ATTENTION = Op(
     2**24 in magnitude (D * 127**2 for Q K^T, 64 * 127**2 for P V per block), so float32
     accumulation on simdgroup matrices is exact (codegen refuses D beyond 1040).
 
-    NaN: a NaN reaches everything its scale (and, with smooth_k or pv="int8", its mean)
-    covers: with qk_scale="token" its row; with "tile" its tile's rows; with smooth_k
-    every row of its (batch, kv head); with pv="int8" its output channel for every row.
+    Statistics: K's mean (smooth_k), V's mean and the scales of K's and V's rows and
+    channels are taken over the attended keys only: those at least one query row of the
+    (batch, kv head) may attend, under causal (either alignment), the window and the mask
+    (a key is attended when some row of some query head of the kv head, as the mask
+    broadcasts, has True, or an additive value that is not -inf). A key no query attends
+    (a padded cache slot every row masks) is stored as integers 0: its values, even 1e4 or
+    NaN, move no statistic and reach no output. A (batch, kv head) with no attended key
+    gives what a fully masked row gives: output 0, lse -inf (or the sink).
+
+    NaN: a NaN in q or in an attended key reaches everything its scale (and, with smooth_k
+    or pv="int8", its mean) covers: with qk_scale="token" its row; with "tile" its tile's
+    rows; with smooth_k every row of its (batch, kv head); with pv="int8" its output channel
+    for every row.
 
     No backward: train with `attention_backward` on the float inputs, the output and the
     lse this op returns (return_lse=True).
@@ -109,7 +120,7 @@ int8_attention = INT8_ATTENTION.function
 
 
 def _prepare_quantizers(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
-    checked, options = _checked(call)
+    checked, options = _checked(call, causal=call.causal, mask=call.mask, window=call.window)
     p = checked.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         raise ValueError("int8_quantized needs non-empty q, k and v")
@@ -123,14 +134,15 @@ def _prepare_quantizers(call: Call, device: Device) -> tuple[PreparedCall, list[
 INT8_QUANTIZED = Op(
     "int8_quantized",
     "What int8_attention's quantizer kernels store for q, k, v, by buffer name.",
-    arguments=(Q, FLOAT_K, FLOAT_V, LAYOUT, QK_SCALE, SMOOTH_K, PV),
+    arguments=(Q, FLOAT_K, FLOAT_V, CAUSAL, MASK, WINDOW, LAYOUT, QK_SCALE, SMOOTH_K, PV),
     outputs=tuple(Out(name, "") for name in ("q_int8", "q_scale", "k_int8", "k_scale")),
     prepare=_prepare_quantizers,
     reference=int8_quantized_reference,
     no_backward="the int8 quantizers have no gradient",
     details="""
     codegen/int8/operands.py names them: q_int8, q_scale, k_int8, k_scale, with smooth_k
-    k_mean and q_shift, with pv="int8" v_int8, v_scale, v_mean; C-contiguous in logical
-    (batch, head, sequence, feature) order. For checking the quantizers.
+    k_mean and q_shift, with pv="int8" v_int8, v_scale, v_mean, with a masking rule (causal,
+    mask, window) k_attended; C-contiguous in logical (batch, head, sequence, feature) order.
+    For checking the quantizers.
     """)
 int8_quantized = INT8_QUANTIZED.function

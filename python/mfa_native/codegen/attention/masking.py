@@ -2,7 +2,7 @@
 
 `MaskRules` are the facts the kernels bake (causal, window, mask). From them: the visible
 range of the other sequence (`key_range`, `query_range`), the allowed test of one pair
-(`allowed_terms`), and the additive mask in the log2 domain (`bias`), which also skips
+(`allowed_terms`, `mask_allows`), and the additive mask in the log2 domain (`bias`), which also skips
 blocks a mask removes.
 """
 
@@ -110,6 +110,12 @@ def allowed_terms(rules: MaskRules, query: str, key: str, bound: str) -> list[st
     return terms
 
 
+def mask_allows(rules: MaskRules, value: str) -> str:
+    """The condition under which a mask `value` leaves its key: a True bool, or an additive
+    value above MASKED_BELOW (a NaN leaves it, to show)."""
+    return f"{value} != 0" if rules.mask == "bool" else f"!(float({value}) <= {MASKED_BELOW})"
+
+
 def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[str], mask_at: str | None
          ) -> list[str]:
     """s[j * 2 + e] = the additive term (log2 domain) of the lane's element (position
@@ -121,10 +127,8 @@ def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[
     value = "0.0f"
     if rules.mask != "none":
         body.append(f"const {MSL_TYPES[rules.mask_dtype]} mask_value = {mask_at};")
-        if rules.mask == "bool":
-            body.append("allowed = allowed && mask_value != 0;")
-        else:
-            body.append(f"allowed = allowed && !(float(mask_value) <= {MASKED_BELOW});  // NaN stays, to show")
+        body.append(f"allowed = allowed && {mask_allows(rules, 'mask_value')};")
+        if rules.mask == "additive":
             value = "float(mask_value) * LOG2E"
     body.append(f"s[j * 2 + e] = allowed ? {value} : MASKED;")
     lines = ["// Which of the lane's (query, key) pairs are allowed, and the additive mask (log2 domain).",
@@ -153,6 +157,11 @@ def mask_key_pointer(rules: MaskRules) -> str:
     return f"device const {MSL_TYPES[rules.mask_dtype]}* mask_key = mask + ({' + '.join(terms) or '0'});"
 
 
+def mask_of_query(rules: MaskRules, query: str) -> str:
+    """The mask value of `query` (a row below R) for the key of `mask_key`."""
+    return f"mask_key[{offset(f'ulong({query})', rules.mask_layout.strides[2]) or '0'}]"
+
+
 def bias_over_keys(rules: MaskRules, count: int, end: str = "key_end") -> list[str]:
     """`bias` for a query row per lane and the keys kb.. (before `end`) as elements (forward,
     dQ). Reads row, kb, `end`, mask_row."""
@@ -167,5 +176,5 @@ def bias_over_queries(rules: MaskRules, count: int, end: str = "query_end") -> l
     Reads key_row, qb, `end`, mask_key."""
     at = None
     if rules.mask != "none":
-        at = f"mask_key[{offset('ulong(min(query, int(R) - 1))', rules.mask_layout.strides[2]) or '0'}]"
+        at = mask_of_query(rules, "min(query, int(R) - 1)")
     return bias(rules, count, "query", "qb", allowed_terms(rules, "query", "int(key_row)", f"query < {end}"), at)

@@ -39,6 +39,7 @@ from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.tiles import HeadTensor, Positions, accumulate, block_loop, head_pointer, tiles, zeroed
 from . import operands as int8_operands
+from .attended import flag_operands, key_flags, limits_keys
 from .problem import Int8Descriptor
 from .products import INT8_MAX, INT8_TILE, P_BLOCK, int8_products
 
@@ -56,7 +57,8 @@ def launch_plan(x: Int8Descriptor) -> LaunchPlan:
     d = x.attention
     queries = ("q_int8", "q_scale") + (("q_shift",) if x.smooth_k else ())
     values = ("v_int8", "v_scale", "v_mean") if x.pv == "int8" else ()
-    ops = (int8_operands.reads(x, *queries, "k_int8", "k_scale", *values)
+    flags = flag_operands(x) if x.pv == "float" else []
+    ops = (int8_operands.reads(x, *queries, "k_int8", "k_scale", *values) + flags
            + operands.reads(d, *(("v",) if x.pv == "float" else ()), "mask")
            + Normalized.results(d) + operands.sizes(d))
     grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Normalized.grid_z))
@@ -81,6 +83,7 @@ def _geometry(x: Int8Descriptor) -> list[str]:
     if x.smooth_k:
         lines.append(f"const float row_shift = q_shift[{row_index('row_read')}];  // q . mean(k)")
     lines.append("device const float* key_scales = k_scale + (ulong(b) * Hkv + h_kv) * C;")
+    lines += key_flags(x, "h_kv") if x.pv == "float" else []
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
     return lines
@@ -128,12 +131,14 @@ def _shift(x: Int8Descriptor, sign: str) -> list[str]:
 
 
 def _float_values(x: Int8Descriptor, end: str) -> list[str]:
-    """pv="float": the dense kernel's online softmax and O += P V."""
+    """pv="float": the dense kernel's online softmax and O += P V, V's rows of keys no query
+    attends read as 0 (their P is 0, and a NaN there must not make 0 * NaN)."""
     d = x.attention
     lines = online_softmax(d, KEY_TILES) + ["", "// O += P V."]
+    kept = "key_attended" if limits_keys(x) else None
     return lines + accumulate("o_tile", weights="p_tile", count=KEY_TILES, rhs=HeadTensor.of("v", d.v, d.value_dim),
                               rhs_tile="v_tile", rhs_comment="rows are keys, columns are value dims", position="key",
-                              first="kb", positions=Positions(end))
+                              first="kb", positions=Positions(end, kept=kept))
 
 
 def _int8_values(x: Int8Descriptor, end: str) -> list[str]:

@@ -20,12 +20,13 @@ _CATALOG = {
     "q_scale": ("float", ("B", "Hq", "R"), "each query row's scale (the rows of a tile share it)"),
     "q_shift": ("float", ("B", "Hq", "R"), "q . mean(k): smooth_k's shift of the row's logits, before the scale"),
     "k_int8": ("char", ("B", "Hkv", "C", "D"), "k (minus its mean with smooth_k) as int8"),
+    "k_attended": ("char", ("B", "Hkv", "C"), "1 when some query may attend the key, else 0 (attended.py)"),
     "k_scale": ("float", ("B", "Hkv", "C"), "each key row's scale (the rows of a tile share it)"),
-    "k_mean": ("float", ("B", "Hkv", "D"), "mean of k over the keys, per channel (float32)"),
+    "k_mean": ("float", ("B", "Hkv", "D"), "mean of k over the attended keys, per channel (float32)"),
     "k_mean_low": ("float", ("B", "Hkv", "D"), "the mean less k_mean: with it, k's mean to float64's precision"),
     "v_int8": ("char", ("B", "Hkv", "C", "Dv"), "v minus its mean, as int8"),
     "v_scale": ("float", ("B", "Hkv", "Dv"), "v's scale per channel"),
-    "v_mean": ("float", ("B", "Hkv", "Dv"), "mean of v over the keys, per channel"),
+    "v_mean": ("float", ("B", "Hkv", "Dv"), "mean of v over the attended keys, per channel"),
 }
 
 NAMES = tuple(_CATALOG)

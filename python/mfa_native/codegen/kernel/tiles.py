@@ -67,10 +67,12 @@ class Positions:
     """The sequence positions a tile loads: `first + offset` clamped below `end` (a visited
     range), or, with `listed`, the entries `listed[slot]` of a token list (slots clamped
     below `end`, the list's count). A listed position outside 0..C-1 loads 0: it is skipped
-    and never read."""
+    and never read. With `kept`, an array of one flag per position, a position whose flag
+    is 0 loads 0 (its values, even NaN, reach no product)."""
 
     end: str
     listed: str | None = None
+    kept: str | None = None
 
     def declare(self, name: str, slot: str) -> list[str]:
         """Defines `name` (the position of `slot`) and, for listed positions, `name`_valid."""
@@ -82,7 +84,9 @@ class Positions:
                 f"const uint {name} = {name}_valid ? uint({name}_listed) : 0u;"]
 
     def valid(self, name: str) -> str | None:
-        return None if self.listed is None else f"{name}_valid"
+        """The condition under which position `name` loads its values (None: always)."""
+        terms = ([f"{name}_valid"] if self.listed else []) + ([f"{self.kept}[{name}] != 0"] if self.kept else [])
+        return " && ".join(terms) or None
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,8 @@ class HeadTensor:
             lines += positions.declare(f"{position}{e}", f"{first} + int(tc) + {e}")
         for e in (0, 1):
             value = f"float({self.pointer}[{index(f'{position}{e}', self.row_stride, 'dim')}])"
-            conditions = (["dim < " + str(self.width)] if self.width % 8 else []) + \
-                ([positions.valid(f"{position}{e}")] if positions.listed else [])
+            valid = positions.valid(f"{position}{e}")
+            conditions = (["dim < " + str(self.width)] if self.width % 8 else []) + ([valid] if valid else [])
             if conditions:
                 value = f"{' && '.join(conditions)} ? {value} : 0.0f"
             lines.append(f"{target}.thread_elements()[{e}] = {value};")
