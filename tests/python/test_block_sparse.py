@@ -308,3 +308,36 @@ def test_bytes_read_follow_the_listed_blocks(rng):
         assert record.bytes_written["o"] == R * Dv * 4
         read.append(record.bytes_read["k"])
     assert read[1] == 2 * read[0]
+
+
+def test_from_mask_refuses_sizes_the_kernels_cannot_address():
+    with bad("R, C, B, H"):
+        BlockMask.from_mask(R=2**31 - 1, C=2**31 - 1, causal=True)
+    with bad("R, C, B, H"):
+        BlockMask.from_mask(R=2**20, C=2**20, B=4, block_size=64)
+    with bad("R must be in 0..2\\*\\*31 - 1"):
+        BlockMask.from_mask(R=2**31, C=8)
+    with bad("B must be in 1..2\\*\\*31 - 1"):
+        BlockMask.from_mask(R=8, C=8, B=0)
+
+
+@pytest.mark.parametrize("R, C", [(0, 40), (24, 0)])
+def test_from_mask_of_an_empty_problem_gives_lists_the_ops_accept(rng, R, C):
+    """No rows or no keys: empty lists (zero counts), with which the ops give their
+    empty-problem results (as the reference: no output rows, or output 0 and lse -inf)."""
+    B, H = 2, 3
+    block_mask = BlockMask.from_mask(R=R, C=C, B=B, H=H, block_size=(8, 16), causal=True)
+    rows, cols = -(-R // 8), -(-C // 16)
+    assert block_mask.kv_indices.shape == (B, H, rows, cols) and block_mask.q_indices.shape == (B, H, cols, rows)
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        np.testing.assert_array_equal(getattr(block_mask, name), 0)
+    q, k, v = make_inputs(rng, B=B, Hq=H, Hkv=1, R=R, C=C, D=8)
+    o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, causal=True)
+    expected, expected_lse = block_sparse_attention_reference(q, k, v, block_mask, causal=True, return_lse=True)
+    np.testing.assert_array_equal(o, expected)
+    np.testing.assert_array_equal(lse, expected_lse)
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask, causal=True)
+    for grad, reference in zip(grads, block_sparse_attention_backward_reference(q, k, v, do, block_mask, out=o,
+                                                                                causal=True)):
+        np.testing.assert_array_equal(grad, reference)
