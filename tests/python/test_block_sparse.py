@@ -310,6 +310,36 @@ def test_bytes_read_follow_the_listed_blocks(rng):
     assert read[1] == 2 * read[0]
 
 
+def test_size_one_leading_axes_broadcast_between_lists(rng):
+    """Each list's B and H axes broadcast on their own: (1, 1) kv lists beside (1, Hq) q lists
+    and (B, 1) full lists, forward and backward."""
+    B, Hq, R, C, q_block, k_block = 2, 4, 24, 40, 8, 16
+    q, k, v = make_inputs(rng, B=B, Hq=Hq, Hkv=2, R=R, C=C, D=8)
+    kv = random_lists(rng, (1, 1), 3, 3, 4)
+    full = random_lists(rng, (B, 1), 3, 3, 2)
+    q_lists = tuple(np.tile(a, (1, Hq) + (1,) * (a.ndim - 2)) for a in transposed(*kv, 3))
+    block_mask = BlockMask(*kv, q_num_blocks=q_lists[0], q_indices=q_lists[1], full_kv_num_blocks=full[0],
+                           full_kv_indices=full[1], full_q_num_blocks=transposed(*full, 3)[0],
+                           full_q_indices=transposed(*full, 3)[1], block_size=(q_block, k_block))
+    o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, causal=True)
+    assert relative_l2(o, block_sparse_attention_reference(q, k, v, block_mask, causal=True)) < 1e-4
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask, causal=True)
+    expected = block_sparse_attention_backward_reference(q, k, v, do, block_mask, out=o, causal=True)
+    for grad, reference in zip(grads, expected):
+        assert relative_l2(grad, reference) < 1e-4
+
+
+def test_leading_axes_that_do_not_broadcast_are_refused(rng):
+    kv = np.ones((1, 4, 3), np.int32), np.zeros((1, 4, 3, 2), np.int32)
+    with bad("q_num_blocks .*leading axes"):
+        BlockMask(*kv, q_num_blocks=np.zeros((1, 3, 1), np.int32), q_indices=np.zeros((1, 3, 1, 1), np.int32),
+                  block_size=16)
+    q, k, v = make_inputs(rng, B=2, Hq=2, R=40, C=16, D=8)
+    with bad("kv_num_blocks .*leading axes"):
+        mfa_native.block_sparse_attention(q, k, v, BlockMask(*kv, block_size=16))
+
+
 def test_from_mask_refuses_sizes_the_kernels_cannot_address():
     with bad("R, C, B, H"):
         BlockMask.from_mask(R=2**31 - 1, C=2**31 - 1, causal=True)

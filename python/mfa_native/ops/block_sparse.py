@@ -110,7 +110,7 @@ def _with_lists(call: Validated, block_mask: BlockMask) -> Validated:
     """`call` (attention's checked arguments) with the block mask's lists checked for its problem."""
     p = call.problem
     checked = block_mask.checked(p.batch, p.q_heads, p.q_len, p.kv_len)
-    converts = {**call.converts, **{name: None for name in checked.arrays}}
+    converts = {**call.converts, **checked.converts}
     return Validated(replace(p, keys=checked.lists), {**call.bound, **checked.arrays}, converts)
 
 
