@@ -310,6 +310,76 @@ def test_bytes_read_follow_the_listed_blocks(rng):
     assert read[1] == 2 * read[0]
 
 
+def every_block_lists(rng, rows, cols):
+    """(num_blocks, indices) (1, 1, rows[, cols]): every query block lists every key block
+    once, in a random order; so every key block's q list is all of 0..rows-1."""
+    listed = np.argsort(rng.random((1, 1, rows, cols)), axis=-1).astype(np.int32)
+    return np.full((1, 1, rows), cols, np.int32), listed
+
+
+def shuffled(counts, listed, rng):
+    """The same q lists with each counted part in a random order (they compare as multisets)."""
+    listed = listed.copy()
+    for at in np.ndindex(counts.shape):
+        listed[at][:counts[at]] = rng.permutation(listed[at][:counts[at]])
+    return listed
+
+
+def missing(counts, listed):
+    """Key block 0's last query block left out."""
+    counts = counts.copy()
+    counts[..., 0] -= 1
+    return counts, listed
+
+
+def extra(counts, listed):
+    """Key block 0 lists query block 0 once more."""
+    wider = np.concatenate([listed, np.zeros_like(listed[..., :1])], axis=-1)
+    return counts + np.eye(1, counts.shape[-1], dtype=np.int32), wider
+
+
+def no_counts(counts, listed):
+    return np.zeros_like(counts), listed
+
+
+def duplicated(counts, listed):
+    """Key block 0's last query block replaced by a copy of its first (the same count)."""
+    listed = listed.copy()
+    listed[..., 0, counts[0, 0, 0] - 1] = listed[..., 0, 0]
+    return counts, listed
+
+
+@pytest.mark.parametrize("prefix", ["", "full_"])
+def test_given_q_lists_are_checked_against_the_kv_lists(rng, prefix):
+    """The device checks the given q lists against the transpose it builds: in any order they
+    pass (and the gradients match the reference); a missing, extra or duplicated query block,
+    or counts of 0, is a ValueError naming the list, on warm calls too."""
+    R, C, q_block, k_block = 40, 48, 16, 16
+    q, k, v = make_inputs(rng, Hq=2, R=R, C=C, D=16)
+    lists = {"kv": every_block_lists(rng, 3, 3), "full_kv": every_block_lists(rng, 3, 3)}
+    lists.update({kind[:-2] + "q": transposed(*lists[kind], 3) for kind in ("kv", "full_kv")})
+    lists[f"{prefix}q"] = lists[f"{prefix}q"][0], shuffled(*lists[f"{prefix}q"], rng)
+
+    def block_mask(changed):
+        given = dict(lists, **{f"{prefix}q": changed(*lists[f"{prefix}q"])})
+        return BlockMask(**{name: a for kind, pair in given.items()
+                            for name, a in zip((f"{kind}_num_blocks", f"{kind}_indices"), pair)},
+                         block_size=(q_block, k_block))
+
+    good = block_mask(lambda counts, listed: (counts, listed))
+    o, lse = mfa_native.block_sparse_attention(q, k, v, good, return_lse=True)
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, good)
+    for grad, expected in zip(grads, block_sparse_attention_backward_reference(q, k, v, do, good, out=o)):
+        assert relative_l2(grad, expected) < 1e-4
+    for changed in (missing, extra, no_counts, duplicated):
+        with bad(f"{prefix}q_indices"):
+            mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask(changed))
+    good.arrays[f"{prefix}q_num_blocks"][...] = 0   # warm: the same signature, other contents
+    with bad(f"{prefix}q_indices"):
+        mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, good)
+
+
 def test_size_one_leading_axes_broadcast_between_lists(rng):
     """Each list's B and H axes broadcast on their own: (1, 1) kv lists beside (1, Hq) q lists
     and (B, 1) full lists, forward and backward."""

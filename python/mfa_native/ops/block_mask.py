@@ -3,8 +3,9 @@
 Per query block of `Qb` rows, the key blocks of `Kb` keys it visits: "partial" blocks
 (kv_num_blocks / kv_indices), inside which causal, window and a boolean mask apply, and
 "full" blocks (full_kv_*), every pair of which is allowed. The transposed lists (q_*,
-full_q_*: per key block, its query blocks) serve the backward pass; when absent they
-are built on the device. Same names, shapes and meaning as
+full_q_*: per key block, its query blocks) are what the backward pass walks: it builds
+them from the kv lists on the device and checks given ones against its build (as
+multisets per key block). Same names, shapes and meaning as
 torch.nn.attention.flex_attention.BlockMask.
 """
 
@@ -82,7 +83,9 @@ class BlockMask:
         block_size: Qb, or (Qb, Kb); positive multiples of 8 (default 128, as FlexAttention).
         full_kv_num_blocks, full_kv_indices: the same for full blocks (no mask rules inside).
         q_num_blocks, q_indices, full_q_num_blocks, full_q_indices: the transposed lists,
-            (B|1, H|1, ceil(C / Kb)[, W']), for the backward pass; built on the device when absent.
+            (B|1, H|1, ceil(C / Kb)[, W']), optional: the backward pass builds them on the
+            device and raises ValueError naming q_indices (full_q_indices) where the given
+            ones differ (see block_sparse_attention_backward).
         shape: (R, C), optional; when given it must match the problem.
 
     Each list's leading axes of size 1 broadcast, over the batch and the query heads and
