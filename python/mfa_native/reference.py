@@ -101,7 +101,7 @@ def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window
         sink = np.broadcast_to(np.asarray(sinks).astype(np.float64)[None, :, None], (batch, q_heads, q_len))
     else:
         sink = np.full((batch, q_heads, q_len), -np.inf)
-    row_max = np.maximum(logits.max(axis=-1), sink)
+    row_max = np.maximum(logits.max(axis=-1, initial=-np.inf), sink)   # no keys (C = 0): -inf
     empty = np.isneginf(row_max)
     shift = np.where(empty, 0.0, row_max)
     weights = np.exp(logits - shift[..., None])          # exp(-inf) = 0 for removed keys

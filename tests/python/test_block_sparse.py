@@ -308,3 +308,136 @@ def test_bytes_read_follow_the_listed_blocks(rng):
         assert record.bytes_written["o"] == R * Dv * 4
         read.append(record.bytes_read["k"])
     assert read[1] == 2 * read[0]
+
+
+def every_block_lists(rng, rows, cols):
+    """(num_blocks, indices) (1, 1, rows[, cols]): every query block lists every key block
+    once, in a random order; so every key block's q list is all of 0..rows-1."""
+    listed = np.argsort(rng.random((1, 1, rows, cols)), axis=-1).astype(np.int32)
+    return np.full((1, 1, rows), cols, np.int32), listed
+
+
+def shuffled(counts, listed, rng):
+    """The same q lists with each counted part in a random order (they compare as multisets)."""
+    listed = listed.copy()
+    for at in np.ndindex(counts.shape):
+        listed[at][:counts[at]] = rng.permutation(listed[at][:counts[at]])
+    return listed
+
+
+def missing(counts, listed):
+    """Key block 0's last query block left out."""
+    counts = counts.copy()
+    counts[..., 0] -= 1
+    return counts, listed
+
+
+def extra(counts, listed):
+    """Key block 0 lists query block 0 once more."""
+    wider = np.concatenate([listed, np.zeros_like(listed[..., :1])], axis=-1)
+    return counts + np.eye(1, counts.shape[-1], dtype=np.int32), wider
+
+
+def no_counts(counts, listed):
+    return np.zeros_like(counts), listed
+
+
+def duplicated(counts, listed):
+    """Key block 0's last query block replaced by a copy of its first (the same count)."""
+    listed = listed.copy()
+    listed[..., 0, counts[0, 0, 0] - 1] = listed[..., 0, 0]
+    return counts, listed
+
+
+@pytest.mark.parametrize("prefix", ["", "full_"])
+def test_given_q_lists_are_checked_against_the_kv_lists(rng, prefix):
+    """The device checks the given q lists against the transpose it builds: in any order they
+    pass (and the gradients match the reference); a missing, extra or duplicated query block,
+    or counts of 0, is a ValueError naming the list, on warm calls too."""
+    R, C, q_block, k_block = 40, 48, 16, 16
+    q, k, v = make_inputs(rng, Hq=2, R=R, C=C, D=16)
+    lists = {"kv": every_block_lists(rng, 3, 3), "full_kv": every_block_lists(rng, 3, 3)}
+    lists.update({kind[:-2] + "q": transposed(*lists[kind], 3) for kind in ("kv", "full_kv")})
+    lists[f"{prefix}q"] = lists[f"{prefix}q"][0], shuffled(*lists[f"{prefix}q"], rng)
+
+    def block_mask(changed):
+        given = dict(lists, **{f"{prefix}q": changed(*lists[f"{prefix}q"])})
+        return BlockMask(**{name: a for kind, pair in given.items()
+                            for name, a in zip((f"{kind}_num_blocks", f"{kind}_indices"), pair)},
+                         block_size=(q_block, k_block))
+
+    good = block_mask(lambda counts, listed: (counts, listed))
+    o, lse = mfa_native.block_sparse_attention(q, k, v, good, return_lse=True)
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, good)
+    for grad, expected in zip(grads, block_sparse_attention_backward_reference(q, k, v, do, good, out=o)):
+        assert relative_l2(grad, expected) < 1e-4
+    for changed in (missing, extra, no_counts, duplicated):
+        with bad(f"{prefix}q_indices"):
+            mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask(changed))
+    good.arrays[f"{prefix}q_num_blocks"][...] = 0   # warm: the same signature, other contents
+    with bad(f"{prefix}q_indices"):
+        mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, good)
+
+
+def test_size_one_leading_axes_broadcast_between_lists(rng):
+    """Each list's B and H axes broadcast on their own: (1, 1) kv lists beside (1, Hq) q lists
+    and (B, 1) full lists, forward and backward."""
+    B, Hq, R, C, q_block, k_block = 2, 4, 24, 40, 8, 16
+    q, k, v = make_inputs(rng, B=B, Hq=Hq, Hkv=2, R=R, C=C, D=8)
+    kv = random_lists(rng, (1, 1), 3, 3, 4)
+    full = random_lists(rng, (B, 1), 3, 3, 2)
+    q_lists = tuple(np.tile(a, (1, Hq) + (1,) * (a.ndim - 2)) for a in transposed(*kv, 3))
+    block_mask = BlockMask(*kv, q_num_blocks=q_lists[0], q_indices=q_lists[1], full_kv_num_blocks=full[0],
+                           full_kv_indices=full[1], full_q_num_blocks=transposed(*full, 3)[0],
+                           full_q_indices=transposed(*full, 3)[1], block_size=(q_block, k_block))
+    o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, causal=True)
+    assert relative_l2(o, block_sparse_attention_reference(q, k, v, block_mask, causal=True)) < 1e-4
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask, causal=True)
+    expected = block_sparse_attention_backward_reference(q, k, v, do, block_mask, out=o, causal=True)
+    for grad, reference in zip(grads, expected):
+        assert relative_l2(grad, reference) < 1e-4
+
+
+def test_leading_axes_that_do_not_broadcast_are_refused(rng):
+    kv = np.ones((1, 4, 3), np.int32), np.zeros((1, 4, 3, 2), np.int32)
+    with bad("q_num_blocks .*leading axes"):
+        BlockMask(*kv, q_num_blocks=np.zeros((1, 3, 1), np.int32), q_indices=np.zeros((1, 3, 1, 1), np.int32),
+                  block_size=16)
+    q, k, v = make_inputs(rng, B=2, Hq=2, R=40, C=16, D=8)
+    with bad("kv_num_blocks .*leading axes"):
+        mfa_native.block_sparse_attention(q, k, v, BlockMask(*kv, block_size=16))
+
+
+def test_from_mask_refuses_sizes_the_kernels_cannot_address():
+    with bad("R, C, B, H"):
+        BlockMask.from_mask(R=2**31 - 1, C=2**31 - 1, causal=True)
+    with bad("R, C, B, H"):
+        BlockMask.from_mask(R=2**20, C=2**20, B=4, block_size=64)
+    with bad("R must be in 0..2\\*\\*31 - 1"):
+        BlockMask.from_mask(R=2**31, C=8)
+    with bad("B must be in 1..2\\*\\*31 - 1"):
+        BlockMask.from_mask(R=8, C=8, B=0)
+
+
+@pytest.mark.parametrize("R, C", [(0, 40), (24, 0)])
+def test_from_mask_of_an_empty_problem_gives_lists_the_ops_accept(rng, R, C):
+    """No rows or no keys: empty lists (zero counts), with which the ops give their
+    empty-problem results (as the reference: no output rows, or output 0 and lse -inf)."""
+    B, H = 2, 3
+    block_mask = BlockMask.from_mask(R=R, C=C, B=B, H=H, block_size=(8, 16), causal=True)
+    rows, cols = -(-R // 8), -(-C // 16)
+    assert block_mask.kv_indices.shape == (B, H, rows, cols) and block_mask.q_indices.shape == (B, H, cols, rows)
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        np.testing.assert_array_equal(getattr(block_mask, name), 0)
+    q, k, v = make_inputs(rng, B=B, Hq=H, Hkv=1, R=R, C=C, D=8)
+    o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, causal=True)
+    expected, expected_lse = block_sparse_attention_reference(q, k, v, block_mask, causal=True, return_lse=True)
+    np.testing.assert_array_equal(o, expected)
+    np.testing.assert_array_equal(lse, expected_lse)
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask, causal=True)
+    for grad, reference in zip(grads, block_sparse_attention_backward_reference(q, k, v, do, block_mask, out=o,
+                                                                                causal=True)):
+        np.testing.assert_array_equal(grad, reference)

@@ -38,6 +38,7 @@ from .kernel.sizes import Extent, RuntimeSizes
 from .kernel.source import KernelSource
 from .kernel.tables import CPU_FAMILY, FAMILIES, MAX_HEAD_DIM
 from .sparse.block_mask import block_mask_pass
+from .sparse.block_transpose import DIFFER as Q_LISTS_DIFFER
 from .sparse.block_visits import BlockLists
 from .sparse.token_lists import TokenLists
 from .storage.stored import PLAIN, QuantizedStorage
@@ -79,6 +80,7 @@ __all__ = [
     "Operand",
     "PARTIAL_KERNEL_NAME",
     "PLAIN",
+    "Q_LISTS_DIFFER",
     "QuantizedStorage",
     "RuntimeSizes",
     "TokenLists",

@@ -3,8 +3,9 @@
 Per query block of `Qb` rows, the key blocks of `Kb` keys it visits: "partial" blocks
 (kv_num_blocks / kv_indices), inside which causal, window and a boolean mask apply, and
 "full" blocks (full_kv_*), every pair of which is allowed. The transposed lists (q_*,
-full_q_*: per key block, its query blocks) serve the backward pass; when absent they
-are built on the device. Same names, shapes and meaning as
+full_q_*: per key block, its query blocks) are what the backward pass walks: it builds
+them from the kv lists on the device and checks given ones against its build (as
+multisets per key block). Same names, shapes and meaning as
 torch.nn.attention.flex_attention.BlockMask.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -43,12 +45,32 @@ def _int32(x, name: str, ndim: int) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
+def joint_lead(arrays: dict[str, np.ndarray]) -> tuple[int, int]:
+    """The (B|1, H|1) leading axes lists (name -> array) broadcast to together; ValueError
+    naming the first list whose leading axes do not broadcast with those before it."""
+    lead: tuple[int, ...] = (1, 1)
+    for name, a in arrays.items():
+        try:
+            lead = np.broadcast_shapes(lead, a.shape[:2])
+        except ValueError:
+            raise ValueError(f"{name} has leading axes {a.shape[:2]}, which do not broadcast with the other "
+                             f"lists' {lead}") from None
+    return int(lead[0]), int(lead[1])
+
+
+def _broadcast(lead: tuple[int, int]) -> Callable[[np.ndarray], np.ndarray]:
+    """A list with its leading axes broadcast to `lead`, as a C-contiguous copy."""
+    return lambda a: np.ascontiguousarray(np.broadcast_to(a, lead + a.shape[2:]))
+
+
 @dataclass(frozen=True)
 class _Checked:
-    """A block mask checked against one problem: its lists and how the kernels see them."""
+    """A block mask checked against one problem: its lists (as bound), how the kernels see
+    them, and how a warm call turns each given list into the one bound (None: as given)."""
 
     lists: BlockLists
     arrays: dict[str, np.ndarray]
+    converts: dict[str, Callable[[np.ndarray], np.ndarray] | None]
 
 
 class BlockMask:
@@ -61,11 +83,15 @@ class BlockMask:
         block_size: Qb, or (Qb, Kb); positive multiples of 8 (default 128, as FlexAttention).
         full_kv_num_blocks, full_kv_indices: the same for full blocks (no mask rules inside).
         q_num_blocks, q_indices, full_q_num_blocks, full_q_indices: the transposed lists,
-            (B|1, H|1, ceil(C / Kb)[, W']), for the backward pass; built on the device when absent.
+            (B|1, H|1, ceil(C / Kb)[, W']), optional: the backward pass builds them on the
+            device and raises ValueError naming q_indices (full_q_indices) where the given
+            ones differ (see block_sparse_attention_backward).
         shape: (R, C), optional; when given it must match the problem.
 
-    Axes of size 1 broadcast over the batch and the query heads. Wrong dtypes raise
-    TypeError, wrong shapes ValueError; counts and indices are checked against each problem.
+    Each list's leading axes of size 1 broadcast, over the batch and the query heads and
+    against the other lists' (a (1, 1) q list beside (1, H) kv lists), as in FlexAttention.
+    Wrong dtypes raise TypeError, wrong shapes ValueError naming the list (leading axes that
+    do not broadcast included); counts and indices are checked against each problem.
     """
 
     def __init__(self, kv_num_blocks, kv_indices, *, block_size=(128, 128), full_kv_num_blocks=None,
@@ -93,9 +119,7 @@ class BlockMask:
             raise ValueError("with the transposed lists, give full_q_* exactly when full_kv_* are given")
         if "full_q_num_blocks" in self.arrays and "q_num_blocks" not in self.arrays:
             raise ValueError("full_q_* need q_num_blocks and q_indices too")
-        lead = {name: a.shape[:2] for name, a in self.arrays.items()}
-        if len(set(lead.values())) != 1:
-            raise ValueError(f"every list must have the same (B|1, H|1) leading axes, got {lead}")
+        joint_lead(self.arrays)
         if shape is not None:
             if not isinstance(shape, (tuple, list)) or len(shape) != 2:
                 raise ValueError(f"shape must be (R, C), got {shape!r}")
@@ -139,15 +163,19 @@ class BlockMask:
 
     def checked(self, batch: int, q_heads: int, q_len: int, kv_len: int) -> _Checked:
         """The lists for a problem of these sizes: shapes and the counted entries checked
-        (ValueError naming the list), and the BlockLists facts the kernels take."""
+        (ValueError naming the list), and the BlockLists facts the kernels take. The kernels
+        index every list with one (B|1, H|1): a list whose leading axes broadcast to the
+        others' is bound as a copy broadcast to them."""
         if self.shape is not None and self.shape != (q_len, kv_len):
             raise ValueError(f"block_mask.shape is {self.shape} but the problem has (R, C) = {(q_len, kv_len)}")
         check_lists(self.arrays, self.block_size, batch, q_heads, q_len, kv_len)
-        lead = next(iter(self.arrays.values())).shape[:2]
+        lead = joint_lead(self.arrays)
+        converts = {name: None if a.shape[:2] == lead else _broadcast(lead) for name, a in self.arrays.items()}
+        arrays = {name: a if converts[name] is None else converts[name](a) for name, a in self.arrays.items()}
         width = {indices: self.arrays[indices].shape[3] for _, indices in PAIRS if indices in self.arrays}
         lists = BlockLists(*self.block_size, lead[0] == 1, lead[1] == 1, width["kv_indices"],
                            width.get("full_kv_indices"), width.get("q_indices"), width.get("full_q_indices"))
-        return _Checked(lists, dict(self.arrays))
+        return _Checked(lists, arrays, converts)
 
 
 def check_lists(arrays: dict, block_size: tuple[int, int], batch: int, q_heads: int, q_len: int,
@@ -158,13 +186,13 @@ def check_lists(arrays: dict, block_size: tuple[int, int], batch: int, q_heads: 
     q_block, k_block = block_size
     blocks = {"kv": -(-q_len // q_block), "q": -(-kv_len // k_block)}      # rows of each kind of list
     targets = {"kv": blocks["q"], "q": blocks["kv"]}                      # what their entries index
-    lead = next(iter(arrays.values())).shape[:2]
-    if lead[0] not in (1, batch) or lead[1] not in (1, q_heads):
-        raise ValueError(f"the block lists' leading axes {lead} must be (B or 1, H or 1) with B = {batch}, "
-                         f"H = {q_heads}")
     for num, indices in PAIRS:
         if arrays.get(num) is None:
             continue
+        lead = arrays[num].shape[:2]
+        if lead[0] not in (1, batch) or lead[1] not in (1, q_heads):
+            raise ValueError(f"{num} has leading axes {lead}, but they must be (B or 1, H or 1) with B = {batch}, "
+                             f"H = {q_heads}")
         kind = "q" if num.replace("full_", "").startswith("q") else "kv"
         counts, listed = arrays[num], arrays[indices]
         if counts.shape[2] != blocks[kind]:

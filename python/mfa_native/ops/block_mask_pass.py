@@ -5,26 +5,45 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from .. import codegen
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
 from .block_mask import PAIRS, BlockMask, block_size_pair
 from .declaration import Arg, Call, Op, Out
+from .empty import empty_call, filled
 from .warm import Checked, PreparedCall, prepared_call, same_memory
 
 LISTS = tuple(name for pair in PAIRS for name in pair)
 
 
-def _size(value, name: str) -> int:
+# Block pairs (B * H * ceil(R / Qb) * ceil(C / Kb)) from_mask classifies: it runs 32 threads
+# per pair with 32-bit grid positions, and writes five int32 arrays of that many entries (the
+# block classes and the four index lists: 1.25 GiB at this limit).
+MAX_BLOCK_PAIRS = 2**26
+
+
+def _size(value, name: str, low: int) -> int:
+    """A size argument, checked: an int in low..2**31 - 1 (what the kernels hold in 32 bits)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not 1 <= value < 2**31:
-        raise ValueError(f"{name} must be in 1..2**31 - 1, got {value}")
+    if not low <= value <= check.MAX_INDEX:
+        raise ValueError(f"{name} must be in {low}..2**31 - 1, got {value}")
     return int(value)
 
 
 def _sizes(call: Call) -> tuple[int, int, int, int]:
-    return tuple(_size(getattr(call, n), n) for n in ("R", "C", "B", "H"))  # type: ignore[return-value]
+    """(R, C, B, H), checked: lengths may be 0 (an empty problem), the batch and heads at least
+    1, and the block pairs they give (with block_size) at most MAX_BLOCK_PAIRS."""
+    R, C, B, H = (_size(getattr(call, n), n, 0 if n in "RC" else 1) for n in ("R", "C", "B", "H"))
+    q_block, k_block = block_size_pair(call.block_size)
+    pairs = B * H * -(-R // q_block) * -(-C // k_block)
+    if pairs > MAX_BLOCK_PAIRS:
+        raise ValueError(f"R, C, B, H = {R}, {C}, {B}, {H} with block_size {(q_block, k_block)} give {pairs} "
+                         f"block pairs; from_mask classifies at most 2**26 (its lists would not fit the "
+                         f"kernels' 32-bit grid, nor sensibly in memory): use larger blocks")
+    return R, C, B, H
 
 
 def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list]:
@@ -39,12 +58,24 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list]:
         strides, bound["mask"] = check.element_strides(array), array
         converts["mask"] = None if same_memory(call.mask, array) else convert
     rows, cols = -(-R // q_block), -(-C // k_block)
+    if rows * cols == 0:
+        return _empty_lists(B, H, rows, cols, call.op.array_names)
     lists = codegen.BlockLists(q_block, k_block, False, False, cols, cols, rows, rows)
     problem = codegen.AttentionProblem(B, H, H, R, C, 8, 8, causal=check.causal_mode(call.causal),
                                        window=check.window_sides(call.window, R, C), mask=kind, mask_dtype=dtype,
                                        mask_strides=strides, keys=lists)
     description = codegen.block_mask_pass(problem, family=tuning_facts(device).family)
     return prepared_call(description, device, Checked(bound, converts), call.op.array_names, LISTS)
+
+
+def _empty_lists(B: int, H: int, rows: int, cols: int, arguments: tuple[str, ...]) -> tuple[PreparedCall, list]:
+    """No query or no key blocks (R or C is 0): every list empty or all counts 0; no kernel runs."""
+
+    def shape(name: str) -> tuple[int, ...]:
+        blocks, width = (cols, rows) if name.removeprefix("full_").startswith("q") else (rows, cols)
+        return (B, H, blocks, width) if name.endswith("indices") else (B, H, blocks)
+
+    return empty_call([], arguments, Checked({}, {}), lambda inputs: [filled(shape(n), np.int32, 0) for n in LISTS])
 
 
 def _block_mask(lists: tuple, call: Call) -> BlockMask:
@@ -62,8 +93,8 @@ FROM_MASK = Op(
             the same mask, causal and window to block_sparse_attention."""),
         Arg("causal", "option", default=False, doc="as in `attention`."),
         Arg("window", "option", default=None, doc="as in `attention`."),
-        Arg("R", "option", doc="the query length."),
-        Arg("C", "option", doc="the key length."),
+        Arg("R", "option", doc="the query length (0 gives empty lists)."),
+        Arg("C", "option", doc="the key length (0 gives empty lists)."),
         Arg("block_size", "option", default=128, doc="Qb or (Qb, Kb), multiples of 8."),
         Arg("B", "option", default=1, doc="the batch the lists cover (1: the same for all)."),
         Arg("H", "option", default=1, doc="the query heads the lists cover (1: the same for all)."),
@@ -78,6 +109,11 @@ FROM_MASK = Op(
 
     Returns:
         A BlockMask with all eight lists, ordered as FlexAttention orders them (the listed
-        blocks ascending, then the others ascending as padding), and shape (R, C).
+        blocks ascending, then the others ascending as padding), and shape (R, C). With R or
+        C = 0 the lists are empty or all counts 0, as the ops' empty problems take them.
+
+    Raises:
+        TypeError, ValueError naming the argument: sizes outside 0..2**31 - 1 (B and H from
+        1), or more than 2**26 block pairs B * H * ceil(R / Qb) * ceil(C / Kb).
     """)
 from_mask = FROM_MASK.function

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from .. import codegen, reference
 from ..runtime.devices import tuning_facts
 from .arguments import is_empty
@@ -56,7 +58,8 @@ def _prepare_backward(call: Call, device):
     if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_backward(p, names, forward)
     description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
-    return prepared_call(description, device, forward, names, call.results, _list_check(call.block_mask, p, names))
+    return prepared_call(description, device, forward, names, call.results, _list_check(call.block_mask, p, names),
+                         _transpose_check if forward.problem.keys.transposed_given else None)
 
 
 def _bindings(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -100,8 +103,12 @@ BLOCK_SPARSE_ATTENTION_BACKWARD = Op(
     no_backward="block_sparse_attention_backward has no second derivative",
     details="""
     (dq, dk, dv), and dsinks with sinks. No atomics: the dK/dV kernel walks the transposed
-    lists (the block mask's q lists, or built on the device in the same pass). o and lse are
-    what `block_sparse_attention(..., return_lse=True)` returned for the same block mask.
+    lists, built from the kv lists on the device in the same pass. The block mask's q lists,
+    when it has them, are checked there against the built ones: for each key block, the
+    counted part of q_indices must hold the query blocks whose kv_indices list that block,
+    each as often as it is listed, in any order (FlexAttention's are ascending), and
+    full_q_indices the same for the full lists; else ValueError naming the list. o and lse
+    are what `block_sparse_attention(..., return_lse=True)` returned for the same block mask.
     """)
 block_sparse_attention_backward = BLOCK_SPARSE_ATTENTION_BACKWARD.function
 
@@ -110,8 +117,22 @@ def _with_lists(call: Validated, block_mask: BlockMask) -> Validated:
     """`call` (attention's checked arguments) with the block mask's lists checked for its problem."""
     p = call.problem
     checked = block_mask.checked(p.batch, p.q_heads, p.q_len, p.kv_len)
-    converts = {**call.converts, **{name: None for name in checked.arrays}}
+    converts = {**call.converts, **checked.converts}
     return Validated(replace(p, keys=checked.lists), {**call.bound, **checked.arrays}, converts)
+
+
+def _transpose_check(outputs: dict[str, np.ndarray]) -> None:
+    """ValueError naming the given q lists that are not the transpose of the kv lists (the
+    pass's q_lists_differ: per list pair and key block, bit 1 q lists, bit 2 full_q lists)."""
+    differ = outputs[codegen.Q_LISTS_DIFFER]
+    for bit, given, source in ((1, "q_indices", "kv_indices"), (2, "full_q_indices", "full_kv_indices")):
+        wrong = np.argwhere(differ & bit)
+        if wrong.size:
+            b, h, block = wrong[0]
+            raise ValueError(f"{given} is not the transpose of {source} for {len(wrong)} key block(s), the "
+                             f"first key block {block} of list batch {b}, head {h}: the counted part of a key "
+                             f"block's list must hold the query blocks whose {source} list it, each as often as "
+                             f"listed, in any order")
 
 
 def _list_check(block_mask: BlockMask, p, names: tuple[str, ...]):

@@ -144,12 +144,25 @@ def same_memory(raw, bound: np.ndarray) -> bool:
             and raw.__array_interface__["data"][0] == bound.__array_interface__["data"][0])
 
 
+def _checking(finish: Callable, check_outputs: Callable[[dict[str, np.ndarray]], None],
+              names: Sequence[str]) -> Callable:
+    """`finish` after `check_outputs` has seen the outputs by name."""
+
+    def checked(outputs):
+        check_outputs(dict(zip(names, outputs)))
+        return finish(outputs)
+    return checked
+
+
 def prepared_call(description, device: Device, checked, arguments: Sequence[str], results: str | tuple[str, ...],
-                  check: Callable[[Sequence], None] | None = None) -> tuple[PreparedCall, list[np.ndarray]]:
+                  check: Callable[[Sequence], None] | None = None,
+                  check_outputs: Callable[[dict[str, np.ndarray]], None] | None = None
+                  ) -> tuple[PreparedCall, list[np.ndarray]]:
     """The PreparedCall that runs `description` for `checked` (an op's Checked arguments), and
     this call's inputs. `arguments` names the op's
     array arguments in call order; `results` the outputs it returns: a name for one array, a
-    tuple of names for a tuple."""
+    tuple of names for a tuple; `check` checks the arguments' contents before the pass runs,
+    `check_outputs` the pass's outputs (by name) after it, before the results are returned."""
     prepared = PreparedPass(description, device)
     if isinstance(results, str):
         index = prepared.output_names.index(results)
@@ -161,6 +174,8 @@ def prepared_call(description, device: Device, checked, arguments: Sequence[str]
 
         def finish(outputs):
             return tuple(outputs[i] for i in order)
+    if check_outputs is not None:
+        finish = _checking(finish, check_outputs, prepared.output_names)
     call = PreparedCall(prepared, pick(prepared.input_names, arguments, checked.converts, checked.sources), finish,
                         check)
     return call, [checked.bound[name] for name in prepared.input_names]

@@ -9,7 +9,8 @@ answer the same questions:
   needs of it (`forward_only`), how its rows map to tiles (`rows`), and its kernel-side facts
   (`describe`);
 - kernel side: the sizes a caller gives and those it derives (`sizes_given`, `derived`),
-  the pass inputs it declares (`inputs`, `backward_inputs`), the ranges a forward or dQ
+  the pass inputs it declares (`inputs`, `backward_inputs`) and the backward's outputs it
+  adds (`backward_outputs`: the block lists' check of given q lists), the ranges a forward or dQ
   simdgroup visits (`keys`) and a dK/dV simdgroup (`queries`), the buffers it adds
   (`catalog`, `extents`, `present`, and the names the key and query walks read), a clause
   for a kernel's header (`summary`), and which kernels run its forward and backward passes
@@ -61,6 +62,9 @@ class DenseKeys:
         return {}
 
     def backward_inputs(self, spec) -> dict:
+        return {}
+
+    def backward_outputs(self, spec) -> dict:
         return {}
 
     def keys(self, d, steps: Steps) -> list[str]:

@@ -152,6 +152,7 @@ def attention_backward_template(problem: AttentionBackwardProblem, *, family: st
     outputs = {"dq": spec(p.dtype, shape["q"]), "dk": spec(p.dtype, shape["k"]), "dv": spec(p.dtype, shape["v"])}
     if p.sinks:
         outputs["dsinks"] = TensorSpec("float32", (Hq,))
+    outputs.update(d.keys.backward_outputs(spec))
     given, guards = common(p, d, sizes_of(p))
     return build_template("attention_backward", kernels, sizes=given, inputs=inputs, outputs=outputs,
                           derived=d.keys.derived, guards=guards + list(p.rows.backward_guards(p, family)),

@@ -46,7 +46,7 @@ def generate_classify(d: KernelDescriptor) -> KernelSource:
     body += [f"const uint rows = min({f.q_block}u, R - i * {f.q_block});",
              f"const uint cols = min({f.k_block}u, C - j * {f.k_block});",
              "uint any_allowed = 0;", "uint all_allowed = 1;",
-             "for (uint p = lane; p < rows * cols; p += 32) {",
+             "for (ulong p = lane; p < ulong(rows) * cols; p += 32) {  // a block's pairs may pass 2**32",
              f"  const int row = int(i * {f.q_block} + p / cols);",
              f"  const int key = int(j * {f.k_block} + p % cols);",
              f"  bool allowed = {allowed};"]

@@ -7,9 +7,11 @@ score modification) and the bounds. A block listed twice is visited twice. The s
 simdgroup and every lane takes the same loop trips. Each visited range goes through the
 kernel's own `steps(rules, begin, end)`, as a dense range does.
 
-Per key block the transposed lists (its query blocks) come from the caller (q_indices,
-padded like kv_indices) or from `attention_transpose_lists` in the same pass (counts,
-starts and entries, in query-block order; block_transpose.py).
+Per key block the transposed lists (its query blocks) that the dK/dV kernel walks are
+built by `attention_transpose_lists` in the same pass (counts, starts and entries, in
+query-block order; block_transpose.py). Lists the caller gives (q_indices, padded like
+kv_indices) are only checked against them (`attention_verify_lists`, output q_lists_differ),
+so the gradients never depend on them.
 """
 
 from __future__ import annotations
@@ -22,12 +24,10 @@ from ..attention.masking import MaskRules
 from ..kernel.msl import indent
 from ..kernel.passes import contiguous
 from ..kernel.sizes import Extent
-from .block_transpose import BUILT_QUERY_LISTS, generate_transpose
+from .block_transpose import BUILT_QUERY_LISTS, DIFFER, GIVEN_QUERY_LISTS, generate_transpose, generate_verify
 
-# The lists a kernel walking keys reads, and those a kernel walking queries reads when the
-# caller gives them (else it reads BUILT_QUERY_LISTS, built on the device).
+# The lists a kernel walking keys reads (a kernel walking queries reads BUILT_QUERY_LISTS).
 KEY_LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
-GIVEN_QUERY_LISTS = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
 # Block-sparse lists, (B|1, H|1, blocks[, width]) int32: name -> (element, what it holds).
 CATALOG = {
@@ -45,6 +45,7 @@ CATALOG = {
     "full_q_counts": ("int", "full query blocks per key block, built from the kv lists"),
     "full_q_starts": ("int", "where each key block's full query blocks start in full_q_entries"),
     "full_q_entries": ("int", "the full query blocks of every key block, in key-block order"),
+    DIFFER: ("int", "per key block: bit 1 its given q list is not the transpose, bit 2 its full_q list"),
     "block_class": ("int", "(B, H, NQ, NK) 0: no pair allowed, 1: some, 2: all (BlockMask.from_mask)"),
 }
 
@@ -54,8 +55,8 @@ class BlockLists:
     """Block-sparse attention's lists (the tensors of FlexAttention's BlockMask), as far as a
     kernel depends on them. The lists are (B|1, H|1, blocks[, width]) int32, C-contiguous;
     `widths` are the last-axis lengths of kv_indices, full_kv_indices, q_indices and
-    full_q_indices, None where that list is absent (the transposed lists are then built on
-    the device from the kv lists, when a backward pass needs them)."""
+    full_q_indices, None where that list is absent (a backward pass builds the transposed
+    lists on the device from the kv lists, and checks the given ones against them)."""
 
     q_block: int
     k_block: int
@@ -111,10 +112,10 @@ class BlockFacts:
     batch_broadcast: bool
     head_broadcast: bool
     full: bool               # full_kv lists (and, in the backward, full_q lists)
-    transposed_given: bool   # backward: q lists given (else built on the device)
+    transposed_given: bool   # backward: q lists given (checked against those built on the device)
 
     key_lists = KEY_LISTS
-    query_lists = GIVEN_QUERY_LISTS + BUILT_QUERY_LISTS
+    query_lists = BUILT_QUERY_LISTS
     catalog = CATALOG
 
     @property
@@ -127,11 +128,15 @@ class BlockFacts:
     def derived(self) -> tuple[tuple[str, str], ...]:
         return (("NQ", f"cdiv(R, {self.q_block})"), ("NK", f"cdiv(C, {self.k_block})"))
 
+    def _axes(self, blocks: str) -> tuple[Extent, ...]:
+        """(B|1, H|1, blocks): the shape of a count list."""
+        return (Extent(1) if self.batch_broadcast else Extent(1, ("B",)),
+                Extent(1) if self.head_broadcast else Extent(1, ("Hq",)), Extent(1, (blocks,)))
+
     def _lists(self, prefix: str, blocks: str, width: str, spec) -> dict:
         """A (num_blocks, indices) pair: int32, C-contiguous, (B|1, H|1, blocks[, width])."""
-        axes = (Extent(1) if self.batch_broadcast else Extent(1, ("B",)),
-                Extent(1) if self.head_broadcast else Extent(1, ("Hq",)), Extent(1, (blocks,)))
-        num, indices = axes, (*axes, Extent(1, (width,)))
+        num = self._axes(blocks)
+        indices = (*num, Extent(1, (width,)))
         return {f"{prefix}_num_blocks": spec("int32", num, contiguous(num), logical=False),
                 f"{prefix}_indices": spec("int32", indices, contiguous(indices), logical=False)}
 
@@ -149,6 +154,13 @@ class BlockFacts:
                 inputs.update(self._lists("full_q", "NK", "Wqf", spec))
         return inputs
 
+    def backward_outputs(self, spec) -> dict:
+        """With given q lists, which of them differ from the transpose, per (B|1, H|1, key block)."""
+        if not self.transposed_given:
+            return {}
+        axes = self._axes("NK")
+        return {DIFFER: spec("int32", axes, contiguous(axes), logical=False)}
+
     @property
     def heads(self) -> str:
         """The lists' head extent as an MSL expression."""
@@ -159,11 +171,9 @@ class BlockFacts:
             return True
         if name.startswith("full_") and not self.full:
             return False
-        if name in GIVEN_QUERY_LISTS:
+        if name in GIVEN_QUERY_LISTS or name == DIFFER:
             return self.transposed_given
-        if name in BUILT_QUERY_LISTS:
-            return not self.transposed_given
-        return name in KEY_LISTS
+        return name in KEY_LISTS or name in BUILT_QUERY_LISTS
 
     def extents(self, d) -> dict[str, Extent]:
         """Block classes, and the transposed lists built on the device: per (batch|1, head|1)."""
@@ -186,7 +196,7 @@ class BlockFacts:
         return dense()
 
     def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
-        return (() if self.transposed_given else (generate_transpose(d),)) + dense()
+        return (generate_transpose(d),) + ((generate_verify(d),) if self.transposed_given else ()) + dense()
 
     def keys(self, d, steps: Steps) -> list[str]:
         """The key blocks listed for a forward or dQ simdgroup's query block (rows q_first..)."""
@@ -209,17 +219,12 @@ class BlockFacts:
         f = self
         lines = ["", "// The query blocks listed for this simdgroup's key block: partial, then full.",
                  f"const ulong block_at = {list_base(f, 'NK')} + key_first / {f.k_block};"]
-        kinds = [("q", "partial blocks: the masking rules apply", d.rules, "query_begin", "query_end", "Wq")]
+        kinds = [("q", "partial blocks: the masking rules apply", d.rules, "query_begin", "query_end", "Wp")]
         if f.full:
-            kinds.append(("full_q", "full blocks: every pair allowed", full_rules(d.rules), "0", "int(R)", "Wqf"))
+            kinds.append(("full_q", "full blocks: every pair allowed", full_rules(d.rules), "0", "int(R)", "Wf"))
         for prefix, what, rules, low, high, width in kinds:
-            if f.transposed_given:
-                count = f"{prefix}_num_blocks[block_at]"
-                listed = f"{prefix}_indices[block_at * {width} + n]"
-            else:
-                count = f"{prefix}_counts[block_at]"
-                listed = f"{prefix}_entries[{list_base(f, 'NQ * Wp' if prefix == 'q' else 'NQ * Wf')} " \
-                         f"+ {prefix}_starts[block_at] + n]"
+            count = f"{prefix}_counts[block_at]"
+            listed = f"{prefix}_entries[{list_base(f, f'NQ * {width}')} + {prefix}_starts[block_at] + n]"
             lines += _visit(what, f"key_first < C ? {count} : 0", listed, f"max(listed * {f.q_block}, {low})",
                             f"min(listed * {f.q_block} + {f.q_block}, {high})", steps(rules, "block_begin", "block_end"))
         return lines

@@ -125,6 +125,9 @@ class TokenFacts:
     def backward_inputs(self, spec) -> dict:
         return self.inputs(spec)
 
+    def backward_outputs(self, spec) -> dict:
+        return {}
+
     def present(self, name: str) -> bool:
         return name != "topk_length" or self.lengths is not None
 
