@@ -57,3 +57,15 @@ def test_merge_runs_on_mps(rng):
 def test_quantize_refuses_mps():
     with pytest.raises(TypeError, match="quantize reads CPU tensors"):
         mfa_native.quantize(torch.zeros(1, 64, device="mps"))
+
+
+def test_wrong_q_lists_are_refused_on_mps(rng):
+    """The device's check of given q lists is read back from MPS memory (a stand-in holds none)."""
+    q, k, v = (x.to("mps") for x in _qkv(rng))
+    built = mfa_native.BlockMask.from_mask(causal=True, R=16, C=24, block_size=8)
+    o, lse = mfa_native.block_sparse_attention(q, k, v, built, return_lse=True)
+    arrays = dict(built.arrays)
+    arrays["q_num_blocks"] = np.zeros_like(arrays["q_num_blocks"])
+    wrong = mfa_native.BlockMask(**arrays, block_size=built.block_size)
+    with pytest.raises(ValueError, match="q_indices"):
+        mfa_native.block_sparse_attention_backward(q, k, v, o, lse, torch.randn_like(o), wrong)

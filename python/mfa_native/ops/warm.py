@@ -20,7 +20,7 @@ import numpy as np
 
 from ..quantized import QuantizedTensor
 from ..runtime.devices import Device, tuning_facts
-from ..runtime.runner import PreparedPass
+from ..runtime.runner import PreparedPass, readable
 
 MAX_SIGNATURES = 512
 
@@ -149,7 +149,7 @@ def _checking(finish: Callable, check_outputs: Callable[[dict[str, np.ndarray]],
     """`finish` after `check_outputs` has seen the outputs by name."""
 
     def checked(outputs):
-        check_outputs(dict(zip(names, outputs)))
+        check_outputs({name: readable(out) for name, out in zip(names, outputs)})
         return finish(outputs)
     return checked
 

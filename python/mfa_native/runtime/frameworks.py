@@ -174,6 +174,14 @@ class FrameworkCall:
             bound.append(a if tensor is None else _core.metal_buffer_from_dlpack(device, tensor.__dlpack__()))
         return bound
 
+    def readable(self, output: np.ndarray) -> np.ndarray:
+        """An output this call allocated, as numpy the host can read: a Metal tensor's stand-in
+        holds no data, so its tensor comes back to the host."""
+        for view, native in self._made:
+            if view is output and self.framework.on_metal(native):
+                return self.framework.as_numpy(native.cpu(), "an output")
+        return output
+
     def natives(self, result: Any) -> Any:
         """`result` (an op's return value: an array or a tuple of them) with every array this
         call allocated replaced by its framework array."""

@@ -35,6 +35,9 @@ class CallerArrays(Protocol):
     def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An output: a numpy view (or stand-in) of an array the framework allocated."""
 
+    def readable(self, output: np.ndarray) -> np.ndarray:
+        """An output made by __call__, as numpy the host can read."""
+
     def bind(self, arrays: Sequence[np.ndarray], device: Device) -> list:
         """The arrays to run on, with the stand-ins of device memory replaced by core Buffers."""
 
@@ -42,6 +45,13 @@ class CallerArrays(Protocol):
 def allocate(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An op's output array: from the enclosing `caller_arrays` block's framework, else numpy."""
     return (getattr(_caller, "arrays", None) or _allocate)(shape, dtype)
+
+
+def readable(output: np.ndarray) -> np.ndarray:
+    """An op's output as numpy the host can read (the enclosing `caller_arrays` framework may
+    have allocated it on the GPU, behind a stand-in)."""
+    caller = getattr(_caller, "arrays", None)
+    return output if caller is None else caller.readable(output)
 
 
 @contextmanager
