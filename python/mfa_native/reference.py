@@ -101,14 +101,17 @@ def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window
         sink = np.broadcast_to(np.asarray(sinks).astype(np.float64)[None, :, None], (batch, q_heads, q_len))
     else:
         sink = np.full((batch, q_heads, q_len), -np.inf)
+    takes_all = np.isposinf(sink)                        # FlashMLA's +inf sink: every weight, O = 0
+    sink = np.where(takes_all, -np.inf, sink)
     row_max = np.maximum(logits.max(axis=-1, initial=-np.inf), sink)   # no keys (C = 0): -inf
-    empty = np.isneginf(row_max)
+    empty = np.isneginf(row_max) | takes_all
     shift = np.where(empty, 0.0, row_max)
-    weights = np.exp(logits - shift[..., None])          # exp(-inf) = 0 for removed keys
+    with np.errstate(over="ignore"):
+        weights = np.exp(logits - shift[..., None])      # exp(-inf) = 0 for removed keys
     denominator = weights.sum(axis=-1) + np.exp(sink - shift)
     with np.errstate(divide="ignore", invalid="ignore"):
         probabilities = np.where(empty[..., None], 0.0, weights / denominator[..., None])
-        lse = np.where(empty, -np.inf, shift + np.log(denominator))
+        lse = np.where(takes_all, np.inf, np.where(empty, -np.inf, shift + np.log(denominator)))
     return probabilities, lse
 
 
@@ -163,7 +166,8 @@ def attention_backward_reference(q, k, v, dout, *, scale=None, causal=False, mas
     if sinks is None:
         return tuple(grads)
     sink = np.asarray(sinks).astype(np.float64)[None, :, None]
-    p_sink = np.exp(sink - lse)                               # a sink keeps every denominator > 0
+    with np.errstate(invalid="ignore"):
+        p_sink = np.where(sink == lse, 1.0, np.exp(sink - lse))   # 1 where an infinite sink took every weight
     dsinks = -(p_sink * delta).sum(axis=(0, 2))
     return (*grads, dsinks)
 
@@ -246,7 +250,11 @@ def sparse_attention_reference(q, k, v, indices, *, scale=None, sinks=None, topk
                     row = row[:max(0, int(np.asarray(topk_length)[b, r]))]
                 keys = row[(row >= 0) & (row < kv_len)]
                 logits = scale * kh[b, h // ratio, keys] @ qh[b, h, r]
-                terms = [logits] + ([np.array([float(np.asarray(sinks)[h])])] if sinks is not None else [])
+                sink = -np.inf if sinks is None else float(np.asarray(sinks)[h])
+                if sink == np.inf:   # FlashMLA's +inf sink takes every weight: output 0
+                    lse[b, h, r] = np.inf
+                    continue
+                terms = [logits] + ([np.array([sink])] if sink != -np.inf else [])   # -inf: no sink
                 every = np.concatenate(terms)
                 if every.size == 0:
                     continue

@@ -155,7 +155,7 @@ BAD_SCALARS = {"scale": ["x", np.nan, np.inf, True, -1.0, 0.0, 1e300],
                "return_lse": [1, "no", True],
                "device": ["gpu", 0, "cpu"],
                "topk": [-1, 2**40, HUGE, 1.5, 0, 10**6, True],
-               "sinks": ["nan", "shape", "int"],
+               "sinks": ["none", "shape", "int"],
                "mask": ["shape", "dtype", "bool", "broadcast"]}
 
 
@@ -233,7 +233,7 @@ def bad_option(rng, name: str, args: list) -> Any:
     """A wrong (or unusual) value of option `name`."""
     value = BAD_SCALARS[name][int(rng.integers(len(BAD_SCALARS[name])))]
     if name == "sinks":
-        return {"nan": np.full(HQ, np.nan, np.float32), "shape": np.zeros(HQ + 1, np.float32),
+        return {"none": np.full(HQ, -np.inf, np.float32), "shape": np.zeros(HQ + 1, np.float32),  # -inf: no sink
                 "int": np.zeros(HQ, np.int32)}[value]
     if name == "mask":
         return {"shape": np.zeros((R + 1, C), np.float32), "dtype": np.zeros((R, C), np.int32),

@@ -52,7 +52,6 @@ BAD_ARGUMENTS = [
     (dict(sinks=np.zeros(3, np.float32)), ValueError, ["sinks", "(4,)", "(3,)"]),
     (dict(sinks=np.zeros((1, 4), np.float32)), ValueError, ["sinks", "(4,)"]),
     (dict(sinks=np.zeros(4, np.int64)), TypeError, ["sinks", "int64"]),
-    (dict(sinks=np.float32([0, np.inf, 0, 0])), ValueError, ["sinks", "finite"]),
     (dict(scale="0.1"), TypeError, ["scale", "str"]),
     (dict(scale=True), TypeError, ["scale"]),
     (dict(scale=float("nan")), ValueError, ["scale", "finite"]),

@@ -41,8 +41,9 @@ WINDOW = Arg("window", "option", default=None, schema="int[]?", to_schema=check.
     (left, right): key j is allowed for query i iff -left <= j - (i + C - R) <= right; -1
     leaves a side unbounded.""")
 SINKS = Arg("sinks", "array", default=None, grad=True, doc="""
-    (Hq,) one extra logit per head in the softmax denominator, with no value; finite. A
-    numpy array or q's kind.""")
+    (Hq,) one extra logit per head in the softmax denominator, with no value. FlashMLA's
+    infinite values: -inf is no sink; +inf takes every weight (output 0, lse +inf). A numpy
+    array or q's kind.""")
 LAYOUT = Arg("layout", "option", default="bhsd", schema="str", doc='"bhsd" or "bshd"; the output uses the same layout.')
 RETURN_LSE = Arg("return_lse", "option", default=False, schema="bool", doc="""
     also return lse, (B, Hq, R) float32: the natural log of the softmax denominator (sink
@@ -114,7 +115,7 @@ def validate(arrays, *, scale, causal, window, layout, return_lse,
         converts["mask"] = lambda m: check.mask_array(m, (B, Hq, R, C))[0]
     if sinks is not None:
         bound["sinks"] = check.sinks_array(sinks, Hq)
-        converts["sinks"] = lambda s: check.sinks_array(s, Hq)  # always: finiteness is a check of contents
+        converts["sinks"] = lambda s: check.sinks_array(s, Hq)
     raw.update(mask=mask, sinks=sinks)
     for name in bound:
         if name in raw and name != "sinks" and same_memory(raw[name], bound[name]):

@@ -5,7 +5,7 @@ the type, shape, strides and dtype of every array argument, the type and value
 of every other argument, the device and its tuning facts. Calls that share one
 cannot differ in anything but array contents, so the first call's checks,
 problem, pass description and prepared pass all hold for them; only checks of
-contents (finite sinks) run again, inside the argument's conversion.
+contents (the block lists of block-sparse attention) run again.
 
 Only numpy arrays make a signature, and QuantizedTensors of numpy arrays (other array types
 go the full way each time).

@@ -43,7 +43,7 @@ from .forward import BUILTINS
 from .masking import (MaskRules, bias_over_keys, bias_over_queries, key_range, mask_key_pointer, mask_row_pointer,
                       query_range)
 from .rows import query_rows_geometry, row_index
-from .softmax import gradient_of_scores, logits, lse2, probabilities
+from .softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
 
 DQ_KERNEL_NAME = "attention_backward_dq"
 DKDV_KERNEL_NAME = "attention_backward_dkdv"
@@ -135,7 +135,7 @@ def _row_delta(d: BackwardDescriptor) -> list[str]:
     lines += lse2("const float lse2", "row_at")
     stores = ["delta[row_at] = delta_row;"]
     if d.sinks:
-        stores.append("sink_grad[row_at] = -exp2(sinks[h] * LOG2E - lse2) * delta_row;  // -p_sink D")
+        stores.append(f"sink_grad[row_at] = -{sink_probability('lse2')} * delta_row;  // -p_sink D")
     return lines + ["if (row < R && tc == 0) {"] + indent(stores) + ["}"]
 
 

@@ -20,6 +20,7 @@ from ..kernel.source import KernelSource, assemble
 from . import operands
 from .descriptor import KernelDescriptor
 from .rows import row_index
+from .softmax import sink_state, stored_lse
 
 KERNEL_NAME = "attention_combine"
 COLUMNS_PER_THREADGROUP = 32
@@ -46,14 +47,15 @@ def _body(d: KernelDescriptor) -> list[str]:
         "const ulong split_stride = ulong(B) * Hq * R;",
         "",
         "// The largest max among splits that saw a key (and the sink).",
-        "float top = sinks[h] * LOG2E;" if d.sinks else "float top = MASKED;",
+        *(sink_state()[:1] + ["float top = m;"] if d.sinks else ["float top = MASKED;"]),
         "for (uint s = 0; s < S; ++s) {",
         "  const ulong at = first + s * split_stride;",
         "  if (ml_partial[at * 2 + 1] != 0.0f) {  // a split that saw a key (or a NaN)",
         "    top = max_nan(top, ml_partial[at * 2]);",
         "  }",
         "}",
-        "float denominator = exp2(sinks[h] * LOG2E - top);" if d.sinks else "float denominator = 0.0f;",
+        "float denominator = m != -INFINITY ? exp2(m - top) : 0.0f;  // a -inf sink is none" if d.sinks
+        else "float denominator = 0.0f;",
         "float sum = 0.0f;",
         "for (uint s = 0; s < S; ++s) {",
         "  const ulong at = first + s * split_stride;",
@@ -69,7 +71,7 @@ def _body(d: KernelDescriptor) -> list[str]:
     ]
     if d.return_lse:
         lines += ["if (col == 0) {",
-                  "  lse[first] = denominator != 0.0f ? (top + log2(denominator)) * LN2 : -INFINITY;",
+                  f"  lse[first] = {stored_lse(m='top', denominator='denominator', sinks=d.sinks)};",
                   "}"]
     return lines
 

@@ -43,7 +43,7 @@ from . import operands
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
 from .rows import row_index
-from .softmax import online_softmax
+from .softmax import online_softmax, sink_state, stored_lse
 
 KERNEL_NAME = "attention_forward"
 PARTIAL_KERNEL_NAME = "attention_partial"
@@ -67,9 +67,7 @@ class Normalized:
 
     @staticmethod
     def initial_state(d: KernelDescriptor) -> list[str]:
-        if d.sinks:
-            return ["float m = sinks[h] * LOG2E;  // the sink is one more logit, with no value", "float l = 1.0f;"]
-        return ["float m = MASKED;", "float l = 0.0f;"]
+        return sink_state() if d.sinks else ["float m = MASKED;", "float l = 0.0f;"]
 
     @staticmethod
     def store(d: KernelDescriptor) -> list[str]:
@@ -78,7 +76,7 @@ class Normalized:
         body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l")
         if d.return_lse:
             body += ["if (tc == 0) {",
-                     f"  lse[{row_index('row')}] = l != 0.0f ? (m + log2(l)) * LN2 : -INFINITY;",
+                     f"  lse[{row_index('row')}] = {stored_lse(m='m', denominator='l', sinks=d.sinks)};",
                      "}"]
         return (["", "// O /= l; a row with nothing in its denominator stores 0 (and lse = -inf).",
                  head_pointer("o", d.o, "h", t, False),

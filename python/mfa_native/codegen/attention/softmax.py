@@ -11,6 +11,30 @@ from ..kernel.msl import float_literal, loop
 from ..kernel.tiles import tiles
 
 
+# Sinks take FlashMLA's infinite values: -inf is no sink; +inf takes every weight (O = 0,
+# lse = +inf). In the running state +inf enters as the largest finite logit, so that the
+# rescales stay exp2(0) = 1 and every key's weight exp2(s - FLT_MAX) = 0 (no inf - inf).
+SINK = "sinks[h] * LOG2E"
+
+
+def sink_state() -> list[str]:
+    """The online softmax's initial state with a sink: the sink is one more logit, with no value."""
+    return [f"float m = {SINK} == INFINITY ? FLT_MAX : {SINK};  // the sink: one more logit, with no value",
+            "float l = 1.0f;"]
+
+
+def stored_lse(*, m: str, denominator: str, sinks: bool) -> str:
+    """lse (natural log) of a row from its log2-domain max and denominator: -inf for a row with
+    nothing in its denominator, +inf where an infinite sink takes every weight."""
+    lse = f"{denominator} != 0.0f ? ({m} + log2({denominator})) * LN2 : -INFINITY"
+    return f"{SINK} == INFINITY ? INFINITY : ({lse})" if sinks else lse
+
+
+def sink_probability(lse2: str) -> str:
+    """p_sink = exp2(sink - lse2), 1 where both are the same infinity (the sink took every weight)."""
+    return f"({SINK} == {lse2} ? 1.0f : exp2({SINK} - {lse2}))"
+
+
 def logits(scale_log2e: float, count: int, scores_tile: str, also: Sequence[str] = ()) -> list[str]:
     """s[i] = score * scale * log2(e) + bias for allowed elements (MASKED stays MASKED), then `also`.
     Reads s (from `bias`)."""

@@ -22,7 +22,7 @@ from ..attention import operands
 from ..attention.descriptor import BackwardDescriptor
 from ..attention.forward import BUILTINS
 from ..attention.rows import row_index
-from ..attention.softmax import gradient_of_scores, logits, lse2, probabilities
+from ..attention.softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
 from ..kernel.msl import BUILTINS_THREAD, MSL_TYPES, float_literal, indent, loop
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
@@ -77,7 +77,7 @@ def _delta(d: BackwardDescriptor) -> list[str]:
     lines += lse2("const float lse2", "row_at")
     if d.sinks:
         lines += [f"if (head_slot < {d.gqa_ratio} && tc == 0) {{",
-                  "  sink_grad[row_at] = -exp2(sinks[h] * LOG2E - lse2) * delta_row;  // -p_sink D", "}"]
+                  f"  sink_grad[row_at] = -{sink_probability('lse2')} * delta_row;  // -p_sink D", "}"]
     return lines
 
 

@@ -19,7 +19,7 @@ from ..attention import operands
 from ..attention.descriptor import KernelDescriptor
 from ..attention.forward import BUILTINS
 from ..attention.rows import row_index
-from ..attention.softmax import online_softmax
+from ..attention.softmax import online_softmax, sink_state, stored_lse
 from ..kernel.msl import MSL_TYPES, indent, loop, offset
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
@@ -109,7 +109,7 @@ def _store(d: KernelDescriptor) -> list[str]:
     body = [f"device {t}* o_row = o + ({element_offset(d.o, ('ulong(b)', 0), ('ulong(h)', 1), ('ulong(r)', 2))});"]
     body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l")
     if d.return_lse:
-        body += ["if (tc == 0) {", f"  lse[{row_index('r')}] = l != 0.0f ? (m + log2(l)) * LN2 : -INFINITY;", "}"]
+        body += ["if (tc == 0) {", f"  lse[{row_index('r')}] = {stored_lse(m='m', denominator='l', sinks=d.sinks)};", "}"]
     return (["", "// O /= l; a row with nothing in its denominator stores 0 (and lse = -inf).",
              "const float inv_l = l != 0.0f ? 1.0f / l : 0.0f;  // NaN stays NaN",
              f"if (head_slot < {d.gqa_ratio}) {{"] + indent(body) + ["}"])
@@ -124,8 +124,7 @@ def generate_sparse(d: KernelDescriptor) -> KernelSource:
         q_cache = ["", f"// Q: the 8 heads' rows, {d.head_dim} wide, held in registers as 8x8 tiles."]
         q_cache += in_registers("q_tile", q, "h")
     state = ["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
-    state += (["float m = sinks[h] * LOG2E;  // the sink is one more logit, with no value", "float l = 1.0f;"]
-              if d.sinks else ["float m = MASKED;", "float l = 0.0f;"])
+    state += sink_state() if d.sinks else ["float m = MASKED;", "float l = 0.0f;"]
     state += zeroed("o_tile", tiles(d.value_dim), "O, unnormalized")
     body = slot_geometry(d) + staging.declare(staged_tensors(d), d.keys.stage_rows, d.dtype, str(32 * d.simdgroups)) + q_cache + state + _slot_steps(d) + _store(d)
     summary = [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, {d.gqa_ratio} query heads per kv head as tile rows",
