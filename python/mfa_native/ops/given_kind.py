@@ -11,7 +11,8 @@ A framework must see the call to differentiate it, or it takes the outputs for c
 and gives the inputs zero gradients. So a call on MLX arrays runs through the op's MLX
 custom function (mlx.py: its vjp, or an error if the op has none), and a call on torch
 tensors that require grad (with grad enabled) through its torch custom op (torch/library.py);
-inside those, the op runs as below.
+inside those, the op runs as below. (An op whose result is wrapped, quantize's QuantizedTensor,
+returns no array to differentiate and runs as below.)
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def call(op, values: dict[str, Any]):
     framework = kinds.pop() if kinds else None
     if framework is None:
         return op.numpy_call(values)
-    if not getattr(_adapter, "inside", False) and _differentiated(framework, values, leading + op.others):
+    if op.wrap is None and not getattr(_adapter, "inside", False) and \
+            _differentiated(framework, values, leading + op.others):
         return _through_adapter(op, framework, values)
     framework_call = FrameworkCall(framework, like=_items(values[leading[0]])[0])
     values = dict(values)

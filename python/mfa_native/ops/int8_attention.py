@@ -20,17 +20,17 @@ QUANTIZED_REFUSAL = "int8_attention quantizes float k and v itself; pass k.dequa
 
 FLOAT_K = Arg("k", "array", leading=True, keyword=False, doc="keys, a float array as in `attention` (not quantized).")
 FLOAT_V = Arg("v", "array", leading=True, keyword=False, doc="values, a float array as in `attention`.")
-QK_SCALE = Arg("qk_scale", "option", default="token", doc="""
+QK_SCALE = Arg("qk_scale", "option", default="token", schema="str", doc="""
     how Q and K are quantized: symmetric int8 (round to nearest, halfway to even; clamped to
     +-127) with float32 scales absmax / 127, "token": one scale per row (per token and head),
     "tile": one per 16 query rows and per 64 key rows, aligned from row 0 of each (batch,
     head); K is quantized per kv head.""")
-SMOOTH_K = Arg("smooth_k", "option", default=True, doc="""
+SMOOTH_K = Arg("smooth_k", "option", default=True, schema="bool", doc="""
     quantize K minus its mean over the attended keys (per batch, kv head and channel; see
     "Statistics" below). The results are those of the unshifted logits: each row's shift
     scale * q . mean(k) (float q) is added back before the softmax, so lse and the sinks are
     those of the unshifted logits.""")
-PV = Arg("pv", "option", default="int8", doc="""
+PV = Arg("pv", "option", default="int8", schema="str", doc="""
     "int8": V minus its per-channel mean over the attended keys is int8 with one scale per
     channel (the mean comes back with the real keys' probability mass, not the sink's); P is
     quantized to integers 0..127 (round(127 * p / block max)) per aligned block of 64 keys
