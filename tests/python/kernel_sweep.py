@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Tests whose kernels cover the generators: split-KV decode, sinks, backward, block and token
-# lists, the Kernel API, quantized storage.
+# Tests whose kernels cover the generators: split-KV decode, sinks (infinite ones too),
+# backward, block and token lists, the Kernel API, quantized storage, and one call of every
+# declared op (test_poison: the indexer, the merge, from_mask, the quantizers, int8).
 GENERATED_KERNEL_TESTS = [
+    "tests/python/test_poison.py",
+    "tests/python/test_infinite_sinks.py",
     "tests/python/test_attention.py::test_split_kv_decode",
     "tests/python/test_attention.py::test_sinks",
     "tests/python/test_attention_backward.py::test_sinks",
