@@ -7,7 +7,7 @@ import numpy as np
 from .. import reference
 from ..codegen import physical
 from ..codegen.sparse import topk as codegen_topk
-from ..runtime.devices import Device
+from ..runtime.devices import Device, tuning_facts
 from ..runtime.templates import evaluate
 from . import arguments as check
 from .declaration import Arg, Call, Op, Out
@@ -44,6 +44,9 @@ def _arrays(call: Call) -> tuple[Checked, dict[str, int], str]:
     if weights.shape != expected:
         raise ValueError(f"weights must have shape {expected}, got {weights.shape}")
     sizes = dict(B=B, Hi=Hi, R=R, C=C, K=int(topk), Di=Di)
+    if min(topk, C) > codegen_topk.TOPK_LIMIT:
+        raise ValueError(f"topk is {topk} with {C} keys: at most {codegen_topk.TOPK_LIMIT} keys are kept per row "
+                         "(min(topk, C) must not exceed it; the running top-k lives in threadgroup memory)")
     for name, size in (("B (batch)", B), ("Hi (indexer heads)", Hi), ("R (query length)", R),
                        ("C (key length)", C), ("topk", topk)):
         if size > check.MAX_INDEX:
@@ -85,7 +88,8 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     w = check.element_strides(bound["weights"])
     strides["weights"] = (*(w if layout == "bhsd" else (w[0], w[2], w[1])), 0)
     descriptor = codegen_topk.describe_topk(dtype=dtype, shape=sizes, strides=strides, layout=layout, causal=causal)
-    description = evaluate(codegen_topk.topk_template(descriptor), {n: sizes[n] for n in ("B", "Hi", "R", "C", "K")})
+    given = {**sizes, "P": tuning_facts(device).parallel_threadgroups}
+    description = evaluate(codegen_topk.topk_template(descriptor), {n: given[n] for n in codegen_topk.GIVEN_SIZES})
     return prepared_call(description, device, checked, call.op.array_names, call.results)
 
 
