@@ -29,8 +29,8 @@ def integer_inputs(rng, B, Hi, R, C, Di, dtype=np.float32, layout="bhsd"):
     return q, k, w
 
 
-def exactly_as_numpy(q, k, w, topk, **kwargs):
-    indices, scores = mfa_native.sparse_topk(q, k, w, topk, return_scores=True, **kwargs)
+def exactly_as_numpy(q, k, w, topk, precision="float", **kwargs):
+    indices, scores = mfa_native.sparse_topk(q, k, w, topk, return_scores=True, precision=precision, **kwargs)
     expected, expected_scores = sparse_topk_reference(q, k, w, topk, return_scores=True, **kwargs)
     np.testing.assert_array_equal(indices, expected)
     np.testing.assert_array_equal(scores, expected_scores)   # NaN where NaN, bit for bit elsewhere
@@ -153,3 +153,46 @@ def test_topk_above_the_limit_is_refused(rng):
         mfa_native.sparse_topk(q, k, w, TOPK_LIMIT + 1)
     q, k, w = integer_inputs(rng, 1, 2, 1, 30, 8)
     assert (mfa_native.sparse_topk(q, k, w, TOPK_LIMIT + 1)[..., 30:] == -1).all()   # min(topk, C) counts
+
+
+def _quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 attention's per-token symmetric quantizer in numpy: float32 scale absmax / 127, the
+    integer nearest the exact quotient (halfway to even), clamped to +-127."""
+    scale = (np.abs(x.astype(np.float32)).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    ints = np.clip(np.rint(x.astype(np.float64) / np.where(scale > 0, scale, 1)), -127, 127)
+    return np.where(scale > 0, ints, 0), scale.astype(np.float64)
+
+
+def test_int8_scores_are_the_quantized_products(rng):
+    """precision="int8": scores from per-token int8 q and k, integer products, dequantized by
+    both scales; against a numpy emulation of the quantizer, and exactly the float result
+    where quantizing is exact (every row's absmax 127, integer values)."""
+    B, Hi, R, C, Di, topk = 1, 9, 3, 2300, 24, 64
+    q = rng.standard_normal((B, Hi, R, Di)).astype(np.float16)
+    k = rng.standard_normal((B, 1, C, Di)).astype(np.float16)
+    w = rng.random((B, Hi, R)).astype(np.float32)
+    with tuned_as(mfa_native.default_device(), parallel_threadgroups=MANY):
+        indices, scores = mfa_native.sparse_topk(q, k, w, topk, precision="int8", return_scores=True)
+    (qi, qs), (ki, ks) = _quantized(q), _quantized(k)
+    products = np.einsum("bhrd,bcd->bhrc", qi, ki[:, 0]) * qs * ks[:, 0, :, 0][:, None, None]
+    emulated = np.einsum("bhr,bhrc->brc", w.astype(np.float64), np.maximum(products, 0.0))
+    n = np.arange(R) + C - R + 1
+    picked = np.take_along_axis(emulated[:, :, :], indices[:, 0].astype(np.int64), axis=-1)
+    np.testing.assert_allclose(scores[:, 0], picked, rtol=1e-5)
+    for r in range(R):   # the kept scores are the emulation's best of the row's candidates
+        best = np.sort(emulated[0, r, :n[r]])[::-1][:topk]
+        np.testing.assert_allclose(scores[0, 0, r], best, rtol=1e-5)
+    float_indices = mfa_native.sparse_topk(q, k, w, topk)
+    recall = np.mean([np.intersect1d(indices[0, 0, r], float_indices[0, 0, r]).size / topk for r in range(R)])
+    assert recall > 0.9
+
+    q = rng.integers(-127, 128, (B, Hi, R, Di)).astype(np.float32)
+    k = rng.integers(-127, 128, (B, 1, C, Di)).astype(np.float32)
+    q[..., 0], k[..., 1] = 127, -127
+    exactly_as_numpy(q, k, rng.integers(1, 3, (B, Hi, R)).astype(np.float32), topk, precision="int8")
+
+
+def test_precision_is_checked(rng):
+    q, k, w = integer_inputs(rng, 1, 2, 1, 30, 8)
+    with pytest.raises(ValueError, match="precision must be"):
+        mfa_native.sparse_topk(q, k, w, 4, precision="int4")

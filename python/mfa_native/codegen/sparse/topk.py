@@ -23,6 +23,7 @@ from ..kernel import passes
 from ..kernel.layouts import OperandLayout, memory_order, operand_layout, physical
 from ..kernel.sizes import Extent, RuntimeSizes
 from .topk_merge import generate_merge
+from .topk_scores import PRECISIONS, check_exact  # noqa: F401 (PRECISIONS: the op's choices)
 from .topk_stream import BLOCK_KEYS, TOPK_LIMIT, generate_stream
 
 GIVEN_SIZES = ("B", "Hi", "R", "C", "K", "P")   # P: the threadgroups the device runs at once
@@ -47,10 +48,11 @@ class TopkDescriptor:
     out_layout: str            # "bhsd": (B, 1, R, topk), "bshd": (B, R, 1, topk)
     causal: bool
     sizes: RuntimeSizes
+    precision: str = "float"   # "int8": q and k quantized per token in the kernel (topk_scores.py)
 
 
 def describe_topk(*, dtype: str, shape: dict[str, int], strides: dict[str, tuple[int, ...]], layout: str,
-                  causal: bool) -> TopkDescriptor:
+                  causal: bool, precision: str = "float") -> TopkDescriptor:
     """The indexer's descriptor: `shape` holds B, Hi, R, C, K and Di; `strides` the element
     strides of q, k and weights in logical order. Dense strides stay symbolic, so a new
     length reuses the kernels."""
@@ -61,7 +63,12 @@ def describe_topk(*, dtype: str, shape: dict[str, int], strides: dict[str, tuple
     k = operand_layout((shape["B"], 1, shape["C"], shape["Di"]), (B, one, C, Di), strides["k"], order, None)
     weights = operand_layout((shape["B"], shape["Hi"], shape["R"], 1), (B, Hi, R, one), strides["weights"], order,
                               None)
-    return TopkDescriptor(dtype, shape["Di"], q, k, weights, layout, causal, RuntimeSizes("TopkSizes", SIZE_DOCS))
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "int8":
+        check_exact(shape["Di"])
+    return TopkDescriptor(dtype, shape["Di"], q, k, weights, layout, causal, RuntimeSizes("TopkSizes", SIZE_DOCS),
+                          precision)
 
 
 def topk_template(d: TopkDescriptor) -> PassTemplate:
@@ -79,4 +86,5 @@ def topk_template(d: TopkDescriptor) -> PassTemplate:
     outputs = {"indices": passes.TensorSpec("int32", shape), "topk_scores": passes.TensorSpec("float32", shape)}
     return passes.build_template("sparse_topk", (generate_stream(d), generate_merge(d)), sizes=GIVEN_SIZES,
                                  inputs=inputs, outputs=outputs, derived=DERIVED, guards=(f"L <= {TOPK_LIMIT}",),
-                                 valid_for=dict(dtype=d.dtype, head_dim=d.head_dim, layout=layout, causal=d.causal))
+                                 valid_for=dict(dtype=d.dtype, head_dim=d.head_dim, layout=layout, causal=d.causal,
+                                                precision=d.precision))
