@@ -34,7 +34,7 @@ KINDS = [
     ("int8-attention", ["--pv", "float", "--no-smooth-k"], ["int8_quantize_k", "int8_quantize_q",
                                                             "int8_attention_forward"]),
     ("quantize", ["--format", "q4_0"], ["quantize"]),
-    ("sparse-topk", ["--topk", "8", "--causal", "lower_right"], ["sparse_topk_scores", "sparse_topk_select"]),
+    ("sparse-topk", ["--topk", "8", "--causal", "lower_right"], ["sparse_topk_stream", "sparse_topk_merge"]),
     ("merge", ["--parts", "3"], ["attention_merge"]),
 ]
 

@@ -13,6 +13,10 @@ bytes read from k and v and from the mask (cpu backend: exact; Metal: not counte
 Then token lists (DeepSeek sparse attention): 4 queries of 8 heads sharing one list of 256
 of the --keys keys, against dense attention over all keys and against gathering the listed
 keys (numpy) and running dense attention on them.
+
+Last, the lightning indexer (`sparse_topk`) at C = 4096, 16384 and 65536 for R = 8 rows: each
+kernel's time and device bytes written, and how the time grows with C (--indexer-only: just
+this table).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ..ops.block_sparse import block_sparse_attention
 from ..ops.sparse import sparse_attention
 from ..runtime.devices import resolve_device
 from ..work import useful_block_sparse_matrix_ops
+from ._indexer import indexer_table
 from ._table import format_table
 
 DOCUMENTS = 8
@@ -91,9 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "metal"], help="default: the default device")
     parser.add_argument("--keys", type=int, default=16384, help="R = C (default 16384)")
     parser.add_argument("--head-dim", type=int, default=16, help="D = Dv (default 16, small for the cpu backend)")
+    parser.add_argument("--indexer-only", action="store_true", help="only the lightning indexer's table")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     rng = np.random.default_rng(0)
+    if args.indexer_only:
+        print(indexer_table(rng, device))
+        return 0
     n, d = args.keys, args.head_dim
     q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float16) for _ in range(3))
     rows = []
@@ -113,4 +122,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"R = C = {n}, D = {d}, float16, blocks {BLOCK}x{BLOCK}, on {device.kind} ({device.name})")
     print(format_table(["mask", "kernel", "ms", "mma issued", "mma useful (listed blocks)", "k+v read MiB",
                         "mask read MiB"], rows))
+    print()
+    print(indexer_table(rng, device))
     return 0

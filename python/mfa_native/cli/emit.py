@@ -154,7 +154,8 @@ def sparse_topk(args: argparse.Namespace) -> Built:
     weights = (*w, 0)
     descriptor = codegen_topk.describe_topk(dtype=args.dtype, shape=sizes, strides=dict(q=q, k=k, weights=weights),
                                             layout=args.layout, causal=args.causal != "none")
-    return codegen_topk.topk_template(descriptor), {n: sizes[n] for n in ("B", "Hi", "R", "C", "K")}
+    given = {**sizes, "P": args.parallel_threadgroups or 1}   # P: splits of long rows fill the device
+    return codegen_topk.topk_template(descriptor), {n: given[n] for n in codegen_topk.GIVEN_SIZES}
 
 
 def merge(args: argparse.Namespace) -> Built:

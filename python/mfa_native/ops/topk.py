@@ -7,7 +7,7 @@ import numpy as np
 from .. import reference
 from ..codegen import physical
 from ..codegen.sparse import topk as codegen_topk
-from ..runtime.devices import Device
+from ..runtime.devices import Device, tuning_facts
 from ..runtime.templates import evaluate
 from . import arguments as check
 from .declaration import Arg, Call, Op, Out
@@ -30,6 +30,8 @@ def _arrays(call: Call) -> tuple[Checked, dict[str, int], str]:
         raise TypeError(f"topk must be an int, got {type(topk).__name__}")
     if topk < 0:
         raise ValueError(f"topk must not be negative, got {topk}")
+    if call.precision not in codegen_topk.PRECISIONS:
+        raise ValueError(f"precision must be 'float' or 'int8', got {call.precision!r}")
     check.flag(call.causal, "causal")
     check.flag(call.return_scores, "return_scores")
     for x, name in ((q, "q"), (k, "k")):
@@ -44,6 +46,9 @@ def _arrays(call: Call) -> tuple[Checked, dict[str, int], str]:
     if weights.shape != expected:
         raise ValueError(f"weights must have shape {expected}, got {weights.shape}")
     sizes = dict(B=B, Hi=Hi, R=R, C=C, K=int(topk), Di=Di)
+    if min(topk, C) > codegen_topk.TOPK_LIMIT:
+        raise ValueError(f"topk is {topk} with {C} keys: at most {codegen_topk.TOPK_LIMIT} keys are kept per row "
+                         "(min(topk, C) must not exceed it; the running top-k lives in threadgroup memory)")
     for name, size in (("B (batch)", B), ("Hi (indexer heads)", Hi), ("R (query length)", R),
                        ("C (key length)", C), ("topk", topk)):
         if size > check.MAX_INDEX:
@@ -84,8 +89,10 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     strides = {name: physical(check.element_strides(bound[name]), layout) for name in ("q", "k")}
     w = check.element_strides(bound["weights"])
     strides["weights"] = (*(w if layout == "bhsd" else (w[0], w[2], w[1])), 0)
-    descriptor = codegen_topk.describe_topk(dtype=dtype, shape=sizes, strides=strides, layout=layout, causal=causal)
-    description = evaluate(codegen_topk.topk_template(descriptor), {n: sizes[n] for n in ("B", "Hi", "R", "C", "K")})
+    descriptor = codegen_topk.describe_topk(dtype=dtype, shape=sizes, strides=strides, layout=layout, causal=causal,
+                                            precision=call.precision)
+    given = {**sizes, "P": tuning_facts(device).parallel_threadgroups}
+    description = evaluate(codegen_topk.topk_template(descriptor), {n: given[n] for n in codegen_topk.GIVEN_SIZES})
     return prepared_call(description, device, checked, call.op.array_names, call.results)
 
 
@@ -106,6 +113,11 @@ SPARSE_TOPK = Op(
         Arg("layout", "option", default="bhsd", doc='"bhsd" or "bshd".'),
         Arg("return_scores", "option", default=False,
             doc="also return the matching float32 scores (-inf at padding)."),
+        Arg("precision", "option", default="float", doc="""
+            "float" (exact float32 scores) or "int8": q and k quantized per token (int8
+            attention's symmetric quantizer, absmax / 127) and multiplied exactly as
+            integers; faster on int8 hardware, a slightly different selection (its
+            recall against the float one: `python -m mfa_native bench sparse`)."""),
     ),
     outputs=(Out("indices", "int32 (B, 1, R, topk)"), Out("topk_scores", "float32", when="return_scores")),
     prepare=_prepare,
@@ -113,7 +125,7 @@ SPARSE_TOPK = Op(
     no_backward="sparse_topk selects keys: its integer result has no gradient",
     details="""
     score[b, r, c] = sum over indexer heads h of weights[b, h, r] * relu(q[b, h, r] . k[b, 0, c]),
-    computed in float32; the topk candidates of each row by descending score (equal scores:
+    computed in float32 (precision="int8": from the per-token int8 q and k); the topk candidates of each row by descending score (equal scores:
     the lower key first), padded with -1 where a row has fewer candidates. A NaN score ranks
     above every number, the lower key first among NaNs (torch.topk's rule); NaN in q, k or
     weights gives NaN scores (relu keeps NaN).
