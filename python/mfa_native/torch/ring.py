@@ -266,7 +266,7 @@ class _Ring(torch.autograd.Function):
         B, Hq, R = shared["the batch size"], shared["the heads (Hq, Hkv)"][0], q.shape[axis]
         o = q.new_zeros((*q.shape[:-1], v.shape[-1]))
         lse = (torch.full((B, Hq, R), -torch.inf, device=q.device) if sinks is None  # the sink: one more part
-               else sinks.detach().float()[None, :, None].expand(B, Hq, R).contiguous())
+               else sinks.detach().to(q.device, torch.float32)[None, :, None].expand(B, Hq, R).contiguous())
         pairs = _pairs(peers, band)
         for source, kb, vb in _shards(peers, k, v, axis):
             pair = pairs[source]
@@ -302,7 +302,7 @@ class _Ring(torch.autograd.Function):
             grads = peers.shift(grads, _kv_size(peers, k, v, axis, incoming), _GRADS)()
         # after the last step, grads are this rank's own shard's dk/dv
         dk, dv = _unpack(grads, k.shape, v.shape)
-        dsinks = None if sinks is None else _sinks_gradient(sinks, o, lse, do, layout).to(sinks.dtype)
+        dsinks = None if sinks is None else _sinks_gradient(sinks, o, lse, do, layout).to(sinks)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks, None, None, None, None, None
 
 
@@ -312,4 +312,4 @@ def _sinks_gradient(sinks: Tensor, o: Tensor, lse: Tensor, do: Tensor, layout: s
     delta = (do.float() * o.float()).sum(-1)
     if layout == "bshd":
         delta = delta.transpose(1, 2)
-    return -(torch.exp(sinks.detach().float()[None, :, None] - lse) * delta).sum((0, 2))
+    return -(torch.exp(sinks.detach().to(lse)[None, :, None] - lse) * delta).sum((0, 2))
