@@ -4,7 +4,8 @@
   torch.compile support (`torch.ops.mfa_native.attention` / `.attention_backward`).
 - `scaled_dot_product_attention(...)`: torch.nn.functional's, computed by mfa_native.
 - `sdpa_override()`: a context manager routing torch's SDPA through mfa_native.
-- `ring_attention(q, k, v, group=...)`: attention over a sequence sharded across ranks.
+- `ring_attention(q, k, v, group=...)`: attention over sequences sharded across ranks (shards of any
+  length; causal, window and sinks by global position).
 
 Importing this module imports torch; `import mfa_native` alone does not.
 """
