@@ -61,6 +61,14 @@ def test_the_stream_equals_numpy_bit_for_bit(rng, case, splits):
     assert (stream.threadgroups > case["B"] * case["R"]) == (splits and long_rows)   # a row over threadgroups
 
 
+def test_deepseeks_indexer_shape_runs(rng):
+    """DeepSeek V3.2's indexer: 64 heads of Di = 128, bfloat16, topk 2048 (here above C: pads)."""
+    bfloat16 = pytest.importorskip("ml_dtypes").bfloat16
+    q, k, w = integer_inputs(rng, B=1, Hi=64, R=2, C=1100, Di=128, dtype=bfloat16)
+    indices = exactly_as_numpy(q, k, w, 2048)
+    assert (indices[..., 1100:] == -1).all() and (np.sort(indices[0, 0, -1, :1100]) == np.arange(1100)).all()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_nan_scores_enter_first_from_any_block_and_split(rng, causal):
     """NaN keys in late blocks of every split still rank above every number (lower key first)."""
