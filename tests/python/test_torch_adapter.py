@@ -214,3 +214,26 @@ def test_sdpa_override_in_a_model(rng):
     with mt.sdpa_override():
         got = model(x, padding)
     assert _l2(got, expected) < 1e-5
+
+
+EMPTY_CASES = {"no batch": (0, 2, 5, 7), "no heads": (2, 0, 5, 7), "no queries": (2, 2, 0, 7),
+               "no keys": (2, 2, 5, 0)}
+
+
+@pytest.mark.parametrize("is_causal,mask", [(False, None), (True, None), (False, "bool"), (False, "float")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", EMPTY_CASES, ids=list(EMPTY_CASES))
+def test_sdpa_of_empty_inputs_is_torchs(rng, case, dtype, is_causal, mask):
+    """Zero batch, heads, queries or keys: torch's output (shape, dtype, values: zeros for no
+    keys) and torch's gradients."""
+    B, H, L, S = EMPTY_CASES[case]
+    q, k, v = _tensors(rng, (B, H, L, 16), (B, H, S, 16), (B, H, S, 8), dtype=dtype)
+    attn_mask = None if mask is None else torch.from_numpy(rng.random((L, S)) > 0.3)
+    if mask == "float":
+        attn_mask = attn_mask.to(dtype)
+    out = mt.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    assert out.shape == expected.shape and out.dtype == expected.dtype and torch.equal(out, expected)
+    do = torch.from_numpy(rng.standard_normal(tuple(out.shape))).to(dtype)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(expected, (q, k, v), do)):
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
