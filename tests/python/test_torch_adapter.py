@@ -237,3 +237,25 @@ def test_sdpa_of_empty_inputs_is_torchs(rng, case, dtype, is_causal, mask):
     do = torch.from_numpy(rng.standard_normal(tuple(out.shape))).to(dtype)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(expected, (q, k, v), do)):
         assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("format,bits", [("affine", 4), ("q8_0", None), ("q4_0", None)])
+def test_attention_over_quantized_k_v_differentiates_q(rng, format, bits):
+    """mt.attention(q, QuantizedTensor, QuantizedTensor): attention over their dequantize(),
+    with dq and dsinks as over those floats; the quantized K/V are constants, and a gradient
+    asked of one of their fields raises."""
+    from mfa_native import quantize
+
+    (q, k, v), sinks = _tensors(rng, (2, 4, 10, 64), (2, 2, 14, 64), (2, 2, 14, 32)), _tensors(rng, (4,))[0]
+    qk, qv = (quantize(x.detach(), format, bits, 32 if format == "affine" else None) for x in (k, v))
+    o, lse = mt.attention(q, qk, qv, causal=True, sinks=sinks, return_lse=True)
+    floats = [x.dequantize().double() for x in (qk, qv)]
+    expected = _reference_with_sinks(q, *floats, sinks, causal=True)
+    assert _l2(o, expected) < 1e-5 and not lse.requires_grad
+    do = torch.randn_like(o)
+    for got, want in zip(torch.autograd.grad(o, (q, sinks), do), torch.autograd.grad(expected, (q, sinks), do)):
+        assert _l2(got, want) < 1e-5
+    if format == "affine":
+        qk.scales.requires_grad_()
+        with pytest.raises(NotImplementedError, match="k.scales is a field of a QuantizedTensor"):
+            torch.autograd.grad(mt.attention(q.detach(), qk, qv).sum(), qk.scales)
