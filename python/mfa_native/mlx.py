@@ -9,13 +9,19 @@ elsewhere) and have finished when the call returns, writing into arrays MLX
 allocated. Inside mx.compile or mx.vmap they raise a RuntimeError (MLX cannot
 evaluate arrays while tracing): call them outside the transformation.
 
+`patch()` routes `mx.fast.scaled_dot_product_attention` and mlx-lm's quantized attention
+through these inside a block (or a decorated function).
+
 Importing this module imports mlx; `import mfa_native` alone does not.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Sequence
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -213,3 +219,95 @@ def quantized_scaled_dot_product_attention(queries: mx.array, q_keys: Sequence[m
     """
     k, v = (QuantizedTensor.from_mlx(*fields, group_size=group_size, bits=bits) for fields in (q_keys, q_values))
     return attention(queries, k, v, scale=scale, sinks=sinks, **_mask_options(mask))
+
+
+REMOVED = -1e30  # an additive mask value at or below this removes the key in mfa_native's kernels
+_REFUSED = (ValueError, TypeError, NotImplementedError)   # what makes a patched call fall back
+
+
+def _refuse_rows_without_keys(mask) -> None:
+    """NotImplementedError for a mask array that leaves some row no key: MLX gives such a row
+    the mean of v (mlx-lm's quantized function too: it masks with finfo.min), mfa_native 0."""
+    if not isinstance(mask, mx.array):
+        return
+    if mask.dtype == mx.bool_:
+        some_row_empty = mx.logical_not(mx.all(mx.any(mask, axis=-1)))
+    else:
+        some_row_empty = mx.any(mx.max(mask, axis=-1) <= REMOVED)
+    if some_row_empty.item():
+        raise NotImplementedError("a mask row allows no key: MLX gives it the mean of v, mfa_native 0")
+
+
+def _fast_sdpa(q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask=None, sinks=None,
+               **options) -> mx.array:
+    """mx.fast.scaled_dot_product_attention's signature onto `scaled_dot_product_attention`;
+    NotImplementedError where the result would not be MLX's (`options`: its stream or
+    force_fused; a mask row with no key)."""
+    if options:
+        raise NotImplementedError(f"mfa_native takes no {', '.join(options)}")
+    _refuse_rows_without_keys(mask)
+    return scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+
+
+def _mlx_lm_quantized_sdpa(queries: mx.array, q_keys, q_values, scale: float, mask, group_size: int = 64,
+                           bits: int = 8) -> mx.array:
+    """mlx-lm's quantized_scaled_dot_product_attention's signature onto ours; NotImplementedError
+    for a mask row with no key."""
+    _refuse_rows_without_keys(mask)
+    return quantized_scaled_dot_product_attention(queries, q_keys, q_values, scale=scale, mask=mask,
+                                                  group_size=group_size, bits=bits)
+
+
+def _routed(ours: Callable, original: Callable) -> Callable:
+    """`original`, computed by `ours` (which takes its arguments), or by `original` itself when
+    ours refuses them (ValueError, TypeError, NotImplementedError: shapes, dtypes, masks
+    mfa_native does not take or would not give MLX's result for)."""
+    @functools.wraps(original)
+    def routed(*args, **kwargs):
+        try:
+            return ours(*args, **kwargs)
+        except _REFUSED:
+            return original(*args, **kwargs)
+
+    return routed
+
+
+def _patch_targets() -> list[tuple[object, str, Callable]]:
+    """(namespace, attribute, ours) of every function `patch` routes: mx.fast's SDPA, and, when
+    mlx_lm is imported, mlx-lm's quantized SDPA in `mlx_lm.models.base` and in every loaded
+    mlx_lm module that imported it by name."""
+    targets: list[tuple[object, str, Callable]] = [(mx.fast, "scaled_dot_product_attention", _fast_sdpa)]
+    if "mlx_lm" in sys.modules:
+        from mlx_lm.models import base
+
+        name = "quantized_scaled_dot_product_attention"
+        original = getattr(base, name)
+        targets += [(module, name, _mlx_lm_quantized_sdpa) for module_name, module in list(sys.modules.items())
+                    if module_name.startswith("mlx_lm") and getattr(module, name, None) is original]
+    return targets
+
+
+@contextmanager
+def patch() -> Iterator[None]:
+    """Inside the block (or a function decorated with `@patch()`), mx.fast.scaled_dot_product_attention
+    and mlx-lm's quantized_scaled_dot_product_attention (the quantized KV cache's attention,
+    `kv_bits` in mlx-lm's generate) run through mfa_native, and through their originals for
+    what mfa_native refuses or would compute differently (a mask row with no key, MLX's
+    stream or force_fused arguments, shapes or dtypes it does not take); errors are then the
+    originals'. Restored on exit, also on an exception; blocks may nest.
+
+    It replaces module attributes, so code that looks them up when calling (mlx-lm's models:
+    `mx.fast.scaled_dot_product_attention(...)`, and `base.scaled_dot_product_attention`
+    calling `quantized_scaled_dot_product_attention`) uses it; import mlx_lm before entering
+    the block for its function to be routed. Not under mx.compile (see the module
+    docstring). Not thread-safe: the attributes are process-wide.
+    """
+    targets = _patch_targets()
+    originals = [(namespace, name, getattr(namespace, name)) for namespace, name, _ in targets]
+    for (namespace, name, ours), (_, _, original) in zip(targets, originals):
+        setattr(namespace, name, _routed(ours, original))
+    try:
+        yield
+    finally:
+        for namespace, name, original in reversed(originals):
+            setattr(namespace, name, original)
