@@ -259,3 +259,32 @@ def test_attention_over_quantized_k_v_differentiates_q(rng, format, bits):
         qk.scales.requires_grad_()
         with pytest.raises(NotImplementedError, match="k.scales is a field of a QuantizedTensor"):
             torch.autograd.grad(mt.attention(q.detach(), qk, qv).sum(), qk.scales)
+
+
+def test_sdpa_override_runs_a_transformers_llama(rng, monkeypatch):
+    """A tiny random Transformers Llama (GQA, a left-padded batch) gives the same logits and
+    parameter gradients with and without sdpa_override, and the override ran mfa_native."""
+    transformers = pytest.importorskip("transformers")
+    from mfa_native.torch import sdpa
+
+    routed = []
+    run = sdpa._run
+    monkeypatch.setattr(sdpa, "_run", lambda *a: routed.append(1) or run(*a))
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    config = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.from_numpy(rng.integers(0, 101, size=(2, 12)))
+    padding = torch.ones(2, 12, dtype=torch.long)
+    padding[1, :3] = 0
+
+    def logits_and_gradients():
+        logits = model(ids, attention_mask=padding).logits
+        return logits, torch.autograd.grad(logits.square().sum(), list(model.parameters()))
+
+    expected, expected_grads = logits_and_gradients()
+    with mt.sdpa_override():
+        logits, grads = logits_and_gradients()
+    assert len(routed) == config.num_hidden_layers
+    assert _l2(logits, expected) < 1e-5
+    assert all(_l2(a, b) < 1e-4 for a, b in zip(grads, expected_grads))
