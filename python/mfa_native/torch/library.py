@@ -207,7 +207,7 @@ class _WithQuantizedConstants(torch.autograd.Function):
         with inside_adapter():
             result = op.function(**{**values, **selectors})
         results = result if isinstance(result, tuple) else (result,)
-        backward_names = {p.name for p in op.backward_op.parameters()}
+        backward_names = set() if op.backward_op is None else {p.name for p in op.backward_op.parameters()}
         ctx.mark_non_differentiable(*(r for o, r in zip(op.outputs, results) if f"d{o.name}" not in backward_names))
         ctx.op, ctx.values, ctx.names = op, values, list(_tensors(op, values))
         ctx.save_for_backward(*tensors, *results)
@@ -216,6 +216,8 @@ class _WithQuantizedConstants(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         op, backward_op = ctx.op, ctx.op.backward_op
+        if backward_op is None:
+            raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
         for (name, field), needed in zip(ctx.names, ctx.needs_input_grad[2:]):
             if needed and (field is not None or name not in op.gradients):
                 what = f"{name}.{field} is a field of a QuantizedTensor, a constant" if field else \
@@ -227,8 +229,9 @@ class _WithQuantizedConstants(torch.autograd.Function):
                  **dict(zip(outputs, saved[len(ctx.names):])), **{f"d{n}": g for n, g in zip(outputs, grads)}}
         dtype = known[op.leading[0]].dtype
         known.update({name: x.dequantize().to(dtype) for name, x in quantized_values(op, known).items()})
+        names = [p.name for p in backward_op.parameters() if p.name != "device"]
         with inside_adapter():
-            results = backward_op.function(**{p.name: known[p.name] for p in backward_op.parameters() if p.name != "device"})
+            results = backward_op.function(**{n: known[n] for n in names})
         by_name = dict(zip((o.name for o in backward_op.outputs), results))
         gradients = [by_name.get(op.gradients.get(name)) if field is None else None for name, field in ctx.names]
         return None, None, *(None if g is None else g.to(x.dtype) for g, x in zip(gradients, saved))
