@@ -9,21 +9,26 @@ elsewhere) and have finished when the call returns, writing into arrays MLX
 allocated. Inside mx.compile or mx.vmap they raise a RuntimeError (MLX cannot
 evaluate arrays while tracing): call them outside the transformation.
 
+`patch()` routes `mx.fast.scaled_dot_product_attention` and mlx-lm's quantized attention
+through these inside a block (or a decorated function).
+
 Importing this module imports mlx; `import mfa_native` alone does not.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Sequence
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 import mlx.core as mx
 import numpy as np
 
 from . import reference
 from .ops.attention import ATTENTION
-from .ops.attention import attention as _attention
-from .ops.declaration import Call, Op
+from .ops.declaration import Call, Op, quantized_values
 from .ops.given_kind import inside_adapter
 from .quantized import QuantizedTensor
 
@@ -53,39 +58,75 @@ def mlx_call(op: Op, values: dict):
     backward, every floating MLX array argument, so that a gradient asked through it raises
     NotImplementedError instead of coming back zero; an additive (floating) mask of an op with
     a mask rule below is a primal too, its gradient computed lazily with MLX ops (so it costs
-    nothing unless asked for). The vjp runs the backward op, its arguments found by name as
-    torch/library.py finds them: forward arguments, outputs, and `d` + an output's name for its
+    nothing unless asked for). The fields of a QuantizedTensor argument (quantized k, v) are
+    primals too, each through `_constant`: the tensor is a constant of the call, and a
+    gradient asked of it raises NotImplementedError. The vjp runs the backward op, its
+    arguments found by name as torch/library.py finds them: forward arguments (a
+    QuantizedTensor dequantized to q's dtype), outputs, and `d` + an output's name for its
     cotangent. Outputs the backward takes no cotangent of (lse) come back through
     mx.stop_gradient (of an op without a backward, none: their gradient raises)."""
     backward_op = op.backward_op
     backward_names = [] if backward_op is None else [p.name for p in backward_op.parameters()]
     selectors = {o.when: True for o in op.outputs if o.when in op.option_names}
     given = [a.name for a in op.arguments if a.kind == "array" and _is_primal(op, a, values[a.name])]
+    quantized = quantized_values(op, values)
+    constants = [(name, field) for name, x in quantized.items()
+                 for field, array in x.fields().items() if isinstance(array, mx.array)]
     everything = Call(op, {**values, **selectors}).results   # what the forward computes
     everything = (everything,) if isinstance(everything, str) else everything
+
+    def bound(primals) -> dict:
+        """The call's arguments, the primals in place of the arrays they stand for."""
+        replaced: dict[str, dict] = {}
+        for (name, field), p in zip(constants, primals[len(given):]):
+            replaced.setdefault(name, {})[field] = p
+        return {**values, **dict(zip(given, primals)),
+                **{name: quantized[name].with_fields(**fields) for name, fields in replaced.items()}}
 
     @mx.custom_function
     def forward(*primals):
         with inside_adapter():
-            result = op.function(**{**values, **dict(zip(given, primals)), **selectors})
+            result = op.function(**{**bound(primals), **selectors})
         return tuple(result) if isinstance(result, tuple) else (result,)
 
     @forward.vjp
     def vjp(primals, cotangents, outputs):
         if backward_op is None:
             raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
-        known = {**values, **dict(zip(given, primals)), **dict(zip(everything, outputs)),
+        known = {**bound(primals), **dict(zip(everything, outputs)),
                  **{f"d{name}": c for name, c in zip(everything, cotangents)}}
+        dtype = known[op.leading[0]].dtype
+        known.update({name: x.dequantize().astype(dtype) for name, x in quantized_values(op, known).items()})
         grads = backward_op.function(**{n: known[n] for n in backward_names})
         by_name = dict(zip((o.name for o in backward_op.outputs), grads if isinstance(grads, tuple) else (grads,)))
         by_name["dmask"] = _mask_gradient(op, known) if "mask" in given else None
-        return tuple(by_name[op.gradients.get(n, "dmask")].astype(p.dtype) for n, p in zip(given, primals))
+        # The constants' cotangents never reach the caller: each constant's own vjp raises first.
+        return (*(by_name[op.gradients.get(n, "dmask")].astype(p.dtype) for n, p in zip(given, primals)),
+                *(mx.zeros_like(p) for p in primals[len(given):]))
 
-    outputs = dict(zip(everything, forward(*[values[n] for n in given])))
+    constant_primals = [_constant(quantized[name].fields()[field], f"{name}.{field}", op.name)
+                        for name, field in constants]
+    outputs = dict(zip(everything, forward(*[values[n] for n in given], *constant_primals)))
     outputs = {name: mx.stop_gradient(o) if backward_op is not None and f"d{name}" not in backward_names else o
                for name, o in outputs.items()}
     asked = Call(op, values).results
     return outputs[asked] if isinstance(asked, str) else tuple(outputs[name] for name in asked)
+
+
+def _constant(x: mx.array, name: str, op_name: str) -> mx.array:
+    """x, a field of a quantized argument, as a constant of the call: MLX would give it a zero
+    gradient (as it does any array a custom function does not take); asking its gradient
+    through this raises NotImplementedError instead."""
+    @mx.custom_function
+    def identity(x):
+        return x
+
+    @identity.vjp
+    def vjp(primals, cotangent, output):
+        raise NotImplementedError(f"{op_name}: {name} is a field of a QuantizedTensor, a constant with no "
+                                  "gradient; differentiate with respect to its dequantize() instead")
+
+    return identity(x)
 
 
 def _is_primal(op: Op, argument, value) -> bool:
@@ -137,6 +178,15 @@ def _mask_gradient(op: Op, known: dict) -> mx.array:
 attention = mlx_function(ATTENTION)
 
 
+def _mask_options(mask: str | mx.array | None) -> dict:
+    """mx.fast's mask as `attention`'s options: "causal" is lower right."""
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"mask must be 'causal', an array or None, got {mask!r}")
+        return {"causal": "lower_right"}
+    return {"mask": mask}
+
+
 def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float,
                                  mask: str | mx.array | None = None, sinks: mx.array | None = None) -> mx.array:
     """mx.fast.scaled_dot_product_attention, computed by mfa_native, differentiable.
@@ -150,11 +200,7 @@ def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *, scale
     Additive values <= -1e30 remove a key here, so a row masked only with such
     finite values also gives 0.
     """
-    if isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"mask must be 'causal', an array or None, got {mask!r}")
-        return attention(q, k, v, scale=scale, causal="lower_right", sinks=sinks)
-    return attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    return attention(q, k, v, scale=scale, sinks=sinks, **_mask_options(mask))
 
 
 def quantized_scaled_dot_product_attention(queries: mx.array, q_keys: Sequence[mx.array],
@@ -167,11 +213,101 @@ def quantized_scaled_dot_product_attention(queries: mx.array, q_keys: Sequence[m
     q_keys and q_values are what mlx-lm's QuantizedKVCache holds: (wq, scales, biases) as
     `mx.quantize(x, group_size, bits)` returns them, (B, Hkv, S, ...) along the head
     dimension; queries (B, Hq, L, D). mask, scale and sinks as in
-    `scaled_dot_product_attention`. Not differentiable: a quantized cache has no gradient.
+    `scaled_dot_product_attention`. Differentiable in queries (and sinks, an additive
+    mask): the quantized cache is a constant, whose gradient (mx.grad with respect to its
+    arrays) raises NotImplementedError.
     """
     k, v = (QuantizedTensor.from_mlx(*fields, group_size=group_size, bits=bits) for fields in (q_keys, q_values))
-    if isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"mask must be 'causal', an array or None, got {mask!r}")
-        return _attention(queries, k, v, scale=scale, causal="lower_right", sinks=sinks)
-    return _attention(queries, k, v, scale=scale, mask=mask, sinks=sinks)
+    return attention(queries, k, v, scale=scale, sinks=sinks, **_mask_options(mask))
+
+
+REMOVED = -1e30  # an additive mask value at or below this removes the key in mfa_native's kernels
+_REFUSED = (ValueError, TypeError, NotImplementedError)   # what makes a patched call fall back
+
+
+def _refuse_rows_without_keys(mask) -> None:
+    """NotImplementedError for a mask array that leaves some row no key: MLX gives such a row
+    the mean of v (mlx-lm's quantized function too: it masks with finfo.min), mfa_native 0."""
+    if not isinstance(mask, mx.array):
+        return
+    if mask.dtype == mx.bool_:
+        some_row_empty = mx.logical_not(mx.all(mx.any(mask, axis=-1)))
+    else:
+        some_row_empty = mx.any(mx.max(mask, axis=-1) <= REMOVED)
+    if some_row_empty.item():
+        raise NotImplementedError("a mask row allows no key: MLX gives it the mean of v, mfa_native 0")
+
+
+def _fast_sdpa(q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask=None, sinks=None,
+               **options) -> mx.array:
+    """mx.fast.scaled_dot_product_attention's signature onto `scaled_dot_product_attention`;
+    NotImplementedError where the result would not be MLX's (`options`: its stream or
+    force_fused; a mask row with no key)."""
+    if options:
+        raise NotImplementedError(f"mfa_native takes no {', '.join(options)}")
+    _refuse_rows_without_keys(mask)
+    return scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+
+
+def _mlx_lm_quantized_sdpa(queries: mx.array, q_keys, q_values, scale: float, mask, group_size: int = 64,
+                           bits: int = 8) -> mx.array:
+    """mlx-lm's quantized_scaled_dot_product_attention's signature onto ours; NotImplementedError
+    for a mask row with no key."""
+    _refuse_rows_without_keys(mask)
+    return quantized_scaled_dot_product_attention(queries, q_keys, q_values, scale=scale, mask=mask,
+                                                  group_size=group_size, bits=bits)
+
+
+def _routed(ours: Callable, original: Callable) -> Callable:
+    """`original`, computed by `ours` (which takes its arguments), or by `original` itself when
+    ours refuses them (ValueError, TypeError, NotImplementedError: shapes, dtypes, masks
+    mfa_native does not take or would not give MLX's result for)."""
+    @functools.wraps(original)
+    def routed(*args, **kwargs):
+        try:
+            return ours(*args, **kwargs)
+        except _REFUSED:
+            return original(*args, **kwargs)
+
+    return routed
+
+
+def _patch_targets() -> list[tuple[object, str, Callable]]:
+    """(namespace, attribute, ours) of every function `patch` routes: mx.fast's SDPA, and, when
+    mlx_lm is imported, mlx-lm's quantized SDPA in `mlx_lm.models.base` and in every loaded
+    mlx_lm module that imported it by name."""
+    targets: list[tuple[object, str, Callable]] = [(mx.fast, "scaled_dot_product_attention", _fast_sdpa)]
+    if "mlx_lm" in sys.modules:
+        from mlx_lm.models import base
+
+        name = "quantized_scaled_dot_product_attention"
+        original = getattr(base, name)
+        targets += [(module, name, _mlx_lm_quantized_sdpa) for module_name, module in list(sys.modules.items())
+                    if module_name.startswith("mlx_lm") and getattr(module, name, None) is original]
+    return targets
+
+
+@contextmanager
+def patch() -> Iterator[None]:
+    """Inside the block (or a function decorated with `@patch()`), mx.fast.scaled_dot_product_attention
+    and mlx-lm's quantized_scaled_dot_product_attention (the quantized KV cache's attention,
+    `kv_bits` in mlx-lm's generate) run through mfa_native, and through their originals for
+    what mfa_native refuses or would compute differently (a mask row with no key, MLX's
+    stream or force_fused arguments, shapes or dtypes it does not take); errors are then the
+    originals'. Restored on exit, also on an exception; blocks may nest.
+
+    It replaces module attributes, so code that looks them up when calling (mlx-lm's models:
+    `mx.fast.scaled_dot_product_attention(...)`, and `base.scaled_dot_product_attention`
+    calling `quantized_scaled_dot_product_attention`) uses it; import mlx_lm before entering
+    the block for its function to be routed. Not under mx.compile (see the module
+    docstring). Not thread-safe: the attributes are process-wide.
+    """
+    targets = _patch_targets()
+    originals = [(namespace, name, getattr(namespace, name)) for namespace, name, _ in targets]
+    for (namespace, name, ours), (_, _, original) in zip(targets, originals):
+        setattr(namespace, name, _routed(ours, original))
+    try:
+        yield
+    finally:
+        for namespace, name, original in reversed(originals):
+            setattr(namespace, name, original)

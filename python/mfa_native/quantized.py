@@ -102,6 +102,17 @@ class QuantizedTensor:
         of them), without conversion."""
         return cls(wq, scales, biases, format="affine", bits=bits, group_size=group_size)
 
+    def fields(self) -> dict:
+        """The stored fields as given (numpy, torch or MLX), by name: data, and scales and biases
+        where the format has them."""
+        given = {"data": self.data, "scales": self.scales, "biases": self.biases}
+        return {name: given[name] for name in self._numpy}
+
+    def with_fields(self, **fields) -> QuantizedTensor:
+        """This tensor with some stored fields (by name, as `fields()` gives them) replaced."""
+        return QuantizedTensor(**{**self.fields(), **fields}, format=self.format, bits=self.bits,
+                               group_size=self.group_size, dtype=self.dtype)
+
     @property
     def quant_format(self) -> QuantFormat:
         return QuantFormat(self.format, self.bits, self.group_size)

@@ -214,3 +214,77 @@ def test_sdpa_override_in_a_model(rng):
     with mt.sdpa_override():
         got = model(x, padding)
     assert _l2(got, expected) < 1e-5
+
+
+EMPTY_CASES = {"no batch": (0, 2, 5, 7), "no heads": (2, 0, 5, 7), "no queries": (2, 2, 0, 7),
+               "no keys": (2, 2, 5, 0)}
+
+
+@pytest.mark.parametrize("is_causal,mask", [(False, None), (True, None), (False, "bool"), (False, "float")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", EMPTY_CASES, ids=list(EMPTY_CASES))
+def test_sdpa_of_empty_inputs_is_torchs(rng, case, dtype, is_causal, mask):
+    """Zero batch, heads, queries or keys: torch's output (shape, dtype, values: zeros for no
+    keys) and torch's gradients."""
+    B, H, L, S = EMPTY_CASES[case]
+    q, k, v = _tensors(rng, (B, H, L, 16), (B, H, S, 16), (B, H, S, 8), dtype=dtype)
+    attn_mask = None if mask is None else torch.from_numpy(rng.random((L, S)) > 0.3)
+    if mask == "float":
+        attn_mask = attn_mask.to(dtype)
+    out = mt.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    assert out.shape == expected.shape and out.dtype == expected.dtype and torch.equal(out, expected)
+    do = torch.from_numpy(rng.standard_normal(tuple(out.shape))).to(dtype)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(expected, (q, k, v), do)):
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("format,bits", [("affine", 4), ("q8_0", None), ("q4_0", None)])
+def test_attention_over_quantized_k_v_differentiates_q(rng, format, bits):
+    """mt.attention(q, QuantizedTensor, QuantizedTensor): attention over their dequantize(),
+    with dq and dsinks as over those floats; the quantized K/V are constants, and a gradient
+    asked of one of their fields raises."""
+    from mfa_native import quantize
+
+    (q, k, v), sinks = _tensors(rng, (2, 4, 10, 64), (2, 2, 14, 64), (2, 2, 14, 32)), _tensors(rng, (4,))[0]
+    qk, qv = (quantize(x.detach(), format, bits, 32 if format == "affine" else None) for x in (k, v))
+    o, lse = mt.attention(q, qk, qv, causal=True, sinks=sinks, return_lse=True)
+    floats = [x.dequantize().double() for x in (qk, qv)]
+    expected = _reference_with_sinks(q, *floats, sinks, causal=True)
+    assert _l2(o, expected) < 1e-5 and not lse.requires_grad
+    do = torch.randn_like(o)
+    for got, want in zip(torch.autograd.grad(o, (q, sinks), do), torch.autograd.grad(expected, (q, sinks), do)):
+        assert _l2(got, want) < 1e-5
+    if format == "affine":
+        qk.scales.requires_grad_()
+        with pytest.raises(NotImplementedError, match="k.scales is a field of a QuantizedTensor"):
+            torch.autograd.grad(mt.attention(q.detach(), qk, qv).sum(), qk.scales)
+
+
+def test_sdpa_override_runs_a_transformers_llama(rng, monkeypatch):
+    """A tiny random Transformers Llama (GQA, a left-padded batch) gives the same logits and
+    parameter gradients with and without sdpa_override, and the override ran mfa_native."""
+    transformers = pytest.importorskip("transformers")
+    from mfa_native.torch import sdpa
+
+    routed = []
+    run = sdpa._run
+    monkeypatch.setattr(sdpa, "_run", lambda *a: routed.append(1) or run(*a))
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    config = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.from_numpy(rng.integers(0, 101, size=(2, 12)))
+    padding = torch.ones(2, 12, dtype=torch.long)
+    padding[1, :3] = 0
+
+    def logits_and_gradients():
+        logits = model(ids, attention_mask=padding).logits
+        return logits, torch.autograd.grad(logits.square().sum(), list(model.parameters()))
+
+    expected, expected_grads = logits_and_gradients()
+    with mt.sdpa_override():
+        logits, grads = logits_and_gradients()
+    assert len(routed) == config.num_hidden_layers
+    assert _l2(logits, expected) < 1e-5
+    assert all(_l2(a, b) < 1e-4 for a, b in zip(grads, expected_grads))

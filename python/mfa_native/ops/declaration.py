@@ -239,6 +239,13 @@ def asked(output: Out, values: dict) -> bool:
     return value is not None and value is not False
 
 
+def quantized_values(op: Op, values: dict) -> dict[str, QuantizedTensor]:
+    """The arguments of a call that are QuantizedTensors (those its op declares `quantized`), by
+    name. The adapters take them for constants: a backward runs on their `dequantize()`."""
+    return {a.name: values[a.name] for a in op.arguments
+            if a.quantized and isinstance(values.get(a.name), QuantizedTensor)}
+
+
 def _host_quantized(x) -> bool:
     """Whether x is a QuantizedTensor of numpy fields (numpy arrays are told apart inline)."""
     return type(x) is QuantizedTensor and type(x.data) is np.ndarray

@@ -87,7 +87,7 @@ def _differentiated(framework, values: dict[str, Any], names) -> bool:
     import torch
 
     return torch.is_grad_enabled() and any(
-        getattr(_stored(x), "requires_grad", False) for name in names for x in _items(values.get(name)))
+        getattr(t, "requires_grad", False) for name in names for x in _items(values.get(name)) for t in _tensors(x))
 
 
 def _through_adapter(op, framework, values: dict[str, Any]):
@@ -103,6 +103,11 @@ def _through_adapter(op, framework, values: dict[str, Any]):
 
 def _items(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _tensors(x) -> list:
+    """An argument's arrays: itself, or a QuantizedTensor's fields."""
+    return list(x.fields().values()) if isinstance(x, QuantizedTensor) else [x]
 
 
 def _stored(x):

@@ -14,6 +14,11 @@ the forward arguments its `gradients` map names. A forward output whose gradient
 backward does not take (lse) is not differentiable; an array argument the op gives no
 gradient (mask) raises NotImplementedError when autograd asks for one. An absent optional
 output (dsinks without sinks) is an empty (0,) tensor.
+
+A call whose `quantized` arguments (k, v) are QuantizedTensors, which no schema holds, runs
+through `_WithQuantizedConstants`, a torch.autograd.Function read off the same declaration:
+the QuantizedTensors are constants (the backward runs on their dequantize(); a gradient
+asked of one of their fields raises NotImplementedError).
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.declaration import Op, asked, release_caches
+from ..ops.declaration import Op, asked, quantized_values, release_caches
 from ..ops.given_kind import inside_adapter
+from ..quantized import QuantizedTensor
 from ..runtime.frameworks import _torch_dtype
 
 _REGISTERED: dict[str, Any] = {}
@@ -152,6 +158,8 @@ def torch_call(op: Op, values: dict):
     except NotImplementedError as error:
         raise NotImplementedError(f"{op.name} has no torch autograd yet ({error}); call it under torch.no_grad() "
                                   "or on detached tensors") from None
+    if quantized_values(op, values):
+        return _returned(op, values, _WithQuantizedConstants.apply(op, values, *_tensors(op, values).values()))
     kinds = dict(schema_arguments(op))
     converts = {a.name: a.to_schema for a in op.arguments if a.to_schema is not None}
     like = values[op.leading[0]]
@@ -164,10 +172,69 @@ def torch_call(op: Op, values: dict):
             return torch.from_numpy(np.ascontiguousarray(value)).to(like.device)
         return value
 
-    results = registered(*(argument(n) for n in kinds))
+    return _returned(op, values, registered(*(argument(n) for n in kinds)))
+
+
+def _returned(op: Op, values: dict, results: tuple):
+    """What the op returns of all its outputs (`results`, in declaration order) for a call with
+    `values`: the output alone, or the tuple of those asked."""
     kept = tuple(r for o, r in zip(op.outputs, results) if asked(o, values))
     return kept[0] if len(kept) == 1 and op.outputs[0].when is None and all(
         o.when is not None for o in op.outputs[1:]) else kept
+
+
+def _tensors(op: Op, values: dict) -> dict[tuple[str, str | None], torch.Tensor]:
+    """The tensors of a call, by (argument, None) or, for a QuantizedTensor's fields,
+    (argument, field)."""
+    tensors = {}
+    for a in op.arguments:
+        value = values.get(a.name)
+        fields = value.fields() if isinstance(value, QuantizedTensor) else {None: value}
+        tensors.update({(a.name, f): x for f, x in fields.items() if isinstance(x, torch.Tensor)})
+    return tensors
+
+
+class _WithQuantizedConstants(torch.autograd.Function):
+    """A call of an op whose quantized arguments (k, v) are QuantizedTensors, which no custom op
+    schema holds: the op runs directly (torch.compile graph-breaks on it), and its backward op
+    runs on their dequantize(), rounded to q's dtype. They are constants of the call: autograd
+    asking a gradient of one of their fields raises NotImplementedError, as it does for the
+    arguments the op gives none (mask)."""
+
+    @staticmethod
+    def forward(ctx, op: Op, values: dict, *tensors: torch.Tensor):
+        selectors = {o.when: True for o in op.outputs if o.when in op.option_names}
+        with inside_adapter():
+            result = op.function(**{**values, **selectors})
+        results = result if isinstance(result, tuple) else (result,)
+        backward_names = set() if op.backward_op is None else {p.name for p in op.backward_op.parameters()}
+        ctx.mark_non_differentiable(*(r for o, r in zip(op.outputs, results) if f"d{o.name}" not in backward_names))
+        ctx.op, ctx.values, ctx.names = op, values, list(_tensors(op, values))
+        ctx.save_for_backward(*tensors, *results)
+        return results
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, backward_op = ctx.op, ctx.op.backward_op
+        if backward_op is None:
+            raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
+        for (name, field), needed in zip(ctx.names, ctx.needs_input_grad[2:]):
+            if needed and (field is not None or name not in op.gradients):
+                what = f"{name}.{field} is a field of a QuantizedTensor, a constant" if field else \
+                    f"{op.name} gives {name} no gradient"
+                raise NotImplementedError(f"{what}; pass it detached")
+        saved = ctx.saved_tensors
+        outputs = [o.name for o in op.outputs]
+        known = {**ctx.values, **{name: x for (name, field), x in zip(ctx.names, saved) if field is None},
+                 **dict(zip(outputs, saved[len(ctx.names):])), **{f"d{n}": g for n, g in zip(outputs, grads)}}
+        dtype = known[op.leading[0]].dtype
+        known.update({name: x.dequantize().to(dtype) for name, x in quantized_values(op, known).items()})
+        names = [p.name for p in backward_op.parameters() if p.name != "device"]
+        with inside_adapter():
+            results = backward_op.function(**{n: known[n] for n in names})
+        by_name = dict(zip((o.name for o in backward_op.outputs), results))
+        gradients = [by_name.get(op.gradients.get(name)) if field is None else None for name, field in ctx.names]
+        return None, None, *(None if g is None else g.to(x.dtype) for g, x in zip(gradients, saved))
 
 
 def _no_gradient(op: Op):

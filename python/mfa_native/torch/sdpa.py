@@ -11,6 +11,7 @@ copy) and flattened into mfa_native's (B, H, R, D).
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -34,8 +35,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
     Same arguments, shapes, broadcasting and results as torch's, with these limits:
     dropout_p must be 0 (NotImplementedError otherwise); dtypes float32, float16 and
-    bfloat16 (float64 is a TypeError); head dims 1..256 and no empty axis (ValueError);
-    an attn_mask that requires grad is a NotImplementedError (it would get no gradient).
+    bfloat16 (float64 is a TypeError); head dims 1..256 (ValueError). Empty inputs give
+    torch's result: an empty output, or with no keys an output of zeros (and zero
+    gradients). An attn_mask that requires grad is a NotImplementedError (it would get no gradient).
     A row whose keys are all masked gives 0, as torch does, except that additive mask
     values <= -1e30 count as removed: a row whose every key is masked with such finite
     values gives 0 here where torch averages those keys' values (sdpa_override falls
@@ -88,13 +90,14 @@ def _canonical(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | No
         heads = torch.broadcast_shapes((Hq,), (Hk,), (Hv,))[0]
     kv_heads = Hk if enable_gqa and Hk == Hv else (1 if Hk == Hv == 1 else heads)
     L, S = q.shape[-2], k.shape[-2]
-    q = q.expand(*batch, heads, L, q.shape[-1]).reshape(-1, heads, L, q.shape[-1])
-    k, v = (x.expand(*batch, kv_heads, S, x.shape[-1]).reshape(-1, kv_heads, S, x.shape[-1]) for x in (k, v))
+    B = math.prod(batch)   # explicit sizes: an empty tensor reshapes too
+    q = q.expand(*batch, heads, L, q.shape[-1]).reshape(B, heads, L, q.shape[-1])
+    k, v = (x.expand(*batch, kv_heads, S, x.shape[-1]).reshape(B, kv_heads, S, x.shape[-1]) for x in (k, v))
     mask = attn_mask
     if mask is not None:
         torch.broadcast_shapes(mask.shape, (*batch, heads, L, S))  # torch's error when it does not broadcast
         if len(batch) != 1 or mask.dim() > 4:
-            mask = mask.expand(*batch, heads, L, S).reshape(-1, heads, L, S)
+            mask = mask.expand(*batch, heads, L, S).reshape(B, heads, L, S)
     shape = (*batch, heads, L, v.shape[-1])[n - rank:]
     return q, k, v, mask, shape
 
