@@ -50,13 +50,17 @@ def test_torch_bfloat16_views_share_memory(rng):
     np.testing.assert_array_equal(view.astype(np.float32), t.float().numpy())
 
 
-def test_torch_requires_grad_is_accepted_and_records_nothing(rng):
+def test_torch_requires_grad_goes_through_autograd(rng):
+    """Tensors that require grad: the call runs through the torch custom op, so autograd sees it."""
     torch = pytest.importorskip("torch")
     q, k, v = (torch.from_numpy(x).requires_grad_() for x in _qkv(rng))
     o = mfa_native.attention(q, k, v)
-    assert not o.requires_grad
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True).detach()
+    assert o.requires_grad
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert float((o - expected).norm() / expected.norm()) < 1e-6
+    do = torch.randn_like(o)
+    for ours, theirs in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(expected, (q, k, v), do)):
+        assert float((ours - theirs).norm() / theirs.norm()) < 1e-5
 
 
 def test_torch_backward_returns_torch(rng):
