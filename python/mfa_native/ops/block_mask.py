@@ -26,13 +26,14 @@ PAIRS = (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indice
 
 
 def block_size_pair(block_size) -> tuple[int, int]:
-    """block_size as (Qb, Kb), checked: an int or a pair of positive multiples of 8."""
+    """block_size as (Qb, Kb), checked: an int or a pair of positive ints (any size: a block
+    boundary may fall inside a kernel tile, FlexAttention's decode blocks (1, 64) included)."""
     sizes = (block_size, block_size) if isinstance(block_size, numbers.Integral) else block_size
     if not isinstance(sizes, (tuple, list)) or len(sizes) != 2 or \
             not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sizes):
         raise TypeError(f"block_size must be an int or a (Q_BLOCK, KV_BLOCK) pair of ints, got {block_size!r}")
-    if any(s < 8 or s % 8 for s in sizes):
-        raise ValueError(f"block sizes must be positive multiples of 8, got {tuple(sizes)}")
+    if any(s < 1 for s in sizes):
+        raise ValueError(f"block sizes must be positive, got {tuple(sizes)}")
     return int(sizes[0]), int(sizes[1])
 
 
@@ -80,7 +81,7 @@ class BlockMask:
         kv_num_blocks: int32 (B|1, H|1, ceil(R / Qb)): partial key blocks per query block.
         kv_indices: int32 (B|1, H|1, ceil(R / Qb), W): query block i visits the key blocks
             kv_indices[b, h, i, :kv_num_blocks[b, h, i]]; entries past the count are ignored.
-        block_size: Qb, or (Qb, Kb); positive multiples of 8 (default 128, as FlexAttention).
+        block_size: Qb, or (Qb, Kb); positive ints (default 128, as FlexAttention).
         full_kv_num_blocks, full_kv_indices: the same for full blocks (no mask rules inside).
         q_num_blocks, q_indices, full_q_num_blocks, full_q_indices: the transposed lists,
             (B|1, H|1, ceil(C / Kb)[, W']), optional: the backward pass builds them on the
