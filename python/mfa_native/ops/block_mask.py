@@ -136,7 +136,8 @@ class BlockMask:
         if (kv_bit_blocks is None) != (kv_bits is None):
             raise ValueError("kv_bit_blocks and kv_bits come together: pass both or neither")
         if kv_bits is not None:
-            self.bits = {"kv_bit_blocks": _int32(kv_bit_blocks, "kv_bit_blocks", 3), "kv_bits": _int32(kv_bits, "kv_bits", 1)}
+            self.bits = {"kv_bit_blocks": _int32(kv_bit_blocks, "kv_bit_blocks", 3),
+                         "kv_bits": _int32(kv_bits, "kv_bits", 1)}
             if self.bits["kv_bit_blocks"].shape != self.arrays["kv_num_blocks"].shape:
                 raise ValueError(f"kv_bit_blocks {self.bits['kv_bit_blocks'].shape} must have the shape of "
                                  f"kv_num_blocks {self.arrays['kv_num_blocks'].shape}")
