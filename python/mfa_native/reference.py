@@ -177,8 +177,10 @@ def block_visits(block_mask, batch: int, q_heads: int, q_len: int, kv_len: int, 
     """(B, Hq, R, C) float64: how many times query (b, h, r) visits key c under a block mask
     (anything with FlexAttention's list attributes and block_size = (Qb, Kb)): once per
     listing of c's block in r's query block's full list, and once per listing in its partial
-    list where causal, window and a boolean mask allow the pair."""
+    list where causal, window and a boolean mask allow the pair, and the partial block's mask
+    bit (kv_bit_blocks, kv_bits, where the mask has them) is set."""
     q_block, k_block = block_mask.block_size
+    bits = partial_block_bits(block_mask)
     rules = np.broadcast_to(allowed_keys(q_len, kv_len, causal, window), (batch, q_heads, q_len, kv_len))
     if mask is not None and np.asarray(mask).dtype == np.bool_:
         rules = rules & np.broadcast_to(np.asarray(mask), rules.shape)
@@ -193,10 +195,24 @@ def block_visits(block_mask, batch: int, q_heads: int, q_len: int, kv_len: int, 
                 lb, lh = b % counts.shape[0], h % counts.shape[1]   # size-1 axes broadcast
                 for i in range(counts.shape[2]):
                     rows = slice(i * q_block, min(q_len, (i + 1) * q_block))
-                    for j in listed[lb, lh, i, :counts[lb, lh, i]]:
+                    for n, j in enumerate(listed[lb, lh, i, :counts[lb, lh, i]]):
                         cols = slice(j * k_block, min(kv_len, (j + 1) * k_block))
-                        visits[b, h, rows, cols] += allowed[b, h, rows, cols]
+                        pairs = allowed[b, h, rows, cols]
+                        if prefix == "" and bits is not None:
+                            block = bits(block_mask.kv_bit_blocks[lb, lh, i] + n)
+                            pairs = pairs & block[:pairs.shape[0], :pairs.shape[1]]
+                        visits[b, h, rows, cols] += pairs
     return visits
+
+
+def partial_block_bits(block_mask):
+    """p -> the (Qb, Kb) bool mask bits of partial block p, or None for a mask without bits."""
+    words = getattr(block_mask, "kv_bits", None)
+    if words is None:
+        return None
+    q_block, k_block = block_mask.block_size
+    flat = np.unpackbits(np.asarray(words, dtype="<i4").view(np.uint8), bitorder="little").astype(bool)
+    return lambda p: flat[p * q_block * k_block:(p + 1) * q_block * k_block].reshape(q_block, k_block)
 
 
 def block_sparse_bias(block_mask, q, k, *, causal=False, mask=None, window=None, layout="bhsd") -> np.ndarray:

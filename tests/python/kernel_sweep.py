@@ -20,6 +20,7 @@ GENERATED_KERNEL_TESTS = [
     "tests/python/test_attention_backward.py::test_sinks",
     "tests/python/test_attention_backward.py::test_decode_shapes",
     "tests/python/test_block_sparse.py",
+    "tests/python/test_flex.py",
     "tests/python/test_sparse.py",
     "tests/python/test_kernel.py",
     "tests/python/test_quantize.py::test_head_tensors",

@@ -76,6 +76,11 @@ CASES = [
          kwargs=dict(mask="additive")),
     dict(dims=dict(Hq=2, R=256, C=96, D=16, dtype="bfloat16"), blocks=(256, 40), full=True, given=True,
          kwargs=dict(causal=True, sinks=True)),
+    # Block sizes that are not multiples of 8: block boundaries inside the kernels' 8-row tiles.
+    dict(dims=dict(R=3, C=130, D=16), blocks=(1, 64), full=True, given=False, kwargs={}),   # FlexAttention's decode
+    dict(dims=dict(Hq=4, Hkv=2, R=19, C=23, D=8), blocks=(5, 3), full=True, given=True,
+         kwargs=dict(window=(4, 2))),
+    dict(dims=dict(R=40, C=50, D=16), blocks=(12, 20), full=False, given=False, kwargs=dict(causal=True)),
 ]
 
 
@@ -181,8 +186,8 @@ def test_bad_block_masks_are_refused(rng):
         BlockMask(num.astype(np.int64), idx)
     with bad("kv_indices .* must extend"):
         BlockMask(num, idx[:, :, :2])
-    with bad("multiples of 8"):
-        BlockMask(num, idx, block_size=(12, 16))
+    with bad("must be positive"):
+        BlockMask(num, idx, block_size=(0, 16))
     with bad("pass both or neither"):
         BlockMask(num, idx, full_kv_num_blocks=num)
     with bad("block_size", TypeError):
@@ -261,8 +266,8 @@ def test_from_mask_classifies_like_numpy(rng, kwargs):
 def test_from_mask_refuses_bad_arguments():
     with bad("R must be an int", TypeError):
         BlockMask.from_mask(R=3.0, C=5)
-    with bad("multiples of 8"):
-        BlockMask.from_mask(R=16, C=16, block_size=4)
+    with bad("must be positive"):
+        BlockMask.from_mask(R=16, C=16, block_size=-4)
     with bad("mask must be boolean", TypeError):
         BlockMask.from_mask(np.zeros((4, 4), np.int8), R=4, C=4, block_size=8)
     with bad("does not broadcast"):

@@ -23,16 +23,22 @@ from . import arguments as check
 # (num_blocks, indices) pairs, in the order the passes bind them.
 PAIRS = (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices"),
          ("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices"))
+# The partial blocks' mask bits (FlexAttention's mask_mod, evaluated by from_torch): kv_bit_blocks
+# (the kv lists' shape) numbers the first bit block of each query block's partial list, kv_bits
+# (int32 words) holds block p's pair (r, c) at bit p * Qb * Kb + r * Kb + c (bit i of the words
+# is bit i % 32 of word i // 32).
+BITS = ("kv_bit_blocks", "kv_bits")
 
 
 def block_size_pair(block_size) -> tuple[int, int]:
-    """block_size as (Qb, Kb), checked: an int or a pair of positive multiples of 8."""
+    """block_size as (Qb, Kb), checked: an int or a pair of positive ints (any size: a block
+    boundary may fall inside a kernel tile, FlexAttention's decode blocks (1, 64) included)."""
     sizes = (block_size, block_size) if isinstance(block_size, numbers.Integral) else block_size
     if not isinstance(sizes, (tuple, list)) or len(sizes) != 2 or \
             not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sizes):
         raise TypeError(f"block_size must be an int or a (Q_BLOCK, KV_BLOCK) pair of ints, got {block_size!r}")
-    if any(s < 8 or s % 8 for s in sizes):
-        raise ValueError(f"block sizes must be positive multiples of 8, got {tuple(sizes)}")
+    if any(s < 1 for s in sizes):
+        raise ValueError(f"block sizes must be positive, got {tuple(sizes)}")
     return int(sizes[0]), int(sizes[1])
 
 
@@ -80,13 +86,19 @@ class BlockMask:
         kv_num_blocks: int32 (B|1, H|1, ceil(R / Qb)): partial key blocks per query block.
         kv_indices: int32 (B|1, H|1, ceil(R / Qb), W): query block i visits the key blocks
             kv_indices[b, h, i, :kv_num_blocks[b, h, i]]; entries past the count are ignored.
-        block_size: Qb, or (Qb, Kb); positive multiples of 8 (default 128, as FlexAttention).
+        block_size: Qb, or (Qb, Kb); positive ints (default 128, as FlexAttention).
         full_kv_num_blocks, full_kv_indices: the same for full blocks (no mask rules inside).
         q_num_blocks, q_indices, full_q_num_blocks, full_q_indices: the transposed lists,
             (B|1, H|1, ceil(C / Kb)[, W']), optional: the backward pass builds them on the
             device and raises ValueError naming q_indices (full_q_indices) where the given
             ones differ (see block_sparse_attention_backward).
         shape: (R, C), optional; when given it must match the problem.
+
+        kv_bit_blocks, kv_bits: optional mask bits of the partial blocks (module constants: BITS):
+            int32 (B|1, H|1, ceil(R / Qb)) and int32 (words,). The pair (r, c) of the n-th partial
+            block of query block i is allowed only where bit (kv_bit_blocks[b, h, i] + n) * Qb * Kb
+            + (r % Qb) * Kb + c % Kb is set. `from_torch` writes them from FlexAttention's
+            mask_mod, for the partial blocks only, so they take partial blocks x Qb x Kb bits.
 
     Each list's leading axes of size 1 broadcast, over the batch and the query heads and
     against the other lists' (a (1, 1) q list beside (1, H) kv lists), as in FlexAttention.
@@ -96,7 +108,7 @@ class BlockMask:
 
     def __init__(self, kv_num_blocks, kv_indices, *, block_size=(128, 128), full_kv_num_blocks=None,
                  full_kv_indices=None, q_num_blocks=None, q_indices=None, full_q_num_blocks=None,
-                 full_q_indices=None, shape=None) -> None:
+                 full_q_indices=None, shape=None, kv_bit_blocks=None, kv_bits=None) -> None:
         self.block_size = block_size_pair(block_size)
         given = dict(kv_num_blocks=kv_num_blocks, kv_indices=kv_indices, full_kv_num_blocks=full_kv_num_blocks,
                      full_kv_indices=full_kv_indices, q_num_blocks=q_num_blocks, q_indices=q_indices,
@@ -120,6 +132,15 @@ class BlockMask:
         if "full_q_num_blocks" in self.arrays and "q_num_blocks" not in self.arrays:
             raise ValueError("full_q_* need q_num_blocks and q_indices too")
         joint_lead(self.arrays)
+        self.bits: dict[str, np.ndarray] = {}
+        if (kv_bit_blocks is None) != (kv_bits is None):
+            raise ValueError("kv_bit_blocks and kv_bits come together: pass both or neither")
+        if kv_bits is not None:
+            self.bits = {"kv_bit_blocks": _int32(kv_bit_blocks, "kv_bit_blocks", 3),
+                         "kv_bits": _int32(kv_bits, "kv_bits", 1)}
+            if self.bits["kv_bit_blocks"].shape != self.arrays["kv_num_blocks"].shape:
+                raise ValueError(f"kv_bit_blocks {self.bits['kv_bit_blocks'].shape} must have the shape of "
+                                 f"kv_num_blocks {self.arrays['kv_num_blocks'].shape}")
         if shape is not None:
             if not isinstance(shape, (tuple, list)) or len(shape) != 2:
                 raise ValueError(f"shape must be (R, C), got {shape!r}")
@@ -138,28 +159,39 @@ class BlockMask:
 
     @classmethod
     def from_torch(cls, block_mask) -> BlockMask:
-        """Converts a torch.nn.attention.flex_attention.BlockMask: its tensors (viewed through
-        DLPack without a copy where they are CPU int32 and contiguous), BLOCK_SIZE and
-        seq_lengths."""
-        lists = {name: getattr(block_mask, name) for pair in PAIRS for name in pair}
-        arrays = {name: None if x is None else check.as_array(x.detach() if hasattr(x, "detach") else x, name)
-                  for name, x in lists.items()}
-        return cls(**arrays, block_size=tuple(block_mask.BLOCK_SIZE), shape=tuple(block_mask.seq_lengths))
+        """Converts a torch.nn.attention.flex_attention.BlockMask, mask rule included: its
+        tensors (viewed through DLPack without a copy where they are CPU int32 and contiguous),
+        BLOCK_SIZE, seq_lengths, and its mask_mod, evaluated (vectorized, once) for the pairs of
+        its partial blocks into mask bits (see BITS; none for noop_mask). FlexAttention's no-op
+        mask (one block of 2**30, seq_lengths (1, 1)) means every key, for any lengths."""
+        from .flex_bits import converted
+        return converted(cls, block_mask)
 
     def __getattr__(self, name: str):
-        """The list tensors by their FlexAttention names (None where absent)."""
+        """The list tensors by their FlexAttention names, and the mask bits (None where absent)."""
         if name in {n for pair in PAIRS for n in pair}:
             return self.__dict__["arrays"].get(name)
+        if name in BITS:
+            return self.__dict__["bits"].get(name)
         raise AttributeError(name)
 
+    @property
+    def nbytes(self) -> int:
+        """The memory the converted mask takes: its lists and its mask bits."""
+        return sum(a.nbytes for a in self.arrays.values()) + sum(a.nbytes for a in self.bits.values())
+
+    def array(self, name: str) -> np.ndarray | None:
+        """A list or the mask bits by name (None where absent)."""
+        return self.arrays.get(name, self.bits.get(name))
+
     def __repr__(self) -> str:
-        lists = ", ".join(f"{n}{tuple(a.shape)}" for n, a in self.arrays.items())
+        lists = ", ".join(f"{n}{tuple(a.shape)}" for n, a in {**self.arrays, **self.bits}.items())
         return f"BlockMask(block_size={self.block_size}, {lists})"
 
     @property
     def structure(self) -> tuple:
         """Everything kernels depend on besides the list contents: block sizes, shapes, which lists."""
-        return (self.block_size, self.shape, tuple((n, a.shape) for n, a in self.arrays.items()))
+        return (self.block_size, self.shape, tuple((n, a.shape) for n, a in {**self.arrays, **self.bits}.items()))
 
     def checked(self, batch: int, q_heads: int, q_len: int, kv_len: int) -> _Checked:
         """The lists for a problem of these sizes: shapes and the counted entries checked
@@ -168,13 +200,16 @@ class BlockMask:
         others' is bound as a copy broadcast to them."""
         if self.shape is not None and self.shape != (q_len, kv_len):
             raise ValueError(f"block_mask.shape is {self.shape} but the problem has (R, C) = {(q_len, kv_len)}")
-        check_lists(self.arrays, self.block_size, batch, q_heads, q_len, kv_len)
+        check_lists({**self.arrays, **self.bits}, self.block_size, batch, q_heads, q_len, kv_len)
         lead = joint_lead(self.arrays)
-        converts = {name: None if a.shape[:2] == lead else _broadcast(lead) for name, a in self.arrays.items()}
-        arrays = {name: a if converts[name] is None else converts[name](a) for name, a in self.arrays.items()}
+        given = {**self.arrays, **self.bits}
+        converts = {name: None if name == "kv_bits" or a.shape[:2] == lead else _broadcast(lead)
+                    for name, a in given.items()}
+        arrays = {name: a if converts[name] is None else converts[name](a) for name, a in given.items()}
         width = {indices: self.arrays[indices].shape[3] for _, indices in PAIRS if indices in self.arrays}
         lists = BlockLists(*self.block_size, lead[0] == 1, lead[1] == 1, width["kv_indices"],
-                           width.get("full_kv_indices"), width.get("q_indices"), width.get("full_q_indices"))
+                           width.get("full_kv_indices"), width.get("q_indices"), width.get("full_q_indices"),
+                           self.bits["kv_bits"].shape[0] if self.bits else None)
         return _Checked(lists, arrays, converts)
 
 
@@ -206,3 +241,15 @@ def check_lists(arrays: dict, block_size: tuple[int, int], batch: int, q_heads: 
         if counted.size and (counted.min() < 0 or counted.max() >= targets[kind]):
             bad = counted.min() if counted.min() < 0 else counted.max()
             raise ValueError(f"{indices} lists block {bad} in its counted part, outside 0..{targets[kind] - 1}")
+    if arrays.get("kv_bits") is not None:
+        _check_bits(arrays["kv_bit_blocks"], arrays["kv_num_blocks"], arrays["kv_bits"], q_block * k_block)
+
+
+def _check_bits(first: np.ndarray, counts: np.ndarray, words: np.ndarray, pairs: int) -> None:
+    """Every counted partial block's bits lie inside kv_bits; ValueError naming the list."""
+    if first.size and first.min() < 0:
+        raise ValueError(f"kv_bit_blocks must be >= 0, got {first.min()}")
+    end = (first.astype(np.int64) + counts) * pairs
+    if end.size and end.max() > words.size * 32:
+        raise ValueError(f"kv_bit_blocks and kv_num_blocks reach bit {end.max()}, past the {words.size * 32} bits "
+                         "of kv_bits")

@@ -95,7 +95,7 @@ FROM_MASK = Op(
         Arg("window", "option", default=None, doc="as in `attention`."),
         Arg("R", "option", doc="the query length (0 gives empty lists)."),
         Arg("C", "option", doc="the key length (0 gives empty lists)."),
-        Arg("block_size", "option", default=128, doc="Qb or (Qb, Kb), multiples of 8."),
+        Arg("block_size", "option", default=128, doc="Qb or (Qb, Kb), positive ints."),
         Arg("B", "option", default=1, doc="the batch the lists cover (1: the same for all)."),
         Arg("H", "option", default=1, doc="the query heads the lists cover (1: the same for all)."),
     ),

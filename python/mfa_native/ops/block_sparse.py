@@ -14,51 +14,68 @@ from .arguments import is_empty
 from .attention import (CAUSAL, GRADIENT_OF, K, LAYOUT, LSE, MASK, OUTPUT, Q, RETURN_LSE, SCALE, SINKS, V, WINDOW,
                         Validated, validate)
 from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
-from .block_mask import PAIRS, BlockMask, check_lists
+from .block_mask import BITS, PAIRS, BlockMask, check_lists
 from .declaration import Arg, Call, Op
+from .flex_bits import as_block_mask
 from .empty import empty_backward, empty_forward
 from .warm import prepared_call
 
-LISTS = tuple(name for pair in PAIRS for name in pair)
+LISTS = tuple(name for pair in PAIRS for name in pair) + BITS
 
 
 def _expand(block_mask) -> tuple[tuple, tuple]:
-    """A BlockMask's arrays (the signature's and the pass's) and its structure."""
-    if not isinstance(block_mask, BlockMask):
-        hint = " (a torch BlockMask: convert it with mfa_native.BlockMask.from_torch)" \
-            if type(block_mask).__name__ == "BlockMask" else ""
-        raise TypeError(f"block_mask must be a mfa_native.BlockMask, got {type(block_mask).__name__}{hint}")
-    return tuple(block_mask.arrays.get(name) for name in LISTS), block_mask.structure
+    """A BlockMask's arrays (the signature's and the pass's) and its structure; a torch
+    (FlexAttention) BlockMask is converted first (`BlockMask.from_torch`, once per mask)."""
+    block_mask = as_block_mask(block_mask)
+    return tuple(block_mask.array(name) for name in LISTS), block_mask.structure
 
 
-BLOCK_MASK = Arg("block_mask", "lists", keyword=False, expand=_expand, names=LISTS, doc="""
+def _take_apart(block_mask) -> dict:
+    """A block mask's arrays and structure by the names of its torch schema (torch/library.py)."""
+    block_mask = as_block_mask(block_mask)
+    return {**{name: block_mask.array(name) for name in LISTS}, "block_size": list(block_mask.block_size),
+            "seq_lengths": None if block_mask.shape is None else list(block_mask.shape)}
+
+
+def _rebuild(parts: dict) -> BlockMask:
+    shape = parts["seq_lengths"]
+    return BlockMask(**{name: parts[name] for name in LISTS}, block_size=tuple(parts["block_size"]),
+                     shape=None if shape is None else tuple(shape))
+
+
+BLOCK_MASK = Arg("block_mask", "lists", keyword=False, expand=_expand, names=LISTS,
+                 parts=(("block_size", "int[]"), ("seq_lengths", "int[]?")), take_apart=_take_apart,
+                 rebuild=_rebuild, doc="""
     a `BlockMask` for (R, C) = (q's length, k's length); its H axis is the query-head count,
-    or 1.""")
+    or 1. A torch.nn.attention.flex_attention.BlockMask is converted (`BlockMask.from_torch`,
+    mask_mod included) once per mask object.""")
 
 
 def _prepare_forward(call: Call, device):
+    block_mask = as_block_mask(call.block_mask)
     checked = _with_lists(validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale,
                                    causal=call.causal, window=call.window, layout=call.layout,
-                                   return_lse=call.return_lse), call.block_mask)
+                                   return_lse=call.return_lse), block_mask)
     p = checked.problem
     if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_forward(p, call.op.array_names, checked)
     description = codegen.attention_pass(p, family=tuning_facts(device).family)
     return prepared_call(description, device, checked, call.op.array_names, call.results,
-                         _list_check(call.block_mask, p, call.op.array_names))
+                         _list_check(block_mask, p, call.op.array_names))
 
 
 def _prepare_backward(call: Call, device):
     backward = validate_backward((call.q, call.k, call.v, call.o, call.lse, call.do, call.mask, call.sinks),
                                  scale=call.scale, causal=call.causal, window=call.window, layout=call.layout)
-    forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), call.block_mask)
+    block_mask = as_block_mask(call.block_mask)
+    forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), block_mask)
     problem = replace(backward.problem, forward=forward.problem)
     p = problem.forward
     names = _bindings(call.op.array_names)
     if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_backward(p, names, forward)
     description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
-    return prepared_call(description, device, forward, names, call.results, _list_check(call.block_mask, p, names),
+    return prepared_call(description, device, forward, names, call.results, _list_check(block_mask, p, names),
                          _transpose_check if forward.problem.keys.transposed_given else None)
 
 

@@ -55,6 +55,11 @@ class Arg:
     names: tuple[str, ...] = ()   # "lists": the names of the arrays `expand` gives, in order
     schema: str | None = None     # an option's type in a torch.library schema ("float?", "str", "int[]?")
     to_schema: Callable[[Any], Any] | None = None   # an option's value as that type (canonical)
+    # "lists" in a torch schema: its arrays as `Tensor?` and `parts` (name, schema type) as options;
+    # `take_apart(value)` gives both by name, `rebuild(by_name)` the value again.
+    parts: tuple[tuple[str, str], ...] = ()
+    take_apart: Callable[[Any], dict] | None = None
+    rebuild: Callable[[dict], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -6,14 +6,16 @@
 - `sdpa_override()`: a context manager routing torch's SDPA through mfa_native.
 - `ring_attention(q, k, v, group=...)`: attention over sequences sharded across ranks (shards of any
   length; causal, window and sinks by global position).
+- `flex_attention(q, k, v, block_mask=...)`: FlexAttention's (no score_mod), with autograd.
 
 Importing this module imports torch; `import mfa_native` alone does not.
 """
 
 from __future__ import annotations
 
+from .flex import flex_attention
 from .functional import attention
 from .ring import ring_attention
 from .sdpa import scaled_dot_product_attention, sdpa_override
 
-__all__ = ["attention", "ring_attention", "scaled_dot_product_attention", "sdpa_override"]
+__all__ = ["attention", "flex_attention", "ring_attention", "scaled_dot_product_attention", "sdpa_override"]

@@ -47,6 +47,9 @@ def schema_arguments(op: Op) -> list[tuple[str, str]]:
     for a in op.arguments:
         if a.kind == "array":
             tensors.append((a.name, "Tensor" if a.default is not None else "Tensor?"))
+        elif a.kind == "lists" and a.rebuild is not None:
+            tensors += [(name, "Tensor?") for name in a.names]
+            options += list(a.parts)
         elif a.kind == "option" and a.name not in selectors:
             if a.schema is None:
                 raise NotImplementedError(f"{op.name}: option {a.name} declares no torch schema type")
@@ -69,7 +72,7 @@ def custom_op(op: Op):
     selectors = {o.when for o in op.outputs if o.when is not None and o.when not in names}
 
     def implementation(*args):
-        values = dict(zip(names, args), **{name: True for name in selectors})
+        values = rebuilt(op, dict(zip(names, args), **{name: True for name in selectors}))
         with inside_adapter():
             result = op.function(**values)
         results = result if isinstance(result, tuple) else (result,)
@@ -131,6 +134,24 @@ def _register_autograd(op: Op, registered, names: list[str]) -> None:
     registered.register_autograd(gradient, setup_context=setup_context)
 
 
+def rebuilt(op: Op, values: dict) -> dict:
+    """The custom op's arguments by name with each "lists" argument rebuilt from its parts."""
+    for a in op.arguments:
+        if a.kind == "lists":
+            taken = {name: values.pop(name) for name in (*a.names, *(part for part, _ in a.parts))}
+            values[a.name] = a.rebuild(taken)
+    return values
+
+
+def taken_apart(op: Op, values: dict) -> dict:
+    """A call's arguments by name with each "lists" argument's arrays and parts by theirs."""
+    values = dict(values)
+    for a in op.arguments:
+        if a.kind == "lists" and a.take_apart is not None:
+            values.update(a.take_apart(values[a.name]))
+    return values
+
+
 def torch_function(op: Op):
     """`op` for torch tensors through its custom op: autograd and torch.compile, torch allocates
     the outputs; the same arguments (less `device`: CPU tensors run on the default device,
@@ -163,6 +184,7 @@ def torch_call(op: Op, values: dict):
     kinds = dict(schema_arguments(op))
     converts = {a.name: a.to_schema for a in op.arguments if a.to_schema is not None}
     like = values[op.leading[0]]
+    values = taken_apart(op, values)
 
     def argument(name: str):
         value = values[name]

@@ -23,6 +23,7 @@ class MaskRules:
     mask: str
     mask_dtype: str | None
     mask_layout: OperandLayout | None
+    terms: tuple[str, ...] = ()   # more conditions on a pair, MSL with {query} and {key} (a key-visit case's)
 
     @property
     def window_sides(self) -> tuple[int | None, int | None]:
@@ -96,8 +97,9 @@ def query_range(rules: MaskRules) -> list[str]:
 
 def allowed_terms(rules: MaskRules, query: str, key: str, bound: str) -> list[str]:
     """Conditions (ints) for `key` of `query` beyond the mask. `bound` keeps positions past
-    the visible range (past C or R, or past a split's end) out of the last tile."""
-    terms = [bound]
+    the visible range (past C or R, or past a split's end) out of the last tile; the rules'
+    own `terms` come right after it (so they read nothing for a position past the bound)."""
+    terms = [bound] + [term.format(query=query, key=key) for term in rules.terms]
     if rules.causal == "lower_right":
         terms.append(f"{key} <= {query} + diagonal")
     elif rules.causal == "upper_left":

@@ -29,16 +29,26 @@ BUILT_QUERY_LISTS = ("q_counts", "q_starts", "q_entries", "full_q_counts", "full
 # The lists a caller may give for the backward, checked against BUILT_QUERY_LISTS.
 GIVEN_QUERY_LISTS = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 DIFFER = "q_lists_differ"
+# A partial block's mask bits: per query block the number of its list's first bit block, and the
+# bits; the transpose gives each entry of q_entries its bit block (BUILT_BITS).
+BIT_LISTS = ("kv_bit_blocks", "kv_bits")
+BUILT_BITS = "q_bit_blocks"
 
 
 def transpose_plan(d: BackwardDescriptor) -> LaunchPlan:
-    ops = operands.reads(d, *d.keys.key_lists) + operands.writes(d, *BUILT_QUERY_LISTS) + operands.sizes(d)
+    ops = (operands.reads(d, "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "kv_bit_blocks")
+           + operands.writes(d, *BUILT_QUERY_LISTS, BUILT_BITS) + operands.sizes(d))
     grid = (GridAxis(d.keys.pairs(), THREADS), GridAxis(Extent(1)), GridAxis(Extent(1)))
     return LaunchPlan(TRANSPOSE_KERNEL_NAME, tuple(ops), grid, THREADS, d.sizes)
 
 
-def _transpose(source: str, target: str, width: str) -> list[str]:
-    """target_{counts, starts, entries} of list pair `pair` from source_{num_blocks, indices}."""
+def _transpose(source: str, target: str, width: str, bits: bool = False) -> list[str]:
+    """target_{counts, starts, entries} of list pair `pair` from source_{num_blocks, indices};
+    with `bits`, each entry's mask-bit block in q_bit_blocks."""
+    scatter = ["    entries[starts[j] + counts[j]] = int(i);"]
+    if bits:
+        scatter.append(f"    {BUILT_BITS}[ulong(pair) * NQ * {width} + starts[j] + counts[j]] = "
+                       "kv_bit_blocks[ulong(pair) * NQ + i] + n;")
     return [
         f"device const int* num = {source}_num_blocks + ulong(pair) * NQ;",
         f"device const int* listed = {source}_indices + ulong(pair) * NQ * {width};",
@@ -62,7 +72,7 @@ def _transpose(source: str, target: str, width: str) -> list[str]:
         "for (uint i = 0; i < NQ; ++i) {",
         "  for (int n = 0; n < num[i]; ++n) {",
         f"    const int j = listed[i * {width} + n];",
-        "    entries[starts[j] + counts[j]] = int(i);",
+        *scatter,
         "    counts[j] += 1;",
         "  }",
         "}",
@@ -75,7 +85,7 @@ def generate_transpose(d: BackwardDescriptor) -> KernelSource:
     pairs = " * ".join(d.keys.pairs().sizes) or "1"
     body = [f"const uint pair = group.x * {THREADS} + lane;  // (batch|1, head|1) list pair",
             f"if (pair < {pairs}) {{"]
-    body += indent(["{  // partial blocks"] + indent(_transpose("kv", "q", "Wp")) + ["}"])
+    body += indent(["{  // partial blocks"] + indent(_transpose("kv", "q", "Wp", d.keys.bits)) + ["}"])
     if d.keys.full:
         body += indent(["{  // full blocks"] + indent(_transpose("full_kv", "full_q", "Wf")) + ["}"])
     body.append("}")

@@ -1,11 +1,12 @@
 """Block lists (FlexAttention's BlockMask): the key-visit facet's block-sparse case.
 
 A query block visits the key blocks its lists name: partial blocks apply the masking rules
+(and, with mask bits, each pair's bit: FlexAttention's mask_mod, evaluated once on the host)
 and are clipped to the dense visible range; full blocks apply only the additive mask (a
-score modification) and the bounds. A block listed twice is visited twice. The simdgroup's
-8 rows lie in one block (block sizes are multiples of 8), so its list is uniform across the
-simdgroup and every lane takes the same loop trips. Each visited range goes through the
-kernel's own `steps(rules, begin, end)`, as a dense range does.
+score modification) and the bounds. A block listed twice is visited twice. Blocks have any
+positive size: a simdgroup whose 8 rows a block boundary cuts walks each of their blocks'
+lists in turn (block_walks.py), so its loop trips stay uniform across the simdgroup. Each
+visited range goes through the kernel's own `steps(rules, begin, end)`, as a dense range does.
 
 Per key block the transposed lists (its query blocks) that the dK/dV kernel walks are
 built by `attention_transpose_lists` in the same pass (counts, starts and entries, in
@@ -20,11 +21,11 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..attention.keys import Steps, storage_rows
-from ..attention.masking import MaskRules
-from ..kernel.msl import indent
 from ..kernel.passes import contiguous
 from ..kernel.sizes import Extent
-from .block_transpose import BUILT_QUERY_LISTS, DIFFER, GIVEN_QUERY_LISTS, generate_transpose, generate_verify
+from .block_transpose import (BIT_LISTS, BUILT_BITS, BUILT_QUERY_LISTS, DIFFER, GIVEN_QUERY_LISTS, generate_transpose,
+                              generate_verify)
+from .block_walks import key_walk, query_walk
 
 # The lists a kernel walking keys reads (a kernel walking queries reads BUILT_QUERY_LISTS).
 KEY_LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
@@ -45,6 +46,9 @@ CATALOG = {
     "full_q_counts": ("int", "full query blocks per key block, built from the kv lists"),
     "full_q_starts": ("int", "where each key block's full query blocks start in full_q_entries"),
     "full_q_entries": ("int", "the full query blocks of every key block, in key-block order"),
+    "kv_bit_blocks": ("int", "the number of the first mask-bit block of each query block's partial list"),
+    "kv_bits": ("int", "mask bits of the partial blocks: block p's pair (r, c) is bit p * Qb * Kb + r * Kb + c"),
+    BUILT_BITS: ("int", "the mask-bit block of each entry of q_entries"),
     DIFFER: ("int", "per key block: bit 1 its given q list is not the transpose, bit 2 its full_q list"),
     "block_class": ("int", "(B, H, NQ, NK) 0: no pair allowed, 1: some, 2: all (BlockMask.from_mask)"),
 }
@@ -66,14 +70,15 @@ class BlockLists:
     full_width: int | None = None
     q_width: int | None = None
     full_q_width: int | None = None
+    bit_words: int | None = None   # mask bits of the partial blocks: the words of kv_bits (None: no bits)
 
     splits = False
 
     def __post_init__(self) -> None:
         for name in ("q_block", "k_block"):
             size = getattr(self, name)
-            if size < 8 or size % 8:
-                raise ValueError(f"block sizes must be positive multiples of 8, got {name}={size}")
+            if size < 1:
+                raise ValueError(f"block sizes must be positive, got {name}={size}")
 
     @property
     def full(self) -> bool:
@@ -85,7 +90,8 @@ class BlockLists:
 
     def sizes(self, p) -> dict[str, int]:
         sizes = dict(NQ=-(-p.q_len // self.q_block), NK=-(-p.kv_len // self.k_block), Wp=self.width)
-        for name, width in (("Wf", self.full_width), ("Wq", self.q_width), ("Wqf", self.full_q_width)):
+        for name, width in (("Wf", self.full_width), ("Wq", self.q_width), ("Wqf", self.full_q_width),
+                            ("Wb", self.bit_words)):
             if width is not None:
                 sizes[name] = width
         return sizes
@@ -99,7 +105,7 @@ class BlockLists:
 
     def describe(self, p, family: str, baked) -> BlockFacts:
         return BlockFacts(self.q_block, self.k_block, self.batch_broadcast, self.head_broadcast, self.full,
-                          self.transposed_given)
+                          self.transposed_given, self.bit_words is not None)
 
 
 @dataclass(frozen=True)
@@ -113,16 +119,24 @@ class BlockFacts:
     head_broadcast: bool
     full: bool               # full_kv lists (and, in the backward, full_q lists)
     transposed_given: bool   # backward: q lists given (checked against those built on the device)
+    bits: bool = False       # partial blocks read mask bits (kv_bit_blocks, kv_bits)
 
-    key_lists = KEY_LISTS
-    query_lists = BUILT_QUERY_LISTS
     catalog = CATALOG
+
+    @property
+    def key_lists(self) -> tuple[str, ...]:
+        return KEY_LISTS + (BIT_LISTS if self.bits else ())
+
+    @property
+    def query_lists(self) -> tuple[str, ...]:
+        return BUILT_QUERY_LISTS + ((BUILT_BITS, "kv_bits") if self.bits else ())
 
     @property
     def sizes_given(self) -> tuple[str, ...]:
         """The given runtime sizes (besides B, Hq, Hkv, R, C): the lists' widths."""
         return ("Wp",) + (("Wf",) if self.full else ()) + \
-            ((("Wq",) + (("Wqf",) if self.full else ())) if self.transposed_given else ())
+            ((("Wq",) + (("Wqf",) if self.full else ())) if self.transposed_given else ()) + \
+            (("Wb",) if self.bits else ())
 
     @property
     def derived(self) -> tuple[tuple[str, str], ...]:
@@ -144,6 +158,10 @@ class BlockFacts:
         inputs = self._lists("kv", "NQ", "Wp", spec)
         if self.full:
             inputs.update(self._lists("full_kv", "NQ", "Wf", spec))
+        if self.bits:
+            starts, words = self._axes("NQ"), (Extent(1, ("Wb",)),)
+            inputs["kv_bit_blocks"] = spec("int32", starts, contiguous(starts), logical=False)
+            inputs["kv_bits"] = spec("int32", words, contiguous(words), logical=False)
         return inputs
 
     def backward_inputs(self, spec) -> dict:
@@ -173,6 +191,8 @@ class BlockFacts:
             return False
         if name in GIVEN_QUERY_LISTS or name == DIFFER:
             return self.transposed_given
+        if name in BIT_LISTS or name == BUILT_BITS:
+            return self.bits
         return name in KEY_LISTS or name in BUILT_QUERY_LISTS
 
     def extents(self, d) -> dict[str, Extent]:
@@ -182,6 +202,9 @@ class BlockFacts:
         for prefix, width in (("q", "Wp"), ("full_q", "Wf")):
             extents[f"{prefix}_counts"] = extents[f"{prefix}_starts"] = lists.times(Extent(1, ("NK",)))
             extents[f"{prefix}_entries"] = lists.times(Extent(1, ("NQ", width)))
+        extents[BUILT_BITS] = extents["q_entries"]
+        extents["kv_bits"] = Extent(1, ("Wb",))
+        extents["kv_bit_blocks"] = lists.times(Extent(1, ("NQ",)))
         return extents
 
     def pairs(self) -> Extent:
@@ -190,7 +213,7 @@ class BlockFacts:
 
     def summary(self) -> str:
         lists = "partial and full lists" if self.full else "partial lists"
-        return f"; block-sparse {self.q_block}x{self.k_block}, {lists}"
+        return f"; block-sparse {self.q_block}x{self.k_block}, {lists}" + (", mask bits" if self.bits else "")
 
     def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
         return dense()
@@ -199,54 +222,9 @@ class BlockFacts:
         return (generate_transpose(d),) + ((generate_verify(d),) if self.transposed_given else ()) + dense()
 
     def keys(self, d, steps: Steps) -> list[str]:
-        """The key blocks listed for a forward or dQ simdgroup's query block (rows q_first..)."""
-        f = self
-        lines = ["", "// The key blocks listed for this simdgroup's query block: partial, then full.",
-                 f"const ulong list_at = {list_base(f, 'NQ')} + q_first / {f.q_block};"]
-        lines += _visit("partial blocks: the masking rules apply", "q_first < R ? kv_num_blocks[list_at] : 0",
-                        "kv_indices[list_at * Wp + n]", f"max(listed * {f.k_block}, key_begin)",
-                        f"min(listed * {f.k_block} + {f.k_block}, key_end)",
-                        steps(d.rules, "block_begin", "block_end"))
-        if f.full:
-            lines += _visit("full blocks: every pair allowed", "q_first < R ? full_kv_num_blocks[list_at] : 0",
-                            "full_kv_indices[list_at * Wf + n]", f"listed * {f.k_block}",
-                            f"min(listed * {f.k_block} + {f.k_block}, int(C))",
-                            steps(full_rules(d.rules), "block_begin", "block_end"))
-        return lines
+        """The key blocks listed for a forward or dQ simdgroup's query rows (q_first..)."""
+        return key_walk(self, d, steps)
 
     def queries(self, d, steps: Steps) -> list[str]:
-        """The query blocks listed for a dK/dV simdgroup's key block (keys key_first..), head h."""
-        f = self
-        lines = ["", "// The query blocks listed for this simdgroup's key block: partial, then full.",
-                 f"const ulong block_at = {list_base(f, 'NK')} + key_first / {f.k_block};"]
-        kinds = [("q", "partial blocks: the masking rules apply", d.rules, "query_begin", "query_end", "Wp")]
-        if f.full:
-            kinds.append(("full_q", "full blocks: every pair allowed", full_rules(d.rules), "0", "int(R)", "Wf"))
-        for prefix, what, rules, low, high, width in kinds:
-            count = f"{prefix}_counts[block_at]"
-            listed = f"{prefix}_entries[{list_base(f, f'NQ * {width}')} + {prefix}_starts[block_at] + n]"
-            lines += _visit(what, f"key_first < C ? {count} : 0", listed, f"max(listed * {f.q_block}, {low})",
-                            f"min(listed * {f.q_block} + {f.q_block}, {high})", steps(rules, "block_begin", "block_end"))
-        return lines
-
-
-def full_rules(rules: MaskRules) -> MaskRules:
-    """The rules inside a full block: only an additive mask (added to every visited pair)."""
-    if rules.mask == "additive":
-        return MaskRules("none", None, rules.mask, rules.mask_dtype, rules.mask_layout)
-    return MaskRules("none", None, "none", None, None)
-
-
-def list_base(f: BlockFacts, blocks: str, head: str = "h") -> str:
-    """Index of the first of `blocks` entries of this (batch b, head) in a (B|1, H|1, blocks) list."""
-    b = "0" if f.batch_broadcast else "b"
-    h = "0" if f.head_broadcast else head
-    return f"(ulong({b}) * {f.heads} + {h}) * {blocks}"
-
-
-def _visit(what: str, count: str, listed: str, begin: str, end: str, steps: list[str]) -> list[str]:
-    body = [f"const int listed = {listed};", f"const int block_begin = {begin};", f"const int block_end = {end};"]
-    return ["{  // " + what, f"  const int count = {count};", "  for (int n = 0; n < count; ++n) {"] \
-        + indent(body + steps, 2) + ["  }", "}"]
-
-
+        """The query blocks listed for a dK/dV simdgroup's keys (key_first..), head h."""
+        return query_walk(self, d, steps)
