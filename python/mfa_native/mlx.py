@@ -54,9 +54,7 @@ def mlx_function(op: Op):
 def mlx_call(op: Op, values: dict):
     """A call of `op` (every argument by name) as an mx.custom_function, so that MLX sees it.
 
-    Its primals are the MLX arrays among the op's differentiable arguments; for an op with no
-    backward, every floating MLX array argument, so that a gradient asked through it raises
-    NotImplementedError instead of coming back zero; an additive (floating) mask of an op with
+    Its primals are the MLX arrays among the op's differentiable arguments; an additive (floating) mask of an op with
     a mask rule below is a primal too, its gradient computed lazily with MLX ops (so it costs
     nothing unless asked for). The fields of a QuantizedTensor argument (quantized k, v) are
     primals too, each through `_constant`: the tensor is a constant of the call, and a
@@ -64,7 +62,9 @@ def mlx_call(op: Op, values: dict):
     arguments found by name as torch/library.py finds them: forward arguments (a
     QuantizedTensor dequantized to q's dtype), outputs, and `d` + an output's name for its
     cotangent. Outputs the backward takes no cotangent of (lse) come back through
-    mx.stop_gradient (of an op without a backward, none: their gradient raises)."""
+    mx.stop_gradient. An op without a backward runs as `_without_gradient` says."""
+    if op.backward is None:
+        return _without_gradient(op, values)
     backward_op = op.backward_op
     backward_names = [] if backward_op is None else [p.name for p in backward_op.parameters()]
     selectors = {o.when: True for o in op.outputs if o.when in op.option_names}
@@ -104,7 +104,9 @@ def mlx_call(op: Op, values: dict):
         return (*(by_name[op.gradients.get(n, "dmask")].astype(p.dtype) for n, p in zip(given, primals)),
                 *(mx.zeros_like(p) for p in primals[len(given):]))
 
-    constant_primals = [_constant(quantized[name].fields()[field], f"{name}.{field}", op.name)
+    constant_primals = [_constant(quantized[name].fields()[field],
+                                  f"{op.name}: {name}.{field} is a field of a QuantizedTensor, a constant with no "
+                                  "gradient; differentiate with respect to its dequantize() instead")
                         for name, field in constants]
     outputs = dict(zip(everything, forward(*[values[n] for n in given], *constant_primals)))
     outputs = {name: mx.stop_gradient(o) if backward_op is not None and f"d{name}" not in backward_names else o
@@ -113,20 +115,54 @@ def mlx_call(op: Op, values: dict):
     return outputs[asked] if isinstance(asked, str) else tuple(outputs[name] for name in asked)
 
 
-def _constant(x: mx.array, name: str, op_name: str) -> mx.array:
-    """x, a field of a quantized argument, as a constant of the call: MLX would give it a zero
-    gradient (as it does any array a custom function does not take); asking its gradient
-    through this raises NotImplementedError instead."""
+def _constant(x: mx.array, message: str) -> mx.array:
+    """x as a constant of a call: MLX would give it a zero gradient (as it does any array a custom
+    function does not take); asking its gradient through this raises NotImplementedError(message)."""
     @mx.custom_function
     def identity(x):
         return x
 
     @identity.vjp
     def vjp(primals, cotangent, output):
-        raise NotImplementedError(f"{op_name}: {name} is a field of a QuantizedTensor, a constant with no "
-                                  "gradient; differentiate with respect to its dequantize() instead")
+        raise NotImplementedError(message)
 
     return identity(x)
+
+
+def _without_gradient(op: Op, values: dict):
+    """A call of an op without a backward: run as is, its floating outputs then tied to the call's
+    floating MLX inputs (array lists and QuantizedTensor fields included) by a custom function
+    whose vjp raises, so that a gradient asked through the op is an error, never a zero."""
+    with inside_adapter():
+        result = op.function(**values)
+    inputs = [t for a in op.arguments if a.kind in ("array", "arrays") for x in _items(values[a.name])
+              for t in (x.fields().values() if isinstance(x, QuantizedTensor) else [x]) if _floating(t)]
+    parts = result.fields() if isinstance(result, QuantizedTensor) else \
+        dict(enumerate(result if isinstance(result, tuple) else (result,)))
+    tied = [name for name, x in parts.items() if _floating(x)]
+    if not inputs or not tied:
+        return result
+
+    @mx.custom_function
+    def through(*arrays):
+        return tuple(arrays[len(inputs):])
+
+    @through.vjp
+    def vjp(primals, cotangents, outputs):
+        raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
+
+    parts = {**parts, **dict(zip(tied, through(*inputs, *(parts[name] for name in tied))))}
+    if isinstance(result, QuantizedTensor):
+        return result.with_fields(**parts)
+    return tuple(parts.values()) if isinstance(result, tuple) else parts[0]
+
+
+def _items(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _floating(x) -> bool:
+    return isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.floating)
 
 
 def _is_primal(op: Op, argument, value) -> bool:
@@ -135,10 +171,7 @@ def _is_primal(op: Op, argument, value) -> bool:
         return False
     if argument.grad:
         return True
-    floating = mx.issubdtype(value.dtype, mx.floating)
-    if op.backward is None:
-        return floating
-    return argument.name == "mask" and floating and op.name in _KEY_RULES
+    return argument.name == "mask" and _floating(value) and op.name in _KEY_RULES
 
 
 # The rules other than the mask that remove keys, as an additive (B|1, Hq|1, R, C) numpy

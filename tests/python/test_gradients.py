@@ -9,11 +9,12 @@ import pytest
 import mfa_native
 from conftest import relative_l2
 from mfa_native import reference
+from mfa_native.ops.declaration import OPS
 
 mx = pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
 
-B, HQ, HKV, R, C, D = 1, 4, 2, 11, 19, 16
+B, HQ, HKV, R, C, D = 1, 4, 2, 11, 19, 32
 
 
 def _inputs(rng):
@@ -74,6 +75,8 @@ def test_torch_autograd_through_the_plain_op_is_the_reference(rng, name):
     _check([t.grad for t in tensors], backward(q, k, v, do, sinks, e))
 
 
+# Ops without a backward: a function of (q, k, v) through the op, returning a float array a
+# loss can be taken of. Gradients asked through them raise, in MLX and in torch.
 def _int8(q, k, v):
     return mfa_native.int8_attention(q, k, v)
 
@@ -83,13 +86,57 @@ def _topk_scores(q, k, v):
     return mfa_native.sparse_topk(q, k[:, :1], weights, 4, return_scores=True)[1]
 
 
-@pytest.mark.parametrize("op", [_int8, _topk_scores], ids=["int8_attention", "sparse_topk"])
-def test_a_gradient_through_an_op_without_one_raises(rng, op):
+def _merge(q, k, v):
+    return mfa_native.merge_attention([q, q * 2], [q[..., 0], q[..., 1]])[0]
+
+
+def _quantize(q, k, v):
+    return mfa_native.quantize(q, "affine", bits=4, group_size=32).scales
+
+
+NO_GRADIENT = {"int8_attention": _int8, "sparse_topk": _topk_scores, "merge_attention": _merge,
+               "quantize": _quantize}
+# Ops a gradient cannot ask for: no floating input, or backward ops themselves (no second order).
+NOT_DIFFERENTIABLE = {"block_mask_from_mask": "takes a bool mask and sizes",
+                      "attention_backward": "a backward", "sparse_attention_backward": "a backward",
+                      "block_sparse_attention_backward": "a backward"}
+PUBLIC = {name for name in mfa_native.__all__ if hasattr(getattr(mfa_native, name), "declaration")}
+
+
+def test_every_public_op_has_a_gradient_or_says_why_not():
+    assert PUBLIC | {"block_mask_from_mask"} == set(CASES) | set(NO_GRADIENT) | set(NOT_DIFFERENTIABLE)
+    for name in NO_GRADIENT:
+        assert OPS[name].backward is None
+    for name in CASES:
+        assert OPS[name].backward is not None
+
+
+@pytest.mark.parametrize("name", sorted(NO_GRADIENT))
+def test_a_gradient_through_an_op_without_one_raises(rng, name):
     q, k, v, _, _ = _inputs(rng)
-    with pytest.raises(NotImplementedError, match="has no gradient"):
+    op = NO_GRADIENT[name]
+    with pytest.raises(NotImplementedError, match=f"{name} has no gradient"):
         mx.grad(lambda q_: op(q_, mx.array(k), mx.array(v)).sum())(mx.array(q))
-    with pytest.raises(NotImplementedError, match="has no gradient|has no torch autograd yet"):
+    with pytest.raises(NotImplementedError, match=f"{name} has no gradient"):
         op(torch.tensor(q, requires_grad=True), torch.tensor(k), torch.tensor(v)).sum().backward()
+    with torch.no_grad():   # without autograd, and in MLX without a transform, the op just runs
+        assert torch.isfinite(op(torch.tensor(q), torch.tensor(k), torch.tensor(v))).all()
+    assert bool(mx.all(mx.isfinite(op(mx.array(q), mx.array(k), mx.array(v)))))
+
+
+def test_the_adapters_functions_are_differentiable(rng):
+    """mfa_native.mlx.attention and mfa_native.torch.attention: the reference gradients."""
+    import mfa_native.mlx as mm
+    import mfa_native.torch as mt
+
+    q, k, v, do, sinks = _inputs(rng)
+    expected = reference.attention_backward_reference(q, k, v, do, causal=True, sinks=sinks)
+    grads = mx.grad(lambda *a: (mm.attention(*a[:3], causal=True, sinks=a[3]) * mx.array(do)).sum(),
+                    argnums=(0, 1, 2, 3))(*(mx.array(x) for x in (q, k, v, sinks)))
+    _check(grads, expected)
+    tensors = [torch.tensor(x, requires_grad=True) for x in (q, k, v, sinks)]
+    (mt.attention(*tensors[:3], causal=True, sinks=tensors[3]) * torch.tensor(do)).sum().backward()
+    _check([t.grad for t in tensors], expected)
 
 
 @pytest.mark.parametrize("window", [None, (6, 2)])

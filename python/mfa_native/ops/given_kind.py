@@ -11,8 +11,9 @@ A framework must see the call to differentiate it, or it takes the outputs for c
 and gives the inputs zero gradients. So a call on MLX arrays runs through the op's MLX
 custom function (mlx.py: its vjp, or an error if the op has none), and a call on torch
 tensors that require grad (with grad enabled) through its torch custom op (torch/library.py);
-inside those, the op runs as below. (An op whose result is wrapped, quantize's QuantizedTensor,
-returns no array to differentiate and runs as below.)
+inside those, the op runs as below. An op without a backward runs as below in either
+framework, its floating outputs then tied to its floating inputs by a function whose backward
+raises: a gradient asked through it is an error, never a zero.
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ def call(op, values: dict[str, Any]):
     framework = kinds.pop() if kinds else None
     if framework is None:
         return op.numpy_call(values)
-    if op.wrap is None and not getattr(_adapter, "inside", False) and \
-            _differentiated(framework, values, leading + op.others):
+    if not getattr(_adapter, "inside", False) and _differentiated(framework, values, leading + op.others):
         return _through_adapter(op, framework, values)
     framework_call = FrameworkCall(framework, like=_items(values[leading[0]])[0])
     values = dict(values)
@@ -96,8 +96,12 @@ def _through_adapter(op, framework, values: dict[str, Any]):
         from ..mlx import mlx_call
 
         return mlx_call(op, values)
-    from ..torch.library import torch_call
+    from ..torch.library import torch_call, without_gradient
 
+    if op.backward is None:
+        with inside_adapter():
+            result = call(op, values)
+        return without_gradient(op, values, result)
     return torch_call(op, values)
 
 

@@ -259,6 +259,44 @@ class _WithQuantizedConstants(torch.autograd.Function):
         return None, None, *(None if g is None else g.to(x.dtype) for g, x in zip(gradients, saved))
 
 
+def without_gradient(op: Op, values: dict, result):
+    """`result` (of an op without a backward, computed without autograd) with its floating
+    outputs tied to the call's tensors that require grad (array lists and QuantizedTensor fields
+    included) through a function whose backward raises: a gradient asked through the op is an
+    error, never a missing or zero one."""
+    inputs = [t for a in op.arguments if a.kind in ("array", "arrays") for x in _items(values.get(a.name))
+              for t in (x.fields().values() if isinstance(x, QuantizedTensor) else [x])
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    parts = result.fields() if isinstance(result, QuantizedTensor) else \
+        dict(enumerate(result if isinstance(result, tuple) else (result,)))
+    tied = [name for name, x in parts.items() if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    if not inputs or not tied:
+        return result
+    through = _Raises.apply(f"{op.name} has no gradient: {op.no_backward}", len(inputs), *inputs,
+                            *(parts[name] for name in tied))
+    parts = {**parts, **dict(zip(tied, through))}
+    if isinstance(result, QuantizedTensor):
+        return result.with_fields(**parts)
+    return tuple(parts.values()) if isinstance(result, tuple) else parts[0]
+
+
+def _items(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class _Raises(torch.autograd.Function):
+    """Identity on its outputs, tied to its inputs; its backward raises NotImplementedError."""
+
+    @staticmethod
+    def forward(ctx, message: str, count: int, *tensors):
+        ctx.message = message
+        return tuple(t.clone() for t in tensors[count:])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(ctx.message)
+
+
 def _no_gradient(op: Op):
     """The autograd formula of an op without a backward: an error, never a zero gradient."""
     def gradient(ctx, *grads):
