@@ -1,6 +1,8 @@
 """mfa_native for MLX: `scaled_dot_product_attention` with mx.fast's semantics, and `attention`,
-both differentiable (mx.grad, mx.vjp); `quantized_scaled_dot_product_attention`, mlx-lm's
-function of that name over a quantized KV cache, read in the kernel.
+`sparse_attention`, `block_sparse_attention`, differentiable (mx.grad, mx.vjp), and
+`int8_attention` (no backward: a gradient asked through it raises);
+`quantized_scaled_dot_product_attention`, mlx-lm's function of that name over a quantized KV
+cache, read in the kernel. (The plain `mfa_native` ops on MLX arrays behave the same.)
 
 They run eagerly: their arguments are evaluated (mx.eval, which waits for MLX's
 stream) and read in place through the buffer protocol (MLX's memory is unified);
@@ -28,6 +30,9 @@ import numpy as np
 
 from . import reference
 from .ops.attention import ATTENTION
+from .ops.block_sparse import BLOCK_SPARSE_ATTENTION
+from .ops.int8_attention import INT8_ATTENTION
+from .ops.sparse import SPARSE_ATTENTION
 from .ops.declaration import Call, Op, quantized_values
 from .ops.given_kind import inside_adapter
 from .quantized import QuantizedTensor
@@ -209,6 +214,9 @@ def _mask_gradient(op: Op, known: dict) -> mx.array:
 
 
 attention = mlx_function(ATTENTION)
+sparse_attention = mlx_function(SPARSE_ATTENTION)
+block_sparse_attention = mlx_function(BLOCK_SPARSE_ATTENTION)
+int8_attention = mlx_function(INT8_ATTENTION)
 
 
 def _mask_options(mask: str | mx.array | None) -> dict:

@@ -163,3 +163,21 @@ def test_mlx_gives_an_additive_mask_its_gradient(rng, window):
     bumped[1][0, 0, i, j] -= step
     values = [(reference.attention_reference(q, k, v, scale=scale, mask=m, window=window) * do).sum() for m in bumped]
     assert dmask[0, 0, i, j] == pytest.approx((values[0] - values[1]) / (2 * step), rel=1e-3, abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sparse_attention", "block_sparse_attention"])
+def test_the_torch_adapters_compile_fullgraph_with_gradients(rng, name):
+    """The sparse ops' custom ops trace under torch.compile(fullgraph=True), forward and backward."""
+    import mfa_native.torch as mt
+
+    q, k, v, do, sinks = _inputs(rng)
+    extra = CASES[name][2](rng)
+    lists = torch.from_numpy(extra) if isinstance(extra, np.ndarray) else extra
+    op, weights = getattr(mt, name), torch.tensor(do)
+
+    def loss(q_, k_, v_, s_):
+        return (op(q_, k_, v_, lists, sinks=s_) * weights).sum()
+
+    tensors = [torch.tensor(x, requires_grad=True) for x in (q, k, v, sinks)]
+    torch.compile(loss, fullgraph=True, backend="aot_eager")(*tensors).backward()
+    _check([t.grad for t in tensors], CASES[name][1](q, k, v, do, sinks, extra))

@@ -1,7 +1,9 @@
 """mfa_native for PyTorch: custom ops, autograd, SDPA and context-parallel attention.
 
 - `attention(q, k, v, **options)`: `mfa_native.attention` with autograd and
-  torch.compile support (`torch.ops.mfa_native.attention` / `.attention_backward`).
+  torch.compile support (`torch.ops.mfa_native.attention` / `.attention_backward`); likewise
+  `sparse_attention`, `block_sparse_attention` and `int8_attention` (no backward: a gradient
+  asked through it raises).
 - `scaled_dot_product_attention(...)`: torch.nn.functional's, computed by mfa_native.
 - `sdpa_override()`: a context manager routing torch's SDPA through mfa_native.
 - `ring_attention(q, k, v, group=...)`: attention over sequences sharded across ranks (shards of any
@@ -14,8 +16,9 @@ Importing this module imports torch; `import mfa_native` alone does not.
 from __future__ import annotations
 
 from .flex import flex_attention
-from .functional import attention
+from .functional import attention, block_sparse_attention, int8_attention, sparse_attention
 from .ring import ring_attention
 from .sdpa import scaled_dot_product_attention, sdpa_override
 
-__all__ = ["attention", "flex_attention", "ring_attention", "scaled_dot_product_attention", "sdpa_override"]
+__all__ = ["attention", "block_sparse_attention", "flex_attention", "int8_attention", "ring_attention",
+           "scaled_dot_product_attention", "sdpa_override", "sparse_attention"]

@@ -155,7 +155,9 @@ def taken_apart(op: Op, values: dict) -> dict:
 def torch_function(op: Op):
     """`op` for torch tensors through its custom op: autograd and torch.compile, torch allocates
     the outputs; the same arguments (less `device`: CPU tensors run on the default device,
-    MPS tensors on the metal device) and results as the op."""
+    MPS tensors on the metal device) and results as the op. The custom op is registered now,
+    not at the first call, which torch.compile may be tracing."""
+    custom_op(op)
     signature = inspect.Signature([p for p in op.parameters() if p.name != "device"])
 
     def function(*args, **kwargs):
