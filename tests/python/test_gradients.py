@@ -181,3 +181,21 @@ def test_the_torch_adapters_compile_fullgraph_with_gradients(rng, name):
     tensors = [torch.tensor(x, requires_grad=True) for x in (q, k, v, sinks)]
     torch.compile(loss, fullgraph=True, backend="aot_eager")(*tensors).backward()
     _check([t.grad for t in tensors], CASES[name][1](q, k, v, do, sinks, extra))
+
+
+def test_a_shared_latent_sums_both_gradients_into_k(rng):
+    """MLA's form, v = k[..., :Dv]: autograd sums dk and dv (padded) into k's gradient."""
+    q, k, _, do, _ = _inputs(rng)
+    indices, dv_width = _indices(rng), D // 2
+    v = k[..., :dv_width]
+    dq, dk, dv = reference.sparse_attention_backward_reference(q, k, v, do[..., :dv_width], indices)
+    expected = dk.copy()
+    expected[..., :dv_width] += dv
+    tk = torch.tensor(k, requires_grad=True)
+    (mfa_native.sparse_attention(torch.tensor(q), tk, tk[..., :dv_width], indices)
+     * torch.tensor(do[..., :dv_width])).sum().backward()
+    assert relative_l2(tk.grad.numpy(), expected) < 1e-4
+    mk = mx.array(k)
+    grad = mx.grad(lambda k_: (mfa_native.sparse_attention(mx.array(q), k_, k_[..., :dv_width], indices)
+                               * mx.array(do[..., :dv_width])).sum())(mk)
+    assert relative_l2(np.asarray(grad), expected) < 1e-4
