@@ -106,6 +106,8 @@ def mask_bits(mask_mod, counts: np.ndarray, indices: np.ndarray, block_size: tup
     R, C = lengths
     listed = np.arange(indices.shape[3]) < counts[..., None]
     b, h, i, n = np.nonzero(listed)           # C order: the blocks' numbers
+    if len(b) == 0:
+        return {}                             # no partial block: no bits to read
     j = indices[b, h, i, n].astype(np.int64)
     pairs = q_block * k_block
     step = 32 * max(1, PAIRS_PER_CALL // (32 * pairs))   # blocks per call: whole words per call
@@ -121,6 +123,6 @@ def mask_bits(mask_mod, counts: np.ndarray, indices: np.ndarray, block_size: tup
         tensors = [torch.from_numpy(np.array(x, dtype=np.int64).ravel()).to(device) for x in index]
         allowed = evaluate(*tensors).to(torch.bool).cpu().numpy()
         packed.append(np.packbits(np.broadcast_to(allowed, tensors[0].shape), bitorder="little"))
-    data = np.concatenate(packed) if packed else np.zeros(0, np.uint8)
-    data = np.concatenate([data, np.zeros(-len(data) % 4 if len(data) else 4, np.uint8)])   # whole words, >= 1
+    data = np.concatenate(packed)
+    data = np.concatenate([data, np.zeros(-len(data) % 4, np.uint8)])   # whole words
     return {"kv_bit_blocks": bit_blocks(counts), "kv_bits": data.view("<i4").astype(np.int32)}
