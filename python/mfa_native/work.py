@@ -11,10 +11,14 @@ from . import reference
 
 def allowed_tiles(q_len: int, kv_len: int, causal=False, window=None) -> int:
     """8x8 tiles of S (one head) that hold an allowed (query, key) pair."""
-    allowed = reference.allowed_keys(q_len, kv_len, causal, window)
-    rows, cols = -(-q_len // 8) * 8, -(-kv_len // 8) * 8
+    return tiles_holding(reference.allowed_keys(q_len, kv_len, causal, window))
+
+
+def tiles_holding(allowed: np.ndarray) -> int:
+    """8x8 tiles of a (rows, keys) grid, padded to whole tiles, that hold a True entry."""
+    rows, cols = (-(-n // 8) * 8 for n in allowed.shape)
     padded = np.zeros((rows, cols), dtype=bool)
-    padded[:q_len, :kv_len] = allowed
+    padded[:allowed.shape[0], :allowed.shape[1]] = allowed
     return int(padded.reshape(rows // 8, 8, cols // 8, 8).any(axis=(1, 3)).sum())
 
 
@@ -24,6 +28,17 @@ def useful_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int, head_di
     allowed (query, key) pair, ceil(D/8) for S = Q K^T and ceil(Dv/8) for O += P V."""
     tiles = allowed_tiles(q_len, kv_len, causal, window)
     return tiles * batch * q_heads * (-(-head_dim // 8) + -(-value_dim // 8))
+
+
+def packed_matrix_ops(batch: int, kv_heads: int, gqa_ratio: int, q_len: int, kv_len: int, head_dim: int,
+                      value_dim: int, causal=False, window=None) -> int:
+    """8x8x8 multiply-accumulates of a kernel whose tile rows are the (query, head) pairs of
+    one kv head (pair = query * ratio + head, packed heads: decode with grouped queries): for
+    each 8x8 tile of (pairs, keys) that holds an allowed pair, ceil(D/8) + ceil(Dv/8). Without
+    causal or window that is ceil(R * ratio / 8) row tiles per key tile, against useful_matrix_ops'
+    ratio * ceil(R / 8) for one head at a time."""
+    pairs = np.repeat(reference.allowed_keys(q_len, kv_len, causal, window), gqa_ratio, axis=0)
+    return tiles_holding(pairs) * batch * kv_heads * (-(-head_dim // 8) + -(-value_dim // 8))
 
 
 def useful_backward_matrix_ops(batch: int, q_heads: int, q_len: int, kv_len: int, head_dim: int, value_dim: int,

@@ -11,7 +11,7 @@ import mfa_native
 from mfa_native import codegen
 from mfa_native.reference import attention_reference
 from mfa_native.runtime.devices import tuned_as
-from mfa_native.work import useful_matrix_ops
+from mfa_native.work import packed_matrix_ops, useful_matrix_ops
 
 
 def issued(q, k, v, **kwargs):
@@ -83,7 +83,8 @@ def test_split_kv_issues_the_same_matrix_work_as_one_pass(rng):
     with tuned_as(device, parallel_threadgroups=64), mfa_native.profile() as prof:
         out = mfa_native.attention(q, k, v, causal=True)
     partial, combine = prof.records
-    assert partial.simdgroup_matrix_ops == single == useful_matrix_ops(1, 2, 4, 3000, 16, 8, causal=True)
+    # GQA decode packs the 2 heads' 4 queries into one tile of 8 rows (test_packed_decode.py)
+    assert partial.simdgroup_matrix_ops == single == packed_matrix_ops(1, 1, 2, 4, 3000, 16, 8, causal=True)
     assert combine.simdgroup_matrix_ops == 0
     assert partial.threadgroups > 2  # the keys of each head run in several threadgroups
     assert relative_l2(out, attention_reference(q, k, v, causal=True)) < 1e-4

@@ -86,9 +86,10 @@ def test_one_template_serves_other_lengths_and_batches(name):
 
 
 def test_guards_refuse_what_the_tiles_were_not_chosen_for():
-    decode = codegen.attention_template(_resized(BASE, q_len=4))  # rows shrunk to 8 for 4 queries
+    mha = _resized(BASE, kv_heads=8)  # GQA decode packs heads (test_packed_decode.py); MHA shrinks rows
+    decode = codegen.attention_template(_resized(mha, q_len=4))  # rows shrunk to 8 for 4 queries
     with pytest.raises(ValueError, match="R <= 8"):
-        evaluate(decode, codegen.call_sizes(BASE))
+        evaluate(decode, codegen.call_sizes(mha))
     with pytest.raises(ValueError, match="Hq == 4 \\* Hkv"):
         evaluate(codegen.attention_template(BASE), {**codegen.call_sizes(BASE), "Hkv": 8})
     with pytest.raises(ValueError, match="needs sizes \\['C'\\]"):

@@ -156,12 +156,14 @@ def _facts(p: AttentionProblem, family: str, sizes: dict[str, int], bake_lengths
 
 
 def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_lengths: bool = False,
-             split: tuple[int, int] | None = None) -> KernelDescriptor:
+             split: tuple[int, int] | None = None, rows=None) -> KernelDescriptor:
     """The descriptor of the forward kernels of `problem`, tiles from `family`'s table;
-    `split` = (splits, keys per split) adds the split sizes S and Cs (the split-KV pair)."""
+    `split` = (splits, keys per split) adds the split sizes S and Cs (the split-KV pair);
+    `rows`: the rows facet, None for the problem's own (a family whose kernel has one geometry
+    passes it, as int8 passes rows.PER_HEAD)."""
     p = problem
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
-    rows = p.rows
+    rows = p.rows if rows is None else rows
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
                             query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
                             cache_q=tile_row(family, max(p.head_dim, p.value_dim)).cache_q, rows=rows)

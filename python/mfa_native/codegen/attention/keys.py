@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .masking import MaskRules
-from .rows import PACKED_HEADS, PER_HEAD
+from .rows import PACKED_HEADS, PER_HEAD, dense_rows
 
 Steps = Callable[[MaskRules, str, str], list[str]]
 
@@ -49,7 +49,8 @@ class DenseKeys:
         return self
 
     def rows(self, p):
-        return storage_rows(p)
+        """Per head, or packed heads for quantized K/V and GQA decode (rows.dense_rows)."""
+        return dense_rows(p)
 
     def describe(self, p, family: str, baked) -> DenseKeys:
         return self

@@ -3,8 +3,9 @@
 Every attention kernel gives each simdgroup 8 rows. `PER_HEAD`: a threadgroup's rows are
 queries of one (batch, query head). `PACKED_HEADS`: they are the (query, head) pairs of the
 query heads that read one kv head, staging each step's K/V rows once in threadgroup memory
-for all of them (quantized K/V, whose every byte a threadgroup then reads once per kv
-head). A case answers how many rows a threadgroup holds and how many keys a step takes
+for all of them, so a threadgroup reads every K/V byte once per kv head: always for quantized
+K/V, and for plain (float) K/V where the PACKING table (kernel/tables.py) says so, decode and
+speculative-decode verification with grouped queries (`dense_rows`). A case answers how many rows a threadgroup holds and how many keys a step takes
 (from the tile tables), the grid's row and head axes, the MSL that defines a simdgroup's
 rows, and the last query a threadgroup's key range must cover.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from ..kernel.plan import GridAxis
 from ..kernel.sizes import Extent
-from ..kernel.tables import backward_tile_row, tile_row
+from ..kernel.tables import backward_tile_row, packing_condition, packs_plain_heads, tile_row
 from ..kernel.tiles import lane_layout
 
 STAGE_BYTES = 24 * 1024   # threadgroup memory for staged K/V rows, under the 32 KiB every Apple GPU has
@@ -77,10 +78,15 @@ def packed_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> l
 
 
 class PerHead:
-    """A threadgroup's rows are queries of one (batch, query head)."""
+    """A threadgroup's rows are queries of one (batch, query head). `declined`: the PACKING
+    table chose it over packed heads, so its templates hold only where the table declines."""
 
     packed = False
     last_query = None   # the simdgroup's own 8 rows bound its keys
+    decode_max_rows = 16   # split-KV cuts the keys of problems of at most this many queries
+
+    def __init__(self, declined: bool = False) -> None:
+        self.declined = declined
 
     @staticmethod
     def query_rows(p, family: str) -> int:
@@ -101,11 +107,12 @@ class PerHead:
         """Threadgroups of the one-pass forward kernel (before any split of the keys)."""
         return f"B * Hq * cdiv(R, {PerHead.query_rows(p, family)})"
 
-    @staticmethod
-    def guards(p, family: str) -> tuple[str, ...]:
-        """Where the table's rows, shrunk for few queries, are those of `p` (a guard each)."""
+    def guards(self, p, family: str) -> tuple[str, ...]:
+        """Where the table's rows, shrunk for few queries, are those of `p` (a guard each), and
+        where the PACKING table declines to pack."""
+        declined = (f"!({packing_condition(p.gqa_ratio)})",) if self.declined and p.gqa_ratio > 1 else ()
         return shrunk_guards("R", PerHead.query_rows(p, family),
-                             tile_row(family, max(p.head_dim, p.value_dim)).query_rows)
+                             tile_row(family, max(p.head_dim, p.value_dim)).query_rows) + declined
 
     @staticmethod
     def backward_guards(p, family: str) -> tuple[str, ...]:
@@ -123,10 +130,18 @@ class PerHead:
 
 
 class PackedHeads:
-    """A threadgroup's rows are (query, head) pairs of one kv head; K/V rows are staged."""
+    """A threadgroup's rows are (query, head) pairs of one kv head; K/V rows are staged.
+    `chosen`: the PACKING table chose it for plain K/V, so its templates hold only where the
+    table packs. The backward kernels stay per head (packing is the forward's choice)."""
 
     packed = True
     last_query = "int(min(q_last, R - 1))"   # the threadgroup's last query (see packed_rows_geometry)
+    decode_max_rows = 32   # one threadgroup per kv head: split-KV pays for speculative decode too
+    backward_query_rows = staticmethod(PerHead.backward_query_rows)
+    backward_guards = staticmethod(PerHead.backward_guards)
+
+    def __init__(self, chosen: bool = False) -> None:
+        self.chosen = chosen
 
     @staticmethod
     def query_rows(p, family: str) -> int:
@@ -143,9 +158,9 @@ class PackedHeads:
     def threadgroups_expression(p, family: str) -> str:
         return f"B * Hkv * cdiv(R * {p.gqa_ratio}, {PackedHeads.query_rows(p, family)})"
 
-    @staticmethod
-    def guards(p, family: str) -> tuple[str, ...]:
-        return (f"min(8 * cdiv(R * {p.gqa_ratio}, 8), {PACKED_ROWS}) == {PackedHeads.query_rows(p, family)}",)
+    def guards(self, p, family: str) -> tuple[str, ...]:
+        chosen = (packing_condition(p.gqa_ratio),) if self.chosen else ()
+        return (f"min(8 * cdiv(R * {p.gqa_ratio}, 8), {PACKED_ROWS}) == {PackedHeads.query_rows(p, family)}",) + chosen
 
     @staticmethod
     def grid(gqa_ratio: int, query_rows: int) -> tuple[GridAxis, GridAxis]:
@@ -157,6 +172,15 @@ class PackedHeads:
 
 
 PER_HEAD, PACKED_HEADS = PerHead(), PackedHeads()
+DECLINED_PER_HEAD, CHOSEN_PACKED_HEADS = PerHead(declined=True), PackedHeads(chosen=True)
+
+
+def dense_rows(p):
+    """The rows facet of a problem whose keys form a range: packed heads when K/V storage asks
+    (quantized), or for plain K/V where the PACKING table packs (GQA decode); else per head."""
+    if p.k_storage.packs_heads or p.v_storage.packs_heads:
+        return PACKED_HEADS
+    return CHOSEN_PACKED_HEADS if packs_plain_heads(p.gqa_ratio, p.q_len) else DECLINED_PER_HEAD
 
 
 def row_index(row: str) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from ...runtime.expressions import evaluate
 from .problem import AttentionProblem
 
-DECODE_MAX_ROWS = 16       # only decode-shaped problems split
+# Only decode-shaped problems split: at most the rows facet's decode_max_rows queries (16 per
+# head; 32 with packed heads, whose threadgroup holds every head of a kv head).
 MIN_KEYS_PER_SPLIT = 256   # below this a split costs more than it saves
 MAX_SPLITS = 64
 DEVICE_SIZE = "P"          # the runtime size naming the threadgroups a device runs at once
@@ -28,7 +29,7 @@ def derived(problem: AttentionProblem, family: str) -> tuple[tuple[str, str], ..
             ("S0", f"min(cdiv(P, TG), C / {MIN_KEYS_PER_SPLIT}, {MAX_SPLITS})"),
             ("Cs", f"cdiv(cdiv(C, max(S0, 1)), {key_block}) * {key_block}"),
             ("S", "cdiv(C, Cs)"),
-            ("SPLIT", f"R <= {DECODE_MAX_ROWS} && S0 >= 2 && S >= 2"))
+            ("SPLIT", f"R <= {rows.decode_max_rows} && S0 >= 2 && S >= 2"))
 
 
 def kv_split(problem: AttentionProblem, family: str, parallel_threadgroups: int) -> tuple[int, int] | None:

@@ -54,7 +54,7 @@ def _pass(name: str, problem: Int8Problem, x, kernels, inputs, outputs) -> PassD
     family's sizes and guards; the int8 kernels' tiles depend on R as the dense ones do)."""
     p = problem.attention
     given, guards = common(p, x.attention, sizes_of(p))
-    guards += p.rows.guards(p, x.attention.family)
+    guards += x.attention.rows.guards(p, x.attention.family)
     template = build_template(name, kernels, sizes=given, inputs=inputs, outputs=outputs, guards=guards,
                               valid_for={**valid_for(p, x.attention.family), "qk_scale": problem.qk_scale,
                                          "smooth_k": problem.smooth_k, "pv": problem.pv})

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from ..attention.descriptor import KernelDescriptor, describe
 from ..attention.keys import DENSE
 from ..attention.problem import AttentionProblem
+from ..attention.rows import PER_HEAD
 from ..kernel.tables import CPU_FAMILY
 from ..storage.stored import PLAIN
 from .products import P_BLOCK, check_exact
@@ -65,7 +66,7 @@ def describe_int8(problem: Int8Problem, *, family: str = CPU_FAMILY, bake_length
     products could lose exactness (check_exact)."""
     p = problem.attention
     check_exact(head_dim=p.head_dim, value_block=P_BLOCK)
-    d = describe(p, family=family, bake_lengths=bake_lengths)
+    d = describe(p, family=family, bake_lengths=bake_lengths, rows=PER_HEAD)  # one query head per threadgroup
     tile = problem.qk_scale == "tile"
     return Int8Descriptor(replace(d, key_block=P_BLOCK), Q_TILE_ROWS if tile else 1, K_TILE_ROWS if tile else 1,
                           problem.smooth_k, problem.pv)

@@ -51,7 +51,7 @@ class Plain:
 
     def stage(self, name: str, stage: str, width: int, layout: OperandLayout, rows: int, dtype: str, key: str,
               valid: str) -> list[str]:
-        at = offset("ulong(key)", layout.strides[2])
+        at = offset("ulong(key)", layout.strides[2]) or "0"   # 0: k broadcast along the keys
         return [f"for (uint e = member; e < {rows * width}u; e += threads) {{",
                 f"  const int slot = int(e / {width});",
                 f"  const int key = {key};",

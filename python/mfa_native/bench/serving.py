@@ -1,0 +1,126 @@
+"""Serving benchmark: decode and speculative-decode verification against a KV cache, the device
+bytes read from K/V per call and the matrix work issued: `python -m mfa_native bench serving
+[--quick] [--device cpu] [--repeat 1] [--section decode]`.
+
+Section "decode": float16 GQA decode (Hq/Hkv 32/8 and 64/8, D 128, C 4096 and 32768, R 1, 4
+and 16 queries per call). Per call: the bytes read from k and v over the bytes of the keys and
+values attended (1.00 when every K/V row is read once per kv head, as packed heads do; Hq/Hkv
+when each query head reads its own copy), the simdgroup 8x8x8 multiply-accumulates issued over
+the packed bound (ceil(R * ratio / 8) row tiles per key tile, work.packed_matrix_ops), the
+kernels and the time. --quick runs C 4096 only (the full table takes minutes on the cpu
+backend, whose traffic counters are exact; Metal counts no bytes).
+
+A section is a function from the parsed options and the device to a titled table (SECTIONS);
+the varlen prefill section (mixed lengths against padded dense attention) goes beside decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import profile
+from ..ops.attention import attention
+from ..runtime.devices import resolve_device
+from ..work import packed_matrix_ops
+from ._table import format_table
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One decode call: B batches, Hq query heads over Hkv kv heads, R new queries, C cached keys."""
+
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int = 128
+    batch: int = 1
+
+    @property
+    def shape(self) -> str:
+        return f"B{self.batch} H{self.q_heads}/{self.kv_heads} R{self.q_len} C{self.kv_len} D{self.head_dim}"
+
+
+HEADS = ((32, 8), (64, 8))
+QUERIES = (1, 4, 16)
+KEYS = (4096, 32768)
+QUICK_KEYS = (4096,)
+
+
+def decode_configs(keys=KEYS) -> list[Decode]:
+    return [Decode(hq, hkv, r, c) for c in keys for hq, hkv in HEADS for r in QUERIES]
+
+
+def _decode_call(config: Decode, device) -> tuple[Callable[[], object], int]:
+    """The warm call of `config` (causal, as decode and verification are) and the bytes of
+    the K/V rows it attends (all of them)."""
+    rng = np.random.default_rng(0)
+    B, D = config.batch, config.head_dim
+    q = rng.standard_normal((B, config.q_heads, config.q_len, D)).astype(np.float16)
+    k, v = (rng.standard_normal((B, config.kv_heads, config.kv_len, D)).astype(np.float16) for _ in range(2))
+    return (lambda: attention(q, k, v, causal=True, device=device)), k.nbytes + v.nbytes
+
+
+def _measured(call, repeat: int):
+    """(median seconds, the last call's profile): device time where the backend reports it."""
+    call()  # compile and warm up
+    times, last = [], None
+    for _ in range(repeat):
+        with profile() as last:
+            start = time.perf_counter()
+            call()
+            wall = time.perf_counter() - start
+        times.append(last.seconds or wall)
+    return float(np.median(times)), last
+
+
+def _ratio(numerator, denominator) -> str:
+    return "-" if numerator is None else f"{numerator / denominator:.3f}"
+
+
+def decode_section(args, device) -> tuple[str, list[str], list[list[str]]]:
+    headers = ["shape", "kernels", "K/V bytes read", "K/V bytes attended", "read/attended", "mma issued",
+               "packed bound", "issued/bound", "ms"]
+    rows = []
+    for config in decode_configs(QUICK_KEYS if args.quick else KEYS):
+        call, attended = _decode_call(config, device)
+        seconds, prof = _measured(call, args.repeat)
+        counted = all(r.bytes_read is not None for r in prof.records)
+        read = prof.bytes_read.get("k", 0) + prof.bytes_read.get("v", 0) if counted else None
+        ops = prof.simdgroup_matrix_ops if all(r.simdgroup_matrix_ops is not None for r in prof.records) else None
+        bound = packed_matrix_ops(config.batch, config.kv_heads, config.q_heads // config.kv_heads, config.q_len,
+                                  config.kv_len, config.head_dim, config.head_dim, causal=True)
+        kernels = "+".join(r.kernel.removeprefix("attention_") for r in prof.records)
+        rows.append([config.shape, kernels, "-" if read is None else str(read), str(attended),
+                     _ratio(read, attended), "-" if ops is None else str(ops), str(bound), _ratio(ops, bound),
+                     f"{seconds * 1e3:.2f}"])
+        print(f"  {config.shape}: {seconds * 1e3:.2f} ms", flush=True)
+    return "decode, float16 K/V, causal", headers, rows
+
+
+# Each section: (parsed options, device) -> (title, headers, rows). Varlen prefill goes here.
+SECTIONS: dict[str, Callable] = {"decode": decode_section}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mfa_native bench serving", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "metal"], help="default: the default device")
+    parser.add_argument("--repeat", type=int, default=1, help="timed calls per configuration (median)")
+    parser.add_argument("--quick", action="store_true", help=f"C {QUICK_KEYS[0]} only (the cpu backend's minutes)")
+    parser.add_argument("--section", choices=list(SECTIONS), action="append",
+                        help="run this section (repeatable); default: all")
+    args = parser.parse_args(argv)
+    device = resolve_device(args.device)
+    started = time.perf_counter()
+    for name in args.section or list(SECTIONS):
+        title, headers, rows = SECTIONS[name](args, device)
+        print(f"\n{title} on {device.kind} ({device.name}), median of {args.repeat} warm call(s)")
+        print(format_table(headers, rows))
+    print(f"\n({time.perf_counter() - started:.0f} s in all)")
+    return 0
