@@ -18,6 +18,7 @@ from .ops.block_sparse import block_sparse_attention, block_sparse_attention_bac
 from .ops.int8_attention import int8_attention
 from .ops.sparse import sparse_attention, sparse_attention_backward
 from .ops.topk import sparse_topk
+from .ops.varlen import attention_varlen, attention_varlen_backward
 from .ops.merge import merge_attention
 from .ops.quantize import quantize
 from .quantized import QuantizedTensor
@@ -42,6 +43,8 @@ __all__ = [
     "Profile",
     "attention",
     "attention_backward",
+    "attention_varlen",
+    "attention_varlen_backward",
     "block_sparse_attention",
     "block_sparse_attention_backward",
     "cpp_flags",

@@ -319,3 +319,42 @@ def sparse_topk_reference(q, k, weights, topk: int, *, causal=True, layout="bhsd
     shape = (batch, 1, q_len, topk) if layout == "bhsd" else (batch, q_len, 1, topk)
     indices, kept = indices.reshape(shape), kept.reshape(shape)
     return (indices, kept) if return_scores else indices
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k):
+    """(query rows, key rows) slices of each packed sequence."""
+    cu_q, cu_k = (np.asarray(cu).astype(np.int64) for cu in (cu_seqlens_q, cu_seqlens_k))
+    return [(slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])) for s in range(len(cu_q) - 1)]
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale=None, causal=False, window=None,
+                               sinks=None, return_lse=False):
+    """Attention over packed sequences in float64: `attention_reference` on each sequence's
+    slices ("bshd", a batch of one), concatenated: out (total_q, Hq, Dv), lse (Hq, total_q)."""
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
+    lse = np.zeros((q.shape[1], q.shape[0]))
+    for rows, keys in _sequences(cu_seqlens_q, cu_seqlens_k):
+        o, l = attention_reference(q[None, rows], k[None, keys], v[None, keys], scale=scale, causal=causal,
+                                   window=window, sinks=sinks, layout="bshd", return_lse=True)
+        out[rows], lse[:, rows] = o[0], l[0]
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen_backward_reference(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, scale=None, causal=False,
+                                        window=None, sinks=None, out=None):
+    """Gradients of attention over packed sequences in float64: (dq, dk, dv) shaped like q,
+    k, v, and with `sinks` also dsinks (Hq,) summed over the sequences (`out` as in
+    attention_backward_reference)."""
+    q, k, v, dout = (np.asarray(x).astype(np.float64) for x in (q, k, v, dout))
+    grads = [np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)]
+    dsinks = np.zeros(q.shape[1])
+    for rows, keys in _sequences(cu_seqlens_q, cu_seqlens_k):
+        part = attention_backward_reference(q[None, rows], k[None, keys], v[None, keys], dout[None, rows],
+                                            scale=scale, causal=causal, window=window, sinks=sinks, layout="bshd",
+                                            out=None if out is None else np.asarray(out)[None, rows])
+        for grad, at, g in zip(grads, (rows, keys, keys), part[:3]):
+            grad[at] = g[0]
+        if sinks is not None:
+            dsinks += part[3]
+    return (*grads, dsinks) if sinks is not None else tuple(grads)

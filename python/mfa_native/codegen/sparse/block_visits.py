@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..attention.keys import Steps, storage_rows
+from ..attention.keys import DenseWalk, Steps, storage_rows
 from ..attention.masking import MaskRules
 from ..kernel.msl import indent
 from ..kernel.passes import contiguous
@@ -68,6 +68,7 @@ class BlockLists:
     full_q_width: int | None = None
 
     splits = False
+    batched = True
 
     def __post_init__(self) -> None:
         for name in ("q_block", "k_block"):
@@ -103,7 +104,7 @@ class BlockLists:
 
 
 @dataclass(frozen=True)
-class BlockFacts:
+class BlockFacts(DenseWalk):
     """What block-sparse kernels depend on: the block sizes, which list axes broadcast, which
     lists there are (the widths are runtime sizes Wp, Wf, Wq, Wqf)."""
 
