@@ -24,6 +24,7 @@ from . import reference
 from .ops.attention import ATTENTION
 from .ops.attention import attention as _attention
 from .ops.declaration import Call, Op
+from .ops.varlen import ATTENTION_VARLEN
 from .ops.given_kind import inside_adapter
 from .quantized import QuantizedTensor
 
@@ -135,6 +136,7 @@ def _mask_gradient(op: Op, known: dict) -> mx.array:
 
 
 attention = mlx_function(ATTENTION)
+attention_varlen = mlx_function(ATTENTION_VARLEN)
 
 
 def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float,

@@ -6,14 +6,18 @@
 - `sdpa_override()`: a context manager routing torch's SDPA through mfa_native.
 - `ring_attention(q, k, v, group=...)`: attention over sequences sharded across ranks (shards of any
   length; causal, window and sinks by global position).
+- `attention_varlen(...)` and `flash_attn_varlen_func(...)`: packed sequences, the latter with
+  flash-attn's names and results.
 
 Importing this module imports torch; `import mfa_native` alone does not.
 """
 
 from __future__ import annotations
 
+from .flash_attn import attention_varlen, flash_attn_varlen_func
 from .functional import attention
 from .ring import ring_attention
 from .sdpa import scaled_dot_product_attention, sdpa_override
 
-__all__ = ["attention", "ring_attention", "scaled_dot_product_attention", "sdpa_override"]
+__all__ = ["attention", "attention_varlen", "flash_attn_varlen_func", "ring_attention", "scaled_dot_product_attention",
+           "sdpa_override"]
