@@ -16,6 +16,7 @@ from .ops.block_mask import BlockMask
 from .ops.block_mask_pass import from_mask as _from_mask  # declares block_mask_from_mask
 from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
 from .ops.int8_attention import int8_attention
+from .ops.kvcache import attention_with_kvcache
 from .ops.sparse import sparse_attention, sparse_attention_backward
 from .ops.topk import sparse_topk
 from .ops.varlen import attention_varlen, attention_varlen_backward
@@ -45,6 +46,7 @@ __all__ = [
     "attention_backward",
     "attention_varlen",
     "attention_varlen_backward",
+    "attention_with_kvcache",
     "block_sparse_attention",
     "block_sparse_attention_backward",
     "cpp_flags",

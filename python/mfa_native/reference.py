@@ -358,3 +358,34 @@ def attention_varlen_backward_reference(q, k, v, dout, cu_seqlens_q, cu_seqlens_
         if sinks is not None:
             dsinks += part[3]
     return (*grads, dsinks) if sinks is not None else tuple(grads)
+
+
+def logical_cache(cache, cache_seqlens, new=None, block_table=None) -> list[np.ndarray]:
+    """Each batch's attended cache rows (its first cache_seqlens[b] rows, then `new`[b]) in
+    float64, (L_b, Hkv, D), read from the contiguous (B, Cmax, ...) cache or, with
+    `block_table`, its (num_blocks, page_size, ...) pages; the inputs are not modified."""
+    cache = np.asarray(cache).astype(np.float64)
+    rows = []
+    for b, length in enumerate(np.asarray(cache_seqlens).astype(np.int64)):
+        if block_table is None:
+            old = cache[b, :length]
+        else:
+            page = cache.shape[1]
+            positions = np.arange(length)
+            old = cache[np.asarray(block_table)[b, positions // page], positions % page]
+        rows.append(old if new is None else np.concatenate([old, np.asarray(new)[b].astype(np.float64)]))
+    return rows
+
+
+def attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, *,
+                                     scale=None, causal=False, window=None, sinks=None, return_lse=False):
+    """flash_attn_with_kvcache in float64: batch b's q (R, Hq, D) ("bshd") attends its
+    attended cache rows (logical_cache); out (B, R, Hq, Dv), lse (B, Hq, R)."""
+    keys = logical_cache(k_cache, cache_seqlens, k, block_table)
+    values = logical_cache(v_cache, cache_seqlens, v, block_table)
+    parts = [attention_reference(np.asarray(q)[b:b + 1], kb[None], vb[None], scale=scale, causal=causal,
+                                 window=window, sinks=sinks, layout="bshd", return_lse=True)
+             for b, (kb, vb) in enumerate(zip(keys, values))]
+    out = np.concatenate([o for o, _ in parts])
+    lse = np.concatenate([l for _, l in parts])
+    return (out, lse) if return_lse else out

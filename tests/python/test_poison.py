@@ -101,6 +101,15 @@ def _varlen_backward(rng):
                                                 cu_q, cu_k, causal=True, sinks=sinks)
 
 
+def _kvcache(rng):
+    q = rng.standard_normal((3, 2, HQ, D)).astype(np.float32)
+    k_cache, v_cache = (rng.standard_normal((9, 8, HKV, D)).astype(np.float32) for _ in range(2))
+    new = [rng.standard_normal((3, 3, HKV, D)).astype(np.float32) for _ in range(2)]
+    table = rng.permutation(9)[:6].reshape(3, 2).astype(np.int32)
+    return mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.array([0, 5, 13], np.int32),
+                                             k=new[0], v=new[1], block_table=table, causal=True, return_lse=True)
+
+
 def _topk(rng):
     q = rng.standard_normal((B, 3, R, 16)).astype(np.float32)
     k = rng.standard_normal((B, 1, C, 16)).astype(np.float32)
@@ -132,7 +141,8 @@ def _quantize(rng):
 CALLS = {"attention": _attention, "attention_backward": _attention_backward, "block_sparse_attention": _block_sparse,
          "block_sparse_attention_backward": _block_sparse_backward, "block_mask_from_mask": _from_mask,
          "sparse_attention": _sparse, "sparse_attention_backward": _sparse_backward, "sparse_topk": _topk,
-         "attention_varlen": _varlen, "attention_varlen_backward": _varlen_backward, "int8_attention": _int8, "int8_quantized": _int8_quantized, "merge_attention": _merge, "quantize": _quantize}
+         "attention_varlen": _varlen, "attention_varlen_backward": _varlen_backward,
+         "attention_with_kvcache": _kvcache, "int8_attention": _int8, "int8_quantized": _int8_quantized, "merge_attention": _merge, "quantize": _quantize}
 
 
 def test_every_op_has_a_call():

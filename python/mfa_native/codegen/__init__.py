@@ -27,6 +27,7 @@ from .attention.forward import KERNEL_NAME, PARTIAL_KERNEL_NAME, generate, gener
 from .attention.keys import DENSE
 from .attention.passes import (BAKE_LENGTHS, attention_backward_pass, attention_backward_template, attention_pass,
                                attention_template, call_sizes)
+from .attention.cache import CacheKeys
 from .attention.problem import AttentionBackwardProblem, AttentionProblem
 from .attention.sequences import SequenceRanges, unit_table
 from .attention.split import kv_split
@@ -63,6 +64,7 @@ __all__ = [
     "BAKE_LENGTHS",
     "BackwardDescriptor",
     "BlockLists",
+    "CacheKeys",
     "COMBINE_KERNEL_NAME",
     "CPU_FAMILY",
     "DENSE",

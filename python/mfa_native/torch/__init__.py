@@ -7,17 +7,17 @@
 - `ring_attention(q, k, v, group=...)`: attention over sequences sharded across ranks (shards of any
   length; causal, window and sinks by global position).
 - `attention_varlen(...)` and `flash_attn_varlen_func(...)`: packed sequences, the latter with
-  flash-attn's names and results.
+  flash-attn's names and results; `flash_attn_with_kvcache(...)`: a KV cache, appended in place.
 
 Importing this module imports torch; `import mfa_native` alone does not.
 """
 
 from __future__ import annotations
 
-from .flash_attn import attention_varlen, flash_attn_varlen_func
+from .flash_attn import attention_varlen, flash_attn_varlen_func, flash_attn_with_kvcache
 from .functional import attention
 from .ring import ring_attention
 from .sdpa import scaled_dot_product_attention, sdpa_override
 
-__all__ = ["attention", "attention_varlen", "flash_attn_varlen_func", "ring_attention", "scaled_dot_product_attention",
+__all__ = ["attention", "attention_varlen", "flash_attn_varlen_func", "flash_attn_with_kvcache", "ring_attention", "scaled_dot_product_attention",
            "sdpa_override"]

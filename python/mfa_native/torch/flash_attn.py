@@ -4,7 +4,7 @@ declared ops' torch custom ops, library.py).
 `flash_attn_varlen_func` is `mfa_native.attention_varlen` with flash-attn's arguments and
 results. What flash-attn has and mfa_native does not (dropout, a soft cap, ALiBi) raises
 NotImplementedError naming the argument; `deterministic` is accepted and always holds (the
-backward has no atomics).
+backward has no atomics). `flash_attn_with_kvcache` is `mfa_native.attention_with_kvcache`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def unsupported(**features) -> None:
     for name, value in features.items():
         if value is not None and (not isinstance(value, (int, float)) or value != 0.0):
             shown = value if isinstance(value, (int, float)) else f"a {type(value).__name__}"
-            raise NotImplementedError(f"{name}={shown}: mfa_native does not implement it; pass its default "
-                                      "(dropout_p=0.0, softcap=0.0, alibi_slopes=None)")
+            raise NotImplementedError(f"{name}={shown}: mfa_native does not implement it; leave it at its "
+                                      "default (0 or None)")
 
 
 def window_of(window_size) -> tuple[int, int] | None:
@@ -48,3 +48,26 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     result = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **hints, scale=softmax_scale,
                               causal=bool(causal), window=window_of(window_size), return_lse=bool(return_attn_probs))
     return (*result, None) if return_attn_probs else result
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """flash_attn.flash_attn_with_kvcache: q (B, R, Hq, D); k_cache, v_cache (B, Cmax, Hkv, D)
+    or, with block_table (B, max_blocks) int32, pages (num_blocks, page_size, Hkv, D); k, v
+    (B, Rn, Hkv, D) appended in place at cache_seqlens (an int or int32 (B,), not modified);
+    causal aligns the last query with the last attended key. Returns out, or (out,
+    softmax_lse) with return_softmax_lse. Rotary embedding, cache_batch_idx, cache_leftpad,
+    softcap and ALiBi raise NotImplementedError; num_splits is a hint and ignored."""
+    import torch
+
+    unsupported(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
+                cache_leftpad=cache_leftpad, softcap=softcap, alibi_slopes=alibi_slopes)
+    from ..ops.kvcache import attention_with_kvcache
+
+    if cache_seqlens is None or isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens or 0, dtype=torch.int32)
+    return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table,
+                                  scale=softmax_scale, causal=bool(causal), window=window_of(window_size),
+                                  return_lse=bool(return_softmax_lse))

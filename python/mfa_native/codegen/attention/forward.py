@@ -153,6 +153,7 @@ def _kv_pointers(d: KernelDescriptor) -> list[str]:
 def _geometry(d: KernelDescriptor, finish) -> list[str]:
     t = MSL_TYPES[d.dtype]
     lines = d.rows.geometry(d.query_rows, d.gqa_ratio, finish.batch) + ["", head_pointer("q", d.q, "h", t, True)] + _kv_pointers(d)
+    lines += d.keys.prologue()
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
     if d.rows.packed:
@@ -164,7 +165,7 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     """The online softmax over the keys [begin, end), key_block at a time, with `rules`."""
     key_tiles = d.key_block // 8
     x = _tensors(d)
-    body, first, positions = [], "kb", Positions(end)
+    body, first, positions = [], "kb", d.keys.positions(end)
     if d.rows.packed:  # the step's keys come from the stage, its rows 0 .. key_block - 1
         body = ["// The step's K and V rows, staged once for every head of the kv head."]
         body += staging.fill(_staged(d), d.key_block, d.dtype, key="kb + slot", valid=f"key < {end}")

@@ -26,6 +26,7 @@ from typing import Callable
 
 from ..kernel.plan import GridAxis
 from ..kernel.sizes import Extent
+from ..kernel.tiles import Positions
 from .masking import DENSE_BOUNDS, MaskRules
 from .rows import PACKED_HEADS, PER_HEAD
 
@@ -42,6 +43,17 @@ class DenseWalk:
     consecutive rows of the whole sequence (queries: [0, R), keys: [0, C))."""
 
     bounds = DENSE_BOUNDS
+
+    @staticmethod
+    def prologue() -> list[str]:
+        """MSL a forward kernel runs after its geometry (b defined): names its bounds and key
+        positions read (a KV cache's attended length, its page table)."""
+        return []
+
+    @staticmethod
+    def positions(end: str) -> Positions:
+        """Where the keys [.., end) of a step are loaded from: contiguous rows."""
+        return Positions(end)
 
     @staticmethod
     def first(side: str, rows: int) -> tuple[list[str], str]:

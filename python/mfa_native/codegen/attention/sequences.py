@@ -29,7 +29,7 @@ from ...runtime.expressions import evaluate
 from ..kernel.passes import contiguous
 from ..kernel.plan import GridAxis
 from ..kernel.sizes import Extent
-from .keys import Steps
+from .keys import DenseWalk, Steps
 from .masking import Bounds
 from .rows import PerHead, query_rows_geometry
 
@@ -77,7 +77,7 @@ def _located(side: str, rows: int) -> tuple[list[str], str]:
     return lines, f"uint({table}[2 * unit + 1])"
 
 
-class SequenceWalk:
+class SequenceWalk(DenseWalk):
     """The kernel side: what the dense kernels read of packed sequences (no fields: the
     lengths are runtime sizes and table contents)."""
 
