@@ -16,8 +16,10 @@ from .ops.block_mask import BlockMask
 from .ops.block_mask_pass import from_mask as _from_mask  # declares block_mask_from_mask
 from .ops.block_sparse import block_sparse_attention, block_sparse_attention_backward
 from .ops.int8_attention import int8_attention
+from .ops.kvcache import attention_with_kvcache
 from .ops.sparse import sparse_attention, sparse_attention_backward
 from .ops.topk import sparse_topk
+from .ops.varlen import attention_varlen, attention_varlen_backward
 from .ops.merge import merge_attention
 from .ops.quantize import quantize
 from .quantized import QuantizedTensor
@@ -42,6 +44,9 @@ __all__ = [
     "Profile",
     "attention",
     "attention_backward",
+    "attention_varlen",
+    "attention_varlen_backward",
+    "attention_with_kvcache",
     "block_sparse_attention",
     "block_sparse_attention_backward",
     "cpp_flags",

@@ -31,9 +31,10 @@ import numpy as np
 from . import reference
 from .ops.attention import ATTENTION
 from .ops.block_sparse import BLOCK_SPARSE_ATTENTION
+from .ops.declaration import Call, Op, quantized_values
 from .ops.int8_attention import INT8_ATTENTION
 from .ops.sparse import SPARSE_ATTENTION
-from .ops.declaration import Call, Op, quantized_values
+from .ops.varlen import ATTENTION_VARLEN
 from .ops.given_kind import inside_adapter
 from .quantized import QuantizedTensor
 
@@ -217,6 +218,7 @@ attention = mlx_function(ATTENTION)
 sparse_attention = mlx_function(SPARSE_ATTENTION)
 block_sparse_attention = mlx_function(BLOCK_SPARSE_ATTENTION)
 int8_attention = mlx_function(INT8_ATTENTION)
+attention_varlen = mlx_function(ATTENTION_VARLEN)
 
 
 def _mask_options(mask: str | mx.array | None) -> dict:

@@ -335,3 +335,73 @@ def sparse_topk_reference(q, k, weights, topk: int, *, causal=True, layout="bhsd
     shape = (batch, 1, q_len, topk) if layout == "bhsd" else (batch, q_len, 1, topk)
     indices, kept = indices.reshape(shape), kept.reshape(shape)
     return (indices, kept) if return_scores else indices
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k):
+    """(query rows, key rows) slices of each packed sequence."""
+    cu_q, cu_k = (np.asarray(cu).astype(np.int64) for cu in (cu_seqlens_q, cu_seqlens_k))
+    return [(slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])) for s in range(len(cu_q) - 1)]
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale=None, causal=False, window=None,
+                               sinks=None, return_lse=False):
+    """Attention over packed sequences in float64: `attention_reference` on each sequence's
+    slices ("bshd", a batch of one), concatenated: out (total_q, Hq, Dv), lse (Hq, total_q)."""
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
+    lse = np.zeros((q.shape[1], q.shape[0]))
+    for rows, keys in _sequences(cu_seqlens_q, cu_seqlens_k):
+        o, l = attention_reference(q[None, rows], k[None, keys], v[None, keys], scale=scale, causal=causal,
+                                   window=window, sinks=sinks, layout="bshd", return_lse=True)
+        out[rows], lse[:, rows] = o[0], l[0]
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen_backward_reference(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, scale=None, causal=False,
+                                        window=None, sinks=None, out=None):
+    """Gradients of attention over packed sequences in float64: (dq, dk, dv) shaped like q,
+    k, v, and with `sinks` also dsinks (Hq,) summed over the sequences (`out` as in
+    attention_backward_reference)."""
+    q, k, v, dout = (np.asarray(x).astype(np.float64) for x in (q, k, v, dout))
+    grads = [np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)]
+    dsinks = np.zeros(q.shape[1])
+    for rows, keys in _sequences(cu_seqlens_q, cu_seqlens_k):
+        part = attention_backward_reference(q[None, rows], k[None, keys], v[None, keys], dout[None, rows],
+                                            scale=scale, causal=causal, window=window, sinks=sinks, layout="bshd",
+                                            out=None if out is None else np.asarray(out)[None, rows])
+        for grad, at, g in zip(grads, (rows, keys, keys), part[:3]):
+            grad[at] = g[0]
+        if sinks is not None:
+            dsinks += part[3]
+    return (*grads, dsinks) if sinks is not None else tuple(grads)
+
+
+def logical_cache(cache, cache_seqlens, new=None, block_table=None) -> list[np.ndarray]:
+    """Each batch's attended cache rows (its first cache_seqlens[b] rows, then `new`[b]) in
+    float64, (L_b, Hkv, D), read from the contiguous (B, Cmax, ...) cache or, with
+    `block_table`, its (num_blocks, page_size, ...) pages; the inputs are not modified."""
+    cache = np.asarray(cache).astype(np.float64)
+    rows = []
+    for b, length in enumerate(np.asarray(cache_seqlens).astype(np.int64)):
+        if block_table is None:
+            old = cache[b, :length]
+        else:
+            page = cache.shape[1]
+            positions = np.arange(length)
+            old = cache[np.asarray(block_table)[b, positions // page], positions % page]
+        rows.append(old if new is None else np.concatenate([old, np.asarray(new)[b].astype(np.float64)]))
+    return rows
+
+
+def attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, *,
+                                     scale=None, causal=False, window=None, sinks=None, return_lse=False):
+    """flash_attn_with_kvcache in float64: batch b's q (R, Hq, D) ("bshd") attends its
+    attended cache rows (logical_cache); out (B, R, Hq, Dv), lse (B, Hq, R)."""
+    keys = logical_cache(k_cache, cache_seqlens, k, block_table)
+    values = logical_cache(v_cache, cache_seqlens, v, block_table)
+    parts = [attention_reference(np.asarray(q)[b:b + 1], kb[None], vb[None], scale=scale, causal=causal,
+                                 window=window, sinks=sinks, layout="bshd", return_lse=True)
+             for b, (kb, vb) in enumerate(zip(keys, values))]
+    out = np.concatenate([o for o, _ in parts])
+    lse = np.concatenate([l for _, l in parts])
+    return (out, lse) if return_lse else out

@@ -22,7 +22,9 @@ PUBLIC = [getattr(mfa_native, name) for name in mfa_native.__all__
 
 def test_every_public_op_is_declared():
     names = {f.__name__ for f in PUBLIC} | {"block_mask_from_mask"}
-    assert names == {"attention", "attention_backward", "block_sparse_attention", "block_sparse_attention_backward",
+    assert names == {"attention", "attention_backward", "attention_varlen", "attention_varlen_backward",
+                     "attention_with_kvcache",
+                     "block_sparse_attention", "block_sparse_attention_backward",
                      "int8_attention", "merge_attention", "quantize", "sparse_attention",
                      "sparse_attention_backward", "sparse_topk", "block_mask_from_mask"}
     assert names <= set(OPS)

@@ -83,6 +83,33 @@ def _sparse_backward(rng):
                                                 rng.standard_normal(o.shape).astype(np.float32), sinks=sinks)
 
 
+def _varlen_inputs(rng):
+    cu_q, cu_k = np.array([0, 5, 5, 13], np.int32), np.array([0, 0, 17, C], np.int32)  # an empty and a keyless sequence
+    q, k, v = (rng.standard_normal((n, h, D)).astype(np.float32) for h, n in ((HQ, R), (HKV, C), (HKV, C)))
+    return q, k, v, cu_q, cu_k, rng.standard_normal(HQ).astype(np.float32)
+
+
+def _varlen(rng):
+    q, k, v, cu_q, cu_k, sinks = _varlen_inputs(rng)
+    return mfa_native.attention_varlen(q, k, v, cu_q, cu_k, causal=True, window=(6, -1), sinks=sinks, return_lse=True)
+
+
+def _varlen_backward(rng):
+    q, k, v, cu_q, cu_k, sinks = _varlen_inputs(rng)
+    o, lse = mfa_native.attention_varlen(q, k, v, cu_q, cu_k, causal=True, sinks=sinks, return_lse=True)
+    return mfa_native.attention_varlen_backward(q, k, v, o, lse, rng.standard_normal(o.shape).astype(np.float32),
+                                                cu_q, cu_k, causal=True, sinks=sinks)
+
+
+def _kvcache(rng):
+    q = rng.standard_normal((3, 2, HQ, D)).astype(np.float32)
+    k_cache, v_cache = (rng.standard_normal((9, 8, HKV, D)).astype(np.float32) for _ in range(2))
+    new = [rng.standard_normal((3, 3, HKV, D)).astype(np.float32) for _ in range(2)]
+    table = rng.permutation(9)[:6].reshape(3, 2).astype(np.int32)
+    return mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.array([0, 5, 13], np.int32),
+                                             k=new[0], v=new[1], block_table=table, causal=True, return_lse=True)
+
+
 def _topk(rng):
     q = rng.standard_normal((B, 3, R, 16)).astype(np.float32)
     k = rng.standard_normal((B, 1, C, 16)).astype(np.float32)
@@ -114,7 +141,8 @@ def _quantize(rng):
 CALLS = {"attention": _attention, "attention_backward": _attention_backward, "block_sparse_attention": _block_sparse,
          "block_sparse_attention_backward": _block_sparse_backward, "block_mask_from_mask": _from_mask,
          "sparse_attention": _sparse, "sparse_attention_backward": _sparse_backward, "sparse_topk": _topk,
-         "int8_attention": _int8, "int8_quantized": _int8_quantized, "merge_attention": _merge, "quantize": _quantize}
+         "attention_varlen": _varlen, "attention_varlen_backward": _varlen_backward,
+         "attention_with_kvcache": _kvcache, "int8_attention": _int8, "int8_quantized": _int8_quantized, "merge_attention": _merge, "quantize": _quantize}
 
 
 def test_every_op_has_a_call():

@@ -27,7 +27,9 @@ from .attention.forward import KERNEL_NAME, PARTIAL_KERNEL_NAME, generate, gener
 from .attention.keys import DENSE
 from .attention.passes import (BAKE_LENGTHS, attention_backward_pass, attention_backward_template, attention_pass,
                                attention_template, call_sizes)
+from .attention.cache import CacheKeys
 from .attention.problem import AttentionBackwardProblem, AttentionProblem
+from .attention.sequences import SequenceRanges, unit_table
 from .attention.split import kv_split
 from .int8.passes import int8_attention_pass, int8_quantizer_pass
 from .int8.problem import Int8Problem
@@ -62,6 +64,7 @@ __all__ = [
     "BAKE_LENGTHS",
     "BackwardDescriptor",
     "BlockLists",
+    "CacheKeys",
     "COMBINE_KERNEL_NAME",
     "CPU_FAMILY",
     "DENSE",
@@ -83,6 +86,7 @@ __all__ = [
     "Q_LISTS_DIFFER",
     "QuantizedStorage",
     "RuntimeSizes",
+    "SequenceRanges",
     "TokenLists",
     "attention_backward_pass",
     "attention_backward_template",
@@ -106,4 +110,5 @@ __all__ = [
     "kv_split",
     "physical",
     "sizes_of",
+    "unit_table",
 ]

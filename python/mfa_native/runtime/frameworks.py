@@ -125,6 +125,11 @@ def framework_of(x: Any) -> Framework | None:
     return None
 
 
+# Array arguments whose values validation reads (sinks: (Hq,); cu_seqlens: (B + 1,)): an MPS
+# tensor of them comes to the host.
+HOST_READ = ("sinks", "cu_seqlens_q", "cu_seqlens_k")
+
+
 class FrameworkCall:
     """One op call on `framework`'s arrays: views its arguments (`view`), allocates its outputs
     (`__call__`, the runner's allocator), binds Metal tensors in place of their stand-ins
@@ -147,7 +152,7 @@ class FrameworkCall:
             return self.framework.as_numpy(x, name)
         if not self.on_metal:
             raise TypeError(f"{name} is on {x.device} but {self.like.device} is where the call runs")
-        if name == "sinks":  # (Hq,): validation reads its values, so it comes to the host
+        if name in HOST_READ:  # small arrays whose values validation reads come to the host
             return self.framework.as_numpy(x.detach().cpu(), name)
         x = x.detach().contiguous()  # a device copy when strided or broadcast: stand-ins are never read or copied
         stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, _numpy_dtype(x.dtype)), tuple(x.shape),

@@ -60,14 +60,14 @@ def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
 def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
     ops = (operands.reads(d, *INPUTS, "o", "mask", "sinks", *d.keys.key_lists)
            + operands.writes(d, "dq", "delta", *(["sink_grad"] if d.sinks else [])) + operands.sizes(d))
-    grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Extent(1, ("B",))))
+    grid = (d.keys.grid("queries", d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(DQ_KERNEL_NAME, tuple(ops), grid, 32 * (d.query_rows // 8), d.sizes)
 
 
 def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
     ops = (operands.reads(d, *INPUTS, "delta", "mask", *d.keys.query_lists)
            + operands.writes(d, "dk", "dv") + operands.sizes(d))
-    grid = (GridAxis(Extent(1, ("C",)), d.key_rows), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
+    grid = (d.keys.grid("keys", d.key_rows), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(DKDV_KERNEL_NAME, tuple(ops), grid, 32 * (d.key_rows // 8), d.sizes)
 
 
@@ -102,7 +102,8 @@ def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelS
 
 def _dq_geometry(d: BackwardDescriptor) -> list[str]:
     t = MSL_TYPES[d.dtype]
-    lines = query_rows_geometry(d.query_rows, d.gqa_ratio, ["const uint b = group.z;"]) + [
+    located, first = d.keys.first("queries", d.query_rows)
+    lines = query_rows_geometry(d.query_rows, d.gqa_ratio, ["const uint b = group.z;", *located], first) + [
         f"const ulong row_at = {row_index('row_read')};  // the row in lse, delta and sink_grad",
         "",
         head_pointer("q", d.q, "h", t, True),
@@ -136,14 +137,14 @@ def _row_delta(d: BackwardDescriptor) -> list[str]:
     stores = ["delta[row_at] = delta_row;"]
     if d.sinks:
         stores.append(f"sink_grad[row_at] = -{sink_probability('lse2')} * delta_row;  // -p_sink D")
-    return lines + ["if (row < R && tc == 0) {"] + indent(stores) + ["}"]
+    return lines + [f"if (row < {d.keys.bounds.q_end} && tc == 0) {{"] + indent(stores) + ["}"]
 
 
 def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
     """dQ over the keys [begin, end), key_block at a time, with `rules`."""
     count = d.key_block // 8
     x = _tensors(d)
-    body = bias_over_keys(rules, count, end)
+    body = bias_over_keys(rules, count, end, d.keys.bounds.origin)
     body += ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
     body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
@@ -165,7 +166,7 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
 def generate_dq(d: BackwardDescriptor) -> KernelSource:
     """The dQ kernel (it also stores D, and each row's share of dsinks)."""
     x = _tensors(d)
-    body = _dq_geometry(d) + key_range(d.rules)
+    body = _dq_geometry(d) + key_range(d.rules, bounds=d.keys.bounds)
     if d.cache:
         body += ["", "// Q and dO: the 8 rows, held in registers as 8x8 tiles."]
         body += in_registers("q_tile", x["q"], "row_read") + in_registers("dout_tile", x["dout"], "row_read")
@@ -175,7 +176,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dq_row = dq_head + {offset('ulong(row)', d.dq.strides[2])};"]
     store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
-    body += ["", "// dQ = scale * dS K.", "if (row < R) {"] + indent(store) + ["}"]
+    body += ["", "// dQ = scale * dS K.", f"if (row < {d.keys.bounds.q_end}) {{"] + indent(store) + ["}"]
     return _kernel(d, dq_plan(d), body)
 
 
@@ -185,11 +186,13 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
 
 def _dkdv_geometry(d: BackwardDescriptor) -> list[str]:
     t = MSL_TYPES[d.dtype]
+    located, first = d.keys.first("keys", d.key_rows)
     return [
         "// This simdgroup's 8 keys, of one (batch, kv head).",
         "const uint b = group.z;",
+        *located,
         "const uint h_kv = group.y;",
-        f"const uint key_first = group.x * {d.key_rows} + simd_index * 8;",
+        f"const uint key_first = {first};",
         *lane_layout(),
         "const uint key_row = key_first + tr;",
         "const uint key_read = min(key_row, C - 1);  // keys past C compute on a valid key and are never stored",
@@ -205,7 +208,7 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
     """dK and dV over the queries [begin, end) of head h, query_block at a time, with `rules`."""
     count = d.query_block // 8
     x = _tensors(d)
-    body = bias_over_queries(rules, count, end)
+    body = bias_over_queries(rules, count, end, d.keys.bounds.origin)
     body += ["", "// lse2 and D of the lane's queries.", f"float lse2[{2 * count}];", f"float delta_q[{2 * count}];"]
     body += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
         f"const uint query = uint(min(qb + j * 8 + int(tc) + e, int({end}) - 1));",
@@ -251,7 +254,7 @@ def _query_heads(d: BackwardDescriptor) -> list[str]:
 def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     """The dK/dV kernel (it reads the D the dQ kernel stored)."""
     x = _tensors(d)
-    body = _dkdv_geometry(d) + query_range(d.rules)
+    body = _dkdv_geometry(d) + query_range(d.rules, d.keys.bounds)
     if d.cache:
         body += ["", "// K and V: the 8 rows, held in registers as 8x8 tiles."]
         body += in_registers("k_tile", x["k"], "key_read") + in_registers("v_tile", x["v"], "key_read")
@@ -263,5 +266,5 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
     store += [f"device {t}* dv_row = dv_head + {offset('ulong(key_row)', d.dv.strides[2])};"]
     store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t)
-    body += ["", "// dK = scale * dS^T Q, dV = P^T dO.", "if (key_row < C) {"] + indent(store) + ["}"]
+    body += ["", "// dK = scale * dS^T Q, dV = P^T dO.", f"if (key_row < {d.keys.bounds.k_end}) {{"] + indent(store) + ["}"]
     return _kernel(d, dkdv_plan(d), body)

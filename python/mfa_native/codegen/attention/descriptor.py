@@ -32,7 +32,10 @@ SIZE_DOCS = {"B": "batch", "Hq": "query heads", "Hkv": "key/value heads", "R": "
              "C": "key length", "S": "key/value splits", "Cs": "keys per split",
              "NQ": "query blocks", "NK": "key blocks", "Wp": "width of kv_indices",
              "Wf": "width of full_kv_indices", "Wq": "width of q_indices", "Wqf": "width of full_q_indices",
-             "Wb": "int32 words of kv_bits (block-sparse mask bits)", "T": "entries per token list (topk)"}
+             "Wb": "int32 words of kv_bits (block-sparse mask bits)",
+             "T": "entries per token list (topk)", "Ncu": "entries of cu_seqlens (sequences + 1)",
+             "NQU": "8-query units of the packed sequences (a bound)", "NKU": "8-key units of the packed sequences (a bound)",
+             "Rn": "rows appended to the KV cache by this call", "Wt": "pages per batch (block_table's width)"}
 SIZE_NAMES = ("B", "Hq", "Hkv", "R", "C")
 SPLIT_SIZE_NAMES = ("S", "Cs")
 SIZES_STRUCT = "AttentionSizes"

@@ -81,7 +81,7 @@ class Normalized:
         return (["", "// O /= l; a row with nothing in its denominator stores 0 (and lse = -inf).",
                  head_pointer("o", d.o, "h", t, False),
                  "const float inv_l = l != 0.0f ? 1.0f / l : 0.0f;  // NaN stays NaN",
-                 "if (row < R) {"] + indent(body) + ["}"])
+                 f"if (row < {d.keys.bounds.q_end}) {{"] + indent(body) + ["}"])
 
     @staticmethod
     def summary(d: KernelDescriptor) -> str:
@@ -153,6 +153,7 @@ def _kv_pointers(d: KernelDescriptor) -> list[str]:
 def _geometry(d: KernelDescriptor, finish) -> list[str]:
     t = MSL_TYPES[d.dtype]
     lines = d.rows.geometry(d.query_rows, d.gqa_ratio, finish.batch) + ["", head_pointer("q", d.q, "h", t, True)] + _kv_pointers(d)
+    lines += d.keys.prologue()
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
     if d.rows.packed:
@@ -164,12 +165,12 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     """The online softmax over the keys [begin, end), key_block at a time, with `rules`."""
     key_tiles = d.key_block // 8
     x = _tensors(d)
-    body, first, positions = [], "kb", Positions(end)
+    body, first, positions = [], "kb", d.keys.positions(end)
     if d.rows.packed:  # the step's keys come from the stage, its rows 0 .. key_block - 1
         body = ["// The step's K and V rows, staged once for every head of the kv head."]
         body += staging.fill(_staged(d), d.key_block, d.dtype, key="kb + slot", valid=f"key < {end}")
         first, positions = "0", Positions(str(d.key_block))
-    body += bias_over_keys(rules, key_tiles, end)
+    body += bias_over_keys(rules, key_tiles, end, d.keys.bounds.origin)
     body += ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
     body += zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
@@ -201,7 +202,7 @@ def _kernel(d: KernelDescriptor, finish) -> KernelSource:
     state = (["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
              + finish.initial_state(d) + zeroed("o_tile", tiles(d.value_dim), "O, unnormalized"))
     visits = d.keys.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
-    keys = key_range(d.rules, last=d.rows.last_query)
+    keys = key_range(d.rules, last=d.rows.last_query, bounds=d.keys.bounds)
     body = _geometry(d, finish) + keys + finish.key_limits + q_cache + state + visits + finish.store(d)
     return assemble(launch_plan(d, finish), summary=summary(d, finish), builtins=BUILTINS, body=body)
 

@@ -15,14 +15,19 @@ answer the same questions:
   (`catalog`, `extents`, `present`, and the names the key and query walks read), a clause
   for a kernel's header (`summary`), and which kernels run its forward and backward passes
   (`forward_kernels`, `backward_kernels`: the dense ones, given as a callable, unless the
-  case has its own).
+  case has its own); and where a simdgroup's rows lie (`DenseWalk`: the `bounds` of its
+  sequences, the MSL that finds its first row, `first`, and the grid axis, `grid`), which the
+  varlen case (sequences.py) answers per packed sequence.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from .masking import MaskRules
+from ..kernel.plan import GridAxis
+from ..kernel.sizes import Extent
+from ..kernel.tiles import Positions
+from .masking import DENSE_BOUNDS, MaskRules
 from .rows import PACKED_HEADS, PER_HEAD, dense_rows
 
 Steps = Callable[[MaskRules, str, str], list[str]]
@@ -33,10 +38,40 @@ def storage_rows(p):
     return PACKED_HEADS if p.k_storage.packs_heads or p.v_storage.packs_heads else PER_HEAD
 
 
-class DenseKeys:
+class DenseWalk:
+    """Where the rows of a dense kernel's simdgroups lie: threadgroup x holds `rows`
+    consecutive rows of the whole sequence (queries: [0, R), keys: [0, C))."""
+
+    bounds = DENSE_BOUNDS
+
+    @staticmethod
+    def prologue() -> list[str]:
+        """MSL a forward kernel runs after its geometry (b defined): names its bounds and key
+        positions read (a KV cache's attended length, its page table)."""
+        return []
+
+    @staticmethod
+    def positions(end: str) -> Positions:
+        """Where the keys [.., end) of a step are loaded from: contiguous rows."""
+        return Positions(end)
+
+    @staticmethod
+    def first(side: str, rows: int) -> tuple[list[str], str]:
+        """MSL lines a simdgroup runs to find its 8 rows of `side` ("queries" or "keys") when a
+        threadgroup holds `rows` of them, and its first row's expression. Reads group, simd_index."""
+        return [], f"group.x * {rows} + simd_index * 8"
+
+    @staticmethod
+    def grid(side: str, rows: int) -> GridAxis:
+        """The grid's x axis for threadgroups of `rows` rows of `side`."""
+        return GridAxis(Extent(1, ("R" if side == "queries" else "C",)), rows)
+
+
+class DenseKeys(DenseWalk):
     """Every key of the visible range."""
 
     splits = True          # split-KV may cut the range for decode
+    batched = True         # q, k, v and the outputs have a batch axis (varlen's packed sequences have none)
     key_lists: tuple[str, ...] = ()
     query_lists: tuple[str, ...] = ()
     catalog: dict[str, tuple[str, str]] = {}

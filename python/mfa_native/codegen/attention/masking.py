@@ -4,6 +4,10 @@
 range of the other sequence (`key_range`, `query_range`), the allowed test of one pair
 (`allowed_terms`, `mask_allows`), and the additive mask in the log2 domain (`bias`), which also skips
 blocks a mask removes.
+
+`Bounds` say where a simdgroup's sequences lie, as MSL expressions: the whole [0, R) and
+[0, C) (`DENSE_BOUNDS`), or one packed sequence's ranges of the queries and keys (varlen,
+sequences.py), in whose global positions the same rules hold.
 """
 
 from __future__ import annotations
@@ -48,24 +52,52 @@ class MaskRules:
         return f"causal {self.causal}, window {window}, mask {mask}"
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """The queries [q_begin, q_end) and keys [k_begin, k_end) a simdgroup's rows belong to, as
+    MSL expressions; `origin` (None: 0) is k_begin - q_begin, the key upper-left causal lines
+    up with the first query."""
+
+    q_begin: str = "0"
+    q_end: str = "R"
+    k_begin: str = "0"
+    k_end: str = "C"
+    origin: str | None = None
+
+    @staticmethod
+    def _int(value: str) -> str:
+        return value if value.isdigit() else f"int({value})"
+
+    @property
+    def diagonal(self) -> str:
+        """The definition of `diagonal`: key j lines up with query j - diagonal (lower right)."""
+        return f"const int diagonal = int({self.k_end}) - int({self.q_end});"
+
+    def shifted(self, position: str) -> str:
+        """`position` + origin (upper-left causal's key of a query, or query of a key with a minus)."""
+        return position if self.origin is None else f"{position} + {self.origin}"
+
+
+DENSE_BOUNDS = Bounds()
 MASKED_BELOW = "-1.0e30f"   # additive mask values at or below this remove the key (see reference.py)
 
 
-def key_range(rules: MaskRules, last: str | None = None) -> list[str]:
+def key_range(rules: MaskRules, last: str | None = None, bounds: Bounds = DENSE_BOUNDS) -> list[str]:
     """The keys any of the queries q_first..`last` may see (default: the simdgroup's 8 rows).
-    Reads q_first, R, C. Defines key_begin, key_end (ints, narrowed further by callers that
-    split the keys) and, where the rules need them, diagonal and row_last."""
+    Reads q_first and the names in `bounds`. Defines key_begin, key_end (ints, narrowed further
+    by callers that split the keys) and, where the rules need them, diagonal and row_last."""
     lines = ["", "// Keys any of these rows may see: [key_begin, key_end). Whole blocks outside are never visited."]
     if rules.uses_diagonal:
-        lines.append("const int diagonal = int(C) - int(R);  // key j lines up with query j - diagonal (lower right)")
+        lines.append(bounds.diagonal + "  // key j lines up with query j - diagonal (lower right)")
     left, right = rules.window_sides
     if rules.limits_keys_above:
-        lines.append(f"const int row_last = {last or 'int(min(q_first + 7, R - 1))'};")
-    lines += ["int key_begin = 0;", "int key_end = q_first < R ? int(C) : 0;"]
+        lines.append(f"const int row_last = {last or f'int(min(q_first + 7, {bounds.q_end} - 1))'};")
+    begin = bounds._int(bounds.k_begin)
+    lines += [f"int key_begin = {begin};", f"int key_end = q_first < {bounds.q_end} ? int({bounds.k_end}) : {begin};"]
     if rules.causal == "lower_right":
         lines.append("key_end = min(key_end, row_last + diagonal + 1);  // causal, lower right")
     elif rules.causal == "upper_left":
-        lines.append("key_end = min(key_end, row_last + 1);  // causal, upper left")
+        lines.append(f"key_end = min(key_end, {bounds.shifted('row_last')} + 1);  // causal, upper left")
     if left is not None:
         lines.append(f"key_begin = max(key_begin, int(q_first) + diagonal - {left});  // window, left")
     if right is not None:
@@ -73,21 +105,23 @@ def key_range(rules: MaskRules, last: str | None = None) -> list[str]:
     return lines
 
 
-def query_range(rules: MaskRules) -> list[str]:
+def query_range(rules: MaskRules, bounds: Bounds = DENSE_BOUNDS) -> list[str]:
     """The queries that may see any of the simdgroup's keys key_first.. (the mirror of
-    key_range: key j is seen from query j - diagonal on). Reads key_first, R, C. Defines
-    query_begin, query_end and, where needed, diagonal and key_last."""
+    key_range: key j is seen from query j - diagonal on). Reads key_first and the names in
+    `bounds`. Defines query_begin, query_end and, where needed, diagonal and key_last."""
     lines = ["", "// Queries that may see any of these keys: [query_begin, query_end). Blocks outside are skipped."]
     if rules.uses_diagonal:
-        lines.append("const int diagonal = int(C) - int(R);  // key j lines up with query j - diagonal (lower right)")
+        lines.append(bounds.diagonal + "  // key j lines up with query j - diagonal (lower right)")
     left, right = rules.window_sides
     if left is not None:
-        lines.append("const int key_last = int(min(key_first + 7, C - 1));")
-    lines += ["int query_begin = 0;", "int query_end = key_first < C ? int(R) : 0;"]
+        lines.append(f"const int key_last = int(min(key_first + 7, {bounds.k_end} - 1));")
+    begin = bounds._int(bounds.q_begin)
+    lines += [f"int query_begin = {begin};", f"int query_end = key_first < {bounds.k_end} ? int({bounds.q_end}) : {begin};"]
     if rules.causal == "lower_right":
         lines.append("query_begin = max(query_begin, int(key_first) - diagonal);  // causal, lower right")
     elif rules.causal == "upper_left":
-        lines.append("query_begin = max(query_begin, int(key_first));  // causal, upper left")
+        first = "int(key_first)" if bounds.origin is None else f"int(key_first) - {bounds.origin}"
+        lines.append(f"query_begin = max(query_begin, {first});  // causal, upper left")
     if left is not None:
         lines.append(f"query_end = min(query_end, key_last - diagonal + {left + 1});  // window, left")
     if right is not None:
@@ -95,15 +129,16 @@ def query_range(rules: MaskRules) -> list[str]:
     return lines
 
 
-def allowed_terms(rules: MaskRules, query: str, key: str, bound: str) -> list[str]:
+def allowed_terms(rules: MaskRules, query: str, key: str, bound: str, origin: str | None = None) -> list[str]:
     """Conditions (ints) for `key` of `query` beyond the mask. `bound` keeps positions past
     the visible range (past C or R, or past a split's end) out of the last tile; the rules'
-    own `terms` come right after it (so they read nothing for a position past the bound)."""
+    own `terms` come right after it (so they read nothing for a position past the bound);
+    `origin` shifts upper-left causal's diagonal (Bounds.origin)."""
     terms = [bound] + [term.format(query=query, key=key) for term in rules.terms]
     if rules.causal == "lower_right":
         terms.append(f"{key} <= {query} + diagonal")
     elif rules.causal == "upper_left":
-        terms.append(f"{key} <= {query}")
+        terms.append(f"{key} <= {query}" + ("" if origin is None else f" + {origin}"))
     left, right = rules.window_sides
     if left is not None:
         terms.append(f"{key} >= {query} + diagonal - {left}")
@@ -164,19 +199,20 @@ def mask_of_query(rules: MaskRules, query: str) -> str:
     return f"mask_key[{offset(f'ulong({query})', rules.mask_layout.strides[2]) or '0'}]"
 
 
-def bias_over_keys(rules: MaskRules, count: int, end: str = "key_end") -> list[str]:
+def bias_over_keys(rules: MaskRules, count: int, end: str = "key_end", origin: str | None = None) -> list[str]:
     """`bias` for a query row per lane and the keys kb.. (before `end`) as elements (forward,
-    dQ). Reads row, kb, `end`, mask_row."""
+    dQ). Reads row, kb, `end`, mask_row (and `origin`, Bounds.origin)."""
     at = None
     if rules.mask != "none":
         at = f"mask_row[{offset('ulong(min(key, int(C) - 1))', rules.mask_layout.strides[3]) or '0'}]"
-    return bias(rules, count, "key", "kb", allowed_terms(rules, "int(row)", "key", f"key < {end}"), at)
+    return bias(rules, count, "key", "kb", allowed_terms(rules, "int(row)", "key", f"key < {end}", origin), at)
 
 
-def bias_over_queries(rules: MaskRules, count: int, end: str = "query_end") -> list[str]:
+def bias_over_queries(rules: MaskRules, count: int, end: str = "query_end", origin: str | None = None) -> list[str]:
     """`bias` for a key row per lane and the queries qb.. (before `end`) as elements (dK/dV).
-    Reads key_row, qb, `end`, mask_key."""
+    Reads key_row, qb, `end`, mask_key (and `origin`, Bounds.origin)."""
     at = None
     if rules.mask != "none":
         at = mask_of_query(rules, "min(query, int(R) - 1)")
-    return bias(rules, count, "query", "qb", allowed_terms(rules, "query", "int(key_row)", f"query < {end}"), at)
+    return bias(rules, count, "query", "qb",
+                allowed_terms(rules, "query", "int(key_row)", f"query < {end}", origin), at)

@@ -39,12 +39,15 @@ B, Hq, Hkv, R, C = (Extent(1, (name,)) for name in SIZE_NAMES)
 def tensor_spec(p: AttentionProblem):
     """The TensorSpec maker of `p`'s pass buffers: spec(dtype, shape, strides=None) of a
     (batch, head, sequence, feature) tensor in the problem's layout, or with logical=False a
-    tensor whose axes are already in memory order."""
+    tensor whose axes are already in memory order. Packed sequences (a key facet that is not
+    `batched`) have no batch axis: it is left out."""
+    drop = 0 if p.keys.batched else 1
 
     def spec(dtype: str, shape, strides=None, *, logical: bool = True) -> TensorSpec:
         if not logical:
             return TensorSpec(dtype, tuple(shape), None if strides is None else tuple(strides))
-        return TensorSpec(dtype, physical(shape, p.layout), None if strides is None else physical(strides, p.layout))
+        return TensorSpec(dtype, physical(shape, p.layout)[drop:],
+                          None if strides is None else physical(strides, p.layout)[drop:])
 
     return spec
 
@@ -69,9 +72,11 @@ def forward_inputs(p: AttentionProblem, d: AttentionFacts) -> dict[str, TensorSp
     return inputs
 
 
-def _rows_spec() -> TensorSpec:
-    """lse and the like: (B, Hq, R) float32, contiguous."""
-    return TensorSpec("float32", (B, Hq, R), contiguous((B, Hq, R)))
+def rows_spec(p: AttentionProblem, strides: bool = True) -> TensorSpec:
+    """lse and the like: (B, Hq, R) float32, contiguous ((Hq, R) for packed sequences); an
+    input's with its strides."""
+    shape = (B, Hq, R) if p.keys.batched else (Hq, R)
+    return TensorSpec("float32", shape, contiguous(shape) if strides else None)
 
 
 def valid_for(p: AttentionProblem, family: str) -> dict[str, object]:
@@ -107,7 +112,7 @@ def attention_template(problem: AttentionProblem, *, family: str = CPU_FAMILY, b
         d, lambda: (generate(d),) if split is None else (generate_partial(d), generate_combine(d)))
     outputs = {"o": tensor_spec(p)(p.dtype, shapes(p)["o"])}
     if p.return_lse:
-        outputs["lse"] = TensorSpec("float32", (B, Hq, R))
+        outputs["lse"] = rows_spec(p, strides=False)
     given, guards = common(p, d, sizes)
     derived = list(d.keys.derived)
     guards += d.rows.guards(p, family)
@@ -148,7 +153,7 @@ def attention_backward_template(problem: AttentionBackwardProblem, *, family: st
     inputs = {**forward_inputs(p, d), **d.keys.backward_inputs(spec)}
     inputs["o"] = spec(p.dtype, shape["o"], d.o.strides)
     inputs["dout"] = spec(p.dtype, shape["o"], d.dout.strides)
-    inputs["lse"] = _rows_spec()
+    inputs["lse"] = rows_spec(p)
     outputs = {"dq": spec(p.dtype, shape["q"]), "dk": spec(p.dtype, shape["k"]), "dv": spec(p.dtype, shape["v"])}
     if p.sinks:
         outputs["dsinks"] = TensorSpec("float32", (Hq,))

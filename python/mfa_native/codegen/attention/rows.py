@@ -41,16 +41,17 @@ def stage_rows(p, family: str, width: int) -> int:
     return max(8, min(tile_row(family, max(p.head_dim, p.value_dim)).key_block, fits))
 
 
-def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
+def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str], first: str | None = None) -> list[str]:
     """The simdgroup's 8 query rows of (batch b, query head h = group.y) and the kv head h_kv
-    they read. `batch` defines b. Reads group, simd_index, lane, R. Defines h, h_kv, q_first,
-    tr, tc, row (the lane's row) and row_read (clamped, for loads)."""
+    they read. `batch` defines b; `first` is the first row (default: threadgroup x's
+    `query_rows` rows, DenseWalk.first). Reads group, simd_index, lane, R. Defines h, h_kv,
+    q_first, tr, tc, row (the lane's row) and row_read (clamped, for loads)."""
     return [
         "// This simdgroup's 8 query rows, of one (batch, query head), and the kv head they read.",
         *batch,
         "const uint h = group.y;",
         f"const uint h_kv = h / {gqa_ratio};" if gqa_ratio > 1 else "const uint h_kv = h;",
-        f"const uint q_first = group.x * {query_rows} + simd_index * 8;",
+        f"const uint q_first = {first or f'group.x * {query_rows} + simd_index * 8'};",
         *lane_layout(),
         "const uint row = q_first + tr;",
         "const uint row_read = min(row, R - 1);  // rows past R compute on a valid row and are never stored",

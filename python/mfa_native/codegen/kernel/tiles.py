@@ -68,15 +68,22 @@ class Positions:
     range), or, with `listed`, the entries `listed[slot]` of a token list (slots clamped
     below `end`, the list's count). A listed position outside 0..C-1 loads 0: it is skipped
     and never read. With `kept`, an array of one flag per position, a position whose flag
-    is 0 loads 0 (its values, even NaN, reach no product)."""
+    is 0 loads 0 (its values, even NaN, reach no product). With `pages` (a paged KV cache),
+    logical position p is row p % page_size of page `pages`[p / page_size]."""
 
     end: str
     listed: str | None = None
     kept: str | None = None
+    pages: str | None = None
+    page_size: int = 0
 
     def declare(self, name: str, slot: str) -> list[str]:
         """Defines `name` (the position of `slot`) and, for listed positions, `name`_valid."""
         clamped = f"min({slot}, int({self.end}) - 1)"
+        if self.pages is not None:
+            return [f"const int {name}_at = {clamped};  // logical position: row {name}_at % page of its page",
+                    f"const uint {name} = uint({self.pages}[{name}_at / {self.page_size}]) * {self.page_size}u"
+                    f" + uint({name}_at % {self.page_size});"]
         if self.listed is None:
             return [f"const uint {name} = uint({clamped});"]
         return [f"const int {name}_listed = {self.listed}[{clamped}];",

@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..attention.keys import Steps, storage_rows
+from ..attention.keys import DenseWalk, Steps, storage_rows
+from ..attention.masking import MaskRules
+from ..kernel.msl import indent
 from ..kernel.passes import contiguous
 from ..kernel.sizes import Extent
 from .block_transpose import (BIT_LISTS, BUILT_BITS, BUILT_QUERY_LISTS, DIFFER, GIVEN_QUERY_LISTS, generate_transpose,
@@ -73,6 +75,7 @@ class BlockLists:
     bit_words: int | None = None   # mask bits of the partial blocks: the words of kv_bits (None: no bits)
 
     splits = False
+    batched = True
 
     def __post_init__(self) -> None:
         for name in ("q_block", "k_block"):
@@ -109,7 +112,7 @@ class BlockLists:
 
 
 @dataclass(frozen=True)
-class BlockFacts:
+class BlockFacts(DenseWalk):
     """What block-sparse kernels depend on: the block sizes, which list axes broadcast, which
     lists there are (the widths are runtime sizes Wp, Wf, Wq, Wqf)."""
 

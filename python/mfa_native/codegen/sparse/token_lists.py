@@ -75,6 +75,7 @@ class TokenLists:
     shared_kv: bool = False   # v is k's first Dv features (MLA's latent): one staged row serves both
 
     splits = False
+    batched = True
 
     def sizes(self, p) -> dict[str, int]:
         return {"T": self.topk}

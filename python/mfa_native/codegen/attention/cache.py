@@ -1,0 +1,126 @@
+"""A KV cache (flash-attn's flash_attn_with_kvcache): the key-visit facet's per-batch-length
+case, contiguous or paged.
+
+Batch b's queries attend the cache's first kv_end = cache_seqlens[b] + Rn keys (Rn rows
+appended by this call, already written), so its `Bounds` are [0, R) and [0, kv_end): causal
+(the last query on the last attended key) and window hold per batch, and no key at or past
+kv_end is ever loaded, so cache rows past the attended length (even NaN) change nothing.
+
+Contiguous: k is the (B, Cmax, Hkv, D) cache itself. Paged: k is the pages (num_blocks,
+page_size, Hkv, D) as one run of rows shared by every batch (batch stride 0), and a key's
+logical position p of batch b is row p % page_size of page block_table[b, p / page_size]
+(`Positions.pages`); only the pages holding attended keys are read. Inference only: the
+forward kernel alone, no split-KV (each (batch, head) walks its own length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..kernel.passes import contiguous
+from ..kernel.sizes import Extent
+from ..kernel.tiles import Positions
+from .keys import DenseWalk, Steps, storage_rows
+from .masking import Bounds
+
+CATALOG = {
+    "cache_seqlens": ("int", "(B,) valid cache length of each batch before this call's Rn appended rows"),
+    "block_table": ("int", "(B, Wt) the pages of each batch's cache, in logical order"),
+}
+CACHE_BOUNDS = Bounds("0", "R", "0", "kv_end")
+
+
+@dataclass(frozen=True)
+class CacheKeys:
+    """The problem side: `appended` rows (Rn) written by this call; paged with `page_size`
+    rows per page and `pages_per_batch` (block_table's width), else contiguous."""
+
+    appended: int
+    page_size: int | None = None
+    pages_per_batch: int | None = None
+
+    splits = False
+    batched = True
+
+    def __post_init__(self) -> None:
+        if self.page_size is not None and (self.page_size < 8 or self.page_size % 8):
+            raise ValueError(f"page_size must be a positive multiple of 8, got {self.page_size}")
+
+    def sizes(self, p) -> dict[str, int]:
+        return {"Rn": self.appended, **({"Wt": self.pages_per_batch} if self.page_size is not None else {})}
+
+    def forward_only(self) -> CacheKeys:
+        return self
+
+    def rows(self, p):
+        return storage_rows(p)
+
+    def describe(self, p, family: str, baked) -> CacheFacts:
+        return CacheFacts(self.page_size)
+
+
+@dataclass(frozen=True)
+class CacheFacts(DenseWalk):
+    """The kernel side: the page size (None: contiguous); lengths are runtime values."""
+
+    page_size: int | None
+
+    bounds = CACHE_BOUNDS
+    catalog = CATALOG
+    query_lists: tuple[str, ...] = ()
+
+    @property
+    def key_lists(self) -> tuple[str, ...]:
+        return ("cache_seqlens",) + (("block_table",) if self.page_size else ())
+
+    @property
+    def sizes_given(self) -> tuple[str, ...]:
+        return ("Rn",) + (("Wt",) if self.page_size else ())
+
+    derived: tuple[tuple[str, str], ...] = ()
+
+    def prologue(self) -> list[str]:
+        lines = ["", "// The keys batch b attends: its cache before this call and the Rn rows appended to it.",
+                 "const uint kv_end = min(uint(cache_seqlens[b]) + Rn, C);"]
+        if self.page_size:
+            lines.append("device const int* pages = block_table + ulong(b) * Wt;  // batch b's pages, in order")
+        return lines
+
+    def positions(self, end: str) -> Positions:
+        return Positions(end, pages="pages", page_size=self.page_size) if self.page_size else Positions(end)
+
+    def inputs(self, spec) -> dict:
+        B = Extent(1, ("B",))
+        inputs = {"cache_seqlens": spec("int32", (B,), (Extent(1),), logical=False)}
+        if self.page_size:
+            shape = (B, Extent(1, ("Wt",)))
+            inputs["block_table"] = spec("int32", shape, contiguous(shape), logical=False)
+        return inputs
+
+    def backward_inputs(self, spec) -> dict:
+        raise ValueError("a KV cache has no backward pass")
+
+    def backward_outputs(self, spec) -> dict:
+        return {}
+
+    def keys(self, d, steps: Steps) -> list[str]:
+        return steps(d.rules, "key_begin", "key_end")
+
+    def queries(self, d, steps: Steps) -> list[str]:
+        raise ValueError("a KV cache has no backward pass")
+
+    def present(self, name: str) -> bool:
+        return name in self.key_lists
+
+    def extents(self, d) -> dict:
+        return {}
+
+    def summary(self) -> str:
+        return f"; KV cache, {f'paged ({self.page_size} rows a page)' if self.page_size else 'contiguous'}"
+
+    def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+        return dense()
+
+    def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+        raise ValueError("a KV cache has no backward pass")

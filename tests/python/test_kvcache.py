@@ -1,0 +1,142 @@
+"""attention_with_kvcache: contiguous and paged caches against the float64 reference per
+batch; pages in random order beside garbage (NaN) pages; page sizes 8 to 256; the append
+in place (exactly the new rows written, every other byte unchanged); checks before any write."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import relative_l2
+
+import mfa_native
+from mfa_native.reference import attention_with_kvcache_reference
+
+B, R, HQ, HKV, D, DV = 3, 2, 4, 2, 16, 8
+
+
+def caches(rng, shape_k, shape_v):
+    """Caches full of NaN (garbage wherever no valid row is), to be filled where valid."""
+    return np.full(shape_k, np.nan, np.float32), np.full(shape_v, np.nan, np.float32)
+
+
+def fill(rng, k_cache, v_cache, positions):
+    """Random values at the given (index tuples of) valid rows."""
+    for at in positions:
+        k_cache[at] = rng.standard_normal(k_cache[at].shape)
+        v_cache[at] = rng.standard_normal(v_cache[at].shape)
+
+
+def new_rows(rng, appended):
+    return (rng.standard_normal((B, appended, HKV, D)).astype(np.float32),
+            rng.standard_normal((B, appended, HKV, DV)).astype(np.float32))
+
+
+def check_call(rng, q, k_cache, v_cache, seqlens, k=None, v=None, block_table=None, **options):
+    """The call against the reference, and the caches after it: the new rows where they belong,
+    every other byte as before."""
+    expected = attention_with_kvcache_reference(q, k_cache, v_cache, seqlens, k, v, block_table, return_lse=True,
+                                                **options)
+    before_k, before_v = k_cache.copy(), v_cache.copy()
+    lengths = seqlens.copy()
+    out, lse = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, k=k, v=v,
+                                                 block_table=block_table, return_lse=True, **options)
+    assert out.shape == (B, R, HQ, DV) and lse.shape == (B, HQ, R)
+    assert relative_l2(out, expected[0]) < 1e-4
+    assert np.allclose(lse, expected[1], atol=1e-4)
+    assert np.array_equal(seqlens, lengths)
+    written = np.zeros(k_cache.shape[:2], bool)
+    for b in range(B):
+        for i in range(0 if k is None else k.shape[1]):
+            p = seqlens[b] + i
+            at = (b, p) if block_table is None else (block_table[b, p // k_cache.shape[1]], p % k_cache.shape[1])
+            assert np.array_equal(k_cache[at], k[b, i]) and np.array_equal(v_cache[at], v[b, i])
+            written[at] = True
+    for cache, before in ((k_cache, before_k), (v_cache, before_v)):
+        assert cache[~written].tobytes() == before[~written].tobytes()
+
+
+@pytest.mark.parametrize("appended", [0, 1, 5])
+@pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(causal=True, window=(6, -1), sinks="yes")])
+def test_contiguous_cache(rng, appended, options):
+    options = dict(options)
+    if options.pop("sinks", None):
+        options["sinks"] = rng.standard_normal(HQ).astype(np.float32)
+    k_cache, v_cache = caches(rng, (B, 48, HKV, D), (B, 48, HKV, DV))
+    seqlens = np.array([0, 7, 48 - appended], np.int32)
+    fill(rng, k_cache, v_cache, [(b, slice(0, n)) for b, n in enumerate(seqlens)])
+    q = rng.standard_normal((B, R, HQ, D)).astype(np.float32)
+    k, v = new_rows(rng, appended) if appended else (None, None)
+    check_call(rng, q, k_cache, v_cache, seqlens, k, v, **options)
+
+
+@pytest.mark.parametrize("page", [8, 16, 24, 64, 256])
+def test_paged_cache_pages_in_random_order_among_garbage(rng, page):
+    blocks, width, appended = 12, 3, 4
+    k_cache, v_cache = caches(rng, (blocks, page, HKV, D), (blocks, page, HKV, DV))
+    table = rng.permutation(blocks)[:B * width].reshape(B, width).astype(np.int32)
+    seqlens = np.array([page - 2, 0, 2 * page + 3], np.int32)   # the first append crosses a page boundary
+    rows = []
+    for b, n in enumerate(seqlens):
+        for p in range(n):
+            rows.append((table[b, p // page], p % page))
+    fill(rng, k_cache, v_cache, rows)
+    table[1, 1:] = -7          # pages batch 1 never reads: out of range, not read
+    q = rng.standard_normal((B, R, HQ, D)).astype(np.float32)
+    k, v = new_rows(rng, appended)
+    check_call(rng, q, k_cache, v_cache, seqlens, k, v, table, causal=True)
+
+
+def test_warm_calls_append_and_read_the_new_lengths(rng):
+    k_cache, v_cache = caches(rng, (12, 8, HKV, D), (12, 8, HKV, DV))
+    table = np.ascontiguousarray(np.arange(12, dtype=np.int32).reshape(B, 4)[:, ::-1])
+    seqlens = np.array([6, 0, 9], np.int32)
+    fill(rng, k_cache, v_cache, [(table[b, p // 8], p % 8) for b, n in enumerate(seqlens) for p in range(n)])
+    q = rng.standard_normal((B, 1, HQ, D)).astype(np.float32)
+    for step in range(3):   # decode steps: each a warm call of one signature, appending one row
+        k, v = new_rows(rng, 1)
+        out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, k=k, v=v,
+                                                block_table=table, causal=True)
+        seqlens += 1
+        expected = attention_with_kvcache_reference(q, k_cache, v_cache, seqlens, block_table=table, causal=True)
+        assert relative_l2(out, expected) < 1e-4
+
+
+def test_bad_input_raises_before_any_write(rng):
+    k_cache, v_cache = (rng.standard_normal((B, 10, HKV, d)).astype(np.float32) for d in (D, DV))
+    q = rng.standard_normal((B, R, HQ, D)).astype(np.float32)
+    k, v = new_rows(rng, 3)
+    before = k_cache.copy()
+    with pytest.raises(ValueError, match=r"cache_seqlens\[2\] \+ Rn = 8 \+ 3 is beyond the cache's capacity 10"):
+        mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.array([0, 1, 8], np.int32), k=k, v=v)
+    with pytest.raises(ValueError, match="cache_seqlens must be int32"):
+        mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.array([0, 1, 2]), k=k, v=v)
+    pages_k, pages_v = (rng.standard_normal((4, 8, HKV, d)).astype(np.float32) for d in (D, DV))
+    table = np.array([[0, 1], [2, 9], [3, 3]], np.int32)
+    with pytest.raises(ValueError, match=r"block_table\[1, 1\] = 9 is not a page of k_cache"):
+        mfa_native.attention_with_kvcache(q, pages_k, pages_v, cache_seqlens=np.array([0, 6, 0], np.int32), k=k, v=v,
+                                          block_table=table)
+    assert np.array_equal(k_cache, before)
+    with pytest.raises(ValueError, match="k and v are appended together"):
+        mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.zeros(B, np.int32), k=k)
+
+
+def test_torch_flash_attn_with_kvcache_in_place_and_no_gradient(rng):
+    torch = pytest.importorskip("torch")
+    from mfa_native.torch import flash_attn_with_kvcache
+
+    k_cache, v_cache = (torch.from_numpy(rng.standard_normal((B, 16, HKV, d)).astype(np.float32)) for d in (D, DV))
+    q = torch.from_numpy(rng.standard_normal((B, R, HQ, D)).astype(np.float32))
+    k, v = (torch.from_numpy(x) for x in new_rows(rng, 2))
+    seqlens = torch.tensor([3, 0, 14], dtype=torch.int32)
+    expected = attention_with_kvcache_reference(q.numpy(), k_cache.numpy(), v_cache.numpy(), seqlens.numpy(),
+                                                k.numpy(), v.numpy(), causal=True, return_lse=True)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True,
+                                       return_softmax_lse=True)
+    assert isinstance(out, torch.Tensor) and relative_l2(out.numpy(), expected[0]) < 1e-4
+    assert torch.equal(k_cache[2, 14:16], k[2]) and seqlens.tolist() == [3, 0, 14]
+    with pytest.raises(NotImplementedError, match="rotary_cos"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(4), cache_seqlens=seqlens)
+    q.requires_grad_()
+    out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
+    with pytest.raises(NotImplementedError, match="inference only"):
+        out.sum().backward()
