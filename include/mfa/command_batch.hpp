@@ -53,6 +53,7 @@ class CommandBatch {
   // Blocks until done; copies staged host memory back. Throws DispatchError.
   std::vector<DispatchStats> wait();
   std::vector<DispatchStats> run() { commit(); return wait(); }
+  const Device& device() const { return device_; }
 
  private:
   struct HostStaging {

@@ -7,6 +7,7 @@
 //   batch.run();
 #pragma once
 
+#include "mfa/attention.hpp"
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/command_batch.hpp"

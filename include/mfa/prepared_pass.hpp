@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mfa/buffer.hpp"
+#include "mfa/command_batch.hpp"
 #include "mfa/device.hpp"
 #include "mfa/pipeline.hpp"
 #include "mfa/types.hpp"
@@ -63,6 +64,9 @@ class PreparedPass {
   // `arrays` fills the array slots in order. Safe to call from several
   // threads at once (each run has its own batch and intermediates).
   std::vector<DispatchStats> run(const std::vector<PassArray>& arrays) const;
+  // Records every dispatch into `batch` (of this pass's device) without
+  // committing; the batch keeps the intermediates alive until it is done.
+  void encode(CommandBatch& batch, const std::vector<PassArray>& arrays) const;
 
   const Device& device() const { return device_; }
   const std::vector<PassArraySlot>& arrays() const { return arrays_; }

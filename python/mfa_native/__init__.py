@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ._core import CompileError, DeviceUnavailableError, DispatchError, DispatchStats
 from . import reference
-from .embedding import cpp_flags
+from .embedding import cmake_dir, cpp_flags
 from .ops.attention import attention
 from .ops.attention_backward import attention_backward
 from .ops.block_mask import BlockMask
@@ -49,6 +49,7 @@ __all__ = [
     "attention_with_kvcache",
     "block_sparse_attention",
     "block_sparse_attention_backward",
+    "cmake_dir",
     "cpp_flags",
     "default_device",
     "devices",

@@ -18,6 +18,12 @@ def library_path() -> str:
     return str(_HERE / "lib" / "libmfa_core.a")
 
 
+def cmake_dir() -> str:
+    """The folder holding mfa_nativeConfig.cmake: pass it as mfa_native_DIR, and
+    find_package(mfa_native CONFIG REQUIRED) gives the target mfa_native::core."""
+    return str(_HERE / "lib" / "cmake" / "mfa_native")
+
+
 def cpp_flags() -> str:
     """Compiler and linker flags for a C++17 program that embeds the core, e.g.
     ``g++ -std=c++17 main.cpp $(python -c "import mfa_native; print(mfa_native.cpp_flags())")``."""

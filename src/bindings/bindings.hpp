@@ -11,5 +11,6 @@ void bind_dispatch(nanobind::module_& m);
 void bind_cpu(nanobind::module_& m);
 void bind_dlpack(nanobind::module_& m);
 void bind_pass(nanobind::module_& m);
+void bind_bundle(nanobind::module_& m);
 
 }  // namespace mfa::bindings

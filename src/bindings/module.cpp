@@ -8,4 +8,5 @@ NB_MODULE(_core, m) {
   mfa::bindings::bind_cpu(m);
   mfa::bindings::bind_dlpack(m);
   mfa::bindings::bind_pass(m);
+  mfa::bindings::bind_bundle(m);
 }

@@ -27,6 +27,13 @@ PreparedPass::PreparedPass(Device device, std::vector<PassDispatch> dispatches, 
 }
 
 std::vector<DispatchStats> PreparedPass::run(const std::vector<PassArray>& arrays) const {
+  CommandBatch batch(device_);
+  encode(batch, arrays);
+  return batch.run();
+}
+
+void PreparedPass::encode(CommandBatch& batch, const std::vector<PassArray>& arrays) const {
+  if (!(batch.device() == device_)) throw ArgumentError("the batch runs on another device than the pass");
   if (arrays.size() != arrays_.size())
     throw ArgumentError("the pass takes " + std::to_string(arrays_.size()) + " arrays, got " +
                         std::to_string(arrays.size()));
@@ -34,7 +41,6 @@ std::vector<DispatchStats> PreparedPass::run(const std::vector<PassArray>& array
   intermediates.reserve(intermediate_bytes_.size());
   for (std::size_t bytes : intermediate_bytes_) intermediates.push_back(device_.new_buffer(bytes));
 
-  CommandBatch batch(device_);
   for (const PassDispatch& dispatch : dispatches_) {
     auto ref = batch.dispatch(dispatch.pipeline, dispatch.threadgroups, dispatch.threads_per_threadgroup);
     for (const PassBinding& binding : dispatch.bindings) {
@@ -58,7 +64,6 @@ std::vector<DispatchStats> PreparedPass::run(const std::vector<PassArray>& array
     for (std::size_t i = 0; i < dispatch.threadgroup_memory.size(); ++i)
       if (dispatch.threadgroup_memory[i]) ref.threadgroup_memory(int(i), dispatch.threadgroup_memory[i]);
   }
-  return batch.run();
 }
 
 }  // namespace mfa

@@ -18,6 +18,7 @@ def run(args: argparse.Namespace) -> int:
     del args
     print(f"mfa_native {mfa_native.__version__}")
     print(f"default device: {mfa_native.default_device().kind}")
+    print(f"cmake package (mfa_native_DIR): {mfa_native.cmake_dir()}")
     unusable = []
     for device in mfa_native.devices():
         print(f"\ndevice {device.kind}: {device.name}")

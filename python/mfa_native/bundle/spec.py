@@ -1,0 +1,171 @@
+"""Bundle specs: which attention problem families a bundle holds.
+
+    {"families": [{"op": "attention", "dtype": ["float16"], "head_dim": [64, 128],
+                   "value_dim": null, "gqa_ratio": [1, 4], "causal": ["none", "lower_right"],
+                   "mask": ["none"], "window": [false, [128, 0]], "sinks": [false],
+                   "layout": ["bhsd"], "backward": true}]}
+
+Every list is crossed with the others. An omitted key takes every value it can: dtype,
+causal, mask, mask_dtype (an additive mask's element type), sinks, layout and family (the
+GPU tile tables, FAMILIES) take all of theirs. The keys without a finite set of values
+are these: head_dim is required; value_dim omitted or null is head_dim; gqa_ratio
+omitted is [1]; scale omitted is [null] (1/sqrt(D)); window omitted is [false].
+
+The kernels bake the window's sides, as they bake D and the scale, so a window is given
+as a [left, right] pair (-1 = unbounded) and an entry serves exactly that window; `true`
+is refused with that explanation. Sequence lengths, batch and head counts stay runtime
+values: one entry serves every length. `backward: true` adds attention_backward's
+templates to each entry (omitted: forward only).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import numbers
+from dataclasses import dataclass
+
+from ..codegen import FAMILIES, MAX_HEAD_DIM
+from ..codegen.attention.problem import CAUSAL, DTYPES, LAYOUTS, MASKS
+
+KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
+        "layout", "scale", "family", "backward")
+
+
+@dataclass(frozen=True)
+class EntryFacts:
+    """One entry: the facts its kernels bake. mask_dtype is None without a mask ("bool" for
+    a bool mask), window None or (left, right), scale None for 1/sqrt(head_dim)."""
+
+    dtype: str
+    head_dim: int
+    value_dim: int
+    gqa_ratio: int
+    causal: str
+    mask: str
+    mask_dtype: str | None
+    window: tuple[int, int] | None
+    sinks: bool
+    layout: str
+    scale: float | None
+    family: str
+    backward: bool
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype, "head_dim": self.head_dim, "value_dim": self.value_dim,
+                "gqa_ratio": self.gqa_ratio, "causal": self.causal, "mask": self.mask, "mask_dtype": self.mask_dtype,
+                "window": None if self.window is None else list(self.window), "sinks": self.sinks,
+                "layout": self.layout, "scale": self.scale, "family": self.family, "backward": self.backward}
+
+
+def _list(family: dict, key: str, default, where: str) -> list:
+    value = family.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{where}: {key!r} must be a non-empty list, got {value!r}")
+    return value
+
+
+def _choices(values: list, allowed, key: str, where: str) -> list:
+    for value in values:
+        if isinstance(value, bool) or value not in allowed:
+            raise ValueError(f"{where}: {key!r} value {value!r} is not one of {list(allowed)}")
+    return values
+
+
+def _dims(values: list, key: str, where: str) -> list[int]:
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_HEAD_DIM:
+            raise ValueError(f"{where}: {key!r} values must be integers in 1..{MAX_HEAD_DIM}, got {value!r}")
+    return values
+
+
+def _bools(values: list, key: str, where: str) -> list[bool]:
+    for value in values:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {key!r} values must be true or false, got {value!r}")
+    return values
+
+
+def _windows(values: list, where: str) -> list[tuple[int, int] | None]:
+    windows = []
+    for value in values:
+        if value is False or value is None:
+            windows.append(None)
+        elif value is True:
+            raise ValueError(f"{where}: 'window' true names no window: the kernels bake the window's sides, so give "
+                             "each as a [left, right] pair (-1 = unbounded), e.g. [false, [128, 0]]")
+        elif (isinstance(value, list) and len(value) == 2
+              and all(isinstance(s, int) and not isinstance(s, bool) and s >= -1 for s in value)):
+            windows.append(None if value == [-1, -1] else (value[0], value[1]))
+        else:
+            raise ValueError(f"{where}: 'window' values must be false or [left, right] with sides >= -1, "
+                             f"got {value!r}")
+    return windows
+
+
+def _scales(values: list, where: str) -> list[float | None]:
+    for value in values:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                  or not math.isfinite(value)):
+            raise ValueError(f"{where}: 'scale' values must be null (1/sqrt(D)) or finite numbers, got {value!r}")
+    return [None if v is None else float(v) for v in values]
+
+
+def _family_entries(family: dict, where: str) -> list[EntryFacts]:
+    if not isinstance(family, dict):
+        raise ValueError(f"{where} must be an object, got {family!r}")
+    unknown = sorted(set(family) - set(KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; a family has {list(KEYS)}")
+    if family.get("op") != "attention":
+        raise ValueError(f"{where}: 'op' must be \"attention\" (the only op bundles hold), got {family.get('op')!r}")
+    if "head_dim" not in family:
+        raise ValueError(f"{where}: 'head_dim' is required (a list of head dimensions, e.g. [64, 128])")
+    dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
+    head_dims = _dims(_list(family, "head_dim", None, where), "head_dim", where)
+    value_dims = None if family.get("value_dim") is None else _dims(_list(family, "value_dim", None, where),
+                                                                     "value_dim", where)
+    ratios = _list(family, "gqa_ratio", [1], where)
+    for ratio in ratios:
+        if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
+            raise ValueError(f"{where}: 'gqa_ratio' values must be integers >= 1, got {ratio!r}")
+    causals = _choices(_list(family, "causal", list(CAUSAL), where), CAUSAL, "causal", where)
+    masks = _choices(_list(family, "mask", list(MASKS), where), MASKS, "mask", where)
+    mask_dtypes = _choices(_list(family, "mask_dtype", list(DTYPES), where), DTYPES, "mask_dtype", where)
+    windows = _windows(_list(family, "window", [False], where), where)
+    sinks = _bools(_list(family, "sinks", [False, True], where), "sinks", where)
+    layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
+    scales = _scales(_list(family, "scale", [None], where), where)
+    families = _choices(_list(family, "family", list(FAMILIES), where), FAMILIES, "family", where)
+    backward = family.get("backward", False)
+    if not isinstance(backward, bool):
+        raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
+
+    entries = []
+    for dtype, d, ratio, causal, mask, window, sink, layout, scale, gpu in itertools.product(
+            dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, scales, families):
+        for dv in (value_dims or [d]):
+            kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
+            for mask_dtype in kinds:
+                entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
+                                          scale, gpu, backward))
+    return entries
+
+
+def entries_of(spec: dict | str) -> list[EntryFacts]:
+    """The entries a spec (its JSON text or the parsed value) declares, in order, each once;
+    ValueError naming the family and key that are wrong."""
+    if isinstance(spec, str):
+        spec = json.loads(spec)
+    if not isinstance(spec, dict) or not isinstance(spec.get("families"), list) or not spec["families"]:
+        raise ValueError('a bundle spec is {"families": [{"op": "attention", ...}, ...]}')
+    seen, entries = set(), []
+    for i, family in enumerate(spec["families"]):
+        for entry in _family_entries(family, f"families[{i}]"):
+            if entry not in seen:
+                seen.add(entry)
+                entries.append(entry)
+    return entries

@@ -1,0 +1,102 @@
+"""Generates the payload of a bundle: each entry's facts and its pass templates.
+
+An entry's kernels bake its facts (dtype, head dims, GQA ratio, masking, layout, scale, GPU
+family); its templates keep B, Hq, Hkv, R and C (and the device's parallel threadgroups P)
+symbolic. Codegen still picks tiles by the lengths (fewer query rows for short R, the
+split-KV pair for decode), each choice a template whose guards say for which sizes it was
+made, so an entry holds one template per choice: those generated at lengths that reach
+every choice, each kept once. A reader takes the first template whose guards hold, the one
+codegen would have generated for the call.
+
+Payload (JSON): {"format": "mfa_native.bundle", "template_schema": 1, "generator": ...,
+"entries": [{"op": "attention", "facts": {...}, "forward": [template, ...],
+"backward": [template, ...]}], "metallibs": {}}. Templates are PassTemplate.to_json's
+objects (runtime/templates.py); facts are EntryFacts.to_json's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Callable
+
+from ..codegen import AttentionBackwardProblem, AttentionProblem, attention_backward_template, attention_template
+from ..runtime.templates import SCHEMA_VERSION
+from .spec import EntryFacts
+
+# Lengths that reach every tile choice: rows per threadgroup are halved from the table's
+# (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
+LENGTHS = (1, 9, 17, 33, 65, 129, 257)
+NO_SPLIT = (64, 1)                 # (C, P): too few keys to split, whatever the device
+SPLIT = (1 << 15, 1 << 20)         # (C, P): a decode that splits
+SPLIT_ROWS = (1, 9)                # the split kernels' query tiles (decode rows are at most 16)
+
+
+def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads: int = 1) -> AttentionProblem:
+    """The contiguous problem of `facts` with these lengths, batch and kv heads."""
+    return AttentionProblem(
+        batch=batch, q_heads=facts.gqa_ratio * kv_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=facts.head_dim,
+        value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal, window=facts.window,
+        mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
+        scale=facts.scale, return_lse=True)
+
+
+def _unique(templates) -> list[dict]:
+    seen, kept = set(), []
+    for template in templates:
+        record = asdict(template)
+        text = json.dumps(record, sort_keys=True)
+        if text not in seen:
+            seen.add(text)
+            kept.append(json.loads(text))
+    return kept
+
+
+def forward_templates(facts: EntryFacts) -> list[dict]:
+    """The forward's templates (lse always stored: a caller that does not want it gets an
+    intermediate; the output is the same)."""
+    points = [(r, *NO_SPLIT) for r in LENGTHS] + [(r, *SPLIT) for r in SPLIT_ROWS]
+    return _unique(attention_template(problem(facts, r, c), family=facts.family, parallel_threadgroups=p)
+                   for r, c, p in points)
+
+
+def backward_templates(facts: EntryFacts) -> list[dict]:
+    return _unique(attention_backward_template(AttentionBackwardProblem(problem(facts, r, c)), family=facts.family)
+                   for r in LENGTHS for c in LENGTHS)
+
+
+def entry_line(facts: dict, forward: int, backward: int) -> str:
+    """One readable line per entry (the C++ Bundle::entries() prints the same)."""
+    window = "none" if facts["window"] is None else f"({facts['window'][0]},{facts['window'][1]})"
+    mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
+    scale = "default" if facts["scale"] is None else f"{facts['scale']:.9g}"
+    return (f"attention {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
+            f"causal={facts['causal']} mask={mask} window={window} sinks={'yes' if facts['sinks'] else 'no'} "
+            f"layout={facts['layout']} scale={scale} family={facts['family']} "
+            f"templates={forward}+{backward}")
+
+
+def build_payload(entries: list[EntryFacts], progress: Callable[[str], None] | None = None) -> dict:
+    records = []
+    for facts in entries:
+        record = {"op": "attention", "facts": facts.to_json(), "forward": forward_templates(facts),
+                  "backward": backward_templates(facts) if facts.backward else []}
+        records.append(record)
+        if progress:
+            progress(entry_line(record["facts"], len(record["forward"]), len(record["backward"])))
+    from .. import __version__
+    return {"format": "mfa_native.bundle", "template_schema": SCHEMA_VERSION, "generator": f"mfa_native {__version__}",
+            "entries": records, "metallibs": {}}
+
+
+def choose(templates: list[dict], sizes: dict[str, int]) -> dict | None:
+    """The first of an entry's templates whose guards hold for `sizes` (what the C++ reader
+    picks), or None."""
+    from ..runtime.expressions import evaluate
+    for template in templates:
+        env = dict(sizes)
+        for name, expression in template["derived"]:
+            env[name] = evaluate(expression, env)
+        if all(evaluate(guard, env) for guard in template["guards"]):
+            return template
+    return None

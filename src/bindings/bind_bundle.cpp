@@ -1,0 +1,139 @@
+// Test hooks over the C++ bundle reader and mfa::attention (mfa_native/_core):
+// the tests run the C++ evaluator and API on what Python wrote and compare
+// them with Python's own results. Arrays cross as (address, dtype, shape,
+// strides in elements) tuples so every dtype (bfloat16 too) passes unchanged.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+#include <nanobind/stl/map.h>
+
+#include "bindings.hpp"
+#include "core/pass_template.hpp"
+#include "core/size_expression.hpp"
+#include "mfa/attention.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mfa::bindings {
+
+namespace {
+
+using ViewSpec = std::tuple<std::uintptr_t, std::string, std::vector<std::int64_t>, std::vector<std::int64_t>>;
+
+DType dtype_of(const std::string& name) {
+  if (name == "float32") return DType::float32;
+  if (name == "float16") return DType::float16;
+  if (name == "bfloat16") return DType::bfloat16;
+  if (name == "bool") return DType::bool8;
+  if (name == "int32") return DType::int32;
+  throw TypeError("no TensorView dtype for '" + name + "'");
+}
+
+TensorView view_of(const ViewSpec& spec) {
+  const auto& [address, dtype, shape, strides] = spec;
+  return TensorView{reinterpret_cast<void*>(address), dtype_of(dtype), shape, strides};
+}
+
+std::optional<TensorView> view_of(const std::optional<ViewSpec>& spec) {
+  if (!spec) return std::nullopt;
+  return view_of(*spec);
+}
+
+AttentionOptions options_of(std::optional<float> scale, const std::string& causal,
+                            std::optional<std::pair<std::int64_t, std::int64_t>> window,
+                            const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks,
+                            const std::string& layout) {
+  AttentionOptions o;
+  o.scale = scale;
+  if (causal == "none") o.causal = Causal::none;
+  else if (causal == "lower_right") o.causal = Causal::lower_right;
+  else if (causal == "upper_left") o.causal = Causal::upper_left;
+  else throw ArgumentError("causal must be none, lower_right or upper_left");
+  o.window = window;
+  o.mask = view_of(mask);
+  o.sinks = view_of(sinks);
+  if (layout == "bhsd") o.layout = Layout::bhsd;
+  else if (layout == "bshd") o.layout = Layout::bshd;
+  else throw ArgumentError("layout must be bhsd or bshd");
+  return o;
+}
+
+SizeEnv env_of(const std::map<std::string, std::int64_t>& sizes) { return SizeEnv(sizes.begin(), sizes.end()); }
+
+nb::dict evaluated(const std::string& text, const std::map<std::string, std::int64_t>& sizes) {
+  const PassTemplate t = PassTemplate::from_json(json::parse(text));
+  const EvaluatedPass pass = evaluate(t, env_of(sizes));
+  nb::list kernels, buffers;
+  for (const EvaluatedKernel& k : pass.kernels)
+    kernels.append(nb::make_tuple(k.kernel->entry, nb::make_tuple(k.threadgroups.x, k.threadgroups.y, k.threadgroups.z),
+                                  k.kernel->buffers));
+  for (const EvaluatedBuffer& b : pass.buffers) {
+    nb::dict d;
+    d["name"] = b.buffer->name;
+    d["shape"] = b.shape;
+    d["nbytes"] = b.nbytes;
+    d["strides"] = b.buffer->role == "input" ? nb::cast(b.strides) : nb::none();
+    d["value"] = b.buffer->role == "constant" ? nb::cast(std::vector<std::int64_t>(b.value.begin(), b.value.end()))
+                                              : nb::none();
+    buffers.append(d);
+  }
+  nb::dict out;
+  out["name"] = t.name;
+  out["kernels"] = kernels;
+  out["buffers"] = buffers;
+  return out;
+}
+
+}  // namespace
+
+void bind_bundle(nb::module_& m) {
+  m.def("_evaluate_size", [](const std::string& text, const std::map<std::string, std::int64_t>& sizes) {
+    return SizeExpression(text).evaluate(env_of(sizes));
+  }, "text"_a, "sizes"_a, "Test hook: the C++ evaluator's value of a size expression.");
+  m.def("_evaluate_template", &evaluated, "template_json"_a, "sizes"_a,
+        "Test hook: the C++ evaluation of a pass template: {name, kernels: [(entry, grid, buffers)], buffers: "
+        "[{name, shape, nbytes, strides, value}]}.");
+
+  nb::class_<Bundle>(m, "_Bundle", "Test hook: a bundle read by the C++ reader.")
+      .def_static("load", &Bundle::load, "path"_a)
+      .def_static("from_bytes", [](nb::bytes data) { return Bundle::from_memory(data.data(), data.size()); }, "data"_a)
+      .def("entries", &Bundle::entries);
+
+  m.def("_bundle_attention",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& out, const std::optional<ViewSpec>& lse, std::optional<float> scale,
+           const std::string& causal, std::optional<std::pair<std::int64_t, std::int64_t>> window,
+           const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout);
+          const std::optional<TensorView> rows = view_of(lse);
+          nb::gil_scoped_release release;
+          attention(device, bundle, view_of(q), view_of(k), view_of(v), view_of(out), options, rows ? &*rows : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "scale"_a = nb::none(),
+        "causal"_a = "none", "window"_a = nb::none(), "mask"_a = nb::none(), "sinks"_a = nb::none(),
+        "layout"_a = "bhsd", "Test hook: mfa::attention on views of caller memory.");
+
+  m.def("_bundle_attention_backward",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& o, const ViewSpec& lse, const ViewSpec& dout, const ViewSpec& dq, const ViewSpec& dk,
+           const ViewSpec& dv, const std::optional<ViewSpec>& dsinks, std::optional<float> scale,
+           const std::string& causal, std::optional<std::pair<std::int64_t, std::int64_t>> window,
+           const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout);
+          const std::optional<TensorView> ds = view_of(dsinks);
+          nb::gil_scoped_release release;
+          attention_backward(device, bundle, view_of(q), view_of(k), view_of(v), view_of(o), view_of(lse),
+                             view_of(dout), view_of(dq), view_of(dk), view_of(dv), options, ds ? &*ds : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a,
+        "dsinks"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = "none", "window"_a = nb::none(),
+        "mask"_a = nb::none(), "sinks"_a = nb::none(), "layout"_a = "bhsd",
+        "Test hook: mfa::attention_backward on views of caller memory.");
+}
+
+}  // namespace mfa::bindings

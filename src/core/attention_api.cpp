@@ -1,0 +1,248 @@
+// mfa::attention and attention_backward: check the arguments, find the bundle
+// entry for the problem, take the entry's template whose guards hold for the
+// call's sizes, evaluate it, bind the caller's views by the pass's buffer
+// names and run the pass (or encode it into the caller's batch).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include "attention_args.hpp"
+#include "bundle.hpp"
+#include "mfa/attention.hpp"
+#include "mfa/prepared_pass.hpp"
+#include "pass_template.hpp"
+
+namespace mfa {
+
+namespace {
+
+using attention_args::Checked;
+using attention_args::Problem;
+using attention_args::shape_text;
+
+BundleFacts facts_of(const Problem& p, const std::string& family, bool backward) {
+  BundleFacts f;
+  f.dtype = attention_args::dtype_name(p.dtype);
+  f.head_dim = p.D, f.value_dim = p.Dv, f.gqa_ratio = p.Hkv ? p.Hq / p.Hkv : 1;
+  f.causal = attention_args::causal_name(p.causal);
+  f.mask = p.mask, f.mask_dtype = p.mask_dtype;
+  f.window = p.window;
+  f.sinks = p.sinks;
+  f.layout = attention_args::layout_name(p.layout);
+  f.effective_scale = p.scale;
+  f.family = family;
+  f.backward = backward;
+  return f;
+}
+
+bool serves(const BundleFacts& e, const BundleFacts& want) {
+  return e.dtype == want.dtype && e.head_dim == want.head_dim && e.value_dim == want.value_dim &&
+         e.gqa_ratio == want.gqa_ratio && e.causal == want.causal && e.mask == want.mask &&
+         (e.mask != "additive" || e.mask_dtype == want.mask_dtype) && e.window == want.window &&
+         e.sinks == want.sinks && e.layout == want.layout && float(e.effective_scale) == float(want.effective_scale) &&
+         e.family == want.family && (!want.backward || e.backward);
+}
+
+[[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want, float scale, bool given_scale) {
+  BundleFacts shown = want;
+  if (given_scale) shown.scale = double(scale);
+  std::string line = entry_line(shown, 0, 0);
+  line = line.substr(0, line.rfind(" templates="));
+  std::string message = std::string("the bundle holds no entry for ") + (want.backward ? "attention_backward of " : "") +
+                        line + (given_scale ? "" : " (scale 1/sqrt(D))") + "; it holds:";
+  const std::vector<std::string> entries = bundle.entries();
+  for (const std::string& entry : entries) message += "\n  " + entry;
+  if (entries.empty()) message += " nothing";
+  throw NoBundleEntryError(message);
+}
+
+const BundleEntry& entry_for(const Bundle& bundle, const Device& device, const Problem& p,
+                             const AttentionOptions& options, bool backward) {
+  const BundleFacts want = facts_of(p, device.tuning().family, backward);
+  for (const BundleEntry& entry : bundle.contents().entries)
+    if (serves(entry.facts, want)) return entry;
+  no_entry(bundle, want, p.scale, options.scale.has_value());
+}
+
+SizeEnv sizes_of(const Problem& p, const Device& device) {
+  return {{"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"R", p.R}, {"C", p.C},
+          {"P", std::int64_t(device.tuning().parallel_threadgroups)}};
+}
+
+const PassTemplate& template_for(const std::vector<PassTemplate>& templates, const SizeEnv& sizes,
+                                 const std::string& entry_line_text) {
+  for (const PassTemplate& t : templates)
+    if (guards_hold(t, template_env(t, sizes))) return t;
+  std::string given;
+  for (const auto& [name, value] : sizes) given += (given.empty() ? "" : ", ") + name + "=" + std::to_string(value);
+  throw NoBundleEntryError("the bundle entry '" + entry_line_text + "' has no template for sizes " + given);
+}
+
+// One array of the call, by the pass's buffer name.
+struct Bound {
+  const Checked* view = nullptr;       // caller memory
+  bool scratch = false;                // an output the caller did not ask for: pool memory
+};
+
+void run_pass(const Device& device, CommandBatch* batch, const EvaluatedPass& pass,
+              const std::map<std::string, Bound>& arrays) {
+  std::map<std::string, std::pair<PassBinding::Source, std::size_t>> slots;
+  std::vector<PassArraySlot> array_slots;
+  std::vector<PassArray> bound;
+  std::vector<std::size_t> intermediates;
+  std::vector<std::vector<unsigned char>> constants;
+  for (const char* role : {"input", "output"})
+    for (const EvaluatedBuffer& b : pass.buffers) {
+      if (b.buffer->role != role) continue;
+      const std::string& name = b.buffer->name;
+      auto it = arrays.find(name);
+      if (it == arrays.end())
+        throw BundleError("the bundle's pass '" + pass.pass->name + "' binds '" + name + "', which this call lacks");
+      if (it->second.view) {
+        const Checked& view = *it->second.view;
+        if (view.view->shape != b.shape)
+          throw ArgumentError(view.name + " has shape " + shape_text(view.view->shape) + " but the pass expects " +
+                              shape_text(b.shape));
+        if (b.buffer->role == std::string("input") && view.strides != b.strides)
+          throw ArgumentError(view.name + " has strides " + shape_text(view.strides) + " (0 on axes of extent 1), " +
+                              "but the bundle's kernels were built for " + shape_text(b.strides) +
+                              " (contiguous): bundle kernels bake their strides, so pass a contiguous " + view.name +
+                              (view.name == "mask" ? " (a broadcast mask materialized to (B, Hq, R, C))" : ""));
+        bound.push_back(PassArray{view.view->data, b.nbytes, Buffer(), 0});
+      } else {
+        bound.push_back(PassArray{nullptr, 0, device.new_buffer(b.nbytes), 0});
+      }
+      slots[name] = {PassBinding::Source::array, array_slots.size()};
+      array_slots.push_back(PassArraySlot{name, b.buffer->role == std::string("output")});
+    }
+  for (const EvaluatedBuffer& b : pass.buffers) {
+    if (b.buffer->role == "intermediate") {
+      slots[b.buffer->name] = {PassBinding::Source::intermediate, intermediates.size()};
+      intermediates.push_back(b.nbytes);
+    } else if (b.buffer->role == "constant") {
+      slots[b.buffer->name] = {PassBinding::Source::constant, constants.size()};
+      std::vector<unsigned char> bytes(4 * b.value.size());
+      if (!bytes.empty()) std::memcpy(bytes.data(), b.value.data(), bytes.size());
+      constants.push_back(std::move(bytes));
+    }
+  }
+  std::vector<PassDispatch> dispatches;
+  for (const EvaluatedKernel& k : pass.kernels) {
+    PassDispatch dispatch{device.pipeline(k.kernel->source, k.kernel->entry), k.threadgroups,
+                          k.kernel->threads_per_threadgroup, {}, {}};
+    for (std::size_t i = 0; i < k.kernel->buffers.size(); ++i) {
+      const auto& [source, slot] = slots.at(k.kernel->buffers[i]);
+      dispatch.bindings.push_back(PassBinding{int(i), source, slot});
+    }
+    dispatches.push_back(std::move(dispatch));
+  }
+  const PreparedPass prepared(device, std::move(dispatches), std::move(array_slots), std::move(intermediates),
+                              std::move(constants));
+  if (batch) prepared.encode(*batch, bound);
+  else prepared.run(bound);
+}
+
+void zero(const Checked& view) {
+  if (view.elements) std::memset(view.view->data, 0, std::size_t(view.elements) * dtype_size(view.view->dtype));
+}
+
+void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
+             const TensorView& k, const TensorView& v, const TensorView& out, const AttentionOptions& options,
+             const TensorView* lse) {
+  using namespace attention_args;
+  const Problem p = forward_problem(q, k, v, options);
+  const Checked o = output(out, "out", p.dtype, physical({p.B, p.Hq, p.R, p.Dv}, p.layout),
+                           p.layout == Layout::bhsd ? "B, Hq, R, Dv" : "B, R, Hq, Dv");
+  std::optional<Checked> rows;
+  if (lse) rows = output(*lse, "lse", DType::float32, {p.B, p.Hq, p.R}, "B, Hq, R");
+  std::optional<Checked> mask, sinks;
+  if (options.mask) mask = mask_view(*options.mask, p);
+  if (options.sinks) sinks = checked(*options.sinks, "sinks");
+
+  if (p.empty()) {  // as Python: output 0, lse -inf (the sink's logit with sinks)
+    zero(o);
+    if (rows) {
+      auto* values = static_cast<float*>(lse->data);
+      const auto* sink = sinks ? static_cast<const float*>(options.sinks->data) : nullptr;
+      for (std::int64_t i = 0; i < rows->elements; ++i)
+        values[i] = sink ? sink[(i / p.R) % p.Hq] : -std::numeric_limits<float>::infinity();
+    }
+    return;
+  }
+  const BundleEntry& entry = entry_for(bundle, device, p, options, false);
+  const PassTemplate& t = template_for(entry.forward, sizes_of(p, device), entry.line);
+  const EvaluatedPass pass = evaluate(t, sizes_of(p, device));
+  const Checked cq = checked(q, "q"), ck = checked(k, "k"), cv = checked(v, "v");
+  std::map<std::string, Bound> arrays = {{"q", {&cq}}, {"k", {&ck}}, {"v", {&cv}}, {"o", {&o}}};
+  arrays["lse"] = rows ? Bound{&*rows} : Bound{nullptr, true};
+  if (mask) arrays["mask"] = {&*mask};
+  if (sinks) arrays["sinks"] = {&*sinks};
+  run_pass(device, batch, pass, arrays);
+}
+
+void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
+              const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+              const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+              const AttentionOptions& options, const TensorView* dsinks) {
+  using namespace attention_args;
+  const Problem p = forward_problem(q, k, v, options);
+  const Checked co = like_output(o, "o", p), cdout = like_output(dout, "dout", p), clse = lse_input(lse, p);
+  const std::string names = p.layout == Layout::bhsd ? "B, H, S, D" : "B, S, H, D";
+  const Checked cdq = output(dq, "dq", p.dtype, q.shape, names + " of q");
+  const Checked cdk = output(dk, "dk", p.dtype, k.shape, names + " of k");
+  const Checked cdv = output(dv, "dv", p.dtype, v.shape, names + " of v");
+  std::optional<Checked> cds, mask, sinks;
+  if (dsinks) {
+    if (!options.sinks) throw ArgumentError("dsinks is given but options.sinks is not: there is no sink gradient");
+    cds = output(*dsinks, "dsinks", DType::float32, {p.Hq}, "Hq");
+  }
+  if (options.mask) mask = mask_view(*options.mask, p);
+  if (options.sinks) sinks = checked(*options.sinks, "sinks");
+
+  if (p.empty()) {  // as Python: gradients of zeros
+    zero(cdq), zero(cdk), zero(cdv);
+    if (cds) zero(*cds);
+    return;
+  }
+  const BundleEntry& entry = entry_for(bundle, device, p, options, true);
+  const PassTemplate& t = template_for(entry.backward, sizes_of(p, device), entry.line);
+  const EvaluatedPass pass = evaluate(t, sizes_of(p, device));
+  const Checked cq = checked(q, "q"), ck = checked(k, "k"), cv = checked(v, "v");
+  std::map<std::string, Bound> arrays = {{"q", {&cq}},    {"k", {&ck}},     {"v", {&cv}},   {"o", {&co}},
+                                         {"dout", {&cdout}}, {"lse", {&clse}}, {"dq", {&cdq}}, {"dk", {&cdk}},
+                                         {"dv", {&cdv}}};
+  arrays["dsinks"] = cds ? Bound{&*cds} : Bound{nullptr, true};
+  if (mask) arrays["mask"] = {&*mask};
+  if (sinks) arrays["sinks"] = {&*sinks};
+  run_pass(device, batch, pass, arrays);
+}
+
+}  // namespace
+
+void attention(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
+               const TensorView& v, const TensorView& out, const AttentionOptions& options, const TensorView* lse) {
+  forward(device, nullptr, bundle, q, k, v, out, options, lse);
+}
+
+void attention(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
+               const TensorView& v, const TensorView& out, const AttentionOptions& options, const TensorView* lse) {
+  forward(batch.device(), &batch, bundle, q, k, v, out, options, lse);
+}
+
+void attention_backward(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const AttentionOptions& options, const TensorView* dsinks) {
+  backward(device, nullptr, bundle, q, k, v, o, lse, dout, dq, dk, dv, options, dsinks);
+}
+
+void attention_backward(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const AttentionOptions& options, const TensorView* dsinks) {
+  backward(batch.device(), &batch, bundle, q, k, v, o, lse, dout, dq, dk, dv, options, dsinks);
+}
+
+}  // namespace mfa

@@ -1,0 +1,72 @@
+// The argument checks of mfa::attention and attention_backward: the C++ twin of
+// python/mfa_native/ops/arguments.py (the same checks, in the same order, with
+// the same messages where they can be), each naming the argument it rejects.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mfa/attention.hpp"
+
+namespace mfa::attention_args {
+
+constexpr std::int64_t kMaxIndex = 2147483647;  // sizes held in 32-bit signed integers
+constexpr int kMaxHeadDim = 256;
+
+std::string shape_text(const std::vector<std::int64_t>& shape);
+
+// A view made ready to bind: its element strides (given or contiguous), 0 on
+// axes of extent 1, in memory order.
+struct Checked {
+  const TensorView* view = nullptr;
+  std::string name;
+  std::vector<std::int64_t> strides;
+  std::int64_t elements = 0;
+};
+
+// Strides of `view` (ArgumentError naming `name`: wrong count, negative, or
+// data null while the view has elements).
+Checked checked(const TensorView& view, const std::string& name);
+
+// What a call's arguments make: the problem an entry must serve.
+struct Problem {
+  std::int64_t B = 0, Hq = 0, Hkv = 0, R = 0, C = 0, D = 0, Dv = 0;
+  DType dtype = DType::float32;
+  Layout layout = Layout::bhsd;
+  Causal causal = Causal::none;
+  std::optional<std::pair<std::int64_t, std::int64_t>> window;  // normalized; none when both sides unbounded
+  std::string mask = "none";     // none, bool, additive
+  std::string mask_dtype;        // "", "bool", float dtype name
+  bool sinks = false;
+  float scale = 0;               // the scale the kernels must bake
+  bool empty() const { return B * Hq * R * C == 0; }
+};
+
+const char* dtype_name(DType dtype);
+const char* layout_name(Layout layout);
+const char* causal_name(Causal causal);
+
+// `values` in logical (batch, head, sequence, feature) order from memory order, and back.
+std::vector<std::int64_t> physical(std::vector<std::int64_t> values, Layout layout);
+
+// Every check of attention's q, k, v and options (mask, sinks, window, scale).
+Problem forward_problem(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const AttentionOptions& options);
+
+// An output view: `name` must have `dtype` (TypeError), `shape` (ArgumentError) and be contiguous.
+Checked output(const TensorView& view, const std::string& name, DType dtype, const std::vector<std::int64_t>& shape,
+               const std::string& shape_names);
+
+// o or dout of the backward: q's dtype, the output's shape, any non-negative strides.
+Checked like_output(const TensorView& view, const std::string& name, const Problem& p);
+
+// lse of the backward: (B, Hq, R) float32, contiguous.
+Checked lse_input(const TensorView& view, const Problem& p);
+
+// The mask broadcast to (B, Hq, R, C): strides 0 on broadcast axes (and axes of extent 1).
+Checked mask_view(const TensorView& mask, const Problem& p);
+
+}  // namespace mfa::attention_args

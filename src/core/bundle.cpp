@@ -1,0 +1,159 @@
+// Bundle files: the header (magic, version, length, sha256) checked before the
+// JSON payload is parsed; every failure is a BundleError.
+#include "bundle.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "json.hpp"
+#include "sha256.hpp"
+
+namespace mfa {
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'F', 'A', 'B', 'N', 'D', 'L', '\0'};
+constexpr std::size_t kHeaderBytes = 56;
+
+std::uint64_t little_endian(const unsigned char* p, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+std::string hex(const unsigned char* p, std::size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < n; ++i) {
+    out += digits[p[i] >> 4];
+    out += digits[p[i] & 15];
+  }
+  return out;
+}
+
+BundleFacts facts_of(const json::Value& f) {
+  BundleFacts facts;
+  facts.dtype = f.at("dtype").as_string("dtype");
+  facts.head_dim = f.at("head_dim").as_int("head_dim");
+  facts.value_dim = f.at("value_dim").as_int("value_dim");
+  facts.gqa_ratio = f.at("gqa_ratio").as_int("gqa_ratio");
+  facts.causal = f.at("causal").as_string("causal");
+  facts.mask = f.at("mask").as_string("mask");
+  const json::Value& mask_dtype = f.at("mask_dtype");
+  if (!mask_dtype.is_null()) facts.mask_dtype = mask_dtype.as_string("mask_dtype");
+  const json::Value& window = f.at("window");
+  if (!window.is_null()) {
+    const auto& sides = window.as_array("window");
+    if (sides.size() != 2) throw json::JsonError("window must be a (left, right) pair");
+    facts.window = std::make_pair(sides[0].as_int("window"), sides[1].as_int("window"));
+  }
+  facts.sinks = f.at("sinks").as_bool("sinks");
+  facts.layout = f.at("layout").as_string("layout");
+  const json::Value& scale = f.at("scale");
+  if (!scale.is_null()) facts.scale = scale.as_double("scale");
+  facts.family = f.at("family").as_string("family");
+  facts.backward = f.at("backward").as_bool("backward");
+  return facts;
+}
+
+std::vector<PassTemplate> templates_of(const json::Value& list, const char* what) {
+  std::vector<PassTemplate> out;
+  for (const json::Value& t : list.as_array(what)) out.push_back(PassTemplate::from_json(t));
+  return out;
+}
+
+std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
+  const json::Value payload = json::parse(text);
+  if (payload.at("format").as_string("format") != "mfa_native.bundle")
+    throw BundleError("not an mfa_native bundle payload");
+  const std::int64_t schema = payload.at("template_schema").as_int("template_schema");
+  if (schema != kTemplateSchema)
+    throw BundleError("bundle templates are schema " + std::to_string(schema) + "; this build reads " +
+                      std::to_string(kTemplateSchema));
+  auto contents = std::make_shared<Bundle::Contents>();
+  for (const json::Value& record : payload.at("entries").as_array("entries")) {
+    if (record.at("op").as_string("op") != "attention") continue;  // ops a later writer may add
+    BundleEntry entry;
+    entry.facts = facts_of(record.at("facts"));
+    entry.forward = templates_of(record.at("forward"), "forward");
+    entry.backward = templates_of(record.at("backward"), "backward");
+    if (entry.forward.empty()) throw BundleError("a bundle entry has no forward template");
+    const json::Value* scale = entry.forward.front().fact("scale");
+    if (!scale) throw BundleError("a bundle template does not record its scale");
+    entry.facts.effective_scale = scale->as_double("scale");
+    entry.line = entry_line(entry.facts, entry.forward.size(), entry.backward.size());
+    contents->entries.push_back(std::move(entry));
+  }
+  if (const json::Value* metallibs = payload.find("metallibs"))
+    for (const auto& [key, value] : metallibs->as_object("metallibs"))
+      contents->metallibs[key] = value.as_string("metallib");
+  return contents;
+}
+
+}  // namespace
+
+std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
+  std::string window = "none";
+  if (f.window) window = "(" + std::to_string(f.window->first) + "," + std::to_string(f.window->second) + ")";
+  std::string scale = "default";
+  if (f.scale) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", *f.scale);
+    scale = text;
+  }
+  const std::string mask = f.mask == "additive" ? "additive:" + f.mask_dtype : f.mask;
+  return "attention " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
+         " gqa=" + std::to_string(f.gqa_ratio) + " causal=" + f.causal + " mask=" + mask + " window=" + window +
+         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + " scale=" + scale + " family=" + f.family +
+         " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
+}
+
+Bundle Bundle::from_memory(const void* data, std::size_t size) {
+  if (!data && size) throw BundleError("bundle data is null");
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  if (size < kHeaderBytes)
+    throw BundleError("not a bundle: " + std::to_string(size) + " bytes, shorter than the " +
+                      std::to_string(kHeaderBytes) + "-byte header");
+  if (std::memcmp(bytes, kMagic, sizeof kMagic) != 0)
+    throw BundleError("not a bundle: the data does not start with the bundle magic");
+  const std::uint64_t version = little_endian(bytes + 8, 4);
+  if (version > kBundleFormatVersion)
+    throw BundleError("bundle format version " + std::to_string(version) + " is newer than this reader's (" +
+                      std::to_string(kBundleFormatVersion) + ")");
+  const std::uint64_t length = little_endian(bytes + 16, 8);
+  if (length != size - kHeaderBytes)
+    throw BundleError("bundle truncated or padded: the header says " + std::to_string(length) +
+                      " payload bytes, the data has " + std::to_string(size - kHeaderBytes));
+  const std::string_view payload(reinterpret_cast<const char*>(bytes + kHeaderBytes), size - kHeaderBytes);
+  if (sha256_hex(payload) != hex(bytes + 24, 32))
+    throw BundleError("bundle damaged: the payload's sha256 does not match the header's");
+  try {
+    return Bundle(parse_payload(payload));
+  } catch (const BundleError&) {
+    throw;
+  } catch (const std::exception& error) {  // JsonError, ArgumentError from a template, ...
+    throw BundleError(std::string("bundle payload unreadable: ") + error.what());
+  }
+}
+
+Bundle Bundle::load(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw BundleError("cannot open bundle '" + path + "'");
+  const std::string data((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (file.bad()) throw BundleError("cannot read bundle '" + path + "'");
+  try {
+    return from_memory(data.data(), data.size());
+  } catch (const BundleError& error) {
+    throw BundleError(path + ": " + error.what());
+  }
+}
+
+std::vector<std::string> Bundle::entries() const {
+  std::vector<std::string> lines;
+  for (const BundleEntry& entry : contents_->entries) lines.push_back(entry.line);
+  return lines;
+}
+
+}  // namespace mfa

@@ -1,0 +1,50 @@
+// The parsed payload of a bundle file (python/mfa_native/bundle/): its
+// entries, each the facts its kernels bake and its forward and backward pass
+// templates. Read once by Bundle::load / from_memory; immutable afterwards.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mfa/attention.hpp"
+#include "pass_template.hpp"
+
+namespace mfa {
+
+constexpr std::uint32_t kBundleFormatVersion = 1;
+
+struct BundleFacts {
+  std::string dtype;       // float32, float16, bfloat16
+  std::int64_t head_dim = 0, value_dim = 0, gqa_ratio = 1;
+  std::string causal;      // none, lower_right, upper_left
+  std::string mask;        // none, bool, additive
+  std::string mask_dtype;  // "" without a mask, "bool", or a float dtype
+  std::optional<std::pair<std::int64_t, std::int64_t>> window;
+  bool sinks = false;
+  std::string layout;      // bhsd, bshd
+  std::optional<double> scale;  // as the spec gave it (none: 1/sqrt(D))
+  double effective_scale = 0;   // what the kernels bake (the templates' valid_for scale)
+  std::string family;
+  bool backward = false;
+};
+
+struct BundleEntry {
+  BundleFacts facts;
+  std::vector<PassTemplate> forward;
+  std::vector<PassTemplate> backward;
+  std::string line;  // Bundle::entries()'s line
+};
+
+struct Bundle::Contents {
+  std::vector<BundleEntry> entries;
+  std::map<std::string, std::string> metallibs;  // sha256(source) -> base64 library (bundle --metallib)
+};
+
+// The line `python -m mfa_native bundle --list` prints for an entry.
+std::string entry_line(const BundleFacts& facts, std::size_t forward, std::size_t backward);
+
+}  // namespace mfa

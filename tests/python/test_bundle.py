@@ -1,0 +1,101 @@
+"""Bundles (mfa_native.bundle, `python -m mfa_native bundle`): the file format, the spec, and
+that an entry's templates are exactly what codegen generates for every call they serve."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+
+from mfa_native import codegen
+from mfa_native.bundle import BundleError, entries_of
+from mfa_native.bundle.file import HEADER_BYTES, pack, unpack
+from mfa_native.bundle.writer import backward_templates, choose, forward_templates, problem
+
+SMALL = {"op": "attention", "dtype": ["float32"], "head_dim": [16], "causal": ["lower_right"], "mask": ["none"],
+         "sinks": [True], "layout": ["bhsd"], "family": ["apple9"], "backward": True}
+
+
+def test_format_round_trip_and_refusals():
+    payload = {"entries": [], "x": [1, 2.5, "é"]}
+    data = pack(payload)
+    assert unpack(data) == payload
+    with pytest.raises(BundleError, match="shorter than"):
+        unpack(data[:10])
+    with pytest.raises(BundleError, match="truncated"):
+        unpack(data[:-1])
+    damaged = bytearray(data)
+    damaged[-2] ^= 1
+    with pytest.raises(BundleError, match="sha256"):
+        unpack(bytes(damaged))
+    with pytest.raises(BundleError, match="magic"):
+        unpack(b"X" + data[1:])
+    future = data[:8] + struct.pack("<I", 2) + data[12:]
+    with pytest.raises(BundleError, match="newer"):
+        unpack(future)
+    assert len(data) == HEADER_BYTES + len(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode())
+
+
+def test_spec_crosses_lists_and_fills_omitted_keys():
+    entries = entries_of({"families": [{"op": "attention", "head_dim": [64], "dtype": ["float16"],
+                                        "family": ["apple9"]}]})
+    # causal 3 x mask (none, bool, additive x 3 dtypes) x sinks 2 x layout 2
+    assert len(entries) == 3 * 5 * 2 * 2
+    assert {e.value_dim for e in entries} == {64} and {e.window for e in entries} == {None}
+    assert {e.mask_dtype for e in entries if e.mask == "additive"} == {"float32", "float16", "bfloat16"}
+    assert len(entries_of({"families": [{"op": "attention", "head_dim": [64], "dtype": ["float16"]}]})) == \
+        4 * len(entries)   # every GPU family
+
+
+@pytest.mark.parametrize("family, message", [
+    ({"op": "attention"}, "head_dim' is required"),
+    ({"op": "sparse", "head_dim": [8]}, "'op' must be"),
+    ({"op": "attention", "head_dim": [8], "window": [True]}, "bake the window"),
+    ({"op": "attention", "head_dim": [300]}, "1..256"),
+    ({"op": "attention", "head_dim": [8], "colour": ["red"]}, "unknown keys"),
+    ({"op": "attention", "head_dim": [8], "causal": ["sideways"]}, "not one of"),
+])
+def test_spec_errors_name_the_key(family, message):
+    with pytest.raises(ValueError, match=message):
+        entries_of({"families": [family]})
+
+
+@pytest.mark.parametrize("facts", entries_of({"families": [
+    SMALL, {**SMALL, "causal": ["none"], "sinks": [False], "mask": ["additive"], "mask_dtype": ["float16"],
+            "window": [[3, -1]], "gqa_ratio": [2], "layout": ["bshd"], "dtype": ["float16"], "scale": [0.3]}]}))
+def test_entry_templates_are_codegens_for_every_length(facts):
+    """For lengths across every tile choice (and decode shapes that split), the entry's first
+    template whose guards hold is the template codegen generates for that call."""
+    forward, backward = forward_templates(facts), backward_templates(facts)
+    for r in (1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 300):
+        for c, p in ((1, 4), (5, 4), (64, 4), (700, 4), (4096, 1024), (20000, 1 << 16)):
+            p_problem = problem(facts, r, c, batch=2, kv_heads=2)
+            sizes = codegen.call_sizes(p_problem, p)
+            expected = codegen.attention_template(p_problem, family=facts.family, parallel_threadgroups=p)
+            assert choose(forward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, p)
+            if c < 1000:
+                expected = codegen.attention_backward_template(codegen.AttentionBackwardProblem(p_problem),
+                                                               family=facts.family)
+                assert choose(backward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c)
+
+
+def test_cli_writes_and_lists(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"families": [SMALL]}))
+    out = tmp_path / "b.mfab"
+    run = [sys.executable, "-m", "mfa_native", "bundle"]
+    subprocess.run(run + ["-o", str(out), "--spec", str(spec), "--quiet"], check=True)
+    listed = subprocess.run(run + ["--list", str(out)], check=True, capture_output=True, text=True).stdout
+    assert listed.splitlines() == ["attention float32 D=16 Dv=16 gqa=1 causal=lower_right mask=none window=none "
+                                   "sinks=yes layout=bhsd scale=default family=apple9 templates=4+4"]
+    out.write_bytes(out.read_bytes()[:-5])
+    failed = subprocess.run(run + ["--list", str(out)], capture_output=True, text=True)
+    assert failed.returncode == 1 and "truncated" in failed.stderr
+    if sys.platform != "darwin":
+        failed = subprocess.run(run + ["-o", str(out), "--spec", str(spec), "--metallib"], capture_output=True,
+                                text=True)
+        assert failed.returncode == 1 and "metal device" in failed.stderr

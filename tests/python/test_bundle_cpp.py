@@ -1,0 +1,297 @@
+"""The C++ side of bundles against Python, through _core's test hooks: size expressions and
+template evaluation give Python's values; mfa::attention / attention_backward on the cpu
+backend give Python's results bit for bit; damaged bundles, missing entries and bad views
+raise naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import mfa_native
+from mfa_native import _core, reference
+from mfa_native.bundle import entries_of
+from mfa_native.bundle.file import pack, unpack
+from mfa_native.bundle.writer import build_payload
+from mfa_native.runtime import expressions
+from mfa_native.runtime.templates import PassTemplate, evaluate
+
+from conftest import poison
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+BASE = {"op": "attention", "family": ["apple9"], "backward": True}
+FAMILIES = [
+    {**BASE, "dtype": ["float32"], "head_dim": [16], "gqa_ratio": [2], "causal": ["lower_right"], "mask": ["none"],
+     "sinks": [True], "layout": ["bhsd"]},
+    {**BASE, "dtype": ["float32"], "head_dim": [8], "causal": ["upper_left"], "mask": ["bool"], "sinks": [False],
+     "window": [[3, -1]], "layout": ["bshd"]},
+    {**BASE, "dtype": ["float32"], "head_dim": [16], "value_dim": [8], "causal": ["none"], "mask": ["additive"],
+     "mask_dtype": ["float32"], "sinks": [False], "layout": ["bhsd"], "scale": [0.3]},
+    {**BASE, "dtype": ["float16"], "head_dim": [8], "causal": ["none"], "mask": ["none"], "sinks": [False],
+     "layout": ["bhsd"], "backward": False},
+]
+
+
+@pytest.fixture(scope="module")
+def payload():
+    return build_payload(entries_of({"families": FAMILIES}))
+
+
+@pytest.fixture(scope="module")
+def bundle(payload):
+    return _core._Bundle.from_bytes(pack(payload))
+
+
+def view(x: np.ndarray):
+    return (x.ctypes.data, x.dtype.name, list(x.shape), [s // x.itemsize for s in x.strides])
+
+
+# Size expressions: random trees over the grammar, C++ against Python (value or error).
+NAMES = ("B", "R", "C")
+leaf = st.one_of(st.integers(0, 50).map(str), st.sampled_from(NAMES))
+
+
+def _combine(children):
+    binary = st.tuples(children, st.sampled_from(["+", "-", "*", "/", "%", "==", "!=", "<", "<=", ">", ">=",
+                                                  "&&", "||"]), children).map(lambda t: f"({t[0]} {t[1]} {t[2]})")
+    unary = st.tuples(st.sampled_from(["-", "!"]), children).map(lambda t: f"{t[0]}{t[1]}")
+    call = st.one_of(st.lists(children, min_size=1, max_size=3).map(lambda a: f"min({', '.join(a)})"),
+                     st.lists(children, min_size=1, max_size=3).map(lambda a: f"max({', '.join(a)})"),
+                     st.tuples(children, children).map(lambda t: f"cdiv({t[0]}, {t[1]})"))
+    return st.one_of(binary, unary, call)
+
+
+@given(st.recursive(leaf, _combine, max_leaves=12), st.fixed_dictionaries({n: st.integers(0, 1000) for n in NAMES}))
+def test_size_expressions_match_python(text, sizes):
+    try:
+        expected = expressions.evaluate(text, sizes)
+    except ValueError:
+        with pytest.raises(ValueError):
+            _core._evaluate_size(text, sizes)
+        return
+    assert _core._evaluate_size(text, sizes) == expected, text
+
+
+@pytest.mark.parametrize("text", ["R +", "min()", "foo(1)", "cdiv(1)", "1 $ 2", "(R", "R R", "3a"])
+def test_size_expression_errors_match_python(text):
+    with pytest.raises(ValueError):
+        expressions.evaluate(text, {"R": 1})
+    with pytest.raises(ValueError, match="size expression"):
+        _core._evaluate_size(text, {"R": 1})
+
+
+def test_template_evaluation_matches_python(payload):
+    rng = np.random.default_rng(5)
+    checked = 0
+    for record in payload["entries"]:
+        for template in record["forward"] + record["backward"]:
+            text = json.dumps(template)
+            python_template = PassTemplate.from_json(text)
+            for _ in range(6):
+                sizes = {"B": int(rng.integers(1, 4)), "Hkv": int(rng.integers(1, 4)), "R": int(rng.integers(1, 300)),
+                         "C": int(rng.integers(1, 5000)), "P": int(rng.choice([4, 64, 4096]))}
+                sizes["Hq"] = sizes["Hkv"] * dict(python_template.valid_for)["gqa_ratio"]
+                try:
+                    expected = evaluate(python_template, sizes)
+                except ValueError:
+                    with pytest.raises(ValueError, match="does not hold"):
+                        _core._evaluate_template(text, sizes)
+                    continue
+                got = _core._evaluate_template(text, sizes)
+                assert got["name"] == expected.name
+                assert got["kernels"] == [(k.entry, tuple(k.threadgroups), list(k.buffers)) for k in expected.kernels]
+                assert got["buffers"] == [{"name": b.name, "shape": list(b.shape), "nbytes": b.nbytes,
+                                           "strides": None if b.strides is None else list(b.strides),
+                                           "value": None if b.value is None else list(b.value)}
+                                          for b in expected.buffers]
+                checked += 1
+    assert checked > 20
+
+
+def test_reader_refuses_damaged_truncated_and_future_bundles(payload):
+    data = pack({"format": "mfa_native.bundle", "template_schema": 1, "entries": payload["entries"][:1]})
+    assert len(_core._Bundle.from_bytes(data).entries()) == 1
+    damaged = bytearray(data)
+    damaged[len(data) // 2] ^= 0x20
+    cases = {"sha256": bytes(damaged), "truncated": data[:-7], "shorter than": data[:20], "magic": b"?" + data[1:],
+             "newer": data[:8] + struct.pack("<I", 7) + data[12:], "empty": b""}
+    for message, bad in cases.items():
+        with pytest.raises(RuntimeError, match="shorter than" if message == "empty" else message):
+            _core._Bundle.from_bytes(bad)
+    # A valid checksum over a payload that is not a bundle's: refused while reading, never a crash.
+    for body in ({"format": "other"}, {"format": "mfa_native.bundle", "template_schema": 1, "entries": [{"op": 1}]},
+                 {"format": "mfa_native.bundle", "template_schema": 9, "entries": []}):
+        with pytest.raises(RuntimeError, match="bundle"):
+            _core._Bundle.from_bytes(pack(body))
+    body = b"[" * 100000
+    import hashlib
+    header = struct.pack("<8sIIQ32s", b"MFABNDL\0", 1, 0, len(body), hashlib.sha256(body).digest())
+    with pytest.raises(RuntimeError, match="nesting"):
+        _core._Bundle.from_bytes(header + body)
+    with pytest.raises(RuntimeError, match="cannot open"):
+        _core._Bundle.load("/nonexistent/bundle.mfab")
+
+
+def test_entries_are_the_cli_lines(bundle, payload):
+    from mfa_native.bundle.writer import entry_line
+    assert bundle.entries() == [entry_line(r["facts"], len(r["forward"]), len(r["backward"]))
+                                for r in payload["entries"]]
+
+
+# Attention: C++ against Python, bit for bit, on the cpu backend.
+CASES = [  # (family index, B, Hkv, R, C, kwargs)
+    (0, 1, 1, 5, 37, {}),
+    (0, 1, 1, 1, 600, {}),            # decode: the split-KV pair (P = 4 on the cpu device)
+    (0, 2, 2, 20, 9, {}),
+    (1, 2, 1, 13, 21, {}),
+    (2, 1, 2, 9, 17, {}),
+    (3, 1, 1, 12, 30, {}),
+]
+
+
+def _inputs(rng, facts, B, Hkv, R, C):
+    dtype = DTYPES[facts["dtype"][0]]
+    layout = facts["layout"][0]
+    D, Dv = facts["head_dim"][0], facts.get("value_dim", facts["head_dim"])[0]
+    Hq = Hkv * facts.get("gqa_ratio", [1])[0]
+
+    def shaped(h, s, d):
+        shape = (B, h, s, d) if layout == "bhsd" else (B, s, h, d)
+        return rng.standard_normal(shape).astype(dtype)
+
+    kwargs = dict(causal=facts["causal"][0], layout=layout, scale=facts.get("scale", [None])[0])
+    window = facts.get("window", [False])[0]
+    kwargs["window"] = tuple(window) if window else None
+    mask = facts["mask"][0]
+    kwargs["mask"] = (rng.random((B, Hq, R, C)) > 0.3 if mask == "bool" else
+                      rng.standard_normal((B, Hq, R, C)).astype(np.float32) if mask == "additive" else None)
+    kwargs["sinks"] = rng.standard_normal(Hq).astype(np.float32) if facts["sinks"][0] else None
+    return shaped(Hq, R, D), shaped(Hkv, C, D), shaped(Hkv, C, Dv), kwargs
+
+
+def _cpp_options(kwargs):
+    return dict(scale=kwargs["scale"], causal=kwargs["causal"], window=kwargs["window"], layout=kwargs["layout"],
+                mask=None if kwargs["mask"] is None else view(kwargs["mask"]),
+                sinks=None if kwargs["sinks"] is None else view(kwargs["sinks"]))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"family{c[0]}-R{c[3]}-C{c[4]}" for c in CASES])
+def test_attention_matches_python_bit_for_bit(bundle, case, rng):
+    index, B, Hkv, R, C, _ = case
+    facts = FAMILIES[index]
+    q, k, v, kwargs = _inputs(rng, facts, B, Hkv, R, C)
+    o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **kwargs)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), view(rows), **_cpp_options(kwargs))
+    assert out.tobytes() == o.tobytes() and rows.tobytes() == lse.tobytes()
+    out_only = poison(o.shape, o.dtype)   # without lse: an intermediate takes it, the output is the same
+    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out_only), **_cpp_options(kwargs))
+    assert out_only.tobytes() == o.tobytes()
+    expected = reference.attention_reference(q, k, v, **{**kwargs, "causal": kwargs["causal"] != "none" and
+                                                        kwargs["causal"]})
+    tolerance = 1e-5 if facts["dtype"][0] == "float32" else 2e-2
+    assert np.abs(out.astype(np.float64) - expected).max() <= tolerance * max(1.0, np.abs(expected).max())
+
+    if not facts["backward"]:
+        return
+    do = rng.standard_normal(o.shape).astype(o.dtype)
+    grads = mfa_native.attention_backward(q, k, v, o, lse, do, device="cpu", **kwargs)
+    mine = [poison(x.shape, x.dtype) for x in grads]
+    dsinks = view(mine[3]) if kwargs["sinks"] is not None else None
+    _core._bundle_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse), view(do),
+                                     view(mine[0]), view(mine[1]), view(mine[2]), dsinks, **_cpp_options(kwargs))
+    for ours, theirs in zip(mine, grads):
+        assert ours.tobytes() == theirs.tobytes()
+
+
+def _call(bundle, q, k, v, out, **options):
+    defaults = dict(scale=None, causal="none", window=None, mask=None, sinks=None, layout="bhsd")
+    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), None, **{**defaults, **options})
+
+
+def test_a_problem_the_bundle_lacks_lists_its_entries(bundle, rng):
+    q = rng.standard_normal((1, 2, 4, 16)).astype(np.float32)
+    out = np.zeros_like(q)
+    with pytest.raises(ValueError, match="no entry for attention float32 D=16 Dv=16 gqa=1 causal=none") as error:
+        _call(bundle, q, q, q, out)
+    assert all(line in str(error.value) for line in bundle.entries())
+    k = rng.standard_normal((1, 1, 4, 16)).astype(np.float32)
+    with pytest.raises(ValueError, match="scale=0.5"):
+        _call(bundle, q, k, k, out, causal="lower_right", sinks=view(np.zeros(2, np.float32)), scale=0.5)
+    q16, k16 = q.astype(np.float16), k.astype(np.float16)
+    with pytest.raises(ValueError, match="no entry for attention_backward"):
+        o = np.zeros((1, 2, 4, 16), np.float16)
+        lse = np.zeros((1, 2, 4), np.float32)
+        q8, k8 = q16[..., :8].copy(), k16[..., :8].copy()
+        o8 = o[..., :8].copy()
+        _core._bundle_attention_backward("cpu", bundle, view(q8), view(k8), view(k8), view(o8), view(lse), view(o8),
+                                         view(np.zeros_like(q8)), view(np.zeros_like(k8)), view(np.zeros_like(k8)))
+
+
+def test_bad_views_name_the_argument(bundle, rng):
+    """Checked before anything runs, with Python's messages where they exist."""
+    q = rng.standard_normal((1, 2, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 4, 16)).astype(np.float32)
+    out = np.zeros_like(q)
+    ok = dict(causal="lower_right", sinks=view(np.zeros(2, np.float32)))
+    with pytest.raises(TypeError, match="k has dtype float16 but q has float32"):
+        _call(bundle, q, k.astype(np.float16), k, out, **ok)
+    with pytest.raises(ValueError, match="q must have 4 dimensions"):
+        _call(bundle, q[0], k, k, out, **ok)
+    with pytest.raises(ValueError, match="k's head dimension"):
+        _call(bundle, q, k[..., :8].copy(), k, out, **ok)
+    with pytest.raises(ValueError, match=r"q's head count \(2\) must be a multiple"):
+        _call(bundle, q, np.zeros((1, 3, 4, 16), np.float32), np.zeros((1, 3, 4, 16), np.float32), out, **ok)
+    with pytest.raises(ValueError, match="out must have shape"):
+        _call(bundle, q, k, k, out[:, :, :2].copy(), **ok)
+    with pytest.raises(TypeError, match="out has dtype float16"):
+        _call(bundle, q, k, k, out.astype(np.float16), **ok)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        wide = np.zeros((1, 2, 4, 32), np.float32)[..., :16]
+        _call(bundle, q, k, k, wide, **ok)
+    with pytest.raises(ValueError, match="sinks must have shape"):
+        _call(bundle, q, k, k, out, causal="lower_right", sinks=view(np.zeros(3, np.float32)))
+    with pytest.raises(TypeError, match="sinks must be float32"):
+        _call(bundle, q, k, k, out, causal="lower_right", sinks=view(np.zeros(2, np.float16)))
+    with pytest.raises(ValueError, match="window left must be >= 0"):
+        _call(bundle, q, k, k, out, window=(-3, 0), **ok)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        _call(bundle, q, k, k, out, scale=float("inf"), **ok)
+    with pytest.raises(ValueError, match="mask of shape"):
+        _call(bundle, q, k, k, out, mask=view(np.ones((3, 4), bool)), **ok)
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        _call(bundle, q, k, k, out, mask=view(np.ones((4, 4), np.int32)), **ok)
+    # Strides the entry's kernels were not built for: refused, naming the argument.
+    wide_q = np.zeros((1, 2, 4, 32), np.float32)[..., :16]
+    with pytest.raises(ValueError, match=r"q has strides .* the bundle's kernels were built for"):
+        _call(bundle, wide_q, k, k, out, **ok)
+    transposed = np.ascontiguousarray(k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    _call(bundle, q, transposed, k, out, **ok)   # Hkv = 1: that axis's stride never matters
+    # A broadcast mask is read with stride 0: refused with the fix.
+    q8 = rng.standard_normal((2, 5, 1, 8)).astype(np.float32)
+    k8 = rng.standard_normal((2, 7, 1, 8)).astype(np.float32)
+    mask = np.broadcast_to(rng.random((5, 7)) > 0.5, (2, 1, 5, 7))
+    with pytest.raises(ValueError, match="materialized"):
+        _call(bundle, q8, k8, k8, np.zeros_like(q8), mask=view(mask), causal="upper_left", window=(3, -1),
+              layout="bshd")
+    _call(bundle, q8, k8, k8, np.zeros_like(q8), mask=view(np.ascontiguousarray(mask)), causal="upper_left",
+          window=(3, -1), layout="bshd")
+
+
+def test_empty_problems_need_no_entry(rng):
+    empty_bundle = _core._Bundle.from_bytes(pack({"format": "mfa_native.bundle", "template_schema": 1,
+                                                  "entries": []}))
+    q = rng.standard_normal((1, 2, 3, 16)).astype(np.float32)
+    k = np.zeros((1, 2, 0, 16), np.float32)
+    out, lse = poison(q.shape, np.float32), poison((1, 2, 3), np.float32)
+    sinks = np.array([0.5, -1.0], np.float32)
+    _core._bundle_attention("cpu", empty_bundle, view(q), view(k), view(k), view(out), view(lse), sinks=view(sinks))
+    expected_o, expected_lse = mfa_native.attention(q, k, k, sinks=sinks, return_lse=True, device="cpu")
+    assert out.tobytes() == expected_o.tobytes() and lse.tobytes() == expected_lse.tobytes()

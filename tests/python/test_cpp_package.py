@@ -1,0 +1,88 @@
+"""The CMake package C++ embedders use: the README's attention project and
+examples/cpp/attention.cpp build with find_package(mfa_native) against the *installed*
+package (the wheel's, or a standalone `cmake --install` of this tree into a temporary prefix
+when mfa_native runs from a source tree), and compute attention from a bundle the CLI wrote."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mfa_native
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _run(command, **kwargs):
+    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def package_dir(tmp_path_factory) -> str:
+    installed = Path(mfa_native.cmake_dir())
+    if (installed / "mfa_nativeConfig.cmake").exists():
+        return str(installed)
+    work = tmp_path_factory.mktemp("package")
+    _run(["cmake", "-S", str(ROOT), "-B", str(work / "build"), "-DCMAKE_BUILD_TYPE=Release"])
+    _run(["cmake", "--build", str(work / "build"), "-j2"])
+    _run(["cmake", "--install", str(work / "build"), "--prefix", str(work / "prefix")])
+    return str(work / "prefix" / "lib" / "cmake" / "mfa_native")
+
+
+def _readme_project() -> tuple[str, str, dict]:
+    section = (ROOT / "README.md").read_text().split("### Attention from C++: bundles", 1)[1]
+    cmake = re.search(r"```cmake\n(.*?)```", section, re.S)[1]
+    cpp = re.search(r"```cpp\n(.*?)```", section, re.S)[1]
+    spec = json.loads(re.search(r"<<'JSON'\n(.*?)JSON\n", section, re.S)[1])
+    return cmake, cpp, spec
+
+
+def _build(source: Path, package: str) -> Path:
+    _run(["cmake", "-S", str(source), "-B", str(source / "build"), f"-Dmfa_native_DIR={package}",
+          "-DCMAKE_BUILD_TYPE=Release"])
+    _run(["cmake", "--build", str(source / "build")])
+    return source / "build"
+
+
+def _bundle(spec: dict, path: Path) -> None:
+    spec_file = path.with_suffix(".json")
+    spec_file.write_text(json.dumps(spec))
+    _run([sys.executable, "-m", "mfa_native", "bundle", "-o", str(path), "--spec", str(spec_file), "--quiet"])
+
+
+def test_readme_project_builds_and_matches_python(package_dir, tmp_path):
+    cmake, cpp, spec = _readme_project()
+    (tmp_path / "CMakeLists.txt").write_text(cmake)
+    (tmp_path / "main.cpp").write_text(cpp)
+    build = _build(tmp_path, package_dir)
+    _bundle(spec, tmp_path / "attention.mfab")
+    out = _run([str(build / "attention_app"), str(tmp_path / "attention.mfab")], cwd=tmp_path,
+               env={"MFA_NATIVE_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
+    o0, lse0 = (float(x) for x in re.search(r"out\[0\] = (\S+), lse\[0\] = (\S+)", out).groups())
+    B, H, R, C, D = 1, 2, 10, 20, 32
+    i = np.arange(B * H * C * D, dtype=np.float32)
+    k, v = np.sin(np.float32(0.1) * i).reshape(B, H, C, D), np.cos(np.float32(0.2) * i).reshape(B, H, C, D)
+    q = np.cos(np.float32(0.3) * np.arange(B * H * R * D, dtype=np.float32)).reshape(B, H, R, D)
+    o, lse = mfa_native.attention(q, k, v, causal=True, return_lse=True, device="cpu")
+    assert abs(o0 - o.flat[0]) <= 1e-6 and abs(lse0 - lse.flat[0]) <= 1e-6
+
+
+def test_attention_example_builds_against_the_package(package_dir, tmp_path):
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.20)\nproject(example LANGUAGES CXX)\nset(CMAKE_CXX_STANDARD 17)\n"
+        "find_package(mfa_native CONFIG REQUIRED)\n"
+        f"add_executable(attention {ROOT / 'examples/cpp/attention.cpp'})\n"
+        "target_link_libraries(attention PRIVATE mfa_native::core)\n")
+    build = _build(tmp_path, package_dir)
+    _bundle(json.loads((ROOT / "examples/cpp/attention_spec.json").read_text()), tmp_path / "example.mfab")
+    out = _run([str(build / "attention"), str(tmp_path / "example.mfab")])
+    assert out.count("max relative error") == 2
