@@ -20,7 +20,8 @@ import json
 from dataclasses import asdict
 from typing import Callable
 
-from ..codegen import AttentionBackwardProblem, AttentionProblem, attention_backward_template, attention_template
+from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, attention_backward_template,
+                       attention_template, packs_plain_heads)
 from ..runtime.templates import SCHEMA_VERSION
 from .spec import EntryFacts
 
@@ -29,7 +30,19 @@ from .spec import EntryFacts
 LENGTHS = (1, 9, 17, 33, 65, 129, 257)
 NO_SPLIT = (64, 1)                 # (C, P): too few keys to split, whatever the device
 SPLIT = (1 << 15, 1 << 20)         # (C, P): a decode that splits
-SPLIT_ROWS = (1, 9)                # the split kernels' query tiles (decode rows are at most 16)
+MAX_SPLIT_ROWS = 32                # decode rows that may split (the packed facet's bound)
+
+
+def query_lengths(facts: EntryFacts) -> list[int]:
+    """R values that reach every rows choice: LENGTHS, and where GQA heads pack as tile rows
+    (tables.PACKING: the threadgroup takes the R * ratio pairs rounded up to whole 8-row tiles),
+    the first R of every 8 pairs up to the packing bound, and the first R past it."""
+    ratio = facts.gqa_ratio
+    lengths = set(LENGTHS)
+    if packs_plain_heads(ratio, 1):
+        lengths |= {8 * band // ratio + 1 for band in range(PACKING.max_pairs // 8)}
+        lengths.add(PACKING.max_pairs // ratio + 1)
+    return sorted(lengths)
 
 
 def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads: int = 1) -> AttentionProblem:
@@ -55,14 +68,15 @@ def _unique(templates) -> list[dict]:
 def forward_templates(facts: EntryFacts) -> list[dict]:
     """The forward's templates (lse always stored: a caller that does not want it gets an
     intermediate; the output is the same)."""
-    points = [(r, *NO_SPLIT) for r in LENGTHS] + [(r, *SPLIT) for r in SPLIT_ROWS]
+    lengths = query_lengths(facts)
+    points = [(r, *NO_SPLIT) for r in lengths] + [(r, *SPLIT) for r in lengths if r <= MAX_SPLIT_ROWS]
     return _unique(attention_template(problem(facts, r, c), family=facts.family, parallel_threadgroups=p)
                    for r, c, p in points)
 
 
 def backward_templates(facts: EntryFacts) -> list[dict]:
     return _unique(attention_backward_template(AttentionBackwardProblem(problem(facts, r, c)), family=facts.family)
-                   for r in LENGTHS for c in LENGTHS)
+                   for r in query_lengths(facts) for c in LENGTHS)
 
 
 def entry_line(facts: dict, forward: int, backward: int) -> str:
