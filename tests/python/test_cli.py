@@ -34,3 +34,9 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     child.stdout.close()
     stderr = child.communicate(timeout=600)[1]
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+
+
+def test_bench_serving_compares_varlen_with_padding():
+    out = run_cli("bench", "serving", "--quick", "--section", "varlen")
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("attention_varlen", "padded"))}
+    assert float(rows["padded"][4]) > 2.0, out   # padding to the longest issues more work than varlen

@@ -10,8 +10,11 @@ the packed bound (ceil(R * ratio / 8) row tiles per key tile, work.packed_matrix
 kernels and the time. --quick runs C 4096 only (the full table takes minutes on the cpu
 backend, whose traffic counters are exact; Metal counts no bytes).
 
-A section is a function from the parsed options and the device to a titled table (SECTIONS);
-the varlen prefill section (mixed lengths against padded dense attention) goes beside decode.
+Section "varlen": a causal prefill of packed sequences of mixed lengths (attention_varlen) against
+the same sequences padded to the longest and run as one dense batch: the matrix work each issues
+and the time (varlen issues each sequence's work and nothing for the padding).
+
+A section is a function from the parsed options and the device to a titled table (SECTIONS).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 
 from .. import profile
 from ..ops.attention import attention
+from ..ops.varlen import attention_varlen
 from ..runtime.devices import resolve_device
 from ..work import packed_matrix_ops
 from ._table import format_table
@@ -103,8 +107,47 @@ def decode_section(args, device) -> tuple[str, list[str], list[list[str]]]:
     return "decode, float16 K/V, causal", headers, rows
 
 
-# Each section: (parsed options, device) -> (title, headers, rows). Varlen prefill goes here.
-SECTIONS: dict[str, Callable] = {"decode": decode_section}
+PREFILL_LENGTHS = ((1024, 64, 1, 300, 17, 512, 128, 8), (256, 16, 1, 100, 5, 64))   # full, --quick
+PREFILL_HEADS, PREFILL_HEAD_DIM = (8, 2), 64
+
+
+def _prefill_calls(lengths, device) -> tuple[Callable[[], object], Callable[[], object]]:
+    """The varlen call over sequences of `lengths` and the padded dense call over the same rows."""
+    rng = np.random.default_rng(0)
+    (hq, hkv), D, total = PREFILL_HEADS, PREFILL_HEAD_DIM, sum(lengths)
+    q = rng.standard_normal((total, hq, D)).astype(np.float16)
+    k, v = (rng.standard_normal((total, hkv, D)).astype(np.float16) for _ in range(2))
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    longest = max(lengths)
+    padded = [np.zeros((len(lengths), longest, h, D), np.float16) for h in (hq, hkv, hkv)]
+    for b, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
+        for target, source in zip(padded, (q, k, v)):
+            target[b, :end - start] = source[start:end]
+    return (lambda: attention_varlen(q, k, v, cu, cu, causal=True, device=device),
+            lambda: attention(*padded, causal=True, layout="bshd", device=device))
+
+
+def varlen_section(args, device) -> tuple[str, list[str], list[list[str]]]:
+    lengths = PREFILL_LENGTHS[1 if args.quick else 0]
+    headers = ["call", "rows", "mma issued", "vs varlen", "ms"]
+    rows = []
+    varlen, padded = _prefill_calls(lengths, device)
+    issued = {}
+    for name, call, count in (("attention_varlen", varlen, sum(lengths)),
+                              ("padded attention", padded, len(lengths) * max(lengths))):
+        seconds, prof = _measured(call, args.repeat)
+        ops = prof.simdgroup_matrix_ops if all(r.simdgroup_matrix_ops is not None for r in prof.records) else None
+        issued[name] = ops
+        base = issued["attention_varlen"]
+        rows.append([name, str(count), "-" if ops is None else str(ops), _ratio(ops, base) if base else "-",
+                     f"{seconds * 1e3:.2f}"])
+    title = (f"varlen prefill, causal, float16, H{PREFILL_HEADS[0]}/{PREFILL_HEADS[1]} D{PREFILL_HEAD_DIM}, "
+             f"lengths {', '.join(map(str, lengths))}")
+    return title, headers, rows
+
+
+# Each section: (parsed options, device) -> (title, headers, rows).
+SECTIONS: dict[str, Callable] = {"decode": decode_section, "varlen": varlen_section}
 
 
 def main(argv: list[str]) -> int:
