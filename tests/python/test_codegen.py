@@ -157,8 +157,10 @@ def test_descriptor_tiles_follow_the_table_and_shrink_for_decode():
 
 
 def test_decode_splits_the_keys_only_when_the_device_would_idle():
-    decode = small(q_len=1, kv_len=5000, q_heads=2, kv_heads=1)
+    decode = small(q_len=1, kv_len=5000, q_heads=2, kv_heads=2)   # MHA: a threadgroup per head (GQA packs)
     assert kv_split(decode, "apple9", parallel_threadgroups=2) is None      # 2 heads already fill it
+    packed = small(q_len=1, kv_len=5000, q_heads=2, kv_heads=1)            # GQA: both heads in one threadgroup,
+    assert kv_split(packed, "apple9", parallel_threadgroups=2) is not None  # so splitting fills the device
     assert kv_split(small(q_len=17, kv_len=5000), "apple9", 1000) is None   # not a decode shape
     assert kv_split(small(q_len=1, kv_len=300), "apple9", 1000) is None     # too few keys to split
     splits, keys = kv_split(decode, "apple9", parallel_threadgroups=16)
@@ -167,7 +169,7 @@ def test_decode_splits_the_keys_only_when_the_device_would_idle():
     assert [k.entry for k in one.kernels] == [codegen.KERNEL_NAME]
     split = attention_pass(decode, parallel_threadgroups=16)
     assert [k.entry for k in split.kernels] == [codegen.PARTIAL_KERNEL_NAME, codegen.COMBINE_KERNEL_NAME]
-    assert split.buffer("sizes").value == (1, 2, 1, 1, 5000, splits, keys)  # B, Hq, Hkv, R, C, S, Cs
+    assert split.buffer("sizes").value == (1, 2, 2, 1, 5000, splits, keys)  # B, Hq, Hkv, R, C, S, Cs
     partial, combine = split.kernels
     assert partial.threadgroups == (1, 2, splits)
     assert combine.threadgroups == (2, 1, 2)  # 64 value columns in 32-column groups
