@@ -140,3 +140,36 @@ def test_torch_flash_attn_with_kvcache_in_place_and_no_gradient(rng):
     out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
     with pytest.raises(NotImplementedError, match="inference only"):
         out.sum().backward()
+
+
+def test_the_append_is_device_kernels_first_in_the_pass_on_inout_caches():
+    """The pass writes the caller's caches in place: k and v are "inout" (bound writable, never
+    allocated), written by the append kernels, which run before the attention kernel reads them."""
+    from dataclasses import replace
+
+    from mfa_native import codegen
+    from mfa_native.codegen import AttentionProblem, CacheKeys
+
+    p = replace(AttentionProblem(batch=B, q_heads=HQ, kv_heads=HKV, q_len=R, kv_len=64, head_dim=D, value_dim=DV,
+                                 dtype="float32", layout="bshd"), keys=CacheKeys(3, 16, 4))
+    description = codegen.attention_pass(p)
+    assert [k.entry for k in description.kernels][:2] == ["append_k", "append_v"]
+    attention = len(description.kernels) - 1
+    for name, writer in (("k", 0), ("v", 1)):
+        buffer = description.buffer(name)
+        assert buffer.role == "inout" and buffer.writers == (writer,) and attention in buffer.readers
+        assert description.buffer(f"{name}_new").role == "input"
+    assert all(b.role != "output" or b.name in ("o", "lse") for b in description.buffers)
+
+
+def test_a_read_only_cache_raises_before_any_write(rng):
+    k_cache, v_cache = (rng.standard_normal((B, 10, HKV, d)).astype(np.float32) for d in (D, DV))
+    q = rng.standard_normal((B, R, HQ, D)).astype(np.float32)
+    k, v = new_rows(rng, 2)
+    before = v_cache.copy()
+    k_cache.flags.writeable = False
+    with pytest.raises(TypeError, match="k_cache is read-only here"):
+        mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.zeros(B, np.int32), k=k, v=v)
+    assert np.array_equal(v_cache, before)
+    out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.full(B, 4, np.int32))
+    assert out.shape == (B, R, HQ, DV)    # no append: a read-only cache is read
