@@ -140,3 +140,81 @@ def test_torch_flash_attn_with_kvcache_in_place_and_no_gradient(rng):
     out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
     with pytest.raises(NotImplementedError, match="inference only"):
         out.sum().backward()
+
+
+def test_the_append_is_device_kernels_first_in_the_pass_on_inout_caches():
+    """The pass writes the caller's caches in place: k and v are "inout" (bound writable, never
+    allocated), written by the append kernels, which run before the attention kernel reads them."""
+    from dataclasses import replace
+
+    from mfa_native import codegen
+    from mfa_native.codegen import AttentionProblem, CacheKeys
+
+    p = replace(AttentionProblem(batch=B, q_heads=HQ, kv_heads=HKV, q_len=R, kv_len=64, head_dim=D, value_dim=DV,
+                                 dtype="float32", layout="bshd"), keys=CacheKeys(3, 16, 4))
+    description = codegen.attention_pass(p)
+    assert [k.entry for k in description.kernels][:2] == ["append_k", "append_v"]
+    attention = len(description.kernels) - 1
+    for name, writer in (("k", 0), ("v", 1)):
+        buffer = description.buffer(name)
+        assert buffer.role == "inout" and buffer.writers == (writer,) and attention in buffer.readers
+        assert description.buffer(f"{name}_new").role == "input"
+    assert all(b.role != "output" or b.name in ("o", "lse") for b in description.buffers)
+
+
+def test_a_read_only_cache_raises_before_any_write(rng):
+    k_cache, v_cache = (rng.standard_normal((B, 10, HKV, d)).astype(np.float32) for d in (D, DV))
+    q = rng.standard_normal((B, R, HQ, D)).astype(np.float32)
+    k, v = new_rows(rng, 2)
+    before = v_cache.copy()
+    k_cache.flags.writeable = False
+    with pytest.raises(TypeError, match="k_cache is read-only here"):
+        mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.zeros(B, np.int32), k=k, v=v)
+    assert np.array_equal(v_cache, before)
+    out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.full(B, 4, np.int32))
+    assert out.shape == (B, R, HQ, DV)    # no append: a read-only cache is read
+
+
+QUANT_FORMATS = [dict(format="affine", bits=4, group_size=32), dict(format="affine", bits=8, group_size=64),
+                 dict(format="q8_0"), dict(format="q4_0")]
+
+
+def rows_at(x: np.ndarray, lengths, appended: int, table, page: int | None):
+    """The index arrays of the rows appended to cache field x: (B, Rn) each."""
+    positions = np.asarray(lengths, np.int64)[:, None] + np.arange(appended)[None, :]
+    if table is None:
+        return np.arange(len(lengths))[:, None], positions
+    return np.take_along_axis(table, positions // page, axis=1), positions % page
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("fmt", QUANT_FORMATS, ids=lambda f: "-".join(map(str, f.values())))
+def test_quantized_cache_appended_on_the_device_as_quantize_does(rng, fmt, paged):
+    """A QuantizedTensor cache: the new rows quantized in the pass into the tensor's own arrays,
+    byte for byte `quantize(k_new)`'s, nothing else changed; the output is attention over the
+    dequantized cache (float64 reference)."""
+    d = 64
+    page = 16 if paged else None
+    shape = (10, page, HKV, d) if paged else (B, 40, HKV, d)
+    table = rng.permutation(10)[:B * 3].reshape(B, 3).astype(np.int32) if paged else None
+    k_cache, v_cache = (mfa_native.quantize(rng.standard_normal(shape).astype(np.float32), **fmt) for _ in "kv")
+    seqlens = np.array([0, page - 2 if paged else 9, 30], np.int32)   # paged: batch 1's append crosses a page
+    appended = 3
+    q = rng.standard_normal((B, R, HQ, d)).astype(np.float32)
+    k, v = (rng.standard_normal((B, appended, HKV, d)).astype(np.float32) for _ in "kv")
+    before = [{name: x.copy() for name, x in t.arrays().items()} for t in (k_cache, v_cache)]
+    out, lse = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, k=k, v=v,
+                                                 block_table=table, causal=True, return_lse=True)
+    for cache, new, old in zip((k_cache, v_cache), (k, v), before):
+        expected = mfa_native.quantize(new, **fmt).arrays()
+        for name, x in cache.arrays().items():
+            at = rows_at(x, seqlens, appended, table, page)
+            assert x[at].tobytes() == expected[name].tobytes(), name
+            written = np.zeros(x.shape[:2], bool)
+            written[at] = True
+            assert x[~written].tobytes() == old[name][~written].tobytes(), name
+    assert np.array_equal(seqlens, [0, page - 2 if paged else 9, 30])
+    reference = attention_with_kvcache_reference(q, k_cache.dequantize(), v_cache.dequantize(), seqlens + appended,
+                                                 block_table=table, causal=True, return_lse=True)
+    assert relative_l2(out, reference[0]) < 1e-4
+    assert np.allclose(lse, reference[1], atol=1e-4)

@@ -130,7 +130,7 @@ def normalized(x: np.ndarray) -> np.ndarray:
     strides = tuple(0 if n == 1 else s for n, s in zip(x.shape, x.strides))
     if strides == x.strides:
         return x
-    return np.lib.stride_tricks.as_strided(x, x.shape, strides, writeable=False)
+    return np.lib.stride_tricks.as_strided(x, x.shape, strides, writeable=x.flags.writeable)  # writable if x is: an inout binds it
 
 
 def usable_in_place(x: np.ndarray) -> bool:

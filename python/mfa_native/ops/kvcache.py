@@ -1,10 +1,21 @@
 """`mfa_native.attention_with_kvcache`: flash-attn's flash_attn_with_kvcache, contiguous or
-paged, with the new rows appended to the caller's cache in place, declared once.
+paged, plain or quantized (QuantizedTensor caches), with the new rows appended to the
+caller's cache in place, declared once.
 
-The append is a host write into the caches (numpy arrays, torch CPU tensors: their memory is
-the host's), made after every check of the call and before the kernel, on every call; the
-attention is the dense forward kernel over each batch's attended length
-(codegen/attention/cache.py). Inference only.
+The append runs on the device, first in the attention pass: the append kernels
+(codegen/attention/append.py) write k and v into the caller's cache buffers, bound in place
+as the pass's "inout" buffers, and quantize them on the way for a quantized cache (with
+`quantize`'s encoder: the same integers and scales); the attention kernel then reads the
+cache over each batch's attended length (codegen/attention/cache.py). Every check of the call
+runs first, on every call, so nothing is written on an error. An empty problem (no kernel
+runs) appends plain rows on the host. The caches must be host-visible memory the pass can
+bind writable in place: numpy arrays and torch CPU tensors (MLX arrays are read-only through
+the buffer protocol: refused with a TypeError). Inference only.
+
+A paged QuantizedTensor cache has the pages' layout in every field: data (num_blocks,
+page_size, Hkv, D * bits / 32 words or D / 32 blocks) and affine scales and biases
+(num_blocks, page_size, Hkv, D / group_size), each field's pages following each other in
+memory.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ import numpy as np
 
 from .. import codegen, reference
 from ..codegen import CacheKeys
+from ..quantized import QuantizedTensor
 from ..runtime.devices import tuning_facts
 from . import arguments as check
 from .attention import CAUSAL, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate
@@ -22,13 +34,19 @@ from .declaration import Arg, Call, Op
 from .empty import empty_forward
 from .warm import prepared_call
 
+NEW_ROWS = {"k_new": "k", "v_new": "v"}   # the pass buffers of the appended rows, and their arguments
+
 Q = Arg("q", "array", leading=True, keyword=False, doc="""
     (B, R, Hq, D) queries ("bshd"), one kind and dtype with the caches (float32, float16,
     bfloat16: numpy or torch CPU tensors, whose memory the append writes).""")
+CACHE_TYPES = "numpy arrays, torch CPU tensors or QuantizedTensors of them"
 K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, doc="""
     contiguous (B, Cmax, Hkv, D), or with block_table the pages (num_blocks, page_size, Hkv,
     D), page_size a multiple of 8, each page's rows following the previous page's in memory.
-    Rows past a batch's attended length are never read (they may hold NaN).""")
+    Rows past a batch's attended length are never read (they may hold NaN). May be a
+    QuantizedTensor (affine, q8_0, q4_0; paged: every field laid out in pages, scales
+    (num_blocks, page_size, Hkv, D / group_size)): read in the kernel as stored, and the
+    appended rows quantized on the device as `quantize` does.""")
 V_CACHE = Arg("v_cache", "array", leading=True, keyword=False, doc="like k_cache, Dv wide.")
 CACHE_SEQLENS = Arg("cache_seqlens", "array", doc="""
     int32 (B,): each batch's valid cache length before this call (not modified).""")
@@ -40,24 +58,28 @@ BLOCK_TABLE = Arg("block_table", "array", default=None, doc="""
     int32 (B, max_blocks), optional (a paged cache): logical position p of batch b lives in
     page block_table[b, p // page_size] at row p % page_size. Entries of pages no attended
     key lies in are not read.""")
-ON_HOST = "the append writes the cache on the host"
+ON_HOST = "the caches are host-visible arrays the append kernels write in place"
 
 
-def _four(x, name: str, axes: str) -> np.ndarray:
-    x = check.as_array(x, name)
-    if x.ndim != 4:
+def _four(x, name: str, axes: str):
+    """x (an array, or a QuantizedTensor cache) checked for 4 dimensions."""
+    x = x if isinstance(x, QuantizedTensor) and name.endswith("cache") else check.as_array(x, name)
+    if len(x.shape) != 4:
         raise ValueError(f"{name} must have 4 dimensions {axes}, got shape {x.shape}")
     return x
 
 
-def _as_rows(cache: np.ndarray, name: str, batch: int) -> np.ndarray:
-    """A paged cache as (B, num_blocks * page_size, Hkv, D) rows, shared by every batch (stride 0)."""
+def _as_rows(cache, name: str, batch: int):
+    """A paged cache as (B, num_blocks * page_size, Hkv, D) rows, shared by every batch (stride 0);
+    a QuantizedTensor's fields each so."""
+    if isinstance(cache, QuantizedTensor):
+        return cache.with_fields(**{field: _as_rows(x, f"{name}.{field}", batch) for field, x in cache.arrays().items()})
     blocks, page = cache.shape[:2]
     if blocks > 1 and cache.strides[0] != page * cache.strides[1]:
         raise ValueError(f"{name}'s pages must follow each other in memory (stride of axis 0 = page_size * stride "
                          f"of axis 1), got strides {cache.strides}")
-    rows = np.lib.stride_tricks.as_strided(cache, (1, blocks * page, *cache.shape[2:]), (0, *cache.strides[1:]))
-    return np.broadcast_to(rows, (batch, *rows.shape[1:]))
+    # as_strided keeps the cache writable (broadcast_to would not): the append kernels write it
+    return np.lib.stride_tricks.as_strided(cache, (batch, blocks * page, *cache.shape[2:]), (0, *cache.strides[1:]))
 
 
 class Cache:
@@ -95,10 +117,10 @@ class Cache:
 
     def caches(self, k_cache, v_cache) -> tuple[np.ndarray, np.ndarray]:
         """k and v as the kernel reads them: (B, C, Hkv, D) rows."""
+        k_cache, v_cache = _four(k_cache, "k_cache", ""), _four(v_cache, "v_cache", "")
         if not self.paged:
-            return check.as_array(k_cache, "k_cache"), check.as_array(v_cache, "v_cache")
-        return (_as_rows(check.as_array(k_cache, "k_cache"), "k_cache", self.batch),
-                _as_rows(check.as_array(v_cache, "v_cache"), "v_cache", self.batch))
+            return k_cache, v_cache
+        return _as_rows(k_cache, "k_cache", self.batch), _as_rows(v_cache, "v_cache", self.batch)
 
     def keys(self) -> CacheKeys:
         return CacheKeys(self.appended, self.page, self.width if self.paged else None)
@@ -125,16 +147,28 @@ class Cache:
                                  f"and batch {b} reads that page")
         return np.ascontiguousarray(lengths)
 
-    def append(self, k_cache, v_cache, cache_seqlens, k, v, block_table) -> None:
-        """Writes k and v into the caches at each batch's positions cache_seqlens[b] + i."""
+    def writable(self, k_cache, v_cache) -> None:
+        """Raises TypeError unless every array the append writes is writable (each call)."""
+        if not self.appended:
+            return
+        for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+            for field, x in _arrays(cache, name).items():
+                if not x.flags.writeable:
+                    raise TypeError(f"{field} is read-only here ({type(_given(cache, field)).__name__}): the append "
+                                    f"writes it in place ({CACHE_TYPES} can be written)")
+
+    def append_on_host(self, k_cache, v_cache, cache_seqlens, k, v, block_table) -> None:
+        """Writes k and v into plain caches at each batch's positions cache_seqlens[b] + i (an
+        empty problem, which runs no kernel)."""
         if not self.appended:
             return
         lengths = np.asarray(cache_seqlens).astype(np.int64)
         positions = lengths[:, None] + np.arange(self.appended)[None, :]            # (B, Rn)
         for cache, new, name in ((k_cache, k, "k_cache"), (v_cache, v, "v_cache")):
+            if isinstance(cache, QuantizedTensor):
+                raise ValueError(f"{name}: appending to a QuantizedTensor cache needs a non-empty problem (queries "
+                                 "and heads): the append kernels run in the attention pass")
             cache = check.as_array(cache, name)
-            if not cache.flags.writeable:
-                raise TypeError(f"{name} is read-only here ({type(cache).__name__}): the append writes it in place")
             if self.paged:
                 pages = np.take_along_axis(np.asarray(block_table), positions // self.page, axis=1)
                 cache[pages, positions % self.page] = check.as_array(new, name[0])
@@ -142,39 +176,86 @@ class Cache:
                 cache[np.arange(self.batch)[:, None], positions] = check.as_array(new, name[0])
 
 
+def _arrays(cache, name: str) -> dict[str, np.ndarray]:
+    """The numpy arrays of a cache argument, by a name for messages (k_cache, k_cache.scales)."""
+    if isinstance(cache, QuantizedTensor):
+        return {f"{name}.{field}": x for field, x in cache.arrays().items()}
+    return {name: check.as_array(cache, name)}
+
+
+def _given(cache, field: str):
+    """The caller's object behind `field` (a name `_arrays` gave)."""
+    return cache.fields()[field.split(".")[1]] if isinstance(cache, QuantizedTensor) else cache
+
+
+def _bind_caches(checked, cache: Cache, call: Call) -> None:
+    """Binds k and v (each field of a quantized one) as the paged or contiguous rows view of the
+    caller's memory, from arguments k_cache and v_cache; raises ValueError where that view
+    would be a copy (the append must write the caller's memory)."""
+    for name in ("k", "v"):
+        given = getattr(call, f"{name}_cache")
+        rows = cache.caches(given, given)["kv".index(name)]
+        fields = rows.arrays() if isinstance(rows, QuantizedTensor) else {"data": rows}
+        for field, x in fields.items():
+            buffer = name if field == "data" else f"{name}_{field}"
+            if cache.appended and not np.may_share_memory(checked.bound[buffer], x):
+                raise ValueError(f"{name}_cache{'' if field == 'data' else '.' + field} cannot be bound in place "
+                                 f"(strides {x.strides}): the append writes the caller's memory; give it with a "
+                                 "contiguous last axis")
+            checked.converts[buffer] = _field_convert(cache, "kv".index(name), field)
+            checked.sources[buffer] = f"{name}_cache"
+    for buffer, argument in NEW_ROWS.items():
+        if cache.appended:
+            checked.bound[buffer] = np.ascontiguousarray(check.as_array(getattr(call, argument), argument))
+            checked.converts[buffer], checked.sources[buffer] = np.ascontiguousarray, argument
+
+
+def _field_convert(cache: Cache, which: int, field: str):
+    """A warm call's conversion of a cache argument into one bound field."""
+    if field == "data":
+        return lambda x: _data(cache.caches(x, x)[which])
+    return lambda x: check.bindable(cache.caches(x, x)[which].field(field))
+
+
+def _data(rows) -> np.ndarray:
+    return check.bindable(rows.field("data") if isinstance(rows, QuantizedTensor) else rows)
+
+
 def _prepare(call: Call, device):
     q = _four(call.q, "q", "(B, R, Hq, D)")
     cache = Cache(q, call.k_cache, call.v_cache, call.k, call.v, call.block_table)
     k4, v4 = cache.caches(call.k_cache, call.v_cache)
     forward = validate((q, k4, v4, None, call.sinks), scale=call.scale, causal=call.causal, window=call.window,
-                       layout="bshd", return_lse=call.return_lse)
+                       layout="bshd", return_lse=call.return_lse, quantized_refusal=None)
     p = replace(forward.problem, keys=cache.keys())
-    bound, converts = dict(forward.bound), dict(forward.converts)
-    converts["k"] = lambda x: check.bindable(cache.caches(x, x)[0])
-    converts["v"] = lambda x: check.bindable(cache.caches(x, x)[1])
-    bound["cache_seqlens"] = cache.check(call.cache_seqlens, call.block_table)
-    converts["cache_seqlens"] = np.ascontiguousarray
-    sources = {"k": "k_cache", "v": "v_cache"}
+    checked = Validated(p, dict(forward.bound), dict(forward.converts), dict(forward.sources))
+    checked.bound["cache_seqlens"] = cache.check(call.cache_seqlens, call.block_table)
+    checked.converts["cache_seqlens"] = np.ascontiguousarray
     if cache.paged:
-        bound["block_table"], converts["block_table"] = np.ascontiguousarray(call.block_table), np.ascontiguousarray
+        checked.bound["block_table"] = np.ascontiguousarray(call.block_table)
+        checked.converts["block_table"] = np.ascontiguousarray
     names = call.op.array_names
     at = {name: names.index(name) for name in names}
+    empty = check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len)
+    if not empty:
+        _bind_caches(checked, cache, call)
 
-    def check_and_append(arguments) -> None:
-        """Every call: the contents checked, then the new rows written (nothing written on an error)."""
+    def check_contents(arguments) -> None:
+        """Every call, before anything is written: the lengths and pages, and the caches writable."""
         values = {name: arguments[i] for name, i in at.items()}
         cache.check(values["cache_seqlens"], values["block_table"])
-        cache.append(values["k_cache"], values["v_cache"], values["cache_seqlens"], values["k"], values["v"],
-                     values["block_table"])
+        cache.writable(values["k_cache"], values["v_cache"])
+        if empty:
+            cache.append_on_host(values["k_cache"], values["v_cache"], values["cache_seqlens"], values["k"],
+                                 values["v"], values["block_table"])
 
-    check_and_append([call.values[name] for name in names])
-    checked = Validated(p, bound, converts, sources)
-    if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
+    check_contents([call.values[name] for name in names])
+    if empty:
         prepared, inputs = empty_forward(p, names, checked)
     else:
         description = codegen.attention_pass(p, family=tuning_facts(device).family)
         prepared, inputs = prepared_call(description, device, checked, names, call.results)
-    prepared.check = check_and_append
+    prepared.check = check_contents
     return prepared, inputs
 
 

@@ -10,6 +10,10 @@ a pass lives only in Python code. `to_json` / `from_json` round-trip it.
 Roles:
 - "input": caller memory, read in place from its first element; `shape` and
   `strides` (elements, physical axis order) are what the kernels were built for.
+- "inout": caller memory like an input (same `shape`, `strides`, `nbytes`), which some
+  kernels also write in place (a KV cache's append); never allocated, never returned.
+  The runner binds it writable: on a backend that stages host memory (Metal, for memory
+  it cannot wrap), the core copies a writable binding back after the batch.
 - "output": allocated per call with `shape` and `dtype` (C-contiguous) and
   returned to the caller.
 - "intermediate": device memory from the pool, alive for one call; never a
@@ -22,7 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-ROLES = ("input", "output", "intermediate", "constant")
+ROLES = ("input", "inout", "output", "intermediate", "constant")
+CALLER_ROLES = ("input", "inout")   # the caller's memory, bound in place
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class BufferDecl:
     nbytes: int                     # bytes the kernels may touch, from the first element
     readers: tuple[int, ...]        # indices of the kernels that read it
     writers: tuple[int, ...]        # indices of the kernels that write it
-    strides: tuple[int, ...] | None = None  # inputs: element strides the kernels were compiled for
+    strides: tuple[int, ...] | None = None  # inputs, inouts: element strides the kernels were compiled for
     value: tuple[int, ...] | None = None    # constants: the bytes, as uint32 words
 
 
@@ -77,7 +82,8 @@ class PassDescription:
 
     @property
     def inputs(self) -> tuple[BufferDecl, ...]:
-        return self.of_role("input")
+        """The buffers the caller gives (inputs and inouts), in declaration order."""
+        return tuple(b for b in self.buffers if b.role in CALLER_ROLES)
 
     @property
     def outputs(self) -> tuple[BufferDecl, ...]:

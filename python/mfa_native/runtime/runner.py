@@ -25,6 +25,8 @@ from .arrays import DTYPES
 from .devices import Device
 from .passes import BufferDecl, PassDescription
 
+WRITTEN = ("inout", "output")   # caller arrays the kernels write: bound writable (copied back where staged)
+
 _allocate = np.empty  # outputs; tests poison them by replacing this
 _caller = threading.local()  # .arrays: the CallerArrays of the enclosing `caller_arrays` block
 
@@ -71,7 +73,8 @@ class PreparedPass:
 
     Attributes:
         description: the PassDescription.
-        input_names: the inputs, in the order `run` takes them.
+        input_names: the inputs and inouts (caller memory, "inout" written in place), in the
+            order `run` takes them.
         output_names: the outputs, in the order `run` returns them.
     """
 
@@ -94,7 +97,7 @@ class PreparedPass:
             bindings = [(index, *slots[name]) for index, name in enumerate(kernel.buffers)]
             dispatches.append((pipeline, kernel.threadgroups, kernel.threads_per_threadgroup, bindings, []))
         self._core = _core.PreparedPass(
-            device, dispatches, [(b.name, b.role == "output") for b in inputs + outputs],
+            device, dispatches, [(b.name, b.role in WRITTEN) for b in inputs + outputs],
             [b.nbytes for b in intermediates],
             [np.asarray(b.value, dtype=np.uint32).tobytes() for b in constants])
 

@@ -27,7 +27,7 @@ from typing import Mapping
 
 from .arrays import DTYPES, span_bytes
 from .expressions import evaluate as value_of
-from .passes import BufferDecl, KernelLaunch, PassDescription
+from .passes import CALLER_ROLES, BufferDecl, KernelLaunch, PassDescription
 
 SCHEMA_VERSION = 1
 
@@ -107,7 +107,7 @@ def _buffer(b: BufferTemplate, env: dict[str, int]) -> BufferDecl:
     shape = tuple(value_of(e, env) for e in b.shape)
     itemsize = DTYPES[b.dtype].itemsize
     strides = value = None
-    if b.role == "input":
+    if b.role in CALLER_ROLES:
         strides = tuple(0 if n == 1 else value_of(e, env) for n, e in zip(shape, b.strides))
         nbytes = span_bytes(shape, strides, itemsize)
     elif b.role == "constant":

@@ -11,6 +11,9 @@ page_size, Hkv, D) as one run of rows shared by every batch (batch stride 0), an
 logical position p of batch b is row p % page_size of page block_table[b, p / page_size]
 (`Positions.pages`); only the pages holding attended keys are read. Inference only: the
 forward kernel alone, no split-KV (each (batch, head) walks its own length).
+
+With Rn > 0 the pass first runs the append kernels (append.py): k_new and v_new, (B, Rn, Hkv,
+D) contiguous, written into k and v (plain or quantized) in place, so k and v are "inout".
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Callable
 from ..kernel.passes import contiguous
 from ..kernel.sizes import Extent
 from ..kernel.tiles import Positions
+from .append import NEW, generate_append
 from .keys import DenseWalk, Steps, storage_rows
 from .masking import Bounds
 
@@ -57,14 +61,16 @@ class CacheKeys:
         return storage_rows(p)
 
     def describe(self, p, family: str, baked) -> CacheFacts:
-        return CacheFacts(self.page_size)
+        return CacheFacts(self.page_size, (p.dtype, p.head_dim, p.value_dim) if self.appended else None)
 
 
 @dataclass(frozen=True)
 class CacheFacts(DenseWalk):
-    """The kernel side: the page size (None: contiguous); lengths are runtime values."""
+    """The kernel side: the page size (None: contiguous), and with an append the new rows'
+    (dtype, D, Dv); lengths are runtime values."""
 
     page_size: int | None
+    new_rows: tuple[str, int, int] | None = None
 
     bounds = CACHE_BOUNDS
     catalog = CATALOG
@@ -96,6 +102,11 @@ class CacheFacts(DenseWalk):
         if self.page_size:
             shape = (B, Extent(1, ("Wt",)))
             inputs["block_table"] = spec("int32", shape, contiguous(shape), logical=False)
+        if self.new_rows:
+            dtype, *widths = self.new_rows
+            for name, width in zip("kv", widths):
+                shape = (B, Extent(1, ("Rn",)), Extent(1, ("Hkv",)), Extent(width))
+                inputs[NEW.format(name)] = spec(dtype, shape, contiguous(shape), logical=False)
         return inputs
 
     def backward_inputs(self, spec) -> dict:
@@ -120,7 +131,9 @@ class CacheFacts(DenseWalk):
         return f"; KV cache, {f'paged ({self.page_size} rows a page)' if self.page_size else 'contiguous'}"
 
     def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
-        return dense()
+        """The append kernels (with new rows), then the attention kernel reading what they wrote."""
+        appends = tuple(generate_append(d, name) for name in "kv") if self.new_rows else ()
+        return appends + dense()
 
     def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
         raise ValueError("a KV cache has no backward pass")

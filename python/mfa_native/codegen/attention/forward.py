@@ -168,7 +168,8 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     body, first, positions = [], "kb", d.keys.positions(end)
     if d.rows.packed:  # the step's keys come from the stage, its rows 0 .. key_block - 1
         body = ["// The step's K and V rows, staged once for every head of the kv head."]
-        body += staging.fill(_staged(d), d.key_block, d.dtype, key="kb + slot", valid=f"key < {end}")
+        at = f"min(kb + slot, int({end}) - 1)"   # clamped: a paged position past the end names no page
+        body += staging.fill(_staged(d), d.key_block, d.dtype, key=positions.row(at), valid=f"kb + slot < {end}")
         first, positions = "0", Positions(str(d.key_block))
     body += bias_over_keys(rules, key_tiles, end, d.keys.bounds.origin)
     body += ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]

@@ -5,7 +5,8 @@ A family's pass builder names the pass's inputs and outputs (dtype, shape and, f
 the strides its kernels were compiled for, as Extents of the runtime sizes); everything
 else follows from the kernels' launch plans: each operand the caller does not supply is an
 intermediate (its extent is in the plan), or the runtime-size struct (a constant); which
-kernels read and write a buffer follows from the const-ness of its MSL type. The builder
+kernels read and write a buffer follows from the const-ness of its MSL type (an input some
+kernel writes is the caller's memory written in place: role "inout"). The builder
 also names the sizes it derives and the guards its tile choices hold under.
 """
 
@@ -71,9 +72,9 @@ def build_template(name: str, kernels: Sequence[KernelSource], *, sizes: Sequenc
         writers = tuple(i for i, o in used if o.writes)
         first_kernel, operand = used[0]
         if buffer_name in inputs or buffer_name in outputs:
-            role = "input" if buffer_name in inputs else "output"
+            role = ("inout" if writers else "input") if buffer_name in inputs else "output"
             spec = inputs.get(buffer_name) or outputs[buffer_name]
-            strides = tuple(map(expression, spec.strides)) if role == "input" else None
+            strides = tuple(map(expression, spec.strides)) if buffer_name in inputs else None
             buffers.append(BufferTemplate(buffer_name, role, spec.dtype, tuple(map(expression, spec.shape)),
                                           readers, writers, strides=strides))
         elif buffer_name == SIZES_OPERAND:

@@ -90,6 +90,14 @@ class Positions:
                 f"const bool {name}_valid = uint({name}_listed) < C;  // negative entries are huge as uint",
                 f"const uint {name} = {name}_valid ? uint({name}_listed) : 0u;"]
 
+    def row(self, position: str) -> str:
+        """The storage row of logical `position` (an int expression below `end`): the position
+        itself, or with `pages` its page's row (the packed kernels' stage reads rows so)."""
+        if self.pages is None:
+            return position
+        return (f"int(uint({self.pages}[({position}) / {self.page_size}]) * {self.page_size}u"
+                f" + uint(({position}) % {self.page_size}))")
+
     def valid(self, name: str) -> str | None:
         """The condition under which position `name` loads its values (None: always)."""
         terms = ([f"{name}_valid"] if self.listed else []) + ([f"{self.kept}[{name}] != 0"] if self.kept else [])

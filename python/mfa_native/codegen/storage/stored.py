@@ -45,9 +45,13 @@ class Plain:
     def purpose(self, purpose: str) -> str:
         return purpose
 
-    def pointers(self, name: str, layout: OperandLayout, head: str, dtype: str) -> list[str]:
-        """`{name}_head`: the first element of (batch b, head `head`)."""
-        return [head_pointer(name, layout, head, MSL_TYPES[dtype], True)]
+    def pointers(self, name: str, layout: OperandLayout, head: str, dtype: str, const: bool = True) -> list[str]:
+        """`{name}_head`: the first element of (batch b, head `head`) (writable unless `const`)."""
+        return [head_pointer(name, layout, head, MSL_TYPES[dtype], const)]
+
+    def layout(self, buffer: str, layout: OperandLayout) -> OperandLayout:
+        """The layout of one of its buffers (`fields`): the operand's own."""
+        return layout
 
     def stage(self, name: str, stage: str, width: int, layout: OperandLayout, rows: int, dtype: str, key: str,
               valid: str) -> list[str]:
@@ -127,13 +131,18 @@ class QuantFacts:
                                                  getattr(self, field).strides)
         return inputs
 
-    def pointers(self, name: str, layout: OperandLayout, head: str, dtype: str) -> list[str]:
-        """`{name}_head` (the data) and an affine tensor's `{name}_scales_head`, `{name}_biases_head`."""
-        lines = [head_pointer(name, self.data, head, MSL_TYPES[self.format.data_dtype], True)]
+    def pointers(self, name: str, layout: OperandLayout, head: str, dtype: str, const: bool = True) -> list[str]:
+        """`{name}_head` (the data) and an affine tensor's `{name}_scales_head`, `{name}_biases_head`
+        (writable unless `const`)."""
+        lines = [head_pointer(name, self.data, head, MSL_TYPES[self.format.data_dtype], const)]
         if self.format.affine:
-            lines += [head_pointer(f"{name}_{field}", getattr(self, field), head, MSL_TYPES[self.scale_dtype], True)
+            lines += [head_pointer(f"{name}_{field}", getattr(self, field), head, MSL_TYPES[self.scale_dtype], const)
                       for field in FIELDS]
         return lines
+
+    def layout(self, buffer: str, layout: OperandLayout) -> OperandLayout:
+        """The layout of one of its buffers (`fields`): the data's, or an affine field's."""
+        return getattr(self, buffer.rsplit("_", 1)[1]) if buffer.endswith(FIELDS) else self.data
 
     def stage(self, name: str, stage: str, width: int, layout: OperandLayout, rows: int, dtype: str, key: str,
               valid: str) -> list[str]:
