@@ -218,3 +218,24 @@ def test_quantized_cache_appended_on_the_device_as_quantize_does(rng, fmt, paged
                                                  block_table=table, causal=True, return_lse=True)
     assert relative_l2(out, reference[0]) < 1e-4
     assert np.allclose(lse, reference[1], atol=1e-4)
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_gqa_decode_reads_each_cached_row_once_per_kv_head(rng, page):
+    """Heads packed as tile rows: a decode step reads every attended K/V row once (per kv head),
+    not once per query head, contiguous or paged."""
+    lengths = np.array([40, 3, 64], np.int32)
+    shape = (B, 64) if page is None else (B * 64 // page, page)
+    k_cache, v_cache = (np.full((*shape, 2, D), np.nan, np.float16) for _ in range(2))
+    table = None if page is None else rng.permutation(shape[0]).reshape(B, 64 // page).astype(np.int32)
+    for b, n in enumerate(lengths):
+        for p in range(n):
+            at = (b, p) if page is None else (table[b, p // page], p % page)
+            k_cache[at], v_cache[at] = (rng.standard_normal((2, D)).astype(np.float16) for _ in range(2))
+    q = rng.standard_normal((B, 1, 16, D)).astype(np.float16)      # 8 query heads per kv head
+    with mfa_native.profile() as prof:
+        out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=table)
+    attended = int(lengths.sum()) * 2 * D * 2                      # rows x kv heads x D x 2 bytes, per cache
+    assert prof.bytes_read["k"] <= 1.05 * attended and prof.bytes_read["v"] <= 1.05 * attended
+    expected = attention_with_kvcache_reference(q, k_cache, v_cache, lengths, block_table=table)
+    assert relative_l2(out, expected) < 2e-3

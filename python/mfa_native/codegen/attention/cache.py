@@ -25,7 +25,8 @@ from ..kernel.passes import contiguous
 from ..kernel.sizes import Extent
 from ..kernel.tiles import Positions
 from .append import NEW, generate_append
-from .keys import DenseWalk, Steps, storage_rows
+from .keys import DenseWalk, Steps
+from .rows import dense_rows
 from .masking import Bounds
 
 CATALOG = {
@@ -58,7 +59,7 @@ class CacheKeys:
         return self
 
     def rows(self, p):
-        return storage_rows(p)
+        return dense_rows(p)   # GQA decode reads each cached K/V row once per kv head
 
     def describe(self, p, family: str, baked) -> CacheFacts:
         return CacheFacts(self.page_size, (p.dtype, p.head_dim, p.value_dim) if self.appended else None)
