@@ -42,7 +42,7 @@ from ..storage.staging import StagedTensor
 from . import operands
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
-from .rows import row_index
+from .rows import row_index, stages_apart
 from .softmax import online_softmax, sink_state, stored_lse
 
 KERNEL_NAME = "attention_forward"
@@ -133,15 +133,18 @@ def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
 
 
 def _staged(d: KernelDescriptor) -> list[StagedTensor]:
-    """With packed heads, the stage holds the step's K and V rows (quantized ones decoded)."""
-    return [StagedTensor("k", d.head_dim, d.k, d.k_storage), StagedTensor("v", d.value_dim, d.v, d.v_storage)]
+    """With packed heads, the stage holds the step's K and V rows (quantized ones decoded),
+    at once or, at large head dimension, in turn (stage_apart)."""
+    tensors = [StagedTensor("k", d.head_dim, d.k, d.k_storage), StagedTensor("v", d.value_dim, d.v, d.v_storage)]
+    return staging.apart(tensors) if stages_apart(d.family, d.head_dim, d.value_dim) else tensors
 
 
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
     q = HeadTensor.of("q", d.q, d.head_dim)
     if d.rows.packed:
-        return {"q": q, "k": HeadTensor("k_stage", Extent(d.head_dim), d.head_dim),
-                "v": HeadTensor("v_stage", Extent(d.value_dim), d.value_dim)}
+        k, v = _staged(d)
+        return {"q": q, "k": HeadTensor(k.stage, Extent(d.head_dim), d.head_dim),
+                "v": HeadTensor(v.stage, Extent(d.value_dim), d.value_dim)}
     return {"q": q, "k": HeadTensor.of("k", d.k, d.head_dim), "v": HeadTensor.of("v", d.v, d.value_dim)}
 
 
@@ -164,10 +167,12 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     """The online softmax over the keys [begin, end), key_block at a time, with `rules`."""
     key_tiles = d.key_block // 8
     x = _tensors(d)
-    body, first, positions = [], "kb", Positions(end)
+    body, first, positions, fills = [], "kb", Positions(end), [[], []]
     if d.rows.packed:  # the step's keys come from the stage, its rows 0 .. key_block - 1
-        body = ["// The step's K and V rows, staged once for every head of the kv head."]
-        body += staging.fill(_staged(d), d.key_block, d.dtype, key="kb + slot", valid=f"key < {end}")
+        fills = [staging.fill(tensors, d.key_block, d.dtype, key="kb + slot", valid=f"key < {end}")
+                 for tensors in staging.phases(_staged(d))] + [[]]
+        body = [f"// The step's {'K' if fills[1] else 'K and V'} rows, staged once for every head of the kv head."]
+        body += fills[0]
         first, positions = "0", Positions(str(d.key_block))
     body += bias_over_keys(rules, key_tiles, end)
     body += ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
@@ -177,6 +182,8 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
                    position="key", first=first, positions=positions,
                    reread="re-read: Q does not stay in registers at this head dimension")
     body += online_softmax(d, key_tiles)
+    if fills[1]:
+        body += ["", "// The step's V rows, staged over its K rows."] + fills[1]
     body += ["", "// O += P V."]
     body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
                        rhs_comment="rows are keys, columns are value dims", position="key", first=first,

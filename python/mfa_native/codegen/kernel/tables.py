@@ -6,8 +6,14 @@ A row applies to problems whose larger head dimension, max(D, Dv), is at most
 - query_rows: query rows per threadgroup (one simdgroup per 8 rows).
 - key_block:  keys per step of the online softmax (one max / rescale per step).
 - cache_q:    Q stays in registers for the whole key loop; otherwise each step
-              re-reads it, trading loads for registers at large head dimension.
+              re-reads it tile by tile: S = Q K^T accumulates over D in 8-wide
+              blocks of Q and K, trading loads for registers at large head dimension.
               (O always stays in registers.)
+- stage_apart: kernels that stage K/V rows in threadgroup memory (packed heads,
+              sparse-indexed) stage K's rows for S = Q K^T and then V's rows for
+              O += P V, taking turns in one buffer max(D, Dv) wide, instead of both
+              at once (D + Dv wide): at large head dimension both would not fit
+              32 KiB even for 8 rows. (MLA's shared latent stages K's rows only.)
 
 The values start from the shape of metal-flash-attention's published tuning
 (small threadgroups and long key blocks on GPUs with dynamic register caching,
@@ -30,6 +36,7 @@ class TileRow:
     query_rows: int
     key_block: int
     cache_q: bool
+    stage_apart: bool
 
 
 @dataclass(frozen=True)
@@ -45,17 +52,19 @@ class BackwardTileRow:
 _TABLES_TEXT = {
     # M1 and M2 generations: no dynamic caching, registers are the limit.
     "apple7": """
-        # max_head_dim  query_rows  key_block  cache_q
-               64           32          64       yes
-              128           32          32       yes
-              256           16          32       no
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart
+               64           32          64       yes       no
+              128           32          32       yes       no
+              256           16          32       no        no
+              576            8          16       no        yes
     """,
     # M3, M4 and later: dynamic caching makes long key blocks affordable.
     "apple9": """
-        # max_head_dim  query_rows  key_block  cache_q
-               96           16         128       yes
-              160           16          64       yes
-              256           16          64       no
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart
+               96           16         128       yes       no
+              160           16          64       yes       no
+              256           16          64       no        no
+              576            8          32       no        yes
     """,
 }
 
@@ -68,12 +77,14 @@ _BACKWARD_TABLES_TEXT = {
                64           32          32         32         32      yes
               128           16          32         16         32      yes
               256           16          32         16         32      no
+              576            8          16          8         16      no
     """,
     "apple9": """
         # max_head_dim  query_rows  key_block  key_rows  query_block  cache
                96           16          64         16         64      yes
               160           16          32         16         32      yes
               256           16          32         16         32      no
+              576            8          16          8         16      no
     """,
 }
 
@@ -83,7 +94,7 @@ _ALIASES = {"apple8": "apple7", "apple10": "apple9"}
 # The family the cpu backend reports (it runs the current generation's
 # kernels), and codegen's default.
 CPU_FAMILY = "apple9"
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 576   # DeepSeek's MLA: D 576 (latent 512 + rope 64), Dv 512
 
 
 def _parse(text: str, row_type):
