@@ -192,3 +192,35 @@ def test_kernels_up_to_256_keep_their_tiles():
 
     for family in ("apple7", "apple9"):
         assert not tile_row(family, 256).stage_apart and tile_row(family, 257).stage_apart
+
+
+BLOCK_SPARSE = [
+    dict(dims=dict(R=20, C=40, D=320, Dv=264), blocks=(8, 16), full=True, given=False, kwargs=dict(causal=True)),
+    dict(dims=dict(Hq=4, Hkv=2, R=9, C=30, D=576, Dv=512, dtype="bfloat16"), blocks=(8, 8), full=True, given=True,
+         kwargs=dict(sinks=True)),
+]
+
+
+@pytest.mark.parametrize("case", BLOCK_SPARSE, ids=lambda c: f"D{c['dims']['D']}-Dv{c['dims']['Dv']}")
+def test_block_sparse(rng, case):
+    """Block lists at large head dimension, forward and backward (test_block_sparse's checks)."""
+    from test_block_sparse import test_backward_matches_the_dense_reference, test_forward_matches_the_dense_reference
+
+    test_forward_matches_the_dense_reference(rng, case)
+    test_backward_matches_the_dense_reference(rng, case)
+
+
+QUANTIZED = [
+    dict(D=576, Dv=512, dtype="float32", Hq=4, Hkv=1, R=1, k_format=("affine", 4, 64), v_format=("q8_0", None, None)),
+    dict(D=320, Dv=384, dtype="float16", Hq=4, Hkv=2, R=3, k_format=("q4_0", None, None), v_format=("affine", 8, 32)),
+]
+
+
+@pytest.mark.parametrize("case", QUANTIZED, ids=lambda c: f"D{c['D']}-Dv{c['Dv']}-{c['dtype']}")
+def test_quantized_kv(rng, case):
+    """Quantized K/V (packed heads; its decoded K and V rows take turns in the stage)."""
+    from test_quantized_attention import check as check_quantized
+    from test_quantized_attention import tensors
+
+    q, k, v = tensors(rng, C=40, **case)
+    check_quantized(q, k, v, causal=True)
