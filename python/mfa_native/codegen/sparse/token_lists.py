@@ -17,7 +17,7 @@ from ..attention.keys import Steps
 from ..attention.rows import stage_rows, staged_width
 from ..kernel.layouts import OperandLayout, operand_layout
 from ..kernel.sizes import Extent
-from . import token_backward, token_forward
+from . import token_backward, token_dkdv, token_forward
 
 # The lists' buffers and what the backward pass keeps per slot: name -> (element, what it holds).
 CATALOG = {
@@ -150,4 +150,4 @@ class TokenFacts:
         return (token_forward.generate_sparse(d),)
 
     def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
-        return (token_backward.generate_transpose(d), token_backward.generate_dq(d), token_backward.generate_dkdv(d))
+        return (token_backward.generate_transpose(d), token_backward.generate_dq(d), token_dkdv.generate_dkdv(d))
