@@ -224,3 +224,14 @@ def test_quantized_kv(rng, case):
 
     q, k, v = tensors(rng, C=40, **case)
     check_quantized(q, k, v, causal=True)
+
+
+def test_deepseek_form_backward_at_128_heads(rng):
+    """The MLA form's gradients at 128 query heads (16 head tiles in the tiled dK/dV), small."""
+    q, k, v, indices, kwargs = _sparse(rng, (576, 512, "float32", 128, 2, 40, 64, True, {}))
+    o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True)
+    do = rng.standard_normal(o.shape).astype(q.dtype)
+    grads = mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, do)
+    expected = sparse_attention_backward_reference(q, k, np.ascontiguousarray(v), do, indices, out=o)
+    for grad, reference in zip(grads, expected):
+        assert relative_l2(grad, reference) < TOLERANCE["float32"]
