@@ -71,6 +71,7 @@ class KernelDescriptor(AttentionFacts):
     key_block: int
     cache_q: bool
     rows: object            # the rows facet (attention/rows.py)
+    o_block: int = 0        # 0: O in registers; else paged, this many features at a time (tables.py)
 
     @property
     def simdgroups(self) -> int:
@@ -164,9 +165,10 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     p = problem
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     rows = p.rows if rows is None else rows
+    row = tile_row(family, max(p.head_dim, p.value_dim))
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
                             query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
-                            cache_q=tile_row(family, max(p.head_dim, p.value_dim)).cache_q, rows=rows)
+                            cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block)
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,

@@ -35,7 +35,7 @@ from ..kernel.msl import MSL_TYPES, indent, offset
 from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
+from ..kernel.tiles import (Accumulator, HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
                             store_rows, tiles, zeroed)
 from ..storage import staging
 from ..storage.staging import StagedTensor
@@ -73,7 +73,7 @@ class Normalized:
     def store(d: KernelDescriptor) -> list[str]:
         t = MSL_TYPES[d.dtype]
         body = [f"device {t}* o_row = o_head + {offset('ulong(row)', d.o.strides[2])};"]
-        body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l")
+        body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l", element=output(d).element)
         if d.return_lse:
             body += ["if (tc == 0) {",
                      f"  lse[{row_index('row')}] = {stored_lse(m='m', denominator='l', sinks=d.sinks)};",
@@ -110,7 +110,7 @@ class SplitPartial:
     def store(d: KernelDescriptor) -> list[str]:
         body = [f"const ulong at = ulong(split) * B * Hq * R + {row_index('row')};",
                 f"device float* o_split = o_partial + at * {d.value_dim};"]
-        body += store_rows("o_split", "o_tile", d.value_dim)
+        body += store_rows("o_split", "o_tile", d.value_dim, element=output(d).element)
         body += ["if (tc == 0) {", "  ml_partial[at * 2] = m;", "  ml_partial[at * 2 + 1] = l;", "}"]
         return (["", "// This split's share: O before the division by l, and m, l.", "if (row < R) {"]
                 + indent(body) + ["}"])
@@ -118,6 +118,11 @@ class SplitPartial:
     @staticmethod
     def summary(d: KernelDescriptor) -> str:
         return "; split-KV partial pass: one split of S per threadgroup, finished by attention_combine"
+
+
+def output(d: KernelDescriptor) -> Accumulator:
+    """O, unnormalized: register tiles, or paged o_block features at a time (tables.py)."""
+    return Accumulator("o_tile", d.value_dim, d.o_block, d.simdgroups)
 
 
 def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
@@ -181,13 +186,14 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
                    position="key", first=first, positions=positions,
                    reread="re-read: Q does not stay in registers at this head dimension")
-    body += online_softmax(d, key_tiles)
+    body += online_softmax(d, key_tiles, output(d))
     if fills[1]:
         body += ["", "// The step's V rows, staged over its K rows."] + fills[1]
     body += ["", "// O += P V."]
-    body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
-                       rhs_comment="rows are keys, columns are value dims", position="key", first=first,
-                       positions=positions)
+    body += output(d).blocks(lambda features: accumulate(
+        "o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
+        rhs_comment="rows are keys, columns are value dims", position="key", first=first, positions=positions,
+        features=features))
     return block_loop("kb", begin, end, d.key_block, body)
 
 
@@ -197,7 +203,8 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
             d.rules.describe() + finish.summary(d),
             f"tiles ({d.family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
-            f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"]
+            f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
+            + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")]
 
 
 def _kernel(d: KernelDescriptor, finish) -> KernelSource:
@@ -206,7 +213,7 @@ def _kernel(d: KernelDescriptor, finish) -> KernelSource:
         q_cache = ["", f"// Q: 8 rows x {d.head_dim}, held in registers as 8x8 tiles."]
         q_cache += in_registers("q_tile", _tensors(d)["q"], "row_read")
     state = (["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
-             + finish.initial_state(d) + zeroed("o_tile", tiles(d.value_dim), "O, unnormalized"))
+             + finish.initial_state(d) + output(d).declare("O, unnormalized"))
     visits = d.keys.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
     keys = key_range(d.rules, last=d.rows.last_query)
     body = _geometry(d, finish) + keys + finish.key_limits + q_cache + state + visits + finish.store(d)

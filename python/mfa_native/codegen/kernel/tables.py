@@ -8,12 +8,17 @@ A row applies to problems whose larger head dimension, max(D, Dv), is at most
 - cache_q:    Q stays in registers for the whole key loop; otherwise each step
               re-reads it tile by tile: S = Q K^T accumulates over D in 8-wide
               blocks of Q and K, trading loads for registers at large head dimension.
-              (O always stays in registers.)
 - stage_apart: kernels that stage K/V rows in threadgroup memory (packed heads,
               sparse-indexed) stage K's rows for S = Q K^T and then V's rows for
               O += P V, taking turns in one buffer max(D, Dv) wide, instead of both
               at once (D + Dv wide): at large head dimension both would not fit
               32 KiB even for 8 rows. (MLA's shared latent stages K's rows only.)
+- o_block:    0: O stays in registers. Otherwise O is paged (MFA's cachedOperands
+              false): it lives in threadgroup memory, and each step brings it into
+              registers o_block features at a time around O += P V. Only the per-head
+              kernels page (one simdgroup's 8 rows x Dv floats, 16 KiB at Dv 512); the
+              packed-heads and sparse-indexed ones, many simdgroups of rows, keep O in
+              registers.
 
 The values start from the shape of metal-flash-attention's published tuning
 (small threadgroups and long key blocks on GPUs with dynamic register caching,
@@ -37,6 +42,7 @@ class TileRow:
     key_block: int
     cache_q: bool
     stage_apart: bool
+    o_block: int
 
 
 @dataclass(frozen=True)
@@ -52,19 +58,19 @@ class BackwardTileRow:
 _TABLES_TEXT = {
     # M1 and M2 generations: no dynamic caching, registers are the limit.
     "apple7": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart
-               64           32          64       yes       no
-              128           32          32       yes       no
-              256           16          32       no        no
-              576            8          16       no        yes
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block
+               64           32          64       yes       no          0
+              128           32          32       yes       no          0
+              256           16          32       no        no          0
+              576            8          16       no        yes        64
     """,
     # M3, M4 and later: dynamic caching makes long key blocks affordable.
     "apple9": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart
-               96           16         128       yes       no
-              160           16          64       yes       no
-              256           16          64       no        no
-              576            8          32       no        yes
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block
+               96           16         128       yes       no          0
+              160           16          64       yes       no          0
+              256           16          64       no        no          0
+              576            8          32       no        yes        64
     """,
 }
 
