@@ -25,6 +25,7 @@ GENERATED_KERNEL_TESTS = [
     "tests/python/test_sparse.py",
     "tests/python/test_head_dims.py::test_forward",
     "tests/python/test_head_dims.py::test_sparse_backward",
+    "tests/python/test_head_dims.py::test_backward",
     "tests/python/test_kernel.py",
     "tests/python/test_quantize.py::test_head_tensors",
 ]

@@ -59,13 +59,19 @@ def test_forward(rng, case):
 
 def test_paged_output_and_split_kv_decode(rng):
     """Per-head kernels past 256 page O through threadgroup memory (o_block): one simdgroup's
-    8 rows x Dv floats, within 32 KiB; the split-KV partial kernel pages it too."""
+    8 rows x Dv floats, within 32 KiB; the split-KV partial kernel pages it too, and the
+    backward kernels page dQ and dK (dq_block, dk_block)."""
     from test_attention import tuned_as
 
     p = codegen.AttentionProblem(1, 2, 2, 4096, 4096, 576, 576)
     (kernel,) = codegen.attention_pass(p).kernels
     assert "o_tile_page[4608]" in kernel.source and threadgroup_bytes(kernel.source) == 8 * 576 * 4
     assert "o_tile_page" not in codegen.attention_pass(codegen.AttentionProblem(1, 2, 2, 64, 64, 256, 256)).kernels[0].source
+    dq, dkdv = codegen.attention_backward_pass(codegen.AttentionBackwardProblem(
+        codegen.AttentionProblem(1, 2, 2, 4096, 4096, 576, 512))).kernels
+    assert "dq_tile_page[4608]" in dq.source and threadgroup_bytes(dq.source) == 8 * 576 * 4
+    assert "dk_tile_page[4608]" in dkdv.source and "dv_tile_page" not in dkdv.source   # dV stays in registers
+    assert threadgroup_bytes(dkdv.source) == 8 * 576 * 4
     q, k, v = make_inputs(rng, Hq=2, Hkv=2, R=1, C=700, D=320, Dv=400)
     with tuned_as(mfa_native.default_device(), parallel_threadgroups=64), mfa_native.profile() as prof:
         check_forward(q, k, v, sinks=rng.standard_normal(2).astype(np.float32))

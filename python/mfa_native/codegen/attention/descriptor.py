@@ -93,6 +93,9 @@ class BackwardDescriptor(AttentionFacts):
     key_rows: int           # dK/dV kernel: keys per threadgroup
     query_block: int        # dK/dV kernel: queries per step
     cache: bool             # each simdgroup's own rows stay in registers
+    dq_block: int = 0       # 0: the accumulator in registers; else paged, this many features at a time
+    dk_block: int = 0
+    dv_block: int = 0
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -190,4 +193,7 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         key_rows=shrunk(row.key_rows, p.kv_len),
         query_block=row.query_block,
         cache=row.cache,
+        dq_block=row.dq_block,
+        dk_block=row.dk_block,
+        dv_block=row.dv_block,
     )

@@ -27,7 +27,10 @@ They are data: retune them on hardware, row by row.
 
 The backward tables (BACKWARD_TABLES, see BackwardTileRow) have the same form:
 the dQ kernel's query rows and key block, the dK/dV kernel's key rows and
-query block, and whether each simdgroup's own rows stay in registers.
+query block, whether each simdgroup's own rows stay in registers, and, like
+o_block, whether the accumulators dQ, dK and dV are paged (0: in registers; else
+paged through threadgroup memory that many features at a time). dK and dV are not
+both paged at D 576 / Dv 512: their pages would take 34 KiB; dV stays in registers.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ class BackwardTileRow:
     key_rows: int      # dK/dV kernel: keys per threadgroup (one simdgroup per 8)
     query_block: int   # dK/dV kernel: queries per step
     cache: bool        # the 8 rows each simdgroup owns (Q and dO, or K and V) stay in registers
+    dq_block: int      # dQ paged this many features at a time (0: in registers)
+    dk_block: int      # dK, the same
+    dv_block: int      # dV, the same
 
 
 _TABLES_TEXT = {
@@ -79,18 +85,18 @@ _TABLES_TEXT = {
 # shorter blocks. Starting values, not yet tuned on hardware.
 _BACKWARD_TABLES_TEXT = {
     "apple7": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache
-               64           32          32         32         32      yes
-              128           16          32         16         32      yes
-              256           16          32         16         32      no
-              576            8          16          8         16      no
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache  dq_block  dk_block  dv_block
+                  64          32         32        32           32    yes         0         0         0
+                 128          16         32        16           32    yes         0         0         0
+                 256          16         32        16           32     no         0         0         0
+                 576           8         16         8           16     no        64        64         0
     """,
     "apple9": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache
-               96           16          64         16         64      yes
-              160           16          32         16         32      yes
-              256           16          32         16         32      no
-              576            8          16          8         16      no
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache  dq_block  dk_block  dv_block
+                  96          16         64        16           64    yes         0         0         0
+                 160          16         32        16           32    yes         0         0         0
+                 256          16         32        16           32     no         0         0         0
+                 576           8         16         8           16     no        64        64         0
     """,
 }
 
