@@ -165,6 +165,8 @@ def test_deepseek_shape_fits_threadgroup_memory_and_its_buffers():
     for launch in forward.kernels + backward.kernels:
         assert threadgroup_bytes(launch.source) <= THREADGROUP_BYTES, launch.entry
     (kernel,) = forward.kernels
+    dkdv = [launch for launch in backward.kernels if launch.entry == "sparse_backward_dkdv"][0]
+    assert threadgroup_bytes(dkdv.source) == 8 * 576 * 4   # dK paged, dV in registers
     assert "v_stage" not in kernel.source and threadgroup_bytes(kernel.source) == 16 * 576 * 2   # 16 K rows
     assert kernel.threadgroups == (R, 1, 1) and kernel.threads_per_threadgroup[0] == 32 * 128 // 8
     bf16 = 2

@@ -11,7 +11,9 @@ heads of the kv head, the 8 keys x 8 heads tiles
 
 then dK += W Q_r and dV += P dO_r with simdgroup_multiply_accumulate, Q_r and dO_r being the
 8 heads' rows at query r (heads as the tile's inner dimension, as the forward's heads are
-its rows). A key with no entry at r has a zero row. At the end dK *= scale. The order is
+its rows). A key with no entry at r has a zero row. At the end dK *= scale. dK and dV are
+register tiles, or paged through threadgroup memory like the dense kernel's (the backward
+table's dk_block, dv_block). The order is
 fixed (queries ascending, then slots, then head tiles), so two runs give the same bits.
 """
 
@@ -27,7 +29,7 @@ from ..kernel.msl import MSL_TYPES, float_literal, indent, loop
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import HeadTensor, element_offset, lane_layout, store_rows, tiles, zeroed
+from ..kernel.tiles import Accumulator, HeadTensor, element_offset, lane_layout, store_rows, tiles
 
 DKDV_KERNEL_NAME = "sparse_backward_dkdv"
 KEYS = 8          # keys per simdgroup (the tiles' rows), one simdgroup per threadgroup
@@ -83,13 +85,23 @@ def _weights(d: BackwardDescriptor) -> list[str]:
             + loop("ushort e = 0; e < 2; ++e", per_element))
 
 
-def _product(result: str, weights: str, tensor: HeadTensor, G: int) -> list[str]:
-    """result[t] += weights . the heads' rows [j * 8, + 8) of `tensor` (heads past G load 0)."""
+def _accumulators(d: BackwardDescriptor) -> tuple[Accumulator, Accumulator]:
+    """dK and dV: register tiles, or paged like the dense kernel's (dk_block, dv_block)."""
+    return (Accumulator("dk_tile", d.head_dim, d.dk_block), Accumulator("dv_tile", d.value_dim, d.dv_block))
+
+
+def _product(result: Accumulator, weights: str, tensor: HeadTensor, G: int) -> list[str]:
+    """result += weights . the heads' rows [j * 8, + 8) of `tensor` (heads past G load 0)."""
     head = f"h_kv * {G} + min(j * 8 + tr, {G - 1}u)"
-    load = ["simdgroup_float8x8 rows_t;  // rows are query heads, columns are features"]
-    load += tensor.load_rows("rows_t", head, "t", valid=f"j * 8 + tr < {G}")
-    load.append(f"simdgroup_multiply_accumulate({result}[t], {weights}, rows_t, {result}[t]);")
-    return loop(f"ushort t = 0; t < {tiles(tensor.width)}; ++t", load)
+
+    def product(features):
+        first, count = features or (0, tiles(tensor.width))
+        load = ["simdgroup_float8x8 rows_t;  // rows are query heads, columns are features"]
+        load += tensor.load_rows("rows_t", head, f"({first} + t)" if first else "t", valid=f"j * 8 + tr < {G}")
+        load.append(f"simdgroup_multiply_accumulate({result.name}[t], {weights}, rows_t, {result.name}[t]);")
+        return loop(f"ushort t = 0; t < {count}; ++t", load)
+
+    return result.blocks(product)
 
 
 def _query_step(d: BackwardDescriptor) -> list[str]:
@@ -97,7 +109,8 @@ def _query_step(d: BackwardDescriptor) -> list[str]:
     q, dout = (HeadTensor(f"{name}_rows", getattr(d, name).strides[1], width)
                for name, width in (("q", d.head_dim), ("dout", d.value_dim)))
     per_heads = _weights(d) + ["", "// dK += W Q_r, dV += P dO_r."]
-    per_heads += _product("dk_tile", "ds_w", q, d.gqa_ratio) + _product("dv_tile", "p_w", dout, d.gqa_ratio)
+    dk, dv = _accumulators(d)
+    per_heads += _product(dk, "ds_w", q, d.gqa_ratio) + _product(dv, "p_w", dout, d.gqa_ratio)
     body = _next_query() + [
         f"device const {t}* q_rows = q + ({element_offset(d.q, ('ulong(b)', 0), ('ulong(r)', 2))});",
         f"device const {t}* dout_rows = dout + ({element_offset(d.dout, ('ulong(b)', 0), ('ulong(r)', 2))});"]
@@ -115,9 +128,10 @@ def _row_offset(layout) -> str:
 def _store(d: BackwardDescriptor) -> list[str]:
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dk_row = dk + ({_row_offset(d.dk)});"]
-    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
+    dk, dv = _accumulators(d)
+    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale), element=dk.element)
     store += [f"device {t}* dv_row = dv + ({_row_offset(d.dv)});"]
-    store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t)
+    store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t, element=dv.element)
     return ["", "// dK = scale * sum dS q, dV = sum P dO.", "if (key_row < C) {"] + indent(store) + ["}"]
 
 
@@ -125,7 +139,8 @@ def _store(d: BackwardDescriptor) -> list[str]:
 def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     """dK and dV of 8 keys per simdgroup: their entries' stored dS and P against q and dO, as tiles."""
     body = _geometry(d) + ["", "// dK / scale and dV of the 8 keys."]
-    body += zeroed("dk_tile", tiles(d.head_dim), "dK / scale") + zeroed("dv_tile", tiles(d.value_dim), "dV")
+    dk, dv = _accumulators(d)
+    body += dk.declare("dK / scale") + dv.declare("dV")
     body += _query_step(d) + _store(d)
     summary = [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, {d.gqa_ratio} query heads per kv head",
                "sparse-indexed dK, dV: 8 keys per simdgroup, query by query, heads as the tiles' inner dimension"]
