@@ -258,3 +258,19 @@ def test_deepseek_form_backward_at_128_heads(rng):
     expected = sparse_attention_backward_reference(q, k, np.ascontiguousarray(v), do, indices, out=o)
     for grad, reference in zip(grads, expected):
         assert relative_l2(grad, reference) < TOLERANCE["float32"]
+
+
+def test_every_table_row_that_pages_fits_threadgroup_memory():
+    """A row's pages (one simdgroup's 8 rows x max_head_dim floats each, per simdgroup of the
+    threadgroup) fit 32 KiB: the forward's O, the dQ kernel's dQ, the dK/dV kernel's dK and dV."""
+    from mfa_native.codegen.kernel.tables import BACKWARD_TABLES, TABLES
+
+    page = lambda rows, block, width: (rows // 8) * 8 * width * 4 if block else 0   # noqa: E731
+    for family, rows in TABLES.items():
+        for row in rows:
+            assert page(row.query_rows, row.o_block, row.max_head_dim) <= THREADGROUP_BYTES, (family, row)
+    for family, rows in BACKWARD_TABLES.items():
+        for row in rows:
+            assert page(row.query_rows, row.dq_block, row.max_head_dim) <= THREADGROUP_BYTES, (family, row)
+            assert page(row.key_rows, row.dk_block, row.max_head_dim) + \
+                page(row.key_rows, row.dv_block, row.max_head_dim) <= THREADGROUP_BYTES, (family, row)
