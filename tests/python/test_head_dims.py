@@ -274,3 +274,17 @@ def test_every_table_row_that_pages_fits_threadgroup_memory():
             assert page(row.query_rows, row.dq_block, row.max_head_dim) <= THREADGROUP_BYTES, (family, row)
             assert page(row.key_rows, row.dk_block, row.max_head_dim) + \
                 page(row.key_rows, row.dv_block, row.max_head_dim) <= THREADGROUP_BYTES, (family, row)
+
+
+def test_the_apple7_rows(rng):
+    """Apple7's 576 rows (16-key steps, paged O, dQ and dK) run and match too: forward,
+    backward, packed decode and sparse-indexed."""
+    from test_attention import tuned_as
+
+    with tuned_as(mfa_native.default_device(), family="apple7"):
+        q, k, v = make_inputs(rng, Hq=2, Hkv=1, R=9, C=21, D=400, Dv=312, dtype="float16")
+        check_backward(rng, q, k, v, causal=True)
+        q, k, v = make_inputs(rng, Hq=8, Hkv=1, R=1, C=30, D=576, Dv=512)
+        check_forward(q, k, v)
+        q, k, v, indices, kwargs = _sparse(rng, (576, 512, "bfloat16", 16, 2, 40, 32, True, {}))
+        check_sparse(q, k, v, indices, TOLERANCE["bfloat16"])
