@@ -135,8 +135,8 @@ def test_backward_tile_tables():
             (row.query_rows, row.key_block, row.key_rows, row.query_block, row.cache)
     short = describe_backward(small(q_len=3, kv_len=5))
     assert short.query_rows == short.key_rows == 8  # one simdgroup when the sequence is that short
-    with pytest.raises(ValueError, match="257"):
-        describe_backward(small(head_dim=257))
+    with pytest.raises(ValueError, match="577"):
+        describe_backward(small(head_dim=577))
 
 
 def test_emit_backward_prints_both_kernels_and_their_plans(capsys):

@@ -137,8 +137,8 @@ def test_tile_tables_are_readable_rows_per_head_dimension():
     assert tile_row("apple8", 100) == tile_row("apple7", 100)  # families share tables
     with pytest.raises(ValueError, match="unknown GPU family"):
         tile_row("apple1", 64)
-    with pytest.raises(ValueError, match="257"):
-        describe(small(head_dim=257))
+    with pytest.raises(ValueError, match="577"):
+        describe(small(head_dim=577))
 
 
 def test_descriptor_tiles_follow_the_table_and_shrink_for_decode():
@@ -208,5 +208,5 @@ def test_emit_prints_the_codegen_source(capsys):
                      "--parallel-threadgroups", "64"]) == 0
     out = capsys.readouterr().out
     assert "kernel void attention_partial(" in out and "kernel void attention_combine(" in out
-    assert cli_main(["emit", "attention", "--head-dim", "300"]) == 2
-    assert "1..256" in capsys.readouterr().err
+    assert cli_main(["emit", "attention", "--head-dim", "600"]) == 2
+    assert "1..576" in capsys.readouterr().err

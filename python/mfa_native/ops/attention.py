@@ -21,7 +21,7 @@ Q = Arg("q", "array", leading=True, grad=True, keyword=False, doc="""
     float32, float16 or bfloat16 (ml_dtypes.bfloat16 for numpy). With layout "bhsd", q is
     (B, Hq, R, D), k is (B, Hkv, C, D), v is (B, Hkv, C, Dv); "bshd" swaps the sequence and
     head axes. Hq must be a multiple of Hkv (query head h reads kv head h // (Hq // Hkv)).
-    D and Dv are 1..256. Any non-negative strides with a contiguous last axis are used in
+    D and Dv are 1..576. Any non-negative strides with a contiguous last axis are used in
     place, without a copy.""")
 K = Arg("k", "array", leading=True, grad=True, keyword=False, quantized=True, doc="""
     keys. k and/or v may be QuantizedTensors (a quantized K/V cache: MLX's affine format,

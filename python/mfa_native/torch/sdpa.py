@@ -35,7 +35,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
     Same arguments, shapes, broadcasting and results as torch's, with these limits:
     dropout_p must be 0 (NotImplementedError otherwise); dtypes float32, float16 and
-    bfloat16 (float64 is a TypeError); head dims 1..256 (ValueError). Empty inputs give
+    bfloat16 (float64 is a TypeError); head dims 1..576 (ValueError). Empty inputs give
     torch's result: an empty output, or with no keys an output of zeros (and zero
     gradients). An attn_mask that requires grad is a NotImplementedError (it would get no gradient).
     A row whose keys are all masked gives 0, as torch does, except that additive mask
@@ -130,7 +130,7 @@ def _supported(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
 def sdpa_override() -> Iterator[None]:
     """Inside the block, torch.nn.functional.scaled_dot_product_attention runs through mfa_native
     where the result is exactly torch's (float32/float16/bfloat16 CPU or MPS tensors, no
-    dropout, head dims <= 256, ...), and through torch's own otherwise; shape errors are torch's.
+    dropout, head dims <= 576, ...), and through torch's own otherwise; shape errors are torch's.
 
     It replaces the attribute `torch.nn.functional.scaled_dot_product_attention`, so code
     that looks it up when calling (Transformers, Diffusers: `F.scaled_dot_product_attention(...)`)

@@ -35,7 +35,7 @@ from ..kernel.msl import MSL_TYPES, float_literal, indent, loop, offset
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers,
+from ..kernel.tiles import (Accumulator, HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers,
                             lane_layout, scores, store_rows, tiles, zeroed)
 from . import operands
 from .descriptor import BackwardDescriptor
@@ -49,6 +49,13 @@ DQ_KERNEL_NAME = "attention_backward_dq"
 DKDV_KERNEL_NAME = "attention_backward_dkdv"
 REREAD = "re-read: the rows do not stay in registers at this head dimension"
 INPUTS = ("q", "k", "v", "dout", "lse")
+
+
+def _accumulators(d: BackwardDescriptor) -> dict[str, Accumulator]:
+    """dQ (dQ kernel), dK and dV (dK/dV kernel): register tiles, or paged (tables.py)."""
+    return {"dq": Accumulator("dq_tile", d.head_dim, d.dq_block, d.query_rows // 8),
+            "dk": Accumulator("dk_tile", d.head_dim, d.dk_block, d.key_rows // 8),
+            "dv": Accumulator("dv_tile", d.value_dim, d.dv_block, d.key_rows // 8)}
 
 
 def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
@@ -83,10 +90,13 @@ def _recomputed_probabilities(d: BackwardDescriptor, count: int, lse2: str) -> l
 def _summary(d: BackwardDescriptor, kernel: str) -> list[str]:
     if kernel == DQ_KERNEL_NAME:
         tile = (f"{d.query_rows} query rows per threadgroup, {d.key_block} keys per block, "
-                f"Q and dO {'in registers' if d.cache else 're-read per block'}")
+                f"Q and dO {'in registers' if d.cache else 're-read per block'}"
+                + (f", dQ paged {d.dq_block} features at a time" if d.dq_block else ""))
     else:
         tile = (f"{d.key_rows} keys per threadgroup, {d.query_block} queries per block, "
-                f"K and V {'in registers' if d.cache else 're-read per block'}")
+                f"K and V {'in registers' if d.cache else 're-read per block'}"
+                + "".join(f", {name} paged {block} features at a time"
+                          for name, block in (("dK", d.dk_block), ("dV", d.dv_block)) if block))
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
             f"{d.rules.describe()}, sinks {'yes' if d.sinks else 'no'}",
             f"tiles ({d.family}): {tile}"]
@@ -157,8 +167,10 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
                    position="key", first="kb", positions=Positions(end), reread=REREAD)
     body += gradient_of_scores(count, "delta_row")
     body += ["", "// dQ += dS K."]
-    body += accumulate("dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
-                       rhs_comment="rows are keys, columns are head dims", position="key", first="kb", positions=Positions(end))
+    body += _accumulators(d)["dq"].blocks(lambda features: accumulate(
+        "dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
+        rhs_comment="rows are keys, columns are head dims", position="key", first="kb", positions=Positions(end),
+        features=features))
     return block_loop("kb", begin, end, d.key_block, body)
 
 
@@ -171,11 +183,12 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
         body += ["", "// Q and dO: the 8 rows, held in registers as 8x8 tiles."]
         body += in_registers("q_tile", x["q"], "row_read") + in_registers("dout_tile", x["dout"], "row_read")
     body += _row_delta(d)
-    body += ["", "// dQ / scale, accumulated over the keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
+    body += ["", "// dQ / scale, accumulated over the keys."] + _accumulators(d)["dq"].declare("dQ / scale")
     body += d.keys.keys(d, lambda rules, begin, end: _dq_key_steps(d, rules, begin, end))
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dq_row = dq_head + {offset('ulong(row)', d.dq.strides[2])};"]
-    store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
+    store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale),
+                        element=_accumulators(d)["dq"].element)
     body += ["", "// dQ = scale * dS K.", f"if (row < {d.keys.bounds.q_end}) {{"] + indent(store) + ["}"]
     return _kernel(d, dq_plan(d), body)
 
@@ -221,16 +234,20 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
                    position="query", first="qb", positions=Positions(end), reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
     body += ["", "// dV += P^T dO."]
-    body += accumulate("dv_tile", weights="p_tile", count=count, rhs=x["dout"], rhs_tile="dout_tile",
-                       rhs_comment="rows are queries, columns are value dims", position="query", first="qb", positions=Positions(end))
+    body += _accumulators(d)["dv"].blocks(lambda features: accumulate(
+        "dv_tile", weights="p_tile", count=count, rhs=x["dout"], rhs_tile="dout_tile",
+        rhs_comment="rows are queries, columns are value dims", position="query", first="qb",
+        positions=Positions(end), features=features))
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
     body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache else None, "v_i"),
                    rhs=x["dout"], rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
                    position="query", first="qb", positions=Positions(end), reread=REREAD)
     body += gradient_of_scores(count, "delta_q[j * 2 + e]")
     body += ["", "// dK += dS^T Q."]
-    body += accumulate("dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
-                       rhs_comment="rows are queries, columns are head dims", position="query", first="qb", positions=Positions(end))
+    body += _accumulators(d)["dk"].blocks(lambda features: accumulate(
+        "dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
+        rhs_comment="rows are queries, columns are head dims", position="query", first="qb",
+        positions=Positions(end), features=features))
     return block_loop("qb", begin, end, d.query_block, body)
 
 
@@ -259,12 +276,14 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
         body += ["", "// K and V: the 8 rows, held in registers as 8x8 tiles."]
         body += in_registers("k_tile", x["k"], "key_read") + in_registers("v_tile", x["v"], "key_read")
     body += ["", "// dK / scale and dV, accumulated over the queries of every head in the group."]
-    body += zeroed("dk_tile", tiles(d.head_dim), "dK / scale") + zeroed("dv_tile", tiles(d.value_dim), "dV")
+    acc = _accumulators(d)
+    body += acc["dk"].declare("dK / scale") + acc["dv"].declare("dV")
     body += _query_heads(d)
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dk_row = dk_head + {offset('ulong(key_row)', d.dk.strides[2])};"]
-    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
+    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale),
+                        element=acc["dk"].element)
     store += [f"device {t}* dv_row = dv_head + {offset('ulong(key_row)', d.dv.strides[2])};"]
-    store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t)
+    store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t, element=acc["dv"].element)
     body += ["", "// dK = scale * dS^T Q, dV = P^T dO.", f"if (key_row < {d.keys.bounds.k_end}) {{"] + indent(store) + ["}"]
     return _kernel(d, dkdv_plan(d), body)

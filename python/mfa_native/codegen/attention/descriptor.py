@@ -74,6 +74,7 @@ class KernelDescriptor(AttentionFacts):
     key_block: int
     cache_q: bool
     rows: object            # the rows facet (attention/rows.py)
+    o_block: int = 0        # 0: O in registers; else paged, this many features at a time (tables.py)
 
     @property
     def simdgroups(self) -> int:
@@ -95,6 +96,9 @@ class BackwardDescriptor(AttentionFacts):
     key_rows: int           # dK/dV kernel: keys per threadgroup
     query_block: int        # dK/dV kernel: queries per step
     cache: bool             # each simdgroup's own rows stay in registers
+    dq_block: int = 0       # 0: the accumulator in registers; else paged, this many features at a time
+    dk_block: int = 0
+    dv_block: int = 0
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -167,9 +171,10 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     p = problem
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     rows = p.rows if rows is None else rows
+    row = tile_row(family, max(p.head_dim, p.value_dim))
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
                             query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
-                            cache_q=tile_row(family, max(p.head_dim, p.value_dim)).cache_q, rows=rows)
+                            cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block)
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
@@ -191,4 +196,7 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         key_rows=shrunk(row.key_rows, p.kv_len),
         query_block=row.query_block,
         cache=row.cache,
+        dq_block=row.dq_block,
+        dk_block=row.dk_block,
+        dv_block=row.dv_block,
     )

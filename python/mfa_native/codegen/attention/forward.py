@@ -35,14 +35,14 @@ from ..kernel.msl import MSL_TYPES, indent, offset
 from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
+from ..kernel.tiles import (Accumulator, HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
                             store_rows, tiles, zeroed)
 from ..storage import staging
 from ..storage.staging import StagedTensor
 from . import operands
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
-from .rows import row_index
+from .rows import row_index, stages_apart
 from .softmax import online_softmax, sink_state, stored_lse
 
 KERNEL_NAME = "attention_forward"
@@ -73,7 +73,7 @@ class Normalized:
     def store(d: KernelDescriptor) -> list[str]:
         t = MSL_TYPES[d.dtype]
         body = [f"device {t}* o_row = o_head + {offset('ulong(row)', d.o.strides[2])};"]
-        body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l")
+        body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l", element=output(d).element)
         if d.return_lse:
             body += ["if (tc == 0) {",
                      f"  lse[{row_index('row')}] = {stored_lse(m='m', denominator='l', sinks=d.sinks)};",
@@ -110,7 +110,7 @@ class SplitPartial:
     def store(d: KernelDescriptor) -> list[str]:
         body = [f"const ulong at = ulong(split) * B * Hq * R + {row_index('row')};",
                 f"device float* o_split = o_partial + at * {d.value_dim};"]
-        body += store_rows("o_split", "o_tile", d.value_dim)
+        body += store_rows("o_split", "o_tile", d.value_dim, element=output(d).element)
         body += ["if (tc == 0) {", "  ml_partial[at * 2] = m;", "  ml_partial[at * 2 + 1] = l;", "}"]
         return (["", "// This split's share: O before the division by l, and m, l.", "if (row < R) {"]
                 + indent(body) + ["}"])
@@ -118,6 +118,11 @@ class SplitPartial:
     @staticmethod
     def summary(d: KernelDescriptor) -> str:
         return "; split-KV partial pass: one split of S per threadgroup, finished by attention_combine"
+
+
+def output(d: KernelDescriptor) -> Accumulator:
+    """O, unnormalized: register tiles, or paged o_block features at a time (tables.py)."""
+    return Accumulator("o_tile", d.value_dim, d.o_block, d.simdgroups)
 
 
 def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
@@ -133,15 +138,18 @@ def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
 
 
 def _staged(d: KernelDescriptor) -> list[StagedTensor]:
-    """With packed heads, the stage holds the step's K and V rows (quantized ones decoded)."""
-    return [StagedTensor("k", d.head_dim, d.k, d.k_storage), StagedTensor("v", d.value_dim, d.v, d.v_storage)]
+    """With packed heads, the stage holds the step's K and V rows (quantized ones decoded),
+    at once or, at large head dimension, in turn (stage_apart)."""
+    tensors = [StagedTensor("k", d.head_dim, d.k, d.k_storage), StagedTensor("v", d.value_dim, d.v, d.v_storage)]
+    return staging.apart(tensors) if stages_apart(d.family, d.head_dim, d.value_dim) else tensors
 
 
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
     q = HeadTensor.of("q", d.q, d.head_dim)
     if d.rows.packed:
-        return {"q": q, "k": HeadTensor("k_stage", Extent(d.head_dim), d.head_dim),
-                "v": HeadTensor("v_stage", Extent(d.value_dim), d.value_dim)}
+        k, v = _staged(d)
+        return {"q": q, "k": HeadTensor(k.stage, Extent(d.head_dim), d.head_dim),
+                "v": HeadTensor(v.stage, Extent(d.value_dim), d.value_dim)}
     return {"q": q, "k": HeadTensor.of("k", d.k, d.head_dim), "v": HeadTensor.of("v", d.v, d.value_dim)}
 
 
@@ -165,11 +173,13 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     """The online softmax over the keys [begin, end), key_block at a time, with `rules`."""
     key_tiles = d.key_block // 8
     x = _tensors(d)
-    body, first, positions = [], "kb", d.keys.positions(end)
+    body, first, positions, fills = [], "kb", d.keys.positions(end), [[], []]
     if d.rows.packed:  # the step's keys come from the stage, its rows 0 .. key_block - 1
-        body = ["// The step's K and V rows, staged once for every head of the kv head."]
         at = f"min(kb + slot, int({end}) - 1)"   # clamped: a paged position past the end names no page
-        body += staging.fill(_staged(d), d.key_block, d.dtype, key=positions.row(at), valid=f"kb + slot < {end}")
+        fills = [staging.fill(tensors, d.key_block, d.dtype, key=positions.row(at), valid=f"kb + slot < {end}")
+                 for tensors in staging.phases(_staged(d))] + [[]]
+        body = [f"// The step's {'K' if fills[1] else 'K and V'} rows, staged once for every head of the kv head."]
+        body += fills[0]
         first, positions = "0", Positions(str(d.key_block))
     body += bias_over_keys(rules, key_tiles, end, d.keys.bounds.origin)
     body += ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
@@ -178,11 +188,14 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
                    position="key", first=first, positions=positions,
                    reread="re-read: Q does not stay in registers at this head dimension")
-    body += online_softmax(d, key_tiles)
+    body += online_softmax(d, key_tiles, output(d))
+    if fills[1]:
+        body += ["", "// The step's V rows, staged over its K rows."] + fills[1]
     body += ["", "// O += P V."]
-    body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
-                       rhs_comment="rows are keys, columns are value dims", position="key", first=first,
-                       positions=positions)
+    body += output(d).blocks(lambda features: accumulate(
+        "o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
+        rhs_comment="rows are keys, columns are value dims", position="key", first=first, positions=positions,
+        features=features))
     return block_loop("kb", begin, end, d.key_block, body)
 
 
@@ -192,7 +205,8 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
             d.rules.describe() + finish.summary(d),
             f"tiles ({d.family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
-            f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"]
+            f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
+            + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")]
 
 
 def _kernel(d: KernelDescriptor, finish) -> KernelSource:
@@ -201,7 +215,7 @@ def _kernel(d: KernelDescriptor, finish) -> KernelSource:
         q_cache = ["", f"// Q: 8 rows x {d.head_dim}, held in registers as 8x8 tiles."]
         q_cache += in_registers("q_tile", _tensors(d)["q"], "row_read")
     state = (["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
-             + finish.initial_state(d) + zeroed("o_tile", tiles(d.value_dim), "O, unnormalized"))
+             + finish.initial_state(d) + output(d).declare("O, unnormalized"))
     visits = d.keys.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
     keys = key_range(d.rules, last=d.rows.last_query, bounds=d.keys.bounds)
     body = _geometry(d, finish) + keys + finish.key_limits + q_cache + state + visits + finish.store(d)

@@ -34,6 +34,21 @@ def shrunk_guards(length: str, rows: int, table: int) -> tuple[str, ...]:
     return ((f"{length} > {rows // 2}",) if rows > 8 else ()) + ((f"{length} <= {rows}",) if rows < table else ())
 
 
+def stages_apart(family: str, head_dim: int, value_dim: int) -> bool:
+    """Whether staged K and V rows take turns in one buffer (the tile table's stage_apart)."""
+    return tile_row(family, max(head_dim, value_dim)).stage_apart
+
+
+def staged_width(p, family: str, shared_kv: bool = False) -> int:
+    """Features of one staged key row: K's alone when V is a view of K (MLA's latent), the
+    wider of K and V when they take turns, else K's and V's together."""
+    if shared_kv:
+        return p.head_dim
+    if stages_apart(family, p.head_dim, p.value_dim):
+        return max(p.head_dim, p.value_dim)
+    return p.head_dim + p.value_dim
+
+
 def stage_rows(p, family: str, width: int) -> int:
     """Rows staged per step: the table's key block, fewer when rows of `width` features (K's and
     V's together) would not fit STAGE_BYTES; a multiple of 8."""
@@ -153,7 +168,7 @@ class PackedHeads:
     @staticmethod
     def key_block(p, family: str) -> int:
         """The staged rows: K's and V's."""
-        return stage_rows(p, family, p.head_dim + p.value_dim)
+        return stage_rows(p, family, staged_width(p, family))
 
     @staticmethod
     def threadgroups_expression(p, family: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..kernel.msl import float_literal, loop
-from ..kernel.tiles import tiles
+from ..kernel.tiles import Accumulator
 
 
 # Sinks take FlashMLA's infinite values: -inf is no sink; +inf takes every weight (O = 0,
@@ -55,10 +55,10 @@ def probabilities(count: int, target: str, reference: str, also: Sequence[str] =
     ]))
 
 
-def online_softmax(d, key_tiles: int) -> list[str]:
+def online_softmax(d, key_tiles: int, output: Accumulator | None = None) -> list[str]:
     """One step of the forward's online softmax over `key_tiles` tiles of scores in p_tile:
-    the new running max m, the rescale of l and o_tile, probabilities in p_tile. Reads p_tile,
-    s (the bias), m, l, o_tile."""
+    the new running max m, the rescale of l and the output (`output`, default the register
+    tiles o_tile), probabilities in p_tile. Reads p_tile, s (the bias), m, l, the output."""
     lines = ["", "// Online softmax: new running max, rescale, probabilities.", "float block_max = MASKED;"]
     lines += logits(d.scale_log2e, key_tiles, "p_tile", ["block_max = max_nan(block_max, s[i]);"])
     lines += [
@@ -75,11 +75,7 @@ def online_softmax(d, key_tiles: int) -> list[str]:
         "block_sum += simd_shuffle_xor(block_sum, 8);",
         "l = l * correction + block_sum;",
     ]
-    lines += loop(f"ushort t = 0; t < {tiles(d.value_dim)}; ++t", [
-        "o_tile[t].thread_elements()[0] *= correction;",
-        "o_tile[t].thread_elements()[1] *= correction;",
-    ])
-    return lines
+    return lines + (output or Accumulator("o_tile", d.value_dim)).scale("correction")
 
 
 def lse2(target: str, at: str) -> list[str]:

@@ -6,8 +6,19 @@ A row applies to problems whose larger head dimension, max(D, Dv), is at most
 - query_rows: query rows per threadgroup (one simdgroup per 8 rows).
 - key_block:  keys per step of the online softmax (one max / rescale per step).
 - cache_q:    Q stays in registers for the whole key loop; otherwise each step
-              re-reads it, trading loads for registers at large head dimension.
-              (O always stays in registers.)
+              re-reads it tile by tile: S = Q K^T accumulates over D in 8-wide
+              blocks of Q and K, trading loads for registers at large head dimension.
+- stage_apart: kernels that stage K/V rows in threadgroup memory (packed heads,
+              sparse-indexed) stage K's rows for S = Q K^T and then V's rows for
+              O += P V, taking turns in one buffer max(D, Dv) wide, instead of both
+              at once (D + Dv wide): at large head dimension both would not fit
+              32 KiB even for 8 rows. (MLA's shared latent stages K's rows only.)
+- o_block:    0: O stays in registers. Otherwise O is paged (MFA's cachedOperands
+              false): it lives in threadgroup memory, and each step brings it into
+              registers o_block features at a time around O += P V. Only the per-head
+              kernels page (one simdgroup's 8 rows x Dv floats, 16 KiB at Dv 512); the
+              packed-heads and sparse-indexed ones, many simdgroups of rows, keep O in
+              registers.
 
 The values start from the shape of metal-flash-attention's published tuning
 (small threadgroups and long key blocks on GPUs with dynamic register caching,
@@ -16,7 +27,10 @@ They are data: retune them on hardware, row by row.
 
 The backward tables (BACKWARD_TABLES, see BackwardTileRow) have the same form:
 the dQ kernel's query rows and key block, the dK/dV kernel's key rows and
-query block, and whether each simdgroup's own rows stay in registers.
+query block, whether each simdgroup's own rows stay in registers, and, like
+o_block, whether the accumulators dQ, dK and dV are paged (0: in registers; else
+paged through threadgroup memory that many features at a time). dK and dV are not
+both paged at D 576 / Dv 512: their pages would take 34 KiB; dV stays in registers.
 """
 
 from __future__ import annotations
@@ -30,6 +44,8 @@ class TileRow:
     query_rows: int
     key_block: int
     cache_q: bool
+    stage_apart: bool
+    o_block: int
 
 
 @dataclass(frozen=True)
@@ -40,22 +56,27 @@ class BackwardTileRow:
     key_rows: int      # dK/dV kernel: keys per threadgroup (one simdgroup per 8)
     query_block: int   # dK/dV kernel: queries per step
     cache: bool        # the 8 rows each simdgroup owns (Q and dO, or K and V) stay in registers
+    dq_block: int      # dQ paged this many features at a time (0: in registers)
+    dk_block: int      # dK, the same
+    dv_block: int      # dV, the same
 
 
 _TABLES_TEXT = {
     # M1 and M2 generations: no dynamic caching, registers are the limit.
     "apple7": """
-        # max_head_dim  query_rows  key_block  cache_q
-               64           32          64       yes
-              128           32          32       yes
-              256           16          32       no
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block
+               64           32          64       yes       no          0
+              128           32          32       yes       no          0
+              256           16          32       no        no          0
+              576            8          16       no        yes        64
     """,
     # M3, M4 and later: dynamic caching makes long key blocks affordable.
     "apple9": """
-        # max_head_dim  query_rows  key_block  cache_q
-               96           16         128       yes
-              160           16          64       yes
-              256           16          64       no
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block
+               96           16         128       yes       no          0
+              160           16          64       yes       no          0
+              256           16          64       no        no          0
+              576            8          32       no        yes        64
     """,
 }
 
@@ -64,16 +85,18 @@ _TABLES_TEXT = {
 # shorter blocks. Starting values, not yet tuned on hardware.
 _BACKWARD_TABLES_TEXT = {
     "apple7": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache
-               64           32          32         32         32      yes
-              128           16          32         16         32      yes
-              256           16          32         16         32      no
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache  dq_block  dk_block  dv_block
+                  64          32         32        32           32    yes         0         0         0
+                 128          16         32        16           32    yes         0         0         0
+                 256          16         32        16           32     no         0         0         0
+                 576           8         16         8           16     no        64        64         0
     """,
     "apple9": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache
-               96           16          64         16         64      yes
-              160           16          32         16         32      yes
-              256           16          32         16         32      no
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache  dq_block  dk_block  dv_block
+                  96          16         64        16           64    yes         0         0         0
+                 160          16         32        16           32    yes         0         0         0
+                 256          16         32        16           32     no         0         0         0
+                 576           8         16         8           16     no        64        64         0
     """,
 }
 
@@ -83,7 +106,7 @@ _ALIASES = {"apple8": "apple7", "apple10": "apple9"}
 # The family the cpu backend reports (it runs the current generation's
 # kernels), and codegen's default.
 CPU_FAMILY = "apple9"
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 576   # DeepSeek's MLA: D 576 (latent 512 + rope 64), Dv 512
 
 
 def _parse(text: str, row_type):

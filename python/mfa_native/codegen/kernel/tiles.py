@@ -22,6 +22,7 @@ and which it defines, so blocks compose without surprises.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from .layouts import OperandLayout
 from .msl import indent, loop, offset
@@ -147,13 +148,15 @@ class HeadTensor:
         return lines
 
 
-def store_rows(target: str, acc: str, width: int, cast: str | None = None, factor: str | None = None) -> list[str]:
+def store_rows(target: str, acc: str, width: int, cast: str | None = None, factor: str | None = None,
+               element: Callable[[str, int], str] | None = None) -> list[str]:
     """target[col] = acc tiles (times `factor`, converted to `cast`) for the lane's row and
-    columns < width; `target` points at the row."""
+    columns < width; `target` points at the row. `element(t, e)`: where element e of tile t
+    is (an Accumulator's), else the register tile acc[t]."""
     store = ["const uint col = t * 8 + tc;"]
     for e in (0, 1):
         col = "col + 1" if e else "col"
-        value = f"{acc}[t].thread_elements()[{e}]" + (f" * {factor}" if factor else "")
+        value = (element("t", e) if element else f"{acc}[t].thread_elements()[{e}]") + (f" * {factor}" if factor else "")
         write = f"{target}[{col}] = {f'{cast}({value})' if cast else value};"
         if width % 8:
             write = f"if ({col} < {width}) {{ {write} }}"
@@ -166,6 +169,71 @@ def zeroed(name: str, count: int, comment: str) -> list[str]:
     return ([f"simdgroup_float8x8 {name}[{count}];  // {comment}"]
             + loop(f"ushort t = 0; t < {count}; ++t",
                    [f"{name}[t] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);"]))
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """A simdgroup's 8-row accumulator `name` (O, dQ, ...), `width` features wide: 8x8 tiles
+    in registers (`block` 0), or paged (MFA's cachedOperands false): held in threadgroup
+    memory, each lane keeping its own two elements of every tile (no barrier: no lane reads
+    another's), and brought into registers `block` features at a time around each product.
+    `simdgroups`: how many pages the threadgroup holds."""
+
+    name: str
+    width: int
+    block: int = 0
+    simdgroups: int = 1
+
+    @property
+    def lane_page(self) -> str:
+        return f"{self.name}_lane"
+
+    def bytes(self) -> int:
+        """Threadgroup memory of the pages."""
+        return self.simdgroups * tiles(self.width) * 64 * 4 if self.block else 0
+
+    def declare(self, comment: str) -> list[str]:
+        """The accumulator, all zero. Reads simd_index, lane (paged)."""
+        if not self.block:
+            return zeroed(self.name, tiles(self.width), comment)
+        n = tiles(self.width)
+        return ([f"threadgroup float {self.name}_page[{self.simdgroups * n * 64}];  // {comment}: paged, "
+                 f"{self.block} features at a time in registers",
+                 f"threadgroup float* {self.lane_page} = {self.name}_page + simd_index * {n * 64} + lane * 2;"
+                 "  // the lane's elements: tile t at [t * 64]"]
+                + loop(f"ushort t = 0; t < {n}; ++t", [f"{self.element('t', e)} = 0.0f;" for e in (0, 1)]))
+
+    def element(self, t: str, e: int) -> str:
+        """Element e (0, 1) of the lane's share of tile t."""
+        if not self.block:
+            return f"{self.name}[{t}].thread_elements()[{e}]"
+        return f"{self.lane_page}[{t} * 64{f' + {e}' if e else ''}]"
+
+    def scale(self, factor: str) -> list[str]:
+        """Every element *= factor."""
+        return loop(f"ushort t = 0; t < {tiles(self.width)}; ++t",
+                    [f"{self.element('t', e)} *= {factor};" for e in (0, 1)])
+
+    def blocks(self, product: Callable[[tuple[int, int] | None], list[str]]) -> list[str]:
+        """`product(features)` accumulating into the register tiles `name`[t]: once over every
+        tile (features None), or, paged, once per block (first tile, count) between its load
+        from the page and its store back."""
+        if not self.block:
+            return product(None)
+        lines, per, n = [], self.block // 8, tiles(self.width)
+        for first in range(0, n, per):
+            count = min(per, n - first)
+            pairs = [self._pair(first, e) for e in (0, 1)]
+            page_in = loop(f"ushort t = 0; t < {count}; ++t", [f"{tile} = {page};" for tile, page in pairs])
+            page_out = loop(f"ushort t = 0; t < {count}; ++t", [f"{page} = {tile};" for tile, page in pairs])
+            body = [f"simdgroup_float8x8 {self.name}[{count}];"] + page_in + product((first, count)) + page_out
+            lines += [f"{{  // features [{first * 8}, {(first + count) * 8}) of the paged accumulator"] + indent(body) + ["}"]
+        return lines
+
+    def _pair(self, first: int, e: int) -> tuple[str, str]:
+        """(register element, page element) of element e of block tile t (feature tile first + t)."""
+        return (f"{self.name}[t].thread_elements()[{e}]",
+                f"{self.lane_page}[({first} + t) * 64{f' + {e}' if e else ''}]")
 
 
 def in_registers(name: str, tensor: HeadTensor, row: str) -> list[str]:
@@ -209,14 +277,17 @@ def scores(result: str, *, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str
 
 
 def accumulate(result: str, *, weights: str, count: int, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
-               position: str, first: str, positions: Positions) -> list[str]:
+               position: str, first: str, positions: Positions, features: tuple[int, int] | None = None) -> list[str]:
     """result[t] += weights[j] . rhs rows of slots [first + 8 j, + 8), features tile t, for
-    tiles j < tiles. Reads tiles, tr, tc. Defines nothing outside its loops."""
+    tiles j < tiles; with `features` = (first tile, count), result[t] holds feature tile
+    first tile + t (a block of a paged Accumulator). Reads tiles, tr, tc. Defines nothing
+    outside its loops."""
+    first_tile, feature_tiles = features or (0, tiles(rhs.width))
     load = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
-    load += rhs.load_rows(rhs_tile, position, "t", positions.valid(position))
+    load += rhs.load_rows(rhs_tile, position, f"({first_tile} + t)" if first_tile else "t", positions.valid(position))
     load.append(f"simdgroup_multiply_accumulate({result}[t], {weights}[j], {rhs_tile}, {result}[t]);")
     per_tile = positions.declare(position, f"{first} + j * 8 + int(tr)")
-    per_tile += loop(f"ushort t = 0; t < {tiles(rhs.width)}; ++t", load)
+    per_tile += loop(f"ushort t = 0; t < {feature_tiles}; ++t", load)
     return loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(per_tile) + ["}"])
 
 

@@ -9,9 +9,9 @@ sparse_transpose_lists: per (batch, kv head), for each key the (query, slot) ent
 list it: a count, a prefix sum, and a scatter in (query, slot) order, by one thread per list
 pair, so every key's contributions reduce in a fixed order.
 
-sparse_backward_dkdv: one simdgroup per (key, kv head, batch), its lanes over the features:
-dK[c] = scale * sum over c's entries and the kv head's query heads of dS q, and
-dV[c] = sum of P dO, in that fixed order. Two runs give the same bits.
+sparse_backward_dkdv (token_dkdv.py): 8 keys per simdgroup, their entries walked query by
+query, dK += W Q and dV += P dO as simdgroup-matrix tiles whose inner dimension is the query
+heads, in a fixed order. Two runs give the same bits.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from .token_forward import slot_bias, slot_geometry
 
 DQ_KERNEL_NAME = "sparse_backward_dq"
 TRANSPOSE_KERNEL_NAME = "sparse_transpose_lists"
-DKDV_KERNEL_NAME = "sparse_backward_dkdv"
 INPUTS = ("q", "k", "v", "dout", "lse")
 REREAD = "re-read: the rows do not stay in registers at this head dimension"
 
@@ -50,13 +49,6 @@ def transpose_plan(d: BackwardDescriptor) -> LaunchPlan:
            + operands.writes(d, "key_counts", "key_starts", "key_entries") + operands.sizes(d))
     grid = (GridAxis(Extent(1, ("B", "Hkv")), 32), GridAxis(Extent(1)), GridAxis(Extent(1)))
     return LaunchPlan(TRANSPOSE_KERNEL_NAME, tuple(ops), grid, 32, d.sizes)
-
-
-def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
-    ops = (operands.reads(d, "q", "dout", "p_slots", "ds_slots", "key_counts", "key_starts", "key_entries")
-           + operands.writes(d, "dk", "dv") + operands.sizes(d))
-    grid = (GridAxis(Extent(1, ("C",))), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
-    return LaunchPlan(DKDV_KERNEL_NAME, tuple(ops), grid, 32, d.sizes)
 
 
 def _heads(d: BackwardDescriptor, name: str, width: int) -> HeadTensor:
@@ -164,41 +156,4 @@ def generate_transpose(d: BackwardDescriptor) -> KernelSource:
                            "      counts[key] += 1;", "    }", "  }", "}"])
     body.append("}")
     return assemble(transpose_plan(d), summary=_summary(d, "per key, the (query, slot) entries listing it"),
-                    builtins=BUILTINS_THREAD, body=body)
-
-
-@lru_cache(maxsize=32)
-def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
-    """dK and dV of one key: its entries' stored dS and P against q and dO, in a fixed order."""
-    t = MSL_TYPES[d.dtype]
-    width = max(d.head_dim, d.value_dim)
-    per_lane = -(-width // 32)
-    q_at = element_offset(d.q, ("ulong(b)", 0), ("ulong(h)", 1), ("ulong(r)", 2))
-    dout_at = element_offset(d.dout, ("ulong(b)", 0), ("ulong(h)", 1), ("ulong(r)", 2))
-    body = ["const uint c = group.x;", "const uint h_kv = group.y;", "const uint b = group.z;",
-            "const ulong pair = ulong(b) * Hkv + h_kv;",
-            "const int first = key_starts[pair * C + c];", "const int listings = key_counts[pair * C + c];",
-            f"float dk_acc[{per_lane}];", f"float dv_acc[{per_lane}];"]
-    body += loop(f"ushort i = 0; i < {per_lane}; ++i", ["dk_acc[i] = 0.0f;", "dv_acc[i] = 0.0f;"])
-    per_head = [f"const uint h = h_kv * {d.gqa_ratio} + g;",
-                f"const ulong at = ({row_index('r')}) * T + slot;",
-                "const float ds = ds_slots[at];", "const float p = p_slots[at];",
-                f"device const {t}* q_row = q + ({q_at});", f"device const {t}* dout_row = dout + ({dout_at});"]
-    per_head += loop(f"ushort i = 0; i < {per_lane}; ++i", [
-        "const uint col = lane + i * 32;",
-        f"if (col < {d.head_dim}) {{ dk_acc[i] += ds * float(q_row[col]); }}",
-        f"if (col < {d.value_dim}) {{ dv_acc[i] += p * float(dout_row[col]); }}"])
-    body += ["for (int n = 0; n < listings; ++n) {",
-             "  const int entry = key_entries[pair * R * T + first + n];",
-             "  const uint r = uint(entry) / T;", "  const uint slot = uint(entry) % T;"]
-    body += indent(loop(f"uint g = 0; g < {d.gqa_ratio}; ++g", per_head, unroll=False))
-    body.append("}")
-    k_at = element_offset(d.dk, ("ulong(b)", 0), ("ulong(h_kv)", 1), ("ulong(c)", 2))
-    v_at = element_offset(d.dv, ("ulong(b)", 0), ("ulong(h_kv)", 1), ("ulong(c)", 2))
-    body += [f"device {t}* dk_row = dk + ({k_at});", f"device {t}* dv_row = dv + ({v_at});"]
-    body += loop(f"ushort i = 0; i < {per_lane}; ++i", [
-        "const uint col = lane + i * 32;",
-        f"if (col < {d.head_dim}) {{ dk_row[col] = {t}(dk_acc[i] * {float_literal(d.scale)}); }}",
-        f"if (col < {d.value_dim}) {{ dv_row[col] = {t}(dv_acc[i]); }}"])
-    return assemble(dkdv_plan(d), summary=_summary(d, "sparse-indexed dK, dV: a simdgroup per key, lanes over features"),
                     builtins=BUILTINS_THREAD, body=body)

@@ -18,7 +18,7 @@ from functools import lru_cache
 from ..attention import operands
 from ..attention.descriptor import KernelDescriptor
 from ..attention.forward import BUILTINS
-from ..attention.rows import row_index
+from ..attention.rows import row_index, stages_apart
 from ..attention.softmax import online_softmax, sink_state, stored_lse
 from ..kernel.msl import MSL_TYPES, indent, loop, offset
 from ..kernel.plan import GridAxis, LaunchPlan
@@ -72,35 +72,44 @@ def slot_bias(count: int) -> list[str]:
 
 
 def staged_tensors(d) -> list[StagedTensor]:
-    """What the stage holds: K rows, and V rows unless v is a view of k."""
+    """What the stage holds: K rows, and V rows unless v is a view of k (in turn with K's at
+    large head dimension, stage_apart)."""
     tensors = [StagedTensor("k", d.head_dim, d.k)]
-    return tensors if d.keys.shared_kv else tensors + [StagedTensor("v", d.value_dim, d.v)]
+    if d.keys.shared_kv:
+        return tensors
+    tensors.append(StagedTensor("v", d.value_dim, d.v))
+    return staging.apart(tensors) if stages_apart(d.family, d.head_dim, d.value_dim) else tensors
 
 
-def staged_rows(d) -> list[str]:
-    """Loads the step's listed rows [kb, kb + stage_rows) into the stage; a slot past the
-    count or naming no key stores 0 (and reads nothing). Reads kb, count, listed."""
-    return staging.fill(staged_tensors(d), d.keys.stage_rows, d.dtype,
-                        key="kb + slot < count ? listed[kb + slot] : -1", valid="uint(key) < C")
+def staged_rows(d) -> list[list[str]]:
+    """The step's fills (one, or K's then V's when they take turns): each loads the listed rows
+    [kb, kb + stage_rows) into the stage; a slot past the count or naming no key stores 0 (and
+    reads nothing). Reads kb, count, listed."""
+    return [staging.fill(tensors, d.keys.stage_rows, d.dtype,
+                         key="kb + slot < count ? listed[kb + slot] : -1", valid="uint(key) < C")
+            for tensors in staging.phases(staged_tensors(d))]
 
 
 def _slot_steps(d: KernelDescriptor) -> list[str]:
     key_tiles = d.key_block // 8
     q = HeadTensor("q_rows", d.q.strides[1], d.head_dim)
-    k = HeadTensor("k_stage", Extent(d.head_dim), d.head_dim)
-    v = HeadTensor("k_stage" if d.keys.shared_kv else "v_stage",
-                   Extent(d.head_dim if d.keys.shared_kv else d.value_dim), d.value_dim)
-    staged = Positions(str(d.key_block))   # rows of the stage, 0 .. stage_rows - 1
-    body = staged_rows(d) + slot_bias(key_tiles)
+    staged = staged_tensors(d)
+    k = HeadTensor(staged[0].stage, Extent(d.head_dim), d.head_dim)
+    v = HeadTensor(staged[-1].stage, Extent(staged[-1].width), d.value_dim)
+    positions = Positions(str(d.key_block))   # rows of the stage, 0 .. stage_rows - 1
+    fills = staged_rows(d) + [[]]
+    body = fills[0] + slot_bias(key_tiles)
     body += ["", "// S = Q K^T over the staged rows."] + zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(q, "h", "q_tile" if d.cache_q else None, "q_i"), rhs=k,
                    rhs_tile="k_tile", rhs_comment="K^T of the listed keys", position="key", first="0",
-                   positions=staged, reread="re-read: Q does not stay in registers at this head dimension")
+                   positions=positions, reread="re-read: Q does not stay in registers at this head dimension")
     body += online_softmax(d, key_tiles)
+    if fills[1]:
+        body += ["", "// The step's V rows, staged over its K rows."] + fills[1]
     body += ["", "// O += P V over the staged rows."]
     body += accumulate("o_tile", weights="p_tile", count=key_tiles, rhs=v, rhs_tile="v_tile",
                        rhs_comment="rows are listed keys, columns are value dims", position="key", first="0",
-                       positions=staged)
+                       positions=positions)
     return block_loop("kb", "0", "count", d.key_block, body)
 
 

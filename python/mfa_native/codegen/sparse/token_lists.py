@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..attention.keys import Steps
-from ..attention.rows import stage_rows
+from ..attention.rows import stage_rows, staged_width
 from ..kernel.layouts import OperandLayout, operand_layout
 from ..kernel.sizes import Extent
-from . import token_backward, token_forward
+from . import token_backward, token_dkdv, token_forward
 
 # The lists' buffers and what the backward pass keeps per slot: name -> (element, what it holds).
 CATALOG = {
@@ -43,7 +43,7 @@ class TokenRows:
     @staticmethod
     def key_block(p, family: str) -> int:
         """Listed rows staged per step: K's and V's, or K's alone when V is a view of K."""
-        return stage_rows(p, family, p.head_dim + (0 if p.keys.shared_kv else p.value_dim))
+        return stage_rows(p, family, staged_width(p, family, p.keys.shared_kv))
 
     @staticmethod
     def backward_query_rows(p, family: str) -> int:
@@ -151,4 +151,4 @@ class TokenFacts:
         return (token_forward.generate_sparse(d),)
 
     def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
-        return (token_backward.generate_transpose(d), token_backward.generate_dq(d), token_backward.generate_dkdv(d))
+        return (token_backward.generate_transpose(d), token_backward.generate_dq(d), token_dkdv.generate_dkdv(d))
