@@ -55,7 +55,7 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
     ({"op": "attention"}, "head_dim' is required"),
     ({"op": "sparse", "head_dim": [8]}, "'op' must be"),
     ({"op": "attention", "head_dim": [8], "window": [True]}, "bake the window"),
-    ({"op": "attention", "head_dim": [300]}, "1..256"),
+    ({"op": "attention", "head_dim": [600]}, "1..576"),
     ({"op": "attention", "head_dim": [8], "colour": ["red"]}, "unknown keys"),
     ({"op": "attention", "head_dim": [8], "causal": ["sideways"]}, "not one of"),
 ])
