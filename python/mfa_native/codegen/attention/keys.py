@@ -66,6 +66,23 @@ class DenseWalk:
         """The grid's x axis for threadgroups of `rows` rows of `side`."""
         return GridAxis(Extent(1, ("R" if side == "queries" else "C",)), rows)
 
+    # The walk over one key range per row, its queries over one range per key, no extra
+    # buffers, the dense kernels: what every range-shaped case shares.
+    def keys(self, d, steps: Steps) -> list[str]:
+        return steps(d.rules, "key_begin", "key_end")
+
+    def queries(self, d, steps: Steps) -> list[str]:
+        return steps(d.rules, "query_begin", "query_end")
+
+    def extents(self, d) -> dict:
+        return {}
+
+    def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+        return dense()
+
+    def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+        return dense()
+
 
 class DenseKeys(DenseWalk):
     """Every key of the visible range."""
@@ -103,26 +120,12 @@ class DenseKeys(DenseWalk):
     def backward_outputs(self, spec) -> dict:
         return {}
 
-    def keys(self, d, steps: Steps) -> list[str]:
-        return steps(d.rules, "key_begin", "key_end")
-
-    def queries(self, d, steps: Steps) -> list[str]:
-        return steps(d.rules, "query_begin", "query_end")
-
     def present(self, name: str) -> bool:
         return False
-
-    def extents(self, d) -> dict:
-        return {}
 
     def summary(self) -> str:
         return ""
 
-    def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
-        return dense()
-
-    def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
-        return dense()
 
 
 DENSE = DenseKeys()

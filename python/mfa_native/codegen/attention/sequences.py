@@ -21,7 +21,6 @@ B * max_seqlen^2.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -29,7 +28,7 @@ from ...runtime.expressions import evaluate
 from ..kernel.passes import contiguous
 from ..kernel.plan import GridAxis
 from ..kernel.sizes import Extent
-from .keys import DenseWalk, Steps
+from .keys import DenseWalk
 from .masking import Bounds
 from .rows import PerHead, query_rows_geometry
 
@@ -116,26 +115,11 @@ class SequenceWalk(DenseWalk):
     def backward_outputs(self, spec) -> dict:
         return {}
 
-    def keys(self, d, steps: Steps) -> list[str]:
-        return steps(d.rules, "key_begin", "key_end")
-
-    def queries(self, d, steps: Steps) -> list[str]:
-        return steps(d.rules, "query_begin", "query_end")
-
     def present(self, name: str) -> bool:
         return name in CATALOG
 
-    def extents(self, d) -> dict:
-        return {}
-
     def summary(self) -> str:
         return "; packed sequences (varlen), one simdgroup per 8-row unit of a sequence"
-
-    def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
-        return dense()
-
-    def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
-        return dense()
 
 
 SEQUENCE_WALK = SequenceWalk()
