@@ -35,7 +35,7 @@ from .ops.declaration import Call, Op, quantized_values
 from .ops.int8_attention import INT8_ATTENTION
 from .ops.sparse import SPARSE_ATTENTION
 from .ops.varlen import ATTENTION_VARLEN
-from .ops.given_kind import inside_adapter
+from .ops.given_kind import inside_adapter, items
 from .quantized import QuantizedTensor
 
 
@@ -141,7 +141,7 @@ def _without_gradient(op: Op, values: dict):
     whose vjp raises, so that a gradient asked through the op is an error, never a zero."""
     with inside_adapter():
         result = op.function(**values)
-    inputs = [t for a in op.arguments if a.kind in ("array", "arrays") for x in _items(values[a.name])
+    inputs = [t for a in op.arguments if a.kind in ("array", "arrays") for x in items(values[a.name])
               for t in (x.fields().values() if isinstance(x, QuantizedTensor) else [x]) if _floating(t)]
     parts = result.fields() if isinstance(result, QuantizedTensor) else \
         dict(enumerate(result if isinstance(result, tuple) else (result,)))
@@ -161,10 +161,6 @@ def _without_gradient(op: Op, values: dict):
     if isinstance(result, QuantizedTensor):
         return result.with_fields(**parts)
     return tuple(parts.values()) if isinstance(result, tuple) else parts[0]
-
-
-def _items(value) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _floating(x) -> bool:

@@ -19,8 +19,7 @@ raises: a gradient asked through it is an error, never a zero.
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from ..quantized import QuantizedTensor
 from ..runtime import runner
@@ -30,7 +29,7 @@ from ..runtime.frameworks import FrameworkCall, framework_of
 def call(op, values: dict[str, Any]):
     """Runs `op` (a declaration.Op) on `values` (every argument by name) in their kind."""
     leading, others = op.leading, op.others
-    found = {name: [framework_of(_stored(x)) for x in _items(values.get(name))] for name in leading + others}
+    found = {name: [framework_of(_stored(x)) for x in items(values.get(name))] for name in leading + others}
     kinds = {kind for name in leading for kind in found[name]}
     if len(kinds) > 1:
         described = ", ".join(f"{name}: {_kind_names(found[name])}" for name in leading)
@@ -40,7 +39,7 @@ def call(op, values: dict[str, Any]):
         return op.numpy_call(values)
     if not getattr(_adapter, "inside", False) and _differentiated(framework, values, leading + op.others):
         return _through_adapter(op, framework, values)
-    framework_call = FrameworkCall(framework, like=_items(values[leading[0]])[0])
+    framework_call = FrameworkCall(framework, like=items(values[leading[0]])[0])
     values = dict(values)
     if framework_call.on_metal:
         if op.on_metal or not op.takes_device:
@@ -68,15 +67,9 @@ def call(op, values: dict[str, Any]):
 _adapter = threading.local()  # .inside: this thread runs an op inside its framework adapter
 
 
-@contextmanager
-def inside_adapter() -> Iterator[None]:
+def inside_adapter():
     """The block runs an op for its framework adapter: call it directly, not through the adapter."""
-    outer = getattr(_adapter, "inside", False)
-    _adapter.inside = True
-    try:
-        yield
-    finally:
-        _adapter.inside = outer
+    return runner.scoped(_adapter, "inside", True)
 
 
 def _differentiated(framework, values: dict[str, Any], names) -> bool:
@@ -87,7 +80,7 @@ def _differentiated(framework, values: dict[str, Any], names) -> bool:
     import torch
 
     return torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", False) for name in names for x in _items(values.get(name)) for t in _tensors(x))
+        getattr(t, "requires_grad", False) for name in names for x in items(values.get(name)) for t in _tensors(x))
 
 
 def _through_adapter(op, framework, values: dict[str, Any]):
@@ -105,7 +98,7 @@ def _through_adapter(op, framework, values: dict[str, Any]):
     return torch_call(op, values)
 
 
-def _items(value) -> list:
+def items(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 

@@ -57,15 +57,20 @@ def readable(output: np.ndarray) -> np.ndarray:
 
 
 @contextmanager
-def caller_arrays(arrays: CallerArrays) -> Iterator[None]:
-    """Inside the block (on this thread), op outputs are allocated by the caller's framework
-    and passes bind the arrays `arrays.bind` gives."""
-    outer = getattr(_caller, "arrays", None)
-    _caller.arrays = arrays
+def scoped(local: threading.local, name: str, value) -> Iterator[None]:
+    """Inside the block (on this thread), `local.<name>` is `value`; the outer value after it."""
+    outer = getattr(local, name, None)
+    setattr(local, name, value)
     try:
         yield
     finally:
-        _caller.arrays = outer
+        setattr(local, name, outer)
+
+
+def caller_arrays(arrays: CallerArrays):
+    """Inside the block (on this thread), op outputs are allocated by the caller's framework
+    and passes bind the arrays `arrays.bind` gives."""
+    return scoped(_caller, "arrays", arrays)
 
 
 class PreparedPass:

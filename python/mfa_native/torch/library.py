@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..ops.declaration import Op, asked, quantized_values, release_caches
-from ..ops.given_kind import inside_adapter
+from ..ops.given_kind import inside_adapter, items
 from ..quantized import QuantizedTensor
 from ..runtime.frameworks import _torch_dtype
 
@@ -266,7 +266,7 @@ def without_gradient(op: Op, values: dict, result):
     outputs tied to the call's tensors that require grad (array lists and QuantizedTensor fields
     included) through a function whose backward raises: a gradient asked through the op is an
     error, never a missing or zero one."""
-    inputs = [t for a in op.arguments if a.kind in ("array", "arrays") for x in _items(values.get(a.name))
+    inputs = [t for a in op.arguments if a.kind in ("array", "arrays") for x in items(values.get(a.name))
               for t in (x.fields().values() if isinstance(x, QuantizedTensor) else [x])
               if isinstance(t, torch.Tensor) and t.requires_grad]
     parts = result.fields() if isinstance(result, QuantizedTensor) else \
@@ -280,10 +280,6 @@ def without_gradient(op: Op, values: dict, result):
     if isinstance(result, QuantizedTensor):
         return result.with_fields(**parts)
     return tuple(parts.values()) if isinstance(result, tuple) else parts[0]
-
-
-def _items(value) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 class _Raises(torch.autograd.Function):
