@@ -130,7 +130,8 @@ void run_pass(const Device& device, CommandBatch* batch, const EvaluatedPass& pa
   }
   std::vector<PassDispatch> dispatches;
   for (const EvaluatedKernel& k : pass.kernels) {
-    PassDispatch dispatch{device.pipeline(k.kernel->source, k.kernel->entry), k.threadgroups,
+    const auto library = device.library(k.kernel->source, {}, k.kernel->binary.get());  // from its metallib, if the bundle has one
+    PassDispatch dispatch{device.pipeline(library, k.kernel->entry), k.threadgroups,
                           k.kernel->threads_per_threadgroup, {}, {}};
     for (std::size_t i = 0; i < k.kernel->buffers.size(); ++i) {
       const auto& [source, slot] = slots.at(k.kernel->buffers[i]);
