@@ -1,7 +1,8 @@
 """The C++ side of bundles against Python, through _core's test hooks: size expressions and
 template evaluation give Python's values; mfa::attention / attention_backward on the cpu
-backend give Python's results bit for bit; damaged bundles, missing entries and bad views
-raise naming what is wrong."""
+backend give Python's results bit for bit (strided, packed and broadcast views, runtime
+windows, head dims past 256 included); damaged bundles, missing entries and bad views raise
+naming what is wrong."""
 
 from __future__ import annotations
 
@@ -31,12 +32,17 @@ FAMILIES = [
     {**BASE, "dtype": ["float32"], "head_dim": [16], "gqa_ratio": [2], "causal": ["lower_right"], "mask": ["none"],
      "sinks": [True], "layout": ["bhsd"]},
     {**BASE, "dtype": ["float32"], "head_dim": [8], "causal": ["upper_left"], "mask": ["bool"], "sinks": [False],
-     "window": [[3, -1]], "layout": ["bshd"]},
+     "window": [True], "layout": ["bshd"]},
     {**BASE, "dtype": ["float32"], "head_dim": [16], "value_dim": [8], "causal": ["none"], "mask": ["additive"],
      "mask_dtype": ["float32"], "sinks": [False], "layout": ["bhsd"], "scale": [0.3]},
     {**BASE, "dtype": ["float16"], "head_dim": [8], "causal": ["none"], "mask": ["none"], "sinks": [False],
      "layout": ["bhsd"], "backward": False},
+    {**BASE, "dtype": ["float32"], "head_dim": [8], "causal": ["lower_right"], "mask": ["none"], "sinks": [False],
+     "window": [True], "layout": ["bhsd"]},
+    {**BASE, "dtype": ["float32"], "head_dim": [320], "value_dim": [256], "causal": ["lower_right"], "mask": ["none"],
+     "sinks": [False], "layout": ["bhsd"]},
 ]
+WINDOWED, WIDE = 4, 5   # FAMILIES indices: runtime windows (and views), D 320 / Dv 256
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +104,8 @@ def test_template_evaluation_matches_python(payload):
                 sizes = {"B": int(rng.integers(1, 4)), "Hkv": int(rng.integers(1, 4)), "R": int(rng.integers(1, 300)),
                          "C": int(rng.integers(1, 5000)), "P": int(rng.choice([4, 64, 4096]))}
                 sizes["Hq"] = sizes["Hkv"] * dict(python_template.valid_for)["gqa_ratio"]
+                for name in python_template.sizes:   # strides and window sides
+                    sizes.setdefault(name, int(rng.integers(0, 100)))
                 try:
                     expected = evaluate(python_template, sizes)
                 except ValueError:
@@ -153,6 +161,7 @@ CASES = [  # (family index, B, Hkv, R, C, kwargs)
     (1, 2, 1, 13, 21, {}),
     (2, 1, 2, 9, 17, {}),
     (3, 1, 1, 12, 30, {}),
+    (WIDE, 1, 1, 3, 5, {}),
 ]
 
 
@@ -167,8 +176,7 @@ def _inputs(rng, facts, B, Hkv, R, C):
         return rng.standard_normal(shape).astype(dtype)
 
     kwargs = dict(causal=facts["causal"][0], layout=layout, scale=facts.get("scale", [None])[0])
-    window = facts.get("window", [False])[0]
-    kwargs["window"] = tuple(window) if window else None
+    kwargs["window"] = (3, -1) if facts.get("window", [False])[0] else None
     mask = facts["mask"][0]
     kwargs["mask"] = (rng.random((B, Hq, R, C)) > 0.3 if mask == "bool" else
                       rng.standard_normal((B, Hq, R, C)).astype(np.float32) if mask == "additive" else None)
@@ -268,21 +276,19 @@ def test_bad_views_name_the_argument(bundle, rng):
         _call(bundle, q, k, k, out, mask=view(np.ones((3, 4), bool)), **ok)
     with pytest.raises(TypeError, match="mask must be boolean"):
         _call(bundle, q, k, k, out, mask=view(np.ones((4, 4), np.int32)), **ok)
-    # Strides the entry's kernels were not built for: refused, naming the argument.
-    wide_q = np.zeros((1, 2, 4, 32), np.float32)[..., :16]
-    with pytest.raises(ValueError, match=r"q has strides .* the bundle's kernels were built for"):
-        _call(bundle, wide_q, k, k, out, **ok)
-    transposed = np.ascontiguousarray(k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-    _call(bundle, q, transposed, k, out, **ok)   # Hkv = 1: that axis's stride never matters
-    # A broadcast mask is read with stride 0: refused with the fix.
-    q8 = rng.standard_normal((2, 5, 1, 8)).astype(np.float32)
-    k8 = rng.standard_normal((2, 7, 1, 8)).astype(np.float32)
-    mask = np.broadcast_to(rng.random((5, 7)) > 0.5, (2, 1, 5, 7))
-    with pytest.raises(ValueError, match="materialized"):
-        _call(bundle, q8, k8, k8, np.zeros_like(q8), mask=view(mask), causal="upper_left", window=(3, -1),
-              layout="bshd")
-    _call(bundle, q8, k8, k8, np.zeros_like(q8), mask=view(np.ascontiguousarray(mask)), causal="upper_left",
-          window=(3, -1), layout="bshd")
+    with pytest.raises(ValueError, match=r"D \(q/k head dimension\) is 600; the kernels support 1\.\.576"):
+        wide = np.zeros((1, 1, 1, 600), np.float32)
+        _call(bundle, wide, wide, wide, wide.copy())
+    with pytest.raises(ValueError, match=r"Dv \(v head dimension\) is 577; the kernels support 1\.\.576"):
+        _call(bundle, q, k, np.zeros((1, 1, 4, 577), np.float32), np.zeros((1, 2, 4, 577), np.float32), **ok)
+    # A window entry computes positions up to R + C in 32-bit ints: longer calls are refused before anything is
+    # read (the views' addresses are never touched, so they point at one element).
+    one = np.zeros(1, np.float32)
+    fake = lambda shape: (one.ctypes.data, "float32", list(shape), [])
+    with pytest.raises(ValueError, match=r"R \+ C .* must be below 2\*\*31"):
+        _core._bundle_attention("cpu", bundle, fake((1, 1, 2**30, 8)), fake((1, 1, 2**30, 8)),
+                                fake((1, 1, 2**30, 8)), fake((1, 1, 2**30, 8)), None, scale=None,
+                                causal="lower_right", window=(5, 0), mask=None, sinks=None, layout="bhsd")
 
 
 def test_empty_problems_need_no_entry(rng):
