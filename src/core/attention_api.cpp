@@ -130,8 +130,8 @@ void run_pass(const Device& device, CommandBatch* batch, const EvaluatedPass& pa
         throw BundleError("the bundle's pass '" + pass.pass->name + "' binds '" + name + "', which this call lacks");
       if (it->second.view) {
         const Checked& view = *it->second.view;
-        if (view.view->shape != b.shape)
-          throw ArgumentError(view.name + " has shape " + shape_text(view.view->shape) + " but the pass expects " +
+        if (view.shape != b.shape)
+          throw ArgumentError(view.name + " has shape " + shape_text(view.shape) + " but the pass expects " +
                               shape_text(b.shape));
         if (b.buffer->caller() && view.strides != b.strides)
           throw BundleError("the bundle's kernels read " + view.name + " with strides " + shape_text(b.strides) +

@@ -70,7 +70,7 @@ std::vector<std::int64_t> physical(std::vector<std::int64_t> values, Layout layo
 }
 
 Checked checked(const TensorView& view, const std::string& name) {
-  Checked out{&view, name, {}, 1, {}};
+  Checked out{&view, name, view.shape, {}, 1, {}};
   for (std::int64_t n : view.shape) {
     if (n < 0) throw ArgumentError(name + " has a negative extent: shape " + text_of(view.shape));
     out.elements *= n;
@@ -190,7 +190,7 @@ Checked mask_view(const Checked& given, const Problem& p) {
                          text_of(target));
   };
   if (mask.shape.size() > 4) throw refuse();
-  Checked out{&mask, "mask", std::vector<std::int64_t>(4, 0), 1, given.packed};
+  Checked out{&mask, "mask", target, std::vector<std::int64_t>(4, 0), 1, given.packed};
   const std::size_t offset = 4 - mask.shape.size();
   for (std::size_t i = 0; i < 4; ++i) {
     out.elements *= target[i];

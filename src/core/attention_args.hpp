@@ -27,6 +27,7 @@ std::vector<std::int64_t> contiguous(const std::vector<std::int64_t>& shape);
 struct Checked {
   const TensorView* view = nullptr;
   std::string name;
+  std::vector<std::int64_t> shape;    // as the kernels read it: a mask's broadcast to (B, Hq, R, C)
   std::vector<std::int64_t> strides;
   std::int64_t elements = 0;
   Buffer packed;  // empty: the kernels read view->data in place
