@@ -337,7 +337,7 @@ def _strided_views(rng, B, H, Hkv, R, C, D):
     return q, k, v, v2
 
 
-@pytest.mark.parametrize("window", [(3, -1), (-1, 2), (0, 0), (0, -1), (40, 1), (-1, -1), None])
+@pytest.mark.parametrize("window", [(3, -1), (-1, 2), (0, 0), (0, -1), (40, 1), (2, 50), (-1, -1), None])
 def test_runtime_windows_match_python(bundle, window, rng):
     """One window entry serves every window: one side unbounded, left 0, sides beyond C and R,
     both unbounded and no window (which the entry serves too, the bundle holding no other)."""
