@@ -12,19 +12,25 @@
 // are bit-identical to Python's for the same inputs (the same kernels run).
 //
 // What a bundle entry fixes and what stays a runtime value: an entry's kernels
-// bake the dtype, D, Dv, the GQA ratio Hq / Hkv, causal, the mask kind and its
-// element type, the window's sides, sinks, the layout, the scale and the GPU
-// family (the device's tile table); batch, head counts and sequence lengths are
-// runtime values, so one entry serves every length. A call the bundle holds no
-// entry for throws NoBundleEntryError listing what it holds.
+// bake the dtype, D, Dv (1..576), the GQA ratio Hq / Hkv, causal, the mask kind
+// and its element type, whether it takes a window, sinks, the layout, the
+// scale and the GPU family (the device's tile table); batch, head counts,
+// sequence lengths and the views' strides are runtime values, so one entry
+// serves every length and view. An entry with a window ("window=yes") serves
+// every window: its sides are runtime values too (and it serves calls without
+// a window when the bundle has no entry without one); it needs R + C below
+// 2**31. A call the bundle holds no entry for throws NoBundleEntryError
+// listing what it holds.
 //
-// Strides: an entry's kernels are compiled for contiguous tensors in its
-// layout (the strides are size expressions of the runtime sizes, so any
-// length works). A view whose strides differ (a transposed or padded view, a
-// broadcast mask with stride 0) is refused with an ArgumentError naming the
-// argument, before anything runs; pass a contiguous copy. Strides of axes of
+// Strides: q, k, v, the mask, and the backward's o and dout are read in place
+// when their strides are non-negative (below 2**32) and their last axis is unit
+// (transposed or padded views, slices of bigger buffers); a mask broadcast to
+// (B, Hq, R, C) is read with stride 0 on its broadcast axes (its last axis may
+// have stride 0 too). Other views (negative strides, a non-unit last axis), and
+// lse or sinks that are not contiguous, are first copied into a contiguous
+// buffer from the device's pool, as Python copies them. Strides of axes of
 // extent 1 never matter. Outputs (out, lse, dq, dk, dv, dsinks) must be
-// contiguous views of caller memory, written in place.
+// contiguous views of caller memory, written in place (ArgumentError naming them).
 //
 // Thread safety: a Bundle is immutable after loading; calls may run from
 // several threads at once (the device's caches are thread-safe).
@@ -75,7 +81,7 @@ struct AttentionOptions {
   // -1 leaves a side unbounded (a side >= C or >= R is unbounded too).
   std::optional<std::pair<std::int64_t, std::int64_t>> window;
   // bool8 (true = attend) or additive float (float32, float16, bfloat16), shape
-  // broadcastable to (B, Hq, R, C) but stored contiguous (see Strides above).
+  // broadcastable to (B, Hq, R, C), any strides (see Strides above).
   std::optional<TensorView> mask;
   std::optional<TensorView> sinks;                              // float32 (Hq,): one extra logit per head
   Layout layout = Layout::bhsd;

@@ -75,7 +75,7 @@ nb::dict evaluated(const std::string& text, const std::map<std::string, std::int
     d["name"] = b.buffer->name;
     d["shape"] = b.shape;
     d["nbytes"] = b.nbytes;
-    d["strides"] = b.buffer->role == "input" ? nb::cast(b.strides) : nb::none();
+    d["strides"] = b.buffer->caller() ? nb::cast(b.strides) : nb::none();
     d["value"] = b.buffer->role == "constant" ? nb::cast(std::vector<std::int64_t>(b.value.begin(), b.value.end()))
                                               : nb::none();
     buffers.append(d);

@@ -1,7 +1,9 @@
 // mfa::attention and attention_backward: check the arguments, find the bundle
 // entry for the problem, take the entry's template whose guards hold for the
 // call's sizes, evaluate it, bind the caller's views by the pass's buffer
-// names and run the pass (or encode it into the caller's batch).
+// names and run the pass (or encode it into the caller's batch). The views'
+// strides and a window entry's sides are runtime sizes of the template; views
+// the kernels cannot address in place are packed first (view_packing.hpp).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include "mfa/attention.hpp"
 #include "mfa/prepared_pass.hpp"
 #include "pass_template.hpp"
+#include "view_packing.hpp"
 
 namespace mfa {
 
@@ -28,7 +31,7 @@ BundleFacts facts_of(const Problem& p, const std::string& family, bool backward)
   f.head_dim = p.D, f.value_dim = p.Dv, f.gqa_ratio = p.Hkv ? p.Hq / p.Hkv : 1;
   f.causal = attention_args::causal_name(p.causal);
   f.mask = p.mask, f.mask_dtype = p.mask_dtype;
-  f.window = p.window;
+  f.window = p.window.has_value();
   f.sinks = p.sinks;
   f.layout = attention_args::layout_name(p.layout);
   f.effective_scale = p.scale;
@@ -37,10 +40,13 @@ BundleFacts facts_of(const Problem& p, const std::string& family, bool backward)
   return f;
 }
 
-bool serves(const BundleFacts& e, const BundleFacts& want) {
+// Whether entry `e` serves `want`; `any_window`: a window entry serving a call
+// without a window (its unbounded sides remove no key).
+bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
+  const bool window = any_window ? e.window && !want.window : e.window == want.window;
   return e.dtype == want.dtype && e.head_dim == want.head_dim && e.value_dim == want.value_dim &&
          e.gqa_ratio == want.gqa_ratio && e.causal == want.causal && e.mask == want.mask &&
-         (e.mask != "additive" || e.mask_dtype == want.mask_dtype) && e.window == want.window &&
+         (e.mask != "additive" || e.mask_dtype == want.mask_dtype) && window &&
          e.sinks == want.sinks && e.layout == want.layout && float(e.effective_scale) == float(want.effective_scale) &&
          e.family == want.family && (!want.backward || e.backward);
 }
@@ -61,14 +67,36 @@ bool serves(const BundleFacts& e, const BundleFacts& want) {
 const BundleEntry& entry_for(const Bundle& bundle, const Device& device, const Problem& p,
                              const AttentionOptions& options, bool backward) {
   const BundleFacts want = facts_of(p, device.tuning().family, backward);
-  for (const BundleEntry& entry : bundle.contents().entries)
-    if (serves(entry.facts, want)) return entry;
+  for (bool any_window : {false, true})  // an entry without a window first: it skips the window's arithmetic
+    for (const BundleEntry& entry : bundle.contents().entries)
+      if (serves(entry.facts, want, any_window)) return entry;
   no_entry(bundle, want, p.scale, options.scale.has_value());
 }
 
-SizeEnv sizes_of(const Problem& p, const Device& device) {
-  return {{"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"R", p.R}, {"C", p.C},
-          {"P", std::int64_t(device.tuning().parallel_threadgroups)}};
+// The runtime sizes of a call: lengths and counts, the device's parallel
+// threadgroups, a window entry's sides (descriptor.py's window_values: an
+// unbounded side is C on the left, R on the right), and the strides of the
+// views the kernels read (descriptor.py's stride names, logical axis order).
+SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entry,
+                 const std::map<std::string, const Checked*>& strided) {
+  SizeEnv sizes = {{"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"R", p.R}, {"C", p.C},
+                   {"P", std::int64_t(device.tuning().parallel_threadgroups)}};
+  if (entry.facts.window) {
+    if (p.R + p.C > attention_args::kMaxIndex)
+      throw ArgumentError("R + C (query and key lengths, " + std::to_string(p.R) + " + " + std::to_string(p.C) +
+                          ") must be below 2**31 for a bundle entry serving every window: its kernels compute "
+                          "positions up to R + C in 32-bit integers");
+    const auto [left, right] = p.window.value_or(std::make_pair<std::int64_t, std::int64_t>(-1, -1));
+    sizes["window_left"] = left == -1 ? p.C : std::min(left, p.C);
+    sizes["window_right"] = right == -1 ? p.R : std::min(right, p.R);
+  }
+  for (const auto& [name, view] : strided) {
+    const bool mask = name == "mask";
+    const std::vector<std::int64_t> logical = mask ? view->strides : attention_args::physical(view->strides, p.layout);
+    const char* axes[4] = {"batch", "head", "row", "key"};
+    for (std::size_t i = 0; i < (mask ? 4u : 3u); ++i) sizes[name + "_" + axes[i] + "_stride"] = logical[i];
+  }
+  return sizes;
 }
 
 const PassTemplate& template_for(const std::vector<PassTemplate>& templates, const SizeEnv& sizes,
@@ -93,7 +121,7 @@ void run_pass(const Device& device, CommandBatch* batch, const EvaluatedPass& pa
   std::vector<PassArray> bound;
   std::vector<std::size_t> intermediates;
   std::vector<std::vector<unsigned char>> constants;
-  for (const char* role : {"input", "output"})
+  for (const char* role : {"input", "inout", "output"})
     for (const EvaluatedBuffer& b : pass.buffers) {
       if (b.buffer->role != role) continue;
       const std::string& name = b.buffer->name;
@@ -102,20 +130,20 @@ void run_pass(const Device& device, CommandBatch* batch, const EvaluatedPass& pa
         throw BundleError("the bundle's pass '" + pass.pass->name + "' binds '" + name + "', which this call lacks");
       if (it->second.view) {
         const Checked& view = *it->second.view;
-        if (view.view->shape != b.shape)
-          throw ArgumentError(view.name + " has shape " + shape_text(view.view->shape) + " but the pass expects " +
+        if (view.shape != b.shape)
+          throw ArgumentError(view.name + " has shape " + shape_text(view.shape) + " but the pass expects " +
                               shape_text(b.shape));
-        if (b.buffer->role == std::string("input") && view.strides != b.strides)
-          throw ArgumentError(view.name + " has strides " + shape_text(view.strides) + " (0 on axes of extent 1), " +
-                              "but the bundle's kernels were built for " + shape_text(b.strides) +
-                              " (contiguous): bundle kernels bake their strides, so pass a contiguous " + view.name +
-                              (view.name == "mask" ? " (a broadcast mask materialized to (B, Hq, R, C))" : ""));
-        bound.push_back(PassArray{view.view->data, b.nbytes, Buffer(), 0});
+        if (b.buffer->caller() && view.strides != b.strides)
+          throw BundleError("the bundle's kernels read " + view.name + " with strides " + shape_text(b.strides) +
+                            " but it has " + shape_text(view.strides) + " (0 on axes of extent 1): the bundle "
+                            "predates runtime strides; write it again with python -m mfa_native bundle");
+        if (view.packed) bound.push_back(PassArray{nullptr, 0, view.packed, 0});
+        else bound.push_back(PassArray{view.view->data, b.nbytes, Buffer(), 0});
       } else {
         bound.push_back(PassArray{nullptr, 0, device.new_buffer(b.nbytes), 0});
       }
       slots[name] = {PassBinding::Source::array, array_slots.size()};
-      array_slots.push_back(PassArraySlot{name, b.buffer->role == std::string("output")});
+      array_slots.push_back(PassArraySlot{name, !(b.buffer->role == std::string("input"))});
     }
   for (const EvaluatedBuffer& b : pass.buffers) {
     if (b.buffer->role == "intermediate") {
@@ -130,7 +158,8 @@ void run_pass(const Device& device, CommandBatch* batch, const EvaluatedPass& pa
   }
   std::vector<PassDispatch> dispatches;
   for (const EvaluatedKernel& k : pass.kernels) {
-    const auto library = device.library(k.kernel->source, {}, k.kernel->binary.get());  // from its metallib, if the bundle has one
+    // Made from the bundle's metallib of the source where it has one (the metal device).
+    const auto library = device.library(k.kernel->source, {}, k.kernel->binary.get());
     PassDispatch dispatch{device.pipeline(library, k.kernel->entry), k.threadgroups,
                           k.kernel->threads_per_threadgroup, {}, {}};
     for (std::size_t i = 0; i < k.kernel->buffers.size(); ++i) {
@@ -149,6 +178,27 @@ void zero(const Checked& view) {
   if (view.elements) std::memset(view.view->data, 0, std::size_t(view.elements) * dtype_size(view.view->dtype));
 }
 
+// The views a pass reads, made addressable (packed where the kernels cannot read
+// them in place) and bound by name; `strided` are those whose strides are runtime sizes.
+struct PassViews {
+  std::map<std::string, Checked> views;
+  std::map<std::string, const Checked*> strided;
+
+  void add(const Device& device, const std::string& name, Checked view, view_packing::Reads reads) {
+    view_packing::make_addressable(device, view, reads);
+    const Checked& kept = views[name] = std::move(view);
+    if (reads != view_packing::Reads::contiguous) strided[name] = &kept;
+  }
+  void add_mask(const Device& device, const TensorView& mask, const Problem& p) {
+    Checked given = attention_args::checked(mask, "mask");
+    view_packing::make_addressable(device, given, view_packing::Reads::strided_broadcast);
+    strided["mask"] = &(views["mask"] = attention_args::mask_view(given, p));
+  }
+  void bind(std::map<std::string, Bound>& arrays) const {
+    for (const auto& [name, view] : views) arrays[name] = {&view};
+  }
+};
+
 void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
              const TensorView& k, const TensorView& v, const TensorView& out, const AttentionOptions& options,
              const TensorView* lse) {
@@ -158,28 +208,30 @@ void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, co
                            p.layout == Layout::bhsd ? "B, Hq, R, Dv" : "B, R, Hq, Dv");
   std::optional<Checked> rows;
   if (lse) rows = output(*lse, "lse", DType::float32, {p.B, p.Hq, p.R}, "B, Hq, R");
-  std::optional<Checked> mask, sinks;
-  if (options.mask) mask = mask_view(*options.mask, p);
-  if (options.sinks) sinks = checked(*options.sinks, "sinks");
 
   if (p.empty()) {  // as Python: output 0, lse -inf (the sink's logit with sinks)
     zero(o);
     if (rows) {
+      const Checked sinks = options.sinks ? checked(*options.sinks, "sinks") : Checked{};
       auto* values = static_cast<float*>(lse->data);
-      const auto* sink = sinks ? static_cast<const float*>(options.sinks->data) : nullptr;
+      const auto* sink = options.sinks ? static_cast<const float*>(options.sinks->data) : nullptr;
       for (std::int64_t i = 0; i < rows->elements; ++i)
-        values[i] = sink ? sink[(i / p.R) % p.Hq] : -std::numeric_limits<float>::infinity();
+        values[i] = sink ? sink[((i / p.R) % p.Hq) * sinks.strides[0]] : -std::numeric_limits<float>::infinity();
     }
     return;
   }
   const BundleEntry& entry = entry_for(bundle, device, p, options, false);
-  const PassTemplate& t = template_for(entry.forward, sizes_of(p, device), entry.line);
-  const EvaluatedPass pass = evaluate(t, sizes_of(p, device));
-  const Checked cq = checked(q, "q"), ck = checked(k, "k"), cv = checked(v, "v");
-  std::map<std::string, Bound> arrays = {{"q", {&cq}}, {"k", {&ck}}, {"v", {&cv}}, {"o", {&o}}};
+  PassViews views;
+  views.add(device, "q", checked(q, "q"), view_packing::Reads::strided);
+  views.add(device, "k", checked(k, "k"), view_packing::Reads::strided);
+  views.add(device, "v", checked(v, "v"), view_packing::Reads::strided);
+  if (options.mask) views.add_mask(device, *options.mask, p);
+  if (options.sinks) views.add(device, "sinks", checked(*options.sinks, "sinks"), view_packing::Reads::contiguous);
+  const SizeEnv sizes = sizes_of(p, device, entry, views.strided);
+  const EvaluatedPass pass = evaluate(template_for(entry.forward, sizes, entry.line), sizes);
+  std::map<std::string, Bound> arrays = {{"o", {&o}}};
   arrays["lse"] = rows ? Bound{&*rows} : Bound{nullptr, true};
-  if (mask) arrays["mask"] = {&*mask};
-  if (sinks) arrays["sinks"] = {&*sinks};
+  views.bind(arrays);
   run_pass(device, batch, pass, arrays);
 }
 
@@ -189,18 +241,16 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
               const AttentionOptions& options, const TensorView* dsinks) {
   using namespace attention_args;
   const Problem p = forward_problem(q, k, v, options);
-  const Checked co = like_output(o, "o", p), cdout = like_output(dout, "dout", p), clse = lse_input(lse, p);
+  Checked co = like_output(o, "o", p), cdout = like_output(dout, "dout", p), clse = lse_input(lse, p);
   const std::string names = p.layout == Layout::bhsd ? "B, H, S, D" : "B, S, H, D";
   const Checked cdq = output(dq, "dq", p.dtype, q.shape, names + " of q");
   const Checked cdk = output(dk, "dk", p.dtype, k.shape, names + " of k");
   const Checked cdv = output(dv, "dv", p.dtype, v.shape, names + " of v");
-  std::optional<Checked> cds, mask, sinks;
+  std::optional<Checked> cds;
   if (dsinks) {
     if (!options.sinks) throw ArgumentError("dsinks is given but options.sinks is not: there is no sink gradient");
     cds = output(*dsinks, "dsinks", DType::float32, {p.Hq}, "Hq");
   }
-  if (options.mask) mask = mask_view(*options.mask, p);
-  if (options.sinks) sinks = checked(*options.sinks, "sinks");
 
   if (p.empty()) {  // as Python: gradients of zeros
     zero(cdq), zero(cdk), zero(cdv);
@@ -208,15 +258,20 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
     return;
   }
   const BundleEntry& entry = entry_for(bundle, device, p, options, true);
-  const PassTemplate& t = template_for(entry.backward, sizes_of(p, device), entry.line);
-  const EvaluatedPass pass = evaluate(t, sizes_of(p, device));
-  const Checked cq = checked(q, "q"), ck = checked(k, "k"), cv = checked(v, "v");
-  std::map<std::string, Bound> arrays = {{"q", {&cq}},    {"k", {&ck}},     {"v", {&cv}},   {"o", {&co}},
-                                         {"dout", {&cdout}}, {"lse", {&clse}}, {"dq", {&cdq}}, {"dk", {&cdk}},
-                                         {"dv", {&cdv}}};
+  PassViews views;
+  views.add(device, "q", checked(q, "q"), view_packing::Reads::strided);
+  views.add(device, "k", checked(k, "k"), view_packing::Reads::strided);
+  views.add(device, "v", checked(v, "v"), view_packing::Reads::strided);
+  views.add(device, "o", std::move(co), view_packing::Reads::strided);
+  views.add(device, "dout", std::move(cdout), view_packing::Reads::strided);
+  views.add(device, "lse", std::move(clse), view_packing::Reads::contiguous);
+  if (options.mask) views.add_mask(device, *options.mask, p);
+  if (options.sinks) views.add(device, "sinks", checked(*options.sinks, "sinks"), view_packing::Reads::contiguous);
+  const SizeEnv sizes = sizes_of(p, device, entry, views.strided);
+  const EvaluatedPass pass = evaluate(template_for(entry.backward, sizes, entry.line), sizes);
+  std::map<std::string, Bound> arrays = {{"dq", {&cdq}}, {"dk", {&cdk}}, {"dv", {&cdv}}};
   arrays["dsinks"] = cds ? Bound{&*cds} : Bound{nullptr, true};
-  if (mask) arrays["mask"] = {&*mask};
-  if (sinks) arrays["sinks"] = {&*sinks};
+  views.bind(arrays);
   run_pass(device, batch, pass, arrays);
 }
 

@@ -29,6 +29,10 @@ bool is_float(DType d) { return d == DType::float32 || d == DType::float16 || d 
 
 std::string axes(Layout layout) { return layout == Layout::bhsd ? "B, Hq, R, D" : "B, R, Hq, D"; }
 
+std::string text_of(const std::vector<std::int64_t>& values) { return shape_text(values); }
+
+}  // namespace
+
 std::vector<std::int64_t> contiguous(const std::vector<std::int64_t>& shape) {
   std::vector<std::int64_t> strides(shape.size());
   std::int64_t running = 1;
@@ -38,10 +42,6 @@ std::vector<std::int64_t> contiguous(const std::vector<std::int64_t>& shape) {
   }
   return strides;
 }
-
-std::string text_of(const std::vector<std::int64_t>& values) { return shape_text(values); }
-
-}  // namespace
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string out = "(";
@@ -70,7 +70,7 @@ std::vector<std::int64_t> physical(std::vector<std::int64_t> values, Layout layo
 }
 
 Checked checked(const TensorView& view, const std::string& name) {
-  Checked out{&view, name, {}, 1};
+  Checked out{&view, name, view.shape, {}, 1, {}};
   for (std::int64_t n : view.shape) {
     if (n < 0) throw ArgumentError(name + " has a negative extent: shape " + text_of(view.shape));
     out.elements *= n;
@@ -81,10 +81,6 @@ Checked checked(const TensorView& view, const std::string& name) {
     if (view.strides.size() != view.shape.size())
       throw ArgumentError(name + " has " + std::to_string(view.strides.size()) + " strides for " +
                           std::to_string(view.shape.size()) + " dimensions");
-    for (std::int64_t s : view.strides)
-      if (s < 0)
-        throw ArgumentError(name + " has negative strides " + text_of(view.strides) +
-                            "; pass a view with non-negative strides (e.g. a contiguous copy)");
     out.strides = view.strides;
   }
   for (std::size_t i = 0; i < view.shape.size(); ++i)
@@ -126,7 +122,8 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
   for (const auto& [name, dim] : {std::pair<const char*, std::int64_t>{"D (q/k head dimension)", p.D},
                                   {"Dv (v head dimension)", p.Dv}})
     if (dim < 1 || dim > kMaxHeadDim)
-      throw ArgumentError(std::string(name) + " is " + std::to_string(dim) + "; the kernels support 1..256");
+      throw ArgumentError(std::string(name) + " is " + std::to_string(dim) + "; the kernels support 1.." +
+                          std::to_string(kMaxHeadDim));
   for (const auto& [name, size] : {std::pair<const char*, std::int64_t>{"B (batch)", p.B}, {"Hq (query heads)", p.Hq},
                                    {"Hkv (key/value heads)", p.Hkv}, {"R (query length)", p.R},
                                    {"C (key length)", p.C}})
@@ -172,23 +169,28 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
       throw TypeError(std::string("sinks must be float32, got dtype ") + dtype_name(s.dtype));
     if (s.shape != std::vector<std::int64_t>{p.Hq})
       throw ArgumentError("sinks must have shape (Hq,) = (" + std::to_string(p.Hq) + ",), got " + text_of(s.shape));
-    Checked c = checked(s, "sinks");
-    if (p.Hq > 1 && c.strides[0] != 1)
-      throw ArgumentError("sinks must be contiguous, got strides " + text_of(s.strides));
+    checked(s, "sinks");
     p.sinks = true;
   }
   return p;
 }
 
 Checked mask_view(const TensorView& mask, const Problem& p) {
+  if (mask.shape.size() > 4)
+    throw ArgumentError("mask of shape " + text_of(mask.shape) + " does not broadcast to (B, Hq, R, C) = " +
+                        text_of({p.B, p.Hq, p.R, p.C}));
+  return mask_view(checked(mask, "mask"), p);
+}
+
+Checked mask_view(const Checked& given, const Problem& p) {
+  const TensorView& mask = *given.view;
   const std::vector<std::int64_t> target = {p.B, p.Hq, p.R, p.C};
   auto refuse = [&]() {
     return ArgumentError("mask of shape " + text_of(mask.shape) + " does not broadcast to (B, Hq, R, C) = " +
                          text_of(target));
   };
   if (mask.shape.size() > 4) throw refuse();
-  Checked given = checked(mask, "mask");
-  Checked out{&mask, "mask", std::vector<std::int64_t>(4, 0), 1};
+  Checked out{&mask, "mask", target, std::vector<std::int64_t>(4, 0), 1, given.packed};
   const std::size_t offset = 4 - mask.shape.size();
   for (std::size_t i = 0; i < 4; ++i) {
     out.elements *= target[i];
@@ -237,7 +239,7 @@ Checked lse_input(const TensorView& view, const Problem& p) {
     throw TypeError(std::string("lse must be float32, as attention returns it, got ") + dtype_name(view.dtype));
   if (view.shape != rows)
     throw ArgumentError("lse must have shape (B, Hq, R) = " + text_of(rows) + ", got " + text_of(view.shape));
-  return output(view, "lse", DType::float32, rows, "B, Hq, R");
+  return checked(view, "lse");
 }
 
 }  // namespace mfa::attention_args

@@ -10,25 +10,31 @@
 #include <vector>
 
 #include "mfa/attention.hpp"
+#include "mfa/buffer.hpp"
 
 namespace mfa::attention_args {
 
 constexpr std::int64_t kMaxIndex = 2147483647;  // sizes held in 32-bit signed integers
-constexpr int kMaxHeadDim = 256;
+constexpr int kMaxHeadDim = 576;  // python/mfa_native/codegen/kernel/tables.py MAX_HEAD_DIM
 
 std::string shape_text(const std::vector<std::int64_t>& shape);
+// The element strides of a C-contiguous tensor of `shape`.
+std::vector<std::int64_t> contiguous(const std::vector<std::int64_t>& shape);
 
 // A view made ready to bind: its element strides (given or contiguous), 0 on
-// axes of extent 1, in memory order.
+// axes of extent 1, in memory order; once packed (view_packing.hpp), the
+// contiguous copy the kernels read instead, and its strides.
 struct Checked {
   const TensorView* view = nullptr;
   std::string name;
+  std::vector<std::int64_t> shape;    // as the kernels read it: a mask's broadcast to (B, Hq, R, C)
   std::vector<std::int64_t> strides;
   std::int64_t elements = 0;
+  Buffer packed;  // empty: the kernels read view->data in place
 };
 
-// Strides of `view` (ArgumentError naming `name`: wrong count, negative, or
-// data null while the view has elements).
+// Strides of `view` (ArgumentError naming `name`: wrong count, or data null
+// while the view has elements). Negative strides are allowed: such a view is packed.
 Checked checked(const TensorView& view, const std::string& name);
 
 // What a call's arguments make: the problem an entry must serve.
@@ -60,13 +66,15 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
 Checked output(const TensorView& view, const std::string& name, DType dtype, const std::vector<std::int64_t>& shape,
                const std::string& shape_names);
 
-// o or dout of the backward: q's dtype, the output's shape, any non-negative strides.
+// o or dout of the backward: q's dtype, the output's shape, any strides.
 Checked like_output(const TensorView& view, const std::string& name, const Problem& p);
 
-// lse of the backward: (B, Hq, R) float32, contiguous.
+// lse of the backward: (B, Hq, R) float32, any strides.
 Checked lse_input(const TensorView& view, const Problem& p);
 
 // The mask broadcast to (B, Hq, R, C): strides 0 on broadcast axes (and axes of extent 1).
 Checked mask_view(const TensorView& mask, const Problem& p);
+// The same of the mask as `given` holds it (checked, perhaps packed).
+Checked mask_view(const Checked& given, const Problem& p);
 
 }  // namespace mfa::attention_args

@@ -43,12 +43,7 @@ BundleFacts facts_of(const json::Value& f) {
   facts.mask = f.at("mask").as_string("mask");
   const json::Value& mask_dtype = f.at("mask_dtype");
   if (!mask_dtype.is_null()) facts.mask_dtype = mask_dtype.as_string("mask_dtype");
-  const json::Value& window = f.at("window");
-  if (!window.is_null()) {
-    const auto& sides = window.as_array("window");
-    if (sides.size() != 2) throw json::JsonError("window must be a (left, right) pair");
-    facts.window = std::make_pair(sides[0].as_int("window"), sides[1].as_int("window"));
-  }
+  facts.window = f.at("window").as_bool("window");
   facts.sinks = f.at("sinks").as_bool("sinks");
   facts.layout = f.at("layout").as_string("layout");
   const json::Value& scale = f.at("scale");
@@ -93,8 +88,7 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
 }  // namespace
 
 std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
-  std::string window = "none";
-  if (f.window) window = "(" + std::to_string(f.window->first) + "," + std::to_string(f.window->second) + ")";
+  const std::string window = f.window ? "yes" : "no";
   std::string scale = "default";
   if (f.scale) {
     char text[32];

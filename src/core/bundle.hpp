@@ -22,7 +22,7 @@ struct BundleFacts {
   std::string causal;      // none, lower_right, upper_left
   std::string mask;        // none, bool, additive
   std::string mask_dtype;  // "" without a mask, "bool", or a float dtype
-  std::optional<std::pair<std::int64_t, std::int64_t>> window;
+  bool window = false;     // its kernels take the window's sides at run time (every window)
   bool sinks = false;
   std::string layout;      // bhsd, bshd
   std::optional<double> scale;  // as the spec gave it (none: 1/sqrt(D))

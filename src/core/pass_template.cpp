@@ -73,7 +73,7 @@ PassTemplate PassTemplate::from_json(const json::Value& value) {
     BufferTemplate buffer;
     buffer.name = b.at("name").as_string("name");
     buffer.role = b.at("role").as_string("role");
-    if (buffer.role != "input" && buffer.role != "output" && buffer.role != "intermediate" && buffer.role != "constant")
+    if (!buffer.caller() && buffer.role != "output" && buffer.role != "intermediate" && buffer.role != "constant")
       throw ArgumentError("buffer '" + buffer.name + "' has role '" + buffer.role + "'");
     buffer.dtype = b.at("dtype").as_string("dtype");
     dtype_bytes(buffer.dtype);
@@ -81,11 +81,11 @@ PassTemplate PassTemplate::from_json(const json::Value& value) {
     buffer.readers = indices(b.at("readers"), "readers");
     buffer.writers = indices(b.at("writers"), "writers");
     const json::Value* strides = b.find("strides");
-    if (buffer.role == "input") {
-      if (!strides || strides->is_null()) throw ArgumentError("input '" + buffer.name + "' has no strides");
+    if (buffer.caller()) {
+      if (!strides || strides->is_null()) throw ArgumentError(buffer.role + " '" + buffer.name + "' has no strides");
       buffer.strides = expressions(*strides, "strides");
       if (buffer.strides.size() != buffer.shape.size())
-        throw ArgumentError("input '" + buffer.name + "': strides and shape differ in length");
+        throw ArgumentError(buffer.role + " '" + buffer.name + "': strides and shape differ in length");
     }
     const json::Value* words = b.find("value");
     if (buffer.role == "constant") {
@@ -168,11 +168,11 @@ EvaluatedPass evaluate(const PassTemplate& pass, const SizeEnv& sizes) {
       if (__builtin_mul_overflow(count, std::uint64_t(n), &count))
         throw ArgumentError("buffer '" + buffer.name + "' is too large");
     }
-    if (buffer.role == "input") {
+    if (buffer.caller()) {
       std::uint64_t span = 1;
       for (std::size_t i = 0; i < b.shape.size(); ++i) {
         const std::int64_t stride = b.shape[i] == 1 ? 0 : buffer.strides[i].evaluate(env);
-        if (stride < 0) throw ArgumentError("input '" + buffer.name + "' has a negative stride");
+        if (stride < 0) throw ArgumentError(buffer.role + " '" + buffer.name + "' has a negative stride");
         b.strides.push_back(stride);
         if (b.shape[i] > 1) span += std::uint64_t(b.shape[i] - 1) * std::uint64_t(stride);
       }

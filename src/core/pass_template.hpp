@@ -2,8 +2,9 @@
 // C++ twin of python/mfa_native/runtime/templates.py (schema 1). evaluate()
 // follows the same rules as Python's: the template's sizes (each must be
 // given), the derived sizes in order, every guard, then each expression.
-// Inputs' strides get 0 on axes of extent 1; nbytes is an input's span, an
-// output's or intermediate's contiguous size, a constant's 4 bytes a word.
+// Caller buffers' (inputs' and inouts') strides get 0 on axes of extent 1;
+// nbytes is a caller buffer's span, an output's or intermediate's contiguous
+// size, a constant's 4 bytes a word.
 #pragma once
 
 #include <cstddef>
@@ -34,11 +35,13 @@ struct KernelTemplate {
 
 struct BufferTemplate {
   std::string name;
-  std::string role;                            // input, output, intermediate, constant
+  std::string role;                            // input, inout, output, intermediate, constant
+  // Caller memory bound in place: an input, or an inout (an input some kernel writes).
+  bool caller() const { return role == "input" || role == "inout"; }
   std::string dtype;                           // numpy names: float32, float16, bfloat16, bool, uint32, ...
   std::vector<SizeExpression> shape;
   std::vector<int> readers, writers;
-  std::vector<SizeExpression> strides;         // inputs
+  std::vector<SizeExpression> strides;         // inputs and inouts
   std::vector<SizeExpression> value;           // constants: one per uint32 word
 };
 
@@ -66,7 +69,7 @@ struct EvaluatedKernel {
 struct EvaluatedBuffer {
   const BufferTemplate* buffer;
   std::vector<std::int64_t> shape;
-  std::vector<std::int64_t> strides;           // inputs only
+  std::vector<std::int64_t> strides;           // inputs and inouts only
   std::vector<std::uint32_t> value;            // constants only
   std::size_t nbytes = 0;
 };

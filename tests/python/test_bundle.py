@@ -45,7 +45,7 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
                                         "family": ["apple9"]}]})
     # causal 3 x mask (none, bool, additive x 3 dtypes) x sinks 2 x layout 2
     assert len(entries) == 3 * 5 * 2 * 2
-    assert {e.value_dim for e in entries} == {64} and {e.window for e in entries} == {None}
+    assert {e.value_dim for e in entries} == {64} and {e.window for e in entries} == {False}
     assert {e.mask_dtype for e in entries if e.mask == "additive"} == {"float32", "float16", "bfloat16"}
     assert len(entries_of({"families": [{"op": "attention", "head_dim": [64], "dtype": ["float16"]}]})) == \
         4 * len(entries)   # every GPU family
@@ -54,7 +54,7 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
 @pytest.mark.parametrize("family, message", [
     ({"op": "attention"}, "head_dim' is required"),
     ({"op": "sparse", "head_dim": [8]}, "'op' must be"),
-    ({"op": "attention", "head_dim": [8], "window": [True]}, "bake the window"),
+    ({"op": "attention", "head_dim": [8], "window": [[128, 0]]}, "'window' values must be true or false"),
     ({"op": "attention", "head_dim": [600]}, "1..576"),
     ({"op": "attention", "head_dim": [8], "colour": ["red"]}, "unknown keys"),
     ({"op": "attention", "head_dim": [8], "causal": ["sideways"]}, "not one of"),
@@ -66,7 +66,7 @@ def test_spec_errors_name_the_key(family, message):
 
 @pytest.mark.parametrize("facts", entries_of({"families": [
     SMALL, {**SMALL, "causal": ["none"], "sinks": [False], "mask": ["additive"], "mask_dtype": ["float16"],
-            "window": [[3, -1]], "gqa_ratio": [2], "layout": ["bshd"], "dtype": ["float16"], "scale": [0.3]}]}))
+            "window": [True], "gqa_ratio": [2], "layout": ["bshd"], "dtype": ["float16"], "scale": [0.3]}]}))
 def test_entry_templates_are_codegens_for_every_length(facts):
     """For lengths across every tile choice (and decode shapes that split), the entry's first
     template whose guards hold is the template codegen generates for that call."""
@@ -90,7 +90,7 @@ def test_cli_writes_and_lists(tmp_path):
     run = [sys.executable, "-m", "mfa_native", "bundle"]
     subprocess.run(run + ["-o", str(out), "--spec", str(spec), "--quiet"], check=True)
     listed = subprocess.run(run + ["--list", str(out)], check=True, capture_output=True, text=True).stdout
-    assert listed.splitlines() == ["attention float32 D=16 Dv=16 gqa=1 causal=lower_right mask=none window=none "
+    assert listed.splitlines() == ["attention float32 D=16 Dv=16 gqa=1 causal=lower_right mask=none window=no "
                                    "sinks=yes layout=bhsd scale=default family=apple9 templates=4+4"]
     out.write_bytes(out.read_bytes()[:-5])
     failed = subprocess.run(run + ["--list", str(out)], capture_output=True, text=True)

@@ -1,8 +1,9 @@
 """The C++ side of bundles against Python, through _core's test hooks: size expressions and
 template evaluation give Python's values; mfa::attention / attention_backward on the cpu
-backend give Python's results bit for bit (with compiled Metal libraries in the bundle too,
-which the cpu device ignores); damaged bundles and metallibs, missing entries and bad views
-raise naming what is wrong."""
+backend give Python's results bit for bit (strided, packed and broadcast views, runtime
+windows, head dims past 256 included, and with compiled Metal libraries in the bundle, which
+the cpu device ignores); damaged bundles and metallibs, missing entries and bad views raise
+naming what is wrong."""
 
 from __future__ import annotations
 
@@ -33,12 +34,17 @@ FAMILIES = [
     {**BASE, "dtype": ["float32"], "head_dim": [16], "gqa_ratio": [2], "causal": ["lower_right"], "mask": ["none"],
      "sinks": [True], "layout": ["bhsd"]},
     {**BASE, "dtype": ["float32"], "head_dim": [8], "causal": ["upper_left"], "mask": ["bool"], "sinks": [False],
-     "window": [[3, -1]], "layout": ["bshd"]},
+     "window": [True], "layout": ["bshd"]},
     {**BASE, "dtype": ["float32"], "head_dim": [16], "value_dim": [8], "causal": ["none"], "mask": ["additive"],
      "mask_dtype": ["float32"], "sinks": [False], "layout": ["bhsd"], "scale": [0.3]},
     {**BASE, "dtype": ["float16"], "head_dim": [8], "causal": ["none"], "mask": ["none"], "sinks": [False],
      "layout": ["bhsd"], "backward": False},
+    {**BASE, "dtype": ["float32"], "head_dim": [8], "causal": ["lower_right"], "mask": ["none"], "sinks": [False],
+     "window": [True], "layout": ["bhsd"]},
+    {**BASE, "dtype": ["float32"], "head_dim": [320], "value_dim": [256], "causal": ["lower_right"], "mask": ["none"],
+     "sinks": [False], "layout": ["bhsd"]},
 ]
+WINDOWED, WIDE = 4, 5   # FAMILIES indices: runtime windows (and views), D 320 / Dv 256
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +106,8 @@ def test_template_evaluation_matches_python(payload):
                 sizes = {"B": int(rng.integers(1, 4)), "Hkv": int(rng.integers(1, 4)), "R": int(rng.integers(1, 300)),
                          "C": int(rng.integers(1, 5000)), "P": int(rng.choice([4, 64, 4096]))}
                 sizes["Hq"] = sizes["Hkv"] * dict(python_template.valid_for)["gqa_ratio"]
+                for name in python_template.sizes:   # strides and window sides
+                    sizes.setdefault(name, int(rng.integers(0, 100)))
                 try:
                     expected = evaluate(python_template, sizes)
                 except ValueError:
@@ -155,6 +163,7 @@ CASES = [  # (family index, B, Hkv, R, C, kwargs)
     (1, 2, 1, 13, 21, {}),
     (2, 1, 2, 9, 17, {}),
     (3, 1, 1, 12, 30, {}),
+    (WIDE, 1, 1, 3, 5, {}),
 ]
 
 
@@ -169,8 +178,7 @@ def _inputs(rng, facts, B, Hkv, R, C):
         return rng.standard_normal(shape).astype(dtype)
 
     kwargs = dict(causal=facts["causal"][0], layout=layout, scale=facts.get("scale", [None])[0])
-    window = facts.get("window", [False])[0]
-    kwargs["window"] = tuple(window) if window else None
+    kwargs["window"] = (3, -1) if facts.get("window", [False])[0] else None
     mask = facts["mask"][0]
     kwargs["mask"] = (rng.random((B, Hq, R, C)) > 0.3 if mask == "bool" else
                       rng.standard_normal((B, Hq, R, C)).astype(np.float32) if mask == "additive" else None)
@@ -310,21 +318,19 @@ def test_bad_views_name_the_argument(bundle, rng):
         _call(bundle, q, k, k, out, mask=view(np.ones((3, 4), bool)), **ok)
     with pytest.raises(TypeError, match="mask must be boolean"):
         _call(bundle, q, k, k, out, mask=view(np.ones((4, 4), np.int32)), **ok)
-    # Strides the entry's kernels were not built for: refused, naming the argument.
-    wide_q = np.zeros((1, 2, 4, 32), np.float32)[..., :16]
-    with pytest.raises(ValueError, match=r"q has strides .* the bundle's kernels were built for"):
-        _call(bundle, wide_q, k, k, out, **ok)
-    transposed = np.ascontiguousarray(k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-    _call(bundle, q, transposed, k, out, **ok)   # Hkv = 1: that axis's stride never matters
-    # A broadcast mask is read with stride 0: refused with the fix.
-    q8 = rng.standard_normal((2, 5, 1, 8)).astype(np.float32)
-    k8 = rng.standard_normal((2, 7, 1, 8)).astype(np.float32)
-    mask = np.broadcast_to(rng.random((5, 7)) > 0.5, (2, 1, 5, 7))
-    with pytest.raises(ValueError, match="materialized"):
-        _call(bundle, q8, k8, k8, np.zeros_like(q8), mask=view(mask), causal="upper_left", window=(3, -1),
-              layout="bshd")
-    _call(bundle, q8, k8, k8, np.zeros_like(q8), mask=view(np.ascontiguousarray(mask)), causal="upper_left",
-          window=(3, -1), layout="bshd")
+    with pytest.raises(ValueError, match=r"D \(q/k head dimension\) is 600; the kernels support 1\.\.576"):
+        wide = np.zeros((1, 1, 1, 600), np.float32)
+        _call(bundle, wide, wide, wide, wide.copy())
+    with pytest.raises(ValueError, match=r"Dv \(v head dimension\) is 577; the kernels support 1\.\.576"):
+        _call(bundle, q, k, np.zeros((1, 1, 4, 577), np.float32), np.zeros((1, 2, 4, 577), np.float32), **ok)
+    # A window entry computes positions up to R + C in 32-bit ints: longer calls are refused before anything is
+    # read (the views' addresses are never touched, so they point at one element).
+    one = np.zeros(1, np.float32)
+    fake = lambda shape: (one.ctypes.data, "float32", list(shape), [])
+    with pytest.raises(ValueError, match=r"R \+ C .* must be below 2\*\*31"):
+        _core._bundle_attention("cpu", bundle, fake((1, 1, 2**30, 8)), fake((1, 1, 2**30, 8)),
+                                fake((1, 1, 2**30, 8)), fake((1, 1, 2**30, 8)), None, scale=None,
+                                causal="lower_right", window=(5, 0), mask=None, sinks=None, layout="bhsd")
 
 
 def test_empty_problems_need_no_entry(rng):
@@ -337,3 +343,119 @@ def test_empty_problems_need_no_entry(rng):
     _core._bundle_attention("cpu", empty_bundle, view(q), view(k), view(k), view(out), view(lse), sinks=view(sinks))
     expected_o, expected_lse = mfa_native.attention(q, k, k, sinks=sinks, return_lse=True, device="cpu")
     assert out.tobytes() == expected_o.tobytes() and lse.tobytes() == expected_lse.tobytes()
+
+
+def _both_ways(bundle, q, k, v, rng, **kwargs):
+    """mfa::attention and attention_backward on these views against Python's on the same
+    views, byte for byte (float32, cpu); then the forward against the float64 reference."""
+    options = {**dict(scale=None, causal="none", window=None, mask=None, sinks=None, layout="bhsd"), **kwargs}
+    python = {**options, "mask": kwargs.get("mask")}
+    cpp = {**options, "mask": None if python["mask"] is None else view(python["mask"])}
+    o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **python)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), view(rows), **cpp)
+    assert out.tobytes() == o.tobytes() and rows.tobytes() == lse.tobytes()
+    reference_kwargs = {**python, "causal": python["causal"] != "none" and python["causal"]}
+    expected = reference.attention_reference(q, k, v, **reference_kwargs)
+    assert np.linalg.norm(out - expected) <= 1e-5 * max(np.linalg.norm(expected), 1e-30)
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    do_view = np.flip(do, axis=2).copy()[:, :, ::-1]   # a negative stride: packed by both
+    lse_view = np.stack([lse, lse], axis=-1)[..., 1]    # not contiguous: packed by both
+    grads = mfa_native.attention_backward(q, k, v, o, lse_view, do_view, device="cpu", **python)
+    mine = [poison(x.shape, x.dtype) for x in grads[:3]]
+    _core._bundle_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse_view), view(do_view),
+                                     *map(view, mine), None, **cpp)
+    for ours, theirs in zip(mine, grads):
+        assert ours.tobytes() == theirs.tobytes()
+
+
+def _strided_views(rng, B, H, Hkv, R, C, D):
+    """q a bhsd view of bshd memory, k a slice of a wider buffer (rows and features), v a view
+    with a negative stride and v2 one with a non-unit feature stride (both packed)."""
+    q = rng.standard_normal((B, R, H, D)).astype(np.float32).transpose(0, 2, 1, 3)
+    k = rng.standard_normal((B, Hkv + 1, 2 * C + 3, D + 5)).astype(np.float32)[:, 1:, 3::2, 2:D + 2]
+    v = rng.standard_normal((B, Hkv, C, D)).astype(np.float32)[:, :, ::-1]
+    v2 = rng.standard_normal((B, Hkv, C, 2 * D)).astype(np.float32)[..., ::2]
+    return q, k, v, v2
+
+
+@pytest.mark.parametrize("window", [(3, -1), (-1, 2), (0, 0), (0, -1), (40, 1), (2, 50), (-1, -1), None])
+def test_runtime_windows_match_python(bundle, window, rng):
+    """One window entry serves every window: one side unbounded, left 0, sides beyond C and R,
+    both unbounded and no window (which the entry serves too, the bundle holding no other)."""
+    B, H, R, C, D = 2, 2, 9, 13, 8
+    q, k, v, _ = _strided_views(rng, B, H, H, R, C, D)
+    _both_ways(bundle, q, k, v, rng, causal="lower_right", window=window)
+
+
+def test_strided_and_packed_views_match_python(bundle, rng):
+    """Views the kernels read in place (transposed memory, slices of a bigger buffer, GQA's k
+    broadcast over nothing) and views packed first (negative and non-unit feature strides)."""
+    q, k, v, v2 = _strided_views(rng, 1, 2, 2, 7, 11, 8)
+    assert k.strides[-1] == 4 and not k.flags.c_contiguous and v.strides[2] < 0 and v2.strides[-1] == 8
+    _both_ways(bundle, q, k, v, rng, causal="lower_right", window=(2, 0))
+    _both_ways(bundle, q, k, v2, rng, causal="lower_right", window=(2, 0))
+    # bshd entries read bshd views whose heads are strided (family 1: bool mask, upper left, window).
+    qb = rng.standard_normal((2, 6, 3, 8)).astype(np.float32)[:, :, 1:2]
+    kb = rng.standard_normal((2, 9, 1, 16)).astype(np.float32)[..., 8:]
+    mask = rng.random((2, 1, 6, 9)) > 0.4
+    o, lse = mfa_native.attention(qb, kb, kb, causal="upper_left", window=(1, 2), mask=mask, layout="bshd",
+                                  return_lse=True, device="cpu")
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_attention("cpu", bundle, view(qb), view(kb), view(kb), view(out), view(rows), scale=None,
+                            causal="upper_left", window=(1, 2), mask=view(mask), sinks=None, layout="bshd")
+    assert out.tobytes() == o.tobytes() and rows.tobytes() == lse.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(6, 9), (1, 1, 6, 9), (2, 1, 1, 9), (6, 1), (2, 2, 6, 9), (1, 9)])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_broadcast_masks_match_python(bundle, shape, kind, rng):
+    """A mask broadcast to (B, Hq, R, C) is read with stride 0 on its broadcast axes, no copy;
+    a transposed (strided) one in place too."""
+    B, R, C = 2, 6, 9
+    if kind == "bool":   # family 1: bshd, D 8, upper left, window entry
+        q = rng.standard_normal((B, R, 2, 8)).astype(np.float32)
+        k = rng.standard_normal((B, C, 2, 8)).astype(np.float32)
+        mask = rng.random(shape) > 0.3
+        o, lse = mfa_native.attention(q, k, k, causal="upper_left", window=(4, -1), mask=mask, layout="bshd",
+                                      return_lse=True, device="cpu")
+        out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+        _core._bundle_attention("cpu", bundle, view(q), view(k), view(k), view(out), view(rows), scale=None,
+                                causal="upper_left", window=(4, -1), mask=view(mask), sinks=None, layout="bshd")
+        assert out.tobytes() == o.tobytes() and rows.tobytes() == lse.tobytes()
+        return
+    # family 2: bhsd, D 16 / Dv 8, additive float32 mask, scale 0.3; the mask transposed in memory
+    q = rng.standard_normal((B, 2, R, 16)).astype(np.float32)
+    k = rng.standard_normal((B, 2, C, 16)).astype(np.float32)
+    v = rng.standard_normal((B, 2, C, 8)).astype(np.float32)
+    mask = np.ascontiguousarray(rng.standard_normal(shape[::-1]).astype(np.float32)).T
+    if len(shape) == 4:
+        mask = np.ascontiguousarray(rng.standard_normal(shape).astype(np.float32).transpose(0, 1, 3, 2)).transpose(
+            0, 1, 3, 2)
+    _both_ways(bundle, q, k, v, rng, mask=mask, scale=0.3)
+
+
+def test_templates_with_inout_buffers_load(rng):
+    """A template whose kernel writes a caller buffer in place ("inout", as the KV cache's
+    append declares it) loads in C++, which evaluates its strides and extent as Python does."""
+    source = ("#include <metal_stdlib>\nusing namespace metal;\n"
+              "kernel void bump(device float* cache [[buffer(0)]], device const float* rows [[buffer(1)]], "
+              "uint i [[thread_position_in_grid]]) { cache[i * 2] += rows[i]; }\n")
+    template = {"schema": 1, "name": "bump", "sizes": ["N"], "derived": [], "guards": [], "valid_for": [],
+                "compile_options": [],
+                "kernels": [{"entry": "bump", "source": source, "threadgroups": ["cdiv(N, 32)", "1", "1"],
+                             "threads_per_threadgroup": [32, 1, 1], "buffers": ["cache", "rows"]}],
+                "buffers": [{"name": "cache", "role": "inout", "dtype": "float32", "shape": ["N"], "readers": [],
+                             "writers": [0], "strides": ["2"], "value": None},
+                            {"name": "rows", "role": "input", "dtype": "float32", "shape": ["N"], "readers": [0],
+                             "writers": [], "strides": ["1"], "value": None}]}
+    text = json.dumps(template)
+    for n in (1, 5, int(rng.integers(6, 100))):
+        expected = evaluate(PassTemplate.from_json(text), {"N": n})
+        got = _core._evaluate_template(text, {"N": n})
+        assert [b["strides"] for b in got["buffers"]] == [list(b.strides) for b in expected.buffers]
+        assert [b["nbytes"] for b in got["buffers"]] == [b.nbytes for b in expected.buffers] == [4 * (2 * n - 1),
+                                                                                                4 * n]
+    with pytest.raises(ValueError, match="inout 'cache' has no strides"):
+        template["buffers"][0]["strides"] = None
+        _core._evaluate_template(json.dumps(template), {"N": 3})

@@ -2,7 +2,7 @@
 
     {"families": [{"op": "attention", "dtype": ["float16"], "head_dim": [64, 128],
                    "value_dim": null, "gqa_ratio": [1, 4], "causal": ["none", "lower_right"],
-                   "mask": ["none"], "window": [false, [128, 0]], "sinks": [false],
+                   "mask": ["none"], "window": [false, true], "sinks": [false],
                    "layout": ["bhsd"], "backward": true}]}
 
 Every list is crossed with the others. An omitted key takes every value it can: dtype,
@@ -11,11 +11,14 @@ GPU tile tables, FAMILIES) take all of theirs. The keys without a finite set of 
 are these: head_dim is required; value_dim omitted or null is head_dim; gqa_ratio
 omitted is [1]; scale omitted is [null] (1/sqrt(D)); window omitted is [false].
 
-The kernels bake the window's sides, as they bake D and the scale, so a window is given
-as a [left, right] pair (-1 = unbounded) and an entry serves exactly that window; `true`
-is refused with that explanation. Sequence lengths, batch and head counts stay runtime
-values: one entry serves every length. `backward: true` adds attention_backward's
-templates to each entry (omitted: forward only).
+`window` is false (the entry serves calls without a window) or true (it serves every window
+(left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
+runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
+and head counts stay runtime values: one entry serves every length. So do the inputs'
+strides: every entry's kernels read q, k, v, the mask (and the backward's o and dout)
+strides at run time, so any view with a unit feature axis and a mask broadcast with stride 0
+run in place. `backward: true` adds attention_backward's templates to each entry (omitted:
+forward only).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "
 @dataclass(frozen=True)
 class EntryFacts:
     """One entry: the facts its kernels bake. mask_dtype is None without a mask ("bool" for
-    a bool mask), window None or (left, right), scale None for 1/sqrt(head_dim)."""
+    a bool mask), window whether its kernels take a window (any, at run time), scale None for
+    1/sqrt(head_dim)."""
 
     dtype: str
     head_dim: int
@@ -45,7 +49,7 @@ class EntryFacts:
     causal: str
     mask: str
     mask_dtype: str | None
-    window: tuple[int, int] | None
+    window: bool
     sinks: bool
     layout: str
     scale: float | None
@@ -55,7 +59,7 @@ class EntryFacts:
     def to_json(self) -> dict:
         return {"dtype": self.dtype, "head_dim": self.head_dim, "value_dim": self.value_dim,
                 "gqa_ratio": self.gqa_ratio, "causal": self.causal, "mask": self.mask, "mask_dtype": self.mask_dtype,
-                "window": None if self.window is None else list(self.window), "sinks": self.sinks,
+                "window": self.window, "sinks": self.sinks,
                 "layout": self.layout, "scale": self.scale, "family": self.family, "backward": self.backward}
 
 
@@ -89,23 +93,6 @@ def _bools(values: list, key: str, where: str) -> list[bool]:
     return values
 
 
-def _windows(values: list, where: str) -> list[tuple[int, int] | None]:
-    windows = []
-    for value in values:
-        if value is False or value is None:
-            windows.append(None)
-        elif value is True:
-            raise ValueError(f"{where}: 'window' true names no window: the kernels bake the window's sides, so give "
-                             "each as a [left, right] pair (-1 = unbounded), e.g. [false, [128, 0]]")
-        elif (isinstance(value, list) and len(value) == 2
-              and all(isinstance(s, int) and not isinstance(s, bool) and s >= -1 for s in value)):
-            windows.append(None if value == [-1, -1] else (value[0], value[1]))
-        else:
-            raise ValueError(f"{where}: 'window' values must be false or [left, right] with sides >= -1, "
-                             f"got {value!r}")
-    return windows
-
-
 def _scales(values: list, where: str) -> list[float | None]:
     for value in values:
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
@@ -135,7 +122,7 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     causals = _choices(_list(family, "causal", list(CAUSAL), where), CAUSAL, "causal", where)
     masks = _choices(_list(family, "mask", list(MASKS), where), MASKS, "mask", where)
     mask_dtypes = _choices(_list(family, "mask_dtype", list(DTYPES), where), DTYPES, "mask_dtype", where)
-    windows = _windows(_list(family, "window", [False], where), where)
+    windows = _bools(_list(family, "window", [False], where), "window", where)
     sinks = _bools(_list(family, "sinks", [False, True], where), "sinks", where)
     layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
     scales = _scales(_list(family, "scale", [None], where), where)

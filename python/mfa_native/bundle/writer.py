@@ -2,7 +2,8 @@
 
 An entry's kernels bake its facts (dtype, head dims, GQA ratio, masking, layout, scale, GPU
 family); its templates keep B, Hq, Hkv, R and C (and the device's parallel threadgroups P)
-symbolic. Codegen still picks tiles by the lengths (fewer query rows for short R, the
+symbolic, and so the inputs' strides and, for a window entry, the window's sides
+(AttentionProblem.runtime_strides / runtime_window). Codegen still picks tiles by the lengths (fewer query rows for short R, the
 split-KV pair for decode), each choice a template whose guards say for which sizes it was
 made, so an entry holds one template per choice: those generated at lengths that reach
 every choice, each kept once. A reader takes the first template whose guards hold, the one
@@ -46,10 +47,12 @@ def query_lengths(facts: EntryFacts) -> list[int]:
 
 
 def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads: int = 1) -> AttentionProblem:
-    """The contiguous problem of `facts` with these lengths, batch and kv heads."""
+    """The contiguous problem of `facts` with these lengths, batch and kv heads (strides, and
+    the window's sides with facts.window, as runtime sizes; the window unbounded)."""
     return AttentionProblem(
         batch=batch, q_heads=facts.gqa_ratio * kv_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=facts.head_dim,
-        value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal, window=facts.window,
+        value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal,
+        runtime_window=facts.window, runtime_strides=True,
         mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
         scale=facts.scale, return_lse=True)
 
@@ -81,11 +84,10 @@ def backward_templates(facts: EntryFacts) -> list[dict]:
 
 def entry_line(facts: dict, forward: int, backward: int) -> str:
     """One readable line per entry (the C++ Bundle::entries() prints the same)."""
-    window = "none" if facts["window"] is None else f"({facts['window'][0]},{facts['window'][1]})"
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
     scale = "default" if facts["scale"] is None else f"{facts['scale']:.9g}"
     return (f"attention {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
-            f"causal={facts['causal']} mask={mask} window={window} sinks={'yes' if facts['sinks'] else 'no'} "
+            f"causal={facts['causal']} mask={mask} window={'yes' if facts['window'] else 'no'} sinks={'yes' if facts['sinks'] else 'no'} "
             f"layout={facts['layout']} scale={scale} family={facts['family']} "
             f"templates={forward}+{backward}")
 

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Writes one file holding the pass templates (MSL source included) of the attention problem families "
         "SPEC declares, for include/mfa/attention.hpp's mfa::attention (no Python at run time). SPEC is JSON: "
         '{"families": [{"op": "attention", "dtype": [...], "head_dim": [...], "value_dim": [...] or null, '
-        '"gqa_ratio": [...], "causal": [...], "mask": [...], "mask_dtype": [...], "window": [false, [L, R]], '
+        '"gqa_ratio": [...], "causal": [...], "mask": [...], "mask_dtype": [...], "window": [false, true], '
         '"sinks": [...], "layout": [...], "scale": [null, ...], "family": [...], "backward": true}]}; '
         "every list is crossed with the others and an omitted key takes every value it can "
         "(head_dim is required; see mfa_native/bundle/spec.py).")

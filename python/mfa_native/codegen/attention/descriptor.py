@@ -9,7 +9,9 @@ batch and head counts) share one kernel.
 
 Strides become `OperandLayout`s (kernel/layouts.py): dense strides stay symbolic,
 e.g. `R * 64`, so a contiguous tensor of another length reuses the kernel. With
-`bake_lengths`, the sizes themselves are literals too. The facets of the problem
+`bake_lengths`, the sizes themselves are literals too. A problem's `runtime_window` and
+`runtime_strides` make the window's sides and the inputs' strides runtime sizes as well
+(WINDOW_SIZE_NAMES, `stride_names`). The facets of the problem
 (keys, storage, rows) describe themselves: their kernel-side facts are fields here.
 """
 
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernel.layouts import OperandLayout, contiguous_strides, memory_order, operand_layout
+from ..kernel.layouts import (OperandLayout, contiguous_strides, memory_order, operand_layout, runtime_layout,
+                              stride_names)
 from ..kernel.sizes import Extent, RuntimeSizes
 from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, tile_row
 from .masking import MaskRules
@@ -36,6 +39,15 @@ SIZE_DOCS = {"B": "batch", "Hq": "query heads", "Hkv": "key/value heads", "R": "
              "T": "entries per token list (topk)", "Ncu": "entries of cu_seqlens (sequences + 1)",
              "NQU": "8-query units of the packed sequences (a bound)", "NKU": "8-key units of the packed sequences (a bound)",
              "Rn": "rows appended to the KV cache by this call", "Wt": "pages per batch (block_table's width)"}
+WINDOW_SIZE_NAMES = ("window_left", "window_right")
+MASK_AXES = ("batch", "head", "row", "key")
+STRIDED_INPUTS = ("q", "k", "v", "o", "dout")   # o and dout: the backward's
+SIZE_DOCS.update({"window_left": "window's left side (C when unbounded)",
+                  "window_right": "window's right side (R when unbounded)"})
+SIZE_DOCS.update({name: f"{name.split('_')[0]}'s {name.split('_')[1]} stride (elements)"
+                  for operand in STRIDED_INPUTS for name in stride_names(operand)})
+SIZE_DOCS.update({name: f"mask's {name.split('_')[1]} stride (elements)" for name in stride_names("mask", MASK_AXES)})
+VIEW_SIZE_NAMES = frozenset(name for name in SIZE_DOCS if name.startswith("window_") or name.endswith("_stride"))
 SIZE_NAMES = ("B", "Hq", "Hkv", "R", "C")
 SPLIT_SIZE_NAMES = ("S", "Cs")
 SIZES_STRUCT = "AttentionSizes"
@@ -103,12 +115,41 @@ class BackwardDescriptor(AttentionFacts):
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
     """Runtime size name -> value, in struct order; with a split, also S (splits) and Cs (keys
-    per split); then the key facet's sizes."""
-    sizes = dict(zip(SIZE_NAMES, (problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len)))
+    per split); then the key facet's sizes, the window's sides and the inputs' strides where
+    the problem makes them runtime sizes."""
+    p = problem
+    sizes = dict(zip(SIZE_NAMES, (p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len)))
     if split is not None:
         sizes.update(zip(SPLIT_SIZE_NAMES, split))
-    sizes.update(problem.keys.sizes(problem))
+    sizes.update(p.keys.sizes(p))
+    if p.runtime_window:
+        sizes.update(zip(WINDOW_SIZE_NAMES, window_values(p)))
+    if p.runtime_strides:
+        for name, strides in (("q", p.q_strides), ("k", p.k_strides), ("v", p.v_strides)):
+            sizes.update(zip(stride_names(name), strides[:3]))
+        if p.mask != "none":
+            sizes.update(zip(stride_names("mask", MASK_AXES), p.mask_strides))
     return sizes
+
+
+def backward_sizes(problem: AttentionBackwardProblem) -> dict[str, int]:
+    """sizes_of the forward problem, and with runtime strides those of o and dout."""
+    sizes = sizes_of(problem.forward)
+    if problem.forward.runtime_strides:
+        sizes.update(zip(stride_names("o"), problem.o_strides[:3]))
+        sizes.update(zip(stride_names("dout"), problem.dout_strides[:3]))
+    return sizes
+
+
+def window_values(p: AttentionProblem) -> tuple[int, int]:
+    """The runtime window sides of `p`: its own, an unbounded side (-1, or none) as C on the
+    left and R on the right, which remove no key. The kernels compute positions up to R + C
+    in 32-bit ints, so that must stay below 2**31 (ValueError naming R and C)."""
+    if p.q_len + p.kv_len > 2**31 - 1:
+        raise ValueError(f"R + C (query and key lengths, {p.q_len} + {p.kv_len}) must be below 2**31 for a "
+                         "runtime window: its kernels compute positions up to R + C in 32-bit integers")
+    left, right = p.window if p.window is not None else (-1, -1)
+    return (p.kv_len if left == -1 else min(left, p.kv_len), p.q_len if right == -1 else min(right, p.q_len))
 
 
 def _check_head_dims(p: AttentionProblem) -> None:
@@ -127,9 +168,12 @@ class _Layouts:
         self._kinds = {"q": (p.q_shape, (B, Hq, R, D)), "k": (p.k_shape, (B, Hkv, C, D)),
                        "v": (p.v_shape, (B, Hkv, C, Dv)), "o": (p.o_shape, (B, Hq, R, Dv))}
         mask_layout = None
-        if p.mask != "none":
+        if p.mask != "none" and p.runtime_strides:
+            mask_layout = runtime_layout(stride_names("mask", MASK_AXES), baked)
+        elif p.mask != "none":
             mask_layout = operand_layout(p.mask_shape, (B, Hq, R, C), p.mask_strides, (0, 1, 2, 3), baked)
-        self.rules = MaskRules(p.causal, p.window, p.mask, p.mask_dtype, mask_layout)
+        window = WINDOW_SIZE_NAMES if p.runtime_window else p.window
+        self.rules = MaskRules(p.causal, window, p.mask, p.mask_dtype, mask_layout)
 
     def field(self, columns: int, strides) -> OperandLayout:
         """The layout of a stored field of k or v: (B, Hkv, C, columns), these strides."""
@@ -138,8 +182,11 @@ class _Layouts:
         shape = (p.batch, p.kv_heads, p.kv_len, columns)
         return operand_layout(shape, (B, Hkv, C, Extent(columns)), strides, self._order, self._baked)
 
-    def of(self, kind: str, strides=None) -> OperandLayout:
-        """The layout of a tensor shaped like q, k, v or o ("kind"); strides None: contiguous (allocated)."""
+    def of(self, kind: str, strides=None, name: str | None = None) -> OperandLayout:
+        """The layout of a tensor shaped like q, k, v or o ("kind"); strides None: contiguous
+        (allocated). An input `name`d has runtime strides when the problem asks for them."""
+        if name is not None and self._p.runtime_strides:
+            return runtime_layout(stride_names(name), self._baked)
         shape, sizes = self._kinds[kind]
         strides = contiguous_strides(self._p.layout, shape) if strides is None else strides
         return operand_layout(shape, sizes, strides, self._order, self._baked)
@@ -151,7 +198,8 @@ def _facts(p: AttentionProblem, family: str, sizes: dict[str, int], bake_lengths
     baked = sizes if bake_lengths else None
     layouts = _Layouts(p, baked)
     facts = dict(head_dim=p.head_dim, value_dim=p.value_dim, dtype=p.dtype, gqa_ratio=p.gqa_ratio,
-                 q=layouts.of("q", p.q_strides), k=layouts.of("k", p.k_strides), v=layouts.of("v", p.v_strides),
+                 q=layouts.of("q", p.q_strides, "q"), k=layouts.of("k", p.k_strides, "k"),
+                 v=layouts.of("v", p.v_strides, "v"),
                  rules=layouts.rules, sinks=p.sinks,
                  scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))), family=family,
                  sizes=RuntimeSizes(SIZES_STRUCT, tuple((name, SIZE_DOCS[name]) for name in sizes),
@@ -181,12 +229,12 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
                       bake_lengths: bool = False) -> BackwardDescriptor:
     """The descriptor of the backward kernels of `problem`, tiles from `family`'s backward table."""
     p = problem.forward
-    facts, layouts = _facts(p, family, sizes_of(p), bake_lengths)
+    facts, layouts = _facts(p, family, backward_sizes(problem), bake_lengths)
     row = backward_tile_row(family, max(p.head_dim, p.value_dim))
     return BackwardDescriptor(
         **facts,
-        o=layouts.of("o", problem.o_strides),
-        dout=layouts.of("o", problem.dout_strides),
+        o=layouts.of("o", problem.o_strides, "o"),
+        dout=layouts.of("o", problem.dout_strides, "dout"),
         dq=layouts.of("q"),
         dk=layouts.of("k"),
         dv=layouts.of("v"),

@@ -23,18 +23,19 @@ class MaskRules:
     """The facts that decide which keys a query may see, as the kernels bake them."""
 
     causal: str
-    window: tuple[int, int] | None
+    window: tuple[int | str, int | str] | None   # (left, right): literals (-1 unbounded) or runtime size names
     mask: str
     mask_dtype: str | None
     mask_layout: OperandLayout | None
     terms: tuple[str, ...] = ()   # more conditions on a pair, MSL with {query} and {key} (a key-visit case's)
 
     @property
-    def window_sides(self) -> tuple[int | None, int | None]:
-        """The bounded sides of the window, (left, right), None where unbounded."""
+    def window_sides(self) -> tuple[str | None, str | None]:
+        """The bounded sides of the window, (left, right), as MSL ints: a literal, or a runtime
+        size's value (whose unbounded value, C or R, removes no key); None where unbounded."""
         if self.window is None:
             return None, None
-        return tuple(None if side == -1 else side for side in self.window)  # type: ignore[return-value]
+        return tuple(_side(side) for side in self.window)  # type: ignore[return-value]
 
     @property
     def uses_diagonal(self) -> bool:
@@ -78,6 +79,19 @@ class Bounds:
         return position if self.origin is None else f"{position} + {self.origin}"
 
 
+def _side(side: int | str) -> str | None:
+    """A window side as an MSL int: a literal (None for -1, unbounded) or `int(name)` of a
+    runtime size (uint32 in the struct, below 2**31: the API checks the lengths)."""
+    if isinstance(side, str):
+        return f"int({side})"
+    return None if side == -1 else str(side)
+
+
+def _plus_one(side: str) -> str:
+    """`side` + 1, folded for a literal (so a baked window's MSL reads `4`, not `3 + 1`)."""
+    return str(int(side) + 1) if side.isdigit() else f"{side} + 1"
+
+
 DENSE_BOUNDS = Bounds()
 MASKED_BELOW = "-1.0e30f"   # additive mask values at or below this remove the key (see reference.py)
 
@@ -101,7 +115,7 @@ def key_range(rules: MaskRules, last: str | None = None, bounds: Bounds = DENSE_
     if left is not None:
         lines.append(f"key_begin = max(key_begin, int(q_first) + diagonal - {left});  // window, left")
     if right is not None:
-        lines.append(f"key_end = min(key_end, row_last + diagonal + {right + 1});  // window, right")
+        lines.append(f"key_end = min(key_end, row_last + diagonal + {_plus_one(right)});  // window, right")
     return lines
 
 
@@ -123,7 +137,7 @@ def query_range(rules: MaskRules, bounds: Bounds = DENSE_BOUNDS) -> list[str]:
         first = "int(key_first)" if bounds.origin is None else f"int(key_first) - {bounds.origin}"
         lines.append(f"query_begin = max(query_begin, {first});  // causal, upper left")
     if left is not None:
-        lines.append(f"query_end = min(query_end, key_last - diagonal + {left + 1});  // window, left")
+        lines.append(f"query_end = min(query_end, key_last - diagonal + {_plus_one(left)});  // window, left")
     if right is not None:
         lines.append(f"query_begin = max(query_begin, int(key_first) - diagonal - {right});  // window, right")
     return lines

@@ -25,7 +25,8 @@ from ..kernel.tables import CPU_FAMILY
 from . import split as split_kv
 from .backward import generate_dkdv, generate_dq
 from .combine import generate_combine
-from .descriptor import SIZE_NAMES, AttentionFacts, describe, describe_backward, sizes_of
+from .descriptor import (SIZE_NAMES, VIEW_SIZE_NAMES, AttentionFacts, backward_sizes, describe, describe_backward,
+                         sizes_of)
 from .dsinks import generate_dsinks
 from .forward import generate, generate_partial
 from .problem import AttentionBackwardProblem, AttentionProblem
@@ -82,16 +83,18 @@ def rows_spec(p: AttentionProblem, strides: bool = True) -> TensorSpec:
 def valid_for(p: AttentionProblem, family: str) -> dict[str, object]:
     """The facts a template of `p` was generated for (its kernels bake them)."""
     return dict(dtype=p.dtype, layout=p.layout, head_dim=p.head_dim, value_dim=p.value_dim, gqa_ratio=p.gqa_ratio,
-                causal=p.causal, window=None if p.window is None else list(p.window), mask=p.mask,
-                mask_dtype=p.mask_dtype, sinks=p.sinks, scale=p.softmax_scale, return_lse=p.return_lse,
+                causal=p.causal, window="runtime" if p.runtime_window else None if p.window is None else list(p.window),
+                mask=p.mask, mask_dtype=p.mask_dtype, sinks=p.sinks, scale=p.softmax_scale, return_lse=p.return_lse,
                 keys=type(p.keys).__name__, k_storage=type(p.k_storage).__name__,
-                v_storage=type(p.v_storage).__name__, family=family)
+                v_storage=type(p.v_storage).__name__, family=family,
+                **({"strides": "runtime"} if p.runtime_strides else {}))
 
 
 def common(p: AttentionProblem, d: AttentionFacts, sizes: dict[str, int]) -> tuple[list[str], list[str]]:
-    """The sizes a caller gives and the guards every attention template has: the GQA ratio its
-    kernels bake, and with baked lengths the lengths themselves."""
-    given = [name for name in sizes if name in SIZE_NAMES or name in d.keys.sizes_given]
+    """The sizes a caller gives (the lengths and counts, the key facet's, the runtime window's
+    sides and strides) and the guards every attention template has: the GQA ratio its kernels
+    bake, and with baked lengths the lengths themselves."""
+    given = [name for name in sizes if name in SIZE_NAMES or name in d.keys.sizes_given or name in VIEW_SIZE_NAMES]
     guards = [f"Hq == {p.gqa_ratio} * Hkv"]
     if d.sizes.baked is not None:
         guards += [f"{name} == {value}" for name, value in d.sizes.baked]
@@ -158,7 +161,7 @@ def attention_backward_template(problem: AttentionBackwardProblem, *, family: st
     if p.sinks:
         outputs["dsinks"] = TensorSpec("float32", (Hq,))
     outputs.update(d.keys.backward_outputs(spec))
-    given, guards = common(p, d, sizes_of(p))
+    given, guards = common(p, d, backward_sizes(problem))
     return build_template("attention_backward", kernels, sizes=given, inputs=inputs, outputs=outputs,
                           derived=d.keys.derived, guards=guards + list(p.rows.backward_guards(p, family)),
                           valid_for=valid_for(p, family))
@@ -168,4 +171,4 @@ def attention_backward_pass(problem: AttentionBackwardProblem, *, family: str = 
                             bake_lengths: bool = BAKE_LENGTHS) -> PassDescription:
     """The backward pass of `problem` (attention_backward_template, evaluated for its sizes)."""
     template = attention_backward_template(problem, family=family, bake_lengths=bake_lengths)
-    return evaluate(template, call_sizes(problem.forward))
+    return evaluate(template, backward_sizes(problem))

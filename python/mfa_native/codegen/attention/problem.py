@@ -10,6 +10,12 @@ Three facets say what the dense fields cannot: `keys`, which keys a query visits
 every key of the visible range; the sparse wing's block and token lists), and `k_storage`,
 `v_storage`, how k and v are stored (storage/stored.py: plain strided, or quantized, when
 k_strides / v_strides go unused).
+
+The kernels bake the window's sides and the inputs' strides as literals (or dense products
+of the sizes), unless `runtime_window` / `runtime_strides` ask for them as runtime sizes
+(descriptor.py's `window_left`, `q_row_stride`, ...): then one kernel serves every window and
+every view with a unit feature axis, as a bundle entry's must. The problem still holds this
+call's window and strides: they are the values of those sizes.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class AttentionProblem:
     keys: object = DENSE                   # the key-visit facet
     k_storage: object = PLAIN              # the storage facets of k and v
     v_storage: object = PLAIN
+    runtime_window: bool = False           # the window's sides are runtime sizes (every window, one kernel)
+    runtime_strides: bool = False          # the inputs' strides are runtime sizes (every view, one kernel)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -5,7 +5,8 @@ feature) whatever their memory layout ("bhsd" or "bshd"). A kernel depends on
 strides only as `OperandLayout`s: a stride equal to the dense stride of its
 operand (the product of the inner axes' sizes) is kept symbolic, e.g. `R * 64`,
 so a contiguous tensor of another length reuses the kernel; any other stride is
-a literal.
+a literal. Or every stride is a runtime size (`runtime_layout`): then one kernel serves every
+view whose innermost axis is unit, as a bundle's kernels must.
 """
 
 from __future__ import annotations
@@ -65,6 +66,20 @@ def operand_layout(shape, sizes, strides, order, baked: dict[str, int] | None) -
     if baked is not None:
         result = [e.bake(baked) for e in result]
     return OperandLayout(tuple(result))  # type: ignore[arg-type]
+
+
+def stride_names(operand: str, axes: tuple[str, ...] = ("batch", "head", "row")) -> tuple[str, ...]:
+    """The runtime sizes holding `operand`'s strides (elements) on `axes`, outermost first."""
+    return tuple(f"{operand}_{axis}_stride" for axis in axes)
+
+
+def runtime_layout(names: tuple[str, ...], baked: dict[str, int] | None) -> OperandLayout:
+    """Strides read from the runtime sizes `names` (logical order); with three names the
+    feature axis is unit. `baked` sizes become literals."""
+    strides = [Extent(1, (name,)) for name in names] + [Extent(1)] * (4 - len(names))
+    if baked is not None:
+        strides = [e.bake(baked) for e in strides]
+    return OperandLayout(tuple(strides))  # type: ignore[arg-type]
 
 
 def _actual_sizes(shape, sizes) -> dict[str, int]:
