@@ -125,7 +125,7 @@ namespace {
 std::string bundle_with_metallibs(const std::string& source, const std::string& metallibs) {
   const std::string facts =
       R"({"dtype":"float32","head_dim":8,"value_dim":8,"gqa_ratio":1,"causal":"none","mask":"none",)"
-      R"("mask_dtype":null,"window":null,"sinks":false,"layout":"bhsd","scale":null,"family":"apple9",)"
+      R"("mask_dtype":null,"window":false,"sinks":false,"layout":"bhsd","scale":null,"family":"apple9",)"
       R"("backward":false})";
   const std::string kernel = R"({"entry":"k","source":")" + source +
                              R"(","threadgroups":["1","1","1"],"threads_per_threadgroup":[1,1,1],"buffers":[]})";
