@@ -56,9 +56,10 @@ Buffer wrap_buffer(const Device& device, void* mtl_buffer, std::size_t byte_offs
 //
 // Caller memory: each view's data is host memory (unified on Apple GPUs).
 // Page-aligned views are bound in place, with no copy; the others are staged
-// through pool buffers: staged inputs are copied in during this call, staged
-// outputs are copied back by a completed handler this call adds to the
-// command buffer. So:
+// through pool buffers: staged inputs are copied in during this call (as are
+// inputs the kernels cannot address in place, packed as mfa::attention packs
+// them), staged outputs are copied back by a completed handler this call adds
+// to the command buffer. So:
 //   - Results are visible once the returned future is ready: after the command
 //     buffer completed and every staged output was copied back. (The command
 //     buffer's completion alone, e.g. waitUntilCompleted returning, does not
