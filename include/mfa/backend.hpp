@@ -94,6 +94,16 @@ class Backend {
 
   virtual std::shared_ptr<BackendLibrary> compile_library(const std::string& source,
                                                           const CompileOptions& options) = 0;
+  // The library of `source` made from `binary`, this backend's compiled form
+  // of it (a Metal library a bundle stores: `bundle --metallib`), built from
+  // `source` with `options`. A backend that runs no such binaries (cpu) keeps
+  // this default and compiles the source.
+  virtual std::shared_ptr<BackendLibrary> load_library(const std::string& source,
+                                                       const std::vector<unsigned char>& binary,
+                                                       const CompileOptions& options) {
+    (void)binary;
+    return compile_library(source, options);
+  }
   // `constants` maps every function constant the caller set, by index, to its value.
   virtual std::shared_ptr<BackendPipeline> make_pipeline(
       const BackendLibrary& library, const FunctionInfo& function,

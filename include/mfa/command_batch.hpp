@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -20,6 +21,27 @@ namespace mfa {
 // length, inline bytes too small for the argument, read-only memory bound to
 // a written argument. CommandBatch::commit and mfa::metal::encode call it.
 void validate_dispatch(const Device& device, const Dispatch& dispatch);
+
+// Caller memory a batch stages through a pool buffer because the backend
+// cannot bind it in place: copied in before the work runs, and back after it
+// when a kernel writes it.
+struct HostStaging {
+  void* host;
+  Buffer staging;
+  std::size_t bytes;
+  bool writable;
+};
+
+// Copies every writable staging buffer back to its caller memory; the bytes copied.
+std::uint64_t copy_back(const std::vector<HostStaging>& staging);
+
+// A batch's work taken out to be run elsewhere (mfa::metal::attention encodes
+// it into the caller's command buffer): the validated dispatches, and the
+// staged caller memory, inputs already copied in.
+struct BatchWork {
+  std::vector<Dispatch> dispatches;
+  std::vector<HostStaging> staging;
+};
 
 class CommandBatch {
  public:
@@ -53,15 +75,16 @@ class CommandBatch {
   // Blocks until done; copies staged host memory back. Throws DispatchError.
   std::vector<DispatchStats> wait();
   std::vector<DispatchStats> run() { commit(); return wait(); }
+  // Validates the dispatches and copies staged inputs in, as commit() does,
+  // but hands the work to the caller instead of the backend; the batch is
+  // then spent. The caller runs the dispatches, keeps the work alive until
+  // they complete, then calls copy_back(work.staging).
+  BatchWork take_work();
   const Device& device() const { return device_; }
 
  private:
-  struct HostStaging {
-    void* host;
-    Buffer staging;
-    std::size_t bytes;
-    bool writable;
-  };
+  // commit()'s and take_work()'s common part: validate, stage in, count the commit.
+  void seal();
   // The staging buffer already made for `host` in this batch, if any, so
   // one array bound twice is one buffer (later dispatches see earlier writes).
   HostStaging* staging_for(void* host, std::size_t bytes);

@@ -40,8 +40,12 @@ class Device {
   std::vector<std::pair<std::string, std::string>> properties() const;
   TuningFacts tuning() const;
 
-  std::shared_ptr<const Library> library(const std::string& source,
-                                         const CompileOptions& options = {}) const;
+  // With `binary` (this device's compiled form of `source`, e.g. a Metal
+  // library a bundle stores), the library is made from it where the backend
+  // loads such binaries; the cpu backend compiles the source. Cached under the
+  // same key either way (see PipelineCache::library).
+  std::shared_ptr<const Library> library(const std::string& source, const CompileOptions& options = {},
+                                         const std::vector<unsigned char>* binary = nullptr) const;
   std::shared_ptr<const Pipeline> pipeline(const std::shared_ptr<const Library>& library,
                                            const std::string& entry,
                                            const FunctionConstants& constants = {}) const;

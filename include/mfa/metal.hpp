@@ -1,6 +1,7 @@
-// The Metal-specific part of the embedder API: run mfa's dispatches inside a
-// command buffer the caller owns (a PyTorch MPS or MLX stream, an app's own
-// queue), and use Metal buffers made by others with no copy.
+// The Metal-specific part of the embedder API: run mfa's dispatches, or a
+// bundle's attention pass, inside a command buffer the caller owns (a PyTorch
+// MPS or MLX stream, an app's own queue), and use Metal buffers made by others
+// with no copy.
 //
 // Only builds with the Metal backend (macOS; MFA_HAVE_METAL is defined on the
 // mfa_core target) provide these functions. This header is plain C++:
@@ -11,9 +12,11 @@
 #pragma once
 
 #include <cstddef>
+#include <future>
 #include <utility>
 #include <vector>
 
+#include "mfa/attention.hpp"
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/device.hpp"
@@ -45,6 +48,44 @@ void encode(const Device& device, std::vector<Dispatch> dispatches, void* comman
 // (not an MTLBuffer).
 Buffer wrap_buffer(const Device& device, void* mtl_buffer, std::size_t byte_offset, std::size_t bytes);
 
+// mfa::attention / attention_backward (include/mfa/attention.hpp: the same
+// checks, entry and pass) encoded into `command_buffer`, an id<MTLCommandBuffer>
+// of `device`'s GPU that is not committed yet and has no encoder open, without
+// committing it: the pass gets one compute encoder of its own, after the
+// encoders the caller encoded before, and runs when the caller commits.
+//
+// Caller memory: each view's data is host memory (unified on Apple GPUs).
+// Page-aligned views are bound in place, with no copy; the others are staged
+// through pool buffers: staged inputs are copied in during this call (as are
+// inputs the kernels cannot address in place, packed as mfa::attention packs
+// them), staged outputs are copied back by a completed handler this call adds
+// to the command buffer. So:
+//   - Results are visible once the returned future is ready: after the command
+//     buffer completed and every staged output was copied back. (The command
+//     buffer's completion alone, e.g. waitUntilCompleted returning, does not
+//     promise that the completed handlers ran.) If the command buffer failed,
+//     the future holds a DispatchError and staged outputs are left as they were.
+//   - Lifetime: every view's memory stays alive, inputs unchanged and outputs
+//     untouched by the caller, from this call until the future is ready. The
+//     bundle need not outlive the call; mfa keeps its pipelines and pool
+//     buffers alive until the command buffer completes.
+//   - A call with nothing to compute (B, Hq, R or C = 0) writes its outputs at
+//     once, encodes nothing and returns a ready future.
+//   - A command buffer that is never committed never completes: its future never
+//     becomes ready.
+// Throws before encoding anything: ArgumentError (not the metal device; a
+// command buffer of another device, or already committed), TypeError (not a
+// command buffer), and every error mfa::attention throws for its arguments.
+std::shared_future<void> attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                   const TensorView& k, const TensorView& v, const TensorView& out,
+                                   const AttentionOptions& options, const TensorView* lse, void* command_buffer);
+std::shared_future<void> attention_backward(const Device& device, const Bundle& bundle, const TensorView& q,
+                                            const TensorView& k, const TensorView& v, const TensorView& o,
+                                            const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                                            const TensorView& dk, const TensorView& dv,
+                                            const AttentionOptions& options, const TensorView* dsinks,
+                                            void* command_buffer);
+
 }  // namespace mfa::metal
 
 #ifdef __OBJC__
@@ -58,6 +99,23 @@ inline void encode(const Device& device, std::vector<Dispatch> dispatches, id<MT
 
 inline Buffer wrap_buffer(const Device& device, id<MTLBuffer> buffer, std::size_t byte_offset, std::size_t bytes) {
   return wrap_buffer(device, (__bridge void*)buffer, byte_offset, bytes);
+}
+
+inline std::shared_future<void> attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                          const TensorView& k, const TensorView& v, const TensorView& out,
+                                          const AttentionOptions& options, const TensorView* lse,
+                                          id<MTLCommandBuffer> command_buffer) {
+  return attention(device, bundle, q, k, v, out, options, lse, (__bridge void*)command_buffer);
+}
+
+inline std::shared_future<void> attention_backward(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                   const TensorView& k, const TensorView& v, const TensorView& o,
+                                                   const TensorView& lse, const TensorView& dout,
+                                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                   const AttentionOptions& options, const TensorView* dsinks,
+                                                   id<MTLCommandBuffer> command_buffer) {
+  return attention_backward(device, bundle, q, k, v, o, lse, dout, dq, dk, dv, options, dsinks,
+                            (__bridge void*)command_buffer);
 }
 
 }  // namespace mfa::metal

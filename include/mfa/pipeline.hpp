@@ -90,7 +90,11 @@ class PipelineCache {
  public:
   explicit PipelineCache(Backend& backend) : backend_(backend) {}
 
-  std::shared_ptr<const Library> library(const std::string& source, const CompileOptions& options);
+  // `binary`: the backend's compiled form of `source` (Backend::load_library),
+  // or nullptr to compile. The key is the source's and the options' either
+  // way: a library made from a binary is the one compiled from its source.
+  std::shared_ptr<const Library> library(const std::string& source, const CompileOptions& options,
+                                         const std::vector<unsigned char>* binary = nullptr);
   std::shared_ptr<const Pipeline> pipeline(const std::shared_ptr<const Library>& library,
                                            const std::string& entry,
                                            const FunctionConstants& constants);

@@ -158,7 +158,9 @@ void run_pass(const Device& device, CommandBatch* batch, const EvaluatedPass& pa
   }
   std::vector<PassDispatch> dispatches;
   for (const EvaluatedKernel& k : pass.kernels) {
-    PassDispatch dispatch{device.pipeline(k.kernel->source, k.kernel->entry), k.threadgroups,
+    // Made from the bundle's metallib of the source where it has one (the metal device).
+    const auto library = device.library(k.kernel->source, {}, k.kernel->binary.get());
+    PassDispatch dispatch{device.pipeline(library, k.kernel->entry), k.threadgroups,
                           k.kernel->threads_per_threadgroup, {}, {}};
     for (std::size_t i = 0; i < k.kernel->buffers.size(); ++i) {
       const auto& [source, slot] = slots.at(k.kernel->buffers[i]);

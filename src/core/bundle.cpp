@@ -81,9 +81,7 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     entry.line = entry_line(entry.facts, entry.forward.size(), entry.backward.size());
     contents->entries.push_back(std::move(entry));
   }
-  if (const json::Value* metallibs = payload.find("metallibs"))
-    for (const auto& [key, value] : metallibs->as_object("metallibs"))
-      contents->metallibs[key] = value.as_string("metallib");
+  attach_metallibs(contents->entries, payload);
   return contents;
 }
 

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -41,8 +40,14 @@ struct BundleEntry {
 
 struct Bundle::Contents {
   std::vector<BundleEntry> entries;
-  std::map<std::string, std::string> metallibs;  // sha256(source) -> base64 library (bundle --metallib)
 };
+
+// Decodes the payload's "metallibs" (sha256 of a kernel source -> its Metal
+// library, base64: `bundle --metallib`), if any, and gives every kernel of
+// `entries` (parsed from `payload`) whose source has one that library as its
+// binary. BundleError for a value that is not base64 (or is empty) and for a
+// key that is the sha256 of no kernel source in the payload.
+void attach_metallibs(std::vector<BundleEntry>& entries, const json::Value& payload);
 
 // The line `python -m mfa_native bundle --list` prints for an entry.
 std::string entry_line(const BundleFacts& facts, std::size_t forward, std::size_t backward);

@@ -111,7 +111,7 @@ CommandBatch::DispatchRef& CommandBatch::DispatchRef::threadgroup_memory(int ind
   return *this;
 }
 
-CommandBatch::HostStaging* CommandBatch::staging_for(void* host, std::size_t bytes) {
+HostStaging* CommandBatch::staging_for(void* host, std::size_t bytes) {
   for (HostStaging& staged : staging_)
     if (staged.host == host && staged.bytes == bytes) return &staged;
   return nullptr;
@@ -167,7 +167,17 @@ void validate_dispatch(const Device& device, const Dispatch& dispatch) {
                         " bytes is over the limit of " + std::to_string(limits.max_threadgroup_memory) + " bytes");
 }
 
-void CommandBatch::commit() {
+std::uint64_t copy_back(const std::vector<HostStaging>& staging) {
+  std::uint64_t copied_back = 0;
+  for (const HostStaging& staged : staging) {
+    if (!staged.writable) continue;
+    std::memcpy(staged.host, staged.staging.data(), staged.bytes);
+    copied_back += staged.bytes;
+  }
+  return copied_back;
+}
+
+void CommandBatch::seal() {
   if (committed_) throw ArgumentError("this CommandBatch was already committed");
   for (const Dispatch& dispatch : dispatches_) validate_dispatch(device_, dispatch);
   std::uint64_t staged_in = 0;
@@ -177,8 +187,20 @@ void CommandBatch::commit() {
   }
   device_.count_commit(staged_in);
   committed_ = true;
+}
+
+void CommandBatch::commit() {
+  seal();
   submission_ = device_.backend().submit(std::move(dispatches_));
   dispatches_.clear();
+}
+
+BatchWork CommandBatch::take_work() {
+  seal();
+  BatchWork work{std::move(dispatches_), std::move(staging_)};
+  dispatches_.clear();
+  staging_.clear();
+  return work;
 }
 
 std::vector<DispatchStats> CommandBatch::wait() {
@@ -187,13 +209,7 @@ std::vector<DispatchStats> CommandBatch::wait() {
   std::unique_ptr<Submission> submission = std::move(submission_);
   std::vector<HostStaging> staging = std::move(staging_);
   std::vector<DispatchStats> stats = submission->wait();
-  std::uint64_t copied_back = 0;
-  for (const HostStaging& staged : staging) {
-    if (!staged.writable) continue;
-    std::memcpy(staged.host, staged.staging.data(), staged.bytes);
-    copied_back += staged.bytes;
-  }
-  device_.count_copy_back(copied_back);
+  device_.count_copy_back(copy_back(staging));
   return stats;
 }
 

@@ -115,8 +115,9 @@ CompileOptions effective_options(const CompileOptions& options, DeviceKind kind)
 
 }  // namespace
 
-std::shared_ptr<const Library> Device::library(const std::string& source, const CompileOptions& options) const {
-  return state_->cache->library(source, effective_options(options, kind()));
+std::shared_ptr<const Library> Device::library(const std::string& source, const CompileOptions& options,
+                                               const std::vector<unsigned char>* binary) const {
+  return state_->cache->library(source, effective_options(options, kind()), binary);
 }
 
 std::shared_ptr<const Pipeline> Device::pipeline(const std::shared_ptr<const Library>& library,

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,9 @@ constexpr int kTemplateSchema = 1;
 struct KernelTemplate {
   std::string entry;
   std::string source;
+  // The device's compiled form of `source` a bundle stores (`bundle --metallib`:
+  // a Metal library), or null: the device compiles the source.
+  std::shared_ptr<const std::vector<unsigned char>> binary;
   std::vector<SizeExpression> threadgroups;    // 3
   Size3 threads_per_threadgroup;
   std::vector<std::string> buffers;            // [[buffer(i)]] binds buffers[i]

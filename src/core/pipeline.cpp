@@ -186,12 +186,13 @@ std::shared_ptr<const T> get_or_build(std::mutex& mutex,
 
 }  // namespace
 
-std::shared_ptr<const Library> PipelineCache::library(const std::string& source,
-                                                      const CompileOptions& options) {
+std::shared_ptr<const Library> PipelineCache::library(const std::string& source, const CompileOptions& options,
+                                                      const std::vector<unsigned char>* binary) {
   const std::string key = sha256_hex(options.cache_key() + '\n' + source);
   return get_or_build<Library>(mutex_, libraries_, stats_.library_hits, stats_.library_misses, key, [&] {
     std::vector<FunctionInfo> functions = reflect_msl(source);
-    std::shared_ptr<BackendLibrary> compiled = backend_.compile_library(source, options);
+    std::shared_ptr<BackendLibrary> compiled =
+        binary ? backend_.load_library(source, *binary, options) : backend_.compile_library(source, options);
     return std::make_shared<const Library>(key, source, std::move(functions), std::move(compiled));
   });
 }

@@ -1,13 +1,18 @@
 // The functions of include/mfa/metal.hpp.
 #include "mfa/metal.hpp"
 
+#include <functional>
+#include <future>
+#include <memory>
 #include <string>
 
+#include "mfa/attention.hpp"
 #include "mfa/command_batch.hpp"
 #include "mfa/errors.hpp"
 #include "metal/encoder.h"
 #include "metal/metal_backend.h"
 #include "metal/metal_objects.h"
+#include "metal/submission.h"
 
 namespace mfa::metal {
 
@@ -23,18 +28,67 @@ id checked_object(void* pointer, Protocol* protocol, const std::string& what, co
   return object;
 }
 
+// `command_buffer` as an id<MTLCommandBuffer> of `device`'s GPU, not committed
+// yet; throws naming `what` otherwise.
+MFA_METAL_AVAILABILITY id<MTLCommandBuffer> open_command_buffer(const Device& device, void* command_buffer,
+                                                                const std::string& what) {
+  MetalBackend& backend = metal_backend_of(device, what);
+  id<MTLCommandBuffer> target =
+      checked_object(command_buffer, @protocol(MTLCommandBuffer), what + ": command_buffer", "an id<MTLCommandBuffer>");
+  if (target.device != backend.device()) throw ArgumentError(what + ": command_buffer belongs to another Metal device");
+  if (target.status > MTLCommandBufferStatusEnqueued)
+    throw ArgumentError(what + ": command_buffer is already committed");
+  return target;
+}
+
+std::string kernel_names(const std::vector<Dispatch>& dispatches) {
+  std::string names;
+  for (const Dispatch& dispatch : dispatches) names += (names.empty() ? "" : ", ") + dispatch.pipeline->name();
+  return names;
+}
+
+// What `record` records into a CommandBatch of `device` (a bundle's pass),
+// encoded into the caller's `command_buffer`: the batch's work is taken out
+// (validated, staged inputs copied in) and a completed handler copies the
+// staged outputs back, then makes the returned future ready.
+std::shared_future<void> encode_recorded(const Device& device, void* command_buffer, const std::string& what,
+                                         const std::function<void(CommandBatch&)>& record) {
+  if (@available(macOS 14.0, *)) {
+    return with_autorelease_pool([&] {
+      id<MTLCommandBuffer> target = open_command_buffer(device, command_buffer, what);
+      CommandBatch batch(device);
+      record(batch);
+      auto work = std::make_shared<const BatchWork>(batch.take_work());
+      auto done = std::make_shared<std::promise<void>>();
+      std::shared_future<void> visible = done->get_future().share();
+      if (work->dispatches.empty()) {  // nothing to compute: the outputs are written already
+        done->set_value();
+        return visible;
+      }
+      encode_dispatches(target, work->dispatches);
+      const Device owner = device;
+      // The block owns the work (pipelines, pool buffers) until the GPU is done with it.
+      [target addCompletedHandler:^(id<MTLCommandBuffer> completed) {
+        if (completed.status == MTLCommandBufferStatusError) {
+          done->set_exception(std::make_exception_ptr(DispatchError(kernel_names(work->dispatches),
+                                                                    explain(completed.error))));
+          return;
+        }
+        owner.count_copy_back(copy_back(work->staging));
+        done->set_value();
+      }];
+      return visible;
+    });
+  }
+  throw UnavailableError(kNeedsMacOS14);
+}
+
 }  // namespace
 
 void encode(const Device& device, std::vector<Dispatch> dispatches, void* command_buffer) {
   if (@available(macOS 14.0, *)) {
     with_autorelease_pool([&] {
-      MetalBackend& backend = metal_backend_of(device, "mfa::metal::encode");
-      id<MTLCommandBuffer> target = checked_object(command_buffer, @protocol(MTLCommandBuffer),
-                                                   "mfa::metal::encode: command_buffer", "an id<MTLCommandBuffer>");
-      if (target.device != backend.device())
-        throw ArgumentError("mfa::metal::encode: command_buffer belongs to another Metal device");
-      if (target.status > MTLCommandBufferStatusEnqueued)
-        throw ArgumentError("mfa::metal::encode: command_buffer is already committed");
+      id<MTLCommandBuffer> target = open_command_buffer(device, command_buffer, "mfa::metal::encode");
       for (const Dispatch& dispatch : dispatches) validate_dispatch(device, dispatch);
       encode_dispatches(target, dispatches);
       retain_until_completed(target, std::move(dispatches));
@@ -62,6 +116,25 @@ Buffer wrap_buffer(const Device& device, void* mtl_buffer, std::size_t byte_offs
     });
   }
   throw UnavailableError(kNeedsMacOS14);
+}
+
+std::shared_future<void> attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                   const TensorView& k, const TensorView& v, const TensorView& out,
+                                   const AttentionOptions& options, const TensorView* lse, void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::attention", [&](CommandBatch& batch) {
+    mfa::attention(batch, bundle, q, k, v, out, options, lse);
+  });
+}
+
+std::shared_future<void> attention_backward(const Device& device, const Bundle& bundle, const TensorView& q,
+                                            const TensorView& k, const TensorView& v, const TensorView& o,
+                                            const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                                            const TensorView& dk, const TensorView& dv,
+                                            const AttentionOptions& options, const TensorView* dsinks,
+                                            void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::attention_backward", [&](CommandBatch& batch) {
+    mfa::attention_backward(batch, bundle, q, k, v, o, lse, dout, dq, dk, dv, options, dsinks);
+  });
 }
 
 }  // namespace mfa::metal

@@ -30,6 +30,9 @@ class MFA_METAL_AVAILABILITY MetalBackend final : public Backend {
   TuningFacts tuning() const override;
 
   std::shared_ptr<BackendLibrary> compile_library(const std::string& source, const CompileOptions& options) override;
+  // `binary` is a .metallib's bytes; the source is not compiled.
+  std::shared_ptr<BackendLibrary> load_library(const std::string& source, const std::vector<unsigned char>& binary,
+                                               const CompileOptions& options) override;
   std::shared_ptr<BackendPipeline> make_pipeline(const BackendLibrary& library, const FunctionInfo& function,
                                                  const std::map<int, ConstantValue>& constants) override;
 

@@ -60,6 +60,11 @@ std::shared_ptr<BackendLibrary> MetalBackend::compile_library(const std::string&
   return with_autorelease_pool([&] { return compile_msl(device_, source, options); });
 }
 
+std::shared_ptr<BackendLibrary> MetalBackend::load_library(const std::string&, const std::vector<unsigned char>& binary,
+                                                           const CompileOptions&) {
+  return with_autorelease_pool([&] { return load_metallib(device_, binary); });
+}
+
 std::shared_ptr<BackendPipeline> MetalBackend::make_pipeline(const BackendLibrary& library,
                                                              const FunctionInfo& function,
                                                              const std::map<int, ConstantValue>& constants) {

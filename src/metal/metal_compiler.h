@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mfa/backend.hpp"
 #include "metal/metal_objects.h"
@@ -23,6 +24,12 @@ MFA_METAL_AVAILABILITY std::string language_version_name();
 // or options that are not valid UTF-8 or ask for an MSL version this OS lacks.
 MFA_METAL_AVAILABILITY std::shared_ptr<MetalLibrary> compile_msl(id<MTLDevice> device, const std::string& source,
                                                                      const CompileOptions& options);
+
+// The library in `metallib` (the bytes of a .metallib file: a bundle's
+// `--metallib`), loaded with no compiling. Throws CompileError carrying
+// Metal's reason when it cannot load it (not a library, or built for a newer OS).
+MFA_METAL_AVAILABILITY std::shared_ptr<MetalLibrary> load_metallib(id<MTLDevice> device,
+                                                                   const std::vector<unsigned char>& metallib);
 
 // Specializes `function` with its constants and builds its pipeline, through
 // `archive` when there is one (nullptr: compile every time). Throws

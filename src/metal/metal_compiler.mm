@@ -142,6 +142,19 @@ std::shared_ptr<MetalLibrary> compile_msl(id<MTLDevice> device, const std::strin
   return std::make_shared<MetalLibrary>(library);
 }
 
+std::shared_ptr<MetalLibrary> load_metallib(id<MTLDevice> device, const std::vector<unsigned char>& metallib) {
+  // DISPATCH_DATA_DESTRUCTOR_DEFAULT copies the bytes: the library owns what it reads.
+  dispatch_data_t data = dispatch_data_create(metallib.data(), metallib.size(), nullptr,
+                                              DISPATCH_DATA_DESTRUCTOR_DEFAULT);
+  NSError* error = nil;
+  id<MTLLibrary> library = [device newLibraryWithData:data error:&error];
+  if (!library)
+    throw CompileError("Metal could not load the bundle's compiled library (" + std::to_string(metallib.size()) +
+                           " bytes); write the bundle without --metallib, or on the oldest macOS the app runs on",
+                       compiler_log(error));
+  return std::make_shared<MetalLibrary>(library);
+}
+
 std::shared_ptr<MetalPipeline> build_pipeline(id<MTLDevice> device, const MetalLibrary& library,
                                               const FunctionInfo& function,
                                               const std::map<int, ConstantValue>& constants,

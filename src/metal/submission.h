@@ -12,6 +12,10 @@
 
 namespace mfa::metal {
 
+// What went wrong with a failed command buffer, in terms of the kernels
+// (Metal's own text says little): the cause (GPU timeout, page fault, ...) and Metal's words.
+MFA_METAL_AVAILABILITY std::string explain(NSError* error);
+
 class MFA_METAL_AVAILABILITY MetalSubmission final : public Submission {
  public:
   // `command_buffer` is committed and runs `dispatches`, which this object

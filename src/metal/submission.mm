@@ -7,9 +7,6 @@
 
 namespace mfa::metal {
 
-namespace {
-
-// What went wrong, in terms of the kernel: Metal's own text says little.
 std::string explain(NSError* error) {
   if (!error || ![error.domain isEqualToString:MTLCommandBufferErrorDomain]) return describe(error);
   std::string hint;
@@ -35,8 +32,6 @@ std::string explain(NSError* error) {
   const std::string detail = describe(error);
   return hint.empty() ? detail : hint + " (" + detail + ")";
 }
-
-}  // namespace
 
 MetalSubmission::MetalSubmission(id<MTLCommandBuffer> command_buffer, std::vector<Dispatch> dispatches)
     : command_buffer_(command_buffer), dispatches_(std::move(dispatches)), stats_(dispatches_.size()) {

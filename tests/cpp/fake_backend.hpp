@@ -46,6 +46,12 @@ class FakeBackend final : public Backend {
     if (source.find("#error") != std::string::npos) throw CompileError("fake compile failed", "line 1: #error");
     return std::make_shared<BackendLibrary>();
   }
+  std::atomic<int> libraries_loaded{0};
+  std::shared_ptr<BackendLibrary> load_library(const std::string&, const std::vector<unsigned char>&,
+                                               const CompileOptions&) override {
+    ++libraries_loaded;
+    return std::make_shared<BackendLibrary>();
+  }
   std::shared_ptr<BackendPipeline> make_pipeline(const BackendLibrary&, const FunctionInfo&,
                                                  const std::map<int, ConstantValue>&) override {
     std::this_thread::sleep_for(compile_delay);

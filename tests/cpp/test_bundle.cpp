@@ -1,11 +1,17 @@
 // The bundle reader's C++-only parts: the JSON reader, size expressions, the
-// refusals of bad bundle bytes, and NoBundleEntryError. (tests/python/
+// refusals of bad bundle bytes, NoBundleEntryError, base64 and the compiled
+// libraries (metallibs) a bundle may store. (tests/python/
 // test_bundle_cpp.py compares the evaluator and mfa::attention with Python.)
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/base64.hpp"
+#include "core/bundle.hpp"
 #include "core/json.hpp"
 #include "core/sha256.hpp"
 #include "core/size_expression.hpp"
@@ -96,4 +102,65 @@ TEST(Bundle, MissingEntryListsWhatItHolds) {
   EXPECT_THROW(mfa::attention(device, bundle, view, half, view, o), mfa::TypeError);
   const mfa::TensorView three{q.data(), mfa::DType::float32, {2, 4, 8}, {}};
   EXPECT_THROW(mfa::attention(device, bundle, three, view, view, o), mfa::ArgumentError);
+}
+
+TEST(Base64, DecodesWhatPythonWritesAndRefusesTheRest) {
+  const auto text = [](const std::optional<std::vector<unsigned char>>& bytes) {
+    return bytes ? std::string(bytes->begin(), bytes->end()) : std::string("<refused>");
+  };
+  // RFC 4648's test vectors (base64.b64encode's output).
+  EXPECT_EQ(text(mfa::base64_decode("")), "");
+  EXPECT_EQ(text(mfa::base64_decode("Zg==")), "f");
+  EXPECT_EQ(text(mfa::base64_decode("Zm8=")), "fo");
+  EXPECT_EQ(text(mfa::base64_decode("Zm9v")), "foo");
+  EXPECT_EQ(text(mfa::base64_decode("Zm9vYmFy")), "foobar");
+  EXPECT_EQ(text(mfa::base64_decode("/+8A")), std::string("\xff\xef\x00", 3));
+  for (const char* bad : {"Zg=", "Zm9", "Zg===", "Z===", "Zm=v", "Zm9v!A==", "Zh==", "Zm9=Zm9v", "Zm 9v"})
+    EXPECT_FALSE(mfa::base64_decode(bad)) << bad;
+}
+
+namespace {
+
+// A bundle of one entry whose one template has one kernel of `source`, and `metallibs`.
+std::string bundle_with_metallibs(const std::string& source, const std::string& metallibs) {
+  const std::string facts =
+      R"({"dtype":"float32","head_dim":8,"value_dim":8,"gqa_ratio":1,"causal":"none","mask":"none",)"
+      R"("mask_dtype":null,"window":false,"sinks":false,"layout":"bhsd","scale":null,"family":"apple9",)"
+      R"("backward":false})";
+  const std::string kernel = R"({"entry":"k","source":")" + source +
+                             R"(","threadgroups":["1","1","1"],"threads_per_threadgroup":[1,1,1],"buffers":[]})";
+  const std::string forward = R"({"schema":1,"name":"t","sizes":[],"derived":[],"guards":[],)"
+                              R"("valid_for":[["scale",0.5]],"kernels":[)" + kernel + R"(],"buffers":[]})";
+  return bundle_bytes(R"({"format":"mfa_native.bundle","template_schema":1,"entries":[{"op":"attention","facts":)" +
+                      facts + R"(,"forward":[)" + forward + R"(],"backward":[]}],"metallibs":)" + metallibs + "}");
+}
+
+}  // namespace
+
+TEST(Bundle, AttachesItsMetallibsToTheKernelsOfTheirSource) {
+  const std::string source = "kernel void k() {}";
+  const std::string key = mfa::sha256_hex(source);
+  const std::string bytes = bundle_with_metallibs(source, R"({")" + key + R"(":"Zm9vYmFy"})");
+  const mfa::Bundle bundle = mfa::Bundle::from_memory(bytes.data(), bytes.size());
+  const mfa::KernelTemplate& kernel = bundle.contents().entries.at(0).forward.at(0).kernels.at(0);
+  ASSERT_TRUE(kernel.binary);
+  EXPECT_EQ(std::string(kernel.binary->begin(), kernel.binary->end()), "foobar");
+  const std::string plain = bundle_with_metallibs(source, "{}");
+  EXPECT_FALSE(mfa::Bundle::from_memory(plain.data(), plain.size()).contents().entries.at(0).forward.at(0)
+                   .kernels.at(0).binary);
+
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({")" + key + R"(":"Zm9vYmF"})", "not valid base64"},
+      {R"({")" + key + R"(":""})", "is empty"},
+      {R"({")" + mfa::sha256_hex("other") + R"(":"Zm9v"})", "sha256 of no kernel source"},
+      {R"({")" + key + R"(":7})", "unreadable"}};
+  for (const auto& [metallibs, message] : refused) {
+    const std::string bad = bundle_with_metallibs(source, metallibs);
+    try {
+      mfa::Bundle::from_memory(bad.data(), bad.size());
+      ADD_FAILURE() << metallibs << ": no BundleError";
+    } catch (const mfa::BundleError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
 }

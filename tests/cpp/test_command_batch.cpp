@@ -1,6 +1,8 @@
 // Validation of dispatches and the host-memory paths, on the cpu device.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -149,6 +151,36 @@ TEST_F(CommandBatchTest, EmptyGridsAndOrderMistakes) {
   EXPECT_NE(error_of([&] { batch.commit(); }).find("threadgroups must be at least 1"), std::string::npos);
   mfa::CommandBatch unused(device);
   EXPECT_THROW(unused.wait(), mfa::ArgumentError);
+}
+
+TEST_F(CommandBatchTest, TakenWorkIsValidatedAndRunsElsewhere) {
+  mfa::CommandBatch unbound(device);
+  unbound.dispatch(pipeline, {5}, {64}).host(0, x.data(), 1200, false).bytes(2, &params, sizeof params)
+      .threadgroup_memory(0, 256);
+  EXPECT_NE(error_of([&] { unbound.take_work(); }).find("buffer(1) 'y' is not bound"), std::string::npos);
+
+  mfa::CommandBatch batch(device);
+  bind_all(batch.dispatch(pipeline, {5}, {64}));
+  mfa::BatchWork work = batch.take_work();
+  EXPECT_THROW(batch.commit(), mfa::ArgumentError);  // spent
+  EXPECT_THROW(batch.take_work(), mfa::ArgumentError);
+  ASSERT_EQ(work.dispatches.size(), 1u);
+  EXPECT_TRUE(work.staging.empty());  // the cpu backend binds host memory in place
+  for (float value : y) ASSERT_TRUE(std::isnan(value));  // nothing ran yet
+  device.backend().submit(std::move(work.dispatches))->wait();
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_FLOAT_EQ(y[i], x[i] * 1.5f) << i;
+}
+
+TEST_F(CommandBatchTest, CopyBackWritesOnlyWritableStaging) {
+  mfa::Buffer written = device.new_buffer(x.size() * 4), read = device.new_buffer(x.size() * 4);
+  std::memcpy(written.data(), x.data(), x.size() * 4);
+  std::memcpy(read.data(), x.data(), x.size() * 4);
+  std::vector<float> out(x.size(), std::nanf("")), in(x.size(), std::nanf(""));
+  const std::vector<mfa::HostStaging> staging = {{out.data(), written, out.size() * 4, true},
+                                                 {in.data(), read, in.size() * 4, false}};
+  EXPECT_EQ(mfa::copy_back(staging), out.size() * 4);
+  EXPECT_EQ(out, x);
+  for (float value : in) ASSERT_TRUE(std::isnan(value));
 }
 
 }  // namespace

@@ -42,6 +42,26 @@ TEST(PipelineCache, LibraryKeyIsSourcePlusOptions) {
   EXPECT_EQ(stats.libraries, 3u);
 }
 
+TEST(PipelineCache, ALibraryFromABinaryIsTheOneCompiledFromItsSource) {
+  const std::vector<unsigned char> binary = {1, 2, 3};
+  FakeBackend backend;
+  PipelineCache cache(backend);
+  auto loaded = cache.library(kSource, {}, &binary);
+  EXPECT_EQ(backend.libraries_loaded, 1);
+  EXPECT_EQ(backend.libraries_compiled, 0);
+  EXPECT_EQ(cache.library(kSource, {}), loaded);  // the source's key: a hit, nothing compiled
+  EXPECT_EQ(backend.libraries_compiled, 0);
+  EXPECT_EQ(loaded->functions().size(), 2u);      // reflected from the source all the same
+  const std::string other = std::string(kSource) + "\n";
+  auto compiled = cache.library(other, {});
+  EXPECT_EQ(cache.library(other, {}, &binary), compiled);  // compiled first: the binary is not loaded
+  EXPECT_EQ(backend.libraries_loaded, 1);
+  EXPECT_EQ(cache.stats().libraries, 2u);
+  EXPECT_EQ(cache.pipeline(loaded, "first", FunctionConstants().set("WIDTH", std::int64_t(1)).set(2, 1.0))->key(),
+            cache.pipeline(cache.library(kSource, {}), "first",
+                           FunctionConstants().set("WIDTH", std::int64_t(1)).set(2, 1.0))->key());
+}
+
 TEST(PipelineCache, PipelineKeyIsLibraryEntryAndConstantValues) {
   FakeBackend backend;
   PipelineCache cache(backend);

@@ -1,11 +1,13 @@
 """The C++ side of bundles against Python, through _core's test hooks: size expressions and
 template evaluation give Python's values; mfa::attention / attention_backward on the cpu
 backend give Python's results bit for bit (strided, packed and broadcast views, runtime
-windows, head dims past 256 included); damaged bundles, missing entries and bad views raise
+windows, head dims past 256 included, and with compiled Metal libraries in the bundle, which
+the cpu device ignores); damaged bundles and metallibs, missing entries and bad views raise
 naming what is wrong."""
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 from dataclasses import asdict
@@ -18,7 +20,7 @@ from hypothesis import strategies as st
 
 import mfa_native
 from mfa_native import _core, reference
-from mfa_native.bundle import entries_of
+from mfa_native.bundle import entries_of, metallib
 from mfa_native.bundle.file import pack, unpack
 from mfa_native.bundle.writer import build_payload
 from mfa_native.runtime import expressions
@@ -192,6 +194,46 @@ def _cpp_options(kwargs):
 
 @pytest.mark.parametrize("case", CASES, ids=[f"family{c[0]}-R{c[3]}-C{c[4]}" for c in CASES])
 def test_attention_matches_python_bit_for_bit(bundle, case, rng):
+    _check_against_python(bundle, case, rng)
+
+
+def _source_keys(payload) -> list[str]:
+    return sorted({metallib.source_key(kernel["source"]) for record in payload["entries"]
+                   for template in record["forward"] + record["backward"] for kernel in template["kernels"]})
+
+
+def _with_metallibs(payload, metallibs: dict) -> bytes:
+    return pack({**payload, "metallibs": metallibs})
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1]], ids=["family0-R5-C37", "family0-R1-C600"])
+def test_a_bundle_with_metallibs_runs_its_source_on_the_cpu_device(payload, case, rng):
+    """`bundle --metallib` bundles (random bytes stand in for the libraries, which only a Mac
+    compiles): the cpu device ignores the libraries, compiles the sources, and still computes
+    Python's results bit for bit."""
+    keys = _source_keys(payload)
+    libraries = {key: base64.b64encode(rng.bytes(int(rng.integers(1, 200)))).decode() for key in keys}
+    _check_against_python(_core._Bundle.from_bytes(_with_metallibs(payload, libraries)), case, rng)
+
+
+def test_damaged_or_orphan_metallibs_are_bundle_errors(payload):
+    key = _source_keys(payload)[0]
+    other = metallib.source_key("kernel void nowhere() {}")
+    cases = {"not valid base64": {key: "Zm9vYmF"}, "is empty": {key: ""},
+             "sha256 of no kernel source": {key: "Zm9v", other: "Zm9v"}}
+    for message, libraries in cases.items():
+        with pytest.raises(RuntimeError, match=message):
+            _core._Bundle.from_bytes(_with_metallibs(payload, libraries))
+    # A key for the source of an entry of an op this reader skips is no orphan.
+    skipped = {"op": "later_op", "forward": [{"kernels": [{"source": "kernel void nowhere() {}"}]}], "backward": []}
+    later = {**payload, "entries": payload["entries"] + [skipped]}
+    assert _core._Bundle.from_bytes(_with_metallibs(later, {other: "Zm9v"})).entries() == \
+        _core._Bundle.from_bytes(pack(payload)).entries()
+
+
+def _check_against_python(bundle, case, rng):
+    """mfa::attention (and, where the entry has it, attention_backward) on `bundle` against
+    Python's on the same inputs: bit for bit, and within the dtype's tolerance of float64."""
     index, B, Hkv, R, C, _ = case
     facts = FAMILIES[index]
     q, k, v, kwargs = _inputs(rng, facts, B, Hkv, R, C)

@@ -33,11 +33,15 @@ def source_key(source: str) -> str:
 
 
 def compile_source(source: str, language_version: str = "3.1") -> bytes:
+    """The .metallib of `source`, compiled as the C++ core compiles MSL at run time (its
+    CompileOptions' default fast_math=false: `xcrun metal` defaults to fast math), so that
+    the library a bundle stores is the one the core would have compiled (the core's caches
+    hold it under the source's key)."""
     with tempfile.TemporaryDirectory() as folder:
         msl, air, lib = (Path(folder) / name for name in ("k.metal", "k.air", "k.metallib"))
         msl.write_text(source)
-        subprocess.run(["xcrun", "-sdk", "macosx", "metal", f"-std=metal{language_version}", "-c", str(msl),
-                        "-o", str(air)], check=True, capture_output=True)
+        subprocess.run(["xcrun", "-sdk", "macosx", "metal", f"-std=metal{language_version}", "-fno-fast-math", "-c",
+                        str(msl), "-o", str(air)], check=True, capture_output=True)
         subprocess.run(["xcrun", "-sdk", "macosx", "metallib", str(air), "-o", str(lib)], check=True,
                        capture_output=True)
         return lib.read_bytes()
