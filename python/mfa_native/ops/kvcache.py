@@ -253,7 +253,8 @@ def _prepare(call: Call, device):
     if empty:
         prepared, inputs = empty_forward(p, names, checked)
     else:
-        description = codegen.attention_pass(p, family=tuning_facts(device).family)
+        facts = tuning_facts(device)
+        description = codegen.attention_pass(p, family=facts.family, parallel_threadgroups=facts.parallel_threadgroups)
         prepared, inputs = prepared_call(description, device, checked, names, call.results)
     prepared.check = check_contents
     return prepared, inputs

@@ -152,7 +152,7 @@ class SequenceRanges:
 
     sequences: int
 
-    splits = False     # no split-KV: a decode batch is many sequences, each a unit of work
+    split_length = None   # no split-KV: a decode batch is many sequences, each a unit of work
     batched = False    # q, k, v, the outputs and lse have no batch axis
 
     def sizes(self, p) -> dict[str, int]:
