@@ -10,7 +10,8 @@ cache over each batch's attended length (codegen/attention/cache.py). Every chec
 runs first, on every call, so nothing is written on an error. An empty problem (no kernel
 runs) appends plain rows on the host. The caches must be host-visible memory the pass can
 bind writable in place: numpy arrays and torch CPU tensors (MLX arrays are read-only through
-the buffer protocol: refused with a TypeError). Inference only.
+the buffer protocol: refused with a TypeError; `mfa_native.mlx.attention_with_kvcache` appends
+with MLX's own in-place update, then calls this without an append). Inference only.
 
 A paged QuantizedTensor cache has the pages' layout in every field: data (num_blocks,
 page_size, Hkv, D * bits / 32 words or D / 32 blocks) and affine scales and biases
@@ -155,25 +156,36 @@ class Cache:
             for field, x in _arrays(cache, name).items():
                 if not x.flags.writeable:
                     raise TypeError(f"{field} is read-only here ({type(_given(cache, field)).__name__}): the append "
-                                    f"writes it in place ({CACHE_TYPES} can be written)")
+                                    f"writes it in place ({CACHE_TYPES} can be written; for MLX caches use "
+                                    "mfa_native.mlx.attention_with_kvcache)")
+
+    def rows_written(self, cache_seqlens, block_table) -> tuple[np.ndarray, np.ndarray]:
+        """Where the append writes: index arrays (B, Rn) of a cache's first two axes (batch and
+        position, or page and row) for row i of batch b at position cache_seqlens[b] + i."""
+        positions = np.asarray(cache_seqlens).astype(np.int64)[:, None] + np.arange(self.appended)[None, :]
+        if self.paged:
+            return np.take_along_axis(np.asarray(block_table), positions // self.page, axis=1), positions % self.page
+        return np.broadcast_to(np.arange(self.batch)[:, None], positions.shape), positions
 
     def append_on_host(self, k_cache, v_cache, cache_seqlens, k, v, block_table) -> None:
         """Writes k and v into plain caches at each batch's positions cache_seqlens[b] + i (an
         empty problem, which runs no kernel)."""
         if not self.appended:
             return
-        lengths = np.asarray(cache_seqlens).astype(np.int64)
-        positions = lengths[:, None] + np.arange(self.appended)[None, :]            # (B, Rn)
+        at = self.rows_written(cache_seqlens, block_table)
         for cache, new, name in ((k_cache, k, "k_cache"), (v_cache, v, "v_cache")):
             if isinstance(cache, QuantizedTensor):
                 raise ValueError(f"{name}: appending to a QuantizedTensor cache needs a non-empty problem (queries "
                                  "and heads): the append kernels run in the attention pass")
-            cache = check.as_array(cache, name)
-            if self.paged:
-                pages = np.take_along_axis(np.asarray(block_table), positions // self.page, axis=1)
-                cache[pages, positions % self.page] = check.as_array(new, name[0])
-            else:
-                cache[np.arange(self.batch)[:, None], positions] = check.as_array(new, name[0])
+            check.as_array(cache, name)[at] = check.as_array(new, name[0])
+
+
+def checked_append(q, k_cache, v_cache, cache_seqlens, k, v, block_table) -> tuple[np.ndarray, np.ndarray]:
+    """Every check of an append's arguments (numpy views; QuantizedTensor caches), and the rows
+    it writes (`Cache.rows_written`): for an adapter that writes them itself (MLX, whose arrays
+    the pass cannot write in place), before anything is written."""
+    cache = Cache(_four(q, "q", "(B, R, Hq, D)"), k_cache, v_cache, k, v, block_table)
+    return cache.rows_written(cache.check(cache_seqlens, block_table), block_table)
 
 
 def _arrays(cache, name: str) -> dict[str, np.ndarray]:
