@@ -30,7 +30,7 @@ def derived(problem: AttentionProblem, family: str) -> tuple[tuple[str, str], ..
     rows, length = problem.rows, problem.keys.split_length
     key_block = rows.key_block(problem, family)
     return (("TG", rows.threadgroups_expression(problem, family)),
-            ("S0", f"min(cdiv(P, TG), ({length}) / {MIN_KEYS_PER_SPLIT}, {MAX_SPLITS})"),
+            ("S0", f"min(cdiv(P, TG), {length} / {MIN_KEYS_PER_SPLIT}, {MAX_SPLITS})"),   # length: C or Wt * page
             ("Cs", f"cdiv(cdiv({length}, max(S0, 1)), {key_block}) * {key_block}"),
             ("S", f"cdiv({length}, Cs)"),
             ("SPLIT", f"R <= {rows.decode_max_rows} && S0 >= 2 && S >= 2"))
