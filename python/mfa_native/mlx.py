@@ -1,6 +1,7 @@
 """mfa_native for MLX: `scaled_dot_product_attention` with mx.fast's semantics, and `attention`,
 `sparse_attention`, `block_sparse_attention`, differentiable (mx.grad, mx.vjp), and
-`int8_attention` (no backward: a gradient asked through it raises);
+`int8_attention` (no backward: a gradient asked through it raises); `attention_with_kvcache`,
+whose append updates the caller's MLX caches in place with MLX's indexed assignment;
 `quantized_scaled_dot_product_attention`, mlx-lm's function of that name over a quantized KV
 cache, read in the kernel. (The plain `mfa_native` ops on MLX arrays behave the same.)
 
@@ -33,10 +34,13 @@ from .ops.attention import ATTENTION
 from .ops.block_sparse import BLOCK_SPARSE_ATTENTION
 from .ops.declaration import Call, Op, quantized_values
 from .ops.int8_attention import INT8_ATTENTION
+from .ops.kvcache import ATTENTION_WITH_KVCACHE, checked_append
 from .ops.sparse import SPARSE_ATTENTION
 from .ops.varlen import ATTENTION_VARLEN
 from .ops.given_kind import inside_adapter, items
+from .ops.quantize import quantize
 from .quantized import QuantizedTensor
+from .runtime.frameworks import framework_of
 
 
 def mlx_function(op: Op):
@@ -215,6 +219,46 @@ sparse_attention = mlx_function(SPARSE_ATTENTION)
 block_sparse_attention = mlx_function(BLOCK_SPARSE_ATTENTION)
 int8_attention = mlx_function(INT8_ATTENTION)
 attention_varlen = mlx_function(ATTENTION_VARLEN)
+
+
+def _host(x, name: str):
+    """A numpy view of an MLX array (a QuantizedTensor, numpy or None as given), for the checks."""
+    framework = framework_of(x)
+    return x if framework is None or isinstance(x, QuantizedTensor) else framework.as_numpy(x, name)
+
+
+def _write_rows(cache, at: tuple[mx.array, mx.array], new: mx.array) -> None:
+    """cache[at] = new with MLX's indexed assignment, which updates the caller's array object; a
+    QuantizedTensor cache gets `quantize(new)`'s fields (the integers the device append writes)."""
+    if not isinstance(cache, QuantizedTensor):
+        cache[at] = new
+        return
+    rows = quantize(new, cache.format, cache.bits, cache.group_size).fields()
+    for name, field in cache.fields().items():
+        field[at] = rows[name]
+    cache.reread()
+
+
+def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None, block_table=None, scale=None,
+                           causal=False, window=None, sinks=None, return_lse=False):
+    """`mfa_native.attention_with_kvcache` on MLX arrays (inference only: a gradient asked through
+    it raises). MLX arrays are read-only to the pass, so the append is MLX's own in-place
+    update: after every check, k and v are written into the caller's k_cache and v_cache
+    objects (`cache[index] = rows`; a QuantizedTensor cache's fields get `quantize(k)`'s
+    integers and scales, as the device append writes them), then the call attends
+    cache_seqlens + Rn keys without an append. cache_seqlens is not modified."""
+    values = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, k=None, v=None,
+                  block_table=block_table, scale=scale, causal=causal, window=window, sinks=sinks,
+                  return_lse=return_lse, device=None)
+    if k is not None or v is not None:
+        views = {name: _host(x, name) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                                                       ("cache_seqlens", cache_seqlens), ("k", k), ("v", v),
+                                                       ("block_table", block_table))}
+        at = tuple(mx.array(i.astype(np.int32)) for i in checked_append(*views.values()))
+        for cache, new in ((k_cache, k), (v_cache, v)):
+            _write_rows(cache, at, new)
+        values["cache_seqlens"] = cache_seqlens + k.shape[1]
+    return mlx_call(ATTENTION_WITH_KVCACHE, values)
 
 
 def _mask_options(mask: str | mx.array | None) -> dict:

@@ -113,6 +113,11 @@ class QuantizedTensor:
         return QuantizedTensor(**{**self.fields(), **fields}, format=self.format, bits=self.bits,
                                group_size=self.group_size, dtype=self.dtype)
 
+    def reread(self) -> None:
+        """Views the fields anew, after their framework gave them new memory in place (MLX's
+        indexed assignment, `field[index] = rows`, does: the old views would read the old values)."""
+        self.__init__(**self.fields(), format=self.format, bits=self.bits, group_size=self.group_size, dtype=self.dtype)
+
     @property
     def quant_format(self) -> QuantFormat:
         return QuantFormat(self.format, self.bits, self.group_size)

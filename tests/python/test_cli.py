@@ -40,3 +40,13 @@ def test_bench_serving_compares_varlen_with_padding():
     out = run_cli("bench", "serving", "--quick", "--section", "varlen")
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("attention_varlen", "padded"))}
     assert float(rows["padded"][4]) > 2.0, out   # padding to the longest issues more work than varlen
+
+
+def test_bench_serving_cache_steps_read_kv_once_and_split():
+    out = run_cli("bench", "serving", "--quick", "--section", "cache")
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("kvcache", "varlen")) and not line.endswith(" ms")]   # not progress
+    assert len(rows) == 3, out
+    for row in rows:
+        kernels, ratio, issued = row[-8], float(row[-5]), float(row[-2])
+        assert ratio <= 1.05 and issued == 1.0, out
+        assert kernels.endswith("partial+combine" if row[0] == "kvcache" else "forward"), out

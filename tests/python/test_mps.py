@@ -69,3 +69,30 @@ def test_wrong_q_lists_are_refused_on_mps(rng):
     wrong = mfa_native.BlockMask(**arrays, block_size=built.block_size)
     with pytest.raises(ValueError, match="q_indices"):
         mfa_native.block_sparse_attention_backward(q, k, v, o, lse, torch.randn_like(o), wrong)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_appends_into_contiguous_mps_caches_in_place(rng, paged):
+    """Contiguous MPS caches are bound in place (DLPack): the device append writes the caller's
+    tensors, byte for byte what the CPU call writes into copies; a strided one is a ValueError."""
+    shape = (6, 16, 2, 32) if paged else (2, 48, 2, 32)
+    k_cache, v_cache = (torch.from_numpy(rng.standard_normal(shape).astype(np.float32)) for _ in "kv")
+    table = torch.tensor([[4, 0, 2], [1, 5, 3]], dtype=torch.int32) if paged else None
+    q = torch.from_numpy(rng.standard_normal((2, 1, 8, 32)).astype(np.float32))
+    k, v = (torch.from_numpy(rng.standard_normal((2, 3, 2, 32)).astype(np.float32)) for _ in "kv")
+    lengths = torch.tensor([14, 30], dtype=torch.int32)    # paged: batch 0's append crosses a page
+    on_mps = [x.to("mps") for x in (q, k_cache, v_cache, k, v)]
+    mps_table = None if table is None else table.to("mps")
+    out, lse = mfa_native.attention_with_kvcache(on_mps[0], on_mps[1], on_mps[2], cache_seqlens=lengths.to("mps"),
+                                                 k=on_mps[3], v=on_mps[4], block_table=mps_table, causal=True,
+                                                 return_lse=True)
+    expected = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v,
+                                                 block_table=table, causal=True, return_lse=True, device="cpu")
+    assert out.device.type == "mps" and relative_l2(out.cpu().numpy(), expected[0].numpy()) < 1e-5
+    assert relative_l2(lse.cpu().numpy(), expected[1].numpy()) < 1e-6
+    for mine, theirs in ((on_mps[1], k_cache), (on_mps[2], v_cache)):
+        assert mine.cpu().numpy().tobytes() == theirs.numpy().tobytes()
+    strided = torch.zeros(shape[0], shape[1], 2, 64, device="mps")[..., ::2]
+    with pytest.raises(ValueError, match="k_cache is a non-contiguous"):
+        mfa_native.attention_with_kvcache(on_mps[0], strided, on_mps[2], cache_seqlens=lengths.to("mps"),
+                                          k=on_mps[3], v=on_mps[4], block_table=mps_table)

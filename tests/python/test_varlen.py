@@ -196,3 +196,27 @@ def test_mlx_gradients(rng):
     expected = attention_varlen_backward_reference(*arrays[:3], do, *arrays[3:], causal=True)
     for got, want in zip(grads, expected):
         assert relative_l2(np.array(got), want) < 4e-4
+
+
+@pytest.mark.parametrize("R", [1, 4])
+@pytest.mark.parametrize("heads", [(8, 2), (16, 2)], ids=lambda h: f"Hq{h[0]}-Hkv{h[1]}")
+def test_decode_batches_pack_heads_and_read_each_kv_row_once(rng, heads, R):
+    """R queries per sequence (max_seqlen_q = R) at GQA ratio 4 or 8: a unit is a sequence's R
+    queries with every head of a kv head as tile rows, so K/V bytes read stay within 1.05x of
+    the attended K/V and the issued ops are the packed bound, summed per sequence."""
+    from mfa_native.work import packed_matrix_ops
+
+    Hq, Hkv = heads
+    lengths_k = [200, 1, 77, 0, 129]
+    lengths_q = [R, R, R, 0, R]
+    q, k, v, cu_q, cu_k = packed(rng, lengths_q, lengths_k, Hq=Hq, Hkv=Hkv, D=32, dtype="float16")
+    with mfa_native.profile() as prof:
+        o = mfa_native.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=R)
+    assert relative_l2(o, attention_varlen_reference(q, k, v, cu_q, cu_k)) < TOLERANCE["float16"]
+    (record,) = prof.records
+    if record.bytes_read is None:
+        pytest.skip("this backend does not count bytes")
+    assert prof.bytes_read["k"] + prof.bytes_read["v"] <= 1.05 * (k.nbytes + v.nbytes)
+    bound = sum(packed_matrix_ops(1, Hkv, Hq // Hkv, n, m, 32, 32) for n, m in zip(lengths_q, lengths_k) if n)
+    assert prof.simdgroup_matrix_ops == bound
+    assert prof.simdgroup_matrix_ops < useful_matrix_ops(1, Hq, R, sum(lengths_k), 32, 32)   # per head: ratio x

@@ -14,6 +14,9 @@ Section "varlen": a causal prefill of packed sequences of mixed lengths (attenti
 the same sequences padded to the longest and run as one dense batch: the matrix work each issues
 and the time (varlen issues each sequence's work and nothing for the padding).
 
+Section "cache" (serving_cache.py): decode steps through attention_with_kvcache (a paged cache,
+the new rows appended, split-KV at C 32768) and attention_varlen (a decode batch, heads packed).
+
 A section is a function from the parsed options and the device to a titled table (SECTIONS).
 """
 
@@ -32,6 +35,7 @@ from ..ops.varlen import attention_varlen
 from ..runtime.devices import resolve_device
 from ..work import packed_matrix_ops
 from ._table import format_table
+from .serving_cache import cache_section
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,8 @@ def varlen_section(args, device) -> tuple[str, list[str], list[list[str]]]:
 
 
 # Each section: (parsed options, device) -> (title, headers, rows).
-SECTIONS: dict[str, Callable] = {"decode": decode_section, "varlen": varlen_section}
+SECTIONS: dict[str, Callable] = {"decode": decode_section, "varlen": varlen_section,
+                                 "cache": lambda args, device: cache_section(args, device, _measured, _ratio)}
 
 
 def main(argv: list[str]) -> int:

@@ -51,6 +51,7 @@ class Arg:
     leading: bool = False       # its array kind is the call's (q, k, v)
     grad: bool = False          # a framework may differentiate with respect to it
     quantized: bool = False     # it may be a QuantizedTensor
+    written_with: str | None = None   # the op writes it in place when this argument is given (a KV cache's append)
     expand: Callable[[Any], tuple[tuple, Any]] | None = None
     names: tuple[str, ...] = ()   # "lists": the names of the arrays `expand` gives, in order
     schema: str | None = None     # an option's type in a torch.library schema ("float?", "str", "int[]?")

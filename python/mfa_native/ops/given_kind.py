@@ -48,6 +48,7 @@ def call(op, values: dict[str, Any]):
                             "pass CPU tensors")
         if values.get("device") is None:
             values["device"] = "metal"
+        _check_in_place(op, values)
     for name in leading + others:
         for kind in found[name]:
             if kind is not None and kind is not framework:
@@ -110,6 +111,19 @@ def _tensors(x) -> list:
 def _stored(x):
     """What tells an argument's kind: its own, or a QuantizedTensor's data's."""
     return x.data if isinstance(x, QuantizedTensor) else x
+
+
+def _check_in_place(op, values: dict[str, Any]) -> None:
+    """Raises ValueError for a Metal tensor the op would write in place that is not contiguous:
+    the pass binds a device copy of it (FrameworkCall.view), which the caller never sees."""
+    for argument in op.arguments:
+        if argument.written_with is None or values.get(argument.written_with) is None:
+            continue
+        for x in _tensors(values[argument.name]):
+            if hasattr(x, "is_contiguous") and not x.is_contiguous():
+                raise ValueError(f"{argument.name} is a non-contiguous {x.device} tensor (strides {tuple(x.stride())}): "
+                                 f"with {argument.written_with} given the op writes it in place, which only a "
+                                 "contiguous Metal tensor can be; make the cache contiguous once and keep it")
 
 
 def _view(call: FrameworkCall, x, name: str):

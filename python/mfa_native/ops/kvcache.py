@@ -8,9 +8,12 @@ as the pass's "inout" buffers, and quantize them on the way for a quantized cach
 `quantize`'s encoder: the same integers and scales); the attention kernel then reads the
 cache over each batch's attended length (codegen/attention/cache.py). Every check of the call
 runs first, on every call, so nothing is written on an error. An empty problem (no kernel
-runs) appends plain rows on the host. The caches must be host-visible memory the pass can
-bind writable in place: numpy arrays and torch CPU tensors (MLX arrays are read-only through
-the buffer protocol: refused with a TypeError). Inference only.
+runs) appends plain rows on the host. The caches must be memory the pass can bind writable
+in place: numpy arrays, torch CPU tensors, or contiguous torch MPS tensors (bound through
+DLPack, so the device append writes them; with an append, a non-contiguous MPS cache is a
+ValueError: given_kind checks the arguments declared `written_with`). For MLX caches,
+`mfa_native.mlx.attention_with_kvcache` appends with MLX's own in-place update, then calls
+this without an append. Inference only.
 
 A paged QuantizedTensor cache has the pages' layout in every field: data (num_blocks,
 page_size, Hkv, D * bits / 32 words or D / 32 blocks) and affine scales and biases
@@ -38,16 +41,17 @@ NEW_ROWS = {"k_new": "k", "v_new": "v"}   # the pass buffers of the appended row
 
 Q = Arg("q", "array", leading=True, keyword=False, doc="""
     (B, R, Hq, D) queries ("bshd"), one kind and dtype with the caches (float32, float16,
-    bfloat16: numpy or torch CPU tensors, whose memory the append writes).""")
-CACHE_TYPES = "numpy arrays, torch CPU tensors or QuantizedTensors of them"
-K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, doc="""
+    bfloat16: numpy arrays or torch tensors, CPU or MPS, whose memory the append writes).""")
+CACHE_TYPES = "numpy arrays, torch CPU or contiguous MPS tensors, or QuantizedTensors of them"
+K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, written_with="k", doc="""
     contiguous (B, Cmax, Hkv, D), or with block_table the pages (num_blocks, page_size, Hkv,
     D), page_size a multiple of 8, each page's rows following the previous page's in memory.
     Rows past a batch's attended length are never read (they may hold NaN). May be a
     QuantizedTensor (affine, q8_0, q4_0; paged: every field laid out in pages, scales
     (num_blocks, page_size, Hkv, D / group_size)): read in the kernel as stored, and the
-    appended rows quantized on the device as `quantize` does.""")
-V_CACHE = Arg("v_cache", "array", leading=True, keyword=False, doc="like k_cache, Dv wide.")
+    appended rows quantized on the device as `quantize` does. An MPS tensor is bound in place
+    (DLPack); with an append it must be contiguous (ValueError otherwise).""")
+V_CACHE = Arg("v_cache", "array", leading=True, keyword=False, written_with="v", doc="like k_cache, Dv wide.")
 CACHE_SEQLENS = Arg("cache_seqlens", "array", doc="""
     int32 (B,): each batch's valid cache length before this call (not modified).""")
 K_NEW = Arg("k", "array", default=None, doc="""
@@ -58,7 +62,6 @@ BLOCK_TABLE = Arg("block_table", "array", default=None, doc="""
     int32 (B, max_blocks), optional (a paged cache): logical position p of batch b lives in
     page block_table[b, p // page_size] at row p % page_size. Entries of pages no attended
     key lies in are not read.""")
-ON_HOST = "the caches are host-visible arrays the append kernels write in place"
 
 
 def _four(x, name: str, axes: str):
@@ -155,25 +158,36 @@ class Cache:
             for field, x in _arrays(cache, name).items():
                 if not x.flags.writeable:
                     raise TypeError(f"{field} is read-only here ({type(_given(cache, field)).__name__}): the append "
-                                    f"writes it in place ({CACHE_TYPES} can be written)")
+                                    f"writes it in place ({CACHE_TYPES} can be written; for MLX caches use "
+                                    "mfa_native.mlx.attention_with_kvcache)")
+
+    def rows_written(self, cache_seqlens, block_table) -> tuple[np.ndarray, np.ndarray]:
+        """Where the append writes: index arrays (B, Rn) of a cache's first two axes (batch and
+        position, or page and row) for row i of batch b at position cache_seqlens[b] + i."""
+        positions = np.asarray(cache_seqlens).astype(np.int64)[:, None] + np.arange(self.appended)[None, :]
+        if self.paged:
+            return np.take_along_axis(np.asarray(block_table), positions // self.page, axis=1), positions % self.page
+        return np.broadcast_to(np.arange(self.batch)[:, None], positions.shape), positions
 
     def append_on_host(self, k_cache, v_cache, cache_seqlens, k, v, block_table) -> None:
         """Writes k and v into plain caches at each batch's positions cache_seqlens[b] + i (an
         empty problem, which runs no kernel)."""
         if not self.appended:
             return
-        lengths = np.asarray(cache_seqlens).astype(np.int64)
-        positions = lengths[:, None] + np.arange(self.appended)[None, :]            # (B, Rn)
+        at = self.rows_written(cache_seqlens, block_table)
         for cache, new, name in ((k_cache, k, "k_cache"), (v_cache, v, "v_cache")):
             if isinstance(cache, QuantizedTensor):
                 raise ValueError(f"{name}: appending to a QuantizedTensor cache needs a non-empty problem (queries "
                                  "and heads): the append kernels run in the attention pass")
-            cache = check.as_array(cache, name)
-            if self.paged:
-                pages = np.take_along_axis(np.asarray(block_table), positions // self.page, axis=1)
-                cache[pages, positions % self.page] = check.as_array(new, name[0])
-            else:
-                cache[np.arange(self.batch)[:, None], positions] = check.as_array(new, name[0])
+            check.as_array(cache, name)[at] = check.as_array(new, name[0])
+
+
+def checked_append(q, k_cache, v_cache, cache_seqlens, k, v, block_table) -> tuple[np.ndarray, np.ndarray]:
+    """Every check of an append's arguments (numpy views; QuantizedTensor caches), and the rows
+    it writes (`Cache.rows_written`): for an adapter that writes them itself (MLX, whose arrays
+    the pass cannot write in place), before anything is written."""
+    cache = Cache(_four(q, "q", "(B, R, Hq, D)"), k_cache, v_cache, k, v, block_table)
+    return cache.rows_written(cache.check(cache_seqlens, block_table), block_table)
 
 
 def _arrays(cache, name: str) -> dict[str, np.ndarray]:
@@ -253,7 +267,8 @@ def _prepare(call: Call, device):
     if empty:
         prepared, inputs = empty_forward(p, names, checked)
     else:
-        description = codegen.attention_pass(p, family=tuning_facts(device).family)
+        facts = tuning_facts(device)
+        description = codegen.attention_pass(p, family=facts.family, parallel_threadgroups=facts.parallel_threadgroups)
         prepared, inputs = prepared_call(description, device, checked, names, call.results)
     prepared.check = check_contents
     return prepared, inputs
@@ -268,7 +283,6 @@ ATTENTION_WITH_KVCACHE = Op(
     prepare=_prepare,
     reference=reference.attention_with_kvcache_reference,
     no_backward="attention_with_kvcache is inference only (use attention or attention_varlen to train)",
-    on_metal=ON_HOST,
     details="""
     Batch b's queries attend the cache's first cache_seqlens[b] + Rn keys: causal=True lines
     the last query up with the last attended key; window and sinks as in `attention`.

@@ -93,10 +93,13 @@ def _hint(value, name: str):
     return int(value)
 
 
-def validate_varlen(q, k, v, cu_q, cu_k, sinks, *, scale, causal, window, return_lse, hints) -> Validated:
+def validate_varlen(q, k, v, cu_q, cu_k, sinks, *, scale, causal, window, return_lse, hints,
+                    packing: bool = False) -> Validated:
     """Every check of attention_varlen's arguments but the contents of cu_seqlens (returned
     problem: one bshd batch without its batch axis, keys = SequenceRanges), the unit tables
-    bound (built from cu_seqlens, sourced from them on warm calls)."""
+    bound (built from cu_seqlens, sourced from them on warm calls). With `packing` (the
+    forward) the per-sequence query bound, max_seqlen_q or else total_q, lets decode batches
+    pack heads."""
     raw = {"q": q, "k": k, "v": v}
     arrays = {"q": _packed(q, "q", "total_q"), "k": _packed(k, "k", "total_k"), "v": _packed(v, "v", "total_k")}
     if arrays["v"].shape[:2] != arrays["k"].shape[:2]:
@@ -108,7 +111,8 @@ def validate_varlen(q, k, v, cu_q, cu_k, sinks, *, scale, causal, window, return
     if cus["cu_seqlens_q"].shape != cus["cu_seqlens_k"].shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; got "
                          f"{cus['cu_seqlens_q'].shape} and {cus['cu_seqlens_k'].shape}")
-    p = replace(forward.problem, keys=SequenceRanges(cus["cu_seqlens_q"].shape[0] - 1))
+    bound_q = (arrays["q"].shape[0] if hints[0] is None else hints[0]) if packing else None
+    p = replace(forward.problem, keys=SequenceRanges(cus["cu_seqlens_q"].shape[0] - 1, bound_q))
     sizes = p.keys.sizes(p)
     converts = dict(forward.converts)
     for name in ("q", "k", "v"):
@@ -118,9 +122,10 @@ def validate_varlen(q, k, v, cu_q, cu_k, sinks, *, scale, causal, window, return
         converts[name] = None if same_memory(raw_cu, cus[name]) else np.ascontiguousarray
     check_sequences(cus["cu_seqlens_q"], cus["cu_seqlens_k"], (p.q_len, p.kv_len), hints)
     sources = {}
-    for table, cu, count in (("q_units", "cu_seqlens_q", "NQU"), ("k_units", "cu_seqlens_k", "NKU")):
-        bound[table] = unit_table(cus[cu], sizes[count])
-        converts[table] = lambda x, entries=sizes[count]: unit_table(x, entries)
+    for table, cu, count, unit in (("q_units", "cu_seqlens_q", "NQU", p.keys.query_unit(p)),
+                                   ("k_units", "cu_seqlens_k", "NKU", 8)):
+        bound[table] = unit_table(cus[cu], sizes[count], unit)
+        converts[table] = lambda x, entries=sizes[count], unit=unit: unit_table(x, entries, unit)
         sources[table] = cu
     if "sinks" in forward.bound:
         bound["sinks"] = forward.bound["sinks"]
@@ -148,7 +153,7 @@ def _prepare_forward(call: Call, device):
     hints = (_hint(call.max_seqlen_q, "max_seqlen_q"), _hint(call.max_seqlen_k, "max_seqlen_k"))
     checked = validate_varlen(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.sinks,
                               scale=call.scale, causal=call.causal, window=call.window,
-                              return_lse=call.return_lse, hints=hints)
+                              return_lse=call.return_lse, hints=hints, packing=True)
     p, names = checked.problem, call.op.array_names
     if check.is_empty(1, p.q_heads, p.q_len, p.kv_len):
         def outputs(inputs):

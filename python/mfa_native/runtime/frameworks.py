@@ -125,9 +125,9 @@ def framework_of(x: Any) -> Framework | None:
     return None
 
 
-# Array arguments whose values validation reads (sinks: (Hq,); cu_seqlens: (B + 1,)): an MPS
-# tensor of them comes to the host.
-HOST_READ = ("sinks", "cu_seqlens_q", "cu_seqlens_k")
+# Array arguments whose values validation reads (sinks: (Hq,); cu_seqlens: (B + 1,); a KV
+# cache's lengths and block table): an MPS tensor of them comes to the host.
+HOST_READ = ("sinks", "cu_seqlens_q", "cu_seqlens_k", "cache_seqlens", "block_table")
 
 
 class FrameworkCall:

@@ -10,10 +10,15 @@ Contiguous: k is the (B, Cmax, Hkv, D) cache itself. Paged: k is the pages (num_
 page_size, Hkv, D) as one run of rows shared by every batch (batch stride 0), and a key's
 logical position p of batch b is row p % page_size of page block_table[b, p / page_size]
 (`Positions.pages`); only the pages holding attended keys are read. Inference only: the
-forward kernel alone, no split-KV (each (batch, head) walks its own length).
+forward kernel, or for long caches and few (batch, kv head) threadgroups the split-KV pair:
+the splits cut the logical positions [0, capacity) (`split_length`: Cmax, or Wt pages), each
+split walks its share of [0, kv_end), and attention_combine merges them with the sinks.
 
 With Rn > 0 the pass first runs the append kernels (append.py): k_new and v_new, (B, Rn, Hkv,
 D) contiguous, written into k and v (plain or quantized) in place, so k and v are "inout".
+The append is one dispatch before every split (the core's barrier orders the attention
+kernel's reads after it), so each split reads appended rows from the cache like any other:
+one copy of the key walk, and a quantized cache's splits read exactly the stored integers.
 """
 
 from __future__ import annotations
@@ -45,12 +50,16 @@ class CacheKeys:
     page_size: int | None = None
     pages_per_batch: int | None = None
 
-    splits = False
     batched = True
 
     def __post_init__(self) -> None:
         if self.page_size is not None and (self.page_size < 8 or self.page_size % 8):
             raise ValueError(f"page_size must be a positive multiple of 8, got {self.page_size}")
+
+    @property
+    def split_length(self) -> str:
+        """The logical key positions split-KV cuts: the cache's capacity per batch."""
+        return "C" if self.page_size is None else f"Wt * {self.page_size}"
 
     def sizes(self, p) -> dict[str, int]:
         return {"Rn": self.appended, **({"Wt": self.pages_per_batch} if self.page_size is not None else {})}

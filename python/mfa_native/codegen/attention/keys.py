@@ -87,7 +87,7 @@ class DenseWalk:
 class DenseKeys(DenseWalk):
     """Every key of the visible range."""
 
-    splits = True          # split-KV may cut the range for decode
+    split_length = "C"     # split-KV may cut the keys [0, C) for decode (None: a case that never splits)
     batched = True         # q, k, v and the outputs have a batch axis (varlen's packed sequences have none)
     key_lists: tuple[str, ...] = ()
     query_lists: tuple[str, ...] = ()

@@ -107,7 +107,7 @@ def attention_template(problem: AttentionProblem, *, family: str = CPU_FAMILY, b
     shapes that would leave a device running `parallel_threadgroups` threadgroups at once
     idle (the template then takes that count as size P and decides by it)."""
     p = replace(problem, keys=problem.keys.forward_only())
-    decides = bool(parallel_threadgroups) and p.keys.splits
+    decides = bool(parallel_threadgroups) and p.keys.split_length is not None
     split = split_kv.kv_split(p, family, parallel_threadgroups) if decides else None
     sizes = sizes_of(p, split)
     d = describe(p, family=family, bake_lengths=bake_lengths, split=split)

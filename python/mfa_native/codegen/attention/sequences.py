@@ -16,6 +16,11 @@ return at once (these kernels have no barriers). NQU = cdiv(R, 8) + Ncu bounds
 sum_s cdiv(len_s, 8) for any lengths, so the grid depends on shapes alone and one template
 serves every call of them, while the issued work is the sum of per-sequence work, never
 B * max_seqlen^2.
+
+Decode batches pack heads (`PackedSequenceRows`): with grouped queries and a per-sequence
+query bound `max_queries` (max_seqlen_q, else total_q) whose (query, head) pairs fit the
+PACKING table, a forward unit is `max_queries` queries of one sequence and one threadgroup
+holds every head of a kv head for them, so each K/V row is read once per kv head.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from ..kernel.plan import GridAxis
 from ..kernel.sizes import Extent
 from .keys import DenseWalk
 from .masking import Bounds
-from .rows import PerHead, query_rows_geometry
+from ..kernel.tables import packs_plain_heads
+from ..kernel.tiles import lane_layout
+from .rows import PackedHeads, PerHead, query_rows_geometry
 
 # The sequences' buffers: name -> (element, what it holds).
 CATALOG = {
@@ -39,35 +46,37 @@ CATALOG = {
     "q_units": ("int", "(NQU, 2) (sequence, first query) of every 8-query unit; (-1, 0) past the last"),
     "k_units": ("int", "(NKU, 2) (sequence, first key) of every 8-key unit; (-1, 0) past the last"),
 }
-# Units per side: the table, its length (a runtime size) and that length's expression.
-UNITS = {"queries": ("q_units", "NQU", "cdiv(R, 8) + Ncu"), "keys": ("k_units", "NKU", "cdiv(C, 8) + Ncu")}
+# Units per side: the table, its length (a runtime size) and that length's expression, given
+# the rows of a unit (8, or a packed forward's queries per sequence).
+UNITS = {"queries": ("q_units", "NQU", "cdiv(R, {unit}) + Ncu"), "keys": ("k_units", "NKU", "cdiv(C, {unit}) + Ncu")}
 SEQUENCE_BOUNDS = Bounds("q_start", "q_end", "k_start", "k_end", origin="origin")
 
 
-def unit_table(cu_seqlens: np.ndarray, entries: int) -> np.ndarray:
-    """The (entries, 2) int32 table of a side's 8-row units: (sequence, first row) for each
+def unit_table(cu_seqlens: np.ndarray, entries: int, unit: int = 8) -> np.ndarray:
+    """The (entries, 2) int32 table of a side's `unit`-row units: (sequence, first row) for each
     unit of each sequence in order, then (-1, 0). `cu_seqlens` is checked (non-decreasing)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
-    counts = -(-np.diff(cu) // 8)
+    counts = -(-np.diff(cu) // unit)
     total = int(counts.sum())
     sequence = np.repeat(np.arange(len(counts)), counts)
     within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
     table = np.zeros((entries, 2), np.int32)
     table[:, 0] = -1
     table[:total, 0] = sequence
-    table[:total, 1] = cu[sequence] + 8 * within
+    table[:total, 1] = cu[sequence] + unit * within
     return table
 
 
-def _located(side: str, rows: int) -> tuple[list[str], str]:
-    """SequenceWalk.first: the unit's lookup and its sequence's ranges, and its first row."""
+def located(side: str, unit: str, holder: str = "simdgroup") -> tuple[list[str], str]:
+    """The lookup of unit `unit` (an MSL expression) of `side` and its sequence's ranges, and
+    its first row. Past the last unit the `holder` returns: a simdgroup of kernels without
+    barriers, or a whole threadgroup (packed heads), so every thread reaches the same barriers."""
     table, count, _ = UNITS[side]
-    simdgroups = rows // 8
-    lines = [f"// This simdgroup's 8 {side}: a unit of {table}, (sequence, first row); none past the last.",
-             f"const uint unit = group.x * {simdgroups} + simd_index;",
+    lines = [f"// This {holder}'s {side}: a unit of {table}, (sequence, first row); none past the last.",
+             f"const uint unit = {unit};",
              f"const int sequence = unit < {count} ? {table}[2 * unit] : -1;",
              "if (sequence < 0) {",
-             "  return;  // these kernels have no barriers: the other simdgroups go on",
+             f"  return;  // {'these kernels have no barriers: the other simdgroups go on' if holder == 'simdgroup' else 'the whole threadgroup: no barrier waits for it'}",
              "}"]
     for name, cu in (("q", "cu_seqlens_q"), ("k", "cu_seqlens_k")):
         lines += [f"const uint {name}_start = uint({cu}[sequence]);  // the sequence's rows of {name}",
@@ -76,16 +85,34 @@ def _located(side: str, rows: int) -> tuple[list[str], str]:
     return lines, f"uint({table}[2 * unit + 1])"
 
 
+def _located(side: str, rows: int) -> tuple[list[str], str]:
+    """SequenceWalk.first: one 8-row unit per simdgroup."""
+    return located(side, f"group.x * {rows // 8} + simd_index")
+
+
+def derived_units(query_unit: int) -> tuple[tuple[str, str], ...]:
+    """NQU and NKU's expressions: forward units of `query_unit` queries, 8-key units."""
+    units = {"queries": query_unit, "keys": 8}
+    return tuple((count, expression.format(unit=units[side])) for side, (_, count, expression) in UNITS.items())
+
+
+@dataclass(frozen=True)
 class SequenceWalk(DenseWalk):
-    """The kernel side: what the dense kernels read of packed sequences (no fields: the
-    lengths are runtime sizes and table contents)."""
+    """The kernel side: what the dense kernels read of packed sequences: the queries of a
+    forward unit (8, or a packed forward's per-sequence bound); the lengths are runtime sizes
+    and table contents."""
+
+    query_unit: int = 8
 
     bounds = SEQUENCE_BOUNDS
     catalog = CATALOG
     key_lists = ("cu_seqlens_q", "cu_seqlens_k", "q_units")     # read by kernels walking keys (forward, dQ)
     query_lists = ("cu_seqlens_q", "cu_seqlens_k", "k_units")   # and by the dK/dV kernel
     sizes_given = ("Ncu",)
-    derived = tuple((count, expression) for _, count, expression in UNITS.values())
+
+    @property
+    def derived(self) -> tuple[tuple[str, str], ...]:
+        return derived_units(self.query_unit)
 
     @staticmethod
     def first(side: str, rows: int) -> tuple[list[str], str]:
@@ -122,7 +149,6 @@ class SequenceWalk(DenseWalk):
         return "; packed sequences (varlen), one simdgroup per 8-row unit of a sequence"
 
 
-SEQUENCE_WALK = SequenceWalk()
 
 
 class SequenceRows(PerHead):
@@ -146,24 +172,74 @@ class SequenceRows(PerHead):
 SEQUENCE_ROWS = SequenceRows()
 
 
+class PackedSequenceRows(PackedHeads):
+    """Packed heads over packed sequences: threadgroup (x, y) takes unit x of q_units,
+    `unit` queries of one sequence, as (query, head) pairs of kv head y; pairs past the unit's
+    are dead (their row is the sequence's end: computed on a valid row, never stored)."""
+
+    def __init__(self, unit: int) -> None:
+        super().__init__()
+        self.unit = unit
+
+    last_query = "int(q_last)"
+
+    def query_rows(self, p, family: str) -> int:
+        return 8 * -(-self.unit * p.gqa_ratio // 8)
+
+    @staticmethod
+    def threadgroups_expression(p, family: str) -> str:
+        return "Hkv * NQU"
+
+    def guards(self, p, family: str) -> tuple[str, ...]:
+        return ()   # the unit is baked (its size expressions name it); lengths are table contents
+
+    @staticmethod
+    def grid(gqa_ratio: int, query_rows: int) -> tuple[GridAxis, GridAxis]:
+        return GridAxis(Extent(1, ("NQU",)), 1), GridAxis(Extent(1, ("Hkv",)))
+
+    def geometry(self, query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
+        lines, first = located("queries", "group.x", "threadgroup")
+        pairs = self.unit * gqa_ratio
+        return [f"// This simdgroup's 8 rows: (query, head) pairs of {self.unit} queries of one sequence and the "
+                f"{gqa_ratio} query heads reading kv head h_kv.", *batch, *lines,
+                "const uint h_kv = group.y;", *lane_layout(),
+                f"const uint q_first = {first};",
+                f"const uint q_last = min(q_first + {self.unit}, q_end) - 1;  // the unit's last query",
+                "const uint pair = simd_index * 8 + tr;",
+                f"const uint row = pair < {pairs} ? q_first + pair / {gqa_ratio} : q_end;  // the lane's query",
+                f"const uint h = h_kv * {gqa_ratio} + pair % {gqa_ratio};  // and its head",
+                "const uint row_read = min(row, R - 1);  // rows past the unit compute on a valid row, never stored"]
+
+
 @dataclass(frozen=True)
 class SequenceRanges:
-    """The problem side: `sequences` packed sequences (cu_seqlens have one entry more)."""
+    """The problem side: `sequences` packed sequences (cu_seqlens have one entry more); the
+    forward packs heads when `max_queries` (a bound on every sequence's queries, None: no
+    packing, as the backward) and the GQA ratio fit the PACKING table."""
 
     sequences: int
+    max_queries: int | None = None
 
-    splits = False     # no split-KV: a decode batch is many sequences, each a unit of work
+    split_length = None   # no split-KV: a decode batch is many sequences, each a unit of work
     batched = False    # q, k, v, the outputs and lse have no batch axis
+
+    def packs(self, p) -> bool:
+        return self.max_queries is not None and packs_plain_heads(p.gqa_ratio, max(self.max_queries, 1))
+
+    def query_unit(self, p) -> int:
+        """The queries of a forward unit: the bound when heads are packed, else 8."""
+        return max(self.max_queries, 1) if self.packs(p) else 8
 
     def sizes(self, p) -> dict[str, int]:
         sizes = {"R": p.q_len, "C": p.kv_len, "Ncu": self.sequences + 1}
-        return {"Ncu": sizes["Ncu"], **{count: evaluate(expression, sizes) for _, count, expression in UNITS.values()}}
+        return {"Ncu": sizes["Ncu"], **{count: evaluate(expression, sizes)
+                                        for count, expression in derived_units(self.query_unit(p))}}
 
     def forward_only(self) -> SequenceRanges:
         return self
 
-    def rows(self, p) -> SequenceRows:
-        return SEQUENCE_ROWS
+    def rows(self, p):
+        return PackedSequenceRows(self.query_unit(p)) if self.packs(p) else SEQUENCE_ROWS
 
     def describe(self, p, family: str, baked) -> SequenceWalk:
-        return SEQUENCE_WALK
+        return SequenceWalk(self.query_unit(p))

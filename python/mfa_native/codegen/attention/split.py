@@ -6,6 +6,9 @@ small combine kernel merges the splits.
 The decision is a program over the runtime sizes and the device's parallel threadgroups P
 (`derived`): the forward's threadgroups TG, the splits that would fill the device S0, the
 keys per split Cs (whole key blocks), the splits S that take, and SPLIT, whether to split.
+The keys cut are the key facet's `split_length`: C for dense keys, a KV cache's capacity
+(Cmax, or its block table's pages) whatever its batches' attended lengths, so a split past
+a batch's attended keys visits none.
 A pass template carries it, so a bundle decides per call as `kv_split` does here.
 """
 
@@ -22,13 +25,14 @@ DEVICE_SIZE = "P"          # the runtime size naming the threadgroups a device r
 
 
 def derived(problem: AttentionProblem, family: str) -> tuple[tuple[str, str], ...]:
-    """The split decision's derived sizes, in order (they read B, Hq, Hkv, R, C and P)."""
-    rows = problem.rows
+    """The split decision's derived sizes, in order (they read B, Hq, Hkv, R, C, P and the
+    sizes of the key facet's split_length)."""
+    rows, length = problem.rows, problem.keys.split_length
     key_block = rows.key_block(problem, family)
     return (("TG", rows.threadgroups_expression(problem, family)),
-            ("S0", f"min(cdiv(P, TG), C / {MIN_KEYS_PER_SPLIT}, {MAX_SPLITS})"),
-            ("Cs", f"cdiv(cdiv(C, max(S0, 1)), {key_block}) * {key_block}"),
-            ("S", "cdiv(C, Cs)"),
+            ("S0", f"min(cdiv(P, TG), {length} / {MIN_KEYS_PER_SPLIT}, {MAX_SPLITS})"),   # length: C or Wt * page
+            ("Cs", f"cdiv(cdiv({length}, max(S0, 1)), {key_block}) * {key_block}"),
+            ("S", f"cdiv({length}, Cs)"),
             ("SPLIT", f"R <= {rows.decode_max_rows} && S0 >= 2 && S >= 2"))
 
 
@@ -36,7 +40,8 @@ def kv_split(problem: AttentionProblem, family: str, parallel_threadgroups: int)
     """(splits, keys per split) when splitting fills a device that runs `parallel_threadgroups`
     threadgroups at once; None when the problem already has enough threadgroups (or keys are few)."""
     p = problem
-    sizes = dict(B=p.batch, Hq=p.q_heads, Hkv=p.kv_heads, R=p.q_len, C=p.kv_len, P=parallel_threadgroups)
+    sizes = dict(B=p.batch, Hq=p.q_heads, Hkv=p.kv_heads, R=p.q_len, C=p.kv_len, P=parallel_threadgroups,
+                 **p.keys.sizes(p))
     for name, expression in derived(p, family):
         sizes[name] = evaluate(expression, sizes)
     return (sizes["S"], sizes["Cs"]) if sizes["SPLIT"] else None

@@ -74,7 +74,7 @@ class BlockLists:
     full_q_width: int | None = None
     bit_words: int | None = None   # mask bits of the partial blocks: the words of kv_bits (None: no bits)
 
-    splits = False
+    split_length = None   # no split-KV: the lists decide each row's keys
     batched = True
 
     def __post_init__(self) -> None:

@@ -74,7 +74,7 @@ class TokenLists:
     length_strides: tuple[int, int] | None = None
     shared_kv: bool = False   # v is k's first Dv features (MLA's latent): one staged row serves both
 
-    splits = False
+    split_length = None   # no split-KV: one threadgroup walks a row's list
     batched = True
 
     def sizes(self, p) -> dict[str, int]:
