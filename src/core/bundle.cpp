@@ -114,6 +114,10 @@ Bundle Bundle::from_memory(const void* data, std::size_t size) {
   if (version > kBundleFormatVersion)
     throw BundleError("bundle format version " + std::to_string(version) + " is newer than this reader's (" +
                       std::to_string(kBundleFormatVersion) + ")");
+  if (version < kBundleFormatVersion)
+    throw BundleError("bundle format version " + std::to_string(version) +
+                      " was written by an earlier mfa_native; this reader reads version " +
+                      std::to_string(kBundleFormatVersion) + ": write the bundle again with `python -m mfa_native bundle`");
   const std::uint64_t length = little_endian(bytes + 16, 8);
   if (length != size - kHeaderBytes)
     throw BundleError("bundle truncated or padded: the header says " + std::to_string(length) +

@@ -14,7 +14,7 @@
 
 namespace mfa {
 
-constexpr std::uint32_t kBundleFormatVersion = 1;
+constexpr std::uint32_t kBundleFormatVersion = 2;
 
 struct BundleFacts {
   std::string dtype;       // float32, float16, bfloat16

@@ -19,7 +19,7 @@
 
 namespace {
 
-std::string bundle_bytes(const std::string& payload, std::uint32_t version = 1) {
+std::string bundle_bytes(const std::string& payload, std::uint32_t version = 2) {
   std::string out("MFABNDL\0", 8);
   for (int i = 0; i < 4; ++i) out += char((version >> (8 * i)) & 0xFF);
   out += std::string(4, '\0');
@@ -70,14 +70,19 @@ TEST(Bundle, RefusesDamagedTruncatedAndFutureBytes) {
   EXPECT_TRUE(mfa::Bundle::from_memory(good.data(), good.size()).entries().empty());
   std::string damaged = good;
   damaged[damaged.size() - 3] ^= 1;
-  const std::string future = bundle_bytes(kEmpty, 2);
+  const std::string future = bundle_bytes(kEmpty, 3), earlier = bundle_bytes(kEmpty, 1);
   const std::string cases[] = {damaged, good.substr(0, good.size() - 1), good.substr(0, 30), "X" + good.substr(1),
-                               future, bundle_bytes("{\"format\": 3}"), bundle_bytes("[[[[")};
+                               future, earlier, bundle_bytes("{\"format\": 3}"), bundle_bytes("[[[[")};
   for (const std::string& bad : cases) EXPECT_THROW(mfa::Bundle::from_memory(bad.data(), bad.size()), mfa::BundleError);
   try {
     mfa::Bundle::from_memory(future.data(), future.size());
   } catch (const mfa::BundleError& e) {
     EXPECT_NE(std::string(e.what()).find("newer"), std::string::npos);
+  }
+  try {
+    mfa::Bundle::from_memory(earlier.data(), earlier.size());
+  } catch (const mfa::BundleError& e) {
+    EXPECT_NE(std::string(e.what()).find("write the bundle again"), std::string::npos);
   }
   // Every truncation of a good bundle is refused, never a crash.
   for (std::size_t n = 0; n < good.size(); ++n) EXPECT_THROW(mfa::Bundle::from_memory(good.data(), n), mfa::BundleError);

@@ -34,9 +34,12 @@ def test_format_round_trip_and_refusals():
         unpack(bytes(damaged))
     with pytest.raises(BundleError, match="magic"):
         unpack(b"X" + data[1:])
-    future = data[:8] + struct.pack("<I", 2) + data[12:]
+    future = data[:8] + struct.pack("<I", 3) + data[12:]
     with pytest.raises(BundleError, match="newer"):
         unpack(future)
+    earlier = data[:8] + struct.pack("<I", 1) + data[12:]   # format 1 baked windows and strides
+    with pytest.raises(BundleError, match="write the bundle again"):
+        unpack(earlier)
     assert len(data) == HEADER_BYTES + len(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode())
 
 

@@ -131,9 +131,10 @@ def test_reader_refuses_damaged_truncated_and_future_bundles(payload):
     damaged = bytearray(data)
     damaged[len(data) // 2] ^= 0x20
     cases = {"sha256": bytes(damaged), "truncated": data[:-7], "shorter than": data[:20], "magic": b"?" + data[1:],
-             "newer": data[:8] + struct.pack("<I", 7) + data[12:], "empty": b""}
+             "newer": data[:8] + struct.pack("<I", 7) + data[12:], "earlier": data[:8] + struct.pack("<I", 1) + data[12:],
+             "empty": b""}
     for message, bad in cases.items():
-        with pytest.raises(RuntimeError, match="shorter than" if message == "empty" else message):
+        with pytest.raises(RuntimeError, match={"empty": "shorter than", "earlier": "write the bundle again"}.get(message, message)):
             _core._Bundle.from_bytes(bad)
     # A valid checksum over a payload that is not a bundle's: refused while reading, never a crash.
     for body in ({"format": "other"}, {"format": "mfa_native.bundle", "template_schema": 1, "entries": [{"op": 1}]},
@@ -142,7 +143,7 @@ def test_reader_refuses_damaged_truncated_and_future_bundles(payload):
             _core._Bundle.from_bytes(pack(body))
     body = b"[" * 100000
     import hashlib
-    header = struct.pack("<8sIIQ32s", b"MFABNDL\0", 1, 0, len(body), hashlib.sha256(body).digest())
+    header = struct.pack("<8sIIQ32s", b"MFABNDL\0", 2, 0, len(body), hashlib.sha256(body).digest())
     with pytest.raises(RuntimeError, match="nesting"):
         _core._Bundle.from_bytes(header + body)
     with pytest.raises(RuntimeError, match="cannot open"):

@@ -1,4 +1,4 @@
-"""The bundle file format, version 1 (src/core/bundle.cpp reads the same bytes).
+"""The bundle file format, version 2 (src/core/bundle.cpp reads the same bytes).
 
     offset  size  field
     0       8     magic b"MFABNDL\\0"
@@ -8,7 +8,8 @@
     24      32    sha256 of the payload
     56      n     the payload: UTF-8 JSON (see writer.py)
 
-A reader refuses a wrong magic, a version above its own, a length that disagrees with the
+A reader refuses a wrong magic, a version other than its own (version 1, before runtime windows
+and strides, is refused with a request to write the bundle again), a length that disagrees with the
 file's, and a checksum that does not match, before it parses anything.
 """
 
@@ -19,7 +20,7 @@ import json
 import struct
 
 MAGIC = b"MFABNDL\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sIIQ32s")
 HEADER_BYTES = _HEADER.size
 
@@ -43,6 +44,9 @@ def unpack(data: bytes) -> dict:
         raise BundleError("not a bundle: the file does not start with the bundle magic")
     if version > FORMAT_VERSION:
         raise BundleError(f"bundle format version {version} is newer than this reader's ({FORMAT_VERSION})")
+    if version < FORMAT_VERSION:
+        raise BundleError(f"bundle format version {version} was written by an earlier mfa_native; this reader "
+                          f"reads version {FORMAT_VERSION}: write the bundle again with `python -m mfa_native bundle`")
     body = data[HEADER_BYTES:]
     if len(body) != length:
         raise BundleError(f"bundle truncated or padded: the header says {length} payload bytes, the file has "
