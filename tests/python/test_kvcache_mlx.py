@@ -69,3 +69,20 @@ def test_bad_input_raises_before_the_mlx_caches_change(rng):
         mm.attention_with_kvcache(mx.array(q), mk, mx.array(v_cache), cache_seqlens=mx.array([0, 46], mx.int32),
                                   k=mx.array(k), v=mx.array(v))
     assert np.array(mk).tobytes() == k_cache.tobytes()
+
+
+def test_the_plain_op_on_mlx_caches_appends_through_mlx(rng):
+    """mfa_native.attention_with_kvcache given MLX caches updates them as the MLX adapter does,
+    by MLX's own indexed assignment: an array sharing the cache's memory (a reshape of it)
+    keeps its values, which a write behind MLX's back would change."""
+    k_cache, v_cache, lengths, k, v, q, table = _problem(rng, 16, None)
+    base = mx.array(k_cache)
+    mk, mv = base.reshape(base.shape), _mlx(v_cache)
+    mx.eval(base, mk)
+    out = mfa_native.attention_with_kvcache(_mlx(q), mk, mv, cache_seqlens=mx.array(lengths), k=mx.array(k),
+                                            v=mx.array(v), block_table=_mlx(table), causal=True)
+    expected = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v,
+                                                 block_table=table, causal=True)
+    assert isinstance(out, mx.array) and relative_l2(np.array(out), expected) < 1e-5
+    assert np.array(mk).tobytes() == k_cache.tobytes() and np.array(mv).tobytes() == v_cache.tobytes()
+    assert np.array(base).tobytes() != k_cache.tobytes()   # the numpy call appended into k_cache itself

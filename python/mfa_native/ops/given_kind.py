@@ -87,9 +87,11 @@ def _differentiated(framework, values: dict[str, Any], names) -> bool:
 def _through_adapter(op, framework, values: dict[str, Any]):
     """The call, through the op's differentiable form in `framework`."""
     if framework.name == "mlx":
-        from ..mlx import mlx_call
+        from .. import mlx
 
-        return mlx_call(op, values)
+        if _writes_in_place(op, values):  # MLX arrays are updated by MLX itself, never behind its back
+            return getattr(mlx, op.name)(**{k: v for k, v in values.items() if k != "device"})
+        return mlx.mlx_call(op, values)
     from ..torch.library import torch_call, without_gradient
 
     if op.backward is None:
@@ -97,6 +99,11 @@ def _through_adapter(op, framework, values: dict[str, Any]):
             result = call(op, values)
         return without_gradient(op, values, result)
     return torch_call(op, values)
+
+
+def _writes_in_place(op, values: dict[str, Any]) -> bool:
+    """Whether this call writes an argument in place (a KV cache given rows to append)."""
+    return any(a.written_with is not None and values.get(a.written_with) is not None for a in op.arguments)
 
 
 def items(value) -> list:
