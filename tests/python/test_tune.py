@@ -19,6 +19,7 @@ from mfa_native.__main__ import main
 from mfa_native.codegen.kernel import tables, tuned
 from mfa_native.reference import attention_reference
 from mfa_native.tuning import candidates, sweep
+from mfa_native.tuning.problems import TuningProblem
 
 CPU = mfa_native.default_device()
 FAMILY = CPU.tuning.family
@@ -156,3 +157,17 @@ def test_info_shows_the_table_in_use(tuning_dir, capsys):
     path = tuned.write(FAMILY, "test device", {"forward": [_tuned_row()]})
     main(["info"])
     assert f"tile table: {path}" in capsys.readouterr().out
+
+
+def test_the_timing_sweep_picks_a_checked_row_per_range_and_its_table_is_used(tuning_dir, rng):
+    """sweep.tune on the cpu backend (the CLI refuses to write cpu times; the sweep is the same
+    on Metal): one winner per (direction, range), written and then returned by the lookup."""
+    chosen = [TuningProblem("forward", "float16", 16, 16, q_len=24, kv_len=24),
+              TuningProblem("forward", "float32", 24, 20, q_len=24, kv_len=24)]
+    winners = sweep.tune(chosen, CPU, rng, repeats=1, report=lambda *a: None)
+    assert len(winners) == 1 and winners[0].seconds > 0 and winners[0].built_in_seconds is not None
+    winner = winners[0].row
+    assert winner.max_head_dim == tables.built_in_row("forward", FAMILY, 24).max_head_dim
+    tuned.write(FAMILY, CPU.name, sweep.rows_by_direction(winners))
+    assert tables.tile_row(FAMILY, 24) == winner
+    assert "forward   <= " in sweep.winners_table(winners)

@@ -1,6 +1,7 @@
 """Tune the tile tables on this device: `tune` times candidate rows (Metal) and writes the winners; `tune --check` verifies every candidate.
 
-On Metal, `tune` times each candidate of a problem set (warm, best of 5, GPU timestamps),
+On Metal, `tune` times each candidate of a problem set (warm, best of 5: GPU timestamps for the
+forward's one kernel, the call's wall time for the backward's kernels, which share a command buffer),
 checks its result against the float64 reference before it may win, and writes the winning
 rows to the family's tuned table (codegen/kernel/tuned.py: `<cache>/tuning/<family>.json`),
 which later calls use (MFA_NATIVE_TUNING=off: the built-in rows). On the cpu backend, timing
@@ -60,7 +61,8 @@ def _tune(args, device, rng) -> int:
     chosen = problems.problem_set(args.directions, args.dtypes, tuple(args.head_dims), args.q_len, args.q_len,
                                   args.heads)
     winners = sweep.tune(chosen, device, rng, args.repeats)
-    print(f"winners on {device.name} ({family}), summed best-of-{args.repeats} GPU times per range:")
+    print(f"winners on {device.name} ({family}), summed best-of-{args.repeats} times per range "
+          "(forward: GPU timestamps; backward: the call's wall time, its kernels share a command buffer):")
     print(sweep.winners_table(winners))
     if not args.dry_run:
         path = tuned.write(family, device.name, sweep.rows_by_direction(winners))
