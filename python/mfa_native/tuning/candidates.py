@@ -1,11 +1,11 @@
-"""The tuner's candidate rows, enumerated from a row type's fields and tables.DOMAINS, so a
-new column with a declared domain joins without a change here."""
+"""The tuner's candidate space: a row type's choice columns and their domains (tables.DOMAINS),
+and a pairwise covering design over them, so a new column with a declared domain joins
+without a change here."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import fields
-from typing import Iterator
 
 from ..codegen.kernel.tables import DOMAINS
 
@@ -16,13 +16,6 @@ def columns(row_type: type) -> dict[str, tuple]:
     """Every choice column of `row_type` and its domain, in field order."""
     domain = DOMAINS[row_type]
     return {f.name: domain[f.name] for f in fields(row_type) if f.name != RANGE_COLUMN}
-
-
-def every_row(row_type: type, max_head_dim: int) -> Iterator:
-    """The full cross product of the columns' domains, as rows for the range ending at max_head_dim."""
-    choices = columns(row_type)
-    for values in itertools.product(*choices.values()):
-        yield row_type(max_head_dim=max_head_dim, **dict(zip(choices, values)))
 
 
 def _pairs(choice: dict[str, object]) -> set[tuple]:
