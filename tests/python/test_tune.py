@@ -89,16 +89,8 @@ def _check_every(space, rng):
 
 
 @pytest.mark.parametrize("direction", list(tables.DIRECTION_ROWS))
-def test_a_sample_of_the_candidates_matches_the_reference(spaces, direction, rng):
-    """Every seventh candidate, from a per-run offset (the whole space: the slow test below)."""
-    offset = int(rng.integers(0, 7))
-    _check_every(spaces[direction][offset::7], rng)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("direction", list(tables.DIRECTION_ROWS))
 def test_every_candidate_matches_the_reference(spaces, direction, rng):
-    """The whole covering design (about 100 forward and 130 backward candidates, ~5 minutes here)."""
+    """The whole covering design: 97 forward and 129 backward candidates (2:10 here with a cold kernel cache, 8 s warm)."""
     _check_every(spaces[direction], rng)
 
 
