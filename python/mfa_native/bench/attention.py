@@ -20,6 +20,7 @@ size and against the float16 run.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ from ..runtime.arrays import bfloat16
 from ..runtime.devices import resolve_device
 from ..ops.attention import attention
 from ..ops.attention_backward import attention_backward
-from . import _quantized
+from . import _plot, _quantized
 from ._table import format_table
 
 
@@ -166,7 +167,13 @@ def main(argv: list[str]) -> int:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--backward", action="store_true", help="time the backward pass (and the forward with lse)")
     what.add_argument("--quantized", action="store_true", help="decode with quantized K/V against float16 K/V")
+    what.add_argument("--plot", metavar="FILE.png",
+                      help="draw charts against head dimension (forward and backward, every precision) with "
+                           "matplotlib: throughput on Metal; issued work and device bytes on the cpu backend")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=list(_plot.HEAD_DIMS), help="with --plot")
     args = parser.parse_args(argv)
+    if args.plot:
+        return _plot_main(args)
 
     device = resolve_device(args.device)
     on_metal = device.kind == "metal"
@@ -233,3 +240,30 @@ def _backward_table(configs, device, repeat: int, *, rates: bool, peak: float | 
         rows.append(row)
         print(f"  {config.name}: forward {forward_seconds * 1e3:.2f} ms, backward {seconds * 1e3:.2f} ms", flush=True)
     return headers, rows
+
+
+def _plot_main(args: argparse.Namespace) -> int:
+    """--plot: one problem per (direction, precision, head dim), B1 H2 R C 64 on the cpu backend
+    (1024 and 8 heads on Metal), measured best of --repeat, drawn to args.plot."""
+    device = resolve_device(args.device)
+    on_metal = device.kind == "metal"
+    length, heads = (1024, 8) if on_metal else (64, 2)
+    points = {}
+    for direction in _plot.DIRECTIONS:
+        for dtype in _plot.DTYPES:
+            for d in args.head_dims:
+                config = Config("plot", 1, heads, heads, length, length, d, d, dtype)
+                call = _forward(config, device) if direction == "forward" else _backward_pair(config, device)[1]
+                macs = heads * length * length * 2 * d * (1 if direction == "forward" else 2.5)
+                ops = (useful_matrix_ops(1, heads, length, length, d, d) if direction == "forward"
+                       else sum(useful_backward_matrix_ops(1, heads, length, length, d, d)))
+                points[(direction, dtype, d)] = (_plot.measure(call, args.repeat), macs, ops)
+    title = (f"attention on {device.name}: B1 H{heads} R=C={length}" +
+             ("" if on_metal else " (cpu backend: issued work and traffic, not speed)"))
+    try:
+        _plot.draw(args.plot, title, points, on_metal)
+    except ModuleNotFoundError as error:
+        print(f"bench attention: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.plot}")
+    return 0

@@ -17,6 +17,7 @@ from ..codegen.storage import quantize as codegen_quantize
 from ..quant_formats import FORMATS, QuantFormat
 from ..runtime import templates
 from ..runtime.templates import PassTemplate, evaluate
+from ..tuning import kernel_report
 
 Built = tuple[PassTemplate, dict[str, int]]   # a family's pass template and the problem's own runtime sizes
 
@@ -71,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tuning.add_argument("--sizes", metavar="NAME=N,...",
                         help="with --json: evaluate the template for these runtime sizes "
                              "(e.g. B=2,Hq=8,Hkv=2,R=1,C=4096); the problem's own fill the rest")
+    tuning.add_argument("--report", action="store_true",
+                        help="attention, attention-backward: per kernel, registers per thread (estimate), "
+                             "threadgroup memory, barriers per block and device bytes per useful MAC, for the "
+                             "built-in tile row and each row that changes one of its columns")
     tuning.add_argument("--backward", action="store_true",
                         help="attention, sparse-attention: the backward pass's kernels instead of the forward's")
 
@@ -203,6 +208,15 @@ def _evaluated(module) -> Iterator[list[Built]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.report:
+        if args.kernel not in ("attention", "attention-backward"):
+            print("emit: --report covers the attention and attention-backward kernels", file=sys.stderr)
+            return 2
+        try:
+            return kernel_report.run(args, problem_from(args))
+        except ValueError as error:
+            print(f"emit: {error}", file=sys.stderr)
+            return 2
     try:
         template, sizes = KINDS[args.kernel][0](args)
         description = evaluate(template, {**sizes, **_sizes(args.sizes)})

@@ -1,4 +1,4 @@
-"""Print the devices, the kernel compiler, the cache location and the statistics."""
+"""Print the devices, their tile tables (built-in or tuned), the kernel compiler, the cache location and the statistics."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 
 import mfa_native
+from mfa_native.codegen.kernel import tuned
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ndevice {device.kind}: {device.name}")
         for key, value in device.limits.items():
             print(f"  {key}: {value}")
+        print(f"  tile table: {tuned.source(device.tuning.family)} ({tuned.setting()})")
         try:
             properties = device.properties
         except mfa_native.DeviceUnavailableError as error:

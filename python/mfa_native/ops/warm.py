@@ -2,7 +2,7 @@
 
 A signature is everything argument validation and code generation depend on:
 the type, shape, strides and dtype of every array argument, the type and value
-of every other argument, the device and its tuning facts. Calls that share one
+of every other argument, the device, its tuning facts and the tuned tables' generation (codegen/kernel/tuned.py). Calls that share one
 cannot differ in anything but array contents, so the first call's checks,
 problem, pass description and prepared pass all hold for them; only checks of
 contents (the block lists of block-sparse attention) run again.
@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..quantized import QuantizedTensor
+from ..codegen.kernel import tuned
 from ..runtime.devices import Device, tuning_facts
 from ..runtime.runner import PreparedPass, readable
 
@@ -41,7 +42,7 @@ def _strict(value):
 def signature(arrays: Sequence, options: Sequence, device: Device) -> tuple | None:
     """The signature of a call, or None when it has none (an array argument that is not
     numpy). It may still be unhashable (an option that is); the cache then does not keep it."""
-    key = [device, tuning_facts(device)]
+    key = [device, tuning_facts(device), tuned.generation()]
     for a in arrays:
         if a is None:
             key.append(None)

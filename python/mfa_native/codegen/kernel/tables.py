@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import tuned
+
 
 @dataclass(frozen=True)
 class TileRow:
@@ -100,6 +102,18 @@ _BACKWARD_TABLES_TEXT = {
     """,
 }
 
+# The values each column may take: the tuner's candidate space (tuning/candidates.py builds
+# rows from these and the row types' fields; max_head_dim is the range, not a choice). A new
+# column joins the tuner by an entry here.
+DOMAINS: dict[type, dict[str, tuple]] = {
+    TileRow: {"query_rows": (8, 16, 32), "key_block": (16, 32, 64, 128), "cache_q": (False, True),
+              "stage_apart": (False, True), "o_block": (0, 32, 64)},
+    BackwardTileRow: {"query_rows": (8, 16, 32), "key_block": (16, 32, 64), "key_rows": (8, 16, 32),
+                      "query_block": (16, 32, 64), "cache": (False, True), "dq_block": (0, 32, 64),
+                      "dk_block": (0, 32, 64), "dv_block": (0, 32, 64)},
+}
+DIRECTION_ROWS = {"forward": TileRow, "backward": BackwardTileRow}
+
 # Families that share a table.
 _ALIASES = {"apple8": "apple7", "apple10": "apple9"}
 
@@ -126,8 +140,10 @@ BACKWARD_TABLES: dict[str, tuple[BackwardTileRow, ...]] = {
 FAMILIES = tuple(sorted(set(TABLES) | set(_ALIASES)))
 
 
-def _row(tables, family: str, head_dim: int):
-    table = tables.get(_ALIASES.get(family, family))
+def built_in_row(direction: str, family: str, head_dim: int):
+    """The built-in row of `family`'s `direction` ("forward", "backward") table for a problem
+    whose larger head dimension is `head_dim`."""
+    table = (TABLES if direction == "forward" else BACKWARD_TABLES).get(_ALIASES.get(family, family))
     if table is None:
         raise ValueError(f"unknown GPU family {family!r}; known: {', '.join(FAMILIES)}")
     for row in table:
@@ -136,14 +152,20 @@ def _row(tables, family: str, head_dim: int):
     raise ValueError(f"head dimension {head_dim} is beyond the largest supported ({MAX_HEAD_DIM})")
 
 
+def _row(direction: str, family: str, head_dim: int):
+    """The tuned row for the built-in row's range (tuned.py), else the built-in row."""
+    row = built_in_row(direction, family, head_dim)
+    return tuned.tuned_row(family, direction, row.max_head_dim, DIRECTION_ROWS[direction]) or row
+
+
 def tile_row(family: str, head_dim: int) -> TileRow:
     """The row of `family`'s table for a problem whose larger head dimension is `head_dim`."""
-    return _row(TABLES, family, head_dim)
+    return _row("forward", family, head_dim)
 
 
 def backward_tile_row(family: str, head_dim: int) -> BackwardTileRow:
     """The row of `family`'s backward table for a problem whose larger head dimension is `head_dim`."""
-    return _row(BACKWARD_TABLES, family, head_dim)
+    return _row("backward", family, head_dim)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,54 @@
+"""A static report of one generated kernel, read from its MSL: registers per thread estimated
+from the declared tiles and scalars, threadgroup memory, and barriers inside loops (per block)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ELEMENT_BYTES = {"float": 4, "half": 2, "bfloat": 2, "int": 4, "uint": 4, "short": 2, "ushort": 2, "char": 1, "uchar": 1}
+_TILES = re.compile(r"simdgroup_(float|half|bfloat)8x8 \w+(?:\[(\d+)\])?[;\s=]")
+_SCALARS = re.compile(r"^\s*(?:const )?(?:float|half|bfloat|int|uint|ushort|short|bool)2? \w+ *=", re.M)
+_THREADGROUP = re.compile(r"threadgroup (\w+) \w+\[(\d+)\];")
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    """`registers`: 32-bit registers per thread, every declared tile counted live (an 8x8
+    tile is 64 elements over 32 lanes: two per thread, 4 bytes each for float, 2 for 16-bit)
+    plus one per declared scalar; an upper-bound estimate, not the compiler's allocation."""
+
+    entry: str
+    registers: int
+    tile_registers: int
+    scalars: int
+    threadgroup_bytes: int
+    barriers_per_block: int
+
+
+def threadgroup_bytes(source: str) -> int:
+    """Bytes of the threadgroup arrays a kernel declares."""
+    return sum(ELEMENT_BYTES[t] * int(n) for t, n in _THREADGROUP.findall(source))
+
+
+def _tile_registers(source: str) -> int:
+    return sum((2 if kind == "float" else 1) * int(count or 1) for kind, count in _TILES.findall(source))
+
+
+def _barriers_in_loops(source: str) -> int:
+    """threadgroup_barrier calls inside some for loop of the kernel text (brace depth tracked)."""
+    loops, depth, count = [], 0, 0
+    for line in source.splitlines():
+        if re.match(r"\s*for \(", line):
+            loops.append(depth)
+        count += bool(loops) and line.count("threadgroup_barrier(")
+        depth += line.count("{") - line.count("}")
+        while loops and depth <= loops[-1]:
+            loops.pop()
+    return count
+
+
+def report(entry: str, source: str) -> KernelReport:
+    """The static report of the kernel `entry` whose MSL is `source`."""
+    tiles, scalars = _tile_registers(source), len(_SCALARS.findall(source))
+    return KernelReport(entry, tiles + scalars, tiles, scalars, threadgroup_bytes(source), _barriers_in_loops(source))

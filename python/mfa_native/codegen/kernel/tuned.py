@@ -1,0 +1,146 @@
+"""Tuned tile rows: the per-family table `python -m mfa_native tune` writes, which
+tables.tile_row and tables.backward_tile_row consult before their built-in rows.
+
+Where: MFA_NATIVE_TUNING unset: `<cache>/tuning/<family>.json` (cache: MFA_NATIVE_CACHE_DIR,
+else $XDG_CACHE_HOME/mfa_native, else ~/.cache/mfa_native; ~/Library/Caches/mfa_native on
+macOS); `off`: no tuned table, the built-in rows; any other value: a directory holding the
+`<family>.json` files. A file holds, per direction ("forward", "backward"), rows with every
+column of the direction's row type; a tuned row replaces the built-in row with the same
+max_head_dim (the range it was tuned for). A damaged file is ignored with a warning (the
+built-in rows apply; `tune` rewrites it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Iterator
+
+ENV = "MFA_NATIVE_TUNING"
+FORMAT = 1
+DIRECTIONS = ("forward", "backward")
+
+_loaded: dict[str, dict[str, list[dict]] | None] = {}   # family -> its file's rows by direction (None: no file)
+_trial: dict[tuple[str, str], object] = {}               # (family, direction) -> the row `trying` puts first
+_generation = [0]
+
+
+def _cache_directory() -> Path:
+    for variable, suffix in (("MFA_NATIVE_CACHE_DIR", ""), ("XDG_CACHE_HOME", "mfa_native")):
+        if os.environ.get(variable):
+            return Path(os.environ[variable]) / suffix
+    home = Path.home()
+    return home / "Library" / "Caches" / "mfa_native" if sys.platform == "darwin" else home / ".cache" / "mfa_native"
+
+
+def directory() -> Path | None:
+    """The directory of tuned tables, or None when MFA_NATIVE_TUNING=off."""
+    setting = os.environ.get(ENV, "")
+    if setting == "off":
+        return None
+    return Path(setting) if setting else _cache_directory() / "tuning"
+
+
+def setting() -> str:
+    """MFA_NATIVE_TUNING's value as `info` shows it."""
+    return f"{ENV}={os.environ.get(ENV) or '(unset)'}"
+
+
+def table_path(family: str) -> Path | None:
+    """The file `family`'s tuned table is read from and written to (None: tuning off)."""
+    where = directory()
+    return None if where is None else where / f"{family}.json"
+
+
+def generation() -> int:
+    """Changes whenever the rows a lookup may return change (the warm path keys on it)."""
+    return _generation[0]
+
+
+def forget() -> None:
+    """Drop the tables read so far: the next lookup reads the files (and MFA_NATIVE_TUNING) again."""
+    _loaded.clear()
+    _generation[0] += 1
+
+
+def _read(family: str) -> dict[str, list[dict]] | None:
+    path = table_path(family)
+    if path is None or not path.exists():
+        return None
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+        if table.get("format") != FORMAT or table.get("family") != family:
+            raise ValueError(f"format {table.get('format')!r} / family {table.get('family')!r}, "
+                             f"expected {FORMAT} / {family!r}")
+        return {direction: list(table.get(direction, [])) for direction in DIRECTIONS}
+    except (OSError, ValueError, AttributeError, TypeError) as error:
+        warnings.warn(f"ignoring the damaged tuned table {path} ({error}); the built-in rows apply", stacklevel=4)
+        return None
+
+
+def _typed(entry: dict, row_type):
+    names = {f.name for f in fields(row_type)}
+    if not isinstance(entry, dict) or set(entry) != names:
+        raise ValueError(f"a row must have exactly the columns {sorted(names)}, got {entry!r}")
+    return row_type(**entry)
+
+
+def tuned_row(family: str, direction: str, max_head_dim: int, row_type):
+    """The tuned `row_type` row for the built-in range ending at `max_head_dim`, or None."""
+    trial = _trial.get((family, direction))
+    if trial is not None and trial.max_head_dim == max_head_dim:
+        return trial
+    if family not in _loaded:
+        _loaded[family] = _read(family)
+    table = _loaded[family]
+    if table is None:
+        return None
+    try:
+        rows = [_typed(entry, row_type) for entry in table[direction]]
+    except (ValueError, TypeError) as error:
+        warnings.warn(f"ignoring the damaged tuned table {table_path(family)} ({error}); "
+                      "the built-in rows apply", stacklevel=3)
+        _loaded[family] = None
+        return None
+    return next((row for row in rows if row.max_head_dim == max_head_dim), None)
+
+
+def source(family: str) -> str:
+    """Which table a lookup for `family` uses: "built-in", or the tuned file's path."""
+    if family not in _loaded:
+        _loaded[family] = _read(family)
+    return "built-in" if _loaded[family] is None else str(table_path(family))
+
+
+@contextmanager
+def trying(family: str, direction: str, row) -> Iterator[None]:
+    """Inside the block, lookups for `family` and `direction` in row's range return `row`
+    (the tuner runs each candidate this way)."""
+    _trial[(family, direction)] = row
+    _generation[0] += 1
+    try:
+        yield
+    finally:
+        del _trial[(family, direction)]
+        _generation[0] += 1
+
+
+def write(family: str, device: str, rows: dict[str, list]) -> Path:
+    """Write `family`'s tuned table (rows: direction -> row dataclasses) where lookups read it,
+    and make later lookups use it. Raises ValueError when tuning is off."""
+    path = table_path(family)
+    if path is None:
+        raise ValueError(f"{ENV}=off: there is no tuned table to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = {"format": FORMAT, "family": family, "device": device,
+             **{direction: [asdict(row) for row in rows.get(direction, [])] for direction in DIRECTIONS}}
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+    temporary.replace(path)
+    forget()
+    return path

@@ -1,0 +1,135 @@
+"""The sweeps: `check` runs every candidate of a covering design once at small sizes and
+verifies it; `tune` times each problem group's candidates and picks the fastest that is right
+on every problem of the group (the built-in row always competes)."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, TextIO
+
+import numpy as np
+
+from ..codegen.kernel.tables import DIRECTION_ROWS, built_in_row
+from ..runtime.devices import Device, tuning_facts
+from . import trial
+from .candidates import columns, covering
+from .problems import DTYPES, TuningProblem
+
+# (D, Dv) pairs `check` covers: 8 to 576, odd values, D != Dv, MLA's 576/512.
+CHECK_HEAD_DIMS = ((8, 8), (13, 29), (64, 64), (97, 80), (128, 128), (161, 200), (256, 256), (333, 301),
+                   (576, 512), (512, 576))
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One candidate's check: its row, the problem it ran, and the outcome."""
+
+    problem: TuningProblem
+    row: object
+    outcome: trial.Outcome
+
+
+def progress(done: int, total: int, label: str, out: TextIO = sys.stderr, width: int = 30) -> None:
+    """A plain-text progress bar, redrawn in place; a newline once done == total."""
+    filled = width * done // max(total, 1)
+    out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:60]:<60}")
+    if done == total:
+        out.write("\n")
+    out.flush()
+
+
+def check_space(direction: str, family: str, device: Device, head_dims=CHECK_HEAD_DIMS, dtypes=DTYPES,
+                q_len: int = 19, kv_len: int = 37) -> list[tuple[TuningProblem, object]]:
+    """A covering design over the row's columns, the dtypes, the head dims and the kv heads (1:
+    GQA 2, the packed-heads forward for short R; 2: per head): every value of each and every
+    pair of values of any two occurs; each design is one (problem, row). A row
+    that does not fit the device at its head dims runs at the first pair (in order) where it fits."""
+    row_type = DIRECTION_ROWS[direction]
+    factors = {**columns(row_type), "dtype": tuple(dtypes), "dims": tuple(head_dims), "kv_heads": (1, 2)}
+    space = []
+    for design in covering(factors):
+        choice = {name: design[name] for name in columns(row_type)}
+        order = [design["dims"]] + [d for d in head_dims if d != design["dims"]]
+        for head_dim, value_dim in order:
+            problem = TuningProblem(direction, design["dtype"], head_dim, value_dim, q_len=q_len, kv_len=kv_len,
+                                    q_heads=2, kv_heads=design["kv_heads"], causal=head_dim % 2 == 1)
+            row = row_type(max_head_dim=trial.range_end(problem, family), **choice)
+            if trial.fits(problem, row, device):
+                space.append((problem, row))
+                break
+    return space
+
+
+def check(space, device: Device, rng: np.random.Generator, report: Callable = progress) -> list[Checked]:
+    """Run every (problem, row) of `space` once and verify it."""
+    results = []
+    for index, (problem, row) in enumerate(space):
+        report(index, len(space), problem.describe())
+        results.append(Checked(problem, row, trial.run(problem, row, device, rng)))
+    report(len(space), len(space), "checked")
+    return results
+
+
+@dataclass(frozen=True)
+class Winner:
+    """A group's (direction, range) fastest right row, its summed best times, and the built-in's."""
+
+    direction: str
+    row: object
+    seconds: float
+    built_in_seconds: float | None
+
+
+def _candidates(direction: str, range_end: int, family: str) -> list:
+    row_type = DIRECTION_ROWS[direction]
+    built_in = built_in_row(direction, family, range_end)
+    rows = [built_in] + [row_type(max_head_dim=range_end, **design) for design in covering(columns(row_type))]
+    return list(dict.fromkeys(rows))
+
+
+def tune(problems: list[TuningProblem], device: Device, rng: np.random.Generator, repeats: int = 5,
+         report: Callable = progress) -> list[Winner]:
+    """Time every candidate of each (direction, range) group on the group's problems."""
+    family = tuning_facts(device).family
+    groups: dict[tuple[str, int], list[TuningProblem]] = defaultdict(list)
+    for problem in problems:
+        groups[(problem.direction, trial.range_end(problem, family))].append(problem)
+    work = [(key, row) for key in groups for row in _candidates(*key, family)]
+    totals: dict[tuple[str, int], dict] = defaultdict(dict)
+    for index, ((direction, end), row) in enumerate(work):
+        report(index, len(work), f"{direction} <= {end}: {row}")
+        group = groups[(direction, end)]
+        if not all(trial.fits(p, row, device) for p in group):
+            continue
+        outcomes = [trial.run(p, row, device, rng, repeats) for p in group]
+        if all(o.passed for o in outcomes):
+            totals[(direction, end)][row] = sum(o.seconds for o in outcomes)
+    report(len(work), len(work), "timed")
+    winners = []
+    for (direction, end), timed in totals.items():
+        best = min(timed, key=timed.get)
+        winners.append(Winner(direction, best, timed[best], timed.get(built_in_row(direction, family, end))))
+    return winners
+
+
+def rows_by_direction(winners: list[Winner]) -> dict[str, list]:
+    """The winners as table rows per direction, in range order."""
+    rows: dict[str, list] = defaultdict(list)
+    for winner in sorted(winners, key=lambda w: w.row.max_head_dim):
+        rows[winner.direction].append(winner.row)
+    return dict(rows)
+
+
+def winners_table(winners: list[Winner]) -> str:
+    """One line per winner: direction, range, its columns, its time and the built-in row's."""
+    lines = []
+    for w in sorted(winners, key=lambda w: (w.direction, w.row.max_head_dim)):
+        values = ", ".join(f"{k}={v}" for k, v in vars(w.row).items() if k != "max_head_dim")
+        built = f"{w.built_in_seconds * 1e3:.3f} ms" if w.built_in_seconds is not None else "did not fit or pass"
+        lines.append(f"{w.direction:<9} <= {w.row.max_head_dim:<4} {w.seconds * 1e3:9.3f} ms "
+                     f"(built-in {built})  {values}")
+    return "\n".join(lines)
+
+

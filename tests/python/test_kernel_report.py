@@ -1,0 +1,66 @@
+"""`emit --report`: the modelled device bytes of the forward kernel equal the cpu backend's
+traffic counters; the static facts move the way the rows say; the CLI prints every alternative."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from ml_dtypes import bfloat16
+
+import mfa_native
+from mfa_native import codegen
+from mfa_native.__main__ import main
+from mfa_native.codegen.attention import traffic
+from mfa_native.codegen.attention.descriptor import describe
+from mfa_native.codegen.kernel import tuned
+from mfa_native.codegen.kernel.report import report
+from mfa_native.codegen.kernel.tables import built_in_row
+from mfa_native.tuning.kernel_report import alternatives
+
+FAMILY = mfa_native.default_device().tuning.family
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16}
+
+
+@pytest.mark.parametrize("cache_q", [True, False])
+def test_modelled_bytes_equal_the_traffic_counters(rng, cache_q):
+    B, H = int(rng.integers(1, 3)), int(rng.integers(1, 3))
+    R, C = int(rng.integers(9, 70)), int(rng.integers(20, 300))
+    D, Dv = int(rng.integers(8, 200)), int(rng.integers(8, 200))
+    dtype = str(rng.choice(list(DTYPES)))
+    q = rng.standard_normal((B, H, R, D)).astype(DTYPES[dtype])
+    k = rng.standard_normal((B, H, C, D)).astype(DTYPES[dtype])
+    v = rng.standard_normal((B, H, C, Dv)).astype(DTYPES[dtype])
+    row = replace(built_in_row("forward", FAMILY, max(D, Dv)), cache_q=cache_q)
+    problem = codegen.AttentionProblem(B, H, H, R, C, D, Dv, dtype=dtype)
+    with tuned.trying(FAMILY, "forward", row):
+        with mfa_native.profile() as profiled:
+            mfa_native.attention(q, k, v)
+        modelled = traffic.forward_bytes(problem, describe(problem, family=FAMILY))
+    assert traffic.modelled(problem)
+    counted = sum(profiled.bytes_read.values()) + sum(profiled.bytes_written.values())
+    assert modelled == counted, (B, H, R, C, D, Dv, dtype)
+
+
+def test_the_static_facts_follow_the_row():
+    problem = codegen.AttentionProblem(1, 2, 2, 256, 256, 128, 128, dtype="float16")
+    row = built_in_row("forward", FAMILY, 128)
+    facts = {}
+    for label, candidate in alternatives(row):
+        with tuned.trying(FAMILY, "forward", candidate):
+            kernel = codegen.attention_pass(problem, family=FAMILY).kernels[0]
+        facts[label] = report(kernel.entry, kernel.source)
+    # Q in registers: its 16 float tiles (2 registers each) instead of the one re-read per step.
+    assert facts["built-in"].tile_registers - facts["cache_q=False"].tile_registers == 2 * (128 // 8 - 1)
+    assert facts["built-in"].threadgroup_bytes == 0
+    # Paged O: one simdgroup's 8 rows x 128 floats per simdgroup of the threadgroup.
+    assert facts["o_block=64"].threadgroup_bytes == row.query_rows // 8 * 8 * 128 * 4
+
+
+def test_emit_report_prints_every_alternative(capsys):
+    assert main(["emit", "attention", "--head-dim", "64", "--report"]) == 0
+    out = capsys.readouterr().out
+    for label, _ in alternatives(built_in_row("forward", FAMILY, 64)):
+        assert f"\n{label:<16} attention_forward" in out
+    assert main(["emit", "quantize", "--head-dim", "64", "--report"]) == 2
