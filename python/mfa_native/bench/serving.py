@@ -14,7 +14,7 @@ Section "varlen": a causal prefill of packed sequences of mixed lengths (attenti
 the same sequences padded to the longest and run as one dense batch: the matrix work each issues
 and the time (varlen issues each sequence's work and nothing for the padding).
 
-Section "cache" (serving_cache.py): decode steps through attention_with_kvcache (a paged cache,
+Section "cache" (_serving_cache.py): decode steps through attention_with_kvcache (a paged cache,
 the new rows appended, split-KV at C 32768) and attention_varlen (a decode batch, heads packed).
 
 A section is a function from the parsed options and the device to a titled table (SECTIONS).
@@ -35,7 +35,7 @@ from ..ops.varlen import attention_varlen
 from ..runtime.devices import resolve_device
 from ..work import packed_matrix_ops
 from ._table import format_table
-from .serving_cache import cache_section
+from ._serving_cache import cache_section
 
 
 @dataclass(frozen=True)
