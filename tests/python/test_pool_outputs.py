@@ -55,6 +55,11 @@ def test_outputs_bind_as_pool_buffers_and_caller_arrays_by_address(rng):
     bound, again = host_bound(lambda: mfa_native.attention(o, k, v))  # an output as an input
     assert bound == k.nbytes + v.nbytes
     assert relative_l2(again, attention_reference(o, k, v)) < 1e-5
+    head = o[:, 1:]  # a view at an offset into o's buffer
+    _, k1, v1 = make_inputs(rng, Hq=1, R=8, C=24, D=16)
+    bound, of_head = host_bound(lambda: mfa_native.attention(head, k1, v1))
+    assert bound == k1.nbytes + v1.nbytes
+    assert relative_l2(of_head, attention_reference(np.array(head), k1, v1)) < 1e-5
 
     do = rng.standard_normal(o.shape).astype(np.float32)
     copies = np.array(o), np.array(lse)
