@@ -44,7 +44,8 @@ PassBinding::Source source_of(const std::string& name) {
 const Buffer* viewed_buffer(PyObject* object) {
   static PyObject* const base_name = PyUnicode_InternFromString("base");
   nb::object base = nb::borrow(object);
-  for (int depth = 0; depth < 64; ++depth) {
+  constexpr int kMaxDepth = 64;  // numpy collapses view chains; this only stops odd objects' endless bases
+  for (int depth = 0; depth < kMaxDepth; ++depth) {
     if (nb::isinstance<Buffer>(base)) return nb::inst_ptr<Buffer>(base);
     PyObject* next = PyObject_GetAttr(base.ptr(), base_name);
     if (!next) {
