@@ -23,19 +23,24 @@ class BufferStorage {
 
 // A shared handle to storage; size() is what was asked for, which may be less
 // than the storage's (page-rounded, bucketed) size.
+class BufferPool;
+
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(std::shared_ptr<BufferStorage> storage, std::size_t size);
+  // `pool`: the pool the storage returns to, or nullptr (wrapped memory).
+  Buffer(std::shared_ptr<BufferStorage> storage, std::size_t size, const BufferPool* pool = nullptr);
 
   void* data() const { return storage_ ? storage_->contents() : nullptr; }
   std::size_t size() const { return size_; }
   BufferStorage* storage() const { return storage_.get(); }
+  const BufferPool* pool() const { return pool_; }
   explicit operator bool() const { return storage_ != nullptr; }
 
  private:
   std::shared_ptr<BufferStorage> storage_;
   std::size_t size_ = 0;
+  const BufferPool* pool_ = nullptr;
 };
 
 struct BufferPoolStats {

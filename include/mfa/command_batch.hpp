@@ -92,6 +92,7 @@ class CommandBatch {
   Device device_;
   std::vector<Dispatch> dispatches_;
   std::vector<HostStaging> staging_;
+  std::uint64_t host_bound_ = 0;  // caller memory bound by address, per binding
   std::unique_ptr<Submission> submission_;
   bool committed_ = false;
 };

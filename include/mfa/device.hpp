@@ -15,11 +15,14 @@
 
 namespace mfa {
 
-// Every CommandBatch a device ran: how many, and the bytes of caller memory
-// staged to the device at commit and copied back at wait (both 0 where the
-// backend binds host memory in place, as the cpu backend does).
+// Every CommandBatch a device ran: how many, the bytes of caller memory bound
+// by address (per binding; pool buffers, such as op outputs, are not caller
+// memory), and of those the bytes staged to the device at commit and copied
+// back at wait (both 0 where the backend binds host memory in place, as the
+// cpu backend does).
 struct BatchStats {
   std::uint64_t committed = 0;
+  std::uint64_t bytes_host_bound = 0;
   std::uint64_t bytes_staged_in = 0;
   std::uint64_t bytes_copied_back = 0;
 };
@@ -58,8 +61,9 @@ class Device {
   BufferPool& buffer_pool() const;
   PipelineCache& pipeline_cache() const;
   BatchStats batch_stats() const;
-  // Called by CommandBatch: one batch committed with `staged_in` bytes staged.
-  void count_commit(std::uint64_t staged_in) const;
+  // Called by CommandBatch: one batch committed that bound `host_bound` bytes
+  // of caller memory, `staged_in` of them staged.
+  void count_commit(std::uint64_t host_bound, std::uint64_t staged_in) const;
   // Called by CommandBatch: `copied_back` bytes returned to caller memory.
   void count_copy_back(std::uint64_t copied_back) const;
   Backend& backend() const;

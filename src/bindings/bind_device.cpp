@@ -170,16 +170,19 @@ void bind_device(nb::module_& m) {
              out["limit"] = s.limit;
              return out;
            })
+      .def("new_buffer", &Device::new_buffer, "nbytes"_a,
+           "A Buffer of nbytes from the device's pool; it returns to the pool when the last reference dies.")
       .def("batch_stats",
            [](const Device& d) {
              BatchStats s = d.batch_stats();
              nb::dict out;
              out["committed"] = s.committed;
+             out["bytes_host_bound"] = s.bytes_host_bound;
              out["bytes_staged_in"] = s.bytes_staged_in;
              out["bytes_copied_back"] = s.bytes_copied_back;
              return out;
            },
-           "Command batches run on this device, and caller bytes staged in and copied back.")
+           "Command batches run on this device, and caller bytes bound by address, staged in and copied back.")
       .def("__eq__", [](const Device& a, const Device& b) { return a == b; })
       .def("__hash__", [](const Device& d) { return int(d.kind()); })
       .def("__repr__", [](const Device& d) {

@@ -7,6 +7,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <Python.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -55,6 +57,15 @@ std::string traffic_text(const TrafficByName& traffic) {
   return "{" + text + "}";
 }
 
+// The buffer protocol of a Buffer: its bytes, writable, one dimension of unsigned bytes.
+// numpy arrays over it (runtime/pool_arrays.py) keep the Buffer as their base.
+int buffer_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  const Buffer* buffer = nb::inst_ptr<Buffer>(self);
+  return PyBuffer_FillInfo(view, self, buffer->data(), Py_ssize_t(buffer->size()), 0, flags);
+}
+
+PyType_Slot buffer_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(buffer_getbuffer)}, {0, nullptr}};
+
 }  // namespace
 
 void bind_dispatch(nb::module_& m) {
@@ -79,7 +90,10 @@ void bind_dispatch(nb::module_& m) {
                " bytes_written=" + traffic_text(traffic_by_name(s, &BufferTraffic::bytes_written)) + ">";
       });
 
-  nb::class_<Buffer>(m, "Buffer", "Device memory owned by the core (or wrapped from another framework).")
+  nb::class_<Buffer>(m, "Buffer",
+                     "Device memory owned by the core (or wrapped from another framework); its bytes are "
+                     "host-visible through the buffer protocol.",
+                     nb::type_slots(buffer_slots))
       .def_prop_ro("size", &Buffer::size);
 
   nb::class_<CommandBatch>(m, "CommandBatch", "Dispatches run in order: record, commit(), wait().")

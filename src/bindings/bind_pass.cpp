@@ -1,6 +1,8 @@
 // Prepared passes: a pass's dispatches resolved once, then run on the caller's
 // arrays with one call. This is the warm path of every op, so `run` reads the
-// arrays through the buffer protocol directly (no numpy calls, no copies).
+// arrays through the buffer protocol directly (no numpy calls, no copies). An
+// array over a pool Buffer of the pass's device (an op's output, or a view of
+// one) binds that Buffer at its offset: no wrapping, no staging.
 #include <Python.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -35,6 +37,35 @@ PassBinding::Source source_of(const std::string& name) {
   if (name == "intermediate") return PassBinding::Source::intermediate;
   if (name == "constant") return PassBinding::Source::constant;
   throw ArgumentError("a pass binding's source is 'array', 'intermediate' or 'constant', got '" + name + "'");
+}
+
+// The Buffer whose memory `object` views: the end of its chain of numpy `base`s
+// (a view's base is the array it views; an op output's is its Buffer), or nullptr.
+const Buffer* viewed_buffer(PyObject* object) {
+  static PyObject* const base_name = PyUnicode_InternFromString("base");
+  nb::object base = nb::borrow(object);
+  constexpr int kMaxDepth = 64;  // numpy collapses view chains; this only stops odd objects' endless bases
+  for (int depth = 0; depth < kMaxDepth; ++depth) {
+    if (nb::isinstance<Buffer>(base)) return nb::inst_ptr<Buffer>(base);
+    PyObject* next = PyObject_GetAttr(base.ptr(), base_name);
+    if (!next) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    base = nb::steal(next);
+    if (base.is_none()) return nullptr;
+  }
+  return nullptr;
+}
+
+// Rebinds `array` as part of a pool Buffer of `device` when its memory lies inside one.
+void bind_pool_memory(PassArray& array, PyObject* object, const Device& device) {
+  const Buffer* buffer = viewed_buffer(object);
+  if (!buffer || buffer->pool() != &device.buffer_pool()) return;
+  const auto* first = static_cast<const unsigned char*>(array.host);
+  const auto* begin = static_cast<const unsigned char*>(buffer->data());
+  if (first < begin || std::size_t(first - begin) + array.bytes > buffer->size()) return;
+  array = PassArray{nullptr, 0, *buffer, std::size_t(first - begin)};
 }
 
 // Buffer-protocol views of a run's arrays, released (with the GIL held) when it ends.
@@ -119,6 +150,8 @@ void bind_pass(nb::module_& m) {
               nb::handle item(items[i]);
               if (nb::isinstance<Buffer>(item)) bound.push_back(PassArray{nullptr, 0, nb::cast<Buffer>(item), 0});
               else bound.push_back(views.open(items[i], slots[std::size_t(i)]));
+              if (!bound.back().buffer && bound.back().bytes)
+                bind_pool_memory(bound.back(), items[i], pass.device());
             }
             nb::gil_scoped_release release;
             return pass.run(bound);

@@ -4,8 +4,8 @@
 
 namespace mfa {
 
-Buffer::Buffer(std::shared_ptr<BufferStorage> storage, std::size_t size)
-    : storage_(std::move(storage)), size_(size) {}
+Buffer::Buffer(std::shared_ptr<BufferStorage> storage, std::size_t size, const BufferPool* pool)
+    : storage_(std::move(storage)), size_(size), pool_(pool) {}
 
 std::shared_ptr<BufferPool> BufferPool::create(Allocator allocate, std::size_t limit,
                                                std::size_t page_size) {
@@ -65,7 +65,7 @@ Buffer BufferPool::acquire(std::size_t bytes) {
       raw, [pool, bucket, owner = std::move(storage)](BufferStorage*) mutable {
         if (auto alive = pool.lock()) alive->give_back(bucket, std::move(owner));
       });
-  return Buffer(std::move(handle), bytes);
+  return Buffer(std::move(handle), bytes, this);
 }
 
 void BufferPool::give_back(std::size_t bucket, std::shared_ptr<BufferStorage> storage) {

@@ -75,6 +75,7 @@ CommandBatch::DispatchRef& CommandBatch::DispatchRef::host(int index, void* data
   Dispatch& dispatch = batch_.dispatches_[which_];
   if (!data && bytes) throw ArgumentError(where(*dispatch.pipeline) + "buffer(" + std::to_string(index) + ") is null");
   Backend& backend = batch_.device_.backend();
+  batch_.host_bound_ += bytes;
   Buffer buffer;
   if (auto wrapped = backend.wrap_host(data, bytes)) {
     buffer = Buffer(std::move(wrapped), bytes);
@@ -185,7 +186,7 @@ void CommandBatch::seal() {
     std::memcpy(staged.staging.data(), staged.host, staged.bytes);
     staged_in += staged.bytes;
   }
-  device_.count_commit(staged_in);
+  device_.count_commit(host_bound_, staged_in);
   committed_ = true;
 }
 

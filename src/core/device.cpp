@@ -14,6 +14,7 @@ struct Device::State {
   std::unique_ptr<PipelineCache> cache;
   std::shared_ptr<BufferPool> pool;
   std::atomic<std::uint64_t> batches_committed{0};
+  std::atomic<std::uint64_t> bytes_host_bound{0};
   std::atomic<std::uint64_t> bytes_staged_in{0};
   std::atomic<std::uint64_t> bytes_copied_back{0};
 
@@ -138,12 +139,13 @@ PipelineCache& Device::pipeline_cache() const { return *state_->cache; }
 Backend& Device::backend() const { return *state_->backend; }
 
 BatchStats Device::batch_stats() const {
-  return BatchStats{state_->batches_committed.load(), state_->bytes_staged_in.load(),
-                    state_->bytes_copied_back.load()};
+  return BatchStats{state_->batches_committed.load(), state_->bytes_host_bound.load(),
+                    state_->bytes_staged_in.load(), state_->bytes_copied_back.load()};
 }
 
-void Device::count_commit(std::uint64_t staged_in) const {
+void Device::count_commit(std::uint64_t host_bound, std::uint64_t staged_in) const {
   state_->batches_committed.fetch_add(1, std::memory_order_relaxed);
+  state_->bytes_host_bound.fetch_add(host_bound, std::memory_order_relaxed);
   state_->bytes_staged_in.fetch_add(staged_in, std::memory_order_relaxed);
 }
 

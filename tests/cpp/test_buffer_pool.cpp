@@ -37,6 +37,15 @@ TEST(BufferPool, BucketsArePageRoundedPowersOfTwoThenEighths) {
   EXPECT_EQ(bucket % 4096, 0u);
 }
 
+TEST(BufferPool, BuffersNameThePoolTheyReturnTo) {
+  CountingAllocator allocator;
+  auto pool = BufferPool::create(allocator.get(), 1 << 20, 4096);
+  auto other = BufferPool::create(allocator.get(), 1 << 20, 4096);
+  EXPECT_EQ(pool->acquire(10).pool(), pool.get());
+  EXPECT_EQ(other->acquire(10).pool(), other.get());
+  EXPECT_EQ(mfa::Buffer(std::make_shared<FakeStorage>(10), 10).pool(), nullptr);  // wrapped memory
+}
+
 TEST(BufferPool, ReusesStorageOfTheSameBucket) {
   CountingAllocator allocator;
   auto pool = BufferPool::create(allocator.get(), 1 << 20, 4096);

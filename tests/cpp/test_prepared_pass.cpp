@@ -67,7 +67,16 @@ TEST_F(PreparedPassTest, RunsBothKernelsInOneBatchThroughAPooledIntermediate) {
   EXPECT_EQ(stats[1].kernel, "plus");
   EXPECT_EQ(after.committed - before.committed, 1u);
   EXPECT_EQ(after.bytes_staged_in - before.bytes_staged_in, 0u);  // the cpu backend binds host memory in place
+  EXPECT_EQ(after.bytes_host_bound - before.bytes_host_bound, 2u * kCount * 4);  // x and y, by address
   for (std::size_t i = 0; i < kCount; ++i) ASSERT_EQ(y[i], 2.0f * x[i] + 0.25f) << i;
+
+  // y as a pool Buffer: only x is caller memory, and y's buffer holds the result.
+  mfa::Buffer pooled = device.new_buffer(kCount * 4);
+  const mfa::BatchStats pooled_before = device.batch_stats();
+  pass.run({{x.data(), x.size() * 4, {}, 0}, {nullptr, 0, pooled, 0}});
+  EXPECT_EQ(device.batch_stats().bytes_host_bound - pooled_before.bytes_host_bound, kCount * 4u);
+  const auto* written = static_cast<const float*>(pooled.data());
+  for (std::size_t i = 0; i < kCount; ++i) ASSERT_EQ(written[i], 2.0f * x[i] + 0.25f) << i;
 
   // Runs again with other arrays (a second, concurrent-safe run gets its own intermediate).
   std::vector<float> x2(kCount, 1.5f), y2(kCount, std::nanf(""));

@@ -41,13 +41,24 @@ def poison(shape, dtype) -> np.ndarray:
     return np.full(shape, value, dtype=dtype)
 
 
+def poisoned(allocate):
+    """The runner's allocator `allocate` (shape, dtype, device) with its arrays poisoned: the
+    outputs stay the memory it gives (device pool buffers), only their contents change."""
+    def poisoned_allocate(shape, dtype, device):
+        out = allocate(shape, dtype, device)
+        out[...] = poison(shape, dtype)
+        return out
+    poisoned_allocate.poisons = True
+    return poisoned_allocate
+
+
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
-    """Every op's outputs start as NaN instead of whatever np.empty (or the caller's framework,
-    for torch and MLX arrays) returns."""
-    from mfa_native.runtime import frameworks
+    """Every op's outputs start as NaN instead of whatever the device pool (or the caller's
+    framework, for MLX arrays and MPS tensors) holds."""
+    from mfa_native.runtime import frameworks, runner
 
-    monkeypatch.setattr("mfa_native.runtime.runner._allocate", poison)
+    monkeypatch.setattr(runner, "_allocate", poisoned(runner._allocate))
     for framework in frameworks.FRAMEWORKS:
         monkeypatch.setattr(framework, "empty", _poisoned(framework.empty, framework))
 

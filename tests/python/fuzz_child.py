@@ -19,7 +19,7 @@ import numpy as np
 
 import mfa_native
 from mfa_native import BlockMask, codegen
-from mfa_native.runtime import runner
+from mfa_native.runtime import pool_arrays, runner
 from mfa_native.runtime.arrays import DTYPES
 from mfa_native.runtime.runner import PreparedPass
 
@@ -29,11 +29,14 @@ NOT_ARRAYS = [None, 3.0, "q", [[1.0, 2.0]], b"\0" * 64, {"a": 1}]
 HUGE = 2**31  # every size the kernels index from here on is refused
 
 
-def poison(shape, dtype) -> np.ndarray:
-    """Outputs start as NaN (integers: their largest value), so an element no kernel wrote shows."""
+def poison(shape, dtype, device) -> np.ndarray:
+    """Outputs (the runner's pool arrays) start as NaN (integers: their largest value), so an
+    element no kernel wrote shows."""
     dtype = np.dtype(dtype)
     floating = dtype.kind == "f" or dtype == DTYPES["bfloat16"]
-    return np.full(shape, np.nan if floating else (True if dtype == np.bool_ else np.iinfo(dtype).max), dtype)
+    out = pool_arrays.empty(shape, dtype, device)
+    out[...] = np.nan if floating else (True if dtype == np.bool_ else np.iinfo(dtype).max)
+    return out
 
 
 def leaves(result) -> list[np.ndarray]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import mfa_native
+from mfa_native import _core
 from mfa_native.runtime import frameworks
 
 
@@ -27,13 +28,15 @@ def test_import_does_not_import_frameworks():
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_torch_in_torch_out(rng, monkeypatch, dtype):
     torch = pytest.importorskip("torch")
-    made = []
-    empty = frameworks.FRAMEWORKS[0].empty
-    monkeypatch.setattr(frameworks.FRAMEWORKS[0], "empty", lambda *a: made.append(empty(*a)) or made[-1])
+    made, hosts = [], []
+    over = frameworks.FRAMEWORKS[0].over
+    monkeypatch.setattr(frameworks.FRAMEWORKS[0], "over", lambda a: hosts.append(a) or made.append(over(a)) or made[-1])
     q, k, v = (torch.from_numpy(x).to(getattr(torch, dtype)) for x in _qkv(rng))
     mask = torch.from_numpy(rng.random((16, 24)) > 0.2)
     o, lse = mfa_native.attention(q, k, v, mask=mask, causal="upper_left", return_lse=True)
-    assert o is made[0] and lse is made[1]  # written in place into the tensors torch allocated
+    assert o is made[0] and lse is made[1]  # written in place into tensors over the device pool's memory
+    for tensor, host in zip((o, lse), hosts):
+        assert isinstance(host.base, _core.Buffer) and tensor.data_ptr() == host.__array_interface__["data"][0]
     assert type(o) is torch.Tensor and o.dtype == q.dtype and o.shape == q.shape and lse.dtype == torch.float32
     as_numpy = frameworks.FRAMEWORKS[0].as_numpy
     expected_o, expected_lse = mfa_native.attention(*(as_numpy(x, "x") for x in (q, k, v)), mask=mask.numpy(),

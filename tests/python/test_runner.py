@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import poison, relative_l2
+from conftest import relative_l2
 from test_attention import make_inputs
 
 import mfa_native
@@ -22,12 +22,13 @@ from mfa_native.runtime.runner import PreparedPass
 
 @pytest.fixture
 def allocations(monkeypatch):
-    """The shapes of every host array the runner allocates (outputs only, it should be)."""
+    """The shapes of every array the runner allocates (outputs only, it should be)."""
     shapes = []
+    poisoned = runner._allocate
 
-    def allocate(shape, dtype):
+    def allocate(shape, dtype, device):
         shapes.append(tuple(shape))
-        return poison(shape, dtype)
+        return poisoned(shape, dtype, device)
 
     monkeypatch.setattr(runner, "_allocate", allocate)
     return shapes

@@ -5,7 +5,8 @@ Attention's empty problems (no output rows: B, Hq or R = 0; or no keys: C = 0) g
 PyTorch gives: an empty output; with no keys, output 0 and lse -inf (the sink's logit with
 sinks, the sink then being the whole denominator); gradients of zeros. Other ops say what
 theirs give (an empty quantized tensor, the candidates of an indexer with no scores).
-Outputs are allocated like every op's (runner.allocate: the caller's framework), then filled.
+Outputs are allocated like every op's (runner.allocate: the caller's framework), in host
+memory (no kernel writes them), then filled.
 """
 
 from __future__ import annotations

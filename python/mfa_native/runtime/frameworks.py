@@ -2,9 +2,11 @@
 
 The ops compute on numpy arrays. A torch CPU tensor or an MLX array is viewed as
 one without a copy (bfloat16 as its 16-bit pattern, viewed back as
-ml_dtypes.bfloat16), and the op's outputs are allocated by the caller's
-framework and viewed the same way, so the op writes straight into the tensors
-it returns.
+ml_dtypes.bfloat16). An op's outputs for torch CPU tensors are the runner's
+pool arrays (pool_arrays.py) under tensors made over them (torch.from_numpy), so
+the kernels write device memory the tensors return with no copy; MLX has no
+array over foreign memory, so its outputs are MLX arrays, viewed the same way
+and written in place.
 
 A torch MPS tensor has no host view: it is stood in for by a numpy array of its
 shape, strides and dtype over one placeholder element (validation and codegen
@@ -37,6 +39,7 @@ class Framework:
 
     name: str
     module: str  # the module whose presence in sys.modules means its arrays may be passed
+    wraps_host = False  # whether `over` makes its arrays over numpy memory with no copy
 
     def owns(self, x: Any) -> bool:
         raise NotImplementedError
@@ -49,6 +52,10 @@ class Framework:
         """An uninitialized C-contiguous array of the framework, on `like`'s device."""
         raise NotImplementedError
 
+    def over(self, array: np.ndarray) -> Any:
+        """The framework's array over `array`'s memory, no copy (only where `wraps_host`)."""
+        raise NotImplementedError
+
     def on_metal(self, x: Any) -> bool:
         """Whether x lives in Metal memory with no host view (bound through DLPack)."""
         return False
@@ -58,6 +65,7 @@ class Torch(Framework):
     """torch.Tensor on the CPU or MPS (requires_grad is fine: the views are of the detached tensor)."""
 
     name, module = "torch", "torch"
+    wraps_host = True
 
     def owns(self, x: Any) -> bool:
         torch = sys.modules.get("torch")
@@ -77,6 +85,13 @@ class Torch(Framework):
         import torch
 
         return torch.empty(shape, dtype=_torch_dtype(dtype), device=like.device)
+
+    def over(self, array: np.ndarray) -> Any:
+        import torch
+
+        if array.dtype == BFLOAT16:
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array)
 
     def on_metal(self, x: Any) -> bool:
         return x.device.type == "mps"
@@ -139,6 +154,7 @@ class FrameworkCall:
         self.framework = framework
         self.like = like
         self.on_metal = framework.on_metal(like)
+        self.wraps_host = framework.wraps_host and not self.on_metal
         self._made: list[tuple[np.ndarray, Any]] = []
         self._metal: dict[int, Any] = {}  # stand-in data address -> the Metal tensor it stands for
         if self.on_metal:
@@ -160,11 +176,16 @@ class FrameworkCall:
         self._metal[stand_in.__array_interface__["data"][0]] = x
         return stand_in
 
-    def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        native = self.framework.empty(tuple(shape), np.dtype(dtype), self.like)
-        view = self.view(native, "an output")
-        self._made.append((view, native))
-        return view
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype, host: np.ndarray | None) -> np.ndarray:
+        """An output (runner.CallerArrays): `host` under the framework's array over it, or a
+        view of an array the framework allocated."""
+        if host is None:
+            native = self.framework.empty(tuple(shape), np.dtype(dtype), self.like)
+            host = self.view(native, "an output")
+        else:
+            native = self.framework.over(host)
+        self._made.append((host, native))
+        return host
 
     def bind(self, arrays: Sequence[np.ndarray], device: Device) -> list:
         """The arrays a pass runs on, with each Metal tensor's stand-in (or a view of it, such as a

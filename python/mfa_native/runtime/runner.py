@@ -4,7 +4,8 @@
 make a second preparation cheap) and resolves every binding into the core's
 PreparedPass. `run(inputs)` then checks the inputs against their declarations
 (an array the kernels were not built for would be read out of bounds), allocates
-the outputs, and the core takes the intermediates from the device pool and
+the outputs (numpy arrays over Buffers of the device's pool, pool_arrays.py, which the
+core binds with no copy), and the core takes the intermediates from the device pool and
 encodes the whole pass into one command batch: one commit, one wait, dependent
 dispatches ordered by the core. Intermediates never exist as host arrays.
 `run_unchecked(inputs)` skips the checks, for callers that built the inputs from
@@ -20,22 +21,25 @@ from typing import Iterator, Protocol, Sequence
 import numpy as np
 
 from .. import _core
-from . import frameworks, profiling
+from . import frameworks, pool_arrays, profiling
 from .arrays import DTYPES
 from .devices import Device
 from .passes import BufferDecl, PassDescription
 
 WRITTEN = ("inout", "output")   # caller arrays the kernels write: bound writable (copied back where staged)
 
-_allocate = np.empty  # outputs; tests poison them by replacing this
+_allocate = pool_arrays.empty  # outputs: (shape, dtype, device) -> array; tests poison them by replacing this
 _caller = threading.local()  # .arrays: the CallerArrays of the enclosing `caller_arrays` block
 
 
 class CallerArrays(Protocol):
     """The caller's framework, for one op call (runtime/frameworks.FrameworkCall)."""
 
-    def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """An output: a numpy view (or stand-in) of an array the framework allocated."""
+    wraps_host: bool  # whether outputs are the framework's arrays over host arrays the runner allocates
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype, host: np.ndarray | None) -> np.ndarray:
+        """An output: `host` (allocated by the runner when `wraps_host`) under a framework array
+        over it, else a numpy view (or stand-in) of an array the framework allocated."""
 
     def readable(self, output: np.ndarray) -> np.ndarray:
         """An output made by __call__, as numpy the host can read."""
@@ -44,9 +48,19 @@ class CallerArrays(Protocol):
         """The arrays to run on, with the stand-ins of device memory replaced by core Buffers."""
 
 
-def allocate(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An op's output array: from the enclosing `caller_arrays` block's framework, else numpy."""
-    return (getattr(_caller, "arrays", None) or _allocate)(shape, dtype)
+def allocate(shape: tuple[int, ...], dtype: np.dtype, device: Device | None = None) -> np.ndarray:
+    """An op's output array: memory of `device`'s pool (host memory for None: a call that runs
+    no kernel), under the enclosing `caller_arrays` block's framework array where it wraps
+    host memory; else the framework's own array."""
+    return _output(getattr(_caller, "arrays", None), shape, dtype, device)
+
+
+def _output(caller: CallerArrays | None, shape: tuple[int, ...], dtype: np.dtype,
+            device: Device | None) -> np.ndarray:
+    """`allocate` with the enclosing block's CallerArrays (or None) already looked up."""
+    if caller is None:
+        return _allocate(shape, dtype, device)
+    return caller(shape, dtype, _allocate(shape, dtype, device) if caller.wraps_host else None)
 
 
 def readable(output: np.ndarray) -> np.ndarray:
@@ -120,11 +134,10 @@ class PreparedPass:
         (an input the kernels were not built for is read out of bounds). Only their count is
         checked, by the core."""
         caller = getattr(_caller, "arrays", None)
+        outputs = [_output(caller, shape, dtype, self.device) for shape, dtype in self._outputs]
         if caller is None:
-            outputs = [_allocate(shape, dtype) for shape, dtype in self._outputs]
             stats = self._core.run([*inputs, *outputs])
         else:
-            outputs = [caller(shape, dtype) for shape, dtype in self._outputs]
             stats = self._core.run(caller.bind([*inputs, *outputs], self.device))
         if profiling.recording():
             for s in stats:
