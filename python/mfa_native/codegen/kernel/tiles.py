@@ -21,7 +21,7 @@ and which it defines, so blocks compose without surprises.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .layouts import OperandLayout
@@ -105,19 +105,44 @@ class Positions:
         return " && ".join(terms) or None
 
 
+def tile_declaration(element: str) -> str:
+    """The simdgroup matrix type of 8x8 tiles of `element` (float, half, bfloat)."""
+    return f"simdgroup_{element}8x8"
+
+
 @dataclass(frozen=True)
 class HeadTensor:
     """A (sequence, feature) tensor of the current head: its `{pointer}`, the stride
-    between sequence positions and its feature width (D or Dv). Features past the
-    width read as 0, so a partial last tile adds nothing to a product."""
+    between sequence positions, its feature width (D or Dv) and the element type of the
+    tiles it loads into (`tile_type`: float, or the input's own half/bfloat, which loads
+    without conversion). Features past the width read as 0, so a partial last tile adds
+    nothing to a product."""
 
     pointer: str
     row_stride: Extent
     width: int
+    tile_type: str = "float"
 
     @classmethod
-    def of(cls, name: str, layout: OperandLayout, width: int) -> HeadTensor:
-        return cls(f"{name}_head", layout.strides[2], width)
+    def of(cls, name: str, layout: OperandLayout, width: int, tile_type: str = "float") -> HeadTensor:
+        return cls(f"{name}_head", layout.strides[2], width, tile_type)
+
+    @property
+    def tile(self) -> str:
+        """The simdgroup matrix type of its tiles."""
+        return tile_declaration(self.tile_type)
+
+    def widened(self) -> HeadTensor:
+        """The same tensor loading float tiles (the right operand of a product with float weights)."""
+        return replace(self, tile_type="float")
+
+    def _element(self, at: str, conditions: list[str]) -> str:
+        """The value of element `at` of the pointer as the tile's type, 0 unless `conditions` hold."""
+        if self.tile_type == "float":
+            value, zero = f"float({self.pointer}[{at}])", "0.0f"
+        else:
+            value, zero = f"{self.tile_type}({self.pointer}[{at}])", f"{self.tile_type}(0.0f)"
+        return f"{' && '.join(conditions)} ? {value} : {zero}" if conditions else value
 
     def load_rows(self, target: str, row: str, tile: str, valid: str | None = None) -> list[str]:
         """`target` = 8 rows x features [tile * 8, tile * 8 + 8); the lane reads row `row`
@@ -125,10 +150,8 @@ class HeadTensor:
         lines = [f"const uint col = {tile} * 8 + tc;"]
         for e in (0, 1):
             col = "col + 1" if e else "col"
-            value = f"float({self.pointer}[{index(row, self.row_stride, 'col')}{' + 1' if e else ''}])"
             conditions = ([f"{col} < {self.width}"] if self.width % 8 else []) + ([valid] if valid else [])
-            if conditions:
-                value = f"{' && '.join(conditions)} ? {value} : 0.0f"
+            value = self._element(f"{index(row, self.row_stride, 'col')}{' + 1' if e else ''}", conditions)
             lines.append(f"{target}.thread_elements()[{e}] = {value};")
         return lines
 
@@ -139,11 +162,9 @@ class HeadTensor:
         for e in (0, 1):
             lines += positions.declare(f"{position}{e}", f"{first} + int(tc) + {e}")
         for e in (0, 1):
-            value = f"float({self.pointer}[{index(f'{position}{e}', self.row_stride, 'dim')}])"
             valid = positions.valid(f"{position}{e}")
             conditions = (["dim < " + str(self.width)] if self.width % 8 else []) + ([valid] if valid else [])
-            if conditions:
-                value = f"{' && '.join(conditions)} ? {value} : 0.0f"
+            value = self._element(index(f'{position}{e}', self.row_stride, 'dim'), conditions)
             lines.append(f"{target}.thread_elements()[{e}] = {value};")
         return lines
 
@@ -239,7 +260,7 @@ class Accumulator:
 def in_registers(name: str, tensor: HeadTensor, row: str) -> list[str]:
     """The lane's 8 rows of `tensor`, all features, held in registers as `name[tiles]`."""
     count = tiles(tensor.width)
-    return ([f"simdgroup_float8x8 {name}[{count}];"]
+    return ([f"{tensor.tile} {name}[{count}];"]
             + loop(f"ushort i = 0; i < {count}; ++i", tensor.load_rows(f"{name}[i]", row, "i")))
 
 
@@ -259,7 +280,7 @@ class Rows:
     def reread(self, why: str) -> list[str]:
         if self.cached:
             return []
-        return [f"simdgroup_float8x8 {self.name};  // {why}"] + self.tensor.load_rows(self.name, self.row, "i")
+        return [f"{self.tensor.tile} {self.name};  // {why}"] + self.tensor.load_rows(self.name, self.row, "i")
 
 
 def scores(result: str, *, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
@@ -268,8 +289,11 @@ def scores(result: str, *, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str
     dimension, for the tiles j < tiles (those past the visible range stay as they are).
     `position` names the loaded positions (`positions` says where they come from); `reread`
     says why lhs is re-read when it is not cached. Reads tiles, tr, tc. Defines nothing
-    outside its loops."""
-    per_tile = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
+    outside its loops. lhs and rhs load tiles of one type (Metal multiplies two tiles of one
+    type into a float accumulator)."""
+    if lhs.tensor.tile_type != rhs.tile_type:
+        raise ValueError(f"scores: lhs tiles are {lhs.tensor.tile_type}, rhs tiles {rhs.tile_type}")
+    per_tile = [f"{rhs.tile} {rhs_tile};  // {rhs_comment}"]
     per_tile += rhs.load_transposed(rhs_tile, position, f"{first} + j * 8", positions, "i")
     per_tile.append(f"simdgroup_multiply_accumulate({result}[j], {lhs.tile()}, {rhs_tile}, {result}[j]);")
     inner = lhs.reread(reread) + loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(per_tile) + ["}"])
@@ -281,7 +305,8 @@ def accumulate(result: str, *, weights: str, count: int, rhs: HeadTensor, rhs_ti
     """result[t] += weights[j] . rhs rows of slots [first + 8 j, + 8), features tile t, for
     tiles j < tiles; with `features` = (first tile, count), result[t] holds feature tile
     first tile + t (a block of a paged Accumulator). Reads tiles, tr, tc. Defines nothing
-    outside its loops."""
+    outside its loops. The weights are float tiles, so rhs loads float tiles too."""
+    rhs = rhs.widened()
     first_tile, feature_tiles = features or (0, tiles(rhs.width))
     load = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
     load += rhs.load_rows(rhs_tile, position, f"({first_tile} + t)" if first_tile else "t", positions.valid(position))
