@@ -19,7 +19,7 @@ from test_attention_backward import check as check_backward
 
 import mfa_native
 from mfa_native import codegen
-from mfa_native.codegen.kernel import tables
+from mfa_native.codegen.kernel import table_columns, tables
 from mfa_native.codegen.kernel.tables import BackwardTileRow, TileRow, forced_rows
 from mfa_native.runtime.devices import tuned_as
 
@@ -193,15 +193,16 @@ def test_forced_rows_check_their_columns():
 
 def test_column_domains_cover_the_tables():
     """Every column of every shipped row is in its declared domain; every field has one."""
-    for rows, columns in ((tables.TABLES, tables.FORWARD_COLUMNS), (tables.BACKWARD_TABLES, tables.BACKWARD_COLUMNS)):
+    for rows, columns in ((tables.TABLES, table_columns.FORWARD_COLUMNS),
+                          (tables.BACKWARD_TABLES, table_columns.BACKWARD_COLUMNS)):
         for table in rows.values():
             for row in table:
                 names = [f for f in row.__dataclass_fields__ if f != "max_head_dim"]
                 assert sorted(names) == sorted(columns)
                 for name in names:
                     assert getattr(row, name) in columns[name], (row, name)
-    kernel_columns = set(itertools.chain(*tables.BACKWARD_KERNEL_COLUMNS.values()))
-    assert kernel_columns == set(tables.BACKWARD_COLUMNS)
+    kernel_columns = set(itertools.chain(*table_columns.BACKWARD_KERNEL_COLUMNS.values()))
+    assert kernel_columns == set(table_columns.BACKWARD_COLUMNS)
 
 
 def test_forced_rows_reach_the_ops(rng):

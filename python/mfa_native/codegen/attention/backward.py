@@ -35,8 +35,9 @@ from ..kernel.msl import MSL_TYPES, float_literal, indent, loop, offset
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import (Accumulator, HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers,
-                            lane_layout, scores, store_rows, tiles, zeroed)
+from ..kernel.accumulators import Accumulator
+from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, cached_rows, head_pointer, lane_layout,
+                            scores, store_rows, tiles, zeroed)
 from . import operands
 from .descriptor import BackwardDescriptor
 from .forward import BUILTINS
@@ -115,18 +116,6 @@ def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelS
     return assemble(plan, summary=_summary(d, plan.kernel_name), builtins=BUILTINS, body=body)
 
 
-def _cached_rows(first_cached: bool, second_cached: bool, first: tuple[str, str, str], second: tuple[str, str, str],
-                 x: dict[str, HeadTensor], row: str) -> list[str]:
-    """The two row operands (label, tensor, tile array) that stay in registers, loaded once."""
-    kept = [item for item, cached in ((first, first_cached), (second, second_cached)) if cached]
-    if not kept:
-        return []
-    lines = ["", f"// {' and '.join(label for label, _, _ in kept)}: the 8 rows, held in registers as 8x8 tiles."]
-    for _, name, tile in kept:
-        lines += in_registers(tile, x[name], row)
-    return lines
-
-
 # ---------------------------------------------------------------------------
 # The dQ kernel.
 
@@ -200,7 +189,8 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     """The dQ kernel (it also stores D, and each row's share of dsinks)."""
     x = _tensors(d)
     body = _dq_geometry(d) + key_range(d.rules, bounds=d.keys.bounds)
-    body += _cached_rows(d.cache_q, d.cache_dout, ("Q", "q", "q_tile"), ("dO", "dout", "dout_tile"), x, "row_read")
+    body += cached_rows([(label, f"{name}_tile", x[name]) for label, name, kept in
+                         (("Q", "q", d.cache_q), ("dO", "dout", d.cache_dout)) if kept], "row_read", ": the 8 rows")
     body += _row_delta(d)
     body += ["", "// dQ / scale, accumulated over the keys."] + _accumulators(d)["dq"].declare("dQ / scale")
     body += d.keys.keys(d, lambda rules, begin, end: _dq_key_steps(d, rules, begin, end))
@@ -291,7 +281,8 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     """The dK/dV kernel (it reads the D the dQ kernel stored)."""
     x = _tensors(d)
     body = _dkdv_geometry(d) + query_range(d.rules, d.keys.bounds)
-    body += _cached_rows(d.cache_k, d.cache_v, ("K", "k", "k_tile"), ("V", "v", "v_tile"), x, "key_read")
+    body += cached_rows([(label, f"{name}_tile", x[name]) for label, name, kept in
+                         (("K", "k", d.cache_k), ("V", "v", d.cache_v)) if kept], "key_read", ": the 8 rows")
     body += ["", "// dK / scale and dV, accumulated over the queries of every head in the group."]
     acc = _accumulators(d)
     body += acc["dk"].declare("dK / scale") + acc["dv"].declare("dV")

@@ -35,7 +35,8 @@ from ..kernel.msl import MSL_TYPES, indent, offset
 from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import (Accumulator, HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
+from ..kernel.accumulators import Accumulator
+from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
                             store_rows, tiles, zeroed)
 from ..storage import staging
 from ..storage.staging import StagedTensor

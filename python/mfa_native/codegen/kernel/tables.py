@@ -51,9 +51,11 @@ both paged at D 576 / Dv 512: their pages would take 34 KiB; dV stays in registe
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from itertools import count
 from typing import Iterator
+
+from .table_columns import BACKWARD_COLUMNS, FORWARD_COLUMNS, check_row
 
 
 @dataclass(frozen=True)
@@ -159,46 +161,9 @@ BACKWARD_TABLES: dict[str, tuple[BackwardTileRow, ...]] = {
 FAMILIES = tuple(sorted(set(TABLES) | set(_ALIASES)))
 
 
-# The tuner's candidate space: every column's allowed values, by table. A row is valid when
-# each of its columns holds one of these (block sizes also fit the row's head dimension).
-FORWARD_COLUMNS: dict[str, tuple] = {
-    "query_rows": (8, 16, 32),
-    "key_block": (16, 32, 64, 128),
-    "cache_q": (True, False),
-    "stage_apart": (True, False),
-    "o_block": (0, 32, 64),
-    "tiles16": (True, False),
-}
-BACKWARD_COLUMNS: dict[str, tuple] = {
-    "query_rows": (8, 16, 32),      # dQ kernel
-    "key_block": (16, 32, 64),      # dQ kernel
-    "key_rows": (8, 16, 32),        # dK/dV kernel
-    "query_block": (16, 32, 64),    # dK/dV kernel
-    "cache_q": (True, False),       # dQ kernel
-    "cache_dout": (True, False),    # dQ kernel
-    "cache_k": (True, False),       # dK/dV kernel
-    "cache_v": (True, False),       # dK/dV kernel
-    "dq_block": (0, 32, 64),        # dQ kernel
-    "dk_block": (0, 32, 64),        # dK/dV kernel
-    "dv_block": (0, 32, 64),        # dK/dV kernel
-    "tiles16": (True, False),       # both kernels; 16-bit inputs only
-}
-# Which kernels read a backward column (the forward's columns all apply to the forward kernels).
-BACKWARD_KERNEL_COLUMNS = {
-    "dq": ("query_rows", "key_block", "cache_q", "cache_dout", "dq_block", "tiles16"),
-    "dkdv": ("key_rows", "query_block", "cache_k", "cache_v", "dk_block", "dv_block", "tiles16"),
-}
-
 # Rows forced by forced_rows(): family name -> (base family, forward row, backward row).
 _FORCED: dict[str, tuple[str, TileRow | None, BackwardTileRow | None]] = {}
 _FORCED_NAMES = count(1)
-
-
-def _check_row(row, columns: dict[str, tuple], what: str) -> None:
-    for field in fields(row):
-        if field.name in columns and getattr(row, field.name) not in columns[field.name]:
-            raise ValueError(f"{what} column {field.name} must be one of {columns[field.name]}, "
-                             f"got {getattr(row, field.name)!r}")
 
 
 @contextmanager
@@ -210,9 +175,9 @@ def forced_rows(family: str, *, forward: TileRow | None = None,
     ops use the rows (the warm path keys on the family, so forced calls never mix with others)."""
     _base(family)
     if forward is not None:
-        _check_row(forward, FORWARD_COLUMNS, "forward")
+        check_row(forward, FORWARD_COLUMNS, "forward")
     if backward is not None:
-        _check_row(backward, BACKWARD_COLUMNS, "backward")
+        check_row(backward, BACKWARD_COLUMNS, "backward")
     name = f"{family}+forced{next(_FORCED_NAMES)}"
     _FORCED[name] = (family, forward, backward)
     try:

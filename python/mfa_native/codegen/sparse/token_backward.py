@@ -27,7 +27,7 @@ from ..kernel.msl import BUILTINS_THREAD, MSL_TYPES, float_literal, indent, loop
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, element_offset, in_registers, scores,
+from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, cached_rows, element_offset, scores,
                             store_rows, tiles, zeroed)
 from .token_forward import slot_bias, slot_geometry
 
@@ -117,12 +117,9 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
         body.append(f"device const {t}* {name}_rows = {name} + "
                     f"({element_offset(getattr(d, name), ('ulong(b)', 0), ('ulong(r)', 2))});")
     body.append(f"const ulong row_at = {row_index('r')};  // the row in lse, sink_grad and the slot arrays")
-    kept = [(label, name, width) for label, name, width, cached in
-            (("Q", "q", d.head_dim, d.cache_q), ("dO", "dout", d.value_dim, d.cache_dout)) if cached]
-    if kept:
-        body += ["", f"// {' and '.join(label for label, _, _ in kept)} of the 8 heads, held in registers as 8x8 tiles."]
-    for _, name, width in kept:
-        body += in_registers(f"{name}_tile", _heads(d, name, width), "h")
+    body += cached_rows([(label, f"{name}_tile", _heads(d, name, width)) for label, name, width, kept in
+                         (("Q", "q", d.head_dim, d.cache_q), ("dO", "dout", d.value_dim, d.cache_dout)) if kept],
+                        "h", " of the 8 heads")
     body += _delta(d)
     body += ["", "// dQ / scale, accumulated over the listed keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
     body += _dq_steps(d)
