@@ -131,8 +131,10 @@ def test_backward_tile_tables():
     for family in codegen.FAMILIES:
         row = backward_tile_row(family, 100)
         d = describe_backward(small(head_dim=100, value_dim=64, q_len=4096, kv_len=4096), family=family)
-        assert (d.query_rows, d.key_block, d.key_rows, d.query_block, d.cache) == \
-            (row.query_rows, row.key_block, row.key_rows, row.query_block, row.cache)
+        caches = ("cache_q", "cache_dout", "cache_k", "cache_v")
+        assert (d.query_rows, d.key_block, d.key_rows, d.query_block) == \
+            (row.query_rows, row.key_block, row.key_rows, row.query_block)
+        assert [getattr(d, c) for c in caches] == [getattr(row, c) for c in caches]
     short = describe_backward(small(q_len=3, kv_len=5))
     assert short.query_rows == short.key_rows == 8  # one simdgroup when the sequence is that short
     with pytest.raises(ValueError, match="577"):

@@ -51,8 +51,10 @@ def test_the_static_facts_follow_the_row():
         with tuned.trying(FAMILY, "forward", candidate):
             kernel = codegen.attention_pass(problem, family=FAMILY).kernels[0]
         facts[label] = report(kernel.entry, kernel.source)
-    # Q in registers: its 16 float tiles (2 registers each) instead of the one re-read per step.
-    assert facts["built-in"].tile_registers - facts["cache_q=False"].tile_registers == 2 * (128 // 8 - 1)
+    # Q in registers: its 16 tiles instead of the one re-read per step; a tile is 2 registers
+    # per thread as float, 1 as half (tiles16).
+    per_tile = 1 if row.tiles16 else 2
+    assert facts["built-in"].tile_registers - facts["cache_q=False"].tile_registers == per_tile * (128 // 8 - 1)
     assert facts["built-in"].threadgroup_bytes == 0
     # Paged O: one simdgroup's 8 rows x 128 floats per simdgroup of the threadgroup.
     assert facts["o_block=64"].threadgroup_bytes == row.query_rows // 8 * 8 * 128 * 4

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pytest
@@ -25,7 +25,7 @@ CPU = mfa_native.default_device()
 FAMILY = CPU.tuning.family
 # The operand-caching columns: every pair of their values must be checked.
 CACHING = {"forward": ("cache_q", "stage_apart", "o_block"),
-           "backward": ("cache", "dq_block", "dk_block", "dv_block")}
+           "backward": ("cache_q", "cache_dout", "cache_k", "cache_v", "dq_block", "dk_block", "dv_block")}
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def _forward_threadgroups(rng, R=40):
 def _tuned_row():
     """A row for the first forward range that differs from the built-in one in its query rows."""
     built_in = tables.built_in_row("forward", FAMILY, 32)
-    return tables.TileRow(built_in.max_head_dim, 8, 16, not built_in.cache_q, False, 32)
+    return replace(built_in, query_rows=8, key_block=16, cache_q=not built_in.cache_q, stage_apart=False, o_block=32)
 
 
 def test_a_written_table_is_read_back_and_used(tuning_dir, rng):

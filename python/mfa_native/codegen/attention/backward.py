@@ -35,8 +35,9 @@ from ..kernel.msl import MSL_TYPES, float_literal, indent, loop, offset
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import (Accumulator, HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers,
-                            lane_layout, scores, store_rows, tiles, zeroed)
+from ..kernel.accumulators import Accumulator
+from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, cached_rows, head_pointer, lane_layout,
+                            scores, store_rows, tiles, zeroed)
 from . import operands
 from .descriptor import BackwardDescriptor
 from .forward import BUILTINS
@@ -59,9 +60,15 @@ def _accumulators(d: BackwardDescriptor) -> dict[str, Accumulator]:
 
 
 def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
-    return {"q": HeadTensor.of("q", d.q, d.head_dim), "k": HeadTensor.of("k", d.k, d.head_dim),
-            "v": HeadTensor.of("v", d.v, d.value_dim), "o": HeadTensor.of("o", d.o, d.value_dim),
-            "dout": HeadTensor.of("dout", d.dout, d.value_dim)}
+    """q, k, v, dO load operand tiles of the row's type; O (only in D = rowsum(dO o O)) float ones."""
+    t = d.tile_type
+    return {"q": HeadTensor.of("q", d.q, d.head_dim, t), "k": HeadTensor.of("k", d.k, d.head_dim, t),
+            "v": HeadTensor.of("v", d.v, d.value_dim, t), "o": HeadTensor.of("o", d.o, d.value_dim),
+            "dout": HeadTensor.of("dout", d.dout, d.value_dim, t)}
+
+
+def _kept(cached: bool) -> str:
+    return "in registers" if cached else "re-read per block"
 
 
 def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
@@ -90,13 +97,16 @@ def _recomputed_probabilities(d: BackwardDescriptor, count: int, lse2: str) -> l
 def _summary(d: BackwardDescriptor, kernel: str) -> list[str]:
     if kernel == DQ_KERNEL_NAME:
         tile = (f"{d.query_rows} query rows per threadgroup, {d.key_block} keys per block, "
-                f"Q and dO {'in registers' if d.cache else 're-read per block'}"
+                + (f"Q and dO {_kept(d.cache_q)}" if d.cache_q == d.cache_dout
+                   else f"Q {_kept(d.cache_q)}, dO {_kept(d.cache_dout)}")
                 + (f", dQ paged {d.dq_block} features at a time" if d.dq_block else ""))
     else:
         tile = (f"{d.key_rows} keys per threadgroup, {d.query_block} queries per block, "
-                f"K and V {'in registers' if d.cache else 're-read per block'}"
+                + (f"K and V {_kept(d.cache_k)}" if d.cache_k == d.cache_v
+                   else f"K {_kept(d.cache_k)}, V {_kept(d.cache_v)}")
                 + "".join(f", {name} paged {block} features at a time"
                           for name, block in (("dK", d.dk_block), ("dV", d.dv_block)) if block))
+    tile += f", {d.tile_type} operand tiles" if d.tile_type != "float" else ""
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
             f"{d.rules.describe()}, sinks {'yes' if d.sinks else 'no'}",
             f"tiles ({d.family}): {tile}"]
@@ -133,9 +143,9 @@ def _row_delta(d: BackwardDescriptor) -> list[str]:
     x = _tensors(d)
     per_tile = ["simdgroup_float8x8 o_t;", "{"] + indent(x["o"].load_rows("o_t", "row_read", "t")) + ["}"]
     dout = "dout_tile[t]"
-    if not d.cache:
+    if not d.cache_dout:
         dout = "dout_t"
-        per_tile += ["simdgroup_float8x8 dout_t;", "{"] + indent(x["dout"].load_rows("dout_t", "row_read", "t")) + ["}"]
+        per_tile += [f"{x['dout'].tile} dout_t;", "{"] + indent(x["dout"].load_rows("dout_t", "row_read", "t")) + ["}"]
     per_tile.append(f"delta_row += o_t.thread_elements()[0] * {dout}.thread_elements()[0]"
                     f" + o_t.thread_elements()[1] * {dout}.thread_elements()[1];")
     lines = ["", "// D = rowsum(dO o O) of the lane's row: two columns per tile, then the row's four lanes.",
@@ -156,13 +166,13 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
     x = _tensors(d)
     body = bias_over_keys(rules, count, end, d.keys.bounds.origin)
     body += ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
-    body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache else None, "q_i"),
+    body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
                    position="key", first="kb", positions=Positions(end), reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
     body += scores("dp_tile", count=count,
-                   lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache else None, "dout_i"), rhs=x["v"],
+                   lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=x["v"],
                    rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys",
                    position="key", first="kb", positions=Positions(end), reread=REREAD)
     body += gradient_of_scores(count, "delta_row")
@@ -179,9 +189,8 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     """The dQ kernel (it also stores D, and each row's share of dsinks)."""
     x = _tensors(d)
     body = _dq_geometry(d) + key_range(d.rules, bounds=d.keys.bounds)
-    if d.cache:
-        body += ["", "// Q and dO: the 8 rows, held in registers as 8x8 tiles."]
-        body += in_registers("q_tile", x["q"], "row_read") + in_registers("dout_tile", x["dout"], "row_read")
+    body += cached_rows([(label, f"{name}_tile", x[name]) for label, name, kept in
+                         (("Q", "q", d.cache_q), ("dO", "dout", d.cache_dout)) if kept], "row_read", ": the 8 rows")
     body += _row_delta(d)
     body += ["", "// dQ / scale, accumulated over the keys."] + _accumulators(d)["dq"].declare("dQ / scale")
     body += d.keys.keys(d, lambda rules, begin, end: _dq_key_steps(d, rules, begin, end))
@@ -229,7 +238,7 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
         "delta_q[j * 2 + e] = delta[rows_at + query];",
     ]))
     body += ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
-    body += scores("p_tile", count=count, lhs=Rows(x["k"], "key_read", "k_tile" if d.cache else None, "k_i"),
+    body += scores("p_tile", count=count, lhs=Rows(x["k"], "key_read", "k_tile" if d.cache_k else None, "k_i"),
                    rhs=x["q"], rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries",
                    position="query", first="qb", positions=Positions(end), reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
@@ -239,7 +248,7 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
         rhs_comment="rows are queries, columns are value dims", position="query", first="qb",
         positions=Positions(end), features=features))
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
-    body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache else None, "v_i"),
+    body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache_v else None, "v_i"),
                    rhs=x["dout"], rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
                    position="query", first="qb", positions=Positions(end), reread=REREAD)
     body += gradient_of_scores(count, "delta_q[j * 2 + e]")
@@ -272,9 +281,8 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     """The dK/dV kernel (it reads the D the dQ kernel stored)."""
     x = _tensors(d)
     body = _dkdv_geometry(d) + query_range(d.rules, d.keys.bounds)
-    if d.cache:
-        body += ["", "// K and V: the 8 rows, held in registers as 8x8 tiles."]
-        body += in_registers("k_tile", x["k"], "key_read") + in_registers("v_tile", x["v"], "key_read")
+    body += cached_rows([(label, f"{name}_tile", x[name]) for label, name, kept in
+                         (("K", "k", d.cache_k), ("V", "v", d.cache_v)) if kept], "key_read", ": the 8 rows")
     body += ["", "// dK / scale and dV, accumulated over the queries of every head in the group."]
     acc = _accumulators(d)
     body += acc["dk"].declare("dK / scale") + acc["dv"].declare("dV")

@@ -24,7 +24,7 @@ import numpy as np
 from ..kernel.layouts import (OperandLayout, contiguous_strides, memory_order, operand_layout, runtime_layout,
                               stride_names)
 from ..kernel.sizes import Extent, RuntimeSizes
-from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, tile_row
+from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, operand_tile_type, tile_row
 from .masking import MaskRules
 from .problem import AttentionBackwardProblem, AttentionProblem
 from .rows import shrunk
@@ -87,6 +87,7 @@ class KernelDescriptor(AttentionFacts):
     cache_q: bool
     rows: object            # the rows facet (attention/rows.py)
     o_block: int = 0        # 0: O in registers; else paged, this many features at a time (tables.py)
+    tile_type: str = "float"  # element type of the operand tiles Q, K (tables.py, tiles16)
 
     @property
     def simdgroups(self) -> int:
@@ -107,10 +108,14 @@ class BackwardDescriptor(AttentionFacts):
     key_block: int          # dQ kernel: keys per step
     key_rows: int           # dK/dV kernel: keys per threadgroup
     query_block: int        # dK/dV kernel: queries per step
-    cache: bool             # each simdgroup's own rows stay in registers
+    cache_q: bool           # dQ kernel: each simdgroup's rows of Q stay in registers
+    cache_dout: bool        # dQ kernel: its rows of dO, the same
+    cache_k: bool           # dK/dV kernel: each simdgroup's rows of K stay in registers
+    cache_v: bool           # dK/dV kernel: its rows of V, the same
     dq_block: int = 0       # 0: the accumulator in registers; else paged, this many features at a time
     dk_block: int = 0
     dv_block: int = 0
+    tile_type: str = "float"  # element type of the operand tiles Q, K, V, dO (tables.py, tiles16)
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -222,7 +227,8 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     row = tile_row(family, max(p.head_dim, p.value_dim))
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
                             query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
-                            cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block)
+                            cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block,
+                            tile_type=operand_tile_type(p.dtype, family, row.tiles16))
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
@@ -243,8 +249,12 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         key_block=row.key_block,
         key_rows=shrunk(row.key_rows, p.kv_len),
         query_block=row.query_block,
-        cache=row.cache,
+        cache_q=row.cache_q,
+        cache_dout=row.cache_dout,
+        cache_k=row.cache_k,
+        cache_v=row.cache_v,
         dq_block=row.dq_block,
         dk_block=row.dk_block,
         dv_block=row.dv_block,
+        tile_type=operand_tile_type(p.dtype, family, row.tiles16),
     )

@@ -35,7 +35,8 @@ from ..kernel.msl import MSL_TYPES, indent, offset
 from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import (Accumulator, HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
+from ..kernel.accumulators import Accumulator
+from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
                             store_rows, tiles, zeroed)
 from ..storage import staging
 from ..storage.staging import StagedTensor
@@ -145,12 +146,12 @@ def _staged(d: KernelDescriptor) -> list[StagedTensor]:
 
 
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
-    q = HeadTensor.of("q", d.q, d.head_dim)
+    q = HeadTensor.of("q", d.q, d.head_dim, d.tile_type)
     if d.rows.packed:
         k, v = _staged(d)
-        return {"q": q, "k": HeadTensor(k.stage, Extent(d.head_dim), d.head_dim),
+        return {"q": q, "k": HeadTensor(k.stage, Extent(d.head_dim), d.head_dim, d.tile_type),
                 "v": HeadTensor(v.stage, Extent(d.value_dim), d.value_dim)}
-    return {"q": q, "k": HeadTensor.of("k", d.k, d.head_dim), "v": HeadTensor.of("v", d.v, d.value_dim)}
+    return {"q": q, "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type), "v": HeadTensor.of("v", d.v, d.value_dim)}
 
 
 def _kv_pointers(d: KernelDescriptor) -> list[str]:
@@ -206,7 +207,8 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
             d.rules.describe() + finish.summary(d),
             f"tiles ({d.family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
             f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
-            + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")]
+            + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")
+            + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" else "")]
 
 
 def _kernel(d: KernelDescriptor, finish) -> KernelSource:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..kernel.msl import float_literal, loop
-from ..kernel.tiles import Accumulator
+from ..kernel.accumulators import Accumulator
 
 
 # Sinks take FlashMLA's infinite values: -inf is no sink; +inf takes every weight (O = 0,

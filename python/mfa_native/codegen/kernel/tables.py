@@ -19,6 +19,18 @@ A row applies to problems whose larger head dimension, max(D, Dv), is at most
               kernels page (one simdgroup's 8 rows x Dv floats, 16 KiB at Dv 512); the
               packed-heads and sparse-indexed ones, many simdgroups of rows, keep O in
               registers.
+- tiles16:    for float16/bfloat16 inputs, the operand tiles that meet another
+              input in a product (Q, K in S = Q K^T; in the backward Q, K, dO, V in
+              S = Q K^T, dP = dO V^T and their transposes, and the cached rows) are
+              simdgroup_half8x8 / simdgroup_bfloat8x8 instead of simdgroup_float8x8
+              (MFA's registerPrecisions: Q, K, V FP16; dO BF16 where bfloat is native).
+              bfloat16 is widened to float tiles on families without native bfloat
+              (apple7, apple8), as MFA does. Metal's mixed form multiplies two tiles of
+              one 16-bit type into a float accumulator, so the right operand of
+              O += P V, dQ += dS K, dV += P^T dO and dK += dS^T Q stays a float tile:
+              P and dS stay float32 (no rounding of probabilities to 16 bits). The
+              accumulators, S, dP and the softmax are float32 always. No effect on
+              float32 inputs.
 
 The values start from the shape of metal-flash-attention's published tuning
 (small threadgroups and long key blocks on GPUs with dynamic register caching,
@@ -27,7 +39,10 @@ They are data: retune them on hardware, row by row.
 
 The backward tables (BACKWARD_TABLES, see BackwardTileRow) have the same form:
 the dQ kernel's query rows and key block, the dK/dV kernel's key rows and
-query block, whether each simdgroup's own rows stay in registers, and, like
+query block, whether each of the row operands each simdgroup owns stays in
+registers (cache_q and cache_dout in the dQ kernel, cache_k and cache_v in the
+dK/dV kernel, each its own choice; otherwise it is re-read tile by tile per
+block), tiles16 as in the forward, and, like
 o_block, whether the accumulators dQ, dK and dV are paged (0: in registers; else
 paged through threadgroup memory that many features at a time). dK and dV are not
 both paged at D 576 / Dv 512: their pages would take 34 KiB; dV stays in registers.
@@ -35,7 +50,12 @@ both paged at D 576 / Dv 512: their pages would take 34 KiB; dV stays in registe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from itertools import count
+from typing import Iterator
+
+from .table_columns import BACKWARD_COLUMNS, FORWARD_COLUMNS, check_row
 
 from . import tuned
 
@@ -48,6 +68,7 @@ class TileRow:
     cache_q: bool
     stage_apart: bool
     o_block: int
+    tiles16: bool
 
 
 @dataclass(frozen=True)
@@ -57,28 +78,32 @@ class BackwardTileRow:
     key_block: int     # dQ kernel: keys per step
     key_rows: int      # dK/dV kernel: keys per threadgroup (one simdgroup per 8)
     query_block: int   # dK/dV kernel: queries per step
-    cache: bool        # the 8 rows each simdgroup owns (Q and dO, or K and V) stay in registers
+    cache_q: bool      # dQ kernel: the simdgroup's 8 rows of Q stay in registers
+    cache_dout: bool   # dQ kernel: its 8 rows of dO, the same
+    cache_k: bool      # dK/dV kernel: the simdgroup's 8 rows of K stay in registers
+    cache_v: bool      # dK/dV kernel: its 8 rows of V, the same
     dq_block: int      # dQ paged this many features at a time (0: in registers)
     dk_block: int      # dK, the same
     dv_block: int      # dV, the same
+    tiles16: bool      # 16-bit operand tiles for 16-bit inputs (see TileRow)
 
 
 _TABLES_TEXT = {
     # M1 and M2 generations: no dynamic caching, registers are the limit.
     "apple7": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block
-               64           32          64       yes       no          0
-              128           32          32       yes       no          0
-              256           16          32       no        no          0
-              576            8          16       no        yes        64
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16
+               64           32          64       yes       no          0      yes
+              128           32          32       yes       no          0      yes
+              256           16          32       no        no          0      yes
+              576            8          16       no        yes        64      yes
     """,
     # M3, M4 and later: dynamic caching makes long key blocks affordable.
     "apple9": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block
-               96           16         128       yes       no          0
-              160           16          64       yes       no          0
-              256           16          64       no        no          0
-              576            8          32       no        yes        64
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16
+               96           16         128       yes       no          0      yes
+              160           16          64       yes       no          0      yes
+              256           16          64       no        no          0      yes
+              576            8          32       no        yes        64      yes
     """,
 }
 
@@ -87,35 +112,37 @@ _TABLES_TEXT = {
 # shorter blocks. Starting values, not yet tuned on hardware.
 _BACKWARD_TABLES_TEXT = {
     "apple7": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache  dq_block  dk_block  dv_block
-                  64          32         32        32           32    yes         0         0         0
-                 128          16         32        16           32    yes         0         0         0
-                 256          16         32        16           32     no         0         0         0
-                 576           8         16         8           16     no        64        64         0
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16
+                  64          32         32        32           32      yes         yes      yes      yes         0         0         0      yes
+                 128          16         32        16           32      yes         yes      yes      yes         0         0         0      yes
+                 256          16         32        16           32       no          no       no       no         0         0         0      yes
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes
     """,
     "apple9": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache  dq_block  dk_block  dv_block
-                  96          16         64        16           64    yes         0         0         0
-                 160          16         32        16           32    yes         0         0         0
-                 256          16         32        16           32     no         0         0         0
-                 576           8         16         8           16     no        64        64         0
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16
+                  96          16         64        16           64      yes         yes      yes      yes         0         0         0      yes
+                 160          16         32        16           32      yes         yes      yes      yes         0         0         0      yes
+                 256          16         32        16           32       no          no       no       no         0         0         0      yes
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes
     """,
 }
 
-# The values each column may take: the tuner's candidate space (tuning/candidates.py builds
-# rows from these and the row types' fields; max_head_dim is the range, not a choice). A new
-# column joins the tuner by an entry here.
-DOMAINS: dict[type, dict[str, tuple]] = {
-    TileRow: {"query_rows": (8, 16, 32), "key_block": (16, 32, 64, 128), "cache_q": (False, True),
-              "stage_apart": (False, True), "o_block": (0, 32, 64)},
-    BackwardTileRow: {"query_rows": (8, 16, 32), "key_block": (16, 32, 64), "key_rows": (8, 16, 32),
-                      "query_block": (16, 32, 64), "cache": (False, True), "dq_block": (0, 32, 64),
-                      "dk_block": (0, 32, 64), "dv_block": (0, 32, 64)},
-}
+# tiles16 "yes" everywhere: MFA gives 16-bit inputs 16-bit operand registers at every head
+# dimension (metal-flash-attention, Sources/FlashAttention/Attention/AttentionDescriptor/
+# AttentionDescriptor+Precisions.swift, registerPrecisions(): Q, K, V FP16; dO BF16 only
+# with native BF16 casting, apple9). Its block sizes for 16-bit inputs (forwardMixed,
+# backwardQueryMixed, backwardKeyValueMixed in AttentionDescriptor+Parameters.swift) assume
+# FP16 P and S, which these kernels do not use, so the block columns are not keyed by dtype yet.
+
+# The values each column may take, by row type (table_columns.py): the tuner's candidate space.
+DOMAINS: dict[type, dict[str, tuple]] = {TileRow: FORWARD_COLUMNS, BackwardTileRow: BACKWARD_COLUMNS}
 DIRECTION_ROWS = {"forward": TileRow, "backward": BackwardTileRow}
 
 # Families that share a table.
 _ALIASES = {"apple8": "apple7", "apple10": "apple9"}
+
+# Families whose GPUs convert bfloat natively (MFA's hasNativeBF16Casting: apple9 and later).
+_NATIVE_BFLOAT = ("apple9", "apple10")
 
 # The family the cpu backend reports (it runs the current generation's
 # kernels), and codegen's default.
@@ -140,9 +167,58 @@ BACKWARD_TABLES: dict[str, tuple[BackwardTileRow, ...]] = {
 FAMILIES = tuple(sorted(set(TABLES) | set(_ALIASES)))
 
 
+# Rows forced by forced_rows(): family name -> (base family, forward row, backward row).
+_FORCED: dict[str, tuple[str, TileRow | None, BackwardTileRow | None]] = {}
+_FORCED_NAMES = count(1)
+
+
+@contextmanager
+def forced_rows(family: str, *, forward: TileRow | None = None,
+                backward: BackwardTileRow | None = None) -> Iterator[str]:
+    """Inside the block, the family name it yields uses `forward` and `backward` for every head
+    dimension (None: `family`'s own rows); everything else (bfloat support) is `family`'s.
+    Pass the name to codegen, or to `runtime.devices.tuned_as(device, family=name)` to make the
+    ops use the rows (the warm path keys on the family, so forced calls never mix with others)."""
+    _base(family)
+    if forward is not None:
+        check_row(forward, FORWARD_COLUMNS, "forward")
+    if backward is not None:
+        check_row(backward, BACKWARD_COLUMNS, "backward")
+    name = f"{family}+forced{next(_FORCED_NAMES)}"
+    _FORCED[name] = (family, forward, backward)
+    try:
+        yield name
+    finally:
+        del _FORCED[name]
+
+
+def _base(family: str) -> str:
+    """The family whose table `family` reads (a forced family's base, an alias's target)."""
+    family = _FORCED[family][0] if family in _FORCED else family
+    table = _ALIASES.get(family, family)
+    if table not in TABLES:
+        raise ValueError(f"unknown GPU family {family!r}; known: {', '.join(FAMILIES)}")
+    return family
+
+
+def native_bfloat(family: str) -> bool:
+    """Whether `family`'s GPUs have native bfloat (bfloat tiles); else bfloat widens to float."""
+    return _base(family) in _NATIVE_BFLOAT
+
+
+def operand_tile_type(dtype: str, family: str, tiles16: bool) -> str:
+    """The MSL element type of the operand tiles of a kernel over `dtype` inputs (tiles16 above)."""
+    if not tiles16 or dtype == "float32":
+        return "float"
+    if dtype == "float16":
+        return "half"
+    return "bfloat" if native_bfloat(family) else "float"
+
+
 def built_in_row(direction: str, family: str, head_dim: int):
     """The built-in row of `family`'s `direction` ("forward", "backward") table for a problem
-    whose larger head dimension is `head_dim`."""
+    whose larger head dimension is `head_dim` (a forced family's: its base family's)."""
+    family = _base(family)
     table = (TABLES if direction == "forward" else BACKWARD_TABLES).get(_ALIASES.get(family, family))
     if table is None:
         raise ValueError(f"unknown GPU family {family!r}; known: {', '.join(FAMILIES)}")
@@ -153,9 +229,13 @@ def built_in_row(direction: str, family: str, head_dim: int):
 
 
 def _row(direction: str, family: str, head_dim: int):
-    """The tuned row for the built-in row's range (tuned.py), else the built-in row."""
+    """A forced row (forced_rows), else the tuned row for the built-in row's range (tuned.py),
+    else the built-in row."""
     row = built_in_row(direction, family, head_dim)
-    return tuned.tuned_row(family, direction, row.max_head_dim, DIRECTION_ROWS[direction]) or row
+    forced = _FORCED.get(family, (None, None, None))[1 if direction == "forward" else 2]
+    if forced is not None:
+        return replace(forced, max_head_dim=MAX_HEAD_DIM)
+    return tuned.tuned_row(_base(family), direction, row.max_head_dim, DIRECTION_ROWS[direction]) or row
 
 
 def tile_row(family: str, head_dim: int) -> TileRow:

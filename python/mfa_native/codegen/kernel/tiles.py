@@ -21,7 +21,7 @@ and which it defines, so blocks compose without surprises.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .layouts import OperandLayout
@@ -105,19 +105,44 @@ class Positions:
         return " && ".join(terms) or None
 
 
+def tile_declaration(element: str) -> str:
+    """The simdgroup matrix type of 8x8 tiles of `element` (float, half, bfloat)."""
+    return f"simdgroup_{element}8x8"
+
+
 @dataclass(frozen=True)
 class HeadTensor:
     """A (sequence, feature) tensor of the current head: its `{pointer}`, the stride
-    between sequence positions and its feature width (D or Dv). Features past the
-    width read as 0, so a partial last tile adds nothing to a product."""
+    between sequence positions, its feature width (D or Dv) and the element type of the
+    tiles it loads into (`tile_type`: float, or the input's own half/bfloat, which loads
+    without conversion). Features past the width read as 0, so a partial last tile adds
+    nothing to a product."""
 
     pointer: str
     row_stride: Extent
     width: int
+    tile_type: str = "float"
 
     @classmethod
-    def of(cls, name: str, layout: OperandLayout, width: int) -> HeadTensor:
-        return cls(f"{name}_head", layout.strides[2], width)
+    def of(cls, name: str, layout: OperandLayout, width: int, tile_type: str = "float") -> HeadTensor:
+        return cls(f"{name}_head", layout.strides[2], width, tile_type)
+
+    @property
+    def tile(self) -> str:
+        """The simdgroup matrix type of its tiles."""
+        return tile_declaration(self.tile_type)
+
+    def widened(self) -> HeadTensor:
+        """The same tensor loading float tiles (the right operand of a product with float weights)."""
+        return replace(self, tile_type="float")
+
+    def _element(self, at: str, conditions: list[str]) -> str:
+        """The value of element `at` of the pointer as the tile's type, 0 unless `conditions` hold."""
+        if self.tile_type == "float":
+            value, zero = f"float({self.pointer}[{at}])", "0.0f"
+        else:
+            value, zero = f"{self.tile_type}({self.pointer}[{at}])", f"{self.tile_type}(0.0f)"
+        return f"{' && '.join(conditions)} ? {value} : {zero}" if conditions else value
 
     def load_rows(self, target: str, row: str, tile: str, valid: str | None = None) -> list[str]:
         """`target` = 8 rows x features [tile * 8, tile * 8 + 8); the lane reads row `row`
@@ -125,10 +150,8 @@ class HeadTensor:
         lines = [f"const uint col = {tile} * 8 + tc;"]
         for e in (0, 1):
             col = "col + 1" if e else "col"
-            value = f"float({self.pointer}[{index(row, self.row_stride, 'col')}{' + 1' if e else ''}])"
             conditions = ([f"{col} < {self.width}"] if self.width % 8 else []) + ([valid] if valid else [])
-            if conditions:
-                value = f"{' && '.join(conditions)} ? {value} : 0.0f"
+            value = self._element(f"{index(row, self.row_stride, 'col')}{' + 1' if e else ''}", conditions)
             lines.append(f"{target}.thread_elements()[{e}] = {value};")
         return lines
 
@@ -139,11 +162,9 @@ class HeadTensor:
         for e in (0, 1):
             lines += positions.declare(f"{position}{e}", f"{first} + int(tc) + {e}")
         for e in (0, 1):
-            value = f"float({self.pointer}[{index(f'{position}{e}', self.row_stride, 'dim')}])"
             valid = positions.valid(f"{position}{e}")
             conditions = (["dim < " + str(self.width)] if self.width % 8 else []) + ([valid] if valid else [])
-            if conditions:
-                value = f"{' && '.join(conditions)} ? {value} : 0.0f"
+            value = self._element(index(f'{position}{e}', self.row_stride, 'dim'), conditions)
             lines.append(f"{target}.thread_elements()[{e}] = {value};")
         return lines
 
@@ -171,75 +192,21 @@ def zeroed(name: str, count: int, comment: str) -> list[str]:
                    [f"{name}[t] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);"]))
 
 
-@dataclass(frozen=True)
-class Accumulator:
-    """A simdgroup's 8-row accumulator `name` (O, dQ, ...), `width` features wide: 8x8 tiles
-    in registers (`block` 0), or paged (MFA's cachedOperands false): held in threadgroup
-    memory, each lane keeping its own two elements of every tile (no barrier: no lane reads
-    another's), and brought into registers `block` features at a time around each product.
-    `simdgroups`: how many pages the threadgroup holds."""
-
-    name: str
-    width: int
-    block: int = 0
-    simdgroups: int = 1
-
-    @property
-    def lane_page(self) -> str:
-        return f"{self.name}_lane"
-
-    def bytes(self) -> int:
-        """Threadgroup memory of the pages."""
-        return self.simdgroups * tiles(self.width) * 64 * 4 if self.block else 0
-
-    def declare(self, comment: str) -> list[str]:
-        """The accumulator, all zero. Reads simd_index, lane (paged)."""
-        if not self.block:
-            return zeroed(self.name, tiles(self.width), comment)
-        n = tiles(self.width)
-        return ([f"threadgroup float {self.name}_page[{self.simdgroups * n * 64}];  // {comment}: paged, "
-                 f"{self.block} features at a time in registers",
-                 f"threadgroup float* {self.lane_page} = {self.name}_page + simd_index * {n * 64} + lane * 2;"
-                 "  // the lane's elements: tile t at [t * 64]"]
-                + loop(f"ushort t = 0; t < {n}; ++t", [f"{self.element('t', e)} = 0.0f;" for e in (0, 1)]))
-
-    def element(self, t: str, e: int) -> str:
-        """Element e (0, 1) of the lane's share of tile t."""
-        if not self.block:
-            return f"{self.name}[{t}].thread_elements()[{e}]"
-        return f"{self.lane_page}[{t} * 64{f' + {e}' if e else ''}]"
-
-    def scale(self, factor: str) -> list[str]:
-        """Every element *= factor."""
-        return loop(f"ushort t = 0; t < {tiles(self.width)}; ++t",
-                    [f"{self.element('t', e)} *= {factor};" for e in (0, 1)])
-
-    def blocks(self, product: Callable[[tuple[int, int] | None], list[str]]) -> list[str]:
-        """`product(features)` accumulating into the register tiles `name`[t]: once over every
-        tile (features None), or, paged, once per block (first tile, count) between its load
-        from the page and its store back."""
-        if not self.block:
-            return product(None)
-        lines, per, n = [], self.block // 8, tiles(self.width)
-        for first in range(0, n, per):
-            count = min(per, n - first)
-            pairs = [self._pair(first, e) for e in (0, 1)]
-            page_in = loop(f"ushort t = 0; t < {count}; ++t", [f"{tile} = {page};" for tile, page in pairs])
-            page_out = loop(f"ushort t = 0; t < {count}; ++t", [f"{page} = {tile};" for tile, page in pairs])
-            body = [f"simdgroup_float8x8 {self.name}[{count}];"] + page_in + product((first, count)) + page_out
-            lines += [f"{{  // features [{first * 8}, {(first + count) * 8}) of the paged accumulator"] + indent(body) + ["}"]
-        return lines
-
-    def _pair(self, first: int, e: int) -> tuple[str, str]:
-        """(register element, page element) of element e of block tile t (feature tile first + t)."""
-        return (f"{self.name}[t].thread_elements()[{e}]",
-                f"{self.lane_page}[({first} + t) * 64{f' + {e}' if e else ''}]")
+def cached_rows(kept: list[tuple[str, str, HeadTensor]], row: str, whose: str) -> list[str]:
+    """The row operands (label, tile array, tensor) in `kept`: `whose` 8 rows of each, loaded
+    once and held in registers (`in_registers`)."""
+    if not kept:
+        return []
+    lines = ["", f"// {' and '.join(label for label, _, _ in kept)}{whose}, held in registers as 8x8 tiles."]
+    for _, name, tensor in kept:
+        lines += in_registers(name, tensor, row)
+    return lines
 
 
 def in_registers(name: str, tensor: HeadTensor, row: str) -> list[str]:
     """The lane's 8 rows of `tensor`, all features, held in registers as `name[tiles]`."""
     count = tiles(tensor.width)
-    return ([f"simdgroup_float8x8 {name}[{count}];"]
+    return ([f"{tensor.tile} {name}[{count}];"]
             + loop(f"ushort i = 0; i < {count}; ++i", tensor.load_rows(f"{name}[i]", row, "i")))
 
 
@@ -259,7 +226,7 @@ class Rows:
     def reread(self, why: str) -> list[str]:
         if self.cached:
             return []
-        return [f"simdgroup_float8x8 {self.name};  // {why}"] + self.tensor.load_rows(self.name, self.row, "i")
+        return [f"{self.tensor.tile} {self.name};  // {why}"] + self.tensor.load_rows(self.name, self.row, "i")
 
 
 def scores(result: str, *, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str, rhs_comment: str,
@@ -268,8 +235,11 @@ def scores(result: str, *, count: int, lhs: Rows, rhs: HeadTensor, rhs_tile: str
     dimension, for the tiles j < tiles (those past the visible range stay as they are).
     `position` names the loaded positions (`positions` says where they come from); `reread`
     says why lhs is re-read when it is not cached. Reads tiles, tr, tc. Defines nothing
-    outside its loops."""
-    per_tile = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
+    outside its loops. lhs and rhs load tiles of one type (Metal multiplies two tiles of one
+    type into a float accumulator)."""
+    if lhs.tensor.tile_type != rhs.tile_type:
+        raise ValueError(f"scores: lhs tiles are {lhs.tensor.tile_type}, rhs tiles {rhs.tile_type}")
+    per_tile = [f"{rhs.tile} {rhs_tile};  // {rhs_comment}"]
     per_tile += rhs.load_transposed(rhs_tile, position, f"{first} + j * 8", positions, "i")
     per_tile.append(f"simdgroup_multiply_accumulate({result}[j], {lhs.tile()}, {rhs_tile}, {result}[j]);")
     inner = lhs.reread(reread) + loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(per_tile) + ["}"])
@@ -281,7 +251,8 @@ def accumulate(result: str, *, weights: str, count: int, rhs: HeadTensor, rhs_ti
     """result[t] += weights[j] . rhs rows of slots [first + 8 j, + 8), features tile t, for
     tiles j < tiles; with `features` = (first tile, count), result[t] holds feature tile
     first tile + t (a block of a paged Accumulator). Reads tiles, tr, tc. Defines nothing
-    outside its loops."""
+    outside its loops. The weights are float tiles, so rhs loads float tiles too."""
+    rhs = rhs.widened()
     first_tile, feature_tiles = features or (0, tiles(rhs.width))
     load = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
     load += rhs.load_rows(rhs_tile, position, f"({first_tile} + t)" if first_tile else "t", positions.valid(position))

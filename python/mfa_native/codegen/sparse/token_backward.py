@@ -27,7 +27,7 @@ from ..kernel.msl import BUILTINS_THREAD, MSL_TYPES, float_literal, indent, loop
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, element_offset, in_registers, scores,
+from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, cached_rows, element_offset, scores,
                             store_rows, tiles, zeroed)
 from .token_forward import slot_bias, slot_geometry
 
@@ -80,13 +80,13 @@ def _dq_steps(d: BackwardDescriptor) -> list[str]:
     listed = Positions("count", listed="listed")
     body = slot_bias(count)
     body += ["", "// S = Q K^T over the listed keys."] + zeroed("p_tile", count, "scores, then probabilities")
-    body += scores("p_tile", count=count, lhs=Rows(q, "h", "q_tile" if d.cache else None, "q_i"), rhs=k,
+    body += scores("p_tile", count=count, lhs=Rows(q, "h", "q_tile" if d.cache_q else None, "q_i"), rhs=k,
                    rhs_tile="k_tile", rhs_comment="K^T of the listed keys", position="key", first="kb",
                    positions=listed, reread=REREAD)
     body += ["", "// P = exp2(S * scale * log2(e) - lse2): the forward's probabilities."]
     body += logits(d.scale_log2e, count, "p_tile") + probabilities(count, "p_tile", "lse2")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
-    body += scores("dp_tile", count=count, lhs=Rows(dout, "h", "dout_tile" if d.cache else None, "dout_i"), rhs=v,
+    body += scores("dp_tile", count=count, lhs=Rows(dout, "h", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=v,
                    rhs_tile="v_tile", rhs_comment="V^T of the listed keys", position="key", first="kb",
                    positions=listed, reread=REREAD)
     body += gradient_of_scores(count, "delta_row")
@@ -117,10 +117,9 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
         body.append(f"device const {t}* {name}_rows = {name} + "
                     f"({element_offset(getattr(d, name), ('ulong(b)', 0), ('ulong(r)', 2))});")
     body.append(f"const ulong row_at = {row_index('r')};  // the row in lse, sink_grad and the slot arrays")
-    if d.cache:
-        body += ["", "// Q and dO of the 8 heads, held in registers as 8x8 tiles."]
-        body += in_registers("q_tile", _heads(d, "q", d.head_dim), "h")
-        body += in_registers("dout_tile", _heads(d, "dout", d.value_dim), "h")
+    body += cached_rows([(label, f"{name}_tile", _heads(d, name, width)) for label, name, width, kept in
+                         (("Q", "q", d.head_dim, d.cache_q), ("dO", "dout", d.value_dim, d.cache_dout)) if kept],
+                        "h", " of the 8 heads")
     body += _delta(d)
     body += ["", "// dQ / scale, accumulated over the listed keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
     body += _dq_steps(d)

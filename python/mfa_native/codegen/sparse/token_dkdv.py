@@ -29,7 +29,8 @@ from ..kernel.msl import MSL_TYPES, float_literal, indent, loop
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
-from ..kernel.tiles import Accumulator, HeadTensor, element_offset, lane_layout, store_rows, tiles
+from ..kernel.accumulators import Accumulator
+from ..kernel.tiles import HeadTensor, element_offset, lane_layout, store_rows, tiles
 
 DKDV_KERNEL_NAME = "sparse_backward_dkdv"
 KEYS = 8          # keys per simdgroup (the tiles' rows), one simdgroup per threadgroup
