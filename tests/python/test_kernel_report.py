@@ -14,9 +14,9 @@ from mfa_native import codegen
 from mfa_native.__main__ import main
 from mfa_native.codegen.attention import traffic
 from mfa_native.codegen.attention.descriptor import describe
-from mfa_native.codegen.kernel import tuned
 from mfa_native.codegen.kernel.report import report
-from mfa_native.codegen.kernel.tables import built_in_row
+from mfa_native.codegen.kernel.tables import built_in_row, forced_rows
+from mfa_native.runtime.devices import tuned_as
 from mfa_native.tuning.kernel_report import alternatives
 
 FAMILY = mfa_native.default_device().tuning.family
@@ -34,10 +34,11 @@ def test_modelled_bytes_equal_the_traffic_counters(rng, cache_q):
     v = rng.standard_normal((B, H, C, Dv)).astype(DTYPES[dtype])
     row = replace(built_in_row("forward", FAMILY, max(D, Dv)), cache_q=cache_q)
     problem = codegen.AttentionProblem(B, H, H, R, C, D, Dv, dtype=dtype)
-    with tuned.trying(FAMILY, "forward", row):
+    device = mfa_native.default_device()
+    with forced_rows(FAMILY, forward=row) as forced, tuned_as(device, family=forced):
         with mfa_native.profile() as profiled:
-            mfa_native.attention(q, k, v)
-        modelled = traffic.forward_bytes(problem, describe(problem, family=FAMILY))
+            mfa_native.attention(q, k, v, device=device)
+        modelled = traffic.forward_bytes(problem, describe(problem, family=forced))
     assert traffic.modelled(problem)
     counted = sum(profiled.bytes_read.values()) + sum(profiled.bytes_written.values())
     assert modelled == counted, (B, H, R, C, D, Dv, dtype)
@@ -48,8 +49,8 @@ def test_the_static_facts_follow_the_row():
     row = built_in_row("forward", FAMILY, 128)
     facts = {}
     for label, candidate in alternatives(row):
-        with tuned.trying(FAMILY, "forward", candidate):
-            kernel = codegen.attention_pass(problem, family=FAMILY).kernels[0]
+        with forced_rows(FAMILY, forward=candidate) as forced:
+            kernel = codegen.attention_pass(problem, family=forced).kernels[0]
         facts[label] = report(kernel.entry, kernel.source)
     # Q in registers: its 16 tiles instead of the one re-read per step; a tile is 2 registers
     # per thread as float, 1 as half (tiles16).

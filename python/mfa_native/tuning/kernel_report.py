@@ -9,9 +9,8 @@ from dataclasses import replace
 from .. import codegen
 from ..codegen.attention import traffic
 from ..codegen.attention.descriptor import describe
-from ..codegen.kernel import tuned
 from ..codegen.kernel.report import report
-from ..codegen.kernel.tables import DOMAINS, built_in_row
+from ..codegen.kernel.tables import DOMAINS, built_in_row, forced_rows
 from ..codegen.attention.problem import AttentionProblem
 
 
@@ -46,9 +45,9 @@ def lines(problem: AttentionProblem, backward: bool, family: str) -> list[str]:
            f"{'row':<16} {'kernel':<28} {'registers':>9} {'(tiles)':>8} {'tg bytes':>9} {'barriers/block':>14} "
            f"{'bytes/MAC':>10}"]
     for label, candidate in alternatives(row):
-        with tuned.trying(family, direction, candidate):
-            description = _pass(problem, backward, family)
-            per_mac = _bytes_per_mac(problem, backward, family)
+        with forced_rows(family, **{direction: candidate}) as forced:
+            description = _pass(problem, backward, forced)
+            per_mac = _bytes_per_mac(problem, backward, forced)
         for kernel in description.kernels:
             r = report(kernel.entry, kernel.source)
             out.append(f"{label:<16} {r.entry:<28} {r.registers:>9} {r.tile_registers:>8} {r.threadgroup_bytes:>9} "

@@ -14,10 +14,9 @@ from ml_dtypes import bfloat16
 import mfa_native
 
 from .. import codegen
-from ..codegen.kernel import tuned
-from ..codegen.kernel.tables import built_in_row
+from ..codegen.kernel.tables import built_in_row, forced_rows
 from ..reference import attention_backward_reference, attention_reference
-from ..runtime.devices import Device, tuning_facts
+from ..runtime.devices import Device, tuned_as, tuning_facts
 from .problems import TuningProblem
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16}
@@ -53,11 +52,11 @@ def threadgroup_bytes(source: str) -> int:
 
 def pass_of(problem: TuningProblem, row, family: str):
     """The pass description `problem` gets with `row` in its table."""
-    with tuned.trying(family, problem.direction, row):
+    with forced_rows(family, **{problem.direction: row}) as forced:
         forward = _codegen_problem(problem)
         if problem.direction == "forward":
-            return codegen.attention_pass(forward, family=family)
-        return codegen.attention_backward_pass(codegen.AttentionBackwardProblem(forward), family=family)
+            return codegen.attention_pass(forward, family=forced)
+        return codegen.attention_backward_pass(codegen.AttentionBackwardProblem(forward), family=forced)
 
 
 def fits(problem: TuningProblem, row, device: Device) -> bool:
@@ -114,7 +113,7 @@ def run(problem: TuningProblem, row, device: Device, rng: np.random.Generator, r
     warm, best of `repeats`. Fresh random inputs each call."""
     family = tuning_facts(device).family
     x = _arrays(problem, rng)
-    with tuned.trying(family, problem.direction, row):
+    with forced_rows(family, **{problem.direction: row}) as forced, tuned_as(device, family=forced):
         made = _call(problem, x, device)
         call, o = (made, None) if problem.direction == "forward" else made
         results = call()

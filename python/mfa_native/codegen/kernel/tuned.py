@@ -16,17 +16,14 @@ import json
 import os
 import sys
 import warnings
-from contextlib import contextmanager
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Iterator
 
 ENV = "MFA_NATIVE_TUNING"
 FORMAT = 1
 DIRECTIONS = ("forward", "backward")
 
 _loaded: dict[str, dict[str, list[dict]] | None] = {}   # family -> its file's rows by direction (None: no file)
-_trial: dict[tuple[str, str], object] = {}               # (family, direction) -> the row `trying` puts first
 _generation = [0]
 
 
@@ -92,9 +89,6 @@ def _typed(entry: dict, row_type):
 
 def tuned_row(family: str, direction: str, max_head_dim: int, row_type):
     """The tuned `row_type` row for the built-in range ending at `max_head_dim`, or None."""
-    trial = _trial.get((family, direction))
-    if trial is not None and trial.max_head_dim == max_head_dim:
-        return trial
     if family not in _loaded:
         _loaded[family] = _read(family)
     table = _loaded[family]
@@ -115,19 +109,6 @@ def source(family: str) -> str:
     if family not in _loaded:
         _loaded[family] = _read(family)
     return "built-in" if _loaded[family] is None else str(table_path(family))
-
-
-@contextmanager
-def trying(family: str, direction: str, row) -> Iterator[None]:
-    """Inside the block, lookups for `family` and `direction` in row's range return `row`
-    (the tuner runs each candidate this way)."""
-    _trial[(family, direction)] = row
-    _generation[0] += 1
-    try:
-        yield
-    finally:
-        del _trial[(family, direction)]
-        _generation[0] += 1
 
 
 def write(family: str, device: str, rows: dict[str, list]) -> Path:
