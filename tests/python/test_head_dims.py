@@ -39,7 +39,9 @@ FORWARD = [
 ]
 
 
-def _kwargs(rng, Hq, R, C, kwargs):
+def feature_arguments(rng, Hq, R, C, kwargs):
+    """A case's keyword arguments with its features' arrays made: sinks (Hq,), a bool mask
+    (R, C) or an additive one (Hq, R, C), fresh random values."""
     kwargs = dict(kwargs)
     if kwargs.get("sinks"):
         kwargs["sinks"] = rng.standard_normal(Hq).astype(np.float32)
@@ -54,7 +56,7 @@ def _kwargs(rng, Hq, R, C, kwargs):
 def test_forward(rng, case):
     D, Dv, dtype, Hq, Hkv, R, C, kwargs = case
     q, k, v = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype)
-    check_forward(q, k, v, **_kwargs(rng, Hq, R, C, kwargs))
+    check_forward(q, k, v, **feature_arguments(rng, Hq, R, C, kwargs))
 
 
 def test_paged_output_and_split_kv_decode(rng):
@@ -90,7 +92,7 @@ BACKWARD = [
 def test_backward(rng, case):
     D, Dv, dtype, Hq, Hkv, R, C, kwargs = case
     q, k, v = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype)
-    check_backward(rng, q, k, v, **_kwargs(rng, Hq, R, C, kwargs))
+    check_backward(rng, q, k, v, **feature_arguments(rng, Hq, R, C, kwargs))
 
 
 # (D, Dv, dtype, Hq, R, C, topk, shared latent, keyword arguments); one kv head

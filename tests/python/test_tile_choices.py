@@ -16,6 +16,7 @@ import pytest
 from test_attention import make_inputs
 from test_attention import check as check_forward
 from test_attention_backward import check as check_backward
+from test_head_dims import feature_arguments
 
 import mfa_native
 from mfa_native import codegen
@@ -60,17 +61,6 @@ FORWARD_CASES = [(row, dtype, FORWARD_SHAPES[i % len(FORWARD_SHAPES)])
                  for i, (row, dtype) in enumerate(itertools.product(FORWARD_ROWS, DTYPE_NAMES))]
 
 
-def _kwargs(rng, Hq, R, C, kwargs):
-    kwargs = dict(kwargs)
-    if kwargs.get("sinks"):
-        kwargs["sinks"] = rng.standard_normal(Hq).astype(np.float32)
-    if kwargs.get("mask") == "bool":
-        kwargs["mask"] = rng.random((R, C)) > 0.3
-    elif kwargs.get("mask") == "additive":
-        kwargs["mask"] = rng.standard_normal((Hq, R, C)).astype(np.float32)
-    return kwargs
-
-
 def _row_id(row) -> str:
     return "-".join(f"{f}{int(getattr(row, f))}" for f in row.__dataclass_fields__ if f != "max_head_dim")
 
@@ -80,7 +70,7 @@ def test_forward_rows(rng, case):
     row, dtype, (D, Dv, Hq, Hkv, R, C, layout, kwargs) = case
     q, k, v = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype, layout=layout)
     with forced(forward=row):
-        check_forward(q, k, v, layout=layout, **_kwargs(rng, Hq, R, C, kwargs))
+        check_forward(q, k, v, layout=layout, **feature_arguments(rng, Hq, R, C, kwargs))
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
@@ -119,7 +109,7 @@ def test_backward_rows(rng, case):
     row, dtype, (D, Dv, Hq, Hkv, R, C, layout, kwargs) = case
     q, k, v = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype, layout=layout)
     with forced(backward=row):
-        check_backward(rng, q, k, v, layout=layout, **_kwargs(rng, Hq, R, C, kwargs))
+        check_backward(rng, q, k, v, layout=layout, **feature_arguments(rng, Hq, R, C, kwargs))
 
 
 # ---------------------------------------------------------------------------
