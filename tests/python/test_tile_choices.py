@@ -206,3 +206,14 @@ def test_forced_rows_reach_the_ops(rng):
     with mfa_native.profile() as prof:
         check_backward(rng, q, k, v)
     assert [r.threadgroups for r in prof.records] == [3, 3, 3]
+
+
+def test_forced_rows_of_the_same_rows_give_the_same_kernel_source():
+    """The forced family's name is a function of its rows, so a candidate's kernels are the same
+    source on every run (the kernel cache serves repeated `tune` runs), and other rows differ."""
+    problem = codegen.AttentionProblem(1, 2, 2, 64, 64, 64, 64)
+    sources = []
+    for row in (forward_row(cache_q=True), forward_row(cache_q=True), forward_row(cache_q=False)):
+        with forced_rows("apple9", forward=row) as family:
+            sources.append(codegen.attention_pass(problem, family=family).kernels[0].source)
+    assert sources[0] == sources[1] and sources[0] != sources[2]

@@ -50,9 +50,9 @@ both paged at D 576 / Dv 512: their pages would take 34 KiB; dV stays in registe
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from itertools import count
 from typing import Iterator
 
 from .table_columns import BACKWARD_COLUMNS, FORWARD_COLUMNS, check_row
@@ -167,9 +167,12 @@ BACKWARD_TABLES: dict[str, tuple[BackwardTileRow, ...]] = {
 FAMILIES = tuple(sorted(set(TABLES) | set(_ALIASES)))
 
 
-# Rows forced by forced_rows(): family name -> (base family, forward row, backward row).
+# Rows forced by forced_rows(): family name -> (base family, forward row, backward row), while
+# some block forces them. A name is a function of its rows, so the same rows give the same
+# kernel source (their cached kernels serve every run); `_FORCING` counts the blocks open on
+# a name (nested or concurrent blocks of the same rows share it).
 _FORCED: dict[str, tuple[str, TileRow | None, BackwardTileRow | None]] = {}
-_FORCED_NAMES = count(1)
+_FORCING: dict[str, int] = {}
 
 
 @contextmanager
@@ -184,12 +187,16 @@ def forced_rows(family: str, *, forward: TileRow | None = None,
         check_row(forward, FORWARD_COLUMNS, "forward")
     if backward is not None:
         check_row(backward, BACKWARD_COLUMNS, "backward")
-    name = f"{family}+forced{next(_FORCED_NAMES)}"
-    _FORCED[name] = (family, forward, backward)
+    rows = (family, forward, backward)
+    name = f"{family}+forced-{hashlib.sha256(repr(rows).encode()).hexdigest()[:12]}"
+    _FORCED[name] = rows
+    _FORCING[name] = _FORCING.get(name, 0) + 1
     try:
         yield name
     finally:
-        del _FORCED[name]
+        _FORCING[name] -= 1
+        if not _FORCING[name]:
+            del _FORCED[name], _FORCING[name]
 
 
 def _base(family: str) -> str:
