@@ -812,6 +812,46 @@ TEST(Executor, ThreadgroupsRunInParallelAndNeverMigrate) {
   }
 }
 
+// Both groups meet (so each runs on its own OS thread); then the group that is
+// not on the launching thread takes buffer 2's milliseconds before writing.
+void helper_finishes_late(ThreadState* thread) {
+  auto* started = buffer<std::atomic<std::uint32_t>>(thread, 0);
+  const std::uint32_t group = thread->group->threadgroup_position_in_grid[0];
+  const std::uint64_t launching_thread = buffer<std::uint64_t>(thread, 1)[0];
+  const std::uint32_t delay_ms = buffer<std::uint32_t>(thread, 2)[0];
+  if (thread->thread_index_in_threadgroup == 0) {
+    started->fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (started->load() < 2 && std::chrono::steady_clock::now() < deadline) {
+    }
+    if (os_thread_id() != launching_thread) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    buffer<std::uint32_t>(thread, 3)[group] = group + 1;
+  }
+}
+
+// The launching thread waits for its helpers without sleeping for a while,
+// then on a condition variable: a helper finishing within that time or long
+// after it, every group's writes are there when run() returns.
+TEST(Executor, RunReturnsAfterTheLastHelperFinishesSoonOrLate) {
+  Executor executor(2);
+  for (const std::uint32_t delay_ms : {0u, 1u, 10u}) {
+    const int rounds = delay_ms < 10 ? 20 : 1;  // a slow round past the spin is enough once
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::atomic<std::uint32_t>> started(1);
+      const std::vector<std::uint64_t> launching_thread{os_thread_id()};
+      const std::vector<std::uint32_t> delay{delay_ms};
+      std::vector<std::uint32_t> written(2, 0);
+      Launch launch = make_launch("late", &helper_finishes_late, {2, 1, 1}, {32, 1, 1});
+      bind_buffer(launch, 0, started);
+      bind_buffer(launch, 1, launching_thread);
+      bind_buffer(launch, 2, delay);
+      bind_buffer(launch, 3, written);
+      executor.run(launch);
+      EXPECT_EQ(written, (std::vector<std::uint32_t>{1, 2})) << "delay " << delay_ms << " ms";
+    }
+  }
+}
+
 void sum_and_exchange(ThreadState* thread) {
   const std::uint32_t i = global_index(thread);
   buffer<float>(thread, 1)[i] = simd_sum(thread, buffer<float>(thread, 0)[i], 90);

@@ -107,8 +107,9 @@ void run_sequentially(const KernelBinary& binary, std::vector<void*> buffers, st
   runtime.fail = throw_failure;
   buffers.resize(mfa_abi::kMaxBuffers);
   sizes.resize(mfa_abi::kMaxBuffers);
+  const std::vector<std::size_t> threadgroup_arg_sizes(mfa_abi::kMaxThreadgroupArgs, 0);  // no [[threadgroup(i)]]
   mfa_abi::DispatchContext dispatch{&runtime, buffers.data(), sizes.data(), {groups, 1, 1}, {threads, 1, 1},
-                                    (threads + 31) / 32, 32 * 1024};
+                                    (threads + 31) / 32, 32 * 1024, threadgroup_arg_sizes.data()};
   std::vector<unsigned char> memory(dispatch.threadgroup_memory_limit);
   std::vector<void*> threadgroup_args(mfa_abi::kMaxThreadgroupArgs);
   mfa_abi::Counters counters{};
