@@ -117,7 +117,11 @@ class Backend {
   virtual std::size_t recommended_pool_limit() const = 0;
 
   // Runs the dispatches in order; each sees the writes of the ones before.
-  virtual std::unique_ptr<Submission> submit(std::vector<Dispatch> dispatches) = 0;
+  // With `time_each_dispatch` (DispatchTiming::requested()), every dispatch's
+  // stats carry its seconds even where measuring them costs something (Metal:
+  // an encoder per dispatch); without, a backend reports the seconds it has
+  // for free.
+  virtual std::unique_ptr<Submission> submit(std::vector<Dispatch> dispatches, bool time_each_dispatch) = 0;
 };
 
 }  // namespace mfa

@@ -8,6 +8,7 @@
 #include "core/backends.hpp"
 #include "mfa/errors.hpp"
 #include "mfa/pipeline.hpp"
+#include "metal/dispatch_timer.h"
 #include "metal/encoder.h"
 #include "metal/metal_compiler.h"
 #include "metal/metal_objects.h"
@@ -100,16 +101,18 @@ std::size_t MetalBackend::recommended_pool_limit() const {
   return static_cast<std::size_t>(facts_.recommended_working_set / 4);
 }
 
-std::unique_ptr<Submission> MetalBackend::submit(std::vector<Dispatch> dispatches) {
+std::unique_ptr<Submission> MetalBackend::submit(std::vector<Dispatch> dispatches, bool time_each_dispatch) {
   return with_autorelease_pool([&]() -> std::unique_ptr<Submission> {
     // The submission keeps every buffer and pipeline alive until the GPU is
     // done, so Metal need not retain them again.
     id<MTLCommandBuffer> command_buffer = [queue_ commandBufferWithUnretainedReferences];
     if (!command_buffer) throw Error("Metal could not create a command buffer");
     command_buffer.label = @"mfa_native batch";
-    encode_dispatches(command_buffer, dispatches);
+    std::unique_ptr<DispatchTimer> timer =
+        time_each_dispatch ? DispatchTimer::make(device_, dispatches.size()) : nullptr;
+    encode_dispatches(command_buffer, dispatches, timer.get());
     [command_buffer commit];
-    return std::make_unique<MetalSubmission>(command_buffer, std::move(dispatches));
+    return std::make_unique<MetalSubmission>(command_buffer, std::move(dispatches), std::move(timer));
   });
 }
 

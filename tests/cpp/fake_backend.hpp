@@ -65,7 +65,7 @@ class FakeBackend final : public Backend {
   std::shared_ptr<BufferStorage> wrap_host(void*, std::size_t) override { return nullptr; }
   std::size_t page_size() const override { return 4096; }
   std::size_t recommended_pool_limit() const override { return 1 << 20; }
-  std::unique_ptr<Submission> submit(std::vector<Dispatch>) override { return nullptr; }
+  std::unique_ptr<Submission> submit(std::vector<Dispatch>, bool) override { return nullptr; }
 };
 
 }  // namespace mfa::testing
