@@ -79,6 +79,10 @@ class Submission {
 struct TuningFacts {
   std::string family;                        // tile-table family: "apple7" .. "apple10"
   std::uint32_t parallel_threadgroups = 0;   // threadgroups the device runs at once
+  // The device model tuned tables are kept per: Metal, the GPU's name and core
+  // count ("Apple M3 Max, 40 GPU cores"; the name alone where the registry has
+  // no count); cpu, "cpu". Stable across runs and processes.
+  std::string model;
 };
 
 class Backend {

@@ -147,7 +147,7 @@ class CpuBackend final : public Backend {
   }
 
   TuningFacts tuning() const override {
-    return {kTuningFamily, kThreadgroupsPerWorker * cpu::Executor::shared().workers()};
+    return {kTuningFamily, kThreadgroupsPerWorker * cpu::Executor::shared().workers(), "cpu"};
   }
 
   std::shared_ptr<BackendLibrary> compile_library(const std::string& source, const CompileOptions& options) override {

@@ -53,7 +53,9 @@ std::vector<std::pair<std::string, std::string>> MetalBackend::properties() cons
 
 TuningFacts MetalBackend::tuning() const {
   // Families are cumulative: a GPU newer than Apple10 supports Apple10 and reports "apple10".
-  return {facts_.gpu_family, kThreadgroupsPerCore * facts_.gpu_cores.value_or(kAssumedGpuCores)};
+  const std::string model =
+      facts_.gpu_cores ? facts_.name + ", " + std::to_string(*facts_.gpu_cores) + " GPU cores" : facts_.name;
+  return {facts_.gpu_family, kThreadgroupsPerCore * facts_.gpu_cores.value_or(kAssumedGpuCores), model};
 }
 
 std::shared_ptr<BackendLibrary> MetalBackend::compile_library(const std::string& source,

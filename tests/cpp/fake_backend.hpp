@@ -39,7 +39,7 @@ class FakeBackend final : public Backend {
   std::string name() const override { return "fake"; }
   DeviceLimits limits() const override { return {}; }
   std::vector<std::pair<std::string, std::string>> properties() const override { return {}; }
-  TuningFacts tuning() const override { return {"apple9", 4}; }
+  TuningFacts tuning() const override { return {"apple9", 4, "fake"}; }
   std::shared_ptr<BackendLibrary> compile_library(const std::string& source, const CompileOptions&) override {
     std::this_thread::sleep_for(compile_delay);
     ++libraries_compiled;
