@@ -1,6 +1,7 @@
 """The tuner: its candidate space (enumerated from the tables' row types and DOMAINS), every
 candidate of its covering design checked against the float64 reference on the cpu backend,
-and the per-device tuned table: written, read back and used by that device only, ignored with
+each kernel timed on its own and its columns chosen by its own time, and the per-device
+tuned table: written, read back and used by that device only, ignored with
 MFA_NATIVE_TUNING=off, and a damaged one ignored with a warning."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from mfa_native.__main__ import main
 from mfa_native.codegen.kernel import tables, tuned
 from mfa_native.reference import attention_reference
 from mfa_native.runtime.devices import forget_tuning, tuning_facts
-from mfa_native.tuning import candidates, sweep
+from mfa_native.tuning import candidates, kernels, sweep
 from mfa_native.tuning.problems import TuningProblem
 
 CPU = mfa_native.default_device()
@@ -212,9 +213,73 @@ def test_the_timing_sweep_picks_a_checked_row_per_range_and_its_table_is_used(tu
     chosen = [TuningProblem("forward", "float16", 16, 16, q_len=24, kv_len=24),
               TuningProblem("forward", "float32", 24, 20, q_len=24, kv_len=24)]
     winners = sweep.tune(chosen, CPU, rng, repeats=1, report=lambda *a: None)
-    assert len(winners) == 1 and winners[0].seconds > 0 and winners[0].built_in_seconds is not None
+    assert len(winners) == 1 and winners[0].built_in_seconds is not None
+    assert set(winners[0].seconds) == {"forward"} and winners[0].seconds["forward"] > 0
     winner = winners[0].row
     assert winner.max_head_dim == tables.built_in_row("forward", FAMILY, 24).max_head_dim
     tuned.write(DEVICE_FAMILY, CPU.name, sweep.rows_by_direction(winners))
     assert tables.tile_row(DEVICE_FAMILY, 24) == winner
     assert "forward   <= " in sweep.winners_table(winners)
+
+
+def test_the_backward_sweep_times_its_two_kernels_apart(tuning_dir, rng):
+    """sweep.tune on the backward, from per-dispatch seconds: each winner's time is per kernel,
+    and its row (dQ columns and dK/dV columns possibly of different candidates) is used."""
+    chosen = [TuningProblem("backward", "float32", 16, 16, q_len=16, kv_len=24)]
+    winners = sweep.tune(chosen, CPU, rng, repeats=1, report=lambda *a: None)
+    assert len(winners) == 1
+    (winner,) = winners
+    assert set(winner.seconds) == {"dq", "dkdv"} and min(winner.seconds.values()) > 0
+    assert set(winner.built_in_seconds) == {"dq", "dkdv"}
+    tuned.write(DEVICE_FAMILY, CPU.name, sweep.rows_by_direction(winners))
+    assert tables.backward_tile_row(DEVICE_FAMILY, 16) == winner.row
+    assert " (dq " in sweep.winners_table(winners) and " + dkdv " in sweep.winners_table(winners)
+
+
+def test_each_kernel_is_timed_by_its_own_dispatches(rng):
+    q, k, v, do = (rng.standard_normal((1, 2, 20, 16)).astype(np.float32) for _ in range(4))
+    o, lse = mfa_native.attention(q, k, v, return_lse=True)
+    with mfa_native.profile() as profiled:
+        mfa_native.attention_backward(q, k, v, o, lse, do)
+    seconds = kernels.seconds_by_kernel("backward", profiled.records)
+    assert set(seconds) == {"dq", "dkdv"} and min(seconds.values()) > 0
+    assert math.isclose(sum(seconds.values()), profiled.seconds)
+    untimed = [SimpleNamespace(kernel="attention_backward_dq", seconds=None)]
+    with pytest.raises(RuntimeError, match="no time for a dispatch"):
+        kernels.seconds_by_kernel("backward", untimed)
+    with pytest.raises(ValueError, match="none of the backward's tuned kernels"):
+        kernels.kernel_of("backward", "attention_forward")
+
+
+def test_every_column_belongs_to_a_timed_kernel():
+    for direction, row_type in tables.DIRECTION_ROWS.items():
+        read = set(itertools.chain(*kernels.KERNEL_COLUMNS[direction].values()))
+        assert read == set(candidates.columns(row_type)), direction
+
+
+def _backward_row(**columns):
+    return tables.BackwardTileRow(**{**vars(tables.built_in_row("backward", FAMILY, 64)), **columns})
+
+
+def test_each_kernels_columns_come_from_the_candidate_fastest_in_it(rng):
+    """Random per-kernel times: the combined row takes dQ's columns from the dQ winner and dK/dV's
+    from the dK/dV winner among candidates with the same tiles16 (both kernels read it), and that
+    tiles16 has the least total."""
+    rows = [_backward_row(query_rows=qr, key_rows=kr, cache_q=cq, cache_v=cv, tiles16=t)
+            for qr, kr, cq, cv, t in itertools.product((8, 16, 32), (8, 16), (True, False), (True, False),
+                                                       (True, False))]
+    timed = {row: {"dq": float(rng.uniform(1, 2)), "dkdv": float(rng.uniform(1, 2))} for row in rows}
+    combined = kernels.fastest_per_kernel("backward", timed)
+    best_total = math.inf
+    for tiles16 in (True, False):
+        same = [row for row in rows if row.tiles16 == tiles16]
+        dq, dkdv = (min(same, key=lambda row: timed[row][kernel]) for kernel in ("dq", "dkdv"))
+        if timed[dq]["dq"] + timed[dkdv]["dkdv"] < best_total:
+            best_total, expected = timed[dq]["dq"] + timed[dkdv]["dkdv"], (dq, dkdv, tiles16)
+    dq, dkdv, tiles16 = expected
+    assert combined.tiles16 == tiles16
+    assert (combined.query_rows, combined.cache_q) == (dq.query_rows, dq.cache_q)
+    assert (combined.key_rows, combined.cache_v) == (dkdv.key_rows, dkdv.cache_v)
+    assert combined.max_head_dim == rows[0].max_head_dim
+    forward = {replace(_tuned_row(), query_rows=n): {"forward": float(t)} for n, t in ((8, 2.0), (16, 1.0), (32, 3.0))}
+    assert kernels.fastest_per_kernel("forward", forward).query_rows == 16
