@@ -108,7 +108,7 @@ def _read(family: str) -> dict[str, list[dict]] | None:
                              f"expected {FORMAT} / {base!r}")
         return {direction: list(table.get(direction, [])) for direction in DIRECTIONS}
     except (OSError, ValueError, AttributeError, TypeError) as error:
-        warnings.warn(f"ignoring the damaged tuned table {path} ({error}); the built-in rows apply", stacklevel=4)
+        warnings.warn(f"ignoring the damaged tuned table {path} ({error}); the built-in rows apply", stacklevel=5)
         return None
 
 
