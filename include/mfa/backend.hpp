@@ -79,6 +79,10 @@ class Submission {
 struct TuningFacts {
   std::string family;                        // tile-table family: "apple7" .. "apple10"
   std::uint32_t parallel_threadgroups = 0;   // threadgroups the device runs at once
+  // The device model tuned tables are kept per: Metal, the GPU's name and core
+  // count ("Apple M3 Max, 40 GPU cores"; the name alone where the registry has
+  // no count); cpu, "cpu". Stable across runs and processes.
+  std::string model;
 };
 
 class Backend {
@@ -117,7 +121,11 @@ class Backend {
   virtual std::size_t recommended_pool_limit() const = 0;
 
   // Runs the dispatches in order; each sees the writes of the ones before.
-  virtual std::unique_ptr<Submission> submit(std::vector<Dispatch> dispatches) = 0;
+  // With `time_each_dispatch` (DispatchTiming::requested()), every dispatch's
+  // stats carry its seconds even where measuring them costs something (Metal:
+  // an encoder per dispatch); without, a backend reports the seconds it has
+  // for free.
+  virtual std::unique_ptr<Submission> submit(std::vector<Dispatch> dispatches, bool time_each_dispatch) = 0;
 };
 
 }  // namespace mfa

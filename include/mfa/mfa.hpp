@@ -12,6 +12,7 @@
 #include "mfa/buffer.hpp"
 #include "mfa/command_batch.hpp"
 #include "mfa/device.hpp"
+#include "mfa/dispatch_timing.hpp"
 #include "mfa/errors.hpp"
 #include "mfa/pipeline.hpp"
 #include "mfa/prepared_pass.hpp"

@@ -103,9 +103,10 @@ void bind_device(nb::module_& m) {
   nb::class_<TuningFacts>(m, "TuningFacts", "What code generation tunes for: tile-table family and parallel width.")
       .def_ro("family", &TuningFacts::family, "tile-table family, 'apple7' .. 'apple10'")
       .def_ro("parallel_threadgroups", &TuningFacts::parallel_threadgroups, "threadgroups the device runs at once")
+      .def_ro("model", &TuningFacts::model, "the device model tuned tables are kept per, e.g. 'Apple M3 Max, 40 GPU cores'")
       .def("__repr__", [](const TuningFacts& t) {
         return "<TuningFacts family='" + t.family + "' parallel_threadgroups=" +
-               std::to_string(t.parallel_threadgroups) + ">";
+               std::to_string(t.parallel_threadgroups) + " model='" + t.model + "'>";
       });
 
   nb::class_<Device>(m, "Device", "A device that runs MSL kernels: kind 'metal' or 'cpu'.")

@@ -17,6 +17,7 @@
 
 #include "bindings.hpp"
 #include "mfa/command_batch.hpp"
+#include "mfa/dispatch_timing.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -65,6 +66,11 @@ int buffer_getbuffer(PyObject* self, Py_buffer* view, int flags) {
 }
 
 PyType_Slot buffer_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(buffer_getbuffer)}, {0, nullptr}};
+
+// A context manager that holds a DispatchTiming request while its block runs.
+struct TimingScope {
+  std::optional<DispatchTiming> request;
+};
 
 }  // namespace
 
@@ -116,6 +122,15 @@ void bind_dispatch(nb::module_& m) {
       .def("commit", &CommandBatch::commit)
       .def("wait", &CommandBatch::wait, nb::call_guard<nb::gil_scoped_release>())
       .def("run", &CommandBatch::run, nb::call_guard<nb::gil_scoped_release>());
+
+  nb::class_<TimingScope>(m, "DispatchTiming",
+                          "with DispatchTiming(): batches committed inside the block time every dispatch "
+                          "(DispatchStats.seconds), also where that costs something (Metal)")
+      .def(nb::init<>())
+      .def("__enter__", [](TimingScope& scope) { scope.request.emplace(); })
+      .def("__exit__", [](TimingScope& scope, nb::args) { scope.request.reset(); });
+  m.def("dispatch_timing_requested", &DispatchTiming::requested,
+        "whether some DispatchTiming block is active (in any thread)");
 }
 
 }  // namespace mfa::bindings

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "mfa/dispatch_timing.hpp"
 #include "mfa/errors.hpp"
 
 namespace mfa {
@@ -192,7 +193,7 @@ void CommandBatch::seal() {
 
 void CommandBatch::commit() {
   seal();
-  submission_ = device_.backend().submit(std::move(dispatches_));
+  submission_ = device_.backend().submit(std::move(dispatches_), DispatchTiming::requested());
   dispatches_.clear();
 }
 

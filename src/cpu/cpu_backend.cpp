@@ -147,7 +147,7 @@ class CpuBackend final : public Backend {
   }
 
   TuningFacts tuning() const override {
-    return {kTuningFamily, kThreadgroupsPerWorker * cpu::Executor::shared().workers()};
+    return {kTuningFamily, kThreadgroupsPerWorker * cpu::Executor::shared().workers(), "cpu"};
   }
 
   std::shared_ptr<BackendLibrary> compile_library(const std::string& source, const CompileOptions& options) override {
@@ -191,7 +191,8 @@ class CpuBackend final : public Backend {
   // The work runs in wait(), on the waiting thread (which joins the
   // executor's workers): starting a thread per submission cost more than a
   // small dispatch. CommandBatch always waits, at the latest when destroyed.
-  std::unique_ptr<Submission> submit(std::vector<Dispatch> dispatches) override {
+  // Every dispatch is timed (its wall time), asked or not.
+  std::unique_ptr<Submission> submit(std::vector<Dispatch> dispatches, bool /*time_each_dispatch*/) override {
     const std::size_t limit = limits().max_threadgroup_memory;
     auto run = [dispatches = std::move(dispatches), limit] {
       std::vector<DispatchStats> stats;

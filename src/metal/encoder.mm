@@ -48,25 +48,53 @@ MFA_METAL_AVAILABILITY void encode_one(id<MTLComputeCommandEncoder> encoder, con
           threadsPerThreadgroup:to_mtl_size(dispatch.threads_per_threadgroup)];
 }
 
-}  // namespace
-
-void encode_dispatches(id<MTLCommandBuffer> command_buffer, const std::vector<Dispatch>& dispatches) {
-  for (const Dispatch& dispatch : dispatches) check_encodable(dispatch, command_buffer.device);
-
-  // Concurrent dispatch plus explicit barriers where a dispatch depends on an
-  // earlier one: the order then holds for untracked buffers (a framework may
-  // hand those over) as for tracked ones, and independent dispatches overlap.
-  id<MTLComputeCommandEncoder> encoder =
-      [command_buffer computeCommandEncoderWithDispatchType:MTLDispatchTypeConcurrent];
+id<MTLComputeCommandEncoder> checked(id<MTLComputeCommandEncoder> encoder) {
   if (!encoder)
     throw ArgumentError("the command buffer cannot take a compute encoder: it is already committed "
                         "or another encoder on it is still open");
+  return encoder;
+}
+
+// Concurrent dispatch plus explicit barriers where a dispatch depends on an
+// earlier one: the order then holds for untracked buffers (a framework may
+// hand those over) as for tracked ones, and independent dispatches overlap.
+MFA_METAL_AVAILABILITY void encode_concurrent(id<MTLCommandBuffer> command_buffer,
+                                              const std::vector<Dispatch>& dispatches) {
+  id<MTLComputeCommandEncoder> encoder =
+      checked([command_buffer computeCommandEncoderWithDispatchType:MTLDispatchTypeConcurrent]);
   const std::vector<bool> barriers = barriers_before(dispatches);
   for (std::size_t i = 0; i < dispatches.size(); ++i) {
     if (barriers[i]) [encoder memoryBarrierWithScope:MTLBarrierScopeBuffers];
     encode_one(encoder, dispatches[i]);
   }
   [encoder endEncoding];
+}
+
+// One encoder per dispatch, its start and end sampled by `timer`; each waits
+// for the fence the one before updated, so the order holds for untracked
+// buffers too and no two dispatches overlap (each sample pair brackets one).
+MFA_METAL_AVAILABILITY void encode_timed(id<MTLCommandBuffer> command_buffer, const std::vector<Dispatch>& dispatches,
+                                         const DispatchTimer& timer) {
+  id<MTLFence> fence = [command_buffer.device newFence];
+  if (!fence) throw Error("Metal could not create a fence for a timed batch");
+  for (std::size_t i = 0; i < dispatches.size(); ++i) {
+    id<MTLComputeCommandEncoder> encoder = checked([command_buffer computeCommandEncoderWithDescriptor:timer.pass(i)]);
+    if (i > 0) [encoder waitForFence:fence];
+    encode_one(encoder, dispatches[i]);
+    [encoder updateFence:fence];
+    [encoder endEncoding];
+  }
+}
+
+}  // namespace
+
+void encode_dispatches(id<MTLCommandBuffer> command_buffer, const std::vector<Dispatch>& dispatches,
+                       const DispatchTimer* timer) {
+  for (const Dispatch& dispatch : dispatches) check_encodable(dispatch, command_buffer.device);
+  if (timer)
+    encode_timed(command_buffer, dispatches, *timer);
+  else
+    encode_concurrent(command_buffer, dispatches);
 }
 
 void retain_until_completed(id<MTLCommandBuffer> command_buffer, std::vector<Dispatch> dispatches) {

@@ -46,7 +46,7 @@ class MFA_METAL_AVAILABILITY MetalBackend final : public Backend {
   std::size_t recommended_pool_limit() const override;
 
   // One command buffer, one compute encoder, committed before returning.
-  std::unique_ptr<Submission> submit(std::vector<Dispatch> dispatches) override;
+  std::unique_ptr<Submission> submit(std::vector<Dispatch> dispatches, bool time_each_dispatch) override;
 
   id<MTLDevice> device() const { return device_; }
 

@@ -8,6 +8,7 @@
 #include "core/backends.hpp"
 #include "mfa/errors.hpp"
 #include "mfa/pipeline.hpp"
+#include "metal/dispatch_timer.h"
 #include "metal/encoder.h"
 #include "metal/metal_compiler.h"
 #include "metal/metal_objects.h"
@@ -52,7 +53,9 @@ std::vector<std::pair<std::string, std::string>> MetalBackend::properties() cons
 
 TuningFacts MetalBackend::tuning() const {
   // Families are cumulative: a GPU newer than Apple10 supports Apple10 and reports "apple10".
-  return {facts_.gpu_family, kThreadgroupsPerCore * facts_.gpu_cores.value_or(kAssumedGpuCores)};
+  const std::string model =
+      facts_.gpu_cores ? facts_.name + ", " + std::to_string(*facts_.gpu_cores) + " GPU cores" : facts_.name;
+  return {facts_.gpu_family, kThreadgroupsPerCore * facts_.gpu_cores.value_or(kAssumedGpuCores), model};
 }
 
 std::shared_ptr<BackendLibrary> MetalBackend::compile_library(const std::string& source,
@@ -100,16 +103,18 @@ std::size_t MetalBackend::recommended_pool_limit() const {
   return static_cast<std::size_t>(facts_.recommended_working_set / 4);
 }
 
-std::unique_ptr<Submission> MetalBackend::submit(std::vector<Dispatch> dispatches) {
+std::unique_ptr<Submission> MetalBackend::submit(std::vector<Dispatch> dispatches, bool time_each_dispatch) {
   return with_autorelease_pool([&]() -> std::unique_ptr<Submission> {
     // The submission keeps every buffer and pipeline alive until the GPU is
     // done, so Metal need not retain them again.
     id<MTLCommandBuffer> command_buffer = [queue_ commandBufferWithUnretainedReferences];
     if (!command_buffer) throw Error("Metal could not create a command buffer");
     command_buffer.label = @"mfa_native batch";
-    encode_dispatches(command_buffer, dispatches);
+    std::unique_ptr<DispatchTimer> timer =
+        time_each_dispatch ? DispatchTimer::make(device_, dispatches.size()) : nullptr;
+    encode_dispatches(command_buffer, dispatches, timer.get());
     [command_buffer commit];
-    return std::make_unique<MetalSubmission>(command_buffer, std::move(dispatches));
+    return std::make_unique<MetalSubmission>(command_buffer, std::move(dispatches), std::move(timer));
   });
 }
 

@@ -4,10 +4,12 @@
 
 #import <Metal/Metal.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "mfa/backend.hpp"
+#include "metal/dispatch_timer.h"
 #include "metal/objc_util.h"
 
 namespace mfa::metal {
@@ -19,15 +21,16 @@ MFA_METAL_AVAILABILITY std::string explain(NSError* error);
 class MFA_METAL_AVAILABILITY MetalSubmission final : public Submission {
  public:
   // `command_buffer` is committed and runs `dispatches`, which this object
-  // keeps alive (buffers, pipelines) until the GPU is done with them.
-  MetalSubmission(id<MTLCommandBuffer> command_buffer, std::vector<Dispatch> dispatches);
+  // keeps alive (buffers, pipelines) until the GPU is done with them;
+  // `timer`, when the batch is timed, is the one they were encoded with.
+  MetalSubmission(id<MTLCommandBuffer> command_buffer, std::vector<Dispatch> dispatches,
+                  std::unique_ptr<DispatchTimer> timer);
   // Waits if nobody did: the GPU must not outlive the buffers it uses.
   ~MetalSubmission() override;
 
-  // Blocks until the GPU is done. `seconds` comes from the command buffer's
-  // GPU start and end times, so it is exact for a batch of one dispatch and
-  // left empty when several share the command buffer (Apple GPUs sample
-  // timestamps per encoder, not per dispatch).
+  // Blocks until the GPU is done. `seconds`: a timed batch's come from each
+  // dispatch's sampled timestamps; an untimed batch of one dispatch has the
+  // command buffer's GPU start and end times (free), one of several none.
   std::vector<DispatchStats> wait() override;
 
  private:
@@ -35,6 +38,7 @@ class MFA_METAL_AVAILABILITY MetalSubmission final : public Submission {
 
   id<MTLCommandBuffer> command_buffer_;
   std::vector<Dispatch> dispatches_;  // released once the GPU is done
+  std::unique_ptr<DispatchTimer> timer_;
   std::vector<DispatchStats> stats_;
 };
 

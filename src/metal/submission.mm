@@ -33,8 +33,12 @@ std::string explain(NSError* error) {
   return hint.empty() ? detail : hint + " (" + detail + ")";
 }
 
-MetalSubmission::MetalSubmission(id<MTLCommandBuffer> command_buffer, std::vector<Dispatch> dispatches)
-    : command_buffer_(command_buffer), dispatches_(std::move(dispatches)), stats_(dispatches_.size()) {
+MetalSubmission::MetalSubmission(id<MTLCommandBuffer> command_buffer, std::vector<Dispatch> dispatches,
+                                 std::unique_ptr<DispatchTimer> timer)
+    : command_buffer_(command_buffer),
+      dispatches_(std::move(dispatches)),
+      timer_(std::move(timer)),
+      stats_(dispatches_.size()) {
   for (std::size_t i = 0; i < dispatches_.size(); ++i) {
     stats_[i].kernel = dispatches_[i].pipeline->name();
     stats_[i].threadgroups = dispatches_[i].threadgroups.volume();
@@ -61,7 +65,12 @@ std::vector<DispatchStats> MetalSubmission::wait() {
                                     : "one of the " + std::to_string(stats_.size()) + " dispatches of its batch: ";
       throw DispatchError(kernel_names(), where + explain(command_buffer_.error));
     }
-    if (stats_.size() == 1) stats_.front().seconds = command_buffer_.GPUEndTime - command_buffer_.GPUStartTime;
+    if (timer_) {
+      const std::vector<std::optional<double>> seconds = timer_->seconds();
+      for (std::size_t i = 0; i < stats_.size(); ++i) stats_[i].seconds = seconds[i];
+    } else if (stats_.size() == 1) {
+      stats_.front().seconds = command_buffer_.GPUEndTime - command_buffer_.GPUStartTime;
+    }
     return stats_;
   });
 }

@@ -39,7 +39,7 @@ class FakeBackend final : public Backend {
   std::string name() const override { return "fake"; }
   DeviceLimits limits() const override { return {}; }
   std::vector<std::pair<std::string, std::string>> properties() const override { return {}; }
-  TuningFacts tuning() const override { return {"apple9", 4}; }
+  TuningFacts tuning() const override { return {"apple9", 4, "fake"}; }
   std::shared_ptr<BackendLibrary> compile_library(const std::string& source, const CompileOptions&) override {
     std::this_thread::sleep_for(compile_delay);
     ++libraries_compiled;
@@ -65,7 +65,7 @@ class FakeBackend final : public Backend {
   std::shared_ptr<BufferStorage> wrap_host(void*, std::size_t) override { return nullptr; }
   std::size_t page_size() const override { return 4096; }
   std::size_t recommended_pool_limit() const override { return 1 << 20; }
-  std::unique_ptr<Submission> submit(std::vector<Dispatch>) override { return nullptr; }
+  std::unique_ptr<Submission> submit(std::vector<Dispatch>, bool) override { return nullptr; }
 };
 
 }  // namespace mfa::testing

@@ -167,7 +167,7 @@ TEST_F(CommandBatchTest, TakenWorkIsValidatedAndRunsElsewhere) {
   ASSERT_EQ(work.dispatches.size(), 1u);
   EXPECT_TRUE(work.staging.empty());  // the cpu backend binds host memory in place
   for (float value : y) ASSERT_TRUE(std::isnan(value));  // nothing ran yet
-  device.backend().submit(std::move(work.dispatches))->wait();
+  device.backend().submit(std::move(work.dispatches), false)->wait();
   for (std::size_t i = 0; i < x.size(); ++i) ASSERT_FLOAT_EQ(y[i], x[i] * 1.5f) << i;
 }
 

@@ -40,6 +40,7 @@ TEST(Device, CpuTunesForTheCurrentGenerationWithTwoThreadgroupsPerWorker) {
   const mfa::TuningFacts tuning = mfa::Device::get(mfa::DeviceKind::cpu).tuning();
   EXPECT_EQ(tuning.family, "apple9");
   EXPECT_EQ(tuning.parallel_threadgroups, 2 * mfa::cpu::Executor::shared().workers());
+  EXPECT_EQ(tuning.model, "cpu");  // tuned tables are per model: the same whatever the thread count
 }
 
 #if !defined(MFA_HAVE_METAL)

@@ -8,6 +8,7 @@ import pytest
 from ml_dtypes import bfloat16
 
 import mfa_native
+from mfa_native import _core
 from mfa_native.sample_kernels import gemm
 
 from conftest import relative_l2
@@ -157,6 +158,16 @@ def test_profile_records_every_dispatch(rng):
         gemm(a, a, device="cpu")
     assert [r.kernel for r in p.records] == ["gemm", "gemm"]
     assert p.simdgroup_matrix_ops == 2 * p.records[0].simdgroup_matrix_ops > 0
+
+
+def test_profile_asks_every_backend_to_time_each_dispatch_while_active():
+    """Metal times each dispatch of a batch only while asked (an encoder per dispatch); profile() asks."""
+    assert not _core.dispatch_timing_requested()
+    with mfa_native.profile():
+        with mfa_native.profile():
+            assert _core.dispatch_timing_requested()
+        assert _core.dispatch_timing_requested()
+    assert not _core.dispatch_timing_requested()
 
 
 class _DLPackOnly:

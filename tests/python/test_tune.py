@@ -1,13 +1,17 @@
 """The tuner: its candidate space (enumerated from the tables' row types and DOMAINS), every
 candidate of its covering design checked against the float64 reference on the cpu backend,
-and the tuned table: written, read back and used, ignored with MFA_NATIVE_TUNING=off, and a
-damaged one ignored with a warning."""
+each kernel timed on its own and its columns chosen by its own time, and the per-device
+tuned table: written, read back and used by that device only, ignored with
+MFA_NATIVE_TUNING=off, and a damaged one ignored with a warning."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import warnings
 from dataclasses import dataclass, fields, replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,11 +22,13 @@ from mfa_native import codegen
 from mfa_native.__main__ import main
 from mfa_native.codegen.kernel import tables, tuned
 from mfa_native.reference import attention_reference
-from mfa_native.tuning import candidates, sweep
+from mfa_native.runtime.devices import forget_tuning, tuning_facts
+from mfa_native.tuning import candidates, kernels, sweep
 from mfa_native.tuning.problems import TuningProblem
 
 CPU = mfa_native.default_device()
-FAMILY = CPU.tuning.family
+FAMILY = CPU.tuning.family                # the GPU family, "apple9": its built-in rows only
+DEVICE_FAMILY = tuning_facts(CPU).family  # the family carrying the cpu device's tuned table
 # The operand-caching columns: every pair of their values must be checked.
 CACHING = {"forward": ("cache_q", "stage_apart", "o_block"),
            "backward": ("cache_q", "cache_dout", "cache_k", "cache_v", "dq_block", "dk_block", "dv_block")}
@@ -103,39 +109,85 @@ def _forward_threadgroups(rng, R=40):
     return profiled.records[0].threadgroups
 
 
-def _tuned_row():
+def _tuned_row(query_rows: int = 8):
     """A row for the first forward range that differs from the built-in one in its query rows."""
     built_in = tables.built_in_row("forward", FAMILY, 32)
-    return replace(built_in, query_rows=8, key_block=16, cache_q=not built_in.cache_q, stage_apart=False, o_block=32)
+    return replace(built_in, query_rows=query_rows, key_block=16, cache_q=not built_in.cache_q, stage_apart=False,
+                   o_block=32)
 
 
-def test_a_written_table_is_read_back_and_used(tuning_dir, rng):
+def test_a_written_table_is_read_back_and_used_by_its_device_only(tuning_dir, rng):
     built_in_groups = _forward_threadgroups(rng)
-    path = tuned.write(FAMILY, "test device", {"forward": [_tuned_row()]})
-    assert path.parent == tuning_dir and tuned.source(FAMILY) == str(path)
-    assert tables.tile_row(FAMILY, 32) == _tuned_row()
+    path = tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
+    assert path == tuning_dir / "cpu.json" and tuned.source(DEVICE_FAMILY) == "tuned"
+    assert json.loads(path.read_text())["family"] == FAMILY
+    assert tables.tile_row(DEVICE_FAMILY, 32) == _tuned_row()
+    assert tables.tile_row(FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)   # no device, no table
     problem = codegen.AttentionProblem(1, 2, 2, 40, 50, 32, 32, dtype="float32")
-    source = codegen.attention_pass(problem, family=FAMILY).kernels[0].source
+    source = codegen.attention_pass(problem, family=DEVICE_FAMILY).kernels[0].source
     assert "O paged through threadgroup memory 32 features at a time" in source
     assert _forward_threadgroups(rng) == 2 * 5 != built_in_groups   # 40 rows, 8 per threadgroup, 2 heads
 
 
+class _FakeDevice:
+    """What tuning_facts reads of a device: its backend's tuning facts."""
+
+    def __init__(self, model: str) -> None:
+        self.tuning = SimpleNamespace(family=FAMILY, parallel_threadgroups=40, model=model)
+
+
+def test_two_devices_of_one_family_keep_tables_of_their_own(tuning_dir):
+    pro, max_ = _FakeDevice("Apple M3 Pro, 18 GPU cores"), _FakeDevice("Apple M3 Max, 40 GPU cores")
+    try:
+        pro_family, max_family = tuning_facts(pro).family, tuning_facts(max_).family
+    finally:
+        forget_tuning()
+    assert tuned.table_path(pro_family) == tuning_dir / "Apple-M3-Pro-18-GPU-cores.json"
+    assert tuned.table_path(max_family) == tuning_dir / "Apple-M3-Max-40-GPU-cores.json"
+    tuned.write(pro_family, "Apple M3 Pro", {"forward": [_tuned_row(8)]})
+    assert tables.tile_row(pro_family, 32) == _tuned_row(8)
+    assert tables.tile_row(max_family, 32) == tables.built_in_row("forward", FAMILY, 32)
+    assert tuned.source(max_family) == "built-in" and "not written yet" in tuned.location(max_family)
+    tuned.write(max_family, "Apple M3 Max", {"forward": [_tuned_row(32)]})
+    assert (tables.tile_row(pro_family, 32), tables.tile_row(max_family, 32)) == (_tuned_row(8), _tuned_row(32))
+    assert tables.native_bfloat(pro_family) == tables.native_bfloat(FAMILY)   # the family's facts stay its own
+
+
+def test_a_model_without_letters_or_digits_is_refused():
+    with pytest.raises(ValueError, match="model must name a device"):
+        tuned.device_family(FAMILY, " ,;")
+
+
 def test_tuning_off_ignores_the_table(tuning_dir, rng, monkeypatch):
-    tuned.write(FAMILY, "test device", {"forward": [_tuned_row()]})
+    tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
     monkeypatch.setenv(tuned.ENV, "off")
     tuned.forget()
-    assert tuned.source(FAMILY) == "built-in"
-    assert tables.tile_row(FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)
+    assert tuned.source(DEVICE_FAMILY) == "built-in"
+    assert tuned.location(DEVICE_FAMILY) == "none (MFA_NATIVE_TUNING=off)"
+    assert tables.tile_row(DEVICE_FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)
     assert _forward_threadgroups(rng) == 2 * math.ceil(40 / tables.built_in_row("forward", FAMILY, 32).query_rows)
+    with pytest.raises(ValueError, match="MFA_NATIVE_TUNING=off"):
+        tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
 
 
 @pytest.mark.parametrize("text", ["{not json", '{"format": 1, "family": "%s", "forward": [{"query_rows": 8}]}',
-                                  '{"format": 99, "family": "%s"}'])
+                                  '{"format": 99, "family": "%s"}', '{"format": 1, "family": "apple7"}'])
 def test_a_damaged_table_is_ignored_with_a_warning(tuning_dir, rng, text):
-    (tuning_dir / f"{FAMILY}.json").write_text(text.replace("%s", FAMILY) if "%s" in text else text)
+    (tuning_dir / "cpu.json").write_text(text.replace("%s", FAMILY))
     with pytest.warns(UserWarning, match="damaged tuned table"):
-        row = tables.tile_row(FAMILY, 32)
+        row = tables.tile_row(DEVICE_FAMILY, 32)
     assert row == tables.built_in_row("forward", FAMILY, 32)
+    assert "damaged, ignored" in tuned.location(DEVICE_FAMILY)
+
+
+def test_a_per_family_table_of_earlier_versions_is_not_read_and_not_warned_about(tuning_dir, rng):
+    tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
+    (tuning_dir / "cpu.json").rename(tuning_dir / f"{FAMILY}.json")
+    tuned.forget()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tables.tile_row(DEVICE_FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)
+        assert tables.tile_row(FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)
 
 
 def test_tune_on_the_cpu_backend_refuses_to_time_and_writes_nothing(tuning_dir, capsys):
@@ -144,12 +196,15 @@ def test_tune_on_the_cpu_backend_refuses_to_time_and_writes_nothing(tuning_dir, 
     assert not list(tuning_dir.iterdir())
 
 
-def test_info_shows_the_table_in_use(tuning_dir, capsys):
+def test_info_shows_the_devices_table_and_whether_it_exists(tuning_dir, capsys):
     main(["info"])
-    assert "tile table: built-in" in capsys.readouterr().out
-    path = tuned.write(FAMILY, "test device", {"forward": [_tuned_row()]})
+    out = capsys.readouterr().out
+    assert "tile table: built-in" in out
+    assert f"tuned table: {tuning_dir / 'cpu.json'} (not written yet; MFA_NATIVE_TUNING={tuning_dir})" in out
+    path = tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
     main(["info"])
-    assert f"tile table: {path}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tile table: tuned" in out and f"tuned table: {path} (in use;" in out
 
 
 def test_the_timing_sweep_picks_a_checked_row_per_range_and_its_table_is_used(tuning_dir, rng):
@@ -158,9 +213,73 @@ def test_the_timing_sweep_picks_a_checked_row_per_range_and_its_table_is_used(tu
     chosen = [TuningProblem("forward", "float16", 16, 16, q_len=24, kv_len=24),
               TuningProblem("forward", "float32", 24, 20, q_len=24, kv_len=24)]
     winners = sweep.tune(chosen, CPU, rng, repeats=1, report=lambda *a: None)
-    assert len(winners) == 1 and winners[0].seconds > 0 and winners[0].built_in_seconds is not None
+    assert len(winners) == 1 and winners[0].built_in_seconds is not None
+    assert set(winners[0].seconds) == {"forward"} and winners[0].seconds["forward"] > 0
     winner = winners[0].row
     assert winner.max_head_dim == tables.built_in_row("forward", FAMILY, 24).max_head_dim
-    tuned.write(FAMILY, CPU.name, sweep.rows_by_direction(winners))
-    assert tables.tile_row(FAMILY, 24) == winner
+    tuned.write(DEVICE_FAMILY, CPU.name, sweep.rows_by_direction(winners))
+    assert tables.tile_row(DEVICE_FAMILY, 24) == winner
     assert "forward   <= " in sweep.winners_table(winners)
+
+
+def test_the_backward_sweep_times_its_two_kernels_apart(tuning_dir, rng):
+    """sweep.tune on the backward, from per-dispatch seconds: each winner's time is per kernel,
+    and its row (dQ columns and dK/dV columns possibly of different candidates) is used."""
+    chosen = [TuningProblem("backward", "float32", 16, 16, q_len=16, kv_len=24)]
+    winners = sweep.tune(chosen, CPU, rng, repeats=1, report=lambda *a: None)
+    assert len(winners) == 1
+    (winner,) = winners
+    assert set(winner.seconds) == {"dq", "dkdv"} and min(winner.seconds.values()) > 0
+    assert set(winner.built_in_seconds) == {"dq", "dkdv"}
+    tuned.write(DEVICE_FAMILY, CPU.name, sweep.rows_by_direction(winners))
+    assert tables.backward_tile_row(DEVICE_FAMILY, 16) == winner.row
+    assert " (dq " in sweep.winners_table(winners) and " + dkdv " in sweep.winners_table(winners)
+
+
+def test_each_kernel_is_timed_by_its_own_dispatches(rng):
+    q, k, v, do = (rng.standard_normal((1, 2, 20, 16)).astype(np.float32) for _ in range(4))
+    o, lse = mfa_native.attention(q, k, v, return_lse=True)
+    with mfa_native.profile() as profiled:
+        mfa_native.attention_backward(q, k, v, o, lse, do)
+    seconds = kernels.seconds_by_kernel("backward", profiled.records)
+    assert set(seconds) == {"dq", "dkdv"} and min(seconds.values()) > 0
+    assert math.isclose(sum(seconds.values()), profiled.seconds)
+    untimed = [SimpleNamespace(kernel="attention_backward_dq", seconds=None)]
+    with pytest.raises(RuntimeError, match="no time for a dispatch"):
+        kernels.seconds_by_kernel("backward", untimed)
+    with pytest.raises(ValueError, match="none of the backward's tuned kernels"):
+        kernels.kernel_of("backward", "attention_forward")
+
+
+def test_every_column_belongs_to_a_timed_kernel():
+    for direction, row_type in tables.DIRECTION_ROWS.items():
+        read = set(itertools.chain(*kernels.KERNEL_COLUMNS[direction].values()))
+        assert read == set(candidates.columns(row_type)), direction
+
+
+def _backward_row(**columns):
+    return tables.BackwardTileRow(**{**vars(tables.built_in_row("backward", FAMILY, 64)), **columns})
+
+
+def test_each_kernels_columns_come_from_the_candidate_fastest_in_it(rng):
+    """Random per-kernel times: the combined row takes dQ's columns from the dQ winner and dK/dV's
+    from the dK/dV winner among candidates with the same tiles16 (both kernels read it), and that
+    tiles16 has the least total."""
+    rows = [_backward_row(query_rows=qr, key_rows=kr, cache_q=cq, cache_v=cv, tiles16=t)
+            for qr, kr, cq, cv, t in itertools.product((8, 16, 32), (8, 16), (True, False), (True, False),
+                                                       (True, False))]
+    timed = {row: {"dq": float(rng.uniform(1, 2)), "dkdv": float(rng.uniform(1, 2))} for row in rows}
+    combined = kernels.fastest_per_kernel("backward", timed)
+    best_total = math.inf
+    for tiles16 in (True, False):
+        same = [row for row in rows if row.tiles16 == tiles16]
+        dq, dkdv = (min(same, key=lambda row: timed[row][kernel]) for kernel in ("dq", "dkdv"))
+        if timed[dq]["dq"] + timed[dkdv]["dkdv"] < best_total:
+            best_total, expected = timed[dq]["dq"] + timed[dkdv]["dkdv"], (dq, dkdv, tiles16)
+    dq, dkdv, tiles16 = expected
+    assert combined.tiles16 == tiles16
+    assert (combined.query_rows, combined.cache_q) == (dq.query_rows, dq.cache_q)
+    assert (combined.key_rows, combined.cache_v) == (dkdv.key_rows, dkdv.cache_v)
+    assert combined.max_head_dim == rows[0].max_head_dim
+    forward = {replace(_tuned_row(), query_rows=n): {"forward": float(t)} for n, t in ((8, 2.0), (16, 1.0), (32, 3.0))}
+    assert kernels.fastest_per_kernel("forward", forward).query_rows == 16

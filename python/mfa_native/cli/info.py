@@ -7,6 +7,7 @@ import sys
 
 import mfa_native
 from mfa_native.codegen.kernel import tuned
+from mfa_native.runtime.devices import tuning_facts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ndevice {device.kind}: {device.name}")
         for key, value in device.limits.items():
             print(f"  {key}: {value}")
-        print(f"  tile table: {tuned.source(device.tuning.family)} ({tuned.setting()})")
+        family = tuning_facts(device).family
+        print(f"  tile table: {tuned.source(family)}")
+        print(f"  tuned table: {tuned.location(family)}")
         try:
             properties = device.properties
         except mfa_native.DeviceUnavailableError as error:

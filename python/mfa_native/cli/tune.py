@@ -1,12 +1,14 @@
 """Tune the tile tables on this device: `tune` times candidate rows (Metal) and writes the winners; `tune --check` verifies every candidate.
 
-On Metal, `tune` times each candidate of a problem set (warm, best of 5: GPU timestamps for the
-forward's one kernel, the call's wall time for the backward's kernels, which share a command buffer),
-checks its result against the float64 reference before it may win, and writes the winning
-rows to the family's tuned table (codegen/kernel/tuned.py: `<cache>/tuning/<family>.json`),
-which later calls use (MFA_NATIVE_TUNING=off: the built-in rows). On the cpu backend, timing
-would be cpu times, not a GPU's: `tune` refuses (exit 2) and writes nothing; `tune --check`
-runs every candidate of a covering design once at small sizes and verifies it.
+On Metal, `tune` times each candidate of a problem set per kernel (warm, best of 5: GPU
+timestamps sampled around each dispatch, so the backward's dQ and dK/dV kernels are timed
+apart), checks its result against the float64 reference before it may win, takes each kernel's
+columns from the candidate fastest in that kernel (the row they make is checked too), and
+writes the winning rows to the device's tuned table (codegen/kernel/tuned.py:
+`<cache>/tuning/<device model>.json`), which later calls on that device use
+(MFA_NATIVE_TUNING=off: the built-in rows; `info` shows the table). On the cpu backend,
+timing would be cpu times, not a GPU's: `tune` refuses (exit 2) and writes nothing;
+`tune --check` runs every candidate of a covering design once at small sizes and verifies it.
 """
 
 from __future__ import annotations
@@ -61,8 +63,7 @@ def _tune(args, device, rng) -> int:
     chosen = problems.problem_set(args.directions, args.dtypes, tuple(args.head_dims), args.q_len, args.q_len,
                                   args.heads)
     winners = sweep.tune(chosen, device, rng, args.repeats)
-    print(f"winners on {device.name} ({family}), summed best-of-{args.repeats} times per range "
-          "(forward: GPU timestamps; backward: the call's wall time, its kernels share a command buffer):")
+    print(f"winners on {device.name} ({family}), summed best-of-{args.repeats} GPU times per range and kernel:")
     print(sweep.winners_table(winners))
     if not args.dry_run:
         path = tuned.write(family, device.name, sweep.rows_by_direction(winners))

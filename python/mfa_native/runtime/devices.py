@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from .. import _core
+from ..codegen.kernel import tuned
 
 Device = _core.Device
 
@@ -36,8 +37,10 @@ def resolve_device(device: Device | str | None) -> Device:
 
 @dataclass(frozen=True)
 class TuningFacts:
-    """What codegen tunes for: the tile-table family, and about how many threadgroups
-    the device runs at once (decode splits the keys to fill it)."""
+    """What codegen tunes for: the family name codegen takes, and about how many threadgroups
+    the device runs at once (decode splits the keys to fill it). A device's family carries its
+    tuned table (`apple9@Apple-M3-Max-40-GPU-cores`: codegen/kernel/tuned.py device_family), so
+    lookups for it read that device's table and no other."""
 
     family: str
     parallel_threadgroups: int
@@ -56,7 +59,8 @@ def tuning_facts(device: Device) -> TuningFacts:
     facts = _tuning.get(device)
     if facts is None:
         reported = device.tuning
-        facts = _tuning[device] = TuningFacts(reported.family, reported.parallel_threadgroups)
+        facts = _tuning[device] = TuningFacts(tuned.device_family(reported.family, reported.model),
+                                              reported.parallel_threadgroups)
     return facts
 
 
@@ -64,7 +68,9 @@ def tuning_facts(device: Device) -> TuningFacts:
 def tuned_as(device: Device, **facts) -> Iterator[TuningFacts]:
     """Inside the block, `device` reports these tuning facts (fields of TuningFacts) instead of
     its own: tests and benchmarks use it to make one device choose what another would
-    (say, a split-KV decode on a device with room for 64 threadgroups)."""
+    (say, a split-KV decode on a device with room for 64 threadgroups). A family is taken as
+    given: a plain one ("apple7") has only its built-in rows, a device family
+    (tuned.device_family) that device's tuned table, a forced one (tables.forced_rows) its rows."""
     own = tuning_facts(device)
     _tuning[device] = replace(own, **facts)
     try:

@@ -7,12 +7,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+from .. import _core
+
 
 class DispatchRecord:
     """One dispatch: its kernel, threadgroups, simdgroup 8x8x8 multiply-accumulates,
-    seconds, and the device bytes it read and wrote per kernel argument name (for
-    generated kernels the operand names, e.g. "q", "o"). A field is None where the
-    backend cannot count it (traffic: the cpu backend counts it exactly, Metal not).
+    seconds (the cpu backend: its wall time; Metal: GPU timestamps sampled around it), and
+    the device bytes it read and wrote per kernel argument name (for generated kernels the
+    operand names, e.g. "q", "o"). A field is None where the backend cannot count it
+    (traffic: the cpu backend counts it exactly, Metal not).
 
     bytes_read and bytes_written count accesses, not distinct bytes: each load or store
     through a device or constant pointer adds the size of its element, so an element read
@@ -101,7 +104,9 @@ _active: list[Profile] = []
 
 @contextmanager
 def profile() -> Iterator[Profile]:
-    """Record every dispatch made inside the block (from any thread).
+    """Record every dispatch made inside the block (from any thread), each with its seconds:
+    while a block is active, Metal gives every dispatch of a batch its own compute encoder and
+    samples GPU timestamps around it (outside, only a batch of one dispatch has its time).
 
     >>> with mfa_native.profile() as p:
     ...     mfa_native.attention(q, k, v, causal=True)
@@ -112,7 +117,8 @@ def profile() -> Iterator[Profile]:
     with _lock:
         _active.append(recording)
     try:
-        yield recording
+        with _core.DispatchTiming():
+            yield recording
     finally:
         with _lock:
             _active.remove(recording)

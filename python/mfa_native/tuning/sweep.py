@@ -1,6 +1,8 @@
 """The sweeps: `check` runs every candidate of a covering design once at small sizes and
-verifies it; `tune` times each problem group's candidates and picks the fastest that is right
-on every problem of the group (the built-in row always competes)."""
+verifies it; `tune` times each problem group's candidates per kernel and, among those right on
+every problem of the group (the built-in row always competes), takes each kernel's columns from
+the candidate fastest in that kernel (kernels.fastest_per_kernel), checks that row in turn, and
+keeps it (else the fastest whole candidate)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from ..codegen.kernel.tables import DIRECTION_ROWS, built_in_row
 from ..runtime.devices import Device, tuning_facts
 from . import trial
 from .candidates import columns, covering
+from .kernels import fastest_per_kernel
 from .problems import DTYPES, TuningProblem
 
 # (D, Dv) pairs `check` covers: 8 to 576, odd values, D != Dv, MLA's 576/512.
@@ -74,12 +77,12 @@ def check(space, device: Device, rng: np.random.Generator, report: Callable = pr
 
 @dataclass(frozen=True)
 class Winner:
-    """A group's (direction, range) fastest right row, its summed best times, and the built-in's."""
+    """A group's (direction, range) chosen row, its summed best times per kernel, and the built-in's."""
 
     direction: str
     row: object
-    seconds: float
-    built_in_seconds: float | None
+    seconds: dict[str, float]
+    built_in_seconds: dict[str, float] | None
 
 
 def _candidates(direction: str, range_end: int, family: str) -> list:
@@ -89,28 +92,42 @@ def _candidates(direction: str, range_end: int, family: str) -> list:
     return list(dict.fromkeys(rows))
 
 
+def _timed(group: list[TuningProblem], row, device: Device, rng: np.random.Generator,
+           repeats: int) -> dict[str, float] | None:
+    """`row`'s best seconds per kernel summed over `group`, or None when it does not fit the
+    device or is wrong on one of the problems."""
+    if not all(trial.fits(p, row, device) for p in group):
+        return None
+    outcomes = [trial.run(p, row, device, rng, repeats) for p in group]
+    if not all(o.passed for o in outcomes):
+        return None
+    return {kernel: sum(o.seconds[kernel] for o in outcomes) for kernel in outcomes[0].seconds}
+
+
 def tune(problems: list[TuningProblem], device: Device, rng: np.random.Generator, repeats: int = 5,
          report: Callable = progress) -> list[Winner]:
-    """Time every candidate of each (direction, range) group on the group's problems."""
+    """Time every candidate of each (direction, range) group on the group's problems (repeats >= 1)."""
     family = tuning_facts(device).family
     groups: dict[tuple[str, int], list[TuningProblem]] = defaultdict(list)
     for problem in problems:
         groups[(problem.direction, trial.range_end(problem, family))].append(problem)
     work = [(key, row) for key in groups for row in _candidates(*key, family)]
-    totals: dict[tuple[str, int], dict] = defaultdict(dict)
-    for index, ((direction, end), row) in enumerate(work):
-        report(index, len(work), f"{direction} <= {end}: {row}")
-        group = groups[(direction, end)]
-        if not all(trial.fits(p, row, device) for p in group):
-            continue
-        outcomes = [trial.run(p, row, device, rng, repeats) for p in group]
-        if all(o.passed for o in outcomes):
-            totals[(direction, end)][row] = sum(o.seconds for o in outcomes)
+    timed: dict[tuple[str, int], dict] = defaultdict(dict)
+    for index, (key, row) in enumerate(work):
+        report(index, len(work), f"{key[0]} <= {key[1]}: {row}")
+        seconds = _timed(groups[key], row, device, rng, repeats)
+        if seconds is not None:
+            timed[key][row] = seconds
     report(len(work), len(work), "timed")
     winners = []
-    for (direction, end), timed in totals.items():
-        best = min(timed, key=timed.get)
-        winners.append(Winner(direction, best, timed[best], timed.get(built_in_row(direction, family, end))))
+    for (direction, end), rows in timed.items():
+        combined = fastest_per_kernel(direction, rows)
+        if combined not in rows:   # made of several candidates' kernels: checked (and timed) as a whole
+            seconds = _timed(groups[(direction, end)], combined, device, rng, repeats)
+            if seconds is not None:
+                rows[combined] = seconds
+        best = combined if combined in rows else min(rows, key=lambda row: sum(rows[row].values()))
+        winners.append(Winner(direction, best, rows[best], rows.get(built_in_row(direction, family, end))))
     return winners
 
 
@@ -122,13 +139,21 @@ def rows_by_direction(winners: list[Winner]) -> dict[str, list]:
     return dict(rows)
 
 
+def _milliseconds(seconds: dict[str, float]) -> str:
+    """Total ms, and with several kernels each one's: "3.100 ms (dq 1.000 + dkdv 2.100)"."""
+    total = f"{sum(seconds.values()) * 1e3:.3f} ms"
+    if len(seconds) == 1:
+        return total
+    return total + " (" + " + ".join(f"{kernel} {s * 1e3:.3f}" for kernel, s in seconds.items()) + ")"
+
+
 def winners_table(winners: list[Winner]) -> str:
-    """One line per winner: direction, range, its columns, its time and the built-in row's."""
+    """One line per winner: direction, range, its time (per kernel) and the built-in row's, its columns."""
     lines = []
     for w in sorted(winners, key=lambda w: (w.direction, w.row.max_head_dim)):
         values = ", ".join(f"{k}={v}" for k, v in vars(w.row).items() if k != "max_head_dim")
-        built = f"{w.built_in_seconds * 1e3:.3f} ms" if w.built_in_seconds is not None else "did not fit or pass"
-        lines.append(f"{w.direction:<9} <= {w.row.max_head_dim:<4} {w.seconds * 1e3:9.3f} ms "
+        built = _milliseconds(w.built_in_seconds) if w.built_in_seconds is not None else "did not fit or pass"
+        lines.append(f"{w.direction:<9} <= {w.row.max_head_dim:<4} {_milliseconds(w.seconds)} "
                      f"(built-in {built})  {values}")
     return "\n".join(lines)
 

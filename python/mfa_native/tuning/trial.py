@@ -1,11 +1,10 @@
 """One candidate row on one problem: does it fit the device, is its result right (against the
-float64 reference), and how long does it take (warm, best of `repeats`: GPU timestamps on
-Metal where the core reports them, see _timed; the dispatches' wall time on the cpu backend)."""
+float64 reference), and how long does each of its kernels take (warm, best of `repeats`: each
+dispatch's GPU timestamps on Metal, its wall time on the cpu backend; kernels.py)."""
 
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +16,7 @@ from .. import codegen
 from ..codegen.kernel.tables import built_in_row, forced_rows
 from ..reference import attention_backward_reference, attention_reference
 from ..runtime.devices import Device, tuned_as, tuning_facts
+from .kernels import seconds_by_kernel
 from .problems import TuningProblem
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16}
@@ -28,11 +28,11 @@ ELEMENT_BYTES = {"float": 4, "half": 2, "bfloat": 2, "int": 4, "uint": 4, "short
 @dataclass(frozen=True)
 class Outcome:
     """A candidate's result on a problem: relative L2 error against the reference, whether it
-    passed, and its best time in seconds (None when not timed)."""
+    passed, and each kernel's best time in seconds (kernels.KERNEL_COLUMNS; None when not timed)."""
 
     error: float
     passed: bool
-    seconds: float | None
+    seconds: dict[str, float] | None
 
 
 def range_end(problem: TuningProblem, family: str) -> int:
@@ -95,29 +95,24 @@ def _reference(p: TuningProblem, x: dict[str, np.ndarray], o=None) -> list[np.nd
     return list(attention_backward_reference(x["q"], x["k"], x["v"], x["do"], causal=p.causal, out=o))
 
 
-def _timed(call) -> float:
-    """Seconds of one call: its dispatches' GPU time where each reports one (Metal reports it
-    for a batch of one dispatch: the forward), else the call's wall time (the backward's two
-    kernels share one command buffer, which has no per-dispatch timestamps)."""
+def _timed(call, direction: str) -> dict[str, float]:
+    """Seconds of one call per kernel: its dispatches' own (profile() times every dispatch)."""
     with mfa_native.profile() as profiled:
-        start = time.perf_counter()
         call()
-        wall = time.perf_counter() - start
-    if profiled.records and all(r.seconds is not None for r in profiled.records):
-        return profiled.seconds
-    return wall
+    return seconds_by_kernel(direction, profiled.records)
 
 
 def run(problem: TuningProblem, row, device: Device, rng: np.random.Generator, repeats: int = 0) -> Outcome:
     """Run `problem` once with `row` in its table and check it; with `repeats`, then time it
-    warm, best of `repeats`. Fresh random inputs each call."""
+    warm, each kernel's best of `repeats`. Fresh random inputs each call."""
     family = tuning_facts(device).family
     x = _arrays(problem, rng)
     with forced_rows(family, **{problem.direction: row}) as forced, tuned_as(device, family=forced):
         made = _call(problem, x, device)
         call, o = (made, None) if problem.direction == "forward" else made
         results = call()
-        times = [_timed(call) for _ in range(repeats)]
+        times = [_timed(call, problem.direction) for _ in range(repeats)]
     tolerance = TOLERANCE[problem.dtype] * (1 if problem.direction == "forward" else 10)
     error = max(_relative_l2(actual, expected) for actual, expected in zip(results, _reference(problem, x, o)))
-    return Outcome(error, error <= tolerance, min(times) if times else None)
+    best = {kernel: min(t[kernel] for t in times) for kernel in times[0]} if times else None
+    return Outcome(error, error <= tolerance, best)

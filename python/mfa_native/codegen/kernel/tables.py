@@ -199,9 +199,15 @@ def forced_rows(family: str, *, forward: TileRow | None = None,
             del _FORCED[name], _FORCING[name]
 
 
+def _unforced(family: str) -> str:
+    """A forced family's base (a plain or device family: tuned.py), else `family` itself."""
+    return _FORCED[family][0] if family in _FORCED else family
+
+
 def _base(family: str) -> str:
-    """The family whose table `family` reads (a forced family's base, an alias's target)."""
-    family = _FORCED[family][0] if family in _FORCED else family
+    """The GPU family `family` names (of a forced family its base's, of a device family its own),
+    checked: its table is TABLES' (or an alias's target's)."""
+    family = tuned.parts(_unforced(family))[0]
     table = _ALIASES.get(family, family)
     if table not in TABLES:
         raise ValueError(f"unknown GPU family {family!r}; known: {', '.join(FAMILIES)}")
@@ -236,13 +242,13 @@ def built_in_row(direction: str, family: str, head_dim: int):
 
 
 def _row(direction: str, family: str, head_dim: int):
-    """A forced row (forced_rows), else the tuned row for the built-in row's range (tuned.py),
-    else the built-in row."""
+    """A forced row (forced_rows), else the tuned row for the built-in row's range in the
+    device's table (tuned.py; a plain family has none), else the built-in row."""
     row = built_in_row(direction, family, head_dim)
     forced = _FORCED.get(family, (None, None, None))[1 if direction == "forward" else 2]
     if forced is not None:
         return replace(forced, max_head_dim=MAX_HEAD_DIM)
-    return tuned.tuned_row(_base(family), direction, row.max_head_dim, DIRECTION_ROWS[direction]) or row
+    return tuned.tuned_row(_unforced(family), direction, row.max_head_dim, DIRECTION_ROWS[direction]) or row
 
 
 def tile_row(family: str, head_dim: int) -> TileRow:

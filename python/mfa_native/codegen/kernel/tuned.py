@@ -1,19 +1,29 @@
-"""Tuned tile rows: the per-family table `python -m mfa_native tune` writes, which
+"""Tuned tile rows: the per-device table `python -m mfa_native tune` writes, which
 tables.tile_row and tables.backward_tile_row consult before their built-in rows.
 
-Where: MFA_NATIVE_TUNING unset: `<cache>/tuning/<family>.json` (cache: MFA_NATIVE_CACHE_DIR,
+Which table: a device's tuning facts (runtime/devices.tuning_facts) name its family
+`<family>@<table>` (device_family): the family carries the device's table, named after its
+model (Device.tuning.model, e.g. "Apple M3 Max, 40 GPU cores" -> "Apple-M3-Max-40-GPU-cores";
+the cpu backend's is "cpu"), so an M3 Pro and an M3 Max, one family, keep tables of their own.
+A plain family name (codegen's default, `emit --family`, `tuned_as(device, family="apple7")`)
+has no table: its built-in rows.
+
+Where: MFA_NATIVE_TUNING unset: `<cache>/tuning/<table>.json` (cache: MFA_NATIVE_CACHE_DIR,
 else $XDG_CACHE_HOME/mfa_native, else ~/.cache/mfa_native; ~/Library/Caches/mfa_native on
 macOS); `off`: no tuned table, the built-in rows; any other value: a directory holding the
-`<family>.json` files. A file holds, per direction ("forward", "backward"), rows with every
-column of the direction's row type; a tuned row replaces the built-in row with the same
-max_head_dim (the range it was tuned for). A damaged file is ignored with a warning (the
-built-in rows apply; `tune` rewrites it).
+`<table>.json` files. A file holds its family, the device it was tuned on, and per direction
+("forward", "backward") rows with every column of the direction's row type; a tuned row
+replaces the built-in row with the same max_head_dim (the range it was tuned for). A damaged
+file (or one of another family) is ignored with a warning (the built-in rows apply; `tune`
+rewrites it). The per-family files of earlier versions (`<family>.json`) are not read, with no
+warning: a family's GPUs differ in cores and so in their best rows; run `tune` again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import warnings
 from dataclasses import asdict, fields
@@ -22,9 +32,30 @@ from pathlib import Path
 ENV = "MFA_NATIVE_TUNING"
 FORMAT = 1
 DIRECTIONS = ("forward", "backward")
+TABLE_MARK = "@"   # family TABLE_MARK table: a device's family name
 
-_loaded: dict[str, dict[str, list[dict]] | None] = {}   # family -> its file's rows by direction (None: no file)
+_loaded: dict[str, dict[str, list[dict]] | None] = {}   # device family -> its file's rows by direction (None: none)
 _generation = [0]
+
+
+def table_name(model: str) -> str:
+    """The file name (without .json) of a device model's table: runs of characters other than
+    letters, digits, '.', '_' and '-' become one '-'."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.")
+    if not name:
+        raise ValueError(f"model must name a device (letters or digits), got {model!r}")
+    return name
+
+
+def device_family(family: str, model: str) -> str:
+    """The family name codegen takes for a device of `model`: `family` carrying the model's table."""
+    return f"{family}{TABLE_MARK}{table_name(model)}"
+
+
+def parts(family: str) -> tuple[str, str | None]:
+    """(family, table name) of a device family; (family, None) for a plain family name."""
+    base, mark, table = family.partition(TABLE_MARK)
+    return base, (table if mark else None)
 
 
 def _cache_directory() -> Path:
@@ -49,9 +80,10 @@ def setting() -> str:
 
 
 def table_path(family: str) -> Path | None:
-    """The file `family`'s tuned table is read from and written to (None: tuning off)."""
-    where = directory()
-    return None if where is None else where / f"{family}.json"
+    """The file a device family's tuned table is read from and written to (None: tuning off,
+    or a plain family name, which has no table)."""
+    where, table = directory(), parts(family)[1]
+    return None if where is None or table is None else where / f"{table}.json"
 
 
 def generation() -> int:
@@ -66,17 +98,17 @@ def forget() -> None:
 
 
 def _read(family: str) -> dict[str, list[dict]] | None:
-    path = table_path(family)
+    path, base = table_path(family), parts(family)[0]
     if path is None or not path.exists():
         return None
     try:
         table = json.loads(path.read_text(encoding="utf-8"))
-        if table.get("format") != FORMAT or table.get("family") != family:
+        if table.get("format") != FORMAT or table.get("family") != base:
             raise ValueError(f"format {table.get('format')!r} / family {table.get('family')!r}, "
-                             f"expected {FORMAT} / {family!r}")
+                             f"expected {FORMAT} / {base!r}")
         return {direction: list(table.get(direction, [])) for direction in DIRECTIONS}
     except (OSError, ValueError, AttributeError, TypeError) as error:
-        warnings.warn(f"ignoring the damaged tuned table {path} ({error}); the built-in rows apply", stacklevel=4)
+        warnings.warn(f"ignoring the damaged tuned table {path} ({error}); the built-in rows apply", stacklevel=5)
         return None
 
 
@@ -87,11 +119,16 @@ def _typed(entry: dict, row_type):
     return row_type(**entry)
 
 
-def tuned_row(family: str, direction: str, max_head_dim: int, row_type):
-    """The tuned `row_type` row for the built-in range ending at `max_head_dim`, or None."""
+def _table(family: str) -> dict[str, list[dict]] | None:
     if family not in _loaded:
         _loaded[family] = _read(family)
-    table = _loaded[family]
+    return _loaded[family]
+
+
+def tuned_row(family: str, direction: str, max_head_dim: int, row_type):
+    """The tuned `row_type` row of a device family's table for the built-in range ending at
+    `max_head_dim`, or None."""
+    table = _table(family)
     if table is None:
         return None
     try:
@@ -105,20 +142,29 @@ def tuned_row(family: str, direction: str, max_head_dim: int, row_type):
 
 
 def source(family: str) -> str:
-    """Which table a lookup for `family` uses: "built-in", or the tuned file's path."""
-    if family not in _loaded:
-        _loaded[family] = _read(family)
-    return "built-in" if _loaded[family] is None else str(table_path(family))
+    """Which rows lookups for a device family use: "tuned" (its table's, where it has them) or "built-in"."""
+    return "built-in" if table_path(family) is None or _table(family) is None else "tuned"
+
+
+def location(family: str) -> str:
+    """Where a device family's tuned table lives and its state, as `info` shows it."""
+    path = table_path(family)
+    if path is None:
+        return f"none ({setting()})" if directory() is None else "none (a family without a device)"
+    state = "in use" if _table(family) is not None else "damaged, ignored" if path.exists() else "not written yet"
+    return f"{path} ({state}; {setting()})"
 
 
 def write(family: str, device: str, rows: dict[str, list]) -> Path:
-    """Write `family`'s tuned table (rows: direction -> row dataclasses) where lookups read it,
-    and make later lookups use it. Raises ValueError when tuning is off."""
+    """Write a device family's tuned table (rows: direction -> row dataclasses; `device`: the
+    device's name, recorded) where lookups read it, and make later lookups use it. Raises
+    ValueError when tuning is off or `family` names no device."""
     path = table_path(family)
     if path is None:
-        raise ValueError(f"{ENV}=off: there is no tuned table to write")
+        raise ValueError(f"{ENV}=off: there is no tuned table to write" if directory() is None else
+                         f"family {family!r} names no device (runtime.devices.tuning_facts(device).family does)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = {"format": FORMAT, "family": family, "device": device,
+    table = {"format": FORMAT, "family": parts(family)[0], "device": device,
              **{direction: [asdict(row) for row in rows.get(direction, [])] for direction in DIRECTIONS}}
     temporary = path.with_suffix(".json.tmp")
     temporary.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
