@@ -43,7 +43,7 @@ from ..storage.staging import StagedTensor
 from . import operands
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
-from .rows import row_index, stages_apart
+from .rows import row_index, stages_apart, threadgroup_span
 from .softmax import online_softmax, sink_state, stored_lse
 
 KERNEL_NAME = "attention_forward"
@@ -139,15 +139,15 @@ def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
 
 
 def _staged(d: KernelDescriptor) -> list[StagedTensor]:
-    """With packed heads, the stage holds the step's K and V rows (quantized ones decoded),
-    at once or, at large head dimension, in turn (stage_apart)."""
+    """Staged (packed heads, stage_kv), the stage holds the step's K and V rows (quantized ones
+    decoded), at once or, at large head dimension, in turn (stage_apart)."""
     tensors = [StagedTensor("k", d.head_dim, d.k, d.k_storage), StagedTensor("v", d.value_dim, d.v, d.v_storage)]
     return staging.apart(tensors) if stages_apart(d.family, d.head_dim, d.value_dim) else tensors
 
 
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
     q = HeadTensor.of("q", d.q, d.head_dim, d.tile_type)
-    if d.rows.packed:
+    if d.stage_kv:
         k, v = _staged(d)
         return {"q": q, "k": HeadTensor(k.stage, Extent(d.head_dim), d.head_dim, d.tile_type),
                 "v": HeadTensor(v.stage, Extent(d.value_dim), d.value_dim)}
@@ -165,8 +165,9 @@ def _geometry(d: KernelDescriptor, finish) -> list[str]:
     lines += d.keys.prologue()
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
-    if d.rows.packed:
-        lines += staging.declare(_staged(d), d.key_block, d.dtype, str(32 * d.simdgroups))
+    if d.stage_kv:
+        voters = d.simdgroups if d.rules.mask != "none" else 0
+        lines += staging.declare(_staged(d), d.key_block, d.dtype, str(32 * d.simdgroups), voters)
     return lines
 
 
@@ -174,15 +175,15 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     """The online softmax over the keys [begin, end), key_block at a time, with `rules`."""
     key_tiles = d.key_block // 8
     x = _tensors(d)
-    body, first, positions, fills = [], "kb", d.keys.positions(end), [[], []]
-    if d.rows.packed:  # the step's keys come from the stage, its rows 0 .. key_block - 1
-        at = f"min(kb + slot, int({end}) - 1)"   # clamped: a paged position past the end names no page
-        fills = [staging.fill(tensors, d.key_block, d.dtype, key=positions.row(at), valid=f"kb + slot < {end}")
-                 for tensors in staging.phases(_staged(d))] + [[]]
-        body = [f"// The step's {'K' if fills[1] else 'K and V'} rows, staged once for every head of the kv head."]
+    body = bias_over_keys(rules, key_tiles, end, d.keys.bounds.origin, skip_here=not d.stage_kv)
+    first, positions, fills = "kb", d.keys.positions(end), [[], []]
+    if d.stage_kv:  # the step's keys come from the stage, its rows 0 .. key_block - 1
+        fills = staging.step_fills(_staged(d), d.key_block, d.dtype, start="kb", end=end,
+                                   stored_row=positions.row, voters=d.simdgroups if rules.mask != "none" else 0)
+        shared = "every head of the kv head" if d.rows.packed else "every simdgroup of the threadgroup"
+        body += ["", f"// The step's {'K' if fills[1] else 'K and V'} rows, staged once for {shared}."]
         body += fills[0]
         first, positions = "0", Positions(str(d.key_block))
-    body += bias_over_keys(rules, key_tiles, end, d.keys.bounds.origin)
     body += ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
     body += zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
@@ -200,6 +201,15 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     return block_loop("kb", begin, end, d.key_block, body)
 
 
+def _visiting_rows(d: KernelDescriptor) -> dict[str, str]:
+    """The queries whose keys a simdgroup visits (key_range's first and last): packed heads, the
+    threadgroup's (its rows facet says); staged per head, the threadgroup's rows (every simdgroup
+    walks the same blocks); else the simdgroup's own 8 rows."""
+    if d.rows.packed:
+        return {"last": d.rows.last_query}
+    return threadgroup_span("q_first", d.query_rows, d.keys.bounds.q_end) if d.stage_kv else {}
+
+
 def summary(d: KernelDescriptor, finish) -> list[str]:
     """The forward kernel's header lines: sizes, masking rules, tiles."""
     simdgroups = f"{d.simdgroups} simdgroup{'s' if d.simdgroups > 1 else ''}"
@@ -208,6 +218,7 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
             f"tiles ({d.family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
             f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
             + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")
+            + (", K/V staged in threadgroup memory for every simdgroup" if d.stage_kv and not d.rows.packed else "")
             + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" else "")]
 
 
@@ -219,7 +230,7 @@ def _kernel(d: KernelDescriptor, finish) -> KernelSource:
     state = (["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
              + finish.initial_state(d) + output(d).declare("O, unnormalized"))
     visits = d.keys.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
-    keys = key_range(d.rules, last=d.rows.last_query, bounds=d.keys.bounds)
+    keys = key_range(d.rules, bounds=d.keys.bounds, **_visiting_rows(d))
     body = _geometry(d, finish) + keys + finish.key_limits + q_cache + state + visits + finish.store(d)
     return assemble(launch_plan(d, finish), summary=summary(d, finish), builtins=BUILTINS, body=body)
 

@@ -31,6 +31,19 @@ A row applies to problems whose larger head dimension, max(D, Dv), is at most
               P and dS stay float32 (no rounding of probabilities to 16 bits). The
               accumulators, S, dP and the softmax are float32 always. No effect on
               float32 inputs.
+- stage_kv:   the per-head kernels' simdgroups share each key block through threadgroup
+              memory (MFA's preferAsyncLoad, its choice on Apple7/8): the threadgroup's
+              threads load the block's K and V rows once, cooperatively (storage/staging.py,
+              as the packed-heads kernels always do; stage_apart applies), with one barrier
+              before the fill and one after, so K/V are read once per threadgroup instead of
+              once per simdgroup. The threadgroup walks the keys its rows may see together;
+              a block the mask removes for every simdgroup is skipped by all (a vote in the
+              barrier before the fill). The block is the row's key_block, fewer keys where
+              that many rows would not fit the stage's 24 KiB. Only threadgroups of more
+              than one simdgroup whose simdgroups walk the same keys (dense keys and KV
+              caches; not varlen or block-sparse) stage; others read K/V themselves. In the
+              backward, stage_kv is the dQ kernel's K/V blocks and stage_q_dout the dK/dV
+              kernel's Q/dO blocks, each staged together (no stage_apart there).
 
 The values start from the shape of metal-flash-attention's published tuning
 (small threadgroups and long key blocks on GPUs with dynamic register caching,
@@ -69,6 +82,7 @@ class TileRow:
     stage_apart: bool
     o_block: int
     tiles16: bool
+    stage_kv: bool
 
 
 @dataclass(frozen=True)
@@ -86,24 +100,26 @@ class BackwardTileRow:
     dk_block: int      # dK, the same
     dv_block: int      # dV, the same
     tiles16: bool      # 16-bit operand tiles for 16-bit inputs (see TileRow)
+    stage_kv: bool     # dQ kernel: each K/V block staged in threadgroup memory (see TileRow)
+    stage_q_dout: bool  # dK/dV kernel: each Q/dO block, the same
 
 
 _TABLES_TEXT = {
     # M1 and M2 generations: no dynamic caching, registers are the limit.
     "apple7": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16
-               64           32          64       yes       no          0      yes
-              128           32          32       yes       no          0      yes
-              256           16          32       no        no          0      yes
-              576            8          16       no        yes        64      yes
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  stage_kv
+               64           32          64       yes       no          0      yes      yes
+              128           32          32       yes       no          0      yes      yes
+              256           16          32       no        no          0      yes      yes
+              576            8          16       no        yes        64      yes      no
     """,
     # M3, M4 and later: dynamic caching makes long key blocks affordable.
     "apple9": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16
-               96           16         128       yes       no          0      yes
-              160           16          64       yes       no          0      yes
-              256           16          64       no        no          0      yes
-              576            8          32       no        yes        64      yes
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  stage_kv
+               96           16         128       yes       no          0      yes      no
+              160           16          64       yes       no          0      yes      no
+              256           16          64       no        no          0      yes      no
+              576            8          32       no        yes        64      yes      no
     """,
 }
 
@@ -112,21 +128,27 @@ _TABLES_TEXT = {
 # shorter blocks. Starting values, not yet tuned on hardware.
 _BACKWARD_TABLES_TEXT = {
     "apple7": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16
-                  64          32         32        32           32      yes         yes      yes      yes         0         0         0      yes
-                 128          16         32        16           32      yes         yes      yes      yes         0         0         0      yes
-                 256          16         32        16           32       no          no       no       no         0         0         0      yes
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  stage_kv  stage_q_dout
+                  64          32         32        32           32      yes         yes      yes      yes         0         0         0      yes       yes        yes
+                 128          16         32        16           32      yes         yes      yes      yes         0         0         0      yes       yes        yes
+                 256          16         32        16           32       no          no       no       no         0         0         0      yes       yes        yes
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes        no         no
     """,
     "apple9": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16
-                  96          16         64        16           64      yes         yes      yes      yes         0         0         0      yes
-                 160          16         32        16           32      yes         yes      yes      yes         0         0         0      yes
-                 256          16         32        16           32       no          no       no       no         0         0         0      yes
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  stage_kv  stage_q_dout
+                  96          16         64        16           64      yes         yes      yes      yes         0         0         0      yes        no         no
+                 160          16         32        16           32      yes         yes      yes      yes         0         0         0      yes        no         no
+                 256          16         32        16           32       no          no       no       no         0         0         0      yes        no         no
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes        no         no
     """,
 }
 
+# stage_kv and stage_q_dout "yes" on apple7/8 where a threadgroup has several simdgroups, "no"
+# on apple9 (and for one simdgroup: nothing to share): MFA shares the reads of an operand among
+# threads through threadgroup memory (its preferAsyncLoad) on devices without Apple9's dynamic
+# caching, and reads per lane from device memory on Apple9+ (preferAsyncCache) (metal-flash-
+# attention, Sources/FlashAttention/Attention/AttentionKernel*.swift and the GEMM's
+# GEMMKernelDescriptor, `supportsFamily(.apple9)`).
 # tiles16 "yes" everywhere: MFA gives 16-bit inputs 16-bit operand registers at every head
 # dimension (metal-flash-attention, Sources/FlashAttention/Attention/AttentionDescriptor/
 # AttentionDescriptor+Precisions.swift, registerPrecisions(): Q, K, V FP16; dO BF16 only
