@@ -36,11 +36,11 @@ from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.accumulators import Accumulator
-from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
+from ..kernel.tiles import (HeadTensor, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
                             store_rows, tiles, zeroed)
 from ..storage import staging
 from ..storage.staging import StagedTensor
-from . import operands
+from . import operands, staged_steps
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
 from .rows import row_index, stages_apart, threadgroup_span
@@ -140,18 +140,17 @@ def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
 
 def _staged(d: KernelDescriptor) -> list[StagedTensor]:
     """Staged (packed heads, stage_kv), the stage holds the step's K and V rows (quantized ones
-    decoded), at once or, at large head dimension, in turn (stage_apart)."""
+    decoded), at once or, at large head dimension, in turn (stage_apart); else nothing."""
+    if not d.stage_kv:
+        return []
     tensors = [StagedTensor("k", d.head_dim, d.k, d.k_storage), StagedTensor("v", d.value_dim, d.v, d.v_storage)]
     return staging.apart(tensors) if stages_apart(d.family, d.head_dim, d.value_dim) else tensors
 
 
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
-    q = HeadTensor.of("q", d.q, d.head_dim, d.tile_type)
-    if d.stage_kv:
-        k, v = _staged(d)
-        return {"q": q, "k": HeadTensor(k.stage, Extent(d.head_dim), d.head_dim, d.tile_type),
-                "v": HeadTensor(v.stage, Extent(d.value_dim), d.value_dim)}
-    return {"q": q, "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type), "v": HeadTensor.of("v", d.v, d.value_dim)}
+    own = {"q": HeadTensor.of("q", d.q, d.head_dim, d.tile_type), "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type),
+           "v": HeadTensor.of("v", d.v, d.value_dim)}
+    return staged_steps.read_from_stage(own, _staged(d), d.tile_type)
 
 
 def _kv_pointers(d: KernelDescriptor) -> list[str]:
@@ -165,10 +164,7 @@ def _geometry(d: KernelDescriptor, finish) -> list[str]:
     lines += d.keys.prologue()
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
-    if d.stage_kv:
-        voters = d.simdgroups if d.rules.mask != "none" else 0
-        lines += staging.declare(_staged(d), d.key_block, d.dtype, str(32 * d.simdgroups), voters)
-    return lines
+    return lines + staged_steps.declare(_staged(d), d.key_block, d.dtype, d.simdgroups, d.rules.mask)
 
 
 def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
@@ -176,15 +172,12 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     key_tiles = d.key_block // 8
     x = _tensors(d)
     body = bias_over_keys(rules, key_tiles, end, d.keys.bounds.origin, skip_here=not d.stage_kv)
-    first, positions, fills = "kb", d.keys.positions(end), [[], []]
-    if d.stage_kv:  # the step's keys come from the stage, its rows 0 .. key_block - 1
-        fills = staging.step_fills(_staged(d), d.key_block, d.dtype, start="kb", end=end,
-                                   stored_row=positions.row, voters=d.simdgroups if rules.mask != "none" else 0)
-        shared = "every head of the kv head" if d.rows.packed else "every simdgroup of the threadgroup"
-        body += ["", f"// The step's {'K' if fills[1] else 'K and V'} rows, staged once for {shared}."]
-        body += fills[0]
-        first, positions = "0", Positions(str(d.key_block))
-    body += ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
+    shared_by = "every head of the kv head" if d.rows.packed else "every simdgroup of the threadgroup"
+    step = staged_steps.step(_staged(d), block=d.key_block, dtype=d.dtype, start="kb", end=end,
+                             positions=d.keys.positions(end), simdgroups=d.simdgroups, mask=rules.mask,
+                             shared_by=shared_by)
+    fills, first, positions = step.fills, step.first, step.positions
+    body += fills[0] + ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
     body += zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
@@ -207,7 +200,7 @@ def _visiting_rows(d: KernelDescriptor) -> dict[str, str]:
     walks the same blocks); else the simdgroup's own 8 rows."""
     if d.rows.packed:
         return {"last": d.rows.last_query}
-    return threadgroup_span("q_first", d.query_rows, d.keys.bounds.q_end) if d.stage_kv else {}
+    return threadgroup_span("q_first", d.query_rows, d.keys.bounds.q_end, d.stage_kv)
 
 
 def summary(d: KernelDescriptor, finish) -> list[str]:

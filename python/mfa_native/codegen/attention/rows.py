@@ -64,11 +64,14 @@ def stages_blocks(p, asked: bool, rows: int) -> bool:
     return asked and rows > 8 and p.keys.uniform_walk
 
 
-def threadgroup_span(first: str, rows: int, end: str) -> dict[str, str]:
-    """key_range's (or query_range's) `first` and `last` for a threadgroup of `rows` rows whose
-    simdgroup s holds the 8 rows from `first` (q_first, key_first) = the threadgroup's first +
-    8 s: the whole threadgroup's rows, the last clamped below `end`, so every simdgroup visits
-    the same blocks (and reaches the same barriers). Reads simd_index."""
+def threadgroup_span(first: str, rows: int, end: str, staged: bool = True) -> dict[str, str]:
+    """key_range's (or query_range's) `first` and `last` for a `staged` threadgroup of `rows` rows
+    whose simdgroup s holds the 8 rows from `first` (q_first, key_first) = the threadgroup's first
+    + 8 s: the whole threadgroup's rows, the last clamped below `end`, so every simdgroup visits
+    the same blocks (and reaches the same barriers); unstaged, none (each its own 8 rows).
+    Reads simd_index."""
+    if not staged:
+        return {}
     start = f"({first} - simd_index * 8)"
     return {"first": start, "last": f"int(min({start} + {rows - 1}, {end} - 1))"}
 

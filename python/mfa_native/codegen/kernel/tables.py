@@ -32,18 +32,10 @@ A row applies to problems whose larger head dimension, max(D, Dv), is at most
               accumulators, S, dP and the softmax are float32 always. No effect on
               float32 inputs.
 - stage_kv:   the per-head kernels' simdgroups share each key block through threadgroup
-              memory (MFA's preferAsyncLoad, its choice on Apple7/8): the threadgroup's
-              threads load the block's K and V rows once, cooperatively (storage/staging.py,
-              as the packed-heads kernels always do; stage_apart applies), with one barrier
-              before the fill and one after, so K/V are read once per threadgroup instead of
-              once per simdgroup. The threadgroup walks the keys its rows may see together;
-              a block the mask removes for every simdgroup is skipped by all (a vote in the
-              barrier before the fill). The block is the row's key_block, fewer keys where
-              that many rows would not fit the stage's 24 KiB. Only threadgroups of more
-              than one simdgroup whose simdgroups walk the same keys (dense keys and KV
-              caches; not varlen or block-sparse) stage; others read K/V themselves. In the
-              backward, stage_kv is the dQ kernel's K/V blocks and stage_q_dout the dK/dV
-              kernel's Q/dO blocks, each staged together (no stage_apart there).
+              memory (MFA's preferAsyncLoad): the threadgroup loads its K and V rows once,
+              cooperatively, between two barriers (storage/staging.py, as packed heads always
+              do; stage_apart applies; the block shrinks to fit 24 KiB), walking its rows' keys
+              together; only for several simdgroups walking the same keys (dense, KV cache).
 
 The values start from the shape of metal-flash-attention's published tuning
 (small threadgroups and long key blocks on GPUs with dynamic register caching,
@@ -101,7 +93,7 @@ class BackwardTileRow:
     dv_block: int      # dV, the same
     tiles16: bool      # 16-bit operand tiles for 16-bit inputs (see TileRow)
     stage_kv: bool     # dQ kernel: each K/V block staged in threadgroup memory (see TileRow)
-    stage_q_dout: bool  # dK/dV kernel: each Q/dO block, the same
+    stage_q_dout: bool  # dK/dV kernel: each Q/dO block staged, the same
 
 
 _TABLES_TEXT = {
@@ -143,12 +135,9 @@ _BACKWARD_TABLES_TEXT = {
     """,
 }
 
-# stage_kv and stage_q_dout "yes" on apple7/8 where a threadgroup has several simdgroups, "no"
-# on apple9 (and for one simdgroup: nothing to share): MFA shares the reads of an operand among
-# threads through threadgroup memory (its preferAsyncLoad) on devices without Apple9's dynamic
-# caching, and reads per lane from device memory on Apple9+ (preferAsyncCache) (metal-flash-
-# attention, Sources/FlashAttention/Attention/AttentionKernel*.swift and the GEMM's
-# GEMMKernelDescriptor, `supportsFamily(.apple9)`).
+# stage_kv / stage_q_dout "yes" on apple7/8 for several simdgroups, "no" on apple9: MFA shares
+# reads among threads through threadgroup memory (preferAsyncLoad) unless the GPU is Apple9+
+# (preferAsyncCache: per-lane reads; AttentionKernel*.swift, GEMMKernelDescriptor).
 # tiles16 "yes" everywhere: MFA gives 16-bit inputs 16-bit operand registers at every head
 # dimension (metal-flash-attention, Sources/FlashAttention/Attention/AttentionDescriptor/
 # AttentionDescriptor+Precisions.swift, registerPrecisions(): Q, K, V FP16; dO BF16 only
