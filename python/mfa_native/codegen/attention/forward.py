@@ -2,7 +2,9 @@
 
 One threadgroup holds `query_rows` query rows of one (batch, query head); each
 simdgroup owns 8 of those rows and walks the keys in blocks on its own (no
-threadgroup memory, no barriers). Per block of keys:
+threadgroup memory, no barriers), or, where the tile row stages K/V (stage_kv), all
+of them walk the threadgroup's keys together, each block's K/V rows staged once for
+all (staged_steps.py). Per block of keys:
 
   1. allowed keys of the lane's elements (bounds, causal, window, mask), with
      additive mask values in the log2 domain; with a mask, a block that no row
