@@ -104,7 +104,8 @@ def _recomputed_probabilities(d: BackwardDescriptor, count: int, lse2: str) -> l
 
 
 def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelSource:
-    return assemble(plan, summary=backward_summary.lines(d, plan.kernel_name == DQ_KERNEL_NAME), builtins=BUILTINS, body=body)
+    summary = backward_summary.lines(d, dq=plan.kernel_name == DQ_KERNEL_NAME)
+    return assemble(plan, summary=summary, builtins=BUILTINS, body=body)
 
 
 # ---------------------------------------------------------------------------
