@@ -208,41 +208,62 @@ def test_a_row_whose_stage_does_not_fit_is_reported_by_its_launch(rng):
 # Device traffic.
 
 
-def _traffic(rng, row, dtype="float16", R=64, C=96, **kwargs):
+def _traffic(q, k, v, row, **kwargs):
     """Output and bytes read per buffer of one forward call with `row` forced."""
-    q, k, v = make_inputs(rng, B=2, Hq=2, R=R, C=C, D=32, Dv=24, dtype=dtype)
     with forced(forward=row), mfa_native.profile() as prof:
         out = mfa_native.attention(q, k, v, **kwargs)
-    return q, k, v, out, prof.bytes_read
+    return out, prof.bytes_read
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
-def test_staging_reads_k_and_v_once_per_threadgroup(dtype):
+def test_staging_reads_k_and_v_once_per_threadgroup(rng, dtype):
     """The same output, and K and V read 4 times less: once per threadgroup of 4 simdgroups
     instead of once per simdgroup (R a multiple of the threadgroup's 32 rows, C of 8)."""
-    same = lambda: np.random.default_rng(7)   # noqa: E731 - the same inputs for both rows
-    q, k, v, unstaged_out, unstaged = _traffic(same(), forward_row(query_rows=32), dtype)
-    _, _, _, staged_out, staged = _traffic(same(), staged_forward_row(), dtype)
+    q, k, v = make_inputs(rng, B=2, Hq=2, R=64, C=96, D=32, Dv=24, dtype=dtype)
+    unstaged_out, unstaged = _traffic(q, k, v, forward_row(query_rows=32))
+    staged_out, staged = _traffic(q, k, v, staged_forward_row())
     assert np.array_equal(staged_out.view(np.uint8), unstaged_out.view(np.uint8))
-    assert staged["k"] == 4 * k.nbytes // 2 and staged["v"] == 4 * v.nbytes // 2   # 2 threadgroups per head
+    assert staged["k"] == 2 * k.nbytes and staged["v"] == 2 * v.nbytes   # 2 threadgroups per head
     for name in "kv":
         assert unstaged[name] == 4 * staged[name], name
     assert staged["q"] == unstaged["q"]
 
 
-def test_skipped_blocks_are_not_read():
+def test_skipped_blocks_are_not_read(rng):
     """Causal blocks past the threadgroup's last row and blocks the mask removes for every row
     are never staged: exactly the keys each threadgroup visits are read, once."""
-    rng = np.random.default_rng(11)
     R, C = 64, 128
-    mask = np.ones((R, C), bool)
+    q, k, v = make_inputs(rng, B=2, Hq=2, R=R, C=C, D=32, Dv=24, dtype="float16")
+    mask = rng.random((R, C)) > 0.2
     mask[:, 32:96] = False       # keys 32..95: two whole 32-key blocks removed for every row
-    *_, full = _traffic(rng, staged_forward_row(), R=R, C=C)
-    *_, masked = _traffic(rng, staged_forward_row(), R=R, C=C, mask=mask)
-    *_, causal = _traffic(rng, staged_forward_row(), R=R, C=C, causal="upper_left")
+    _, full = _traffic(q, k, v, staged_forward_row())
+    _, masked = _traffic(q, k, v, staged_forward_row(), mask=mask)
+    _, causal = _traffic(q, k, v, staged_forward_row(), causal="upper_left")
     row_bytes = 32 * 2   # D 32, float16
     threadgroups = 2 * 2 * (R // 32)
     assert full["k"] == threadgroups * C * row_bytes
     assert masked["k"] == threadgroups * (C - 64) * row_bytes
     # Upper-left causal: threadgroup x (rows 32 x .. 32 x + 31) sees keys up to 32 x + 31.
     assert causal["k"] == 2 * 2 * sum(32 * (x + 1) for x in range(R // 32)) * row_bytes
+
+
+def test_staged_backward_reads_each_block_once_per_threadgroup(rng):
+    """dQ kernel: V once per threadgroup of 4 simdgroups instead of once per simdgroup, K (read
+    for S and for dQ += dS K) once instead of twice per simdgroup; the dK/dV kernel the same for
+    dO and Q. Same gradients, bit for bit."""
+    q, k, v = make_inputs(rng, B=2, Hq=2, R=64, C=96, D=32, Dv=24, dtype="float16")
+    o, lse = mfa_native.attention(q, k, v, return_lse=True)
+    do = rng.standard_normal(o.shape).astype(np.float16)
+    runs = []
+    for staged in (False, True):
+        with forced(backward=backward_row(rows=32, stage_kv=staged, stage_q_dout=staged)), mfa_native.profile() as p:
+            grads = mfa_native.attention_backward(q, k, v, o, lse, do)
+        runs.append((grads, {r.kernel: r.bytes_read for r in p.records}))
+    (plain, unstaged), (grads, staged) = runs
+    for a, b in zip(plain, grads):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    dq, dkdv = codegen.DQ_KERNEL_NAME, codegen.DKDV_KERNEL_NAME
+    assert staged[dq]["v"] == 2 * v.nbytes and unstaged[dq]["v"] == 4 * staged[dq]["v"]
+    assert staged[dq]["k"] == 2 * k.nbytes and unstaged[dq]["k"] == 8 * staged[dq]["k"]
+    for name in ("q", "dout"):
+        assert unstaged[dkdv][name] == 8 * staged[dkdv][name], name

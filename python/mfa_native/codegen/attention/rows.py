@@ -64,7 +64,7 @@ def stages_blocks(p, asked: bool, rows: int) -> bool:
     return asked and rows > 8 and p.keys.uniform_walk
 
 
-def threadgroup_span(first: str, rows: int, end: str, staged: bool = True) -> dict[str, str]:
+def threadgroup_span(first: str, rows: int, end: str, staged: bool) -> dict[str, str]:
     """key_range's (or query_range's) `first` and `last` for a `staged` threadgroup of `rows` rows
     whose simdgroup s holds the 8 rows from `first` (q_first, key_first) = the threadgroup's first
     + 8 s: the whole threadgroup's rows, the last clamped below `end`, so every simdgroup visits
