@@ -64,10 +64,13 @@ class SkipVote:
     voters: int
 
     def post(self) -> list[str]:
+        """Lane 0's store of its simdgroup's vote (before the barrier). Reads lane, simd_index."""
         return [f"if (lane == 0) {{ {VOTES}[simd_index] = {self.flag}; }}  // this simdgroup's vote: does it see "
                 "the block?"]
 
     def count(self) -> list[str]:
+        """After the barrier: every thread reads the votes and, when none is set, the whole
+        threadgroup takes a second barrier and skips the block."""
         return (["uint block_seen_by_any = 0u;"]
                 + loop(f"ushort i = 0; i < {self.voters}; ++i", [f"block_seen_by_any |= {VOTES}[i];"])
                 + ["if (block_seen_by_any == 0u) {  // the same verdict in every thread",
