@@ -15,6 +15,7 @@ from mfa_native.codegen import (AttentionProblem, attention_kernel, attention_pa
                                 kv_split, sizes_of)
 from mfa_native.codegen.kernel.msl import float_literal
 from mfa_native.codegen.kernel.tables import TABLES, tile_row
+from mfa_native.codegen.attention.rows import STAGE_BYTES
 
 # A floating literal without its suffix: digits with a point or an exponent, not followed by f/h.
 UNSUFFIXED_FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][-+]?\d+)(?![\w.])")
@@ -144,9 +145,13 @@ def test_tile_tables_are_readable_rows_per_head_dimension():
 def test_descriptor_tiles_follow_the_table_and_shrink_for_decode():
     for family in codegen.FAMILIES:
         row = tile_row(family, 128)
-        descriptor = describe(small(head_dim=128, value_dim=96, q_len=4096), family=family)
-        assert (descriptor.query_rows, descriptor.key_block, descriptor.cache_q) == \
-            (row.query_rows, row.key_block, row.cache_q)
+        problem = small(head_dim=128, value_dim=96, q_len=4096)
+        descriptor = describe(problem, family=family)
+        assert (descriptor.query_rows, descriptor.cache_q, descriptor.stage_kv) == \
+            (row.query_rows, row.cache_q, row.stage_kv)
+        # Staged (apple7/8), the key block is as many of the row's keys as the stage holds.
+        fits = STAGE_BYTES // ((128 + 96) * 4) // 8 * 8
+        assert descriptor.key_block == (min(row.key_block, fits) if row.stage_kv else row.key_block)
     decode = attention_kernel(small(q_len=1, kv_len=5000))
     assert decode.plan.threads_per_threadgroup == 32  # one simdgroup: 8 query rows
     assert decode.plan.threadgroups(sizes_of(small(q_len=1, batch=3))) == (1, 2, 3)

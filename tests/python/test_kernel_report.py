@@ -23,8 +23,8 @@ FAMILY = mfa_native.default_device().tuning.family
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16}
 
 
-@pytest.mark.parametrize("cache_q", [True, False])
-def test_modelled_bytes_equal_the_traffic_counters(rng, cache_q):
+@pytest.mark.parametrize("cache_q, stage_kv", [(True, False), (False, False), (True, True), (False, True)])
+def test_modelled_bytes_equal_the_traffic_counters(rng, cache_q, stage_kv):
     B, H = int(rng.integers(1, 3)), int(rng.integers(1, 3))
     R, C = int(rng.integers(9, 70)), int(rng.integers(20, 300))
     D, Dv = int(rng.integers(8, 200)), int(rng.integers(8, 200))
@@ -32,14 +32,15 @@ def test_modelled_bytes_equal_the_traffic_counters(rng, cache_q):
     q = rng.standard_normal((B, H, R, D)).astype(DTYPES[dtype])
     k = rng.standard_normal((B, H, C, D)).astype(DTYPES[dtype])
     v = rng.standard_normal((B, H, C, Dv)).astype(DTYPES[dtype])
-    row = replace(built_in_row("forward", FAMILY, max(D, Dv)), cache_q=cache_q)
+    row = replace(built_in_row("forward", FAMILY, max(D, Dv)), cache_q=cache_q, stage_kv=stage_kv)
     problem = codegen.AttentionProblem(B, H, H, R, C, D, Dv, dtype=dtype)
     device = mfa_native.default_device()
     with forced_rows(FAMILY, forward=row) as forced, tuned_as(device, family=forced):
         with mfa_native.profile() as profiled:
             mfa_native.attention(q, k, v, device=device)
-        modelled = traffic.forward_bytes(problem, describe(problem, family=forced))
-    assert traffic.modelled(problem)
+        d = describe(problem, family=forced)
+        modelled = traffic.forward_bytes(problem, d)
+    assert traffic.modelled(problem) and d.stage_kv == (stage_kv and d.simdgroups > 1)
     counted = sum(profiled.bytes_read.values()) + sum(profiled.bytes_written.values())
     assert modelled == counted, (B, H, R, C, D, Dv, dtype)
 
@@ -59,6 +60,11 @@ def test_the_static_facts_follow_the_row():
     assert facts["built-in"].threadgroup_bytes == 0
     # Paged O: one simdgroup's 8 rows x 128 floats per simdgroup of the threadgroup.
     assert facts["o_block=64"].threadgroup_bytes == row.query_rows // 8 * 8 * 128 * 4
+    # Staged K/V (apple9's rows read per lane): the step's K and V rows in float16, as many of
+    # the row's key block as fit 24 KiB (48 of 64 at D + Dv = 256), filled between two barriers.
+    assert not row.stage_kv and facts["built-in"].barriers_per_block == 0
+    assert facts["stage_kv=True"].threadgroup_bytes == 48 * 256 * 2
+    assert facts["stage_kv=True"].barriers_per_block == 2
 
 
 def test_emit_report_prints_every_alternative(capsys):

@@ -25,16 +25,18 @@ from mfa_native.codegen.kernel.tables import BackwardTileRow, TileRow, forced_ro
 from mfa_native.runtime.devices import tuned_as
 
 
-def forward_row(*, cache_q=True, o_block=0, tiles16=True, query_rows=16, key_block=32) -> TileRow:
+def forward_row(*, cache_q=True, o_block=0, tiles16=True, query_rows=16, key_block=32, stage_apart=True,
+                stage_kv=False) -> TileRow:
     return TileRow(max_head_dim=576, query_rows=query_rows, key_block=key_block, cache_q=cache_q,
-                   stage_apart=True, o_block=o_block, tiles16=tiles16)
+                   stage_apart=stage_apart, o_block=o_block, tiles16=tiles16, stage_kv=stage_kv)
 
 
 def backward_row(*, cache_q=True, cache_dout=True, cache_k=True, cache_v=True, dq_block=0, dk_block=0, dv_block=0,
-                 tiles16=True, rows=16) -> BackwardTileRow:
+                 tiles16=True, rows=16, stage_kv=False, stage_q_dout=False) -> BackwardTileRow:
     return BackwardTileRow(max_head_dim=576, query_rows=rows, key_block=32, key_rows=rows, query_block=32,
                            cache_q=cache_q, cache_dout=cache_dout, cache_k=cache_k, cache_v=cache_v,
-                           dq_block=dq_block, dk_block=dk_block, dv_block=dv_block, tiles16=tiles16)
+                           dq_block=dq_block, dk_block=dk_block, dv_block=dv_block, tiles16=tiles16,
+                           stage_kv=stage_kv, stage_q_dout=stage_q_dout)
 
 
 @contextmanager

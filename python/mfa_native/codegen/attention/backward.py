@@ -38,12 +38,13 @@ from ..kernel.source import KernelSource, assemble
 from ..kernel.accumulators import Accumulator
 from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, cached_rows, head_pointer, lane_layout,
                             scores, store_rows, tiles, zeroed)
-from . import operands
+from ..storage.staging import StagedTensor
+from . import backward_summary, operands, staged_steps
 from .descriptor import BackwardDescriptor
 from .forward import BUILTINS
 from .masking import (MaskRules, bias_over_keys, bias_over_queries, key_range, mask_key_pointer, mask_row_pointer,
                       query_range)
-from .rows import query_rows_geometry, row_index
+from .rows import query_rows_geometry, row_index, threadgroup_span
 from .softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
 
 DQ_KERNEL_NAME = "attention_backward_dq"
@@ -67,8 +68,16 @@ def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
             "dout": HeadTensor.of("dout", d.dout, d.value_dim, t)}
 
 
-def _kept(cached: bool) -> str:
-    return "in registers" if cached else "re-read per block"
+def _step(d: BackwardDescriptor, kernel: str, rules: MaskRules, start: str, end: str, block: int, rows: int
+          ) -> staged_steps.Step:
+    """A block step of `kernel` (threadgroups of `rows` rows): staged where its column says."""
+    return staged_steps.step(_staged(d, kernel), block=block, dtype=d.dtype, start=start, end=end,
+                             positions=Positions(end), simdgroups=rows // 8, mask=rules.mask)
+
+
+def _staged(d: BackwardDescriptor, kernel: str) -> list[StagedTensor]:
+    """The rows `kernel`'s steps stage (none unless its column says so)."""
+    return staged_steps.backward_staged(d, walks_keys=kernel == DQ_KERNEL_NAME)
 
 
 def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
@@ -94,26 +103,9 @@ def _recomputed_probabilities(d: BackwardDescriptor, count: int, lse2: str) -> l
             + logits(d.scale_log2e, count, "p_tile") + probabilities(count, "p_tile", lse2))
 
 
-def _summary(d: BackwardDescriptor, kernel: str) -> list[str]:
-    if kernel == DQ_KERNEL_NAME:
-        tile = (f"{d.query_rows} query rows per threadgroup, {d.key_block} keys per block, "
-                + (f"Q and dO {_kept(d.cache_q)}" if d.cache_q == d.cache_dout
-                   else f"Q {_kept(d.cache_q)}, dO {_kept(d.cache_dout)}")
-                + (f", dQ paged {d.dq_block} features at a time" if d.dq_block else ""))
-    else:
-        tile = (f"{d.key_rows} keys per threadgroup, {d.query_block} queries per block, "
-                + (f"K and V {_kept(d.cache_k)}" if d.cache_k == d.cache_v
-                   else f"K {_kept(d.cache_k)}, V {_kept(d.cache_v)}")
-                + "".join(f", {name} paged {block} features at a time"
-                          for name, block in (("dK", d.dk_block), ("dV", d.dv_block)) if block))
-    tile += f", {d.tile_type} operand tiles" if d.tile_type != "float" else ""
-    return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
-            f"{d.rules.describe()}, sinks {'yes' if d.sinks else 'no'}",
-            f"tiles ({d.family}): {tile}"]
-
-
 def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelSource:
-    return assemble(plan, summary=_summary(d, plan.kernel_name), builtins=BUILTINS, body=body)
+    summary = backward_summary.lines(d, dq=plan.kernel_name == DQ_KERNEL_NAME)
+    return assemble(plan, summary=summary, builtins=BUILTINS, body=body)
 
 
 # ---------------------------------------------------------------------------
@@ -135,7 +127,8 @@ def _dq_geometry(d: BackwardDescriptor) -> list[str]:
     ]
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
-    return lines
+    return lines + staged_steps.declare(_staged(d, DQ_KERNEL_NAME), d.key_block, d.dtype, d.query_rows // 8,
+                                        d.rules.mask)
 
 
 def _row_delta(d: BackwardDescriptor) -> list[str]:
@@ -163,23 +156,24 @@ def _row_delta(d: BackwardDescriptor) -> list[str]:
 def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
     """dQ over the keys [begin, end), key_block at a time, with `rules`."""
     count = d.key_block // 8
-    x = _tensors(d)
-    body = bias_over_keys(rules, count, end, d.keys.bounds.origin)
-    body += ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
+    x = staged_steps.read_from_stage(_tensors(d), _staged(d, DQ_KERNEL_NAME), d.tile_type)
+    body = bias_over_keys(rules, count, end, d.keys.bounds.origin, skip_here=not d.stage_kv)
+    step = _step(d, DQ_KERNEL_NAME, rules, "kb", end, d.key_block, d.query_rows)
+    body += step.fills[0] + ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
     body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
-                   position="key", first="kb", positions=Positions(end), reread=REREAD)
+                   position="key", first=step.first, positions=step.positions, reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
     body += scores("dp_tile", count=count,
                    lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=x["v"],
                    rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys",
-                   position="key", first="kb", positions=Positions(end), reread=REREAD)
+                   position="key", first=step.first, positions=step.positions, reread=REREAD)
     body += gradient_of_scores(count, "delta_row")
     body += ["", "// dQ += dS K."]
     body += _accumulators(d)["dq"].blocks(lambda features: accumulate(
         "dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
-        rhs_comment="rows are keys, columns are head dims", position="key", first="kb", positions=Positions(end),
+        rhs_comment="rows are keys, columns are head dims", position="key", first=step.first, positions=step.positions,
         features=features))
     return block_loop("kb", begin, end, d.key_block, body)
 
@@ -188,7 +182,8 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
 def generate_dq(d: BackwardDescriptor) -> KernelSource:
     """The dQ kernel (it also stores D, and each row's share of dsinks)."""
     x = _tensors(d)
-    body = _dq_geometry(d) + key_range(d.rules, bounds=d.keys.bounds)
+    body = _dq_geometry(d) + key_range(d.rules, bounds=d.keys.bounds,
+                                       **threadgroup_span("q_first", d.query_rows, d.keys.bounds.q_end, d.stage_kv))
     body += cached_rows([(label, f"{name}_tile", x[name]) for label, name, kept in
                          (("Q", "q", d.cache_q), ("dO", "dout", d.cache_dout)) if kept], "row_read", ": the 8 rows")
     body += _row_delta(d)
@@ -223,40 +218,41 @@ def _dkdv_geometry(d: BackwardDescriptor) -> list[str]:
         head_pointer("v", d.v, "h_kv", t, True),
         head_pointer("dk", d.dk, "h_kv", t, False),
         head_pointer("dv", d.dv, "h_kv", t, False),
-    ]
+    ] + staged_steps.declare(_staged(d, DKDV_KERNEL_NAME), d.query_block, d.dtype, d.key_rows // 8, d.rules.mask)
 
 
 def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
     """dK and dV over the queries [begin, end) of head h, query_block at a time, with `rules`."""
     count = d.query_block // 8
-    x = _tensors(d)
-    body = bias_over_queries(rules, count, end, d.keys.bounds.origin)
+    x = staged_steps.read_from_stage(_tensors(d), _staged(d, DKDV_KERNEL_NAME), d.tile_type)
+    body = bias_over_queries(rules, count, end, d.keys.bounds.origin, skip_here=not d.stage_q_dout)
     body += ["", "// lse2 and D of the lane's queries.", f"float lse2[{2 * count}];", f"float delta_q[{2 * count}];"]
     body += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
         f"const uint query = uint(min(qb + j * 8 + int(tc) + e, int({end}) - 1));",
         *lse2("lse2[j * 2 + e]", "rows_at + query"),
         "delta_q[j * 2 + e] = delta[rows_at + query];",
     ]))
-    body += ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
+    step = _step(d, DKDV_KERNEL_NAME, rules, "qb", end, d.query_block, d.key_rows)
+    body += step.fills[0] + ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
     body += scores("p_tile", count=count, lhs=Rows(x["k"], "key_read", "k_tile" if d.cache_k else None, "k_i"),
                    rhs=x["q"], rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries",
-                   position="query", first="qb", positions=Positions(end), reread=REREAD)
+                   position="query", first=step.first, positions=step.positions, reread=REREAD)
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
     body += ["", "// dV += P^T dO."]
     body += _accumulators(d)["dv"].blocks(lambda features: accumulate(
         "dv_tile", weights="p_tile", count=count, rhs=x["dout"], rhs_tile="dout_tile",
-        rhs_comment="rows are queries, columns are value dims", position="query", first="qb",
-        positions=Positions(end), features=features))
+        rhs_comment="rows are queries, columns are value dims", position="query", first=step.first,
+        positions=step.positions, features=features))
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
     body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache_v else None, "v_i"),
                    rhs=x["dout"], rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
-                   position="query", first="qb", positions=Positions(end), reread=REREAD)
+                   position="query", first=step.first, positions=step.positions, reread=REREAD)
     body += gradient_of_scores(count, "delta_q[j * 2 + e]")
     body += ["", "// dK += dS^T Q."]
     body += _accumulators(d)["dk"].blocks(lambda features: accumulate(
         "dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
-        rhs_comment="rows are queries, columns are head dims", position="query", first="qb",
-        positions=Positions(end), features=features))
+        rhs_comment="rows are queries, columns are head dims", position="query", first=step.first,
+        positions=step.positions, features=features))
     return block_loop("qb", begin, end, d.query_block, body)
 
 
@@ -280,7 +276,8 @@ def _query_heads(d: BackwardDescriptor) -> list[str]:
 def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     """The dK/dV kernel (it reads the D the dQ kernel stored)."""
     x = _tensors(d)
-    body = _dkdv_geometry(d) + query_range(d.rules, d.keys.bounds)
+    body = _dkdv_geometry(d) + query_range(
+        d.rules, d.keys.bounds, **threadgroup_span("key_first", d.key_rows, d.keys.bounds.k_end, d.stage_q_dout))
     body += cached_rows([(label, f"{name}_tile", x[name]) for label, name, kept in
                          (("K", "k", d.cache_k), ("V", "v", d.cache_v)) if kept], "key_read", ": the 8 rows")
     body += ["", "// dK / scale and dV, accumulated over the queries of every head in the group."]

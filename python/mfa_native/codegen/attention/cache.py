@@ -51,6 +51,7 @@ class CacheKeys:
     pages_per_batch: int | None = None
 
     batched = True
+    uniform_walk = True   # every simdgroup of a threadgroup walks its batch's keys (tile_row stage_kv)
 
     def __post_init__(self) -> None:
         if self.page_size is not None and (self.page_size < 8 or self.page_size % 8):

@@ -27,7 +27,7 @@ from ..kernel.sizes import Extent, RuntimeSizes
 from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, operand_tile_type, tile_row
 from .masking import MaskRules
 from .problem import AttentionBackwardProblem, AttentionProblem
-from .rows import shrunk
+from .rows import shrunk, stage_rows, stages_blocks
 
 # The runtime sizes, by their names in the generated MSL; split-KV kernels add
 # S (key/value splits) and Cs (keys per split), the key facets their list sizes.
@@ -88,6 +88,7 @@ class KernelDescriptor(AttentionFacts):
     rows: object            # the rows facet (attention/rows.py)
     o_block: int = 0        # 0: O in registers; else paged, this many features at a time (tables.py)
     tile_type: str = "float"  # element type of the operand tiles Q, K (tables.py, tiles16)
+    stage_kv: bool = False  # each step's K/V rows staged in threadgroup memory (packed heads; stage_kv)
 
     @property
     def simdgroups(self) -> int:
@@ -116,6 +117,8 @@ class BackwardDescriptor(AttentionFacts):
     dk_block: int = 0
     dv_block: int = 0
     tile_type: str = "float"  # element type of the operand tiles Q, K, V, dO (tables.py, tiles16)
+    stage_kv: bool = False    # dQ kernel: each key block's K and V rows staged in threadgroup memory
+    stage_q_dout: bool = False  # dK/dV kernel: each query block's Q and dO rows, the same
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -228,7 +231,8 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
                             query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
                             cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block,
-                            tile_type=operand_tile_type(p.dtype, family, row.tiles16))
+                            tile_type=operand_tile_type(p.dtype, family, row.tiles16),
+                            stage_kv=rows.packed or rows.stages(p, family))
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
@@ -237,6 +241,9 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
     p = problem.forward
     facts, layouts = _facts(p, family, backward_sizes(problem), bake_lengths)
     row = backward_tile_row(family, max(p.head_dim, p.value_dim))
+    query_rows, key_rows = p.rows.backward_query_rows(p, family), shrunk(row.key_rows, p.kv_len)
+    stage_kv, stage_q_dout = stages_blocks(p, row.stage_kv, query_rows), stages_blocks(p, row.stage_q_dout, key_rows)
+    width = p.head_dim + p.value_dim   # K and V (Q and dO) staged together
     return BackwardDescriptor(
         **facts,
         o=layouts.of("o", problem.o_strides, "o"),
@@ -245,10 +252,10 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         dk=layouts.of("k"),
         dv=layouts.of("v"),
         scale=float(np.float32(p.softmax_scale)),
-        query_rows=p.rows.backward_query_rows(p, family),
-        key_block=row.key_block,
-        key_rows=shrunk(row.key_rows, p.kv_len),
-        query_block=row.query_block,
+        query_rows=query_rows,
+        key_block=stage_rows(p, width, row.key_block) if stage_kv else row.key_block,
+        key_rows=key_rows,
+        query_block=stage_rows(p, width, row.query_block) if stage_q_dout else row.query_block,
         cache_q=row.cache_q,
         cache_dout=row.cache_dout,
         cache_k=row.cache_k,
@@ -257,4 +264,6 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         dk_block=row.dk_block,
         dv_block=row.dv_block,
         tile_type=operand_tile_type(p.dtype, family, row.tiles16),
+        stage_kv=stage_kv,
+        stage_q_dout=stage_q_dout,
     )

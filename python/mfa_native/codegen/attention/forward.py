@@ -2,7 +2,9 @@
 
 One threadgroup holds `query_rows` query rows of one (batch, query head); each
 simdgroup owns 8 of those rows and walks the keys in blocks on its own (no
-threadgroup memory, no barriers). Per block of keys:
+threadgroup memory, no barriers), or, where the tile row stages K/V (stage_kv), all
+of them walk the threadgroup's keys together, each block's K/V rows staged once for
+all (staged_steps.py). Per block of keys:
 
   1. allowed keys of the lane's elements (bounds, causal, window, mask), with
      additive mask values in the log2 domain; with a mask, a block that no row
@@ -36,14 +38,14 @@ from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.accumulators import Accumulator
-from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
+from ..kernel.tiles import (HeadTensor, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
                             store_rows, tiles, zeroed)
 from ..storage import staging
 from ..storage.staging import StagedTensor
-from . import operands
+from . import operands, staged_steps
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
-from .rows import row_index, stages_apart
+from .rows import row_index, stages_apart, threadgroup_span
 from .softmax import online_softmax, sink_state, stored_lse
 
 KERNEL_NAME = "attention_forward"
@@ -139,19 +141,18 @@ def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
 
 
 def _staged(d: KernelDescriptor) -> list[StagedTensor]:
-    """With packed heads, the stage holds the step's K and V rows (quantized ones decoded),
-    at once or, at large head dimension, in turn (stage_apart)."""
+    """Staged (packed heads, stage_kv), the stage holds the step's K and V rows (quantized ones
+    decoded), at once or, at large head dimension, in turn (stage_apart); else nothing."""
+    if not d.stage_kv:
+        return []
     tensors = [StagedTensor("k", d.head_dim, d.k, d.k_storage), StagedTensor("v", d.value_dim, d.v, d.v_storage)]
     return staging.apart(tensors) if stages_apart(d.family, d.head_dim, d.value_dim) else tensors
 
 
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
-    q = HeadTensor.of("q", d.q, d.head_dim, d.tile_type)
-    if d.rows.packed:
-        k, v = _staged(d)
-        return {"q": q, "k": HeadTensor(k.stage, Extent(d.head_dim), d.head_dim, d.tile_type),
-                "v": HeadTensor(v.stage, Extent(d.value_dim), d.value_dim)}
-    return {"q": q, "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type), "v": HeadTensor.of("v", d.v, d.value_dim)}
+    own = {"q": HeadTensor.of("q", d.q, d.head_dim, d.tile_type), "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type),
+           "v": HeadTensor.of("v", d.v, d.value_dim)}
+    return staged_steps.read_from_stage(own, _staged(d), d.tile_type)
 
 
 def _kv_pointers(d: KernelDescriptor) -> list[str]:
@@ -165,25 +166,20 @@ def _geometry(d: KernelDescriptor, finish) -> list[str]:
     lines += d.keys.prologue()
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
-    if d.rows.packed:
-        lines += staging.declare(_staged(d), d.key_block, d.dtype, str(32 * d.simdgroups))
-    return lines
+    return lines + staged_steps.declare(_staged(d), d.key_block, d.dtype, d.simdgroups, d.rules.mask)
 
 
 def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
     """The online softmax over the keys [begin, end), key_block at a time, with `rules`."""
     key_tiles = d.key_block // 8
     x = _tensors(d)
-    body, first, positions, fills = [], "kb", d.keys.positions(end), [[], []]
-    if d.rows.packed:  # the step's keys come from the stage, its rows 0 .. key_block - 1
-        at = f"min(kb + slot, int({end}) - 1)"   # clamped: a paged position past the end names no page
-        fills = [staging.fill(tensors, d.key_block, d.dtype, key=positions.row(at), valid=f"kb + slot < {end}")
-                 for tensors in staging.phases(_staged(d))] + [[]]
-        body = [f"// The step's {'K' if fills[1] else 'K and V'} rows, staged once for every head of the kv head."]
-        body += fills[0]
-        first, positions = "0", Positions(str(d.key_block))
-    body += bias_over_keys(rules, key_tiles, end, d.keys.bounds.origin)
-    body += ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
+    body = bias_over_keys(rules, key_tiles, end, d.keys.bounds.origin, skip_here=not d.stage_kv)
+    shared_by = "every head of the kv head" if d.rows.packed else "every simdgroup of the threadgroup"
+    step = staged_steps.step(_staged(d), block=d.key_block, dtype=d.dtype, start="kb", end=end,
+                             positions=d.keys.positions(end), simdgroups=d.simdgroups, mask=rules.mask,
+                             shared_by=shared_by)
+    fills, first, positions = step.fills, step.first, step.positions
+    body += fills[0] + ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
     body += zeroed("p_tile", key_tiles, "scores, then probabilities")
     body += scores("p_tile", count=key_tiles, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
@@ -200,6 +196,15 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     return block_loop("kb", begin, end, d.key_block, body)
 
 
+def _visiting_rows(d: KernelDescriptor) -> dict[str, str]:
+    """The queries whose keys a simdgroup visits (key_range's first and last): packed heads, the
+    threadgroup's (its rows facet says); staged per head, the threadgroup's rows (every simdgroup
+    walks the same blocks); else the simdgroup's own 8 rows."""
+    if d.rows.packed:
+        return {"last": d.rows.last_query}
+    return threadgroup_span("q_first", d.query_rows, d.keys.bounds.q_end, d.stage_kv)
+
+
 def summary(d: KernelDescriptor, finish) -> list[str]:
     """The forward kernel's header lines: sizes, masking rules, tiles."""
     simdgroups = f"{d.simdgroups} simdgroup{'s' if d.simdgroups > 1 else ''}"
@@ -208,6 +213,7 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
             f"tiles ({d.family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
             f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
             + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")
+            + (", K/V staged in threadgroup memory for every simdgroup" if d.stage_kv and not d.rows.packed else "")
             + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" else "")]
 
 
@@ -219,7 +225,7 @@ def _kernel(d: KernelDescriptor, finish) -> KernelSource:
     state = (["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
              + finish.initial_state(d) + output(d).declare("O, unnormalized"))
     visits = d.keys.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
-    keys = key_range(d.rules, last=d.rows.last_query, bounds=d.keys.bounds)
+    keys = key_range(d.rules, bounds=d.keys.bounds, **_visiting_rows(d))
     body = _geometry(d, finish) + keys + finish.key_limits + q_cache + state + visits + finish.store(d)
     return assemble(launch_plan(d, finish), summary=summary(d, finish), builtins=BUILTINS, body=body)
 

@@ -89,6 +89,7 @@ class DenseKeys(DenseWalk):
 
     split_length = "C"     # split-KV may cut the keys [0, C) for decode (None: a case that never splits)
     batched = True         # q, k, v and the outputs have a batch axis (varlen's packed sequences have none)
+    uniform_walk = True    # a per-head threadgroup's simdgroups walk the same blocks (they may stage them)
     key_lists: tuple[str, ...] = ()
     query_lists: tuple[str, ...] = ()
     catalog: dict[str, tuple[str, str]] = {}

@@ -96,50 +96,53 @@ DENSE_BOUNDS = Bounds()
 MASKED_BELOW = "-1.0e30f"   # additive mask values at or below this remove the key (see reference.py)
 
 
-def key_range(rules: MaskRules, last: str | None = None, bounds: Bounds = DENSE_BOUNDS) -> list[str]:
-    """The keys any of the queries q_first..`last` may see (default: the simdgroup's 8 rows).
-    Reads q_first and the names in `bounds`. Defines key_begin, key_end (ints, narrowed further
-    by callers that split the keys) and, where the rules need them, diagonal and row_last."""
+def key_range(rules: MaskRules, last: str | None = None, bounds: Bounds = DENSE_BOUNDS,
+              first: str = "q_first") -> list[str]:
+    """The keys any of the queries `first`..`last` may see (default: the simdgroup's 8 rows from
+    q_first). Reads `first` and the names in `bounds`. Defines key_begin, key_end (ints, narrowed
+    further by callers that split the keys) and, where the rules need them, diagonal and row_last."""
     lines = ["", "// Keys any of these rows may see: [key_begin, key_end). Whole blocks outside are never visited."]
     if rules.uses_diagonal:
         lines.append(bounds.diagonal + "  // key j lines up with query j - diagonal (lower right)")
     left, right = rules.window_sides
     if rules.limits_keys_above:
-        lines.append(f"const int row_last = {last or f'int(min(q_first + 7, {bounds.q_end} - 1))'};")
+        lines.append(f"const int row_last = {last or f'int(min({first} + 7, {bounds.q_end} - 1))'};")
     begin = bounds._int(bounds.k_begin)
-    lines += [f"int key_begin = {begin};", f"int key_end = q_first < {bounds.q_end} ? int({bounds.k_end}) : {begin};"]
+    lines += [f"int key_begin = {begin};", f"int key_end = {first} < {bounds.q_end} ? int({bounds.k_end}) : {begin};"]
     if rules.causal == "lower_right":
         lines.append("key_end = min(key_end, row_last + diagonal + 1);  // causal, lower right")
     elif rules.causal == "upper_left":
         lines.append(f"key_end = min(key_end, {bounds.shifted('row_last')} + 1);  // causal, upper left")
     if left is not None:
-        lines.append(f"key_begin = max(key_begin, int(q_first) + diagonal - {left});  // window, left")
+        lines.append(f"key_begin = max(key_begin, int({first}) + diagonal - {left});  // window, left")
     if right is not None:
         lines.append(f"key_end = min(key_end, row_last + diagonal + {_plus_one(right)});  // window, right")
     return lines
 
 
-def query_range(rules: MaskRules, bounds: Bounds = DENSE_BOUNDS) -> list[str]:
-    """The queries that may see any of the simdgroup's keys key_first.. (the mirror of
-    key_range: key j is seen from query j - diagonal on). Reads key_first and the names in
-    `bounds`. Defines query_begin, query_end and, where needed, diagonal and key_last."""
+def query_range(rules: MaskRules, bounds: Bounds = DENSE_BOUNDS, first: str = "key_first",
+                last: str | None = None) -> list[str]:
+    """The queries that may see any of the keys `first`..`last` (default: the simdgroup's 8 keys
+    from key_first; the mirror of key_range: key j is seen from query j - diagonal on). Reads
+    `first` and the names in `bounds`. Defines query_begin, query_end and, where needed,
+    diagonal and key_last."""
     lines = ["", "// Queries that may see any of these keys: [query_begin, query_end). Blocks outside are skipped."]
     if rules.uses_diagonal:
         lines.append(bounds.diagonal + "  // key j lines up with query j - diagonal (lower right)")
     left, right = rules.window_sides
     if left is not None:
-        lines.append(f"const int key_last = int(min(key_first + 7, {bounds.k_end} - 1));")
+        lines.append(f"const int key_last = {last or f'int(min({first} + 7, {bounds.k_end} - 1))'};")
     begin = bounds._int(bounds.q_begin)
-    lines += [f"int query_begin = {begin};", f"int query_end = key_first < {bounds.k_end} ? int({bounds.q_end}) : {begin};"]
+    lines += [f"int query_begin = {begin};", f"int query_end = {first} < {bounds.k_end} ? int({bounds.q_end}) : {begin};"]
     if rules.causal == "lower_right":
-        lines.append("query_begin = max(query_begin, int(key_first) - diagonal);  // causal, lower right")
+        lines.append(f"query_begin = max(query_begin, int({first}) - diagonal);  // causal, lower right")
     elif rules.causal == "upper_left":
-        first = "int(key_first)" if bounds.origin is None else f"int(key_first) - {bounds.origin}"
-        lines.append(f"query_begin = max(query_begin, {first});  // causal, upper left")
+        seen = f"int({first})" if bounds.origin is None else f"int({first}) - {bounds.origin}"
+        lines.append(f"query_begin = max(query_begin, {seen});  // causal, upper left")
     if left is not None:
         lines.append(f"query_end = min(query_end, key_last - diagonal + {_plus_one(left)});  // window, left")
     if right is not None:
-        lines.append(f"query_begin = max(query_begin, int(key_first) - diagonal - {right});  // window, right")
+        lines.append(f"query_begin = max(query_begin, int({first}) - diagonal - {right});  // window, right")
     return lines
 
 
@@ -167,12 +170,14 @@ def mask_allows(rules: MaskRules, value: str) -> str:
     return f"{value} != 0" if rules.mask == "bool" else f"!(float({value}) <= {MASKED_BELOW})"
 
 
-def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[str], mask_at: str | None
-         ) -> list[str]:
+def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[str], mask_at: str | None,
+         skip_here: bool = True) -> list[str]:
     """s[j * 2 + e] = the additive term (log2 domain) of the lane's element (position
     `first` + j * 8 + tc + e), or MASKED where it is removed; `mask_at` is the element's
     mask value. With a mask, a block no lane may see is skipped (`continue`, taken by the
-    whole simdgroup alike). Reads tc, diagonal (when the rules use it). Defines s[2 * count]."""
+    whole simdgroup alike); without `skip_here`, the simdgroup's verdict is `block_seen` (a
+    uint) instead, for a kernel whose simdgroups skip together (staging.SkipVote). Reads tc,
+    diagonal (when the rules use it). Defines s[2 * count]."""
     body = [f"const int {position} = {first} + j * 8 + int(tc) + e;",
             f"bool allowed = {' && '.join(allowed)};"]
     value = "0.0f"
@@ -188,6 +193,9 @@ def bias(rules: MaskRules, count: int, position: str, first: str, allowed: list[
     if rules.mask != "none":
         lines += ["bool lane_sees_key = false;"]
         lines += loop(f"ushort i = 0; i < {2 * count}; ++i", ["lane_sees_key = lane_sees_key || s[i] != MASKED;"])
+        if not skip_here:
+            return lines + ["const uint block_seen = simd_max(uint(lane_sees_key));  // 0: the mask removes the "
+                            "block for these rows"]
         lines += ["if (simd_max(uint(lane_sees_key)) == 0u) {",
                   "  continue;  // the mask removes this whole block for these rows",
                   "}"]
@@ -213,20 +221,23 @@ def mask_of_query(rules: MaskRules, query: str) -> str:
     return f"mask_key[{offset(f'ulong({query})', rules.mask_layout.strides[2]) or '0'}]"
 
 
-def bias_over_keys(rules: MaskRules, count: int, end: str = "key_end", origin: str | None = None) -> list[str]:
+def bias_over_keys(rules: MaskRules, count: int, end: str = "key_end", origin: str | None = None,
+                   skip_here: bool = True) -> list[str]:
     """`bias` for a query row per lane and the keys kb.. (before `end`) as elements (forward,
     dQ). Reads row, kb, `end`, mask_row (and `origin`, Bounds.origin)."""
     at = None
     if rules.mask != "none":
         at = f"mask_row[{offset('ulong(min(key, int(C) - 1))', rules.mask_layout.strides[3]) or '0'}]"
-    return bias(rules, count, "key", "kb", allowed_terms(rules, "int(row)", "key", f"key < {end}", origin), at)
+    return bias(rules, count, "key", "kb", allowed_terms(rules, "int(row)", "key", f"key < {end}", origin), at,
+                skip_here)
 
 
-def bias_over_queries(rules: MaskRules, count: int, end: str = "query_end", origin: str | None = None) -> list[str]:
+def bias_over_queries(rules: MaskRules, count: int, end: str = "query_end", origin: str | None = None,
+                      skip_here: bool = True) -> list[str]:
     """`bias` for a key row per lane and the queries qb.. (before `end`) as elements (dK/dV).
     Reads key_row, qb, `end`, mask_key (and `origin`, Bounds.origin)."""
     at = None
     if rules.mask != "none":
         at = mask_of_query(rules, "min(query, int(R) - 1)")
     return bias(rules, count, "query", "qb",
-                allowed_terms(rules, "query", "int(key_row)", f"query < {end}", origin), at)
+                allowed_terms(rules, "query", "int(key_row)", f"query < {end}", origin), at, skip_here)

@@ -49,11 +49,31 @@ def staged_width(p, family: str, shared_kv: bool = False) -> int:
     return p.head_dim + p.value_dim
 
 
-def stage_rows(p, family: str, width: int) -> int:
-    """Rows staged per step: the table's key block, fewer when rows of `width` features (K's and
-    V's together) would not fit STAGE_BYTES; a multiple of 8."""
+def stage_rows(p, width: int, block: int) -> int:
+    """Rows staged per step: `block` (a table's key or query block), fewer when rows of `width`
+    features (K's and V's together) would not fit STAGE_BYTES; a multiple of 8, at least 8 (a
+    row too wide for 8 declares more than it may, and its launch says so)."""
     fits = STAGE_BYTES // (width * ITEM_BYTES[p.dtype]) // 8 * 8
-    return max(8, min(tile_row(family, max(p.head_dim, p.value_dim)).key_block, fits))
+    return max(8, min(block, fits))
+
+
+def stages_blocks(p, asked: bool, rows: int) -> bool:
+    """Whether a per-head kernel whose threadgroups hold `rows` rows stages the blocks it walks
+    (tile_row stage_kv, backward stage_kv / stage_q_dout: `asked`): when more than one
+    simdgroup shares them and the key-visit facet walks the same blocks for all of them."""
+    return asked and rows > 8 and p.keys.uniform_walk
+
+
+def threadgroup_span(first: str, rows: int, end: str, staged: bool) -> dict[str, str]:
+    """key_range's (or query_range's) `first` and `last` for a `staged` threadgroup of `rows` rows
+    whose simdgroup s holds the 8 rows from `first` (q_first, key_first) = the threadgroup's first
+    + 8 s: the whole threadgroup's rows, the last clamped below `end`, so every simdgroup visits
+    the same blocks (and reaches the same barriers); unstaged, none (each its own 8 rows).
+    Reads simd_index."""
+    if not staged:
+        return {}
+    start = f"({first} - simd_index * 8)"
+    return {"first": start, "last": f"int(min({start} + {rows - 1}, {end} - 1))"}
 
 
 def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str], first: str | None = None) -> list[str]:
@@ -110,8 +130,16 @@ class PerHead:
         return shrunk(tile_row(family, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
 
     @staticmethod
+    def stages(p, family: str) -> bool:
+        """Whether the forward kernel stages its key blocks (stages_blocks)."""
+        return stages_blocks(p, tile_row(family, max(p.head_dim, p.value_dim)).stage_kv,
+                             PerHead.query_rows(p, family))
+
+    @staticmethod
     def key_block(p, family: str) -> int:
-        return tile_row(family, max(p.head_dim, p.value_dim)).key_block
+        """The table's key block; staged, as many of its rows as the stage holds (stage_rows)."""
+        block = tile_row(family, max(p.head_dim, p.value_dim)).key_block
+        return stage_rows(p, staged_width(p, family), block) if PerHead.stages(p, family) else block
 
     @staticmethod
     def backward_query_rows(p, family: str) -> int:
@@ -168,7 +196,7 @@ class PackedHeads:
     @staticmethod
     def key_block(p, family: str) -> int:
         """The staged rows: K's and V's."""
-        return stage_rows(p, family, staged_width(p, family))
+        return stage_rows(p, staged_width(p, family), tile_row(family, max(p.head_dim, p.value_dim)).key_block)
 
     @staticmethod
     def threadgroups_expression(p, family: str) -> str:

@@ -222,6 +222,7 @@ class SequenceRanges:
 
     split_length = None   # no split-KV: a decode batch is many sequences, each a unit of work
     batched = False    # q, k, v, the outputs and lse have no batch axis
+    uniform_walk = False   # a threadgroup's simdgroups may hold units of different sequences
 
     def packs(self, p) -> bool:
         return self.max_queries is not None and packs_plain_heads(p.gqa_ratio, max(self.max_queries, 1))

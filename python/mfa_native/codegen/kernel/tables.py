@@ -31,6 +31,11 @@ A row applies to problems whose larger head dimension, max(D, Dv), is at most
               P and dS stay float32 (no rounding of probabilities to 16 bits). The
               accumulators, S, dP and the softmax are float32 always. No effect on
               float32 inputs.
+- stage_kv:   the per-head kernels' simdgroups share each key block through threadgroup
+              memory (MFA's preferAsyncLoad): the threadgroup loads its K and V rows once,
+              cooperatively, between two barriers (storage/staging.py, as packed heads always
+              do; stage_apart applies; the block shrinks to fit 24 KiB), walking its rows' keys
+              together; only for several simdgroups walking the same keys (dense, KV cache).
 
 The values start from the shape of metal-flash-attention's published tuning
 (small threadgroups and long key blocks on GPUs with dynamic register caching,
@@ -69,6 +74,7 @@ class TileRow:
     stage_apart: bool
     o_block: int
     tiles16: bool
+    stage_kv: bool
 
 
 @dataclass(frozen=True)
@@ -86,24 +92,26 @@ class BackwardTileRow:
     dk_block: int      # dK, the same
     dv_block: int      # dV, the same
     tiles16: bool      # 16-bit operand tiles for 16-bit inputs (see TileRow)
+    stage_kv: bool     # dQ kernel: each K/V block staged in threadgroup memory (see TileRow)
+    stage_q_dout: bool  # dK/dV kernel: each Q/dO block staged, the same
 
 
 _TABLES_TEXT = {
     # M1 and M2 generations: no dynamic caching, registers are the limit.
     "apple7": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16
-               64           32          64       yes       no          0      yes
-              128           32          32       yes       no          0      yes
-              256           16          32       no        no          0      yes
-              576            8          16       no        yes        64      yes
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  stage_kv
+               64           32          64       yes       no          0      yes      yes
+              128           32          32       yes       no          0      yes      yes
+              256           16          32       no        no          0      yes      yes
+              576            8          16       no        yes        64      yes      no
     """,
     # M3, M4 and later: dynamic caching makes long key blocks affordable.
     "apple9": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16
-               96           16         128       yes       no          0      yes
-              160           16          64       yes       no          0      yes
-              256           16          64       no        no          0      yes
-              576            8          32       no        yes        64      yes
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  stage_kv
+               96           16         128       yes       no          0      yes      no
+              160           16          64       yes       no          0      yes      no
+              256           16          64       no        no          0      yes      no
+              576            8          32       no        yes        64      yes      no
     """,
 }
 
@@ -112,21 +120,24 @@ _TABLES_TEXT = {
 # shorter blocks. Starting values, not yet tuned on hardware.
 _BACKWARD_TABLES_TEXT = {
     "apple7": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16
-                  64          32         32        32           32      yes         yes      yes      yes         0         0         0      yes
-                 128          16         32        16           32      yes         yes      yes      yes         0         0         0      yes
-                 256          16         32        16           32       no          no       no       no         0         0         0      yes
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  stage_kv  stage_q_dout
+                  64          32         32        32           32      yes         yes      yes      yes         0         0         0      yes       yes        yes
+                 128          16         32        16           32      yes         yes      yes      yes         0         0         0      yes       yes        yes
+                 256          16         32        16           32       no          no       no       no         0         0         0      yes       yes        yes
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes        no         no
     """,
     "apple9": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16
-                  96          16         64        16           64      yes         yes      yes      yes         0         0         0      yes
-                 160          16         32        16           32      yes         yes      yes      yes         0         0         0      yes
-                 256          16         32        16           32       no          no       no       no         0         0         0      yes
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  stage_kv  stage_q_dout
+                  96          16         64        16           64      yes         yes      yes      yes         0         0         0      yes        no         no
+                 160          16         32        16           32      yes         yes      yes      yes         0         0         0      yes        no         no
+                 256          16         32        16           32       no          no       no       no         0         0         0      yes        no         no
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes        no         no
     """,
 }
 
+# stage_kv / stage_q_dout "yes" on apple7/8 for several simdgroups, "no" on apple9: MFA shares
+# reads among threads through threadgroup memory (preferAsyncLoad) unless the GPU is Apple9+
+# (preferAsyncCache: per-lane reads; AttentionKernel*.swift, GEMMKernelDescriptor).
 # tiles16 "yes" everywhere: MFA gives 16-bit inputs 16-bit operand registers at every head
 # dimension (metal-flash-attention, Sources/FlashAttention/Attention/AttentionDescriptor/
 # AttentionDescriptor+Precisions.swift, registerPrecisions(): Q, K, V FP16; dO BF16 only

@@ -76,6 +76,7 @@ class BlockLists:
 
     split_length = None   # no split-KV: the lists decide each row's keys
     batched = True
+    uniform_walk = False   # a threadgroup's simdgroups may read different lists (no staging)
 
     def __post_init__(self) -> None:
         for name in ("q_block", "k_block"):

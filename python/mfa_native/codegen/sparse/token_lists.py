@@ -16,6 +16,7 @@ from typing import Callable
 from ..attention.keys import Steps
 from ..attention.rows import stage_rows, staged_width
 from ..kernel.layouts import OperandLayout, operand_layout
+from ..kernel.tables import tile_row
 from ..kernel.sizes import Extent
 from . import token_backward, token_dkdv, token_forward
 
@@ -43,7 +44,8 @@ class TokenRows:
     @staticmethod
     def key_block(p, family: str) -> int:
         """Listed rows staged per step: K's and V's, or K's alone when V is a view of K."""
-        return stage_rows(p, family, staged_width(p, family, p.keys.shared_kv))
+        return stage_rows(p, staged_width(p, family, p.keys.shared_kv),
+                          tile_row(family, max(p.head_dim, p.value_dim)).key_block)
 
     @staticmethod
     def backward_query_rows(p, family: str) -> int:
@@ -76,6 +78,7 @@ class TokenLists:
 
     split_length = None   # no split-KV: one threadgroup walks a row's list
     batched = True
+    uniform_walk = False   # its own kernels, which always stage (tile_row stage_kv does not apply)
 
     def sizes(self, p) -> dict[str, int]:
         return {"T": self.topk}
