@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -133,18 +134,21 @@ def test_tile_tables_are_readable_rows_per_head_dimension():
         assert rows[-1].max_head_dim == codegen.MAX_HEAD_DIM
         for row in rows:
             assert row.query_rows % 8 == 0 and row.key_block % 8 == 0
-    assert tile_row("apple9", 64) == TABLES["apple9"][0]
-    assert tile_row("apple8", 100) == tile_row("apple7", 100)  # families share tables
+    assert tile_row("apple9", "float32", 8) == TABLES[("apple9", "float32")][0]
+    assert tile_row("apple9", "bfloat16", 64) == tile_row("apple9", "float16", 64) == TABLES[("apple9", "16-bit")][0]
+    assert tile_row("apple8", "float16", 100) == tile_row("apple7", "float16", 100)  # families share tables
     with pytest.raises(ValueError, match="unknown GPU family"):
-        tile_row("apple1", 64)
+        tile_row("apple1", "float32", 64)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        tile_row("apple9", "int8", 64)
     with pytest.raises(ValueError, match="577"):
         describe(small(head_dim=577))
 
 
 def test_descriptor_tiles_follow_the_table_and_shrink_for_decode():
-    for family in codegen.FAMILIES:
-        row = tile_row(family, 128)
-        descriptor = describe(small(head_dim=128, value_dim=96, q_len=4096), family=family)
+    for family, dtype in itertools.product(codegen.FAMILIES, ("float32", "float16", "bfloat16")):
+        row = tile_row(family, dtype, 128)
+        descriptor = describe(small(head_dim=128, value_dim=96, q_len=4096, dtype=dtype), family=family)
         assert (descriptor.query_rows, descriptor.key_block, descriptor.cache_q) == \
             (row.query_rows, row.key_block, row.cache_q)
     decode = attention_kernel(small(q_len=1, kv_len=5000))

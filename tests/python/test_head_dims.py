@@ -216,7 +216,8 @@ def test_kernels_up_to_256_keep_their_tiles():
     from mfa_native.codegen.kernel.tables import tile_row
 
     for family in ("apple7", "apple9"):
-        assert not tile_row(family, 256).stage_apart and tile_row(family, 257).stage_apart
+        for dtype in ("float32", "float16"):
+            assert not tile_row(family, dtype, 256).stage_apart and tile_row(family, dtype, 257).stage_apart
 
 
 BLOCK_SPARSE = [

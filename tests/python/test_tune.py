@@ -6,6 +6,7 @@ damaged one ignored with a warning."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass, fields, replace
 
@@ -80,6 +81,10 @@ def test_the_checked_space_covers_every_value_dtype_head_dim_and_caching_pair(sp
         assert {(getattr(r, a), getattr(r, b)) for r in rows} == set(itertools.product(domains[a], domains[b]))
     problems = [problem for problem, _ in space]
     assert {p.dtype for p in problems} == {"float32", "float16", "bfloat16"}
+    # The 16-bit columns meet every dtype both ways (p16: rounded P and dS, or float ones).
+    for column in ("tiles16", "p16"):
+        assert {(p.dtype, getattr(row, column)) for p, row in space} == \
+            set(itertools.product(("float32", "float16", "bfloat16"), (True, False)))
     assert {(p.head_dim, p.value_dim) for p in problems} == set(sweep.CHECK_HEAD_DIMS)
 
 
@@ -105,15 +110,17 @@ def _forward_threadgroups(rng, R=40):
 
 def _tuned_row():
     """A row for the first forward range that differs from the built-in one in its query rows."""
-    built_in = tables.built_in_row("forward", FAMILY, 32)
+    built_in = tables.built_in_row("forward", FAMILY, "float32", 32)
     return replace(built_in, query_rows=8, key_block=16, cache_q=not built_in.cache_q, stage_apart=False, o_block=32)
 
 
 def test_a_written_table_is_read_back_and_used(tuning_dir, rng):
     built_in_groups = _forward_threadgroups(rng)
-    path = tuned.write(FAMILY, "test device", {"forward": [_tuned_row()]})
+    path = tuned.write(FAMILY, "test device", {"forward": {"float32": [_tuned_row()]}})
     assert path.parent == tuning_dir and tuned.source(FAMILY) == str(path)
-    assert tables.tile_row(FAMILY, 32) == _tuned_row()
+    assert tables.tile_row(FAMILY, "float32", 32) == _tuned_row()
+    # Keyed by dtype: the float16 row of the same head dimension is still the built-in one.
+    assert tables.tile_row(FAMILY, "float16", 32) == tables.built_in_row("forward", FAMILY, "float16", 32)
     problem = codegen.AttentionProblem(1, 2, 2, 40, 50, 32, 32, dtype="float32")
     source = codegen.attention_pass(problem, family=FAMILY).kernels[0].source
     assert "O paged through threadgroup memory 32 features at a time" in source
@@ -121,21 +128,32 @@ def test_a_written_table_is_read_back_and_used(tuning_dir, rng):
 
 
 def test_tuning_off_ignores_the_table(tuning_dir, rng, monkeypatch):
-    tuned.write(FAMILY, "test device", {"forward": [_tuned_row()]})
+    tuned.write(FAMILY, "test device", {"forward": {"float32": [_tuned_row()]}})
     monkeypatch.setenv(tuned.ENV, "off")
     tuned.forget()
     assert tuned.source(FAMILY) == "built-in"
-    assert tables.tile_row(FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)
-    assert _forward_threadgroups(rng) == 2 * math.ceil(40 / tables.built_in_row("forward", FAMILY, 32).query_rows)
+    built_in = tables.built_in_row("forward", FAMILY, "float32", 32)
+    assert tables.tile_row(FAMILY, "float32", 32) == built_in
+    assert _forward_threadgroups(rng) == 2 * math.ceil(40 / built_in.query_rows)
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"format": 1, "family": "%s", "forward": [{"query_rows": 8}]}',
+@pytest.mark.parametrize("text", ["{not json", '{"format": 2, "family": "%s", "forward": {"float32": [{"query_rows": 8}]}}',
+                                  '{"format": 2, "family": "%s", "forward": [{"query_rows": 8}]}',
                                   '{"format": 99, "family": "%s"}'])
 def test_a_damaged_table_is_ignored_with_a_warning(tuning_dir, rng, text):
     (tuning_dir / f"{FAMILY}.json").write_text(text.replace("%s", FAMILY) if "%s" in text else text)
     with pytest.warns(UserWarning, match="damaged tuned table"):
-        row = tables.tile_row(FAMILY, 32)
-    assert row == tables.built_in_row("forward", FAMILY, 32)
+        row = tables.tile_row(FAMILY, "float32", 32)
+    assert row == tables.built_in_row("forward", FAMILY, "float32", 32)
+
+
+def test_a_table_of_the_old_format_is_ignored_with_a_warning(tuning_dir):
+    """Format 1 rows were per direction only; they are not guessed onto a dtype."""
+    old = {"format": 1, "family": FAMILY, "device": "test device", "forward": [vars(_tuned_row())]}
+    (tuning_dir / f"{FAMILY}.json").write_text(json.dumps(old))
+    with pytest.warns(UserWarning, match="format 1 is older than 2.*not keyed by dtype"):
+        row = tables.tile_row(FAMILY, "float32", 32)
+    assert row == tables.built_in_row("forward", FAMILY, "float32", 32) != _tuned_row()
 
 
 def test_tune_on_the_cpu_backend_refuses_to_time_and_writes_nothing(tuning_dir, capsys):
@@ -147,20 +165,21 @@ def test_tune_on_the_cpu_backend_refuses_to_time_and_writes_nothing(tuning_dir, 
 def test_info_shows_the_table_in_use(tuning_dir, capsys):
     main(["info"])
     assert "tile table: built-in" in capsys.readouterr().out
-    path = tuned.write(FAMILY, "test device", {"forward": [_tuned_row()]})
+    path = tuned.write(FAMILY, "test device", {"forward": {"float32": [_tuned_row()]}})
     main(["info"])
     assert f"tile table: {path}" in capsys.readouterr().out
 
 
 def test_the_timing_sweep_picks_a_checked_row_per_range_and_its_table_is_used(tuning_dir, rng):
     """sweep.tune on the cpu backend (the CLI refuses to write cpu times; the sweep is the same
-    on Metal): one winner per (direction, range), written and then returned by the lookup."""
+    on Metal): one winner per (direction, dtype, range), written and then returned by the lookup."""
     chosen = [TuningProblem("forward", "float16", 16, 16, q_len=24, kv_len=24),
               TuningProblem("forward", "float32", 24, 20, q_len=24, kv_len=24)]
     winners = sweep.tune(chosen, CPU, rng, repeats=1, report=lambda *a: None)
-    assert len(winners) == 1 and winners[0].seconds > 0 and winners[0].built_in_seconds is not None
-    winner = winners[0].row
-    assert winner.max_head_dim == tables.built_in_row("forward", FAMILY, 24).max_head_dim
+    assert sorted(w.dtype for w in winners) == ["float16", "float32"]
     tuned.write(FAMILY, CPU.name, sweep.rows_by_direction(winners))
-    assert tables.tile_row(FAMILY, 24) == winner
-    assert "forward   <= " in sweep.winners_table(winners)
+    for winner, problem in zip(sorted(winners, key=lambda w: w.dtype), chosen):
+        assert winner.seconds > 0 and winner.built_in_seconds is not None
+        assert winner.row.max_head_dim == tables.built_in_row("forward", FAMILY, winner.dtype, 24).max_head_dim
+        assert tables.tile_row(FAMILY, winner.dtype, problem.head_dim) == winner.row
+    assert "forward   float16  <= " in sweep.winners_table(winners)

@@ -74,61 +74,63 @@ def check(space, device: Device, rng: np.random.Generator, report: Callable = pr
 
 @dataclass(frozen=True)
 class Winner:
-    """A group's (direction, range) fastest right row, its summed best times, and the built-in's."""
+    """A group's (direction, dtype, range) fastest right row, its summed best times, and the built-in's."""
 
     direction: str
+    dtype: str
     row: object
     seconds: float
     built_in_seconds: float | None
 
 
-def _candidates(direction: str, range_end: int, family: str) -> list:
+def _candidates(direction: str, dtype: str, range_end: int, family: str) -> list:
     row_type = DIRECTION_ROWS[direction]
-    built_in = built_in_row(direction, family, range_end)
+    built_in = built_in_row(direction, family, dtype, range_end)
     rows = [built_in] + [row_type(max_head_dim=range_end, **design) for design in covering(columns(row_type))]
     return list(dict.fromkeys(rows))
 
 
 def tune(problems: list[TuningProblem], device: Device, rng: np.random.Generator, repeats: int = 5,
          report: Callable = progress) -> list[Winner]:
-    """Time every candidate of each (direction, range) group on the group's problems."""
+    """Time every candidate of each (direction, dtype, range) group on the group's problems."""
     family = tuning_facts(device).family
-    groups: dict[tuple[str, int], list[TuningProblem]] = defaultdict(list)
+    groups: dict[tuple[str, str, int], list[TuningProblem]] = defaultdict(list)
     for problem in problems:
-        groups[(problem.direction, trial.range_end(problem, family))].append(problem)
+        groups[(problem.direction, problem.dtype, trial.range_end(problem, family))].append(problem)
     work = [(key, row) for key in groups for row in _candidates(*key, family)]
-    totals: dict[tuple[str, int], dict] = defaultdict(dict)
-    for index, ((direction, end), row) in enumerate(work):
-        report(index, len(work), f"{direction} <= {end}: {row}")
-        group = groups[(direction, end)]
+    totals: dict[tuple[str, str, int], dict] = defaultdict(dict)
+    for index, ((direction, dtype, end), row) in enumerate(work):
+        report(index, len(work), f"{direction} {dtype} <= {end}: {row}")
+        group = groups[(direction, dtype, end)]
         if not all(trial.fits(p, row, device) for p in group):
             continue
         outcomes = [trial.run(p, row, device, rng, repeats) for p in group]
         if all(o.passed for o in outcomes):
-            totals[(direction, end)][row] = sum(o.seconds for o in outcomes)
+            totals[(direction, dtype, end)][row] = sum(o.seconds for o in outcomes)
     report(len(work), len(work), "timed")
     winners = []
-    for (direction, end), timed in totals.items():
+    for (direction, dtype, end), timed in totals.items():
         best = min(timed, key=timed.get)
-        winners.append(Winner(direction, best, timed[best], timed.get(built_in_row(direction, family, end))))
+        built_in = timed.get(built_in_row(direction, family, dtype, end))
+        winners.append(Winner(direction, dtype, best, timed[best], built_in))
     return winners
 
 
-def rows_by_direction(winners: list[Winner]) -> dict[str, list]:
-    """The winners as table rows per direction, in range order."""
-    rows: dict[str, list] = defaultdict(list)
+def rows_by_direction(winners: list[Winner]) -> dict[str, dict[str, list]]:
+    """The winners as table rows per direction and dtype, in range order (tuned.write's form)."""
+    rows: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for winner in sorted(winners, key=lambda w: w.row.max_head_dim):
-        rows[winner.direction].append(winner.row)
-    return dict(rows)
+        rows[winner.direction][winner.dtype].append(winner.row)
+    return {direction: dict(by_dtype) for direction, by_dtype in rows.items()}
 
 
 def winners_table(winners: list[Winner]) -> str:
-    """One line per winner: direction, range, its columns, its time and the built-in row's."""
+    """One line per winner: direction, dtype, range, its columns, its time and the built-in row's."""
     lines = []
-    for w in sorted(winners, key=lambda w: (w.direction, w.row.max_head_dim)):
+    for w in sorted(winners, key=lambda w: (w.direction, w.dtype, w.row.max_head_dim)):
         values = ", ".join(f"{k}={v}" for k, v in vars(w.row).items() if k != "max_head_dim")
         built = f"{w.built_in_seconds * 1e3:.3f} ms" if w.built_in_seconds is not None else "did not fit or pass"
-        lines.append(f"{w.direction:<9} <= {w.row.max_head_dim:<4} {w.seconds * 1e3:9.3f} ms "
+        lines.append(f"{w.direction:<9} {w.dtype:<8} <= {w.row.max_head_dim:<4} {w.seconds * 1e3:9.3f} ms "
                      f"(built-in {built})  {values}")
     return "\n".join(lines)
 

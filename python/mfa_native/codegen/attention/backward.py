@@ -107,6 +107,9 @@ def _summary(d: BackwardDescriptor, kernel: str) -> list[str]:
                 + "".join(f", {name} paged {block} features at a time"
                           for name, block in (("dK", d.dk_block), ("dV", d.dv_block)) if block))
     tile += f", {d.tile_type} operand tiles" if d.tile_type != "float" else ""
+    if d.weight_tile_type != "float":
+        rounded = "P and dS" if kernel == DKDV_KERNEL_NAME else "dS"
+        tile += f", {rounded} rounded to {d.weight_tile_type} for the accumulated products"
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
             f"{d.rules.describe()}, sinks {'yes' if d.sinks else 'no'}",
             f"tiles ({d.family}): {tile}"]
@@ -178,7 +181,7 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
     body += gradient_of_scores(count, "delta_row")
     body += ["", "// dQ += dS K."]
     body += _accumulators(d)["dq"].blocks(lambda features: accumulate(
-        "dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
+        "dq_tile", weights="dp_tile", count=count, rhs=x["k"].loading(d.weight_tile_type), rhs_tile="k_tile",
         rhs_comment="rows are keys, columns are head dims", position="key", first="kb", positions=Positions(end),
         features=features))
     return block_loop("kb", begin, end, d.key_block, body)
@@ -244,7 +247,7 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
     body += ["", "// dV += P^T dO."]
     body += _accumulators(d)["dv"].blocks(lambda features: accumulate(
-        "dv_tile", weights="p_tile", count=count, rhs=x["dout"], rhs_tile="dout_tile",
+        "dv_tile", weights="p_tile", count=count, rhs=x["dout"].loading(d.weight_tile_type), rhs_tile="dout_tile",
         rhs_comment="rows are queries, columns are value dims", position="query", first="qb",
         positions=Positions(end), features=features))
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
@@ -254,7 +257,7 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
     body += gradient_of_scores(count, "delta_q[j * 2 + e]")
     body += ["", "// dK += dS^T Q."]
     body += _accumulators(d)["dk"].blocks(lambda features: accumulate(
-        "dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
+        "dk_tile", weights="dp_tile", count=count, rhs=x["q"].loading(d.weight_tile_type), rhs_tile="q_tile",
         rhs_comment="rows are queries, columns are head dims", position="query", first="qb",
         positions=Positions(end), features=features))
     return block_loop("qb", begin, end, d.query_block, body)

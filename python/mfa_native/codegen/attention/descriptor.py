@@ -88,6 +88,7 @@ class KernelDescriptor(AttentionFacts):
     rows: object            # the rows facet (attention/rows.py)
     o_block: int = 0        # 0: O in registers; else paged, this many features at a time (tables.py)
     tile_type: str = "float"  # element type of the operand tiles Q, K (tables.py, tiles16)
+    weight_tile_type: str = "float"  # of P and V in O += P V (tables.py, p16)
 
     @property
     def simdgroups(self) -> int:
@@ -116,6 +117,7 @@ class BackwardDescriptor(AttentionFacts):
     dk_block: int = 0
     dv_block: int = 0
     tile_type: str = "float"  # element type of the operand tiles Q, K, V, dO (tables.py, tiles16)
+    weight_tile_type: str = "float"  # of P, dS and K, dO, Q in dQ += dS K, dV += P^T dO, dK += dS^T Q (p16)
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -224,11 +226,12 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     p = problem
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     rows = p.rows if rows is None else rows
-    row = tile_row(family, max(p.head_dim, p.value_dim))
+    row = tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
                             query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
                             cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block,
-                            tile_type=operand_tile_type(p.dtype, family, row.tiles16))
+                            tile_type=operand_tile_type(p.dtype, family, row.tiles16),
+                            weight_tile_type=operand_tile_type(p.dtype, family, row.p16))
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
@@ -236,7 +239,7 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
     """The descriptor of the backward kernels of `problem`, tiles from `family`'s backward table."""
     p = problem.forward
     facts, layouts = _facts(p, family, backward_sizes(problem), bake_lengths)
-    row = backward_tile_row(family, max(p.head_dim, p.value_dim))
+    row = backward_tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
     return BackwardDescriptor(
         **facts,
         o=layouts.of("o", problem.o_strides, "o"),
@@ -257,4 +260,5 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         dk_block=row.dk_block,
         dv_block=row.dv_block,
         tile_type=operand_tile_type(p.dtype, family, row.tiles16),
+        weight_tile_type=operand_tile_type(p.dtype, family, row.p16),
     )

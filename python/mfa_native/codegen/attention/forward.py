@@ -142,7 +142,7 @@ def _staged(d: KernelDescriptor) -> list[StagedTensor]:
     """With packed heads, the stage holds the step's K and V rows (quantized ones decoded),
     at once or, at large head dimension, in turn (stage_apart)."""
     tensors = [StagedTensor("k", d.head_dim, d.k, d.k_storage), StagedTensor("v", d.value_dim, d.v, d.v_storage)]
-    return staging.apart(tensors) if stages_apart(d.family, d.head_dim, d.value_dim) else tensors
+    return staging.apart(tensors) if stages_apart(d.family, d.dtype, d.head_dim, d.value_dim) else tensors
 
 
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
@@ -150,8 +150,9 @@ def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
     if d.rows.packed:
         k, v = _staged(d)
         return {"q": q, "k": HeadTensor(k.stage, Extent(d.head_dim), d.head_dim, d.tile_type),
-                "v": HeadTensor(v.stage, Extent(d.value_dim), d.value_dim)}
-    return {"q": q, "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type), "v": HeadTensor.of("v", d.v, d.value_dim)}
+                "v": HeadTensor(v.stage, Extent(d.value_dim), d.value_dim, d.weight_tile_type)}
+    return {"q": q, "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type),
+            "v": HeadTensor.of("v", d.v, d.value_dim, d.weight_tile_type)}
 
 
 def _kv_pointers(d: KernelDescriptor) -> list[str]:
@@ -208,7 +209,8 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
             f"tiles ({d.family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
             f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
             + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")
-            + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" else "")]
+            + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" else "")
+            + (f", P and V as {d.weight_tile_type} tiles in O += P V" if d.weight_tile_type != "float" else "")]
 
 
 def _kernel(d: KernelDescriptor, finish) -> KernelSource:

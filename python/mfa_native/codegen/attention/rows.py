@@ -34,9 +34,9 @@ def shrunk_guards(length: str, rows: int, table: int) -> tuple[str, ...]:
     return ((f"{length} > {rows // 2}",) if rows > 8 else ()) + ((f"{length} <= {rows}",) if rows < table else ())
 
 
-def stages_apart(family: str, head_dim: int, value_dim: int) -> bool:
+def stages_apart(family: str, dtype: str, head_dim: int, value_dim: int) -> bool:
     """Whether staged K and V rows take turns in one buffer (the tile table's stage_apart)."""
-    return tile_row(family, max(head_dim, value_dim)).stage_apart
+    return tile_row(family, dtype, max(head_dim, value_dim)).stage_apart
 
 
 def staged_width(p, family: str, shared_kv: bool = False) -> int:
@@ -44,7 +44,7 @@ def staged_width(p, family: str, shared_kv: bool = False) -> int:
     wider of K and V when they take turns, else K's and V's together."""
     if shared_kv:
         return p.head_dim
-    if stages_apart(family, p.head_dim, p.value_dim):
+    if stages_apart(family, p.dtype, p.head_dim, p.value_dim):
         return max(p.head_dim, p.value_dim)
     return p.head_dim + p.value_dim
 
@@ -53,7 +53,7 @@ def stage_rows(p, family: str, width: int) -> int:
     """Rows staged per step: the table's key block, fewer when rows of `width` features (K's and
     V's together) would not fit STAGE_BYTES; a multiple of 8."""
     fits = STAGE_BYTES // (width * ITEM_BYTES[p.dtype]) // 8 * 8
-    return max(8, min(tile_row(family, max(p.head_dim, p.value_dim)).key_block, fits))
+    return max(8, min(tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block, fits))
 
 
 def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str], first: str | None = None) -> list[str]:
@@ -107,16 +107,16 @@ class PerHead:
     @staticmethod
     def query_rows(p, family: str) -> int:
         """The table's count, or fewer when the queries cannot fill it (decode)."""
-        return shrunk(tile_row(family, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
+        return shrunk(tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
 
     @staticmethod
     def key_block(p, family: str) -> int:
-        return tile_row(family, max(p.head_dim, p.value_dim)).key_block
+        return tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block
 
     @staticmethod
     def backward_query_rows(p, family: str) -> int:
         """The dQ kernel's rows: its table's count, or fewer for few queries."""
-        return shrunk(backward_tile_row(family, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
+        return shrunk(backward_tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
 
     @staticmethod
     def threadgroups_expression(p, family: str) -> str:
@@ -128,11 +128,11 @@ class PerHead:
         where the PACKING table declines to pack."""
         declined = (f"!({packing_condition(p.gqa_ratio)})",) if self.declined and p.gqa_ratio > 1 else ()
         return shrunk_guards("R", PerHead.query_rows(p, family),
-                             tile_row(family, max(p.head_dim, p.value_dim)).query_rows) + declined
+                             tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).query_rows) + declined
 
     @staticmethod
     def backward_guards(p, family: str) -> tuple[str, ...]:
-        row = backward_tile_row(family, max(p.head_dim, p.value_dim))
+        row = backward_tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
         return (shrunk_guards("R", PerHead.backward_query_rows(p, family), row.query_rows)
                 + shrunk_guards("C", shrunk(row.key_rows, p.kv_len), row.key_rows))
 

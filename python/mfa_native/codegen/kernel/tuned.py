@@ -4,10 +4,11 @@ tables.tile_row and tables.backward_tile_row consult before their built-in rows.
 Where: MFA_NATIVE_TUNING unset: `<cache>/tuning/<family>.json` (cache: MFA_NATIVE_CACHE_DIR,
 else $XDG_CACHE_HOME/mfa_native, else ~/.cache/mfa_native; ~/Library/Caches/mfa_native on
 macOS); `off`: no tuned table, the built-in rows; any other value: a directory holding the
-`<family>.json` files. A file holds, per direction ("forward", "backward"), rows with every
-column of the direction's row type; a tuned row replaces the built-in row with the same
-max_head_dim (the range it was tuned for). A damaged file is ignored with a warning (the
-built-in rows apply; `tune` rewrites it).
+`<family>.json` files. A file holds, per direction ("forward", "backward") and input dtype
+("float32", "float16", "bfloat16"), rows with every column of the direction's row type; a
+tuned row replaces the built-in row of its dtype's table with the same max_head_dim (the range
+it was tuned for). A damaged file, or one of an older format (format 1 rows were not keyed by
+dtype), is ignored with a warning (the built-in rows apply; `tune` rewrites it).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 ENV = "MFA_NATIVE_TUNING"
-FORMAT = 1
+FORMAT = 2   # 2: rows keyed by direction, then dtype
 DIRECTIONS = ("forward", "backward")
 
-_loaded: dict[str, dict[str, list[dict]] | None] = {}   # family -> its file's rows by direction (None: no file)
+_loaded: dict[str, dict[str, dict[str, list[dict]]] | None] = {}   # family -> its rows by direction, dtype (None: none)
 _generation = [0]
 
 
@@ -65,16 +66,22 @@ def forget() -> None:
     _generation[0] += 1
 
 
-def _read(family: str) -> dict[str, list[dict]] | None:
+def _read(family: str) -> dict[str, dict[str, list[dict]]] | None:
     path = table_path(family)
     if path is None or not path.exists():
         return None
     try:
         table = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(table.get("format"), int) and table["format"] < FORMAT:
+            warnings.warn(f"ignoring the tuned table {path}: format {table['format']} is older than {FORMAT} "
+                          "(its rows are not keyed by dtype); the built-in rows apply until `tune` rewrites it",
+                          stacklevel=4)
+            return None
         if table.get("format") != FORMAT or table.get("family") != family:
             raise ValueError(f"format {table.get('format')!r} / family {table.get('family')!r}, "
                              f"expected {FORMAT} / {family!r}")
-        return {direction: list(table.get(direction, [])) for direction in DIRECTIONS}
+        return {direction: {dtype: list(rows) for dtype, rows in table.get(direction, {}).items()}
+                for direction in DIRECTIONS}
     except (OSError, ValueError, AttributeError, TypeError) as error:
         warnings.warn(f"ignoring the damaged tuned table {path} ({error}); the built-in rows apply", stacklevel=4)
         return None
@@ -87,15 +94,16 @@ def _typed(entry: dict, row_type):
     return row_type(**entry)
 
 
-def tuned_row(family: str, direction: str, max_head_dim: int, row_type):
-    """The tuned `row_type` row for the built-in range ending at `max_head_dim`, or None."""
+def tuned_row(family: str, direction: str, dtype: str, max_head_dim: int, row_type):
+    """The tuned `row_type` row for `dtype` inputs and the built-in range ending at
+    `max_head_dim`, or None."""
     if family not in _loaded:
         _loaded[family] = _read(family)
     table = _loaded[family]
     if table is None:
         return None
     try:
-        rows = [_typed(entry, row_type) for entry in table[direction]]
+        rows = [_typed(entry, row_type) for entry in table[direction].get(dtype, [])]
     except (ValueError, TypeError) as error:
         warnings.warn(f"ignoring the damaged tuned table {table_path(family)} ({error}); "
                       "the built-in rows apply", stacklevel=3)
@@ -111,15 +119,16 @@ def source(family: str) -> str:
     return "built-in" if _loaded[family] is None else str(table_path(family))
 
 
-def write(family: str, device: str, rows: dict[str, list]) -> Path:
-    """Write `family`'s tuned table (rows: direction -> row dataclasses) where lookups read it,
-    and make later lookups use it. Raises ValueError when tuning is off."""
+def write(family: str, device: str, rows: dict[str, dict[str, list]]) -> Path:
+    """Write `family`'s tuned table (rows: direction -> dtype -> row dataclasses) where lookups
+    read it, and make later lookups use it. Raises ValueError when tuning is off."""
     path = table_path(family)
     if path is None:
         raise ValueError(f"{ENV}=off: there is no tuned table to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     table = {"format": FORMAT, "family": family, "device": device,
-             **{direction: [asdict(row) for row in rows.get(direction, [])] for direction in DIRECTIONS}}
+             **{direction: {dtype: [asdict(row) for row in dtype_rows]
+                            for dtype, dtype_rows in rows.get(direction, {}).items()} for direction in DIRECTIONS}}
     temporary = path.with_suffix(".json.tmp")
     temporary.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     temporary.replace(path)
