@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from test_codegen import UNSUFFIXED_FLOAT, code_of, kernel_of, signature_buffers
@@ -128,9 +130,9 @@ def test_backward_tile_tables():
         assert rows[-1].max_head_dim == codegen.MAX_HEAD_DIM
         for row in rows:
             assert all(n % 8 == 0 for n in (row.query_rows, row.key_block, row.key_rows, row.query_block))
-    for family in codegen.FAMILIES:
-        row = backward_tile_row(family, 100)
-        d = describe_backward(small(head_dim=100, value_dim=64, q_len=4096, kv_len=4096), family=family)
+    for family, dtype in itertools.product(codegen.FAMILIES, ("float32", "float16", "bfloat16")):
+        row = backward_tile_row(family, dtype, 100)
+        d = describe_backward(small(head_dim=100, value_dim=64, q_len=4096, kv_len=4096, dtype=dtype), family=family)
         caches = ("cache_q", "cache_dout", "cache_k", "cache_v")
         assert (d.query_rows, d.key_block, d.key_rows, d.query_block) == \
             (row.query_rows, row.key_block, row.key_rows, row.query_block)

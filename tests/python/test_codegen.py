@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -15,7 +16,7 @@ from mfa_native.codegen import (AttentionProblem, attention_kernel, attention_pa
                                 kv_split, sizes_of)
 from mfa_native.codegen.kernel.msl import float_literal
 from mfa_native.codegen.kernel.tables import TABLES, tile_row
-from mfa_native.codegen.attention.rows import STAGE_BYTES
+from mfa_native.codegen.attention.rows import ITEM_BYTES, STAGE_BYTES
 
 # A floating literal without its suffix: digits with a point or an exponent, not followed by f/h.
 UNSUFFIXED_FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][-+]?\d+)(?![\w.])")
@@ -134,23 +135,25 @@ def test_tile_tables_are_readable_rows_per_head_dimension():
         assert rows[-1].max_head_dim == codegen.MAX_HEAD_DIM
         for row in rows:
             assert row.query_rows % 8 == 0 and row.key_block % 8 == 0
-    assert tile_row("apple9", 64) == TABLES["apple9"][0]
-    assert tile_row("apple8", 100) == tile_row("apple7", 100)  # families share tables
+    assert tile_row("apple9", "float32", 8) == TABLES[("apple9", "float32")][0]
+    assert tile_row("apple9", "bfloat16", 64) == tile_row("apple9", "float16", 64) == TABLES[("apple9", "16-bit")][0]
+    assert tile_row("apple8", "float16", 100) == tile_row("apple7", "float16", 100)  # families share tables
     with pytest.raises(ValueError, match="unknown GPU family"):
-        tile_row("apple1", 64)
+        tile_row("apple1", "float32", 64)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        tile_row("apple9", "int8", 64)
     with pytest.raises(ValueError, match="577"):
         describe(small(head_dim=577))
 
 
 def test_descriptor_tiles_follow_the_table_and_shrink_for_decode():
-    for family in codegen.FAMILIES:
-        row = tile_row(family, 128)
-        problem = small(head_dim=128, value_dim=96, q_len=4096)
-        descriptor = describe(problem, family=family)
+    for family, dtype in itertools.product(codegen.FAMILIES, ("float32", "float16", "bfloat16")):
+        row = tile_row(family, dtype, 128)
+        descriptor = describe(small(head_dim=128, value_dim=96, q_len=4096, dtype=dtype), family=family)
         assert (descriptor.query_rows, descriptor.cache_q, descriptor.stage_kv) == \
             (row.query_rows, row.cache_q, row.stage_kv)
         # Staged (apple7/8), the key block is as many of the row's keys as the stage holds.
-        fits = STAGE_BYTES // ((128 + 96) * 4) // 8 * 8
+        fits = STAGE_BYTES // ((128 + 96) * ITEM_BYTES[dtype]) // 8 * 8
         assert descriptor.key_block == (min(row.key_block, fits) if row.stage_kv else row.key_block)
     decode = attention_kernel(small(q_len=1, kv_len=5000))
     assert decode.plan.threads_per_threadgroup == 32  # one simdgroup: 8 query rows

@@ -60,15 +60,18 @@ def test_forward(rng, case):
 
 
 def test_paged_output_and_split_kv_decode(rng):
-    """Per-head kernels past 256 page O through threadgroup memory (o_block): one simdgroup's
-    8 rows x Dv floats, within 32 KiB; the split-KV partial kernel pages it too, and the
+    """Per-head kernels page O through threadgroup memory (o_block) where the row says so
+    (past 256 always; at 576 one simdgroup's 8 rows x Dv floats, within 32 KiB), and keep it
+    in registers where MFA caches it; the split-KV partial kernel pages it too, and the
     backward kernels page dQ and dK (dq_block, dk_block)."""
     from test_attention import tuned_as
 
     p = codegen.AttentionProblem(1, 2, 2, 4096, 4096, 576, 576)
     (kernel,) = codegen.attention_pass(p).kernels
     assert "o_tile_page[4608]" in kernel.source and threadgroup_bytes(kernel.source) == 8 * 576 * 4
-    assert "o_tile_page" not in codegen.attention_pass(codegen.AttentionProblem(1, 2, 2, 64, 64, 256, 256)).kernels[0].source
+    for D, paged in ((128, False), (256, True)):   # float32 apple9: MFA caches O up to 192
+        source = codegen.attention_pass(codegen.AttentionProblem(1, 2, 2, 64, 64, D, D)).kernels[0].source
+        assert ("o_tile_page" in source) == paged, D
     dq, dkdv = codegen.attention_backward_pass(codegen.AttentionBackwardProblem(
         codegen.AttentionProblem(1, 2, 2, 4096, 4096, 576, 512))).kernels
     assert "dq_tile_page[4608]" in dq.source and threadgroup_bytes(dq.source) == 8 * 576 * 4
@@ -216,7 +219,8 @@ def test_kernels_up_to_256_keep_their_tiles():
     from mfa_native.codegen.kernel.tables import tile_row
 
     for family in ("apple7", "apple9"):
-        assert not tile_row(family, 256).stage_apart and tile_row(family, 257).stage_apart
+        for dtype in ("float32", "float16"):
+            assert not tile_row(family, dtype, 256).stage_apart and tile_row(family, dtype, 257).stage_apart
 
 
 BLOCK_SPARSE = [

@@ -32,7 +32,7 @@ def test_modelled_bytes_equal_the_traffic_counters(rng, cache_q, stage_kv):
     q = rng.standard_normal((B, H, R, D)).astype(DTYPES[dtype])
     k = rng.standard_normal((B, H, C, D)).astype(DTYPES[dtype])
     v = rng.standard_normal((B, H, C, Dv)).astype(DTYPES[dtype])
-    row = replace(built_in_row("forward", FAMILY, max(D, Dv)), cache_q=cache_q, stage_kv=stage_kv)
+    row = replace(built_in_row("forward", FAMILY, dtype, max(D, Dv)), cache_q=cache_q, stage_kv=stage_kv)
     problem = codegen.AttentionProblem(B, H, H, R, C, D, Dv, dtype=dtype)
     device = mfa_native.default_device()
     with forced_rows(FAMILY, forward=row) as forced, tuned_as(device, family=forced):
@@ -47,7 +47,7 @@ def test_modelled_bytes_equal_the_traffic_counters(rng, cache_q, stage_kv):
 
 def test_the_static_facts_follow_the_row():
     problem = codegen.AttentionProblem(1, 2, 2, 256, 256, 128, 128, dtype="float16")
-    row = built_in_row("forward", FAMILY, 128)
+    row = built_in_row("forward", FAMILY, "float16", 128)
     facts = {}
     for label, candidate in alternatives(row):
         with forced_rows(FAMILY, forward=candidate) as forced:
@@ -56,7 +56,9 @@ def test_the_static_facts_follow_the_row():
     # Q in registers: its 16 tiles instead of the one re-read per step; a tile is 2 registers
     # per thread as float, 1 as half (tiles16).
     per_tile = 1 if row.tiles16 else 2
-    assert facts["built-in"].tile_registers - facts["cache_q=False"].tile_registers == per_tile * (128 // 8 - 1)
+    cached, reread = ((facts["built-in"], facts["cache_q=False"]) if row.cache_q
+                      else (facts["cache_q=True"], facts["built-in"]))
+    assert cached.tile_registers - reread.tile_registers == per_tile * (128 // 8 - 1)
     assert facts["built-in"].threadgroup_bytes == 0
     # Paged O: one simdgroup's 8 rows x 128 floats per simdgroup of the threadgroup.
     assert facts["o_block=64"].threadgroup_bytes == row.query_rows // 8 * 8 * 128 * 4
@@ -70,6 +72,6 @@ def test_the_static_facts_follow_the_row():
 def test_emit_report_prints_every_alternative(capsys):
     assert main(["emit", "attention", "--head-dim", "64", "--report"]) == 0
     out = capsys.readouterr().out
-    for label, _ in alternatives(built_in_row("forward", FAMILY, 64)):
+    for label, _ in alternatives(built_in_row("forward", FAMILY, "float16", 64)):  # emit's default dtype
         assert f"\n{label:<16} attention_forward" in out
     assert main(["emit", "quantize", "--head-dim", "64", "--report"]) == 2

@@ -1,6 +1,6 @@
 """The tile tables' generator choices, each forced through `tables.forced_rows` and checked on
-the cpu backend against the float64 references: 16-bit operand tiles (tiles16) and the
-per-operand caching choices (forward cache_q and o_block; backward cache_q, cache_dout,
+the cpu backend against the float64 references: 16-bit operand tiles (tiles16), P and dS
+rounded to 16 bits for the accumulated products (p16), and the per-operand caching choices (forward cache_q and o_block; backward cache_q, cache_dout,
 cache_k, cache_v and the paged accumulators), every pair of caching choices of a kernel, for
 float32, float16 and bfloat16, odd head dims and head dims past 256, with the dense features
 (causal, masks, window, sinks, GQA, layouts, packed decode, split-KV). The generated MSL is
@@ -26,16 +26,16 @@ from mfa_native.runtime.devices import tuned_as
 
 
 def forward_row(*, cache_q=True, o_block=0, tiles16=True, query_rows=16, key_block=32, stage_apart=True,
-                stage_kv=False) -> TileRow:
+                p16=False, stage_kv=False) -> TileRow:
     return TileRow(max_head_dim=576, query_rows=query_rows, key_block=key_block, cache_q=cache_q,
-                   stage_apart=stage_apart, o_block=o_block, tiles16=tiles16, stage_kv=stage_kv)
+                   stage_apart=stage_apart, o_block=o_block, tiles16=tiles16, p16=p16, stage_kv=stage_kv)
 
 
 def backward_row(*, cache_q=True, cache_dout=True, cache_k=True, cache_v=True, dq_block=0, dk_block=0, dv_block=0,
-                 tiles16=True, rows=16, stage_kv=False, stage_q_dout=False) -> BackwardTileRow:
-    return BackwardTileRow(max_head_dim=576, query_rows=rows, key_block=32, key_rows=rows, query_block=32,
+                 tiles16=True, rows=16, block=32, p16=False, stage_kv=False, stage_q_dout=False) -> BackwardTileRow:
+    return BackwardTileRow(max_head_dim=576, query_rows=rows, key_block=block, key_rows=rows, query_block=block,
                            cache_q=cache_q, cache_dout=cache_dout, cache_k=cache_k, cache_v=cache_v,
-                           dq_block=dq_block, dk_block=dk_block, dv_block=dv_block, tiles16=tiles16,
+                           dq_block=dq_block, dk_block=dk_block, dv_block=dv_block, tiles16=tiles16, p16=p16,
                            stage_kv=stage_kv, stage_q_dout=stage_q_dout)
 
 
@@ -78,8 +78,9 @@ def test_forward_rows(rng, case):
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("cache_q", (True, False))
 def test_forward_rows_packed_decode_and_split_kv(rng, dtype, cache_q):
-    """Packed-heads decode (staged K/V) and the split-KV partial kernel with 16-bit tiles."""
-    row = forward_row(cache_q=cache_q, o_block=0 if cache_q else 64, query_rows=8)
+    """Packed-heads decode (staged K/V) and the split-KV partial kernel with 16-bit tiles (and,
+    with Q re-read, P and the staged V as 16-bit tiles: p16)."""
+    row = forward_row(cache_q=cache_q, o_block=0 if cache_q else 64, query_rows=8, p16=not cache_q)
     q, k, v = make_inputs(rng, Hq=4, Hkv=1, R=1, C=45, D=72, Dv=40, dtype=dtype)
     with forced(forward=row):
         check_forward(q, k, v)
@@ -114,6 +115,63 @@ def test_backward_rows(rng, case):
         check_backward(rng, q, k, v, layout=layout, **feature_arguments(rng, Hq, R, C, kwargs))
 
 
+# p16: P (and dS) rounded to the input's 16-bit type, with V (and dO, K, Q) as 16-bit right
+# operands; with register and paged accumulators, MFA's 80-wide blocks, and without tiles16.
+P16_FORWARD_ROWS = [forward_row(p16=True), forward_row(cache_q=False, o_block=16, key_block=80, p16=True),
+                    forward_row(tiles16=False, p16=True)]
+P16_BACKWARD_ROWS = [backward_row(p16=True),
+                     backward_row(cache_q=False, cache_v=False, dq_block=16, dk_block=16, dv_block=16, rows=8,
+                                  block=80, p16=True),
+                     backward_row(cache_dout=False, cache_k=False, tiles16=False, p16=True)]
+P16_SHAPES = [
+    (33, 17, 4, 2, 11, 23, "bhsd", dict(causal=True)),
+    (300, 264, 2, 1, 7, 19, "bshd", dict(sinks=True)),
+    (40, 24, 4, 2, 10, 45, "bhsd", dict(mask="additive", causal="upper_left")),
+]
+P16_FORWARD_CASES = [(row, dtype, P16_SHAPES[i % len(P16_SHAPES)])
+                     for i, (row, dtype) in enumerate(itertools.product(P16_FORWARD_ROWS, ("float16", "bfloat16")))]
+P16_BACKWARD_CASES = [(row, dtype, P16_SHAPES[i % len(P16_SHAPES)])
+                      for i, (row, dtype) in enumerate(itertools.product(P16_BACKWARD_ROWS, ("float16", "bfloat16")))]
+
+
+@pytest.mark.parametrize("case", P16_FORWARD_CASES, ids=[f"{_row_id(r)}-{t}-D{s[0]}" for r, t, s in P16_FORWARD_CASES])
+def test_p16_forward_rows(rng, case):
+    row, dtype, (D, Dv, Hq, Hkv, R, C, layout, kwargs) = case
+    q, k, v = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype, layout=layout)
+    with forced(forward=row):
+        check_forward(q, k, v, layout=layout, **feature_arguments(rng, Hq, R, C, kwargs))
+
+
+@pytest.mark.parametrize("case", P16_BACKWARD_CASES,
+                         ids=[f"{_row_id(r)}-{t}-D{s[0]}" for r, t, s in P16_BACKWARD_CASES])
+def test_p16_backward_rows(rng, case):
+    row, dtype, (D, Dv, Hq, Hkv, R, C, layout, kwargs) = case
+    q, k, v = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype, layout=layout)
+    with forced(backward=row):
+        check_backward(rng, q, k, v, layout=layout, **feature_arguments(rng, Hq, R, C, kwargs))
+
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_p16_rounds_what_float_weights_keep(rng, dtype):
+    """p16 changes the arithmetic (its results differ from float weights' in some bits) and
+    not the float32 kernels (identical results)."""
+    q, k, v = make_inputs(rng, Hq=2, R=24, C=70, D=40, dtype=dtype)
+    do = rng.standard_normal(q.shape).astype(q.dtype)
+    results = {}
+    for p16 in (False, True):
+        with forced(forward=forward_row(p16=p16), backward=backward_row(p16=p16)):
+            o, lse = mfa_native.attention(q, k, v, return_lse=True)
+            results[p16] = [o.copy()] + [g.copy() for g in mfa_native.attention_backward(q, k, v, o, lse, do)]
+    for plain, rounded in zip(results[False], results[True]):
+        assert not np.array_equal(plain, rounded)
+    q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+    outs = []
+    for p16 in (False, True):
+        with forced(forward=forward_row(p16=p16)):
+            outs.append(mfa_native.attention(q32, k32, v32))
+    assert np.array_equal(outs[0], outs[1])
+
+
 # ---------------------------------------------------------------------------
 # The generated MSL.
 
@@ -133,18 +191,26 @@ def _backward_sources(dtype: str, family: str, D: int = 64) -> list[str]:
                                                  ("bfloat16", "apple9", "bfloat"), ("bfloat16", "apple8", "float")])
 @pytest.mark.parametrize("D", [64, 300])
 def test_msl_declares_16bit_operand_tiles(dtype, family, tile, D):
-    """Q and K (forward), Q, dO, K, V (backward) are tiles of the input's 16-bit type; bfloat
-    widens to float on apple7/8; V in O += P V and the accumulators stay float."""
+    """The built-in 16-bit rows (tiles16 and p16 on): Q and K (forward), Q, dO, K, V (backward)
+    are tiles of the input's 16-bit type, and so are V in O += P V, K in dQ += dS K, dO in
+    dV += P^T dO and Q in dK += dS^T Q, whose P and dS are rounded to it; bfloat widens to
+    float on apple7/8; S, P, dP and the accumulators stay float."""
     source = _forward_source(dtype, family, D)
     q_tile = "q_tile[" if D <= 96 else "q_i;"
     assert f"simdgroup_{tile}8x8 {q_tile}" in source and f"simdgroup_{tile}8x8 k_tile;" in source
-    assert "simdgroup_float8x8 v_tile;" in source and "simdgroup_float8x8 p_tile[" in source
+    assert f"simdgroup_{tile}8x8 v_tile;" in source and "simdgroup_float8x8 p_tile[" in source
     assert ("simdgroup_float8x8 o_tile[" in source) or ("threadgroup float o_tile_page[" in source)
     dq, dkdv = _backward_sources(dtype, family, D)
     assert f"simdgroup_{tile}8x8 v_tile;" in dq and "simdgroup_float8x8 dq_tile[" in dq
-    assert f"simdgroup_{tile}8x8 q_tile;" in dkdv and "simdgroup_float8x8 dout_tile;" in dkdv  # dV += P^T dO: float
+    assert f"simdgroup_{tile}8x8 q_tile;" in dkdv and f"simdgroup_{tile}8x8 dout_tile;" in dkdv
+    rounded = {"forward": (source, ["p_tile"]), "dq": (dq, ["dp_tile"]), "dkdv": (dkdv, ["p_tile", "dp_tile"])}
+    for kernel, (text, weights) in rounded.items():
+        for name in weights:
+            assert (f"{name}_{tile}.thread_elements()[1] = {tile}({name}[j].thread_elements()[1]);" in text) \
+                == (tile != "float"), (kernel, name)
     if tile != "float":
         assert "simdgroup_float8x8 q_tile[" not in source and "simdgroup_float8x8 k_tile;" not in source
+        assert "simdgroup_float8x8 v_tile;" not in source and "simdgroup_float8x8 dout_tile;" not in dkdv
         assert not any(f"simdgroup_{tile}8x8 {name}_tile" in dq + dkdv for name in ("dq", "dk", "dv"))
 
 

@@ -86,6 +86,10 @@ def test_the_checked_space_covers_every_value_dtype_head_dim_and_caching_pair(sp
         assert {(getattr(r, a), getattr(r, b)) for r in rows} == set(itertools.product(domains[a], domains[b]))
     problems = [problem for problem, _ in space]
     assert {p.dtype for p in problems} == {"float32", "float16", "bfloat16"}
+    # The 16-bit columns meet every dtype both ways (p16: rounded P and dS, or float ones).
+    for column in ("tiles16", "p16"):
+        assert {(p.dtype, getattr(row, column)) for p, row in space} == \
+            set(itertools.product(("float32", "float16", "bfloat16"), (True, False)))
     assert {(p.head_dim, p.value_dim) for p in problems} == set(sweep.CHECK_HEAD_DIMS)
 
 
@@ -96,7 +100,8 @@ def _check_every(space, rng):
 
 @pytest.mark.parametrize("direction", list(tables.DIRECTION_ROWS))
 def test_every_candidate_matches_the_reference(spaces, direction, rng):
-    """The whole covering design: 97 forward and 129 backward candidates (2:10 here with a cold kernel cache, 8 s warm)."""
+    """The whole covering design: 111 forward and 165 backward candidates (13 min here with a cold kernel cache on
+    a shared 2-core machine)."""
     _check_every(spaces[direction], rng)
 
 
@@ -111,18 +116,21 @@ def _forward_threadgroups(rng, R=40):
 
 def _tuned_row(query_rows: int = 8):
     """A row for the first forward range that differs from the built-in one in its query rows."""
-    built_in = tables.built_in_row("forward", FAMILY, 32)
+    built_in = tables.built_in_row("forward", FAMILY, "float32", 32)
     return replace(built_in, query_rows=query_rows, key_block=16, cache_q=not built_in.cache_q, stage_apart=False,
                    o_block=32)
 
 
 def test_a_written_table_is_read_back_and_used_by_its_device_only(tuning_dir, rng):
     built_in_groups = _forward_threadgroups(rng)
-    path = tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
+    path = tuned.write(DEVICE_FAMILY, CPU.name, {"forward": {"float32": [_tuned_row()]}})
     assert path == tuning_dir / "cpu.json" and tuned.source(DEVICE_FAMILY) == "tuned"
     assert json.loads(path.read_text())["family"] == FAMILY
-    assert tables.tile_row(DEVICE_FAMILY, 32) == _tuned_row()
-    assert tables.tile_row(FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)   # no device, no table
+    assert tables.tile_row(DEVICE_FAMILY, "float32", 32) == _tuned_row()
+    built_in = tables.built_in_row("forward", FAMILY, "float32", 32)
+    assert tables.tile_row(FAMILY, "float32", 32) == built_in   # no device, no table
+    # Keyed by dtype: the float16 row of the same head dimension is still the built-in one.
+    assert tables.tile_row(DEVICE_FAMILY, "float16", 32) == tables.built_in_row("forward", FAMILY, "float16", 32)
     problem = codegen.AttentionProblem(1, 2, 2, 40, 50, 32, 32, dtype="float32")
     source = codegen.attention_pass(problem, family=DEVICE_FAMILY).kernels[0].source
     assert "O paged through threadgroup memory 32 features at a time" in source
@@ -144,12 +152,12 @@ def test_two_devices_of_one_family_keep_tables_of_their_own(tuning_dir):
         forget_tuning()
     assert tuned.table_path(pro_family) == tuning_dir / "Apple-M3-Pro-18-GPU-cores.json"
     assert tuned.table_path(max_family) == tuning_dir / "Apple-M3-Max-40-GPU-cores.json"
-    tuned.write(pro_family, "Apple M3 Pro", {"forward": [_tuned_row(8)]})
-    assert tables.tile_row(pro_family, 32) == _tuned_row(8)
-    assert tables.tile_row(max_family, 32) == tables.built_in_row("forward", FAMILY, 32)
+    tuned.write(pro_family, "Apple M3 Pro", {"forward": {"float32": [_tuned_row(8)]}})
+    assert tables.tile_row(pro_family, "float32", 32) == _tuned_row(8)
+    assert tables.tile_row(max_family, "float32", 32) == tables.built_in_row("forward", FAMILY, "float32", 32)
     assert tuned.source(max_family) == "built-in" and "not written yet" in tuned.location(max_family)
-    tuned.write(max_family, "Apple M3 Max", {"forward": [_tuned_row(32)]})
-    assert (tables.tile_row(pro_family, 32), tables.tile_row(max_family, 32)) == (_tuned_row(8), _tuned_row(32))
+    tuned.write(max_family, "Apple M3 Max", {"forward": {"float32": [_tuned_row(32)]}})
+    assert (tables.tile_row(pro_family, "float32", 32), tables.tile_row(max_family, "float32", 32)) == (_tuned_row(8), _tuned_row(32))
     assert tables.native_bfloat(pro_family) == tables.native_bfloat(FAMILY)   # the family's facts stay its own
 
 
@@ -159,35 +167,48 @@ def test_a_model_without_letters_or_digits_is_refused():
 
 
 def test_tuning_off_ignores_the_table(tuning_dir, rng, monkeypatch):
-    tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
+    tuned.write(DEVICE_FAMILY, CPU.name, {"forward": {"float32": [_tuned_row()]}})
     monkeypatch.setenv(tuned.ENV, "off")
     tuned.forget()
     assert tuned.source(DEVICE_FAMILY) == "built-in"
     assert tuned.location(DEVICE_FAMILY) == "none (MFA_NATIVE_TUNING=off)"
-    assert tables.tile_row(DEVICE_FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)
-    assert _forward_threadgroups(rng) == 2 * math.ceil(40 / tables.built_in_row("forward", FAMILY, 32).query_rows)
+    built_in = tables.built_in_row("forward", FAMILY, "float32", 32)
+    assert tables.tile_row(DEVICE_FAMILY, "float32", 32) == built_in
+    assert _forward_threadgroups(rng) == 2 * math.ceil(40 / built_in.query_rows)
     with pytest.raises(ValueError, match="MFA_NATIVE_TUNING=off"):
-        tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
+        tuned.write(DEVICE_FAMILY, CPU.name, {"forward": {"float32": [_tuned_row()]}})
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"format": 1, "family": "%s", "forward": [{"query_rows": 8}]}',
-                                  '{"format": 99, "family": "%s"}', '{"format": 1, "family": "apple7"}'])
+@pytest.mark.parametrize("text", ["{not json",
+                                  '{"format": 2, "family": "%s", "forward": {"float32": [{"query_rows": 8}]}}',
+                                  '{"format": 2, "family": "%s", "forward": [{"query_rows": 8}]}',
+                                  '{"format": 99, "family": "%s"}', '{"format": 2, "family": "apple7"}'])
 def test_a_damaged_table_is_ignored_with_a_warning(tuning_dir, rng, text):
     (tuning_dir / "cpu.json").write_text(text.replace("%s", FAMILY))
     with pytest.warns(UserWarning, match="damaged tuned table"):
-        row = tables.tile_row(DEVICE_FAMILY, 32)
-    assert row == tables.built_in_row("forward", FAMILY, 32)
+        row = tables.tile_row(DEVICE_FAMILY, "float32", 32)
+    assert row == tables.built_in_row("forward", FAMILY, "float32", 32)
     assert "damaged, ignored" in tuned.location(DEVICE_FAMILY)
 
 
 def test_a_per_family_table_of_earlier_versions_is_not_read_and_not_warned_about(tuning_dir, rng):
-    tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
+    tuned.write(DEVICE_FAMILY, CPU.name, {"forward": {"float32": [_tuned_row()]}})
     (tuning_dir / "cpu.json").rename(tuning_dir / f"{FAMILY}.json")
     tuned.forget()
+    built_in = tables.built_in_row("forward", FAMILY, "float32", 32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert tables.tile_row(DEVICE_FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)
-        assert tables.tile_row(FAMILY, 32) == tables.built_in_row("forward", FAMILY, 32)
+        assert tables.tile_row(DEVICE_FAMILY, "float32", 32) == built_in
+        assert tables.tile_row(FAMILY, "float32", 32) == built_in
+
+
+def test_a_table_of_the_old_format_is_ignored_with_a_warning(tuning_dir):
+    """Format 1 rows were per direction only; they are not guessed onto a dtype."""
+    old = {"format": 1, "family": FAMILY, "device": CPU.name, "forward": [vars(_tuned_row())]}
+    (tuning_dir / "cpu.json").write_text(json.dumps(old))
+    with pytest.warns(UserWarning, match="format 1 is older than 2.*not keyed by dtype"):
+        row = tables.tile_row(DEVICE_FAMILY, "float32", 32)
+    assert row == tables.built_in_row("forward", FAMILY, "float32", 32) != _tuned_row()
 
 
 def test_tune_on_the_cpu_backend_refuses_to_time_and_writes_nothing(tuning_dir, capsys):
@@ -201,7 +222,7 @@ def test_info_shows_the_devices_table_and_whether_it_exists(tuning_dir, capsys):
     out = capsys.readouterr().out
     assert "tile table: built-in" in out
     assert f"tuned table: {tuning_dir / 'cpu.json'} (not written yet; MFA_NATIVE_TUNING={tuning_dir})" in out
-    path = tuned.write(DEVICE_FAMILY, CPU.name, {"forward": [_tuned_row()]})
+    path = tuned.write(DEVICE_FAMILY, CPU.name, {"forward": {"float32": [_tuned_row()]}})
     main(["info"])
     out = capsys.readouterr().out
     assert "tile table: tuned" in out and f"tuned table: {path} (in use;" in out
@@ -209,18 +230,18 @@ def test_info_shows_the_devices_table_and_whether_it_exists(tuning_dir, capsys):
 
 def test_the_timing_sweep_picks_a_checked_row_per_range_and_its_table_is_used(tuning_dir, rng):
     """sweep.tune on the cpu backend (the CLI refuses to write cpu times; the sweep is the same
-    on Metal): one winner per (direction, range), written and then returned by the lookup."""
+    on Metal): one winner per (direction, dtype, range), written and then returned by the lookup."""
     chosen = [TuningProblem("forward", "float16", 16, 16, q_len=24, kv_len=24),
               TuningProblem("forward", "float32", 24, 20, q_len=24, kv_len=24)]
     winners = sweep.tune(chosen, CPU, rng, repeats=1, report=lambda *a: None)
-    assert len(winners) == 1 and winners[0].built_in_seconds is not None
-    assert set(winners[0].seconds) == {"forward"} and winners[0].seconds["forward"] > 0
-    winner = winners[0].row
-    assert winner.max_head_dim == tables.built_in_row("forward", FAMILY, 24).max_head_dim
+    assert sorted(w.dtype for w in winners) == ["float16", "float32"]
     tuned.write(DEVICE_FAMILY, CPU.name, sweep.rows_by_direction(winners))
-    assert tables.tile_row(DEVICE_FAMILY, 24) == winner
-    assert "forward   <= " in sweep.winners_table(winners)
-
+    for winner, problem in zip(sorted(winners, key=lambda w: w.dtype), chosen):
+        assert set(winner.seconds) == {"forward"} and winner.seconds["forward"] > 0
+        assert winner.built_in_seconds is not None
+        assert winner.row.max_head_dim == tables.built_in_row("forward", FAMILY, winner.dtype, 24).max_head_dim
+        assert tables.tile_row(DEVICE_FAMILY, winner.dtype, problem.head_dim) == winner.row
+    assert "forward   float16  <= " in sweep.winners_table(winners)
 
 def test_the_backward_sweep_times_its_two_kernels_apart(tuning_dir, rng):
     """sweep.tune on the backward, from per-dispatch seconds: each winner's time is per kernel,
@@ -232,7 +253,7 @@ def test_the_backward_sweep_times_its_two_kernels_apart(tuning_dir, rng):
     assert set(winner.seconds) == {"dq", "dkdv"} and min(winner.seconds.values()) > 0
     assert set(winner.built_in_seconds) == {"dq", "dkdv"}
     tuned.write(DEVICE_FAMILY, CPU.name, sweep.rows_by_direction(winners))
-    assert tables.backward_tile_row(DEVICE_FAMILY, 16) == winner.row
+    assert tables.backward_tile_row(DEVICE_FAMILY, "float32", 16) == winner.row
     assert " (dq " in sweep.winners_table(winners) and " + dkdv " in sweep.winners_table(winners)
 
 
@@ -258,7 +279,7 @@ def test_every_column_belongs_to_a_timed_kernel():
 
 
 def _backward_row(**columns):
-    return tables.BackwardTileRow(**{**vars(tables.built_in_row("backward", FAMILY, 64)), **columns})
+    return tables.BackwardTileRow(**{**vars(tables.built_in_row("backward", FAMILY, "float32", 64)), **columns})
 
 
 def test_each_kernels_columns_come_from_the_candidate_fastest_in_it(rng):

@@ -38,7 +38,7 @@ def _bytes_per_mac(problem: AttentionProblem, backward: bool, family: str) -> st
 def lines(problem: AttentionProblem, backward: bool, family: str) -> list[str]:
     """The report's table: one line per (row, kernel)."""
     direction = "backward" if backward else "forward"
-    row = built_in_row(direction, family, max(problem.head_dim, problem.value_dim))
+    row = built_in_row(direction, family, problem.dtype, max(problem.head_dim, problem.value_dim))
     out = [f"{direction} kernels, {problem.dtype} D {problem.head_dim} Dv {problem.value_dim}, family {family}; "
            "registers: 32-bit per thread, every declared tile and scalar live (an estimate); "
            "bytes/MAC: device bytes per useful multiply-accumulate (modelled: dense unmasked per-head forward)",

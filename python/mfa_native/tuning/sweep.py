@@ -77,17 +77,18 @@ def check(space, device: Device, rng: np.random.Generator, report: Callable = pr
 
 @dataclass(frozen=True)
 class Winner:
-    """A group's (direction, range) chosen row, its summed best times per kernel, and the built-in's."""
+    """A group's (direction, dtype, range) chosen row, its summed best times per kernel, and the built-in's."""
 
     direction: str
+    dtype: str
     row: object
     seconds: dict[str, float]
     built_in_seconds: dict[str, float] | None
 
 
-def _candidates(direction: str, range_end: int, family: str) -> list:
+def _candidates(direction: str, dtype: str, range_end: int, family: str) -> list:
     row_type = DIRECTION_ROWS[direction]
-    built_in = built_in_row(direction, family, range_end)
+    built_in = built_in_row(direction, family, dtype, range_end)
     rows = [built_in] + [row_type(max_head_dim=range_end, **design) for design in covering(columns(row_type))]
     return list(dict.fromkeys(rows))
 
@@ -106,37 +107,38 @@ def _timed(group: list[TuningProblem], row, device: Device, rng: np.random.Gener
 
 def tune(problems: list[TuningProblem], device: Device, rng: np.random.Generator, repeats: int = 5,
          report: Callable = progress) -> list[Winner]:
-    """Time every candidate of each (direction, range) group on the group's problems (repeats >= 1)."""
+    """Time every candidate of each (direction, dtype, range) group on the group's problems (repeats >= 1)."""
     family = tuning_facts(device).family
-    groups: dict[tuple[str, int], list[TuningProblem]] = defaultdict(list)
+    groups: dict[tuple[str, str, int], list[TuningProblem]] = defaultdict(list)
     for problem in problems:
-        groups[(problem.direction, trial.range_end(problem, family))].append(problem)
+        groups[(problem.direction, problem.dtype, trial.range_end(problem, family))].append(problem)
     work = [(key, row) for key in groups for row in _candidates(*key, family)]
-    timed: dict[tuple[str, int], dict] = defaultdict(dict)
+    timed: dict[tuple[str, str, int], dict] = defaultdict(dict)
     for index, (key, row) in enumerate(work):
-        report(index, len(work), f"{key[0]} <= {key[1]}: {row}")
+        report(index, len(work), f"{key[0]} {key[1]} <= {key[2]}: {row}")
         seconds = _timed(groups[key], row, device, rng, repeats)
         if seconds is not None:
             timed[key][row] = seconds
     report(len(work), len(work), "timed")
     winners = []
-    for (direction, end), rows in timed.items():
+    for (direction, dtype, end), rows in timed.items():
         combined = fastest_per_kernel(direction, rows)
         if combined not in rows:   # made of several candidates' kernels: checked (and timed) as a whole
-            seconds = _timed(groups[(direction, end)], combined, device, rng, repeats)
+            seconds = _timed(groups[(direction, dtype, end)], combined, device, rng, repeats)
             if seconds is not None:
                 rows[combined] = seconds
         best = combined if combined in rows else min(rows, key=lambda row: sum(rows[row].values()))
-        winners.append(Winner(direction, best, rows[best], rows.get(built_in_row(direction, family, end))))
+        built_in = rows.get(built_in_row(direction, family, dtype, end))
+        winners.append(Winner(direction, dtype, best, rows[best], built_in))
     return winners
 
 
-def rows_by_direction(winners: list[Winner]) -> dict[str, list]:
-    """The winners as table rows per direction, in range order."""
-    rows: dict[str, list] = defaultdict(list)
+def rows_by_direction(winners: list[Winner]) -> dict[str, dict[str, list]]:
+    """The winners as table rows per direction and dtype, in range order (tuned.write's form)."""
+    rows: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for winner in sorted(winners, key=lambda w: w.row.max_head_dim):
-        rows[winner.direction].append(winner.row)
-    return dict(rows)
+        rows[winner.direction][winner.dtype].append(winner.row)
+    return {direction: dict(by_dtype) for direction, by_dtype in rows.items()}
 
 
 def _milliseconds(seconds: dict[str, float]) -> str:
@@ -148,12 +150,12 @@ def _milliseconds(seconds: dict[str, float]) -> str:
 
 
 def winners_table(winners: list[Winner]) -> str:
-    """One line per winner: direction, range, its time (per kernel) and the built-in row's, its columns."""
+    """One line per winner: direction, dtype, range, its time (per kernel) and the built-in row's, its columns."""
     lines = []
-    for w in sorted(winners, key=lambda w: (w.direction, w.row.max_head_dim)):
+    for w in sorted(winners, key=lambda w: (w.direction, w.dtype, w.row.max_head_dim)):
         values = ", ".join(f"{k}={v}" for k, v in vars(w.row).items() if k != "max_head_dim")
         built = _milliseconds(w.built_in_seconds) if w.built_in_seconds is not None else "did not fit or pass"
-        lines.append(f"{w.direction:<9} <= {w.row.max_head_dim:<4} {_milliseconds(w.seconds)} "
+        lines.append(f"{w.direction:<9} {w.dtype:<8} <= {w.row.max_head_dim:<4} {_milliseconds(w.seconds)} "
                      f"(built-in {built})  {values}")
     return "\n".join(lines)
 

@@ -36,8 +36,10 @@ class Outcome:
 
 
 def range_end(problem: TuningProblem, family: str) -> int:
-    """The max_head_dim of the built-in row `problem` uses: the range a candidate replaces."""
-    return built_in_row(problem.direction, family, max(problem.head_dim, problem.value_dim)).max_head_dim
+    """The max_head_dim of the built-in row `problem` uses (its dtype's table): the range a
+    candidate replaces."""
+    return built_in_row(problem.direction, family, problem.dtype,
+                        max(problem.head_dim, problem.value_dim)).max_head_dim
 
 
 def _codegen_problem(p: TuningProblem) -> codegen.AttentionProblem:

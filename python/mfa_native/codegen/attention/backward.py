@@ -156,7 +156,7 @@ def _row_delta(d: BackwardDescriptor) -> list[str]:
 def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
     """dQ over the keys [begin, end), key_block at a time, with `rules`."""
     count = d.key_block // 8
-    x = staged_steps.read_from_stage(_tensors(d), _staged(d, DQ_KERNEL_NAME), d.tile_type)
+    x = staged_steps.read_from_stage(_tensors(d), _staged(d, DQ_KERNEL_NAME))
     body = bias_over_keys(rules, count, end, d.keys.bounds.origin, skip_here=not d.stage_kv)
     step = _step(d, DQ_KERNEL_NAME, rules, "kb", end, d.key_block, d.query_rows)
     body += step.fills[0] + ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
@@ -172,7 +172,7 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
     body += gradient_of_scores(count, "delta_row")
     body += ["", "// dQ += dS K."]
     body += _accumulators(d)["dq"].blocks(lambda features: accumulate(
-        "dq_tile", weights="dp_tile", count=count, rhs=x["k"], rhs_tile="k_tile",
+        "dq_tile", weights="dp_tile", count=count, rhs=x["k"].loading(d.weight_tile_type), rhs_tile="k_tile",
         rhs_comment="rows are keys, columns are head dims", position="key", first=step.first, positions=step.positions,
         features=features))
     return block_loop("kb", begin, end, d.key_block, body)
@@ -224,7 +224,7 @@ def _dkdv_geometry(d: BackwardDescriptor) -> list[str]:
 def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
     """dK and dV over the queries [begin, end) of head h, query_block at a time, with `rules`."""
     count = d.query_block // 8
-    x = staged_steps.read_from_stage(_tensors(d), _staged(d, DKDV_KERNEL_NAME), d.tile_type)
+    x = staged_steps.read_from_stage(_tensors(d), _staged(d, DKDV_KERNEL_NAME))
     body = bias_over_queries(rules, count, end, d.keys.bounds.origin, skip_here=not d.stage_q_dout)
     body += ["", "// lse2 and D of the lane's queries.", f"float lse2[{2 * count}];", f"float delta_q[{2 * count}];"]
     body += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
@@ -240,7 +240,7 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
     body += ["", "// dV += P^T dO."]
     body += _accumulators(d)["dv"].blocks(lambda features: accumulate(
-        "dv_tile", weights="p_tile", count=count, rhs=x["dout"], rhs_tile="dout_tile",
+        "dv_tile", weights="p_tile", count=count, rhs=x["dout"].loading(d.weight_tile_type), rhs_tile="dout_tile",
         rhs_comment="rows are queries, columns are value dims", position="query", first=step.first,
         positions=step.positions, features=features))
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
@@ -250,7 +250,7 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
     body += gradient_of_scores(count, "delta_q[j * 2 + e]")
     body += ["", "// dK += dS^T Q."]
     body += _accumulators(d)["dk"].blocks(lambda features: accumulate(
-        "dk_tile", weights="dp_tile", count=count, rhs=x["q"], rhs_tile="q_tile",
+        "dk_tile", weights="dp_tile", count=count, rhs=x["q"].loading(d.weight_tile_type), rhs_tile="q_tile",
         rhs_comment="rows are queries, columns are head dims", position="query", first=step.first,
         positions=step.positions, features=features))
     return block_loop("qb", begin, end, d.query_block, body)

@@ -28,6 +28,9 @@ def lines(d, dq: bool) -> list[str]:
     staged = staged_steps.backward_staged(d, walks_keys=dq)
     tile += f", {' and '.join(staged_steps.LABELS[t.name] for t in staged)} staged in threadgroup memory" if staged else ""
     tile += f", {d.tile_type} operand tiles" if d.tile_type != "float" else ""
+    if d.weight_tile_type != "float":
+        rounded = "dS" if dq else "P and dS"
+        tile += f", {rounded} rounded to {d.weight_tile_type} for the accumulated products"
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
             f"{d.rules.describe()}, sinks {'yes' if d.sinks else 'no'}",
             f"tiles ({d.family}): {tile}"]

@@ -89,6 +89,7 @@ class KernelDescriptor(AttentionFacts):
     o_block: int = 0        # 0: O in registers; else paged, this many features at a time (tables.py)
     tile_type: str = "float"  # element type of the operand tiles Q, K (tables.py, tiles16)
     stage_kv: bool = False  # each step's K/V rows staged in threadgroup memory (packed heads; stage_kv)
+    weight_tile_type: str = "float"  # of P and V in O += P V (tables.py, p16)
 
     @property
     def simdgroups(self) -> int:
@@ -119,6 +120,7 @@ class BackwardDescriptor(AttentionFacts):
     tile_type: str = "float"  # element type of the operand tiles Q, K, V, dO (tables.py, tiles16)
     stage_kv: bool = False    # dQ kernel: each key block's K and V rows staged in threadgroup memory
     stage_q_dout: bool = False  # dK/dV kernel: each query block's Q and dO rows, the same
+    weight_tile_type: str = "float"  # of P, dS and K, dO, Q in dQ += dS K, dV += P^T dO, dK += dS^T Q (p16)
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -227,11 +229,12 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     p = problem
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     rows = p.rows if rows is None else rows
-    row = tile_row(family, max(p.head_dim, p.value_dim))
+    row = tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
     return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
                             query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
                             cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block,
                             tile_type=operand_tile_type(p.dtype, family, row.tiles16),
+                            weight_tile_type=operand_tile_type(p.dtype, family, row.p16),
                             stage_kv=rows.packed or rows.stages(p, family))
 
 
@@ -240,7 +243,7 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
     """The descriptor of the backward kernels of `problem`, tiles from `family`'s backward table."""
     p = problem.forward
     facts, layouts = _facts(p, family, backward_sizes(problem), bake_lengths)
-    row = backward_tile_row(family, max(p.head_dim, p.value_dim))
+    row = backward_tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
     query_rows, key_rows = p.rows.backward_query_rows(p, family), shrunk(row.key_rows, p.kv_len)
     stage_kv, stage_q_dout = stages_blocks(p, row.stage_kv, query_rows), stages_blocks(p, row.stage_q_dout, key_rows)
     width = p.head_dim + p.value_dim   # K and V (Q and dO) staged together
@@ -264,6 +267,7 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         dk_block=row.dk_block,
         dv_block=row.dv_block,
         tile_type=operand_tile_type(p.dtype, family, row.tiles16),
+        weight_tile_type=operand_tile_type(p.dtype, family, row.p16),
         stage_kv=stage_kv,
         stage_q_dout=stage_q_dout,
     )

@@ -146,13 +146,13 @@ def _staged(d: KernelDescriptor) -> list[StagedTensor]:
     if not d.stage_kv:
         return []
     tensors = [StagedTensor("k", d.head_dim, d.k, d.k_storage), StagedTensor("v", d.value_dim, d.v, d.v_storage)]
-    return staging.apart(tensors) if stages_apart(d.family, d.head_dim, d.value_dim) else tensors
+    return staging.apart(tensors) if stages_apart(d.family, d.dtype, d.head_dim, d.value_dim) else tensors
 
 
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
     own = {"q": HeadTensor.of("q", d.q, d.head_dim, d.tile_type), "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type),
-           "v": HeadTensor.of("v", d.v, d.value_dim)}
-    return staged_steps.read_from_stage(own, _staged(d), d.tile_type)
+           "v": HeadTensor.of("v", d.v, d.value_dim, d.weight_tile_type)}
+    return staged_steps.read_from_stage(own, _staged(d))
 
 
 def _kv_pointers(d: KernelDescriptor) -> list[str]:
@@ -214,7 +214,8 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
             f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
             + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")
             + (", K/V staged in threadgroup memory for every simdgroup" if d.stage_kv and not d.rows.packed else "")
-            + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" else "")]
+            + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" else "")
+            + (f", P and V as {d.weight_tile_type} tiles in O += P V" if d.weight_tile_type != "float" else "")]
 
 
 def _kernel(d: KernelDescriptor, finish) -> KernelSource:

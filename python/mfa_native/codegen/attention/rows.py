@@ -34,9 +34,9 @@ def shrunk_guards(length: str, rows: int, table: int) -> tuple[str, ...]:
     return ((f"{length} > {rows // 2}",) if rows > 8 else ()) + ((f"{length} <= {rows}",) if rows < table else ())
 
 
-def stages_apart(family: str, head_dim: int, value_dim: int) -> bool:
+def stages_apart(family: str, dtype: str, head_dim: int, value_dim: int) -> bool:
     """Whether staged K and V rows take turns in one buffer (the tile table's stage_apart)."""
-    return tile_row(family, max(head_dim, value_dim)).stage_apart
+    return tile_row(family, dtype, max(head_dim, value_dim)).stage_apart
 
 
 def staged_width(p, family: str, shared_kv: bool = False) -> int:
@@ -44,7 +44,7 @@ def staged_width(p, family: str, shared_kv: bool = False) -> int:
     wider of K and V when they take turns, else K's and V's together."""
     if shared_kv:
         return p.head_dim
-    if stages_apart(family, p.head_dim, p.value_dim):
+    if stages_apart(family, p.dtype, p.head_dim, p.value_dim):
         return max(p.head_dim, p.value_dim)
     return p.head_dim + p.value_dim
 
@@ -127,24 +127,24 @@ class PerHead:
     @staticmethod
     def query_rows(p, family: str) -> int:
         """The table's count, or fewer when the queries cannot fill it (decode)."""
-        return shrunk(tile_row(family, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
+        return shrunk(tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
 
     @staticmethod
     def stages(p, family: str) -> bool:
         """Whether the forward kernel stages its key blocks (stages_blocks)."""
-        return stages_blocks(p, tile_row(family, max(p.head_dim, p.value_dim)).stage_kv,
+        return stages_blocks(p, tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).stage_kv,
                              PerHead.query_rows(p, family))
 
     @staticmethod
     def key_block(p, family: str) -> int:
         """The table's key block; staged, as many of its rows as the stage holds (stage_rows)."""
-        block = tile_row(family, max(p.head_dim, p.value_dim)).key_block
+        block = tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block
         return stage_rows(p, staged_width(p, family), block) if PerHead.stages(p, family) else block
 
     @staticmethod
     def backward_query_rows(p, family: str) -> int:
         """The dQ kernel's rows: its table's count, or fewer for few queries."""
-        return shrunk(backward_tile_row(family, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
+        return shrunk(backward_tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
 
     @staticmethod
     def threadgroups_expression(p, family: str) -> str:
@@ -156,11 +156,11 @@ class PerHead:
         where the PACKING table declines to pack."""
         declined = (f"!({packing_condition(p.gqa_ratio)})",) if self.declined and p.gqa_ratio > 1 else ()
         return shrunk_guards("R", PerHead.query_rows(p, family),
-                             tile_row(family, max(p.head_dim, p.value_dim)).query_rows) + declined
+                             tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).query_rows) + declined
 
     @staticmethod
     def backward_guards(p, family: str) -> tuple[str, ...]:
-        row = backward_tile_row(family, max(p.head_dim, p.value_dim))
+        row = backward_tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
         return (shrunk_guards("R", PerHead.backward_query_rows(p, family), row.query_rows)
                 + shrunk_guards("C", shrunk(row.key_rows, p.kv_len), row.key_rows))
 
@@ -196,7 +196,7 @@ class PackedHeads:
     @staticmethod
     def key_block(p, family: str) -> int:
         """The staged rows: K's and V's."""
-        return stage_rows(p, staged_width(p, family), tile_row(family, max(p.head_dim, p.value_dim)).key_block)
+        return stage_rows(p, staged_width(p, family), tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block)
 
     @staticmethod
     def threadgroups_expression(p, family: str) -> str:

@@ -41,10 +41,9 @@ def backward_staged(d, walks_keys: bool) -> list[StagedTensor]:
     return [StagedTensor(name, width, layout) for name, width, layout in names]
 
 
-def read_from_stage(tensors: dict[str, HeadTensor], staged: list[StagedTensor], tile_type: str
-                    ) -> dict[str, HeadTensor]:
-    """`tensors`, the staged ones read from their stage (rows `width` apart, `tile_type` tiles)."""
-    return tensors | {t.name: HeadTensor(t.stage, Extent(t.width), t.width, tile_type) for t in staged}
+def read_from_stage(tensors: dict[str, HeadTensor], staged: list[StagedTensor]) -> dict[str, HeadTensor]:
+    """`tensors`, the staged ones read from their stage (rows `width` apart, the tensor's own tiles)."""
+    return tensors | {t.name: HeadTensor(t.stage, Extent(t.width), t.width, tensors[t.name].tile_type) for t in staged}
 
 
 def voters(simdgroups: int, mask: str) -> int:

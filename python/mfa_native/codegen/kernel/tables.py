@@ -1,7 +1,8 @@
-"""Tile sizes per GPU family, as readable tables: one row per range of head dimension.
+"""Tile sizes per GPU family and input precision, as readable tables: one row per range of head dimension.
 
-A row applies to problems whose larger head dimension, max(D, Dv), is at most
-`max_head_dim`; the first row that fits wins.
+A table is keyed by (family, precision): "float32" for float32 inputs, "16-bit" for
+float16 and bfloat16 (`precision`). A row applies to problems whose larger head dimension,
+max(D, Dv), is at most `max_head_dim`; the first row that fits wins.
 
 - query_rows: query rows per threadgroup (one simdgroup per 8 rows).
 - key_block:  keys per step of the online softmax (one max / rescale per step).
@@ -25,29 +26,34 @@ A row applies to problems whose larger head dimension, max(D, Dv), is at most
               simdgroup_half8x8 / simdgroup_bfloat8x8 instead of simdgroup_float8x8
               (MFA's registerPrecisions: Q, K, V FP16; dO BF16 where bfloat is native).
               bfloat16 is widened to float tiles on families without native bfloat
-              (apple7, apple8), as MFA does. Metal's mixed form multiplies two tiles of
-              one 16-bit type into a float accumulator, so the right operand of
-              O += P V, dQ += dS K, dV += P^T dO and dK += dS^T Q stays a float tile:
-              P and dS stay float32 (no rounding of probabilities to 16 bits). The
-              accumulators, S, dP and the softmax are float32 always. No effect on
-              float32 inputs.
+              (apple7, apple8), as MFA does. The accumulators, S, dP and the softmax
+              are float32 always. No effect on float32 inputs.
+- p16:        for float16/bfloat16 inputs, the accumulated products' left operands are
+              rounded to the input's 16-bit type and their right operands load as
+              16-bit tiles (Metal multiplies two tiles of one type into a float
+              accumulator): P and V in O += P V; dS and K in dQ += dS K, P^T and dO in
+              dV += P^T dO, dS^T and Q in dK += dS^T Q (FlashAttention-2's and MFA's
+              low-precision intermediates: registerPrecisions P FP16, dS BF16 on apple9).
+              Otherwise P and dS stay float32 and their right operands load as float
+              tiles. bfloat16 widens on families without native bfloat, as for tiles16;
+              no effect on float32 inputs. The dense kernels (forward, dQ, dK/dV) read
+              it; the sparse-indexed and int8 kernels keep float weights.
 - stage_kv:   the per-head kernels' simdgroups share each key block through threadgroup
               memory (MFA's preferAsyncLoad): the threadgroup loads its K and V rows once,
               cooperatively, between two barriers (storage/staging.py, as packed heads always
               do; stage_apart applies; the block shrinks to fit 24 KiB), walking its rows' keys
               together; only for several simdgroups walking the same keys (dense, KV cache).
 
-The values start from the shape of metal-flash-attention's published tuning
-(small threadgroups and long key blocks on GPUs with dynamic register caching,
-Apple9+; larger threadgroups on Apple7/8), adapted to this kernel's layout.
-They are data: retune them on hardware, row by row.
+The values up to head dimension 384 are metal-flash-attention's published tuning, mapped
+onto these columns (the comment above the tables says how and where they depart from it).
+They are data: retune them on hardware, row by row (`python -m mfa_native tune`).
 
 The backward tables (BACKWARD_TABLES, see BackwardTileRow) have the same form:
 the dQ kernel's query rows and key block, the dK/dV kernel's key rows and
 query block, whether each of the row operands each simdgroup owns stays in
 registers (cache_q and cache_dout in the dQ kernel, cache_k and cache_v in the
 dK/dV kernel, each its own choice; otherwise it is re-read tile by tile per
-block), tiles16 as in the forward, and, like
+block), tiles16 and p16 as in the forward, and, like
 o_block, whether the accumulators dQ, dK and dV are paged (0: in registers; else
 paged through threadgroup memory that many features at a time). dK and dV are not
 both paged at D 576 / Dv 512: their pages would take 34 KiB; dV stays in registers.
@@ -74,6 +80,7 @@ class TileRow:
     stage_apart: bool
     o_block: int
     tiles16: bool
+    p16: bool
     stage_kv: bool
 
 
@@ -92,58 +99,128 @@ class BackwardTileRow:
     dk_block: int      # dK, the same
     dv_block: int      # dV, the same
     tiles16: bool      # 16-bit operand tiles for 16-bit inputs (see TileRow)
+    p16: bool          # P and dS rounded to the input's 16-bit type for the accumulated products (see TileRow)
     stage_kv: bool     # dQ kernel: each K/V block staged in threadgroup memory (see TileRow)
     stage_q_dout: bool  # dK/dV kernel: each Q/dO block staged, the same
 
 
+# Tables per (family, precision): "float32" for float32 inputs, "16-bit" for float16 and
+# bfloat16 (MFA has one set for its low-precision inputs, FP16 Q/K/V and BF16 dO, used for both).
+# Every value up to head dimension 384 is metal-flash-attention's (Sources/FlashAttention/Attention/
+# AttentionDescriptor/AttentionDescriptor+Parameters.swift: forward, backwardQuery,
+# backwardKeyValue for FP32; forwardMixed, backwardQueryMixed, backwardKeyValueMixed for 16-bit;
+# apple9 rows from its `supportsFamily(.apple9)` branch, apple7 from the other), mapped onto
+# these columns:
+#   MFA parallelization block -> query_rows (forward, dQ) / key_rows (dK/dV);
+#   MFA traversal block       -> key_block (forward, dQ) / query_block (dK/dV);
+#   cachedOperands            -> cache_q, cache_dout, cache_k, cache_v (in the set: yes);
+#                                O, dQ, dK, dV not in the set are paged: o_block, dq_block,
+#                                dk_block, dv_block = MFA's head block (in the set: 0);
+#   MFA's head block of a cached operand has no column here (Q K^T re-reads Q 8 features at a time).
+# A backward row joins MFA's dQ row and its dK/dV row for the range, so its ranges are the
+# union of theirs. Departures, each forced by this kernel: MFA pages to device memory, these
+# kernels to threadgroup memory, so where MFA's parallelization would make the pages exceed
+# 32 KiB at the row's max_head_dim it is halved until they fit (apple7 above 256, dK/dV above
+# 128/256); rows split at 256, where stage_apart starts (the packed-heads and sparse-indexed
+# stages); MFA's tables end at 384 (larger heads take its last row), so the 576 rows are this
+# project's own (8 rows per threadgroup, so the pages fit). tiles16 is MFA's registerPrecisions
+# (Q, K, V, dO 16-bit for 16-bit inputs). p16 is "yes" for 16-bit inputs: MFA's mixed rows
+# assume P in FP16 (registerPrecisions, lowPrecisionIntermediates), and on the cpu backend it
+# raised the relative L2 error against float64 from 2.1e-4 to 2.6e-4..3.1e-4 (float16) and
+# from 1.7e-3 to 2.1e-3..2.5e-3 (bfloat16) over O, dQ, dK, dV at D 33..256, C 64..4096, eight
+# times under the tests' 2e-2. Neither 16-bit column applies to float32 inputs ("no" there).
 _TABLES_TEXT = {
-    # M1 and M2 generations: no dynamic caching, registers are the limit.
-    "apple7": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  stage_kv
-               64           32          64       yes       no          0      yes      yes
-              128           32          32       yes       no          0      yes      yes
-              256           16          32       no        no          0      yes      yes
-              576            8          16       no        yes        64      yes      no
+    ("apple7", "float32"): """
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv
+               24           32          64       yes       no          0      no      no      yes
+               32           32          64       no        no          0      no      no      yes
+               56           32          32       no        no          0      no      no      yes
+              256           32          80       no        no         16      no      no       no
+              384           16          80       no        yes        16      no      no       no
+              576            8          16       no        yes        64      no      no       no
     """,
-    # M3, M4 and later: dynamic caching makes long key blocks affordable.
-    "apple9": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  stage_kv
-               96           16         128       yes       no          0      yes      no
-              160           16          64       yes       no          0      yes      no
-              256           16          64       no        no          0      yes      no
-              576            8          32       no        yes        64      yes      no
+    ("apple7", "16-bit"): """
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv
+               96           32         128       yes       no          0      yes     yes      yes
+              128           32         128       yes       no         32      yes     yes       no
+              256           32         128       no        no         32      yes     yes       no
+              384           16         128       no        yes        32      yes     yes       no
+              576            8          16       no        yes        64      yes     yes       no
+    """,
+    ("apple9", "float32"): """
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv
+                8           16         128       yes       no          0      no      no       no
+               16           16          64       yes       no          0      no      no       no
+               48           16          32       yes       no          0      no      no       no
+              192           16          64       no        no          0      no      no       no
+              256           16         128       no        no         16      no      no       no
+              384           16         128       no        yes        16      no      no       no
+              576            8          32       no        yes        64      no      no       no
+    """,
+    ("apple9", "16-bit"): """
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv
+               96           16         128       yes       no          0      yes     yes       no
+              160           16         128       no        no          0      yes     yes       no
+              224           16         128       yes       no         32      yes     yes       no
+              256           16         128       no        no         32      yes     yes       no
+              384           16         128       no        yes        32      yes     yes       no
+              576            8          32       no        yes        64      yes     yes       no
     """,
 }
 
-# The backward pass (dQ kernel, dK/dV kernel). Each simdgroup holds two row
-# operands and two accumulators, about twice the forward's registers, hence
-# shorter blocks. Starting values, not yet tuned on hardware.
+# The backward pass (dQ kernel, dK/dV kernel), from the same sources.
 _BACKWARD_TABLES_TEXT = {
-    "apple7": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  stage_kv  stage_q_dout
-                  64          32         32        32           32      yes         yes      yes      yes         0         0         0      yes       yes        yes
-                 128          16         32        16           32      yes         yes      yes      yes         0         0         0      yes       yes        yes
-                 256          16         32        16           32       no          no       no       no         0         0         0      yes       yes        yes
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes        no         no
+    ("apple7", "float32"): """
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout
+                  16          32         64        32           32      yes          no       no      yes         0         0         0       no   no       yes        yes
+                  24          32         64        32           64       no          no       no       no         0         0         0       no   no       yes        yes
+                  56          32         64        32           80       no          no       no       no         0        16         0       no   no       yes         no
+                 128          32         80        32           80       no          no       no       no        16        16        16       no   no        no         no
+                 256          32         80        16           80       no          no       no       no        16        16        16       no   no        no         no
+                 384          16         80         8           80       no          no       no       no        16        16        16       no   no        no         no
+                 576           8         16         8           16       no          no       no       no        64        64         0       no   no        no         no
     """,
-    "apple9": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  stage_kv  stage_q_dout
-                  96          16         64        16           64      yes         yes      yes      yes         0         0         0      yes        no         no
-                 160          16         32        16           32      yes         yes      yes      yes         0         0         0      yes        no         no
-                 256          16         32        16           32       no          no       no       no         0         0         0      yes        no         no
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes        no         no
+    ("apple7", "16-bit"): """
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout
+                  16          32         64        32           64      yes          no       no      yes         0         0         0      yes   yes       yes        yes
+                  32          32         64        32           64      yes          no       no       no         0         0         0      yes   yes       yes        yes
+                  56          32         64        32           80       no          no       no       no         0        32         0      yes   yes       yes         no
+                  96          32         64        32           64       no          no       no       no         0        32         0      yes   yes       yes         no
+                 128          32         64        32           64       no          no       no       no        32        32        32      yes   yes        no         no
+                 256          32         64        16           64       no          no       no       no        32        32        32      yes   yes        no         no
+                 384          16         64         8           64       no          no       no       no        32        32        32      yes   yes        no         no
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes   yes        no         no
+    """,
+    ("apple9", "float32"): """
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout
+                  16          16         64        16           64      yes         yes      yes      yes         0         0         0       no   no        no         no
+                  32          16         64        16           32      yes          no      yes      yes         0         0         0       no   no        no         no
+                  64          16         64        16           32      yes          no       no      yes         0         0         0       no   no        no         no
+                 128          16         64        16          128      yes          no       no       no         0         0         0       no   no        no         no
+                 160          16         64        16          128      yes          no       no       no         0        16         0       no   no        no         no
+                 192          16         64        16          128      yes          no       no       no         0        16        16       no   no        no         no
+                 256          16        128        16          128       no          no       no       no        16        16        16       no   no        no         no
+                 384          16        128         8          128       no          no       no       no        16        16        16       no   no        no         no
+                 576           8         16         8           16       no          no       no       no        64        64         0       no   no        no         no
+    """,
+    ("apple9", "16-bit"): """
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout
+                  56          16         64        16           64      yes         yes      yes      yes         0         0         0      yes   yes        no         no
+                  80          16         64        16           32      yes         yes       no      yes         0         0         0      yes   yes        no         no
+                 144          16         64        16          128      yes          no       no       no         0         0         0      yes   yes        no         no
+                 192          16         64        16          128      yes          no       no       no         0        16         0      yes   yes        no         no
+                 224          16        128        16          128       no          no       no       no        32        16         0      yes   yes        no         no
+                 256          16        128        16          128       no          no       no       no        32        32        32      yes   yes        no         no
+                 384          16        128         8          128       no          no       no       no        32        32        32      yes   yes        no         no
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes   yes        no         no
     """,
 }
 
-# stage_kv / stage_q_dout "yes" on apple7/8 for several simdgroups, "no" on apple9: MFA shares
-# reads among threads through threadgroup memory (preferAsyncLoad) unless the GPU is Apple9+
-# (preferAsyncCache: per-lane reads; AttentionKernel*.swift, GEMMKernelDescriptor).
-# tiles16 "yes" everywhere: MFA gives 16-bit inputs 16-bit operand registers at every head
-# dimension (metal-flash-attention, Sources/FlashAttention/Attention/AttentionDescriptor/
-# AttentionDescriptor+Precisions.swift, registerPrecisions(): Q, K, V FP16; dO BF16 only
-# with native BF16 casting, apple9). Its block sizes for 16-bit inputs (forwardMixed,
-# backwardQueryMixed, backwardKeyValueMixed in AttentionDescriptor+Parameters.swift) assume
-# FP16 P and S, which these kernels do not use, so the block columns are not keyed by dtype yet.
+# stage_kv / stage_q_dout "yes" on apple7/8 where a threadgroup has several simdgroups and the
+# kernel pages no accumulator (pages and a 24 KiB stage may not fit 32 KiB together),
+# "no" on apple9: MFA shares reads among threads through threadgroup memory (preferAsyncLoad)
+# unless the GPU is Apple9+ (preferAsyncCache: per-lane reads; AttentionKernel*.swift,
+# GEMMKernelDescriptor).
 
 # The values each column may take, by row type (table_columns.py): the tuner's candidate space.
 DOMAINS: dict[type, dict[str, tuple]] = {TileRow: FORWARD_COLUMNS, BackwardTileRow: BACKWARD_COLUMNS}
@@ -172,11 +249,20 @@ def _parse(text: str, row_type):
     return tuple(rows)
 
 
-TABLES: dict[str, tuple[TileRow, ...]] = {name: _parse(text, TileRow) for name, text in _TABLES_TEXT.items()}
-BACKWARD_TABLES: dict[str, tuple[BackwardTileRow, ...]] = {
-    name: _parse(text, BackwardTileRow) for name, text in _BACKWARD_TABLES_TEXT.items()}
-FAMILIES = tuple(sorted(set(TABLES) | set(_ALIASES)))
+TABLES: dict[tuple[str, str], tuple[TileRow, ...]] = {
+    key: _parse(text, TileRow) for key, text in _TABLES_TEXT.items()}
+BACKWARD_TABLES: dict[tuple[str, str], tuple[BackwardTileRow, ...]] = {
+    key: _parse(text, BackwardTileRow) for key, text in _BACKWARD_TABLES_TEXT.items()}
+FAMILIES = tuple(sorted({family for family, _ in TABLES} | set(_ALIASES)))
+# The tables' precision of each input dtype: MFA's FP32 rows, or its mixed (16-bit) ones.
+PRECISIONS = {"float32": "float32", "float16": "16-bit", "bfloat16": "16-bit"}
 
+
+def precision(dtype: str) -> str:
+    """The precision whose tables serve `dtype` inputs (ValueError naming dtype if none does)."""
+    if dtype not in PRECISIONS:
+        raise ValueError(f"dtype must be one of {', '.join(PRECISIONS)} for the tile tables, got {dtype!r}")
+    return PRECISIONS[dtype]
 
 # Rows forced by forced_rows(): family name -> (base family, forward row, backward row), while
 # some block forces them. A name is a function of its rows, so the same rows give the same
@@ -217,10 +303,9 @@ def _unforced(family: str) -> str:
 
 def _base(family: str) -> str:
     """The GPU family `family` names (of a forced family its base's, of a device family its own),
-    checked: its table is TABLES' (or an alias's target's)."""
+    checked: its tables are TABLES' (or an alias's target's)."""
     family = tuned.parts(_unforced(family))[0]
-    table = _ALIASES.get(family, family)
-    if table not in TABLES:
+    if _ALIASES.get(family, family) not in FAMILIES:
         raise ValueError(f"unknown GPU family {family!r}; known: {', '.join(FAMILIES)}")
     return family
 
@@ -230,46 +315,48 @@ def native_bfloat(family: str) -> bool:
     return _base(family) in _NATIVE_BFLOAT
 
 
-def operand_tile_type(dtype: str, family: str, tiles16: bool) -> str:
-    """The MSL element type of the operand tiles of a kernel over `dtype` inputs (tiles16 above)."""
-    if not tiles16 or dtype == "float32":
+def operand_tile_type(dtype: str, family: str, sixteen: bool) -> str:
+    """The MSL element type of the tiles a 16-bit column (tiles16, p16 above) gives a kernel over
+    `dtype` inputs when on (`sixteen`): the input's own 16-bit type, or float."""
+    if not sixteen or dtype == "float32":
         return "float"
     if dtype == "float16":
         return "half"
     return "bfloat" if native_bfloat(family) else "float"
 
 
-def built_in_row(direction: str, family: str, head_dim: int):
-    """The built-in row of `family`'s `direction` ("forward", "backward") table for a problem
-    whose larger head dimension is `head_dim` (a forced family's: its base family's)."""
+def built_in_row(direction: str, family: str, dtype: str, head_dim: int):
+    """The built-in row of `family`'s `direction` ("forward", "backward") table for `dtype`
+    inputs and a problem whose larger head dimension is `head_dim` (a forced family's: its
+    base family's)."""
     family = _base(family)
-    table = (TABLES if direction == "forward" else BACKWARD_TABLES).get(_ALIASES.get(family, family))
-    if table is None:
-        raise ValueError(f"unknown GPU family {family!r}; known: {', '.join(FAMILIES)}")
-    for row in table:
+    tables = TABLES if direction == "forward" else BACKWARD_TABLES
+    for row in tables[(_ALIASES.get(family, family), precision(dtype))]:
         if head_dim <= row.max_head_dim:
             return row
     raise ValueError(f"head dimension {head_dim} is beyond the largest supported ({MAX_HEAD_DIM})")
 
 
-def _row(direction: str, family: str, head_dim: int):
-    """A forced row (forced_rows), else the tuned row for the built-in row's range in the
-    device's table (tuned.py; a plain family has none), else the built-in row."""
-    row = built_in_row(direction, family, head_dim)
+def _row(direction: str, family: str, dtype: str, head_dim: int):
+    """A forced row (forced_rows), else the tuned row for `dtype` and the built-in row's range in
+    the device's table (tuned.py; a plain family has none), else the built-in row."""
+    row = built_in_row(direction, family, dtype, head_dim)
     forced = _FORCED.get(family, (None, None, None))[1 if direction == "forward" else 2]
     if forced is not None:
         return replace(forced, max_head_dim=MAX_HEAD_DIM)
-    return tuned.tuned_row(_unforced(family), direction, row.max_head_dim, DIRECTION_ROWS[direction]) or row
+    return tuned.tuned_row(_unforced(family), direction, dtype, row.max_head_dim, DIRECTION_ROWS[direction]) or row
 
 
-def tile_row(family: str, head_dim: int) -> TileRow:
-    """The row of `family`'s table for a problem whose larger head dimension is `head_dim`."""
-    return _row("forward", family, head_dim)
+def tile_row(family: str, dtype: str, head_dim: int) -> TileRow:
+    """The row of `family`'s table for `dtype` inputs and a problem whose larger head dimension
+    is `head_dim`."""
+    return _row("forward", family, dtype, head_dim)
 
 
-def backward_tile_row(family: str, head_dim: int) -> BackwardTileRow:
-    """The row of `family`'s backward table for a problem whose larger head dimension is `head_dim`."""
-    return _row("backward", family, head_dim)
+def backward_tile_row(family: str, dtype: str, head_dim: int) -> BackwardTileRow:
+    """The row of `family`'s backward table for `dtype` inputs and a problem whose larger head
+    dimension is `head_dim`."""
+    return _row("backward", family, dtype, head_dim)
 
 
 @dataclass(frozen=True)

@@ -132,9 +132,10 @@ class HeadTensor:
         """The simdgroup matrix type of its tiles."""
         return tile_declaration(self.tile_type)
 
-    def widened(self) -> HeadTensor:
-        """The same tensor loading float tiles (the right operand of a product with float weights)."""
-        return replace(self, tile_type="float")
+    def loading(self, tile_type: str) -> HeadTensor:
+        """The same tensor loading `tile_type` tiles (the right operand of `accumulate`: float,
+        or with p16 the input's 16-bit type)."""
+        return replace(self, tile_type=tile_type)
 
     def _element(self, at: str, conditions: list[str]) -> str:
         """The value of element `at` of the pointer as the tile's type, 0 unless `conditions` hold."""
@@ -251,15 +252,29 @@ def accumulate(result: str, *, weights: str, count: int, rhs: HeadTensor, rhs_ti
     """result[t] += weights[j] . rhs rows of slots [first + 8 j, + 8), features tile t, for
     tiles j < tiles; with `features` = (first tile, count), result[t] holds feature tile
     first tile + t (a block of a paged Accumulator). Reads tiles, tr, tc. Defines nothing
-    outside its loops. The weights are float tiles, so rhs loads float tiles too."""
-    rhs = rhs.widened()
+    outside its loops. The weights are float tiles; rhs's tile type decides the product's
+    operands (Metal multiplies two tiles of one type): float, the weights as they are, or a
+    16-bit type (p16), the weights rounded to it once per tile j."""
     first_tile, feature_tiles = features or (0, tiles(rhs.width))
-    load = [f"simdgroup_float8x8 {rhs_tile};  // {rhs_comment}"]
+    load = [f"{rhs.tile} {rhs_tile};  // {rhs_comment}"]
     load += rhs.load_rows(rhs_tile, position, f"({first_tile} + t)" if first_tile else "t", positions.valid(position))
-    load.append(f"simdgroup_multiply_accumulate({result}[t], {weights}[j], {rhs_tile}, {result}[t]);")
     per_tile = positions.declare(position, f"{first} + j * 8 + int(tr)")
+    left, rounded = rounded_weights(weights, rhs.tile_type)
+    per_tile += rounded
+    load.append(f"simdgroup_multiply_accumulate({result}[t], {left}, {rhs_tile}, {result}[t]);")
     per_tile += loop(f"ushort t = 0; t < {feature_tiles}; ++t", load)
     return loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(per_tile) + ["}"])
+
+
+def rounded_weights(weights: str, tile_type: str) -> tuple[str, list[str]]:
+    """The left operand of a product of `weights`[j] with `tile_type` tiles, and the lines that
+    make it: the float tile itself, or a copy rounded to the 16-bit `tile_type`. Reads j."""
+    if tile_type == "float":
+        return f"{weights}[j]", []
+    name = f"{weights}_{tile_type}"
+    return name, ([f"{tile_declaration(tile_type)} {name};  // {weights}[j] rounded to {tile_type} (p16)"]
+                  + [f"{name}.thread_elements()[{e}] = {tile_type}({weights}[j].thread_elements()[{e}]);"
+                     for e in (0, 1)])
 
 
 def block_loop(start: str, begin: str, end: str, block: int, body: list[str]) -> list[str]:

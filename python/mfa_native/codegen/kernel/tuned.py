@@ -12,10 +12,11 @@ Where: MFA_NATIVE_TUNING unset: `<cache>/tuning/<table>.json` (cache: MFA_NATIVE
 else $XDG_CACHE_HOME/mfa_native, else ~/.cache/mfa_native; ~/Library/Caches/mfa_native on
 macOS); `off`: no tuned table, the built-in rows; any other value: a directory holding the
 `<table>.json` files. A file holds its family, the device it was tuned on, and per direction
-("forward", "backward") rows with every column of the direction's row type; a tuned row
-replaces the built-in row with the same max_head_dim (the range it was tuned for). A damaged
-file (or one of another family) is ignored with a warning (the built-in rows apply; `tune`
-rewrites it). The per-family files of earlier versions (`<family>.json`) are not read, with no
+("forward", "backward") and input dtype ("float32", "float16", "bfloat16") rows with every
+column of the direction's row type; a tuned row replaces the built-in row of its dtype's table
+with the same max_head_dim (the range it was tuned for). A damaged file (or one of another
+family, or of an older format: format 1 rows were not keyed by dtype) is ignored with a warning
+(the built-in rows apply; `tune` rewrites it). The per-family files of earlier versions (`<family>.json`) are not read, with no
 warning: a family's GPUs differ in cores and so in their best rows; run `tune` again.
 """
 
@@ -30,11 +31,11 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 ENV = "MFA_NATIVE_TUNING"
-FORMAT = 1
+FORMAT = 2   # 2: rows keyed by direction, then dtype
 DIRECTIONS = ("forward", "backward")
 TABLE_MARK = "@"   # family TABLE_MARK table: a device's family name
 
-_loaded: dict[str, dict[str, list[dict]] | None] = {}   # device family -> its file's rows by direction (None: none)
+_loaded: dict[str, dict[str, dict[str, list[dict]]] | None] = {}   # device family -> rows by direction, dtype (None: none)
 _generation = [0]
 
 
@@ -97,16 +98,22 @@ def forget() -> None:
     _generation[0] += 1
 
 
-def _read(family: str) -> dict[str, list[dict]] | None:
+def _read(family: str) -> dict[str, dict[str, list[dict]]] | None:
     path, base = table_path(family), parts(family)[0]
     if path is None or not path.exists():
         return None
     try:
         table = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(table.get("format"), int) and table["format"] < FORMAT:
+            warnings.warn(f"ignoring the tuned table {path}: format {table['format']} is older than {FORMAT} "
+                          "(its rows are not keyed by dtype); the built-in rows apply until `tune` rewrites it",
+                          stacklevel=5)
+            return None
         if table.get("format") != FORMAT or table.get("family") != base:
             raise ValueError(f"format {table.get('format')!r} / family {table.get('family')!r}, "
                              f"expected {FORMAT} / {base!r}")
-        return {direction: list(table.get(direction, [])) for direction in DIRECTIONS}
+        return {direction: {dtype: list(rows) for dtype, rows in table.get(direction, {}).items()}
+                for direction in DIRECTIONS}
     except (OSError, ValueError, AttributeError, TypeError) as error:
         warnings.warn(f"ignoring the damaged tuned table {path} ({error}); the built-in rows apply", stacklevel=5)
         return None
@@ -119,20 +126,20 @@ def _typed(entry: dict, row_type):
     return row_type(**entry)
 
 
-def _table(family: str) -> dict[str, list[dict]] | None:
+def _table(family: str) -> dict[str, dict[str, list[dict]]] | None:
     if family not in _loaded:
         _loaded[family] = _read(family)
     return _loaded[family]
 
 
-def tuned_row(family: str, direction: str, max_head_dim: int, row_type):
-    """The tuned `row_type` row of a device family's table for the built-in range ending at
-    `max_head_dim`, or None."""
+def tuned_row(family: str, direction: str, dtype: str, max_head_dim: int, row_type):
+    """The tuned `row_type` row of a device family's table for `dtype` inputs and the built-in
+    range ending at `max_head_dim`, or None."""
     table = _table(family)
     if table is None:
         return None
     try:
-        rows = [_typed(entry, row_type) for entry in table[direction]]
+        rows = [_typed(entry, row_type) for entry in table[direction].get(dtype, [])]
     except (ValueError, TypeError) as error:
         warnings.warn(f"ignoring the damaged tuned table {table_path(family)} ({error}); "
                       "the built-in rows apply", stacklevel=3)
@@ -155,9 +162,9 @@ def location(family: str) -> str:
     return f"{path} ({state}; {setting()})"
 
 
-def write(family: str, device: str, rows: dict[str, list]) -> Path:
-    """Write a device family's tuned table (rows: direction -> row dataclasses; `device`: the
-    device's name, recorded) where lookups read it, and make later lookups use it. Raises
+def write(family: str, device: str, rows: dict[str, dict[str, list]]) -> Path:
+    """Write a device family's tuned table (rows: direction -> dtype -> row dataclasses; `device`:
+    the device's name, recorded) where lookups read it, and make later lookups use it. Raises
     ValueError when tuning is off or `family` names no device."""
     path = table_path(family)
     if path is None:
@@ -165,7 +172,8 @@ def write(family: str, device: str, rows: dict[str, list]) -> Path:
                          f"family {family!r} names no device (runtime.devices.tuning_facts(device).family does)")
     path.parent.mkdir(parents=True, exist_ok=True)
     table = {"format": FORMAT, "family": parts(family)[0], "device": device,
-             **{direction: [asdict(row) for row in rows.get(direction, [])] for direction in DIRECTIONS}}
+             **{direction: {dtype: [asdict(row) for row in dtype_rows]
+                            for dtype, dtype_rows in rows.get(direction, {}).items()} for direction in DIRECTIONS}}
     temporary = path.with_suffix(".json.tmp")
     temporary.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     temporary.replace(path)

@@ -78,7 +78,7 @@ def staged_tensors(d) -> list[StagedTensor]:
     if d.keys.shared_kv:
         return tensors
     tensors.append(StagedTensor("v", d.value_dim, d.v))
-    return staging.apart(tensors) if stages_apart(d.family, d.head_dim, d.value_dim) else tensors
+    return staging.apart(tensors) if stages_apart(d.family, d.dtype, d.head_dim, d.value_dim) else tensors
 
 
 def staged_rows(d) -> list[list[str]]:

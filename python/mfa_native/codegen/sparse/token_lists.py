@@ -45,7 +45,7 @@ class TokenRows:
     def key_block(p, family: str) -> int:
         """Listed rows staged per step: K's and V's, or K's alone when V is a view of K."""
         return stage_rows(p, staged_width(p, family, p.keys.shared_kv),
-                          tile_row(family, max(p.head_dim, p.value_dim)).key_block)
+                          tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block)
 
     @staticmethod
     def backward_query_rows(p, family: str) -> int:
