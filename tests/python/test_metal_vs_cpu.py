@@ -187,7 +187,8 @@ def test_host_memory_is_wrapped_when_page_aligned_and_staged_otherwise(rng, misa
     assert staged == (0 if misalign == 0 else 2)
 
 
-def test_a_batch_orders_dependent_dispatches(rng):
+def _two_dependent_dispatches(rng):
+    """Runs y = 2x + 1, then z = 2y + 1, in one batch on page-aligned arrays; returns (x, z, stats)."""
     page = int(METAL.properties["page_size"])
     n = 3 * page // 4
     kernel = mfa_native.Kernel(AFFINE, "twice_plus_one", device=METAL)
@@ -201,6 +202,11 @@ def test_a_batch_orders_dependent_dispatches(rng):
     batch.commit()
     stats = batch.wait()
     del keep
+    return x, z, stats
+
+
+def test_a_batch_orders_dependent_dispatches(rng):
+    x, z, stats = _two_dependent_dispatches(rng)
     assert relative_l2(z, 4.0 * x.astype(np.float64) + 3.0) < 1e-6  # the second read the first's output
     assert [s.kernel for s in stats] == ["twice_plus_one"] * 2
     assert all(s.seconds is None for s in stats)  # untimed: GPU time is per command buffer, not per dispatch
@@ -209,20 +215,8 @@ def test_a_batch_orders_dependent_dispatches(rng):
 def test_a_profiled_batch_times_each_dispatch_in_order(rng):
     """Inside profile() each dispatch gets its own encoder with sampled GPU timestamps, ordered
     after the one before (the second reads the first's output)."""
-    page = int(METAL.properties["page_size"])
-    n = 3 * page // 4
-    kernel = mfa_native.Kernel(AFFINE, "twice_plus_one", device=METAL)
-    x = page_aligned(n, np.float32, page)
-    x[:] = rng.standard_normal(n)
-    y, z = page_aligned(n, np.float32, page), page_aligned(n, np.float32, page)
-    y[:], z[:] = np.nan, np.nan
-    grid = dict(threadgroups=(n + 255) // 256, threads_per_threadgroup=256)
     with mfa_native.profile():
-        batch = _core.CommandBatch(METAL)
-        keep = kernel.encode(batch, [x, y, np.uint32(n)], **grid) + kernel.encode(batch, [y, z, np.uint32(n)], **grid)
-        batch.commit()
-        stats = batch.wait()
-    del keep
+        x, z, stats = _two_dependent_dispatches(rng)
     assert relative_l2(z, 4.0 * x.astype(np.float64) + 3.0) < 1e-6
     assert all(s.seconds is not None and 0 < s.seconds < 1 for s in stats), stats
 
