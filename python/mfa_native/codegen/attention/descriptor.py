@@ -26,6 +26,7 @@ from ..kernel.layouts import (OperandLayout, contiguous_strides, memory_order, o
 from ..kernel.sizes import Extent, RuntimeSizes
 from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, operand_tile_type, tile_row
 from .masking import MaskRules
+from .pairs import vector_pairs
 from .problem import AttentionBackwardProblem, AttentionProblem
 from .rows import shrunk
 
@@ -88,11 +89,11 @@ class KernelDescriptor(AttentionFacts):
     rows: object            # the rows facet (attention/rows.py)
     o_block: int = 0        # 0: O in registers; else paged, this many features at a time (tables.py)
     tile_type: str = "float"  # element type of the operand tiles Q, K (tables.py, tiles16)
+    vector_pairs: frozenset[str] = frozenset()  # operands whose row pairs are vector accesses (vector_access)
 
     @property
     def simdgroups(self) -> int:
         return self.query_rows // 8
-
 
 @dataclass(frozen=True)
 class BackwardDescriptor(AttentionFacts):
@@ -116,7 +117,7 @@ class BackwardDescriptor(AttentionFacts):
     dk_block: int = 0
     dv_block: int = 0
     tile_type: str = "float"  # element type of the operand tiles Q, K, V, dO (tables.py, tiles16)
-
+    vector_pairs: frozenset[str] = frozenset()  # operands whose row pairs are vector accesses (vector_access)
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
     """Runtime size name -> value, in struct order; with a split, also S (splits) and Cs (keys
@@ -225,10 +226,15 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     rows = p.rows if rows is None else rows
     row = tile_row(family, max(p.head_dim, p.value_dim))
-    return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
+    o = layouts.of("o")  # allocated contiguous
+    D, Dv = p.head_dim, p.value_dim
+    partial = OperandLayout((Extent(0), Extent(0), Extent(Dv), Extent(1)))   # rows of Dv floats
+    pairs = vector_pairs(p, row.vector_access, {"q": (facts["q"], D), "k": (facts["k"], D), "v": (facts["v"], Dv),
+                                                "o": (o, Dv), "o_partial": (partial, Dv)})
+    return KernelDescriptor(**facts, o=o, return_lse=p.return_lse,
                             query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
                             cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block,
-                            tile_type=operand_tile_type(p.dtype, family, row.tiles16))
+                            tile_type=operand_tile_type(p.dtype, family, row.tiles16), vector_pairs=pairs)
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
@@ -237,13 +243,15 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
     p = problem.forward
     facts, layouts = _facts(p, family, backward_sizes(problem), bake_lengths)
     row = backward_tile_row(family, max(p.head_dim, p.value_dim))
+    given = dict(o=layouts.of("o", problem.o_strides, "o"), dout=layouts.of("o", problem.dout_strides, "dout"),
+                 dq=layouts.of("q"), dk=layouts.of("k"), dv=layouts.of("v"))   # the gradients allocated contiguous
+    D, Dv = p.head_dim, p.value_dim
+    widths = {"q": D, "k": D, "v": Dv, "o": Dv, "dout": Dv, "dq": D, "dk": D, "dv": Dv}
+    layouts_of = {**{name: facts[name] for name in ("q", "k", "v")}, **given}
+    pairs = vector_pairs(p, row.vector_access, {name: (layouts_of[name], widths[name]) for name in widths})
     return BackwardDescriptor(
         **facts,
-        o=layouts.of("o", problem.o_strides, "o"),
-        dout=layouts.of("o", problem.dout_strides, "dout"),
-        dq=layouts.of("q"),
-        dk=layouts.of("k"),
-        dv=layouts.of("v"),
+        **given,
         scale=float(np.float32(p.softmax_scale)),
         query_rows=p.rows.backward_query_rows(p, family),
         key_block=row.key_block,
@@ -257,4 +265,5 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         dk_block=row.dk_block,
         dv_block=row.dv_block,
         tile_type=operand_tile_type(p.dtype, family, row.tiles16),
+        vector_pairs=pairs,
     )

@@ -21,6 +21,7 @@ FORWARD_COLUMNS: dict[str, tuple] = {
     "stage_apart": (True, False),
     "o_block": (0, 32, 64),
     "tiles16": (True, False),
+    "vector_access": (True, False),
 }
 BACKWARD_COLUMNS: dict[str, tuple] = {
     "query_rows": (8, 16, 32),      # dQ kernel
@@ -35,11 +36,12 @@ BACKWARD_COLUMNS: dict[str, tuple] = {
     "dk_block": (0, 32, 64),        # dK/dV kernel
     "dv_block": (0, 32, 64),        # dK/dV kernel
     "tiles16": (True, False),       # both kernels; 16-bit inputs only
+    "vector_access": (True, False), # both kernels
 }
 # Which kernels read a backward column (the forward's columns all apply to the forward kernels).
 BACKWARD_KERNEL_COLUMNS = {
-    "dq": ("query_rows", "key_block", "cache_q", "cache_dout", "dq_block", "tiles16"),
-    "dkdv": ("key_rows", "query_block", "cache_k", "cache_v", "dk_block", "dv_block", "tiles16"),
+    "dq": ("query_rows", "key_block", "cache_q", "cache_dout", "dq_block", "tiles16", "vector_access"),
+    "dkdv": ("key_rows", "query_block", "cache_k", "cache_v", "dk_block", "dv_block", "tiles16", "vector_access"),
 }
 
 

@@ -31,6 +31,13 @@ A row applies to problems whose larger head dimension, max(D, Dv), is at most
               P and dS stay float32 (no rounding of probabilities to 16 bits). The
               accumulators, S, dP and the softmax are float32 always. No effect on
               float32 inputs.
+- vector_access: a lane's two adjacent elements of a row tile are one vector access
+              (half2, bfloat2, float2) instead of two, in the row loads of Q, K, V, O,
+              dO and the stores of O, dQ, dK, dV, where it is provably aligned (unit
+              feature stride, even other strides and width, the array's first element
+              aligned to two elements: AttentionProblem.aligned, which the ops take from
+              the addresses). Else, and for transposed loads (two rows), two scalar
+              accesses. Nothing wider fits: a lane's next elements are 8 columns on.
 
 The values start from the shape of metal-flash-attention's published tuning
 (small threadgroups and long key blocks on GPUs with dynamic register caching,
@@ -42,7 +49,7 @@ the dQ kernel's query rows and key block, the dK/dV kernel's key rows and
 query block, whether each of the row operands each simdgroup owns stays in
 registers (cache_q and cache_dout in the dQ kernel, cache_k and cache_v in the
 dK/dV kernel, each its own choice; otherwise it is re-read tile by tile per
-block), tiles16 as in the forward, and, like
+block), tiles16 and vector_access as in the forward, and, like
 o_block, whether the accumulators dQ, dK and dV are paged (0: in registers; else
 paged through threadgroup memory that many features at a time). dK and dV are not
 both paged at D 576 / Dv 512: their pages would take 34 KiB; dV stays in registers.
@@ -69,6 +76,7 @@ class TileRow:
     stage_apart: bool
     o_block: int
     tiles16: bool
+    vector_access: bool
 
 
 @dataclass(frozen=True)
@@ -86,24 +94,25 @@ class BackwardTileRow:
     dk_block: int      # dK, the same
     dv_block: int      # dV, the same
     tiles16: bool      # 16-bit operand tiles for 16-bit inputs (see TileRow)
+    vector_access: bool  # a lane's two adjacent elements as one vector access (see TileRow)
 
 
 _TABLES_TEXT = {
     # M1 and M2 generations: no dynamic caching, registers are the limit.
     "apple7": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16
-               64           32          64       yes       no          0      yes
-              128           32          32       yes       no          0      yes
-              256           16          32       no        no          0      yes
-              576            8          16       no        yes        64      yes
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  vector_access
+               64           32          64       yes       no          0      yes          yes
+              128           32          32       yes       no          0      yes          yes
+              256           16          32       no        no          0      yes          yes
+              576            8          16       no        yes        64      yes          yes
     """,
     # M3, M4 and later: dynamic caching makes long key blocks affordable.
     "apple9": """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16
-               96           16         128       yes       no          0      yes
-              160           16          64       yes       no          0      yes
-              256           16          64       no        no          0      yes
-              576            8          32       no        yes        64      yes
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  vector_access
+               96           16         128       yes       no          0      yes          yes
+              160           16          64       yes       no          0      yes          yes
+              256           16          64       no        no          0      yes          yes
+              576            8          32       no        yes        64      yes          yes
     """,
 }
 
@@ -112,18 +121,18 @@ _TABLES_TEXT = {
 # shorter blocks. Starting values, not yet tuned on hardware.
 _BACKWARD_TABLES_TEXT = {
     "apple7": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16
-                  64          32         32        32           32      yes         yes      yes      yes         0         0         0      yes
-                 128          16         32        16           32      yes         yes      yes      yes         0         0         0      yes
-                 256          16         32        16           32       no          no       no       no         0         0         0      yes
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  vector_access
+                  64          32         32        32           32      yes         yes      yes      yes         0         0         0      yes          yes
+                 128          16         32        16           32      yes         yes      yes      yes         0         0         0      yes          yes
+                 256          16         32        16           32       no          no       no       no         0         0         0      yes          yes
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes          yes
     """,
     "apple9": """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16
-                  96          16         64        16           64      yes         yes      yes      yes         0         0         0      yes
-                 160          16         32        16           32      yes         yes      yes      yes         0         0         0      yes
-                 256          16         32        16           32       no          no       no       no         0         0         0      yes
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  vector_access
+                  96          16         64        16           64      yes         yes      yes      yes         0         0         0      yes          yes
+                 160          16         32        16           32      yes         yes      yes      yes         0         0         0      yes          yes
+                 256          16         32        16           32       no          no       no       no         0         0         0      yes          yes
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes          yes
     """,
 }
 
