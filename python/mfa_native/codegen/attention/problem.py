@@ -31,6 +31,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 LAYOUTS = ("bhsd", "bshd")
 CAUSAL = ("none", "lower_right", "upper_left")
 MASKS = ("none", "bool", "additive")
+# AttentionProblem.aligned of a problem whose arrays are allocated (numpy's, the pool's: aligned).
+ALLOCATED = frozenset(("q", "k", "v", "o", "dout", "dq", "dk", "dv"))
 
 @dataclass(frozen=True)
 class AttentionProblem:
