@@ -43,7 +43,7 @@ def alignment(a: np.ndarray) -> int:
     """Where a's first element sits modulo 16 bytes (codegen vectorizes the accesses of aligned
     arrays: AttentionProblem.aligned): 0 for an array owning its memory (numpy allocates it
     aligned), so only views pay for reading their address."""
-    return 0 if a.flags.owndata else a.__array_interface__["data"][0] % 16
+    return 0 if a.flags.owndata else a.ctypes.data % 16
 
 
 def signature(arrays: Sequence, options: Sequence, device: Device) -> tuple | None:

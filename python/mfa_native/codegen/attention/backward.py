@@ -197,7 +197,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dq_row = dq_head + {offset('ulong(row)', d.dq.strides[2])};"]
     store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale),
-                        element=_accumulators(d)["dq"].element, pair="dq" in d.vector_pairs)
+                        element=_accumulators(d)["dq"].element, vector="dq" in d.vector_pairs)
     body += ["", "// dQ = scale * dS K.", f"if (row < {d.keys.bounds.q_end}) {{"] + indent(store) + ["}"]
     return _kernel(d, dq_plan(d), body)
 
@@ -290,9 +290,9 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dk_row = dk_head + {offset('ulong(key_row)', d.dk.strides[2])};"]
     store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale),
-                        element=acc["dk"].element, pair="dk" in d.vector_pairs)
+                        element=acc["dk"].element, vector="dk" in d.vector_pairs)
     store += [f"device {t}* dv_row = dv_head + {offset('ulong(key_row)', d.dv.strides[2])};"]
     store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t, element=acc["dv"].element,
-                        pair="dv" in d.vector_pairs)
+                        vector="dv" in d.vector_pairs)
     body += ["", "// dK = scale * dS^T Q, dV = P^T dO.", f"if (key_row < {d.keys.bounds.k_end}) {{"] + indent(store) + ["}"]
     return _kernel(d, dkdv_plan(d), body)

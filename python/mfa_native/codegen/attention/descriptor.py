@@ -95,6 +95,7 @@ class KernelDescriptor(AttentionFacts):
     def simdgroups(self) -> int:
         return self.query_rows // 8
 
+
 @dataclass(frozen=True)
 class BackwardDescriptor(AttentionFacts):
     """The backward kernels (see backward.py)."""
@@ -118,6 +119,7 @@ class BackwardDescriptor(AttentionFacts):
     dv_block: int = 0
     tile_type: str = "float"  # element type of the operand tiles Q, K, V, dO (tables.py, tiles16)
     vector_pairs: frozenset[str] = frozenset()  # operands whose row pairs are vector accesses (vector_access)
+
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
     """Runtime size name -> value, in struct order; with a split, also S (splits) and Cs (keys

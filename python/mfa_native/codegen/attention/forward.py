@@ -76,7 +76,7 @@ class Normalized:
         t = MSL_TYPES[d.dtype]
         body = [f"device {t}* o_row = o_head + {offset('ulong(row)', d.o.strides[2])};"]
         body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l", element=output(d).element,
-                           pair="o" in d.vector_pairs)
+                           vector="o" in d.vector_pairs)
         if d.return_lse:
             body += ["if (tc == 0) {",
                      f"  lse[{row_index('row')}] = {stored_lse(m='m', denominator='l', sinks=d.sinks)};",
@@ -114,7 +114,7 @@ class SplitPartial:
         body = [f"const ulong at = ulong(split) * B * Hq * R + {row_index('row')};",
                 f"device float* o_split = o_partial + at * {d.value_dim};"]
         body += store_rows("o_split", "o_tile", d.value_dim, element=output(d).element,
-                           pair="o_partial" in d.vector_pairs)
+                           vector="o_partial" in d.vector_pairs)
         body += ["if (tc == 0) {", "  ml_partial[at * 2] = m;", "  ml_partial[at * 2 + 1] = l;", "}"]
         return (["", "// This split's share: O before the division by l, and m, l.", "if (row < R) {"]
                 + indent(body) + ["}"])

@@ -17,10 +17,8 @@ if TYPE_CHECKING:
 
 def pair_type(d: KernelDescriptor | BackwardDescriptor, name: str) -> str | None:
     """The vector type of operand `name`'s row pairs in `d`'s kernels (the device element's
-    two-vector; float2 for the float32 split-KV partials), None when they are scalar accesses."""
-    if name not in d.vector_pairs:
-        return None
-    return "float2" if name == "o_partial" else f"{MSL_TYPES[d.dtype]}2"
+    two-vector), None when they are scalar accesses."""
+    return f"{MSL_TYPES[d.dtype]}2" if name in d.vector_pairs else None
 
 
 def vector_pairs(p: AttentionProblem, on: bool, operands: dict[str, tuple[OperandLayout, int]]) -> frozenset[str]:
