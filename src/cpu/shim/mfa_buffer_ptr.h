@@ -31,9 +31,20 @@
 #pragma once
 
 #include "mfa_scalar.h"  // is_scalar_v
-#include "mfa_vector.h"  // is_vector_v
+
+namespace metal {
+template <class T, int N>
+struct vec;  // mfa_vector.h
+}  // namespace metal
 
 namespace mfa_shim {
+
+// Whether X is an MSL vector (float2, half4, ...): the accesses that must be aligned. (Not
+// mfa_vector.h's is_vector_v, so that this header stands without the vector types.)
+template <class X>
+inline constexpr bool is_vector_access_v = false;
+template <class T, int N>
+inline constexpr bool is_vector_access_v<metal::vec<T, N>> = true;
 
 #ifdef MFA_SHIM_BOUNDS_CHECK
 inline constexpr bool bounds_checked = true;
@@ -243,7 +254,7 @@ class buffer_ptr : public pointer_operators<buffer_ptr<T>> {
   // float2 8, float3 and float4 16), counted from the address, not the buffer's start.
   void check_alignment(const T* element) const {
     using Element = std::remove_cv_t<T>;
-    if constexpr (is_vector_v<Element>) {
+    if constexpr (is_vector_access_v<Element>) {
       constexpr size_t alignment = alignof(Element);
       const uintptr_t address = reinterpret_cast<uintptr_t>(element);
       if (address % alignment == 0) return;
