@@ -6,7 +6,8 @@
 # matrices, atomics, casts, the race detector, array bounds), then a small set
 # of representative kernels (the sample GEMM in three element types, attention
 # forward and backward, sparse-indexed and block-sparse passes, the Kernel API
-# tests) plain, under the race detector and with bounds checks.
+# tests, views that forbid vector pairs) plain, under the race detector and with bounds
+# checks (which also fail a misaligned vector access).
 #
 # Runs after scripts/run-tests.sh (CI: .ci/run), with the package installed and
 # the CMake tree in build/. Installs clang-16 and clang-19 from Debian when they
@@ -61,6 +62,7 @@ kernels=(
   tests/python/test_bounds_check.py::test_an_index_past_a_thread_array_fails
   tests/python/test_attention.py::test_sinks
   tests/python/test_attention_backward.py::test_sinks
+  tests/python/test_vector_access.py::test_views_that_forbid_vector_pairs_fall_back_and_stay_right
   "tests/python/test_sparse.py::test_matches_gather_then_dense[H4/2-topk20]"
   tests/python/test_sparse.py::test_the_indexer_feeds_sparse_attention
   "tests/python/test_block_sparse.py::test_forward_matches_the_dense_reference[(32, 64)-['causal', 'layout', 'mask']]"

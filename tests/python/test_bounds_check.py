@@ -125,14 +125,16 @@ def test_the_environment_checks_every_kernel():
 
 # Every generated kernel runs clean with every array and buffer access
 # checked: the passes of the race sweep (tests/python/test_racecheck.py), and
-# ragged lengths, odd head dimensions, int8 and quantized K/V, run again in a
+# ragged lengths, odd head dimensions, int8 and quantized K/V, views whose first element
+# forbids vector pairs (a misaligned vector access would fail here), run again in a
 # process where MFA_NATIVE_BOUNDS_CHECK=1 builds every kernel checked. The
 # first test there proves that the variable takes effect.
 SWEEP = ["tests/python/test_bounds_check.py::test_the_environment_checks_every_kernel", *GENERATED_KERNEL_TESTS,
          "tests/python/test_attention.py::test_sequence_lengths_including_one_and_ragged",
          "tests/python/test_attention.py::test_head_dimensions",
          "tests/python/test_int8_attention.py::test_computes_the_emulated_pipeline",
-         "tests/python/test_quantized_attention.py::test_every_format_as_k_and_as_v"]
+         "tests/python/test_quantized_attention.py::test_every_format_as_k_and_as_v",
+         "tests/python/test_vector_access.py::test_views_that_forbid_vector_pairs_fall_back_and_stay_right"]
 
 
 def test_every_generated_kernel_runs_clean_with_bounds_checks():

@@ -196,19 +196,20 @@ def test_emit_prints_the_codegen_source(capsys):
             "--kv-heads", "2", "--causal", "upper_left", "--mask", "additive", "--window", "32", "-1", "--sinks"]
     assert cli_main(args) == 0
     problem = AttentionProblem(1, 8, 2, 128, 128, 80, 64, dtype="bfloat16", causal="upper_left", mask="additive",
-                               mask_dtype="float32", window=(32, -1), sinks=True)
-    assert capsys.readouterr().out == attention_source(problem)
+                               mask_dtype="float32", window=(32, -1), sinks=True, aligned=codegen.ALLOCATED)
+    assert capsys.readouterr().out == attention_source(problem)   # the kernels of allocated (aligned) arrays
     assert cli_main(["emit", "attention", "--head-dim", "64", "--plan"]) == 0
     out = capsys.readouterr().out
     assert "[[buffer(0)]] q: input float16 (1, 1, 128, 64)" in out
     assert "kernel attention_forward: threadgroups (8, 1, 1), 64 threads each" in out
     assert cli_main(["emit", "attention", "--head-dim", "64", "--json"]) == 0
     template = PassTemplate.from_json(capsys.readouterr().out)
-    assert template == codegen.attention_template(AttentionProblem(1, 1, 1, 128, 128, 64, 64, dtype="float16"))
+    assert template == codegen.attention_template(AttentionProblem(1, 1, 1, 128, 128, 64, 64, dtype="float16",
+                                                                   aligned=codegen.ALLOCATED))
     assert template.sizes == ("B", "Hq", "Hkv", "R", "C")
     assert cli_main(["emit", "attention", "--head-dim", "64", "--json", "--sizes", "R=300,B=2"]) == 0
     assert mfa_native.PassDescription.from_json(capsys.readouterr().out) == attention_pass(
-        AttentionProblem(2, 1, 1, 300, 128, 64, 64, dtype="float16"))
+        AttentionProblem(2, 1, 1, 300, 128, 64, 64, dtype="float16", aligned=codegen.ALLOCATED))
     assert cli_main(["emit", "attention", "--head-dim", "64", "--json", "--sizes", "R"]) == 2
     assert "NAME=N" in capsys.readouterr().err
     # A decode problem on a device that runs 64 threadgroups at once: the split-KV pair.

@@ -65,7 +65,8 @@ def test_every_kind_prints_its_kernels_plan_and_template(capsys, kind, extra, ke
 def test_the_captured_templates_are_the_ops_passes(capsys):
     """int8 attention's and quantize's builders return evaluated passes; the template emit prints
     for them evaluates to exactly that pass."""
-    problem = codegen.AttentionProblem(1, 4, 2, 32, 32, 64, 64, dtype="float16", causal="lower_right", sinks=True)
+    problem = codegen.AttentionProblem(1, 4, 2, 32, 32, 64, 64, dtype="float16", causal="lower_right", sinks=True,
+                                       aligned=codegen.ALLOCATED)   # emit's problems: allocated arrays
     template = PassTemplate.from_json(emit(capsys, "int8-attention", *GQA, "--causal", "lower_right", "--sinks",
                                            "--qk-scale", "tile", "--json"))
     expected = codegen.int8_attention_pass(Int8Problem(problem, qk_scale="tile"))

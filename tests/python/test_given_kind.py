@@ -133,3 +133,9 @@ def test_metal_tensors_are_bound_in_place_of_their_stand_ins(monkeypatch):
     assert bound[0][0] == "buffer" and bound[1][0] == "buffer" and bound[2] is host
     with pytest.raises(ValueError, match="metal device"):
         call.bind([stand_in], type("FakeDevice", (), {"kind": "cpu"})())
+    # A stand-in is aligned as its tensor's first element is (codegen's vector accesses read it).
+    halves = torch.zeros(40, dtype=torch.float16)
+    for offset in (0, 1, 2, 5):
+        tensor = halves[offset:offset + 8].view(2, 4)
+        address = call.view(tensor, "k").__array_interface__["data"][0]
+        assert address % 16 == offset * 2 % 16, offset

@@ -73,5 +73,5 @@ def test_emit_report_prints_every_alternative(capsys):
     assert main(["emit", "attention", "--head-dim", "64", "--report"]) == 0
     out = capsys.readouterr().out
     for label, _ in alternatives(built_in_row("forward", FAMILY, "float16", 64)):  # emit's default dtype
-        assert f"\n{label:<16} attention_forward" in out
+        assert f"\n{label:<20} attention_forward" in out
     assert main(["emit", "quantize", "--head-dim", "64", "--report"]) == 2

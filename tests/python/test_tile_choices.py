@@ -26,17 +26,19 @@ from mfa_native.runtime.devices import tuned_as
 
 
 def forward_row(*, cache_q=True, o_block=0, tiles16=True, query_rows=16, key_block=32, stage_apart=True,
-                p16=False, stage_kv=False) -> TileRow:
+                p16=False, stage_kv=False, vector_access=True) -> TileRow:
     return TileRow(max_head_dim=576, query_rows=query_rows, key_block=key_block, cache_q=cache_q,
-                   stage_apart=stage_apart, o_block=o_block, tiles16=tiles16, p16=p16, stage_kv=stage_kv)
+                   stage_apart=stage_apart, o_block=o_block, tiles16=tiles16, p16=p16, stage_kv=stage_kv,
+                   vector_access=vector_access)
 
 
 def backward_row(*, cache_q=True, cache_dout=True, cache_k=True, cache_v=True, dq_block=0, dk_block=0, dv_block=0,
-                 tiles16=True, rows=16, block=32, p16=False, stage_kv=False, stage_q_dout=False) -> BackwardTileRow:
+                 tiles16=True, rows=16, block=32, p16=False, stage_kv=False, stage_q_dout=False,
+                 vector_access=True) -> BackwardTileRow:
     return BackwardTileRow(max_head_dim=576, query_rows=rows, key_block=block, key_rows=rows, query_block=block,
                            cache_q=cache_q, cache_dout=cache_dout, cache_k=cache_k, cache_v=cache_v,
                            dq_block=dq_block, dk_block=dk_block, dv_block=dv_block, tiles16=tiles16, p16=p16,
-                           stage_kv=stage_kv, stage_q_dout=stage_q_dout)
+                           stage_kv=stage_kv, stage_q_dout=stage_q_dout, vector_access=vector_access)
 
 
 @contextmanager
@@ -48,7 +50,7 @@ def forced(forward: TileRow | None = None, backward: BackwardTileRow | None = No
 
 
 FORWARD_ROWS = [forward_row(cache_q=c, o_block=o) for c, o in itertools.product((True, False), (0, 32))]
-FORWARD_ROWS.append(forward_row(tiles16=False, cache_q=False))
+FORWARD_ROWS.append(forward_row(tiles16=False, cache_q=False, vector_access=False))
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # (D, Dv, Hq, Hkv, R, C, layout, keyword arguments): odd, mixed and past-256 head dims, each
 # with a dense feature; cycled over the (row, dtype) cases so every row meets several.
@@ -96,7 +98,7 @@ BACKWARD_ROWS = [backward_row(cache_q=a, cache_dout=b, cache_k=b, cache_v=a) for
 # (Paged, one simdgroup per threadgroup: two simdgroups' dK and dV pages at D 264 / Dv 300
 # would take 35.5 KiB, over the 32 KiB of threadgroup memory.)
 BACKWARD_ROWS += [backward_row(cache_q=False, cache_v=False, dq_block=32, dk_block=32, dv_block=32, rows=8),
-                  backward_row(cache_dout=False, cache_k=False, dv_block=32, tiles16=False)]
+                  backward_row(cache_dout=False, cache_k=False, dv_block=32, tiles16=False, vector_access=False)]
 BACKWARD_SHAPES = [
     (33, 17, 2, 1, 11, 23, "bhsd", dict(causal=True)),
     (8, 8, 2, 2, 9, 17, "bshd", dict(window=(4, 2), sinks=True)),

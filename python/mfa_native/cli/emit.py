@@ -92,7 +92,8 @@ def problem_from(args: argparse.Namespace) -> AttentionProblem:
         head_dim=args.head_dim, value_dim=args.value_dim or args.head_dim,
         dtype=args.dtype, layout=args.layout, causal=args.causal,
         window=tuple(args.window) if args.window else None,
-        mask=args.mask, mask_dtype=mask_dtype, sinks=args.sinks, scale=args.scale, return_lse=args.lse)
+        mask=args.mask, mask_dtype=mask_dtype, sinks=args.sinks, scale=args.scale, return_lse=args.lse,
+        aligned=codegen.ALLOCATED)   # the kernels of arrays numpy allocates (vector pairs where the row allows)
 
 
 def _forward(args: argparse.Namespace, problem: AttentionProblem) -> Built:

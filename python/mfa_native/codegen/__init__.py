@@ -28,7 +28,7 @@ from .attention.keys import DENSE
 from .attention.passes import (BAKE_LENGTHS, attention_backward_pass, attention_backward_template, attention_pass,
                                attention_template, call_sizes)
 from .attention.cache import CacheKeys
-from .attention.problem import AttentionBackwardProblem, AttentionProblem
+from .attention.problem import ALLOCATED, AttentionBackwardProblem, AttentionProblem
 from .attention.sequences import SequenceRanges, unit_table
 from .attention.split import kv_split
 from .int8.passes import int8_attention_pass, int8_quantizer_pass
@@ -60,6 +60,7 @@ def attention_source(problem: AttentionProblem, *, family: str = CPU_FAMILY,
 
 
 __all__ = [
+    "ALLOCATED",
     "AttentionBackwardProblem",
     "AttentionProblem",
     "BAKE_LENGTHS",

@@ -148,6 +148,15 @@ def bindable(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def aligned(arrays: dict[str, np.ndarray], allocated: tuple[str, ...]) -> frozenset[str]:
+    """AttentionProblem.aligned: the names of `arrays` whose first element is aligned to two
+    elements (a vector pair), and the `allocated` outputs (fresh pool memory always is). The
+    warm path's signature holds each array's `alignment`, so a call that shares a signature
+    shares these facts."""
+    return frozenset(name for name, x in arrays.items()
+                     if x.__array_interface__["data"][0] % (2 * x.dtype.itemsize) == 0) | frozenset(allocated)
+
+
 def element_strides(x: np.ndarray) -> tuple[int, int, int, int]:
     return tuple(s // x.dtype.itemsize for s in x.strides)  # type: ignore[return-value]
 

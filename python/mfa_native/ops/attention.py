@@ -129,7 +129,8 @@ def validate(arrays, *, scale, causal, window, layout, return_lse,
         v_strides=None if "v" in storage else physical(check.element_strides(bound["v"]), layout),
         causal=causal_mode, window=window, mask=mask_kind, mask_dtype=mask_dtype, mask_strides=mask_strides,
         sinks=sinks is not None, scale=scale, return_lse=return_lse, k_storage=storage.get("k", codegen.PLAIN),
-        v_storage=storage.get("v", codegen.PLAIN))
+        v_storage=storage.get("v", codegen.PLAIN),
+        aligned=check.aligned({name: bound[name] for name in ("q", "k", "v") if name not in storage}, ("o",)))
     return Validated(problem, bound, converts, sources)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .. import codegen, reference
@@ -47,7 +49,9 @@ def validate_backward(arrays, *, scale, causal, window, layout) -> Validated:
         bound[name] = converts[name](raw)
         if same_memory(raw, bound[name]):
             converts[name] = None
-    problem = AttentionBackwardProblem(p, o_strides=physical(check.element_strides(bound["o"]), layout),
+    # o is an input here (the forward's output); the gradients are allocated.
+    aligned = check.aligned({name: bound[name] for name in ("q", "k", "v", "o", "dout")}, ("dq", "dk", "dv"))
+    problem = AttentionBackwardProblem(replace(p, aligned=aligned), o_strides=physical(check.element_strides(bound["o"]), layout),
                                        dout_strides=physical(check.element_strides(bound["dout"]), layout))
     return Validated(problem, bound, converts)
 

@@ -1,7 +1,7 @@
 """The warm path: a call whose signature was seen before runs its prepared pass directly.
 
 A signature is everything argument validation and code generation depend on:
-the type, shape, strides and dtype of every array argument, the type and value
+the type, shape, strides, dtype and alignment of every array argument, the type and value
 of every other argument, the device, its tuning facts and the tuned tables' generation (codegen/kernel/tuned.py). Calls that share one
 cannot differ in anything but array contents, so the first call's checks,
 problem, pass description and prepared pass all hold for them; only checks of
@@ -39,6 +39,13 @@ def _strict(value):
     return (type(value), value)
 
 
+def alignment(a: np.ndarray) -> int:
+    """Where a's first element sits modulo 16 bytes (codegen vectorizes the accesses of aligned
+    arrays: AttentionProblem.aligned): 0 for an array owning its memory (numpy allocates it
+    aligned), so only views pay for reading their address."""
+    return 0 if a.flags.owndata else a.ctypes.data % 16
+
+
 def signature(arrays: Sequence, options: Sequence, device: Device) -> tuple | None:
     """The signature of a call, or None when it has none (an array argument that is not
     numpy). It may still be unhashable (an option that is); the cache then does not keep it."""
@@ -47,7 +54,7 @@ def signature(arrays: Sequence, options: Sequence, device: Device) -> tuple | No
         if a is None:
             key.append(None)
         elif type(a) is np.ndarray:
-            key.append((a.shape, a.strides, a.dtype))
+            key.append((a.shape, a.strides, a.dtype, alignment(a)))
         elif type(a) is QuantizedTensor and type(a.data) is np.ndarray:
             key.append(a.signature)
         else:

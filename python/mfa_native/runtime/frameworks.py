@@ -171,7 +171,12 @@ class FrameworkCall:
         if name in HOST_READ:  # small arrays whose values validation reads come to the host
             return self.framework.as_numpy(x.detach().cpu(), name)
         x = x.detach().contiguous()  # a device copy when strided or broadcast: stand-ins are never read or copied
-        stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, _numpy_dtype(x.dtype)), tuple(x.shape),
+        # The placeholder sits as far past a 16-byte boundary as the tensor's first element does in
+        # its buffer, so the alignment codegen reads off the stand-in is the tensor's
+        # (AttentionProblem.aligned: vector accesses).
+        misaligned = x.storage_offset() * x.element_size() % 16
+        placeholder = np.zeros(32, np.uint8)[misaligned:misaligned + x.element_size()].view(_numpy_dtype(x.dtype))
+        stand_in = np.lib.stride_tricks.as_strided(placeholder, tuple(x.shape),
                                                    tuple(s * x.element_size() for s in x.stride()))
         self._metal[stand_in.__array_interface__["data"][0]] = x
         return stand_in

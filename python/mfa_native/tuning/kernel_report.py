@@ -41,17 +41,19 @@ def lines(problem: AttentionProblem, backward: bool, family: str) -> list[str]:
     row = built_in_row(direction, family, problem.dtype, max(problem.head_dim, problem.value_dim))
     out = [f"{direction} kernels, {problem.dtype} D {problem.head_dim} Dv {problem.value_dim}, family {family}; "
            "registers: 32-bit per thread, every declared tile and scalar live (an estimate); "
-           "bytes/MAC: device bytes per useful multiply-accumulate (modelled: dense unmasked per-head forward)",
-           f"{'row':<16} {'kernel':<28} {'registers':>9} {'(tiles)':>8} {'tg bytes':>9} {'barriers/block':>14} "
-           f"{'bytes/MAC':>10}"]
+           "bytes/MAC: device bytes per useful multiply-accumulate (modelled: dense unmasked per-head forward); "
+           "accesses: device loads and stores in the kernel's text (of them vector: a lane's pair as one)",
+           f"{'row':<20} {'kernel':<28} {'registers':>9} {'(tiles)':>8} {'tg bytes':>9} {'barriers/block':>14} "
+           f"{'bytes/MAC':>10} {'accesses (vector)':>17}"]
     for label, candidate in alternatives(row):
         with forced_rows(family, **{direction: candidate}) as forced:
             description = _pass(problem, backward, forced)
             per_mac = _bytes_per_mac(problem, backward, forced)
         for kernel in description.kernels:
             r = report(kernel.entry, kernel.source)
-            out.append(f"{label:<16} {r.entry:<28} {r.registers:>9} {r.tile_registers:>8} {r.threadgroup_bytes:>9} "
-                       f"{r.barriers_per_block:>14} {per_mac:>10}")
+            accesses = f"{r.device_accesses} ({r.vector_accesses})"
+            out.append(f"{label:<20} {r.entry:<28} {r.registers:>9} {r.tile_registers:>8} {r.threadgroup_bytes:>9} "
+                       f"{r.barriers_per_block:>14} {per_mac:>10} {accesses:>17}")
     return out
 
 

@@ -44,7 +44,8 @@ def range_end(problem: TuningProblem, family: str) -> int:
 
 def _codegen_problem(p: TuningProblem) -> codegen.AttentionProblem:
     return codegen.AttentionProblem(p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.value_dim,
-                                    dtype=p.dtype, causal="lower_right" if p.causal else "none")
+                                    dtype=p.dtype, causal="lower_right" if p.causal else "none",
+                                    aligned=codegen.ALLOCATED)   # the trials' arrays are allocated
 
 
 def threadgroup_bytes(source: str) -> int:

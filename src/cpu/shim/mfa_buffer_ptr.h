@@ -25,11 +25,26 @@
 // - Reference arguments (`constant Params& p [[buffer(i)]]`) are not counted.
 // - Atomics count their object as read (load), written (store) or both;
 //   simdgroup_load / simdgroup_store count each lane's two elements.
+// - In the bounds-checking mode a vector access (half2, float4, ...) must also
+//   be aligned to its vector's alignment, as Metal requires: a misaligned one
+//   fails the dispatch (a cast pointer that lands between vectors).
 #pragma once
 
 #include "mfa_scalar.h"  // is_scalar_v
 
+namespace metal {
+template <class T, int N>
+struct vec;  // mfa_vector.h
+}  // namespace metal
+
 namespace mfa_shim {
+
+// Whether X is an MSL vector (float2, half4, ...): the accesses that must be aligned. (Not
+// mfa_vector.h's is_vector_v, so that this header stands without the vector types.)
+template <class X>
+inline constexpr bool is_vector_access_v = false;
+template <class T, int N>
+inline constexpr bool is_vector_access_v<metal::vec<T, N>> = true;
 
 #ifdef MFA_SHIM_BOUNDS_CHECK
 inline constexpr bool bounds_checked = true;
@@ -225,12 +240,31 @@ class buffer_ptr : public pointer_operators<buffer_ptr<T>> {
 
   void check(const T* element, size_t size) const {
     const ptrdiff_t offset = ptrdiff_t(reinterpret_cast<uintptr_t>(element) - base_);
-    if (offset >= 0 && size_t(offset) + size <= bytes_) return;
-    char message[200];
-    std::snprintf(message, sizeof message,
-                  "out-of-bounds access to buffer(%u): byte offset %td, %zu bytes, buffer has %zu bytes",
-                  index_, offset, size, bytes_);
-    fail(mfa_abi::current_thread, message);
+    if (offset < 0 || size_t(offset) + size > bytes_) {
+      char message[200];
+      std::snprintf(message, sizeof message,
+                    "out-of-bounds access to buffer(%u): byte offset %td, %zu bytes, buffer has %zu bytes",
+                    index_, offset, size, bytes_);
+      fail(mfa_abi::current_thread, message);
+    }
+    check_alignment(element);
+  }
+
+  // A vector access must sit at a multiple of its alignment (Metal's: half2 4 bytes,
+  // float2 8, float3 and float4 16), counted from the address, not the buffer's start.
+  void check_alignment(const T* element) const {
+    using Element = std::remove_cv_t<T>;
+    if constexpr (is_vector_access_v<Element>) {
+      constexpr size_t alignment = alignof(Element);
+      const uintptr_t address = reinterpret_cast<uintptr_t>(element);
+      if (address % alignment == 0) return;
+      char message[200];
+      std::snprintf(message, sizeof message,
+                    "misaligned vector access to buffer(%u): byte offset %td, a %zu-byte vector needs an "
+                    "address that is a multiple of %zu (it is %zu past one)",
+                    index_, ptrdiff_t(address - base_), sizeof(Element), alignment, size_t(address % alignment));
+      fail(mfa_abi::current_thread, message);
+    }
   }
 
   T* address_;

@@ -44,6 +44,7 @@ from .descriptor import BackwardDescriptor
 from .forward import BUILTINS
 from .masking import (MaskRules, bias_over_keys, bias_over_queries, key_range, mask_key_pointer, mask_row_pointer,
                       query_range)
+from .pairs import pair_type
 from .rows import query_rows_geometry, row_index, threadgroup_span
 from .softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
 
@@ -62,10 +63,9 @@ def _accumulators(d: BackwardDescriptor) -> dict[str, Accumulator]:
 
 def _tensors(d: BackwardDescriptor) -> dict[str, HeadTensor]:
     """q, k, v, dO load operand tiles of the row's type; O (only in D = rowsum(dO o O)) float ones."""
-    t = d.tile_type
-    return {"q": HeadTensor.of("q", d.q, d.head_dim, t), "k": HeadTensor.of("k", d.k, d.head_dim, t),
-            "v": HeadTensor.of("v", d.v, d.value_dim, t), "o": HeadTensor.of("o", d.o, d.value_dim),
-            "dout": HeadTensor.of("dout", d.dout, d.value_dim, t)}
+    widths = {"q": d.head_dim, "k": d.head_dim, "v": d.value_dim, "o": d.value_dim, "dout": d.value_dim}
+    return {name: HeadTensor.of(name, getattr(d, name), width, "float" if name == "o" else d.tile_type,
+                                pair_type(d, name)) for name, width in widths.items()}
 
 
 def _step(d: BackwardDescriptor, kernel: str, rules: MaskRules, start: str, end: str, block: int, rows: int
@@ -192,7 +192,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dq_row = dq_head + {offset('ulong(row)', d.dq.strides[2])};"]
     store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale),
-                        element=_accumulators(d)["dq"].element)
+                        element=_accumulators(d)["dq"].element, vector="dq" in d.vector_pairs)
     body += ["", "// dQ = scale * dS K.", f"if (row < {d.keys.bounds.q_end}) {{"] + indent(store) + ["}"]
     return _kernel(d, dq_plan(d), body)
 
@@ -287,8 +287,9 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dk_row = dk_head + {offset('ulong(key_row)', d.dk.strides[2])};"]
     store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale),
-                        element=acc["dk"].element)
+                        element=acc["dk"].element, vector="dk" in d.vector_pairs)
     store += [f"device {t}* dv_row = dv_head + {offset('ulong(key_row)', d.dv.strides[2])};"]
-    store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t, element=acc["dv"].element)
+    store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t, element=acc["dv"].element,
+                        vector="dv" in d.vector_pairs)
     body += ["", "// dK = scale * dS^T Q, dV = P^T dO.", f"if (key_row < {d.keys.bounds.k_end}) {{"] + indent(store) + ["}"]
     return _kernel(d, dkdv_plan(d), body)

@@ -26,6 +26,7 @@ from ..kernel.layouts import (OperandLayout, contiguous_strides, memory_order, o
 from ..kernel.sizes import Extent, RuntimeSizes
 from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, operand_tile_type, tile_row
 from .masking import MaskRules
+from .pairs import vector_pairs
 from .problem import AttentionBackwardProblem, AttentionProblem
 from .rows import shrunk, stage_rows, stages_blocks
 
@@ -90,6 +91,7 @@ class KernelDescriptor(AttentionFacts):
     tile_type: str = "float"  # element type of the operand tiles Q, K (tables.py, tiles16)
     stage_kv: bool = False  # each step's K/V rows staged in threadgroup memory (packed heads; stage_kv)
     weight_tile_type: str = "float"  # of P and V in O += P V (tables.py, p16)
+    vector_pairs: frozenset[str] = frozenset()  # operands whose row pairs are vector accesses (vector_access)
 
     @property
     def simdgroups(self) -> int:
@@ -121,6 +123,7 @@ class BackwardDescriptor(AttentionFacts):
     stage_kv: bool = False    # dQ kernel: each key block's K and V rows staged in threadgroup memory
     stage_q_dout: bool = False  # dK/dV kernel: each query block's Q and dO rows, the same
     weight_tile_type: str = "float"  # of P, dS and K, dO, Q in dQ += dS K, dV += P^T dO, dK += dS^T Q (p16)
+    vector_pairs: frozenset[str] = frozenset()  # operands whose row pairs are vector accesses (vector_access)
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -230,12 +233,17 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     facts, layouts = _facts(p, family, sizes_of(p, split), bake_lengths)
     rows = p.rows if rows is None else rows
     row = tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
-    return KernelDescriptor(**facts, o=layouts.of("o"), return_lse=p.return_lse,  # o is allocated contiguous
+    o = layouts.of("o")  # allocated contiguous
+    D, Dv = p.head_dim, p.value_dim
+    partial = OperandLayout((Extent(0), Extent(0), Extent(Dv), Extent(1)))   # rows of Dv floats
+    pairs = vector_pairs(p, row.vector_access, {"q": (facts["q"], D), "k": (facts["k"], D), "v": (facts["v"], Dv),
+                                                "o": (o, Dv), "o_partial": (partial, Dv)})
+    return KernelDescriptor(**facts, o=o, return_lse=p.return_lse,
                             query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
                             cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block,
                             tile_type=operand_tile_type(p.dtype, family, row.tiles16),
                             weight_tile_type=operand_tile_type(p.dtype, family, row.p16),
-                            stage_kv=rows.packed or rows.stages(p, family))
+                            stage_kv=rows.packed or rows.stages(p, family), vector_pairs=pairs)
 
 
 def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FAMILY,
@@ -247,13 +255,15 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
     query_rows, key_rows = p.rows.backward_query_rows(p, family), shrunk(row.key_rows, p.kv_len)
     stage_kv, stage_q_dout = stages_blocks(p, row.stage_kv, query_rows), stages_blocks(p, row.stage_q_dout, key_rows)
     width = p.head_dim + p.value_dim   # K and V (Q and dO) staged together
+    given = dict(o=layouts.of("o", problem.o_strides, "o"), dout=layouts.of("o", problem.dout_strides, "dout"),
+                 dq=layouts.of("q"), dk=layouts.of("k"), dv=layouts.of("v"))   # the gradients allocated contiguous
+    D, Dv = p.head_dim, p.value_dim
+    widths = {"q": D, "k": D, "v": Dv, "o": Dv, "dout": Dv, "dq": D, "dk": D, "dv": Dv}
+    layouts_of = {**{name: facts[name] for name in ("q", "k", "v")}, **given}
+    pairs = vector_pairs(p, row.vector_access, {name: (layouts_of[name], widths[name]) for name in widths})
     return BackwardDescriptor(
         **facts,
-        o=layouts.of("o", problem.o_strides, "o"),
-        dout=layouts.of("o", problem.dout_strides, "dout"),
-        dq=layouts.of("q"),
-        dk=layouts.of("k"),
-        dv=layouts.of("v"),
+        **given,
         scale=float(np.float32(p.softmax_scale)),
         query_rows=query_rows,
         key_block=stage_rows(p, width, row.key_block) if stage_kv else row.key_block,
@@ -270,4 +280,5 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         weight_tile_type=operand_tile_type(p.dtype, family, row.p16),
         stage_kv=stage_kv,
         stage_q_dout=stage_q_dout,
+        vector_pairs=pairs,
     )

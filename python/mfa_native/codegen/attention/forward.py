@@ -45,6 +45,7 @@ from ..storage.staging import StagedTensor
 from . import operands, staged_steps
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
+from .pairs import pair_type
 from .rows import row_index, stages_apart, threadgroup_span
 from .softmax import online_softmax, sink_state, stored_lse
 
@@ -76,7 +77,8 @@ class Normalized:
     def store(d: KernelDescriptor) -> list[str]:
         t = MSL_TYPES[d.dtype]
         body = [f"device {t}* o_row = o_head + {offset('ulong(row)', d.o.strides[2])};"]
-        body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l", element=output(d).element)
+        body += store_rows("o_row", "o_tile", d.value_dim, cast=t, factor="inv_l", element=output(d).element,
+                           vector="o" in d.vector_pairs)
         if d.return_lse:
             body += ["if (tc == 0) {",
                      f"  lse[{row_index('row')}] = {stored_lse(m='m', denominator='l', sinks=d.sinks)};",
@@ -113,7 +115,8 @@ class SplitPartial:
     def store(d: KernelDescriptor) -> list[str]:
         body = [f"const ulong at = ulong(split) * B * Hq * R + {row_index('row')};",
                 f"device float* o_split = o_partial + at * {d.value_dim};"]
-        body += store_rows("o_split", "o_tile", d.value_dim, element=output(d).element)
+        body += store_rows("o_split", "o_tile", d.value_dim, element=output(d).element,
+                           vector="o_partial" in d.vector_pairs)
         body += ["if (tc == 0) {", "  ml_partial[at * 2] = m;", "  ml_partial[at * 2 + 1] = l;", "}"]
         return (["", "// This split's share: O before the division by l, and m, l.", "if (row < R) {"]
                 + indent(body) + ["}"])
@@ -150,8 +153,9 @@ def _staged(d: KernelDescriptor) -> list[StagedTensor]:
 
 
 def _tensors(d: KernelDescriptor) -> dict[str, HeadTensor]:
-    own = {"q": HeadTensor.of("q", d.q, d.head_dim, d.tile_type), "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type),
-           "v": HeadTensor.of("v", d.v, d.value_dim, d.weight_tile_type)}
+    own = {"q": HeadTensor.of("q", d.q, d.head_dim, d.tile_type, pair_type(d, "q")),
+           "k": HeadTensor.of("k", d.k, d.head_dim, d.tile_type),   # K: transposed loads, scalar
+           "v": HeadTensor.of("v", d.v, d.value_dim, d.weight_tile_type, pair_type(d, "v"))}
     return staged_steps.read_from_stage(own, _staged(d))
 
 

@@ -31,6 +31,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 LAYOUTS = ("bhsd", "bshd")
 CAUSAL = ("none", "lower_right", "upper_left")
 MASKS = ("none", "bool", "additive")
+# AttentionProblem.aligned of a problem whose arrays are allocated (numpy's, the pool's: aligned).
+ALLOCATED = frozenset(("q", "k", "v", "o", "dout", "dq", "dk", "dv"))
 
 @dataclass(frozen=True)
 class AttentionProblem:
@@ -62,6 +64,10 @@ class AttentionProblem:
     v_storage: object = PLAIN
     runtime_window: bool = False           # the window's sides are runtime sizes (every window, one kernel)
     runtime_strides: bool = False          # the inputs' strides are runtime sizes (every view, one kernel)
+    # The arrays (pass names: q, k, v, o, dout, dq, dk, dv) whose first element is aligned to two
+    # elements, so even element indexes hold aligned vector pairs (tables.py's vector_access). The
+    # ops know it from the addresses (their outputs are fresh pool memory); empty: nothing assumed.
+    aligned: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -85,3 +85,12 @@ def runtime_layout(names: tuple[str, ...], baked: dict[str, int] | None) -> Oper
 def _actual_sizes(shape, sizes) -> dict[str, int]:
     """Runtime size names -> values, read off an operand's shape and its size Extents."""
     return {e.sizes[0]: n for n, e in zip(shape, sizes) if e.sizes}
+
+
+def pairs_align(layout: OperandLayout, width: int, first_aligned: bool) -> bool:
+    """Whether every lane's two adjacent elements (features c, c + 1 of a row, c even) of an
+    operand are one aligned vector: its first element aligned to two elements, a unit feature
+    stride, even strides on the other axes (for every runtime size: even factors) and an even
+    width (no pair straddles the last feature)."""
+    return (first_aligned and width % 2 == 0 and layout.strides[3] == Extent(1)
+            and all(stride.factor % 2 == 0 for stride in layout.strides[:3]))

@@ -1,5 +1,6 @@
 """A static report of one generated kernel, read from its MSL: registers per thread estimated
-from the declared tiles and scalars, threadgroup memory, and barriers inside loops (per block)."""
+from the declared tiles and scalars, threadgroup memory, barriers inside loops (per block), and
+the device accesses in its text, vector ones (tables.py's vector_access) apart."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ ELEMENT_BYTES = {"float": 4, "half": 2, "bfloat": 2, "int": 4, "uint": 4, "short
 _TILES = re.compile(r"simdgroup_(float|half|bfloat)8x8 \w+(?:\[(\d+)\])?[;\s=]")
 _SCALARS = re.compile(r"^\s*(?:const )?(?:float|half|bfloat|int|uint|ushort|short|bool)2? \w+ *=", re.M)
 _THREADGROUP = re.compile(r"threadgroup (\w+) \w+\[(\d+)\];")
+_DEVICE_POINTERS = re.compile(r"device (?:const )?\w+\* (\w+)")      # parameters and locals
+_VECTOR_ACCESSES = re.compile(r"\*\(device (?:const )?[a-z]+[234]\*\)\(")  # *(device const half2*)(p + i)
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class KernelReport:
     scalars: int
     threadgroup_bytes: int
     barriers_per_block: int
+    device_accesses: int = 0   # places in the text that load or store device memory (p[i] or a vector cast)
+    vector_accesses: int = 0   # of them, vector accesses: one per lane's pair of a row tile instead of two
 
 
 def threadgroup_bytes(source: str) -> int:
@@ -48,7 +53,16 @@ def _barriers_in_loops(source: str) -> int:
     return count
 
 
+def _device_accesses(source: str) -> tuple[int, int]:
+    """(every device access site, the vector ones): p[...] of the device pointers the text
+    declares, and the vector casts *(device T2*)(...)."""
+    vector = len(_VECTOR_ACCESSES.findall(source))
+    scalar = sum(len(re.findall(rf"\b{name}\[", source)) for name in set(_DEVICE_POINTERS.findall(source)))
+    return scalar + vector, vector
+
+
 def report(entry: str, source: str) -> KernelReport:
     """The static report of the kernel `entry` whose MSL is `source`."""
     tiles, scalars = _tile_registers(source), len(_SCALARS.findall(source))
-    return KernelReport(entry, tiles + scalars, tiles, scalars, threadgroup_bytes(source), _barriers_in_loops(source))
+    return KernelReport(entry, tiles + scalars, tiles, scalars, threadgroup_bytes(source), _barriers_in_loops(source),
+                        *_device_accesses(source))

@@ -24,6 +24,7 @@ FORWARD_COLUMNS: dict[str, tuple] = {
     "tiles16": (True, False),
     "p16": (True, False),
     "stage_kv": (True, False),
+    "vector_access": (True, False),
 }
 BACKWARD_COLUMNS: dict[str, tuple] = {
     "query_rows": (8, 16, 32),      # dQ kernel
@@ -41,12 +42,14 @@ BACKWARD_COLUMNS: dict[str, tuple] = {
     "p16": (True, False),           # both kernels; 16-bit inputs only
     "stage_kv": (True, False),      # dQ kernel
     "stage_q_dout": (True, False),  # dK/dV kernel
+    "vector_access": (True, False),  # both kernels
 }
 # Which kernels read a backward column (the forward's columns all apply to the forward kernels).
 BACKWARD_KERNEL_COLUMNS = {
-    "dq": ("query_rows", "key_block", "cache_q", "cache_dout", "dq_block", "tiles16", "p16", "stage_kv"),
+    "dq": ("query_rows", "key_block", "cache_q", "cache_dout", "dq_block", "tiles16", "p16", "stage_kv",
+           "vector_access"),
     "dkdv": ("key_rows", "query_block", "cache_k", "cache_v", "dk_block", "dv_block", "tiles16", "p16",
-             "stage_q_dout"),
+             "stage_q_dout", "vector_access"),
 }
 
 

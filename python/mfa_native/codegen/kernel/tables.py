@@ -43,6 +43,13 @@ max(D, Dv), is at most `max_head_dim`; the first row that fits wins.
               cooperatively, between two barriers (storage/staging.py, as packed heads always
               do; stage_apart applies; the block shrinks to fit 24 KiB), walking its rows' keys
               together; only for several simdgroups walking the same keys (dense, KV cache).
+- vector_access: a lane's two adjacent elements of a row tile are one vector access
+              (half2, bfloat2, float2) instead of two, in the row loads of Q, K, V, O,
+              dO and the stores of O, dQ, dK, dV, where it is provably aligned (unit
+              feature stride, even other strides and width, the array's first element
+              aligned to two elements: AttentionProblem.aligned, which the ops take from
+              the addresses). Else, and for transposed loads (two rows), two scalar
+              accesses. Nothing wider fits: a lane's next elements are 8 columns on.
 
 The values up to head dimension 384 are metal-flash-attention's published tuning, mapped
 onto these columns (the comment above the tables says how and where they depart from it).
@@ -53,7 +60,7 @@ the dQ kernel's query rows and key block, the dK/dV kernel's key rows and
 query block, whether each of the row operands each simdgroup owns stays in
 registers (cache_q and cache_dout in the dQ kernel, cache_k and cache_v in the
 dK/dV kernel, each its own choice; otherwise it is re-read tile by tile per
-block), tiles16 and p16 as in the forward, and, like
+block), tiles16, p16 and vector_access as in the forward, and, like
 o_block, whether the accumulators dQ, dK and dV are paged (0: in registers; else
 paged through threadgroup memory that many features at a time). dK and dV are not
 both paged at D 576 / Dv 512: their pages would take 34 KiB; dV stays in registers.
@@ -82,6 +89,7 @@ class TileRow:
     tiles16: bool
     p16: bool
     stage_kv: bool
+    vector_access: bool
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,7 @@ class BackwardTileRow:
     p16: bool          # P and dS rounded to the input's 16-bit type for the accumulated products (see TileRow)
     stage_kv: bool     # dQ kernel: each K/V block staged in threadgroup memory (see TileRow)
     stage_q_dout: bool  # dK/dV kernel: each Q/dO block staged, the same
+    vector_access: bool  # a lane's two adjacent elements as one vector access (see TileRow)
 
 
 # Tables per (family, precision): "float32" for float32 inputs, "16-bit" for float16 and
@@ -131,88 +140,88 @@ class BackwardTileRow:
 # times under the tests' 2e-2. Neither 16-bit column applies to float32 inputs ("no" there).
 _TABLES_TEXT = {
     ("apple7", "float32"): """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv
-               24           32          64       yes       no          0      no      no      yes
-               32           32          64       no        no          0      no      no      yes
-               56           32          32       no        no          0      no      no      yes
-              256           32          80       no        no         16      no      no       no
-              384           16          80       no        yes        16      no      no       no
-              576            8          16       no        yes        64      no      no       no
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv  vector_access
+               24           32          64       yes       no          0      no      no      yes           yes
+               32           32          64       no        no          0      no      no      yes           yes
+               56           32          32       no        no          0      no      no      yes           yes
+              256           32          80       no        no         16      no      no       no           yes
+              384           16          80       no        yes        16      no      no       no           yes
+              576            8          16       no        yes        64      no      no       no           yes
     """,
     ("apple7", "16-bit"): """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv
-               96           32         128       yes       no          0      yes     yes      yes
-              128           32         128       yes       no         32      yes     yes       no
-              256           32         128       no        no         32      yes     yes       no
-              384           16         128       no        yes        32      yes     yes       no
-              576            8          16       no        yes        64      yes     yes       no
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv  vector_access
+               96           32         128       yes       no          0      yes     yes      yes           yes
+              128           32         128       yes       no         32      yes     yes       no           yes
+              256           32         128       no        no         32      yes     yes       no           yes
+              384           16         128       no        yes        32      yes     yes       no           yes
+              576            8          16       no        yes        64      yes     yes       no           yes
     """,
     ("apple9", "float32"): """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv
-                8           16         128       yes       no          0      no      no       no
-               16           16          64       yes       no          0      no      no       no
-               48           16          32       yes       no          0      no      no       no
-              192           16          64       no        no          0      no      no       no
-              256           16         128       no        no         16      no      no       no
-              384           16         128       no        yes        16      no      no       no
-              576            8          32       no        yes        64      no      no       no
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv  vector_access
+                8           16         128       yes       no          0      no      no       no           yes
+               16           16          64       yes       no          0      no      no       no           yes
+               48           16          32       yes       no          0      no      no       no           yes
+              192           16          64       no        no          0      no      no       no           yes
+              256           16         128       no        no         16      no      no       no           yes
+              384           16         128       no        yes        16      no      no       no           yes
+              576            8          32       no        yes        64      no      no       no           yes
     """,
     ("apple9", "16-bit"): """
-        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv
-               96           16         128       yes       no          0      yes     yes       no
-              160           16         128       no        no          0      yes     yes       no
-              224           16         128       yes       no         32      yes     yes       no
-              256           16         128       no        no         32      yes     yes       no
-              384           16         128       no        yes        32      yes     yes       no
-              576            8          32       no        yes        64      yes     yes       no
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv  vector_access
+               96           16         128       yes       no          0      yes     yes       no           yes
+              160           16         128       no        no          0      yes     yes       no           yes
+              224           16         128       yes       no         32      yes     yes       no           yes
+              256           16         128       no        no         32      yes     yes       no           yes
+              384           16         128       no        yes        32      yes     yes       no           yes
+              576            8          32       no        yes        64      yes     yes       no           yes
     """,
 }
 
 # The backward pass (dQ kernel, dK/dV kernel), from the same sources.
 _BACKWARD_TABLES_TEXT = {
     ("apple7", "float32"): """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout
-                  16          32         64        32           32      yes          no       no      yes         0         0         0       no   no       yes        yes
-                  24          32         64        32           64       no          no       no       no         0         0         0       no   no       yes        yes
-                  56          32         64        32           80       no          no       no       no         0        16         0       no   no       yes         no
-                 128          32         80        32           80       no          no       no       no        16        16        16       no   no        no         no
-                 256          32         80        16           80       no          no       no       no        16        16        16       no   no        no         no
-                 384          16         80         8           80       no          no       no       no        16        16        16       no   no        no         no
-                 576           8         16         8           16       no          no       no       no        64        64         0       no   no        no         no
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout  vector_access
+                  16          32         64        32           32      yes          no       no      yes         0         0         0       no   no       yes        yes           yes
+                  24          32         64        32           64       no          no       no       no         0         0         0       no   no       yes        yes           yes
+                  56          32         64        32           80       no          no       no       no         0        16         0       no   no       yes         no           yes
+                 128          32         80        32           80       no          no       no       no        16        16        16       no   no        no         no           yes
+                 256          32         80        16           80       no          no       no       no        16        16        16       no   no        no         no           yes
+                 384          16         80         8           80       no          no       no       no        16        16        16       no   no        no         no           yes
+                 576           8         16         8           16       no          no       no       no        64        64         0       no   no        no         no           yes
     """,
     ("apple7", "16-bit"): """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout
-                  16          32         64        32           64      yes          no       no      yes         0         0         0      yes   yes       yes        yes
-                  32          32         64        32           64      yes          no       no       no         0         0         0      yes   yes       yes        yes
-                  56          32         64        32           80       no          no       no       no         0        32         0      yes   yes       yes         no
-                  96          32         64        32           64       no          no       no       no         0        32         0      yes   yes       yes         no
-                 128          32         64        32           64       no          no       no       no        32        32        32      yes   yes        no         no
-                 256          32         64        16           64       no          no       no       no        32        32        32      yes   yes        no         no
-                 384          16         64         8           64       no          no       no       no        32        32        32      yes   yes        no         no
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes   yes        no         no
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout  vector_access
+                  16          32         64        32           64      yes          no       no      yes         0         0         0      yes   yes       yes        yes           yes
+                  32          32         64        32           64      yes          no       no       no         0         0         0      yes   yes       yes        yes           yes
+                  56          32         64        32           80       no          no       no       no         0        32         0      yes   yes       yes         no           yes
+                  96          32         64        32           64       no          no       no       no         0        32         0      yes   yes       yes         no           yes
+                 128          32         64        32           64       no          no       no       no        32        32        32      yes   yes        no         no           yes
+                 256          32         64        16           64       no          no       no       no        32        32        32      yes   yes        no         no           yes
+                 384          16         64         8           64       no          no       no       no        32        32        32      yes   yes        no         no           yes
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes   yes        no         no           yes
     """,
     ("apple9", "float32"): """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout
-                  16          16         64        16           64      yes         yes      yes      yes         0         0         0       no   no        no         no
-                  32          16         64        16           32      yes          no      yes      yes         0         0         0       no   no        no         no
-                  64          16         64        16           32      yes          no       no      yes         0         0         0       no   no        no         no
-                 128          16         64        16          128      yes          no       no       no         0         0         0       no   no        no         no
-                 160          16         64        16          128      yes          no       no       no         0        16         0       no   no        no         no
-                 192          16         64        16          128      yes          no       no       no         0        16        16       no   no        no         no
-                 256          16        128        16          128       no          no       no       no        16        16        16       no   no        no         no
-                 384          16        128         8          128       no          no       no       no        16        16        16       no   no        no         no
-                 576           8         16         8           16       no          no       no       no        64        64         0       no   no        no         no
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout  vector_access
+                  16          16         64        16           64      yes         yes      yes      yes         0         0         0       no   no        no         no           yes
+                  32          16         64        16           32      yes          no      yes      yes         0         0         0       no   no        no         no           yes
+                  64          16         64        16           32      yes          no       no      yes         0         0         0       no   no        no         no           yes
+                 128          16         64        16          128      yes          no       no       no         0         0         0       no   no        no         no           yes
+                 160          16         64        16          128      yes          no       no       no         0        16         0       no   no        no         no           yes
+                 192          16         64        16          128      yes          no       no       no         0        16        16       no   no        no         no           yes
+                 256          16        128        16          128       no          no       no       no        16        16        16       no   no        no         no           yes
+                 384          16        128         8          128       no          no       no       no        16        16        16       no   no        no         no           yes
+                 576           8         16         8           16       no          no       no       no        64        64         0       no   no        no         no           yes
     """,
     ("apple9", "16-bit"): """
-        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout
-                  56          16         64        16           64      yes         yes      yes      yes         0         0         0      yes   yes        no         no
-                  80          16         64        16           32      yes         yes       no      yes         0         0         0      yes   yes        no         no
-                 144          16         64        16          128      yes          no       no       no         0         0         0      yes   yes        no         no
-                 192          16         64        16          128      yes          no       no       no         0        16         0      yes   yes        no         no
-                 224          16        128        16          128       no          no       no       no        32        16         0      yes   yes        no         no
-                 256          16        128        16          128       no          no       no       no        32        32        32      yes   yes        no         no
-                 384          16        128         8          128       no          no       no       no        32        32        32      yes   yes        no         no
-                 576           8         16         8           16       no          no       no       no        64        64         0      yes   yes        no         no
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout  vector_access
+                  56          16         64        16           64      yes         yes      yes      yes         0         0         0      yes   yes        no         no           yes
+                  80          16         64        16           32      yes         yes       no      yes         0         0         0      yes   yes        no         no           yes
+                 144          16         64        16          128      yes          no       no       no         0         0         0      yes   yes        no         no           yes
+                 192          16         64        16          128      yes          no       no       no         0        16         0      yes   yes        no         no           yes
+                 224          16        128        16          128       no          no       no       no        32        16         0      yes   yes        no         no           yes
+                 256          16        128        16          128       no          no       no       no        32        32        32      yes   yes        no         no           yes
+                 384          16        128         8          128       no          no       no       no        32        32        32      yes   yes        no         no           yes
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes   yes        no         no           yes
     """,
 }
 

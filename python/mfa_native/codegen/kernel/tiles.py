@@ -14,6 +14,9 @@ Every 8x8 tile is read and written lane-locally through thread_elements():
 lane `lane` holds row tr = (lane / 16) * 4 + (lane / 2) % 4 and columns
 tc, tc + 1 with tc = ((lane / 4) & 2) * 2 + (lane % 2) * 2, so the four lanes
 of a row differ in lane bits 0 and 3 (row reductions: shuffle_xor 1 and 8).
+A lane's two elements of a row tile are adjacent: with a `pair` type (half2, ...) they are
+one vector access (`pair_at`), which the caller may ask for only where it is aligned
+(tables.py's vector_access); otherwise two scalar accesses.
 
 Each block's docstring says which MSL names it reads (besides its arguments)
 and which it defines, so blocks compose without surprises.
@@ -54,6 +57,12 @@ def head_pointer(name: str, layout: OperandLayout, head: str, t: str, const: boo
     terms = [x for x in terms if x] or ["0"]
     qualifier = "device const" if const else "device"
     return f"{qualifier} {t}* {name}_head = {name} + ({' + '.join(terms)});"
+
+
+def pair_at(pointer: str, at: str, pair: str, const: bool) -> str:
+    """The `pair` vector (half2, bfloat2, float2) at element `at` of device `pointer`: one
+    access, which must be aligned to the vector (the cpu backend's bounds checks enforce it)."""
+    return f"*(device {'const ' if const else ''}{pair}*)({pointer} + {at})"
 
 
 def index(row: str, row_stride: Extent, col: str) -> str:
@@ -122,10 +131,12 @@ class HeadTensor:
     row_stride: Extent
     width: int
     tile_type: str = "float"
+    pair: str | None = None   # a lane's two elements as one device vector of this type (None: two loads)
 
     @classmethod
-    def of(cls, name: str, layout: OperandLayout, width: int, tile_type: str = "float") -> HeadTensor:
-        return cls(f"{name}_head", layout.strides[2], width, tile_type)
+    def of(cls, name: str, layout: OperandLayout, width: int, tile_type: str = "float",
+           pair: str | None = None) -> HeadTensor:
+        return cls(f"{name}_head", layout.strides[2], width, tile_type, pair)
 
     @property
     def tile(self) -> str:
@@ -145,16 +156,27 @@ class HeadTensor:
             value, zero = f"{self.tile_type}({self.pointer}[{at}])", f"{self.tile_type}(0.0f)"
         return f"{' && '.join(conditions)} ? {value} : {zero}" if conditions else value
 
+    def _pair(self, at: str, valid: str | None) -> tuple[list[str], tuple[str, str]]:
+        """Lines reading the lane's elements `at`, `at` + 1 (columns col, col + 1), and their
+        values as the tile's type: 0 past the width or where `valid` is false. One vector
+        load with `pair` (an even width: both columns are in or out together), else two."""
+        def conditions(col: str) -> list[str]:
+            return ([f"{col} < {self.width}"] if self.width % 8 else []) + ([valid] if valid else [])
+
+        if self.pair is None:
+            return [], (self._element(at, conditions("col")), self._element(f"{at} + 1", conditions("col + 1")))
+        read, zero = pair_at(self.pointer, at, self.pair, const=True), f"{self.pair}({self.pair[:-1]}(0.0f))"
+        if conditions("col"):
+            read = f"{' && '.join(conditions('col'))} ? {read} : {zero}"
+        return [f"const {self.pair} adjacent = {read};  // one vector load"], \
+            (f"{self.tile_type}(adjacent.x)", f"{self.tile_type}(adjacent.y)")
+
     def load_rows(self, target: str, row: str, tile: str, valid: str | None = None) -> list[str]:
         """`target` = 8 rows x features [tile * 8, tile * 8 + 8); the lane reads row `row`
         (0 where `valid`, if given, is false)."""
-        lines = [f"const uint col = {tile} * 8 + tc;"]
-        for e in (0, 1):
-            col = "col + 1" if e else "col"
-            conditions = ([f"{col} < {self.width}"] if self.width % 8 else []) + ([valid] if valid else [])
-            value = self._element(f"{index(row, self.row_stride, 'col')}{' + 1' if e else ''}", conditions)
-            lines.append(f"{target}.thread_elements()[{e}] = {value};")
-        return lines
+        reads, values = self._pair(index(row, self.row_stride, "col"), valid)
+        return ([f"const uint col = {tile} * 8 + tc;"] + reads
+                + [f"{target}.thread_elements()[{e}] = {value};" for e, value in enumerate(values)])
 
     def load_transposed(self, target: str, position: str, first: str, positions: Positions, tile: str) -> list[str]:
         """`target` = features [tile * 8, + 8) x the sequence positions of slots [first, first + 8):
@@ -171,18 +193,22 @@ class HeadTensor:
 
 
 def store_rows(target: str, acc: str, width: int, cast: str | None = None, factor: str | None = None,
-               element: Callable[[str, int], str] | None = None) -> list[str]:
+               element: Callable[[str, int], str] | None = None, vector: bool = False) -> list[str]:
     """target[col] = acc tiles (times `factor`, converted to `cast`) for the lane's row and
     columns < width; `target` points at the row. `element(t, e)`: where element e of tile t
-    is (an Accumulator's), else the register tile acc[t]."""
-    store = ["const uint col = t * 8 + tc;"]
+    is (an Accumulator's), else the register tile acc[t]. With `vector` (an even width, the
+    row's pairs aligned), the lane's two elements are one vector store of `cast`2 (float2)."""
+    values = []
     for e in (0, 1):
-        col = "col + 1" if e else "col"
         value = (element("t", e) if element else f"{acc}[t].thread_elements()[{e}]") + (f" * {factor}" if factor else "")
-        write = f"{target}[{col}] = {f'{cast}({value})' if cast else value};"
-        if width % 8:
-            write = f"if ({col} < {width}) {{ {write} }}"
-        store.append(write)
+        values.append(f"{cast}({value})" if cast else value)
+    if vector:
+        pair = f"{cast or 'float'}2"
+        writes = [(f"{pair_at(target, 'col', pair, const=False)} = {pair}({values[0]}, {values[1]});", "col")]
+    else:
+        writes = [(f"{target}[col] = {values[0]};", "col"), (f"{target}[col + 1] = {values[1]};", "col + 1")]
+    store = ["const uint col = t * 8 + tc;"]
+    store += [f"if ({col} < {width}) {{ {write} }}" if width % 8 else write for write, col in writes]
     return loop(f"ushort t = 0; t < {tiles(width)}; ++t", store)
 
 
