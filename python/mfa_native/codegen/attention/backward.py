@@ -37,7 +37,8 @@ from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.accumulators import Accumulator
 from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, cached_rows, head_pointer, lane_layout,
-                            scores, store_rows, tiles, zeroed)
+                            scores, tiles, zeroed)
+from ..kernel.stores import store_rows
 from ..storage.staging import StagedTensor
 from . import backward_summary, operands, staged_steps
 from .descriptor import BackwardDescriptor

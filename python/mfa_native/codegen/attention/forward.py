@@ -38,8 +38,8 @@ from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.accumulators import Accumulator
-from ..kernel.tiles import (HeadTensor, Rows, accumulate, block_loop, head_pointer, in_registers, scores,
-                            store_rows, tiles, zeroed)
+from ..kernel.tiles import HeadTensor, Rows, accumulate, block_loop, head_pointer, in_registers, scores, tiles, zeroed
+from ..kernel.stores import store_rows
 from ..storage import staging
 from ..storage.staging import StagedTensor
 from . import operands, staged_steps

@@ -28,7 +28,8 @@ from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, cached_rows, element_offset, scores,
-                            store_rows, tiles, zeroed)
+                            tiles, zeroed)
+from ..kernel.stores import store_rows
 from .token_forward import slot_bias, slot_geometry
 
 DQ_KERNEL_NAME = "sparse_backward_dq"

@@ -30,7 +30,8 @@ from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.accumulators import Accumulator
-from ..kernel.tiles import HeadTensor, element_offset, lane_layout, store_rows, tiles
+from ..kernel.tiles import HeadTensor, element_offset, lane_layout, tiles
+from ..kernel.stores import store_rows
 
 DKDV_KERNEL_NAME = "sparse_backward_dkdv"
 KEYS = 8          # keys per simdgroup (the tiles' rows), one simdgroup per threadgroup

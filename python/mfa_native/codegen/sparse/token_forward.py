@@ -25,7 +25,8 @@ from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, element_offset, head_pointer,
-                            in_registers, lane_layout, scores, store_rows, tiles, zeroed)
+                            in_registers, lane_layout, scores, tiles, zeroed)
+from ..kernel.stores import store_rows
 from ..storage import staging
 from ..storage.staging import StagedTensor
 
