@@ -1,6 +1,8 @@
 // cpu-backend internals: what the benchmarks measure, and the kernel disk cache.
 #include <nanobind/stl/string.h>
 
+#include <filesystem>
+
 #include "bindings.hpp"
 #include "executor.hpp"
 #include "kernel_cache.hpp"
@@ -38,6 +40,9 @@ nb::dict cache_clear() {
   {
     nb::gil_scoped_release released;
     eviction = cpu::evict_least_recently_used(dir, 0);
+    // The precompiled headers go too; a compile that was about to read one parses its preamble instead.
+    std::error_code ignored;
+    std::filesystem::remove_all(cpu::precompiled_headers_directory(cpu::default_cache_dir()), ignored);
   }
   nb::dict cleared;
   cleared["dir"] = dir;

@@ -10,6 +10,7 @@
 
 #include "executor.hpp"
 #include "kernel_cache.hpp"
+#include "precompiled_header.hpp"
 #include "shim/mfa_kernel_abi.h"
 
 namespace mfa::cpu {
@@ -63,12 +64,16 @@ std::vector<ShimFile> embedded_shim_files();
 // MFA_NATIVE_CACHE_DIR, else $XDG_CACHE_HOME/mfa_native, else ~/.cache/mfa_native.
 std::string default_cache_dir();
 
+// "<cache_dir>/pch": the precompiled headers (precompiled_header.hpp).
+std::string precompiled_headers_directory(const std::string& cache_dir);
+
 struct CompilerStats {
   std::uint64_t compiles = 0;    // compiler invocations
   std::uint64_t disk_hits = 0;   // loaded from the disk cache
   std::uint64_t rebuilt = 0;     // corrupt or partial cache entries replaced
   std::uint64_t evicted = 0;     // least recently used entries removed to stay under the limit
   double compile_seconds = 0;
+  std::uint64_t headers_built = 0;  // precompiled headers built (precompiled_header.hpp)
 };
 
 class KernelCompiler {
@@ -107,7 +112,8 @@ class KernelCompiler {
   // makes the entry the most recently used.
   std::shared_ptr<const KernelBinary> load_cached(const std::string& library, const std::string& sidecar);
   std::shared_ptr<const KernelBinary> build(const std::string& cpp_source, const std::string& kernel_name,
-                                            const std::vector<std::string>& extra_flags, const std::string& stem);
+                                            const std::vector<std::string>& extra_flags, const std::string& build_key,
+                                            const std::string& stem);
   void write_shim();  // lays out the shim headers for -I unless they are there
 
   HostCompiler host_;
@@ -119,6 +125,7 @@ class KernelCompiler {
   std::string shim_hash_;
   std::string shim_dir_;
   std::vector<std::string> flags_;
+  PrecompiledHeaders headers_;
 
   std::mutex shim_mutex_;      // one thread writes the shim directory
   mutable std::mutex mutex_;  // guards stats_
