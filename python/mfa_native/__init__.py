@@ -22,6 +22,7 @@ from .ops.topk import sparse_topk
 from .ops.varlen import attention_varlen, attention_varlen_backward
 from .ops.merge import merge_attention
 from .ops.quantize import quantize
+from .precompiling import Precompiled, precompile
 from .quantized import QuantizedTensor
 from .runtime.devices import Device, default_device, devices
 from .runtime.kernel import Kernel
@@ -40,6 +41,7 @@ __all__ = [
     "DispatchStats",
     "Kernel",
     "PassDescription",
+    "Precompiled",
     "QuantizedTensor",
     "Profile",
     "attention",
@@ -55,6 +57,7 @@ __all__ = [
     "devices",
     "int8_attention",
     "merge_attention",
+    "precompile",
     "profile",
     "quantize",
     "reference",

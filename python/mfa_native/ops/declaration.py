@@ -135,15 +135,26 @@ class Op:
 
     def call(self, values: dict[str, Any]):
         """A call with every argument by name (defaults filled in)."""
-        device = resolve_device(values.get("device"))
-        arrays, options = self._signature_parts(values)
-        key = signature(arrays, options, device)
-        prepared = self.calls.get(key)
+        device, arrays, key, prepared = self._lookup(values)
         if prepared is not None:
             return prepared(arrays)
         prepared, inputs = self.prepare(Call(self, values), device)
         self.calls.put(key, prepared)
         return prepared.run(inputs)
+
+    def precompile(self, values: dict[str, Any]) -> None:
+        """Prepares a call with every argument by name (defaults filled in) without running it:
+        every check, the pass, its kernels compiled; a later call of the same signature is warm."""
+        device, _, key, prepared = self._lookup(values)
+        if prepared is None:
+            self.calls.put(key, self.prepare(Call(self, values), device)[0])
+
+    def _lookup(self, values: dict[str, Any]) -> tuple:
+        """(device, the signature's arrays, the signature, its PreparedCall or None)."""
+        device = resolve_device(values.get("device"))
+        arrays, options = self._signature_parts(values)
+        key = signature(arrays, options, device)
+        return device, arrays, key, self.calls.get(key)
 
     def _signature_parts(self, values: dict[str, Any]) -> tuple[tuple, tuple]:
         """The arrays and options that make a call's signature (and the warm path's arguments)."""

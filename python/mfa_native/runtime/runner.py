@@ -1,7 +1,7 @@
 """The pass runner: every op runs its pass description (passes.py) through here.
 
-`PreparedPass(description, device)` compiles the kernels once (the core's caches
-make a second preparation cheap) and resolves every binding into the core's
+`PreparedPass(description, device)` compiles the kernels once, several side by side
+(compiling.py; the core's caches make a second preparation cheap) and resolves every binding into the core's
 PreparedPass. `run(inputs)` then checks the inputs against their declarations
 (an array the kernels were not built for would be read out of bounds), allocates
 the outputs (numpy arrays over Buffers of the device's pool, pool_arrays.py, which the
@@ -21,7 +21,7 @@ from typing import Iterator, Protocol, Sequence
 import numpy as np
 
 from .. import _core
-from . import frameworks, pool_arrays, profiling
+from . import compiling, frameworks, pool_arrays, profiling
 from .arrays import DTYPES
 from .devices import Device
 from .passes import BufferDecl, PassDescription
@@ -111,8 +111,7 @@ class PreparedPass:
         constants = description.of_role("constant")
         slots.update({b.name: ("constant", i) for i, b in enumerate(constants)})
         dispatches = []
-        for kernel in description.kernels:
-            pipeline = device.pipeline(device.library(kernel.source), kernel.entry, [])
+        for kernel, pipeline in zip(description.kernels, compiling.pipelines(device, description.kernels)):
             bindings = [(index, *slots[name]) for index, name in enumerate(kernel.buffers)]
             dispatches.append((pipeline, kernel.threadgroups, kernel.threads_per_threadgroup, bindings, []))
         self._core = _core.PreparedPass(

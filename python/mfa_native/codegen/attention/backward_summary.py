@@ -33,4 +33,4 @@ def lines(d, dq: bool) -> list[str]:
         tile += f", {rounded} rounded to {d.weight_tile_type} for the accumulated products"
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
             f"{d.rules.describe()}, sinks {'yes' if d.sinks else 'no'}",
-            f"tiles ({d.family}): {tile}"]
+            f"tiles ({d.gpu_family}): {tile}"]

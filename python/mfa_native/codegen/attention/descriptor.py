@@ -24,6 +24,7 @@ import numpy as np
 from ..kernel.layouts import (OperandLayout, contiguous_strides, memory_order, operand_layout, runtime_layout,
                               stride_names)
 from ..kernel.sizes import Extent, RuntimeSizes
+from ..kernel import tuned
 from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, operand_tile_type, tile_row
 from .masking import MaskRules
 from .pairs import vector_pairs
@@ -75,6 +76,12 @@ class AttentionFacts:
     keys: object            # the key-visit facet (attention/keys.py; the sparse wing's lists)
     k_storage: object       # the storage facets of k and v (storage/stored.py)
     v_storage: object
+
+    @property
+    def gpu_family(self) -> str:
+        """The family without its device's table (tuned.parts): what a kernel's header names, so
+        that a device's kernel and the plain family's, with the same tiles, are one text (one compile)."""
+        return tuned.parts(self.family)[0]
 
 
 @dataclass(frozen=True)

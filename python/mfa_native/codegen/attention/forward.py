@@ -214,7 +214,7 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
     simdgroups = f"{d.simdgroups} simdgroup{'s' if d.simdgroups > 1 else ''}"
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
             d.rules.describe() + finish.summary(d),
-            f"tiles ({d.family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
+            f"tiles ({d.gpu_family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
             f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
             + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")
             + (", K/V staged in threadgroup memory for every simdgroup" if d.stage_kv and not d.rows.packed else "")

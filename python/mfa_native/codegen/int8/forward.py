@@ -208,7 +208,7 @@ def _summary(x: Int8Descriptor) -> list[str]:
     d = x.attention
     dense = dense_summary(d, Normalized)   # the dense kernel's: sizes, then the masking rules, then tiles
     return [f"int8 attention, smooth_k {'yes' if x.smooth_k else 'no'}, pv {x.pv}: {dense[0]}", dense[1],
-            f"tiles ({d.family}): {d.query_rows} query rows per threadgroup, blocks of {P_BLOCK} keys from key 0"]
+            f"tiles ({d.gpu_family}): {d.query_rows} query rows per threadgroup, blocks of {P_BLOCK} keys from key 0"]
 
 
 @lru_cache(maxsize=128)

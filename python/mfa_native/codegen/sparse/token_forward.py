@@ -140,5 +140,5 @@ def generate_sparse(d: KernelDescriptor) -> KernelSource:
     summary = [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, {d.gqa_ratio} query heads per kv head as tile rows",
                f"sparse-indexed: token lists{' with topk_length' if d.keys.lengths else ''}, "
                f"sinks {'yes' if d.sinks else 'no'}, lse {'yes' if d.return_lse else 'no'}",
-               f"tiles ({d.family}): {d.key_block} list slots per step"]
+               f"tiles ({d.gpu_family}): {d.key_block} list slots per step"]
     return assemble(sparse_plan(d), summary=summary, builtins=BUILTINS, body=body)
