@@ -1,6 +1,7 @@
 """The sweeps that rerun the suite's generated kernels under a cpu-backend check (the race
-detector, exact bounds): which tests make those kernels, and how a sweep runs them in a child
-pytest whose environment turns the check on for every kernel it builds."""
+detector, exact bounds): which tests make those kernels (all of them under -m exhaustive, a
+sample holding every kernel family by default), and how a sweep runs them in a child pytest
+whose environment turns the check on for every kernel it builds."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ GENERATED_KERNEL_TESTS = [
     "tests/python/test_kernel.py",
     "tests/python/test_quantize.py::test_head_tensors",
     "tests/python/test_stage_kv.py",
+]
+
+
+# The default run's sample of them (-m exhaustive sweeps them all): a kernel of every family
+# still, one call of every declared op (test_poison), the split-KV pair, staged K/V in the
+# forward and in both backward kernels, head dims past 256, and the Kernel API's own kernels.
+SAMPLED_KERNEL_TESTS = [
+    "tests/python/test_poison.py",
+    "tests/python/test_attention.py::test_split_kv_decode",
+    "tests/python/test_stage_kv.py::test_forward_staged",
+    "tests/python/test_stage_kv.py::test_backward_staged",
+    "tests/python/test_head_dims.py::test_forward",
+    "tests/python/test_kernel.py",
 ]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mfa_native
-from kernel_sweep import GENERATED_KERNEL_TESTS, run_sweep
+from kernel_sweep import GENERATED_KERNEL_TESTS, SAMPLED_KERNEL_TESTS, run_sweep
 
 # The issue's kernel: small[t + 40] lands in `after`, past ASan's redzone after `small`.
 SPILL = """
@@ -135,7 +135,14 @@ SWEEP = ["tests/python/test_bounds_check.py::test_the_environment_checks_every_k
          "tests/python/test_int8_attention.py::test_computes_the_emulated_pipeline",
          "tests/python/test_quantized_attention.py::test_every_format_as_k_and_as_v",
          "tests/python/test_vector_access.py::test_views_that_forbid_vector_pairs_fall_back_and_stay_right"]
+# The default run's (kernel_sweep.SAMPLED_KERNEL_TESTS), with the views that forbid vector pairs.
+SAMPLE = [SWEEP[0], *SAMPLED_KERNEL_TESTS, SWEEP[-1]]
 
 
+@pytest.mark.exhaustive
 def test_every_generated_kernel_runs_clean_with_bounds_checks():
     run_sweep("MFA_NATIVE_BOUNDS_CHECK", "1", SWEEP)
+
+
+def test_a_kernel_of_every_family_runs_clean_with_bounds_checks():
+    run_sweep("MFA_NATIVE_BOUNDS_CHECK", "1", SAMPLE)

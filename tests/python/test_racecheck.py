@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mfa_native
-from kernel_sweep import GENERATED_KERNEL_TESTS, run_sweep
+from kernel_sweep import GENERATED_KERNEL_TESTS, SAMPLED_KERNEL_TESTS, run_sweep
 from mfa_native.sample_kernels import gemm
 
 REDUCTION = """
@@ -92,7 +92,13 @@ def test_the_environment_checks_every_kernel():
 # run again in a process where MFA_NATIVE_SANITIZE=race builds every kernel
 # checked. The first test there proves that the variable takes effect.
 SWEEP = ["tests/python/test_racecheck.py::test_the_environment_checks_every_kernel", *GENERATED_KERNEL_TESTS]
+SAMPLE = [SWEEP[0], *SAMPLED_KERNEL_TESTS]   # the default run's (kernel_sweep.py)
 
 
+@pytest.mark.exhaustive
 def test_every_generated_kernel_runs_clean_under_the_race_detector():
     run_sweep("MFA_NATIVE_SANITIZE", "race", SWEEP)
+
+
+def test_a_kernel_of_every_family_runs_clean_under_the_race_detector():
+    run_sweep("MFA_NATIVE_SANITIZE", "race", SAMPLE)

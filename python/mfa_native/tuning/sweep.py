@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, TextIO
 
 import numpy as np
@@ -63,6 +63,24 @@ def check_space(direction: str, family: str, device: Device, head_dims=CHECK_HEA
                 space.append((problem, row))
                 break
     return space
+
+
+def each_value(space: list[tuple[TuningProblem, object]]) -> list[tuple[TuningProblem, object]]:
+    """A few designs of `space` in which every value of every column, every dtype and every
+    (D, Dv) pair of the space still occurs at least once (not every pair of them: that is the
+    whole space's promise). Greedy: each design taken is the one adding the most unseen values."""
+    def values(design):
+        problem, row = design
+        return ({(f.name, getattr(row, f.name)) for f in fields(row) if f.name != "max_head_dim"}
+                | {("dtype", problem.dtype), ("dims", (problem.head_dim, problem.value_dim))})
+
+    unseen = set().union(*(values(d) for d in space))
+    chosen = []
+    while unseen:
+        best = max(space, key=lambda d: len(values(d) & unseen))
+        chosen.append(best)
+        unseen -= values(best)
+    return chosen
 
 
 def check(space, device: Device, rng: np.random.Generator, report: Callable = progress) -> list[Checked]:
