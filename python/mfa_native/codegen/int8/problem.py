@@ -72,6 +72,8 @@ def describe_int8(problem: Int8Problem, *, family: str = CPU_FAMILY, bake_length
     check_exact(head_dim=p.head_dim, value_block=P_BLOCK)
     d = describe(p, family=family, bake_lengths=bake_lengths, rows=PER_HEAD)  # one query head per threadgroup
     tile = problem.qk_scale == "tile"
-    d = replace(d, key_block=P_BLOCK, stage_kv=False)   # its simdgroups read their K/V rows themselves
+    # Its simdgroups read their K/V rows themselves, and its O stays in registers at every head
+    # dim (the dense rows page O past D 160: int8's kernel has no pages).
+    d = replace(d, key_block=P_BLOCK, stage_kv=False, o_block=0)
     return Int8Descriptor(d, Q_TILE_ROWS if tile else 1, K_TILE_ROWS if tile else 1,
                           problem.smooth_k, problem.pv)
