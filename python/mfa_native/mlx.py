@@ -239,7 +239,7 @@ def _write_rows(cache, at: tuple[mx.array, mx.array], new: mx.array) -> None:
     cache.reread()
 
 
-def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None, block_table=None, scale=None,
+def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v=None, block_table=None, scale=None,
                            causal=False, window=None, sinks=None, return_lse=False):
     """`mfa_native.attention_with_kvcache` on MLX arrays (inference only: a gradient asked through
     it raises). MLX arrays are read-only to the pass, so the append is MLX's own in-place

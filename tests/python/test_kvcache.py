@@ -239,3 +239,37 @@ def test_gqa_decode_reads_each_cached_row_once_per_kv_head(rng, page):
     assert prof.bytes_read["k"] <= 1.05 * attended and prof.bytes_read["v"] <= 1.05 * attended
     expected = attention_with_kvcache_reference(q, k_cache, v_cache, lengths, block_table=table)
     assert relative_l2(out, expected) < 2e-3
+
+
+def test_without_cache_seqlens_every_sequence_is_the_whole_cache(rng):
+    """flash-attn's rule: no cache_seqlens attends the cache's capacity, Cmax or (paged)
+    block_table's width times page_size, in numpy, the torch drop-in and MLX, cold and warm;
+    with an append it is a ValueError naming cache_seqlens, before anything is written."""
+    q = rng.standard_normal((B, R, HQ, D)).astype(np.float32)
+    k_cache, v_cache = (rng.standard_normal((B, 24, HKV, d)).astype(np.float32) for d in (D, DV))
+    full = np.full(B, 24, np.int32)
+    expected = attention_with_kvcache_reference(q, k_cache, v_cache, full, causal=True)
+    for _ in range(2):   # the second call is warm
+        out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, causal=True)
+        assert relative_l2(out, expected) < 1e-4
+    pages_k, pages_v = (rng.standard_normal((7, 8, HKV, d)).astype(np.float32) for d in (D, DV))
+    table = np.array([[6, 0, 3], [2, 2, 5], [1, 4, 0]], np.int32)
+    out = mfa_native.attention_with_kvcache(q, pages_k, pages_v, block_table=table)
+    paged = attention_with_kvcache_reference(q, pages_k, pages_v, np.full(B, 24, np.int32), block_table=table)
+    assert relative_l2(out, paged) < 1e-4
+    k, v = new_rows(rng, 1)
+    before = k_cache.copy()
+    with pytest.raises(ValueError, match="cache_seqlens is required with k and v"):
+        mfa_native.attention_with_kvcache(q, k_cache, v_cache, k=k, v=v)
+    assert np.array_equal(k_cache, before)
+    torch = pytest.importorskip("torch")
+    from mfa_native.torch import flash_attn_with_kvcache
+    out = flash_attn_with_kvcache(torch.from_numpy(q), torch.from_numpy(k_cache), torch.from_numpy(v_cache),
+                                  causal=True)
+    assert relative_l2(out.numpy(), expected) < 1e-4
+    mx = pytest.importorskip("mlx.core")
+    import mfa_native.mlx as mfa_mlx
+    out = mfa_mlx.attention_with_kvcache(mx.array(q), mx.array(k_cache), mx.array(v_cache), causal=True)
+    assert relative_l2(np.array(out), expected) < 1e-4
+    with pytest.raises(ValueError, match="cache_seqlens is required"):
+        mfa_mlx.attention_with_kvcache(mx.array(q), mx.array(k_cache), mx.array(v_cache), k=mx.array(k), v=mx.array(v))

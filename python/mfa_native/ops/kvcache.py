@@ -52,8 +52,10 @@ K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, written_with="k",
     appended rows quantized on the device as `quantize` does. An MPS tensor is bound in place
     (DLPack); with an append it must be contiguous (ValueError otherwise).""")
 V_CACHE = Arg("v_cache", "array", leading=True, keyword=False, written_with="v", doc="like k_cache, Dv wide.")
-CACHE_SEQLENS = Arg("cache_seqlens", "array", doc="""
-    int32 (B,): each batch's valid cache length before this call (not modified).""")
+CACHE_SEQLENS = Arg("cache_seqlens", "array", default=None, doc="""
+    int32 (B,): each batch's valid cache length before this call (not modified). None (flash-attn's
+    rule): every batch's length is the cache's capacity, Cmax, or with block_table its width times
+    page_size (every listed page read); required with k and v (ValueError naming it).""")
 K_NEW = Arg("k", "array", default=None, doc="""
     (B, Rn, Hkv, D), optional: written into k_cache IN PLACE at positions cache_seqlens[b] ..
     cache_seqlens[b] + Rn - 1 and attended in this call (attended length cache_seqlens[b] + Rn).""")
@@ -129,7 +131,13 @@ class Cache:
         return CacheKeys(self.appended, self.page, self.width if self.paged else None)
 
     def check(self, cache_seqlens, block_table) -> np.ndarray:
-        """cache_seqlens as bound, checked with the block table's pages that must be read."""
+        """cache_seqlens as bound, checked with the block table's pages that must be read; None
+        is the cache's capacity for every batch (flash-attn's rule), which leaves no room to append."""
+        if cache_seqlens is None:
+            if self.appended:
+                raise ValueError("cache_seqlens is required with k and v: it says where the append writes "
+                                 "(without it every sequence is the cache's whole capacity, flash-attn's rule)")
+            cache_seqlens = np.full(self.batch, self.capacity, np.int32)
         lengths = check.as_array(cache_seqlens, "cache_seqlens")
         if lengths.dtype != np.int32 or lengths.shape != (self.batch,):
             raise ValueError(f"cache_seqlens must be int32 (B,) = ({self.batch},), got {lengths.dtype} {lengths.shape}")
@@ -243,8 +251,9 @@ def _prepare(call: Call, device):
                        layout="bshd", return_lse=call.return_lse, quantized_refusal=None)
     p = replace(forward.problem, keys=cache.keys())
     checked = Validated(p, dict(forward.bound), dict(forward.converts), dict(forward.sources))
-    checked.bound["cache_seqlens"] = cache.check(call.cache_seqlens, call.block_table)
-    checked.converts["cache_seqlens"] = np.ascontiguousarray
+    checked.bound["cache_seqlens"] = lengths = cache.check(call.cache_seqlens, call.block_table)
+    # None is part of the signature: its warm calls bind the same capacity lengths.
+    checked.converts["cache_seqlens"] = np.ascontiguousarray if call.cache_seqlens is not None else lambda _: lengths
     if cache.paged:
         checked.bound["block_table"] = np.ascontiguousarray(call.block_table)
         checked.converts["block_table"] = np.ascontiguousarray

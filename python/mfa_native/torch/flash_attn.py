@@ -56,7 +56,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
     """flash_attn.flash_attn_with_kvcache: q (B, R, Hq, D); k_cache, v_cache (B, Cmax, Hkv, D)
     or, with block_table (B, max_blocks) int32, pages (num_blocks, page_size, Hkv, D); k, v
-    (B, Rn, Hkv, D) appended in place at cache_seqlens (an int or int32 (B,), not modified);
+    (B, Rn, Hkv, D) appended in place at cache_seqlens (an int or int32 (B,), not modified;
+    None: every sequence is the whole cache, Cmax or max_blocks * page_size, as flash-attn);
     causal aligns the last query with the last attended key. Returns out, or (out,
     softmax_lse) with return_softmax_lse. Rotary embedding, cache_batch_idx, cache_leftpad,
     softcap and ALiBi raise NotImplementedError; num_splits is a hint and ignored."""
@@ -66,8 +67,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 cache_leftpad=cache_leftpad, softcap=softcap, alibi_slopes=alibi_slopes)
     from ..ops.kvcache import attention_with_kvcache
 
-    if cache_seqlens is None or isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens or 0, dtype=torch.int32)
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32)
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table,
                                   scale=softmax_scale, causal=bool(causal), window=window_of(window_size),
                                   return_lse=bool(return_softmax_lse))
