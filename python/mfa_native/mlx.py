@@ -51,7 +51,7 @@ def mlx_function(op: Op):
     def function(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return mlx_call(op, {**bound.arguments, "device": None})
+        return mlx_call(op, op.resolved({**bound.arguments, "device": None}))
 
     function.__name__ = function.__qualname__ = op.name
     function.__signature__ = signature
@@ -102,7 +102,7 @@ def mlx_call(op: Op, values: dict):
     @forward.vjp
     def vjp(primals, cotangents, outputs):
         if backward_op is None:
-            raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
+            raise NotImplementedError(op.no_backward)
         known = {**bound(primals), **dict(zip(everything, outputs)),
                  **{f"d{name}": c for name, c in zip(everything, cotangents)}}
         dtype = known[op.leading[0]].dtype
@@ -159,7 +159,7 @@ def _without_gradient(op: Op, values: dict):
 
     @through.vjp
     def vjp(primals, cotangents, outputs):
-        raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
+        raise NotImplementedError(op.no_backward)
 
     parts = {**parts, **dict(zip(tied, through(*inputs, *(parts[name] for name in tied))))}
     if isinstance(result, QuantizedTensor):

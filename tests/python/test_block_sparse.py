@@ -446,3 +446,36 @@ def test_from_mask_of_an_empty_problem_gives_lists_the_ops_accept(rng, R, C):
     for grad, reference in zip(grads, block_sparse_attention_backward_reference(q, k, v, do, block_mask, out=o,
                                                                                 causal=True)):
         np.testing.assert_array_equal(grad, reference)
+
+
+def test_from_mask_masks_carry_their_rule_into_forward_and_backward(rng):
+    """A from_mask mask keeps causal, window and its mask: the calls apply them without being
+    given them, the same given again changes nothing, and a contradicting one is a ValueError
+    naming it (the README's document mask without mask= got 384 of 512 rows wrong)."""
+    q, k, v = make_inputs(rng, Hq=2, R=64, C=64, D=16)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    document = np.arange(64) // 24
+    doc_mask = document[:, None] == document[None, :]
+    rules = [dict(causal=True), dict(causal="upper_left", window=(9, 0)), dict(mask=doc_mask),
+             dict(mask=doc_mask, causal=True)]
+    for rule in rules:
+        block_mask = BlockMask.from_mask(R=64, C=64, block_size=16, **rule)
+        expected = mfa_native.reference.attention_reference(q, k, v, **rule)
+        out, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True)
+        assert relative_l2(out, expected) < 1e-5, rule
+        again = mfa_native.block_sparse_attention(q, k, v, block_mask, **rule)
+        assert np.array_equal(again, out)
+        grads = mfa_native.block_sparse_attention_backward(q, k, v, out, lse, do, block_mask)
+        for grad, reference in zip(grads, mfa_native.reference.attention_backward_reference(q, k, v, do, **rule)):
+            assert relative_l2(grad, reference) < 1e-5, rule
+    causal = BlockMask.from_mask(causal=True, R=64, C=64, block_size=16)
+    for contradiction, name in ((dict(causal=False), "causal"), (dict(causal="upper_left"), "causal"),
+                                (dict(window=(4, 0)), "window"), (dict(mask=doc_mask), "mask")):
+        with pytest.raises(ValueError, match=f"^{name}"):
+            mfa_native.block_sparse_attention(q, k, v, causal, **contradiction)
+        with pytest.raises(ValueError, match=f"^{name}"):
+            mfa_native.block_sparse_attention_backward(q, k, v, out, lse, do, causal, **contradiction)
+    # Lists given by hand have no rule: causal defaults to False, as before.
+    listed = BlockMask(causal.kv_num_blocks, causal.kv_indices, block_size=16)
+    assert relative_l2(mfa_native.block_sparse_attention(q, k, v, listed),
+                       block_sparse_attention_reference(q, k, v, listed)) < 1e-5

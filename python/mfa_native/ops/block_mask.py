@@ -70,6 +70,17 @@ def _broadcast(lead: tuple[int, int]) -> Callable[[np.ndarray], np.ndarray]:
 
 
 @dataclass(frozen=True)
+class MaskRule:
+    """The rule inside a from_mask mask's partial blocks, kept with its lists: the causal mode,
+    the window as given, and the mask as given (the caller's array, not a copy). A
+    block-sparse call without causal, window or mask takes them from here."""
+
+    causal: str
+    window: tuple[int, int] | None
+    mask: object | None
+
+
+@dataclass(frozen=True)
 class _Checked:
     """A block mask checked against one problem: its lists (as bound), how the kernels see
     them, and how a warm call turns each given list into the one bound (None: as given)."""
@@ -147,12 +158,25 @@ class BlockMask:
             shape = (int(shape[0]), int(shape[1]))
         self.shape = shape
 
+    rule: MaskRule | None = None   # from_mask's rule (MaskRule); None for lists given or from_torch's
+
+    @classmethod
+    def built(cls, arrays: dict[str, np.ndarray], block_size: tuple[int, int], shape: tuple[int, int],
+              rule: MaskRule) -> BlockMask:
+        """A mask over lists this library's kernels wrote (int32, C-contiguous, of one problem's
+        shapes), which need none of the constructor's checks, with the rule they were built by."""
+        mask = cls.__new__(cls)
+        mask.block_size, mask.arrays, mask.bits, mask.shape, mask.rule = block_size, arrays, {}, shape, rule
+        return mask
+
     @classmethod
     def from_mask(cls, mask=None, *, causal=False, window=None, R: int, C: int, block_size=128, B: int = 1,
                   H: int = 1, device=None) -> BlockMask:
         """The block mask of dense rules, classified on the device (`block_mask_from_mask`, whose
         declaration documents the arguments): a block with no allowed pair is left out, a block
-        whose pairs are all allowed is full, the rest are partial."""
+        whose pairs are all allowed is full, the rest are partial. The mask keeps its rule
+        (causal, window, mask: MaskRule), which block-sparse calls apply inside partial blocks
+        without being given it again."""
         from .block_mask_pass import from_mask
         return from_mask(mask, causal=causal, window=window, R=R, C=C, block_size=block_size, B=B, H=H,
                          device=device)

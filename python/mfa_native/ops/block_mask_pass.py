@@ -10,7 +10,7 @@ import numpy as np
 from .. import codegen
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
-from .block_mask import PAIRS, BlockMask, block_size_pair
+from .block_mask import PAIRS, BlockMask, MaskRule, block_size_pair
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
 from .warm import Checked, PreparedCall, prepared_call, same_memory
@@ -79,8 +79,9 @@ def _empty_lists(B: int, H: int, rows: int, cols: int, arguments: tuple[str, ...
 
 
 def _block_mask(lists: tuple, call: Call) -> BlockMask:
-    R, C, _, _ = _sizes(call)
-    return BlockMask(**dict(zip(LISTS, lists)), block_size=block_size_pair(call.block_size), shape=(R, C))
+    # The call's signature was checked when it was prepared; the lists are the kernels' own.
+    rule = MaskRule(check.causal_mode(call.causal), None if call.window is None else tuple(call.window), call.mask)
+    return BlockMask.built(dict(zip(LISTS, lists)), block_size_pair(call.block_size), (call.R, call.C), rule)
 
 
 FROM_MASK = Op(
@@ -102,7 +103,7 @@ FROM_MASK = Op(
     outputs=tuple(Out(name, "a block list") for name in LISTS),
     prepare=_prepare,
     wrap=_block_mask,
-    no_backward="a block mask is a structure: it has no gradient",
+    no_backward="block_mask_from_mask builds a structure: a block mask has no gradient",
     details="""
     A block with no allowed pair is left out, a block whose pairs are all allowed is full,
     the rest are partial. Edge blocks cut short by R or C are judged on the pairs that exist.

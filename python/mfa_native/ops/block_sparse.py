@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import codegen, reference
 from ..runtime.devices import tuning_facts
-from .arguments import is_empty
+from .arguments import causal_mode, is_empty
 from .attention import (CAUSAL, GRADIENT_OF, K, LAYOUT, LSE, MASK, OUTPUT, Q, RETURN_LSE, SCALE, SINKS, V, WINDOW,
                         Validated, validate)
 from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
@@ -51,6 +51,43 @@ BLOCK_MASK = Arg("block_mask", "lists", keyword=False, expand=_expand, names=LIS
     mask_mod included) once per mask object.""")
 
 
+BLOCK_CAUSAL = replace(CAUSAL, default=None, doc=CAUSAL.doc + """
+    None (the default): the block mask's own rule (from_mask's causal), else False.""")
+BLOCK_WINDOW = replace(WINDOW, doc=WINDOW.doc + """
+    None: the block mask's own (from_mask's window), else none.""")
+BLOCK_RULE_MASK = replace(MASK, doc=MASK.doc + """
+    None: the block mask's own (the mask from_mask classified, as it was given), else none.""")
+
+
+def _with_rule(values: dict) -> dict:
+    """The call with the block mask's rule (from_mask's causal, window and mask) filling the
+    arguments not given; ValueError naming an argument given otherwise (the lists were built by
+    that rule: full blocks would not follow another)."""
+    rule = getattr(values["block_mask"], "rule", None)
+    if rule is None:
+        return values if values["causal"] is not None else {**values, "causal": False}
+    values = dict(values)
+    given = {"causal": values["causal"], "window": values["window"], "mask": values["mask"]}
+    if given["causal"] is not None and causal_mode(given["causal"]) != rule.causal:
+        raise ValueError(f"causal={given['causal']!r} contradicts the block mask's rule (from_mask with causal="
+                         f"{rule.causal!r}): omit causal, or pass the mask's")
+    if given["window"] is not None and tuple(given["window"]) != rule.window:
+        raise ValueError(f"window={given['window']!r} contradicts the block mask's rule (from_mask with window="
+                         f"{rule.window!r}): omit window, or pass the mask's")
+    if given["mask"] is not None and given["mask"] is not rule.mask and not _same_values(given["mask"], rule.mask):
+        raise ValueError("mask differs from the one the block mask was built from (from_mask's): omit mask, or "
+                         "pass the same")
+    values.update(causal=rule.causal, window=rule.window, mask=rule.mask)
+    return values
+
+
+def _same_values(a, b) -> bool:
+    if a is None or b is None:
+        return False
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b, equal_nan=True))
+
+
 def _prepare_forward(call: Call, device):
     block_mask = as_block_mask(call.block_mask)
     checked = _with_lists(validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale,
@@ -87,9 +124,10 @@ def _bindings(names: tuple[str, ...]) -> tuple[str, ...]:
 BLOCK_SPARSE_ATTENTION = Op(
     "block_sparse_attention",
     "Attention over the key blocks `block_mask` lists for each query block.",
-    arguments=(Q, K, V, BLOCK_MASK, SCALE, CAUSAL, MASK, WINDOW, SINKS, LAYOUT, RETURN_LSE),
+    arguments=(Q, K, V, BLOCK_MASK, SCALE, BLOCK_CAUSAL, BLOCK_RULE_MASK, BLOCK_WINDOW, SINKS, LAYOUT, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
+    resolve=_with_rule,
     reference=reference.block_sparse_attention_reference,
     backward="block_sparse_attention_backward",
     gradients=GRADIENT_OF,
@@ -113,9 +151,10 @@ block_sparse_attention = BLOCK_SPARSE_ATTENTION.function
 BLOCK_SPARSE_ATTENTION_BACKWARD = Op(
     "block_sparse_attention_backward",
     "Gradients of `block_sparse_attention`, as `attention_backward` returns them.",
-    arguments=(Q, K, V, O, LSE_IN, DO, BLOCK_MASK, SCALE, CAUSAL, MASK, WINDOW, SINKS, LAYOUT),
+    arguments=(Q, K, V, O, LSE_IN, DO, BLOCK_MASK, SCALE, BLOCK_CAUSAL, BLOCK_RULE_MASK, BLOCK_WINDOW, SINKS, LAYOUT),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
+    resolve=_with_rule,
     reference=reference.block_sparse_attention_backward_reference,
     no_backward="block_sparse_attention_backward has no second derivative",
     details="""

@@ -114,9 +114,12 @@ class Op:
     reference: Callable | None = None
     backward: str | None = None                        # the name of the op computing its gradients
     gradients: dict[str, str] = field(default_factory=dict)   # argument -> the backward's output
-    no_backward: str | None = None                     # why there is none (said when a gradient is asked)
+    no_backward: str | None = None                     # why there is none: the error a gradient asked gets, one
+                                                       # sentence starting with the op's name
     wrap: Callable[[Any, Call], Any] | None = None     # the result as the op returns it (e.g. a BlockMask)
     key: Callable[[dict], tuple] | None = None         # what else the kernels depend on (v aliasing k)
+    # Arguments a value carries, filled in before anything else (a BlockMask's rule): values -> values.
+    resolve: Callable[[dict], dict] | None = None
     takes_device: bool = True
     on_metal: str | None = None                        # why Metal-resident arrays are refused, if they are
     calls: SignatureCache = field(default_factory=SignatureCache, repr=False)
@@ -124,6 +127,8 @@ class Op:
     def __post_init__(self) -> None:
         if self.name in OPS:
             raise ValueError(f"op {self.name!r} is declared twice")
+        if self.no_backward is not None and not self.no_backward.startswith(self.name + " "):
+            raise ValueError(f"op {self.name!r}: no_backward is the whole error, starting with the op's name")
         OPS[self.name] = self
         # The array arguments in signature order (a "lists" argument's arrays by their names).
         self.array_names = tuple(n for a in self.arguments for n in ((a.name,) if a.kind == "array" else a.names))
@@ -142,9 +147,15 @@ class Op:
         self.calls.put(key, prepared)
         return prepared.run(inputs)
 
+    def resolved(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The arguments by name with those a value carries filled in (`resolve`), as every entry
+        point (the public function, the framework adapters, precompile) takes them first."""
+        return values if self.resolve is None else self.resolve(values)
+
     def precompile(self, values: dict[str, Any]) -> None:
         """Prepares a call with every argument by name (defaults filled in) without running it:
         every check, the pass, its kernels compiled; a later call of the same signature is warm."""
+        values = self.resolved(values)
         device, _, key, prepared = self._lookup(values)
         if prepared is None:
             self.calls.put(key, self.prepare(Call(self, values), device)[0])
@@ -220,12 +231,14 @@ class Op:
         fast = " and ".join(f"(type({a.name}) is _ndarray" + (f" or _host_quantized({a.name}))" if a.quantized else ")")
                             for a in leading) or "True"
         values = "{" + ", ".join(f"'{p.name}': {p.name}" for p in params) + "}"
+        if self.resolve is not None:
+            values = f"_resolve({values})"
         source = (f"def {self.name}({', '.join(text)}):\n"
                   f"    if {fast}:\n"
                   f"        return _op.numpy_call({values})\n"
                   f"    return _given_kind(_op, {values})\n")
         namespace = {"_op": self, "_ndarray": np.ndarray, "_host_quantized": _host_quantized,
-                     "_given_kind": given_kind.call, **defaults}
+                     "_given_kind": given_kind.call, "_resolve": self.resolve, **defaults}
         exec(compile(source, f"<mfa_native.{self.name}>", "exec"), namespace)
         function = namespace[self.name]
         function.__doc__ = self.docstring()

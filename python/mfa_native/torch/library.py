@@ -163,7 +163,7 @@ def torch_function(op: Op):
     def function(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return torch_call(op, dict(bound.arguments))
+        return torch_call(op, op.resolved(dict(bound.arguments)))
 
     function.__name__ = function.__qualname__ = op.name
     function.__signature__ = signature
@@ -241,7 +241,7 @@ class _WithQuantizedConstants(torch.autograd.Function):
     def backward(ctx, *grads):
         op, backward_op = ctx.op, ctx.op.backward_op
         if backward_op is None:
-            raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
+            raise NotImplementedError(op.no_backward)
         for (name, field), needed in zip(ctx.names, ctx.needs_input_grad[2:]):
             if needed and (field is not None or name not in op.gradients):
                 what = f"{name}.{field} is a field of a QuantizedTensor, a constant" if field else \
@@ -274,7 +274,7 @@ def without_gradient(op: Op, values: dict, result):
     tied = [name for name, x in parts.items() if isinstance(x, torch.Tensor) and x.is_floating_point()]
     if not inputs or not tied:
         return result
-    through = _Raises.apply(f"{op.name} has no gradient: {op.no_backward}", len(inputs), *inputs,
+    through = _Raises.apply(op.no_backward, len(inputs), *inputs,
                             *(parts[name] for name in tied))
     parts = {**parts, **dict(zip(tied, through))}
     if isinstance(result, QuantizedTensor):
@@ -298,5 +298,5 @@ class _Raises(torch.autograd.Function):
 def _no_gradient(op: Op):
     """The autograd formula of an op without a backward: an error, never a zero gradient."""
     def gradient(ctx, *grads):
-        raise NotImplementedError(f"{op.name} has no gradient: {op.no_backward}")
+        raise NotImplementedError(op.no_backward)
     return gradient
