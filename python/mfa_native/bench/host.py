@@ -10,7 +10,8 @@ device, against the bytes of caller memory staged between host and device per ca
 
 Targets (issue "one pass runner"): at most 20 us for the tiny forward, 40 us for
 the tiny backward and the tiny split-KV decode; a quantized decode (k and v
-QuantizedTensors of numpy arrays) holds the tiny forward's 20 us.
+QuantizedTensors of numpy arrays) holds the tiny forward's 20 us; the indexer
+(sparse_topk, 2 dispatches) and BlockMask.from_mask (3 dispatches) 40 us.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import numpy as np
 from .. import codegen
 from ..ops.attention import attention
 from ..ops.attention_backward import attention_backward
+from ..ops.block_mask import BlockMask
+from ..ops.topk import sparse_topk
 from ..ops.quantize import quantize
 from ..codegen import QuantizedStorage, contiguous_strides
 from ..quant_formats import QuantFormat
@@ -62,6 +65,18 @@ def _backward(dims):
         do = rng.standard_normal(o.shape).astype(o.dtype)
         return lambda: attention_backward(q, k, v, o, lse, do, device=device)
     return make
+
+
+def _topk(rng, device):
+    q = rng.standard_normal((1, 4, 8, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 64, 16)).astype(np.float32)
+    weights = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    return lambda: sparse_topk(q, k, weights, 8, device=device)
+
+
+def _from_mask(rng, device):
+    mask = rng.random((64, 64)) > 0.5
+    return lambda: BlockMask.from_mask(mask, causal=True, R=64, C=64, block_size=16, device=device)
 
 
 def _quantized_forward(dims, format: str):
@@ -105,6 +120,8 @@ CASES = (
              _problem(DECODE), parallel_threadgroups=tuning_facts(device).parallel_threadgroups))),
     Case("tiny quantized decode", "B1 H8/2 R1 C32 D64 q4_0", 20.0, _quantized_forward(QUANTIZED_DECODE, "q4_0"),
          lambda device: _scratch(codegen.attention_pass(_quantized_problem(QUANTIZED_DECODE, "q4_0")))),
+    Case("sparse_topk (indexer)", "B1 Hi4 R8 C64 Di16 topk 8 f32", 40.0, _topk, lambda device: 0),
+    Case("BlockMask.from_mask", "R64 C64 blocks 16, bool mask, causal", 40.0, _from_mask, lambda device: 0),
     Case("GQA prefill causal", "B1 H8/2 R128 C128 D64 f16", None, _forward(GQA, np.float16, causal=True),
          lambda device: _scratch(codegen.attention_pass(_problem(GQA, "float16", causal="lower_right")))),
 )

@@ -12,7 +12,7 @@ from ..runtime.templates import evaluate
 from . import arguments as check
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
-from .warm import Checked, PreparedCall, prepared_call
+from .warm import Checked, PreparedCall, prepared_call, same_memory
 
 
 def _arrays(call: Call) -> tuple[Checked, dict[str, int], str]:
@@ -58,7 +58,11 @@ def _arrays(call: Call) -> tuple[Checked, dict[str, int], str]:
         return check.normalized(w) if check.usable_in_place(w) else np.ascontiguousarray(w)
 
     bound = {"q": check.bindable(q), "k": check.bindable(k), "weights": weights_bound(weights)}
-    converts = {"q": check.bindable, "k": check.bindable, "weights": weights_bound}
+    # A warm call binds an argument as given where validation bound its own memory (the signature
+    # fixes its strides, so that holds for every call of it): no view to make per call.
+    makes = {"q": check.bindable, "k": check.bindable, "weights": weights_bound}
+    given = {"q": call.q, "k": call.k, "weights": call.weights}
+    converts = {name: None if same_memory(given[name], bound[name]) else makes[name] for name in bound}
     return Checked(bound, converts), sizes, dtype
 
 
