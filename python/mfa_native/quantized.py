@@ -45,7 +45,8 @@ class QuantizedTensor:
     the ops' warm path keys on: the format and every field's shape, strides and dtype.
     """
 
-    __slots__ = ("data", "scales", "biases", "format", "bits", "group_size", "shape", "dtype", "_numpy", "signature")
+    __slots__ = ("data", "scales", "biases", "format", "bits", "group_size", "shape", "dtype", "_numpy", "signature",
+                 "_source")
 
     def __init__(self, data, scales=None, biases=None, *, format: str = "affine", bits: int | None = None,
                  group_size: int | None = None, shape: tuple[int, ...] | None = None, dtype=None) -> None:
@@ -95,6 +96,13 @@ class QuantizedTensor:
         # What a call's signature needs of the tensor (ops/warm.py), computed once.
         self.signature = (f.name, f.bits, f.group_size, logical,
                           *((x.shape, x.strides, x.dtype) for x in arrays.values()))
+        self._source = None
+
+    def quantized_from(self, source, why: str) -> QuantizedTensor:
+        """Records the framework array this tensor was quantized from (quantize does), so that a
+        gradient asked through `dequantize()` raises NotImplementedError(why), never a zero."""
+        self._source = (source, why)
+        return self
 
     @classmethod
     def from_mlx(cls, wq, scales, biases, *, group_size: int = 64, bits: int = 4) -> QuantizedTensor:
@@ -110,13 +118,17 @@ class QuantizedTensor:
 
     def with_fields(self, **fields) -> QuantizedTensor:
         """This tensor with some stored fields (by name, as `fields()` gives them) replaced."""
-        return QuantizedTensor(**{**self.fields(), **fields}, format=self.format, bits=self.bits,
-                               group_size=self.group_size, dtype=self.dtype)
+        tensor = QuantizedTensor(**{**self.fields(), **fields}, format=self.format, bits=self.bits,
+                                 group_size=self.group_size, dtype=self.dtype)
+        tensor._source = self._source
+        return tensor
 
     def reread(self) -> None:
         """Views the fields anew, after their framework gave them new memory in place (MLX's
         indexed assignment, `field[index] = rows`, does: the old views would read the old values)."""
+        source = self._source
         self.__init__(**self.fields(), format=self.format, bits=self.bits, group_size=self.group_size, dtype=self.dtype)
+        self._source = source
 
     @property
     def quant_format(self) -> QuantFormat:
@@ -144,20 +156,23 @@ class QuantizedTensor:
         """The logical tensor, in `dtype`, as numpy or the framework of `data`: scale * q + bias
         (GGUF: d * q) computed in float32 and rounded once to `dtype`, except for affine MLX
         arrays, which `mx.dequantize` dequantizes as MLX does (in the float dtype's own
-        arithmetic: float16 and bfloat16 may differ from the float32 path by an ulp)."""
+        arithmetic: float16 and bfloat16 may differ from the float32 path by an ulp). Through
+        the tensor `quantize` made of a torch or MLX x, a gradient asked with respect to x raises
+        (quantize has none), never a silent zero."""
         framework = framework_of(self.data)
         if self.format == "affine" and framework is not None and framework.name == "mlx" and \
                 all(framework_of(x) is framework for x in (self.scales, self.biases)) and \
                 self._numpy["scales"].dtype == self.dtype:
             import mlx.core as mx
 
-            return mx.dequantize(self.data, self.scales, self.biases, group_size=self.group_size, bits=self.bits)
-        values = dequantize_numpy(self.quant_format, self._numpy).astype(self.dtype)
-        if framework is None:
-            return values
-        out = framework.empty(values.shape, values.dtype, self.data)
-        framework.as_numpy(out, "dequantize()")[...] = values
-        return out
+            out = mx.dequantize(self.data, self.scales, self.biases, group_size=self.group_size, bits=self.bits)
+        else:
+            values = dequantize_numpy(self.quant_format, self._numpy).astype(self.dtype)
+            if framework is None:
+                return values
+            out = framework.empty(values.shape, values.dtype, self.data)
+            framework.as_numpy(out, "dequantize()")[...] = values
+        return out if self._source is None else framework.refusing_gradient(out, *self._source)
 
     def __repr__(self) -> str:
         return (f"QuantizedTensor(shape={self.shape}, dtype={self.dtype}, "

@@ -3,6 +3,8 @@ gradient is the op's (equal to the float64 reference's) or an error, never a sil
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -41,7 +43,7 @@ CASES = {
                          _indices),
     "block_sparse_attention": (lambda q, k, v, s, e: mfa_native.block_sparse_attention(q, k, v, e, sinks=s),
                                lambda q, k, v, do, s, e: reference.block_sparse_attention_backward_reference(
-                                   q, k, v, do, e, sinks=s),
+                                   q, k, v, do, e, sinks=s, causal=True),   # the mask's rule (from_mask)
                                lambda rng: _block_mask()),
 }
 
@@ -123,13 +125,35 @@ def test_every_public_op_has_a_gradient_or_says_why_not():
 def test_a_gradient_through_an_op_without_one_raises(rng, name):
     q, k, v, _, _ = _inputs(rng)
     op = NO_GRADIENT[name]
-    with pytest.raises(NotImplementedError, match=f"{name} has no gradient"):
+    said = f"^{re.escape(OPS[name].no_backward)}$"   # the op's reason, said once
+    assert OPS[name].no_backward.startswith(name)
+    with pytest.raises(NotImplementedError, match=said):
         mx.grad(lambda q_: op(q_, mx.array(k), mx.array(v)).sum())(mx.array(q))
-    with pytest.raises(NotImplementedError, match=f"{name} has no gradient"):
+    with pytest.raises(NotImplementedError, match=said):
         op(torch.tensor(q, requires_grad=True), torch.tensor(k), torch.tensor(v)).sum().backward()
     with torch.no_grad():   # without autograd, and in MLX without a transform, the op just runs
         assert torch.isfinite(op(torch.tensor(q), torch.tensor(k), torch.tensor(v))).all()
     assert bool(mx.all(mx.isfinite(op(mx.array(q), mx.array(k), mx.array(v)))))
+
+
+@pytest.mark.parametrize("format", ["affine", "q8_0", "q4_0"])
+def test_a_gradient_through_a_quantized_tensors_dequantize_raises(rng, format):
+    """QuantizedTensor.dequantize of what quantize made of a torch or MLX x: the values, and a
+    gradient asked with respect to x is quantize's error, in every format (q8_0 and q4_0 gave
+    silent zeros: their fields are integers, off the graph)."""
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    expected = mfa_native.quantize(x, format).dequantize()
+    said = f"^{re.escape(OPS['quantize'].no_backward)}$"
+    with pytest.raises(NotImplementedError, match=said):
+        mx.grad(lambda a: mfa_native.quantize(a, format).dequantize().sum())(mx.array(x))
+    assert np.array_equal(np.array(mfa_native.quantize(mx.array(x), format).dequantize()), expected)
+    t = torch.tensor(x, requires_grad=True)
+    out = mfa_native.quantize(t, format).dequantize()
+    assert np.array_equal(out.detach().numpy(), expected)
+    with pytest.raises(NotImplementedError, match=said):
+        (out * 2).sum().backward()
+    with torch.no_grad():
+        assert np.array_equal(mfa_native.quantize(t, format).dequantize().numpy(), expected)
 
 
 def test_the_adapters_functions_are_differentiable(rng):

@@ -40,7 +40,7 @@ def call(op, values: dict[str, Any]):
     if not getattr(_adapter, "inside", False) and _differentiated(framework, values, leading + op.others):
         return _through_adapter(op, framework, values)
     framework_call = FrameworkCall(framework, like=items(values[leading[0]])[0])
-    values = dict(values)
+    given, values = values, dict(values)
     if framework_call.on_metal:
         if op.on_metal or not op.takes_device:
             why = op.on_metal or f"{op.name} computes on the host"
@@ -62,7 +62,7 @@ def call(op, values: dict[str, Any]):
     with runner.caller_arrays(framework_call):
         result = op.call(values)
     result = framework_call.natives(result)
-    return result if op.wrap is None else op.wrap(result, op.bound(values))
+    return result if op.wrap is None else op.wrap(result, op.bound(given))   # the arguments as given
 
 
 _adapter = threading.local()  # .inside: this thread runs an op inside its framework adapter

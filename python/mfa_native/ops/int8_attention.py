@@ -138,7 +138,7 @@ INT8_QUANTIZED = Op(
     outputs=tuple(Out(name, "") for name in ("q_int8", "q_scale", "k_int8", "k_scale")),
     prepare=_prepare_quantizers,
     reference=int8_quantized_reference,
-    no_backward="the int8 quantizers have no gradient",
+    no_backward="int8_quantized (int8 attention's quantizers) rounds to integers: it has no gradient",
     details="""
     codegen/int8/operands.py names them: q_int8, q_scale, k_int8, k_scale, with smooth_k
     k_mean and q_shift, with pv="int8" v_int8, v_scale, v_mean, with a masking rule (causal,

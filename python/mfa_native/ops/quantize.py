@@ -9,6 +9,7 @@ import numpy as np
 from ..codegen.storage import quantize as codegen
 from ..quant_formats import FORMATS, QuantFormat
 from ..quantized import QuantizedTensor
+from ..runtime.frameworks import framework_of
 from ..runtime.arrays import DTYPES
 from ..runtime.devices import Device
 from . import arguments as check
@@ -62,8 +63,10 @@ def _tensor(fields: tuple, call: Call) -> QuantizedTensor:
     """The QuantizedTensor of a call's output fields (numpy or the caller's framework)."""
     f = quant_format(call.format, call.bits, call.group_size)
     data, scales, biases = fields if f.affine else (fields[0], None, None)
-    return QuantizedTensor(data, scales, biases, format=f.name, bits=f.bits, group_size=f.group_size,
-                           dtype=check.as_array(call.x, "x").dtype)  # call.x: numpy, or a view of the caller's
+    framework = framework_of(call.x)   # call.x as given: numpy, torch or MLX
+    x = call.x if framework is None else framework.as_numpy(call.x, "x")
+    tensor = QuantizedTensor(data, scales, biases, format=f.name, bits=f.bits, group_size=f.group_size, dtype=x.dtype)
+    return tensor if framework is None else tensor.quantized_from(call.x, call.op.no_backward)
 
 
 QUANTIZE = Op(

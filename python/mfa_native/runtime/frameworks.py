@@ -60,6 +60,12 @@ class Framework:
         """Whether x lives in Metal memory with no host view (bound through DLPack)."""
         return False
 
+    def refusing_gradient(self, value: Any, source: Any, message: str) -> Any:
+        """`value` (of `source`'s shape and dtype), computed off the graph from `source`, tied
+        back to it so that a gradient asked through it raises NotImplementedError(message)
+        instead of being zero."""
+        raise NotImplementedError
+
 
 class Torch(Framework):
     """torch.Tensor on the CPU or MPS (requires_grad is fine: the views are of the detached tensor)."""
@@ -96,6 +102,13 @@ class Torch(Framework):
     def on_metal(self, x: Any) -> bool:
         return x.device.type == "mps"
 
+    def refusing_gradient(self, value: Any, source: Any, message: str) -> Any:
+        import torch
+
+        if not (torch.is_grad_enabled() and source.requires_grad):
+            return value
+        return value + _torch_refusal().apply(source, message)
+
 
 class Mlx(Framework):
     """mlx.core.array: evaluated (mx.eval waits for MLX's stream), then read through the buffer
@@ -125,6 +138,36 @@ class Mlx(Framework):
         out = mx.zeros(shape, dtype=_mlx_dtype(dtype))  # MLX has no uninitialized allocation
         mx.eval(out)
         return out
+
+    def refusing_gradient(self, value: Any, source: Any, message: str) -> Any:
+        import mlx.core as mx
+
+        @mx.custom_function
+        def refusal(x):
+            return mx.zeros_like(x)
+
+        @refusal.vjp
+        def vjp(primals, cotangent, output):
+            raise NotImplementedError(message)
+
+        return value + refusal(source)
+
+
+def _torch_refusal():
+    """A torch.autograd.Function giving zeros of its input whose backward raises its message."""
+    import torch
+
+    class Refusal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, source, message):
+            ctx.message = message
+            return torch.zeros_like(source)
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise NotImplementedError(ctx.message)
+
+    return Refusal
 
 
 FRAMEWORKS: tuple[Framework, ...] = (Torch(), Mlx())
