@@ -10,6 +10,7 @@ from __future__ import annotations
 from ._core import CompileError, DeviceUnavailableError, DispatchError, DispatchStats
 from . import reference
 from .embedding import cmake_dir, cpp_flags
+from .errors import Unsupported
 from .ops.attention import attention
 from .ops.attention_backward import attention_backward
 from .ops.block_mask import BlockMask
@@ -43,6 +44,7 @@ __all__ = [
     "PassDescription",
     "Precompiled",
     "QuantizedTensor",
+    "Unsupported",
     "Profile",
     "attention",
     "attention_backward",

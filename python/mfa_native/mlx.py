@@ -39,6 +39,7 @@ from .ops.sparse import SPARSE_ATTENTION
 from .ops.varlen import ATTENTION_VARLEN
 from .ops.given_kind import inside_adapter, items
 from .ops.quantize import quantize
+from .errors import Unsupported
 from .quantized import QuantizedTensor
 from .runtime.frameworks import framework_of
 
@@ -300,42 +301,66 @@ def quantized_scaled_dot_product_attention(queries: mx.array, q_keys: Sequence[m
     mask): the quantized cache is a constant, whose gradient (mx.grad with respect to its
     arrays) raises NotImplementedError.
     """
+    words = q_keys[0].shape[-1]   # uint32 words per row: D * bits / 32
+    if words * 32 != queries.shape[-1] * bits:
+        stored = words * 32 / queries.shape[-1]
+        raise ValueError(f"bits={bits} does not fit q_keys: {words} words per row hold queries' D = "
+                         f"{queries.shape[-1]} values at {stored:g} bits (pass the cache's bits)")
     k, v = (QuantizedTensor.from_mlx(*fields, group_size=group_size, bits=bits) for fields in (q_keys, q_values))
     return attention(queries, k, v, scale=scale, sinks=sinks, **_mask_options(mask))
 
 
 REMOVED = -1e30  # an additive mask value at or below this removes the key in mfa_native's kernels
-_REFUSED = (ValueError, TypeError, NotImplementedError)   # what makes a patched call fall back
 
 
 def _refuse_rows_without_keys(mask) -> None:
-    """NotImplementedError for a mask array that leaves some row no key: MLX gives such a row
-    the mean of v (mlx-lm's quantized function too: it masks with finfo.min), mfa_native 0."""
+    """Unsupported for a mask array (of any rank MLX broadcasts: 0-d and 1-d too) that leaves
+    some row no key: MLX gives such a row the mean of v (mlx-lm's quantized function too: it
+    masks with finfo.min), mfa_native 0."""
     if not isinstance(mask, mx.array):
         return
-    if mask.dtype == mx.bool_:
-        some_row_empty = mx.logical_not(mx.all(mx.any(mask, axis=-1)))
+    rows = mask.reshape(1) if mask.ndim == 0 else mask   # a 0-d mask is one value for every pair
+    if rows.dtype == mx.bool_:
+        some_row_empty = mx.logical_not(mx.all(mx.any(rows, axis=-1)))
     else:
-        some_row_empty = mx.any(mx.max(mask, axis=-1) <= REMOVED)
+        some_row_empty = mx.any(mx.max(rows, axis=-1) <= REMOVED)
     if some_row_empty.item():
-        raise NotImplementedError("a mask row allows no key: MLX gives it the mean of v, mfa_native 0")
+        raise Unsupported("a mask row allows no key: MLX gives it the mean of v, mfa_native 0")
 
 
+def _refusing(compute: Callable) -> Callable:
+    """`compute`, its argument errors (ValueError, TypeError, NotImplementedError: a shape, dtype
+    or mask mfa_native does not take) raised as Unsupported, so that patch() falls back on them
+    and on nothing else (an internal error stays one)."""
+    @functools.wraps(compute)
+    def refusing(*args, **kwargs):
+        try:
+            return compute(*args, **kwargs)
+        except Unsupported:
+            raise
+        except (ValueError, TypeError, NotImplementedError) as error:
+            raise Unsupported(str(error)) from error
+
+    return refusing
+
+
+@_refusing
 def _fast_sdpa(q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask=None, sinks=None,
                **options) -> mx.array:
     """mx.fast.scaled_dot_product_attention's signature onto `scaled_dot_product_attention`;
-    NotImplementedError where the result would not be MLX's (`options`: its stream or
-    force_fused; a mask row with no key)."""
+    Unsupported where the result would not be MLX's (`options`: its stream or force_fused; a
+    mask row with no key) or mfa_native refuses the arguments."""
     if options:
-        raise NotImplementedError(f"mfa_native takes no {', '.join(options)}")
+        raise Unsupported(f"mfa_native takes no {', '.join(options)}")
     _refuse_rows_without_keys(mask)
     return scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
 
 
+@_refusing
 def _mlx_lm_quantized_sdpa(queries: mx.array, q_keys, q_values, scale: float, mask, group_size: int = 64,
                            bits: int = 8) -> mx.array:
-    """mlx-lm's quantized_scaled_dot_product_attention's signature onto ours; NotImplementedError
-    for a mask row with no key."""
+    """mlx-lm's quantized_scaled_dot_product_attention's signature onto ours; Unsupported for a
+    mask row with no key, or what mfa_native refuses."""
     _refuse_rows_without_keys(mask)
     return quantized_scaled_dot_product_attention(queries, q_keys, q_values, scale=scale, mask=mask,
                                                   group_size=group_size, bits=bits)
@@ -343,13 +368,13 @@ def _mlx_lm_quantized_sdpa(queries: mx.array, q_keys, q_values, scale: float, ma
 
 def _routed(ours: Callable, original: Callable) -> Callable:
     """`original`, computed by `ours` (which takes its arguments), or by `original` itself when
-    ours refuses them (ValueError, TypeError, NotImplementedError: shapes, dtypes, masks
-    mfa_native does not take or would not give MLX's result for)."""
+    ours raises Unsupported (shapes, dtypes, masks mfa_native does not take or would not give
+    MLX's result for)."""
     @functools.wraps(original)
     def routed(*args, **kwargs):
         try:
             return ours(*args, **kwargs)
-        except _REFUSED:
+        except Unsupported:
             return original(*args, **kwargs)
 
     return routed

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import relative_l2
+
+import mfa_native
 from mfa_native.quantized import QuantizedTensor
 from mfa_native.reference import attention_backward_reference, attention_reference
 
@@ -112,6 +114,13 @@ def _quantized_cache(rng):
     return q, q_keys, q_values, floats
 
 
+def test_quantized_sdpa_with_the_wrong_bits_names_bits(rng):
+    q, q_keys, q_values, _ = _quantized_cache(rng)   # a 4-bit cache
+    with pytest.raises(ValueError, match=r"^bits=8 does not fit q_keys: 8 words per row hold queries' D = 64 "
+                                         r"values at 4 bits"):
+        mm.quantized_scaled_dot_product_attention(mx.array(q), q_keys, q_values, scale=SCALE, group_size=32, bits=8)
+
+
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool"])
 def test_quantized_sdpa_over_an_mlx_lm_cache(rng, mask_kind):
     """mlx-lm's quantized_scaled_dot_product_attention: the cache's (wq, scales, biases) tuples,
@@ -191,6 +200,38 @@ def test_patch_routes_falls_back_and_restores(rng, monkeypatch):
         assert mx.fast.scaled_dot_product_attention is not original
         raise KeyError
     assert mx.fast.scaled_dot_product_attention is original
+
+
+def test_patch_runs_every_mask_rank_mlx_broadcasts_and_falls_back_only_on_unsupported(rng, monkeypatch):
+    """0-d and 1-d masks (a scalar bool or additive value, a per-key vector) broadcast as MLX
+    does and run in mfa_native (its IndexError escaped the pre-check, 11 cases of MLX's own
+    test_fast_sdpa.py); a mask with an empty row falls back; an internal error is not taken for
+    a refusal."""
+    calls = _counted(monkeypatch, "scaled_dot_product_attention")
+    original = mx.fast.scaled_dot_product_attention
+    q, k, v = (mx.array(x) for x in _inputs(rng))
+    masks = [mx.array(True), mx.array(0.5, dtype=mx.float32), mx.array(rng.random(14) > 0.3),
+             mx.array(rng.standard_normal(14).astype(np.float32)), mx.array(rng.random((10, 1)) > -1),
+             mx.array(rng.standard_normal((1, 4, 1, 14)).astype(np.float32))]
+    with mm.patch():
+        for mask in masks:
+            before = len(calls)
+            ours = mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE, mask=mask)
+            assert len(calls) == before + 1, mask.shape
+            theirs = original(q, k, v, scale=SCALE, mask=mask)
+            assert relative_l2(np.array(ours), np.array(theirs)) < 1e-5, mask.shape
+        before = len(calls)
+        fallback = mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE, mask=mx.array(False))
+        assert relative_l2(np.array(fallback), np.array(original(q, k, v, scale=SCALE, mask=mx.array(False)))) < 1e-6
+        with pytest.raises(mfa_native.Unsupported):
+            mm._fast_sdpa(q, k, v, scale=SCALE, mask=mx.array(False))
+
+    def broken(*args, **kwargs):
+        raise IndexError("a bug, not a refusal")
+
+    monkeypatch.setattr(mm, "scaled_dot_product_attention", broken)
+    with mm.patch(), pytest.raises(IndexError, match="a bug"):
+        mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE)
 
 
 def _tiny_llama(rng):
