@@ -199,3 +199,23 @@ def test_a_block_aligned_mask_needs_no_bits(rng):
     q, k, v = tensors(rng, B=1, Hq=2, R=R, C=C, D=16)
     out = mfa_native.block_sparse_attention(q, k, v, block_mask)
     assert relative_l2(out.numpy(), flex.flex_attention(q, k, v, block_mask=torch_mask).numpy()) < 1e-5
+
+
+def test_the_drop_in_takes_flex_attentions_signature_and_positions():
+    """Every parameter of torch's flex_attention, in its position, kind and default; score_mod
+    and return_aux raise naming themselves; kernel_options are accepted (they change no result)."""
+    import inspect
+
+    from mfa_native.torch import flex_attention
+
+    theirs = inspect.signature(flex.flex_attention).parameters
+    ours = inspect.signature(flex_attention).parameters
+    assert [(p.name, p.kind, p.default) for p in ours.values()] == \
+        [(p.name, p.kind, p.default) for p in theirs.values()]
+    q = torch.randn(1, 2, 16, 8)
+    positional = flex_attention(q, q, q, None, None, 0.5, False, False, {"BLOCK_M": 16})
+    assert torch.equal(positional, flex_attention(q, q, q, scale=0.5))
+    with pytest.raises(NotImplementedError, match="^score_mod"):
+        flex_attention(q, q, q, lambda score, b, h, i, j: score)
+    with pytest.raises(NotImplementedError, match="^return_aux"):
+        flex_attention(q, q, q, return_aux=object())

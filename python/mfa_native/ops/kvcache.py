@@ -30,6 +30,7 @@ import numpy as np
 from .. import codegen, reference
 from ..codegen import CacheKeys
 from ..quantized import QuantizedTensor
+from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import tuning_facts
 from . import arguments as check
 from .attention import CAUSAL, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate
@@ -95,6 +96,10 @@ class Cache:
         self.batch = q.shape[0]
         axes = "(num_blocks, page_size, Hkv, D)" if self.paged else "(B, Cmax, Hkv, D)"
         k_cache, v_cache = _four(k_cache, "k_cache", axes), _four(v_cache, "v_cache", axes)
+        for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):   # first: views of other dtypes fail
+            if not isinstance(cache, QuantizedTensor) and cache.dtype != q.dtype:
+                raise TypeError(f"{name} has dtype {cache.dtype} but q has {q.dtype}; q and the caches must share "
+                                f"one dtype ({', '.join(FLOAT_DTYPES.values())}), or a cache be a QuantizedTensor")
         if v_cache.shape[:3] != k_cache.shape[:3]:
             raise ValueError(f"v_cache must have k_cache's leading axes: k_cache {k_cache.shape}, v_cache {v_cache.shape}")
         if (k is None) != (v is None):

@@ -85,7 +85,11 @@ class Torch(Framework):
         x = x.detach()
         if x.dtype == torch.bfloat16:
             return x.view(torch.int16).numpy().view(BFLOAT16)
-        return x.numpy()
+        try:
+            return x.numpy()
+        except TypeError:   # a dtype numpy has no view of (float8 types): mfa_native reads none of them
+            raise TypeError(f"{name} has dtype {x.dtype}, which mfa_native does not read (float32, float16, "
+                            "bfloat16, and the integer and bool types its arguments name)") from None
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype, like: Any) -> Any:
         import torch
