@@ -108,6 +108,9 @@ CompileOptions effective_options(const CompileOptions& options, DeviceKind kind)
     throw ArgumentError("sanitize must be 'race', 'address' (or empty), got '" + effective.sanitize + "'" +
                         (options.sanitize.empty() ? " from MFA_NATIVE_SANITIZE" : ""));
   }
+  // The address sanitizer sees heap and stack memory; the exact array checks see what it cannot
+  // (an index past a threadgroup or thread array into its neighbour): asking for one asks for both.
+  if (effective.sanitize == "address") effective.bounds_check = true;
   if (!effective.sanitize.empty() && kind != DeviceKind::cpu) {
     throw ArgumentError("sanitize='" + effective.sanitize + "' needs the cpu device");
   }

@@ -35,6 +35,20 @@ kernel void threadgroup_overflow(device float* out [[buffer(0)]], constant uint&
 }
 """
 
+# Through a pointer into a stack array: ASan's to find (the exact array checks follow indices
+# into arrays, not a pointer made from one).
+THROUGH_POINTER = """
+#include <metal_stdlib>
+using namespace metal;
+kernel void through_pointer(device float* out [[buffer(0)]], constant uint& n [[buffer(1)]],
+                            uint i [[thread_position_in_grid]]) {
+  float local[8];
+  for (uint k = 0; k < 8; ++k) local[k] = float(k + i);
+  thread float* p = local + n;
+  out[i] = *p;
+}
+"""
+
 # Every thread keeps a stack array live across barriers and fiber switches.
 REDUCTION = """
 #include <metal_stdlib>
@@ -63,21 +77,32 @@ def run(source: str, name: str, n: int, threads: int, **kwargs) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("source, name, n, kind, line", [
-    (STACK, "stack_overflow", 8, "stack-buffer-overflow", "stack_overflow.metal:8"),
-    (THREADGROUP, "threadgroup_overflow", 32, "use-after-poison", "threadgroup_overflow.metal:9"),
+def test_out_of_bounds_is_reported_with_the_metal_line():
+    assert run(THROUGH_POINTER, "through_pointer", 0, 8, sanitize="address")[:8].tolist() == [float(i) for i in range(8)]
+    with pytest.raises(mfa_native.DispatchError) as caught:
+        run(THROUGH_POINTER, "through_pointer", 8, 1, sanitize="address")
+    message = str(caught.value)
+    assert "kernel 'through_pointer'" in message
+    assert "ERROR: AddressSanitizer: stack-buffer-overflow" in message
+    assert "in through_pointer " in message and "through_pointer.metal:9" in message
+    # The parent process still runs kernels, checked or not.
+    assert run(THROUGH_POINTER, "through_pointer", 0, 8)[:8].tolist() == \
+        run(THROUGH_POINTER, "through_pointer", 0, 8, sanitize="address")[:8].tolist()
+
+
+@pytest.mark.parametrize("source, name, n, array, line", [
+    (STACK, "stack_overflow", 8, "thread float local[8] (8 elements)", "stack_overflow.metal:8"),
+    (THREADGROUP, "threadgroup_overflow", 32, "threadgroup float a[32] (32 elements)", "threadgroup_overflow.metal:9"),
 ], ids=["stack", "threadgroup"])
-def test_out_of_bounds_is_reported_with_the_metal_line(source, name, n, kind, line):
+def test_an_index_past_an_array_is_the_exact_checks_report(source, name, n, array, line):
+    """sanitize="address" implies the exact array checks: an index past a thread or threadgroup
+    array is their report (ASan alone misses the threadgroup one when it lands in a neighbour)."""
     assert run(source, name, 0, 8, sanitize="address")[:8].tolist() == (
         [2.0 * i for i in range(8)] if name == "stack_overflow" else list(range(8)))
     with pytest.raises(mfa_native.DispatchError) as caught:
         run(source, name, n, 1, sanitize="address")
-    message = str(caught.value)
-    assert f"kernel '{name}'" in message
-    assert f"ERROR: AddressSanitizer: {kind}" in message
-    assert f"in {name} " in message and line in message
-    # The parent process still runs kernels, checked or not.
-    assert run(source, name, 0, 8)[:8].tolist() == run(source, name, 0, 8, sanitize="address")[:8].tolist()
+    assert str(caught.value) == (f"kernel '{name}': threadgroup (0, 0, 0), thread (0, 0, 0): out-of-bounds index "
+                                 f"{n} into {array} at {line}")
 
 
 def test_clean_kernel_with_many_threads_and_barriers_has_no_false_reports(monkeypatch):
@@ -112,7 +137,7 @@ def test_read_only_inputs_are_accepted_and_encoding_is_refused():
 
 def test_environment_variable_selects_address_for_kernels():
     code = ("import numpy as np, mfa_native\n"
-            f"k = mfa_native.Kernel({STACK!r}, 'stack_overflow', device='cpu')\n"
+            f"k = mfa_native.Kernel({THROUGH_POINTER!r}, 'through_pointer', device='cpu')\n"
             "try:\n"
             "    k([np.zeros(8, np.float32), np.uint32(8)], threadgroups=1, threads_per_threadgroup=1)\n"
             "except mfa_native.DispatchError as e:\n"

@@ -146,3 +146,16 @@ def test_every_generated_kernel_runs_clean_with_bounds_checks():
 
 def test_a_kernel_of_every_family_runs_clean_with_bounds_checks():
     run_sweep("MFA_NATIVE_BOUNDS_CHECK", "1", SAMPLE)
+
+
+def test_the_address_sanitizer_implies_the_exact_array_checks():
+    """sanitize="address" catches what ASan alone cannot: an index past a threadgroup array into
+    its neighbour, and past a thread array, with the same message as bounds_check=True."""
+    pytest.importorskip("mfa_native.runtime.asan")
+    message = failure(SPILL, "spill", 40, sanitize="address")
+    assert re.fullmatch(r"kernel 'spill': threadgroup \(0, 0, 0\), thread \(\d+, 0, 0\): out-of-bounds index \d+ "
+                        r"into threadgroup float small\[32\] \(32 elements\) at spill\.metal:10", message), message
+    assert failure(LOCAL, "local", 8, sanitize="address") == (
+        "kernel 'local': threadgroup (0, 0, 0), thread (0, 0, 0): out-of-bounds index 8 into thread float a[4] "
+        "(4 elements) at local.metal:9")
+    assert run(SPILL, "spill", 0, sanitize="address").tolist() == [1.0] * 32

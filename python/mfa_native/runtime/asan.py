@@ -30,14 +30,21 @@ def in_child() -> bool:
     return os.environ.get(CHILD_MARKER) == "1"
 
 
+def _library(compiler: str, name: str) -> str | None:
+    found = subprocess.run([compiler, f"-print-file-name={name}"], capture_output=True, text=True,
+                           check=False).stdout.strip()
+    return found if os.path.isabs(found) and os.path.exists(found) else None
+
+
 @functools.lru_cache(maxsize=None)
 def asan_runtime(compiler: str) -> str:
-    """The ASan runtime library of `compiler` (g++ or clang++), for LD_PRELOAD."""
+    """The ASan runtime library of `compiler` (g++ or clang++) and the C++ runtime, for LD_PRELOAD:
+    ASan finds the real __cxa_throw at start-up only if libstdc++ is loaded by then (python does
+    not link it), else the first exception the child throws (a DispatchError) aborts it."""
     for name in ("libasan.so", f"libclang_rt.asan-{platform.machine()}.so"):
-        found = subprocess.run([compiler, f"-print-file-name={name}"], capture_output=True, text=True,
-                               check=False).stdout.strip()
-        if os.path.isabs(found) and os.path.exists(found):
-            return found
+        runtime = _library(compiler, name)
+        if runtime:
+            return " ".join(filter(None, [runtime, _library(compiler, "libstdc++.so.6")]))
     raise RuntimeError(f"sanitize='address' needs the AddressSanitizer runtime of {compiler}, "
                        f"which `{compiler} -print-file-name=libasan.so` does not find")
 
@@ -78,6 +85,9 @@ def run_in_child(device, source: str, name: str, constants: list, bounds_check: 
         (directory / "spec.json").write_text(json.dumps(spec))
         result = subprocess.run([sys.executable, "-m", "mfa_native.runtime.asan_child", tmp], env=env,
                                 capture_output=True, text=True, check=False)
+        diagnostic = directory / "error.txt"
+        if result.returncode == 2 and diagnostic.exists():   # the core's own diagnostic, as in process
+            raise _core.DispatchError(diagnostic.read_text().removeprefix("DispatchError: "))
         if result.returncode != 0:
             raise _core.DispatchError(f"kernel '{name}' under sanitize='address' (child process exit "
                                       f"{result.returncode}):\n{_report(result.stderr)}")

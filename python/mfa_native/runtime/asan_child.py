@@ -1,6 +1,7 @@
 """The child process of sanitize="address" (asan.py): runs one dispatch of the
 ASan-built kernel described by <dir>/spec.json on the cpu device and writes the
-writable buffers back. ASan's report goes to stderr; any error exits non-zero."""
+writable buffers back. ASan's report goes to stderr; another error (the core's diagnostic)
+to <dir>/error.txt, exit status 2."""
 
 from __future__ import annotations
 
@@ -41,6 +42,6 @@ def main(directory: Path) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main(Path(sys.argv[1])))
-    except Exception as error:  # a diagnostic of the core (DispatchError, ...): the parent raises it
-        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+    except Exception as error:  # a diagnostic of the core (DispatchError, a bounds check...): the parent raises it
+        (Path(sys.argv[1]) / "error.txt").write_text(f"{type(error).__name__}: {error}")
         sys.exit(2)
