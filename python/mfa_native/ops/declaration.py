@@ -21,6 +21,7 @@ op's `prepare`): the function, its docstring, the warm signature and the adapter
 
 from __future__ import annotations
 
+import atexit
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -283,11 +284,14 @@ def _host_quantized(x) -> bool:
 
 def release_caches() -> None:
     """Drops every op's prepared calls and the devices' tuning facts: the core objects they hold.
-    An adapter whose framework keeps the ops alive past interpreter teardown (torch's op
-    registry) calls it at exit, which nanobind would otherwise report as leaks."""
+    Called at exit: a framework may keep the ops alive past interpreter teardown (torch's op
+    registry), and the core objects with them."""
     for op in OPS.values():
         op.calls.clear()
     forget_tuning()
+
+
+atexit.register(release_caches)
 
 
 def declared(function: Callable) -> Op:

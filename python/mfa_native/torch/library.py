@@ -23,20 +23,18 @@ asked of one of their fields raises NotImplementedError).
 
 from __future__ import annotations
 
-import atexit
 import inspect
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..ops.declaration import Op, asked, quantized_values, release_caches
+from ..ops.declaration import Op, asked, quantized_values
 from ..ops.given_kind import inside_adapter, items
 from ..quantized import QuantizedTensor
 from ..runtime.frameworks import _torch_dtype
 
 _REGISTERED: dict[str, Any] = {}
-atexit.register(release_caches)   # torch's op registry keeps the ops (and their caches) alive past teardown
 
 
 def schema_arguments(op: Op) -> list[tuple[str, str]]:
