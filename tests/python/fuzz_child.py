@@ -5,6 +5,9 @@ crash is an exit code and a hang a timeout, not a dead pytest.
 
     python fuzz_child.py SEED RUN_CASES OP_CASES
 
+then PATCH_CASES calls of mx.fast.scaled_dot_product_attention under mfa_native.mlx.patch() with
+every mask form MLX takes, each of which must equal MLX's own result (or raise as MLX does).
+
 prints one line per case that failed, then a summary: `clean errors E results R bad N`;
 exits 1 if any case raised another exception or returned NaN.
 """
@@ -23,10 +26,11 @@ from mfa_native.runtime import pool_arrays, runner
 from mfa_native.runtime.arrays import DTYPES
 from mfa_native.runtime.runner import PreparedPass
 
-CLEAN = (ValueError, TypeError)
+CLEAN = (ValueError, TypeError, NotImplementedError)   # NotImplementedError: a documented refusal (a drop-in's)
 WRONG_DTYPES = [np.float16, np.float64, DTYPES["bfloat16"], np.int32, np.int64, np.uint8, np.bool_, ">f4"]
 NOT_ARRAYS = [None, 3.0, "q", [[1.0, 2.0]], b"\0" * 64, {"a": 1}]
 HUGE = 2**31  # every size the kernels index from here on is refused
+PATCH_CASES = 60
 
 
 def poison(shape, dtype, device) -> np.ndarray:
@@ -159,7 +163,11 @@ BAD_SCALARS = {"scale": ["x", np.nan, np.inf, True, -1.0, 0.0, 1e300],
                "device": ["gpu", 0, "cpu"],
                "topk": [-1, 2**40, HUGE, 1.5, 0, 10**6, True],
                "sinks": ["none", "shape", "int"],
-               "mask": ["shape", "dtype", "bool", "broadcast"]}
+               "mask": ["shape", "dtype", "bool", "broadcast"],
+               "cache_seqlens": ["long", "negative", "beyond", "float", "none"],
+               "block_table": ["range", "shape", "int64"]}
+BAD_SCALARS["softmax_scale"] = BAD_SCALARS["scale"]
+BAD_SCALARS["window_size"] = BAD_SCALARS["window"]
 
 
 def floats(rng, *shape, dtype=np.float32) -> np.ndarray:
@@ -184,13 +192,69 @@ def base_call(rng, op: str) -> tuple[Callable, list, dict]:
         return mfa_native.int8_attention, [q, k, v], {}
     if op == "sparse_topk":
         return mfa_native.sparse_topk, [q, k[:, :1], floats(rng, B, HQ, R), 3], {}
+    if op in ("attention_varlen", "flash_attn_varlen_func"):
+        cu_q, cu_k = np.array([0, 2, R], np.int32), np.array([0, 4, C], np.int32)
+        tokens = [floats(rng, R, HQ, D), floats(rng, C, HKV, D), floats(rng, C, HKV, D), cu_q, cu_k]
+        if op == "attention_varlen":
+            return mfa_native.attention_varlen, tokens, {"causal": True}
+        return _torch(flash_attn.flash_attn_varlen_func), tokens + [R, C], {"causal": True}
+    if op in ("attention_with_kvcache", "flash_attn_with_kvcache"):
+        return _kvcache_call(rng, op)
     o1, l1 = mfa_native.attention(q, k, v, return_lse=True)
     o2, l2 = mfa_native.attention(q, k[:, :, :4], v[:, :, :4], return_lse=True)
     return mfa_native.merge_attention, [[o1, o2], [l1, l2]], {}
 
 
+def _kvcache_call(rng, op: str) -> tuple[Callable, list, dict]:
+    """A KV-cache call: contiguous, paged, quantized (q8_0, D 32) or with an append, at random;
+    numpy for attention_with_kvcache, torch tensors (converted in the call) for the drop-in."""
+    form = str(rng.choice(["contiguous", "paged", "quantized", "append"]))
+    d = 32 if form == "quantized" else D
+    q = floats(rng, B, R, HQ, d)
+    if form == "paged":
+        caches = [floats(rng, 3, 8, HKV, d), floats(rng, 3, 8, HKV, d)]
+        extra = {"block_table": np.array([[2, 0]], np.int32)}
+    else:
+        caches = [floats(rng, B, 16, HKV, d), floats(rng, B, 16, HKV, d)]
+        extra = {}
+    if form == "quantized" and op == "attention_with_kvcache":
+        caches = [mfa_native.quantize(c, "q8_0") for c in caches]
+    if form == "append":
+        extra.update(k=floats(rng, B, 2, HKV, d), v=floats(rng, B, 2, HKV, d))
+    seqlens = np.array([5], np.int32)
+    if op == "attention_with_kvcache":
+        return mfa_native.attention_with_kvcache, [q, *caches], {"cache_seqlens": seqlens, "causal": True, **extra}
+    return _torch(flash_attn.flash_attn_with_kvcache), [q, *caches], \
+        {"cache_seqlens": seqlens, "causal": True, **extra}
+
+
+def _torch(drop_in: Callable) -> Callable:
+    """`drop_in` (a torch function) called with its numpy arguments as torch tensors."""
+    def call(*args, **options):
+        def tensor(x):   # the same view where torch has one (huge stride-0 arrays stay views)
+            if not isinstance(x, np.ndarray):
+                return x
+            bits = x.dtype == DTYPES["bfloat16"]
+            x = x.view(np.int16) if bits else x
+            try:
+                t = torch.from_numpy(x)
+            except (TypeError, ValueError):   # negative strides, a dtype torch has not: a copy (small ones)
+                t = torch.from_numpy(x.copy()) if x.dtype != ">f4" else torch.from_numpy(x.astype(np.float32))
+            return t.view(torch.bfloat16) if bits else t
+        return drop_in(*(tensor(a) for a in args), **{k: tensor(v) for k, v in options.items()})
+    return call
+
+
+try:
+    import torch
+
+    from mfa_native.torch import flash_attn
+    TORCH_OPS = ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
+except ImportError:   # the drop-ins are fuzzed where torch is installed
+    TORCH_OPS = []
+
 OPS = ["attention", "attention_backward", "sparse_attention", "block_sparse_attention", "int8_attention",
-       "sparse_topk", "merge_attention"]
+       "sparse_topk", "merge_attention", "attention_varlen", "attention_with_kvcache", *TORCH_OPS]
 
 
 def array_slots(args: list) -> list[tuple[int, ...]]:
@@ -241,6 +305,12 @@ def bad_option(rng, name: str, args: list) -> Any:
     if name == "mask":
         return {"shape": np.zeros((R + 1, C), np.float32), "dtype": np.zeros((R, C), np.int32),
                 "bool": rng.integers(0, 2, (R, C)).astype(bool), "broadcast": np.zeros((1, HQ, 1, C))}[value]
+    if name == "cache_seqlens":
+        return {"long": np.array([5, 5], np.int32), "negative": np.array([-3], np.int32),
+                "beyond": np.array([15], np.int32), "float": np.array([5.0], np.float32), "none": None}[value]
+    if name == "block_table":
+        return {"range": np.array([[3, -1]], np.int32), "shape": np.zeros((2, 2), np.int32),
+                "int64": np.array([[2, 0]], np.int64)}[value]
     return value
 
 
@@ -250,7 +320,12 @@ OPTIONS = {"attention": ["scale", "causal", "window", "layout", "return_lse", "d
            "block_sparse_attention": ["scale", "causal", "window", "layout", "return_lse", "sinks", "mask"],
            "int8_attention": ["scale", "causal", "window", "layout", "return_lse", "sinks", "mask"],
            "sparse_topk": ["causal", "layout", "device"],
-           "merge_attention": ["layout", "device"]}
+           "merge_attention": ["layout", "device"],
+           "attention_varlen": ["scale", "causal", "window", "return_lse", "device", "sinks"],
+           "attention_with_kvcache": ["scale", "causal", "window", "return_lse", "device", "sinks", "cache_seqlens",
+                                      "block_table"],
+           "flash_attn_varlen_func": ["softmax_scale", "causal", "window_size"],
+           "flash_attn_with_kvcache": ["softmax_scale", "causal", "window_size", "cache_seqlens", "block_table"]}
 
 
 def special(rng, op: str, args: list) -> list:
@@ -314,6 +389,64 @@ def fuzz_ops(rng, tally: Tally, cases: int) -> None:
         tally.case(what, call)
 
 
+# -- mlx.patch(): every mask form MLX takes, against MLX's own result ------------------------------
+
+SDPA = (2, 4, 2, 5, 9, 16)   # B, Hq, Hkv, L, S, D
+
+
+def patch_mask(rng) -> tuple[str, Any]:
+    """A mask of any rank MLX broadcasts to (B, Hq, L, S) (0 to 4 axes, each full or 1; bool or
+    additive), "causal", None, or a shape that does not broadcast."""
+    B, H, _, L, S, _ = SDPA
+    form = int(rng.integers(8))
+    if form == 0:
+        return "none", None
+    if form == 1:
+        return "causal", "causal"
+    full = (B, H, L, S)
+    rank = int(rng.integers(0, 5))
+    shape = tuple(n if rng.integers(2) else 1 for n in full[4 - rank:])
+    if form == 7 and rank:
+        shape = shape[:-1] + (S + 1,)   # does not broadcast: MLX raises, and so must the patched call
+    boolean = bool(rng.integers(2))
+    values = rng.random(shape) > 0.2 if boolean else rng.standard_normal(shape).astype(np.float32)
+    return f"{'bool' if boolean else 'additive'} {shape}", np.asarray(values)
+
+
+def fuzz_patch(rng, tally: Tally, cases: int) -> None:
+    try:
+        import mlx.core as mx
+
+        import mfa_native.mlx as mm
+    except ImportError:   # MLX's drop-in is fuzzed where mlx is installed
+        return
+    B, H, Hkv, L, S, D = SDPA
+    for _ in range(cases):
+        what, mask = patch_mask(rng)
+        q, k, v = (mx.array(floats(rng, B, h, n, D)) for h, n in ((H, L), (Hkv, S), (Hkv, S)))
+        mask = mx.array(mask) if isinstance(mask, np.ndarray) else mask
+
+        def call(q=q, k=k, v=v, mask=mask):
+            try:
+                theirs = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.5, mask=mask))
+            except ValueError:
+                theirs = None
+            with mm.patch():
+                try:
+                    ours = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.5, mask=mask))
+                except ValueError:
+                    if theirs is None:
+                        raise   # MLX refuses it too: a clean error
+                    raise AssertionError("the patched call refused what MLX computes") from None
+            if theirs is None:
+                raise AssertionError("MLX refuses this mask; the patched call computed it")
+            if np.linalg.norm(ours - theirs) > 1e-5 * np.linalg.norm(theirs):
+                raise AssertionError("the patched call differs from MLX's")
+            return ours
+
+        tally.case(f"mlx.patch() scaled_dot_product_attention, mask {what}", call)
+
+
 def main() -> int:
     seed, run_cases, op_cases = (int(a) for a in sys.argv[1:4])
     runner._allocate = poison
@@ -321,6 +454,7 @@ def main() -> int:
     tally = Tally()
     fuzz_run(rng, tally, run_cases)
     fuzz_ops(rng, tally, op_cases)
+    fuzz_patch(rng, tally, PATCH_CASES)
     print(f"clean errors {tally.errors} results {tally.results} bad {tally.bad}", flush=True)
     return 1 if tally.bad else 0
 

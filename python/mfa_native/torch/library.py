@@ -192,6 +192,10 @@ def torch_call(op: Op, values: dict):
             return converts[name](value)
         if kinds[name].startswith("Tensor") and isinstance(value, np.ndarray):   # numpy beside q's tensors
             return torch.from_numpy(np.ascontiguousarray(value)).to(like.device)
+        if kinds[name].startswith("Tensor") and not isinstance(value, torch.Tensor) and \
+                not (value is None and kinds[name].endswith("?")):   # the dispatcher's would be a RuntimeError
+            raise TypeError(f"{name} must be a torch tensor{' or None' if kinds[name].endswith('?') else ''}, "
+                            f"got {type(value).__name__}")
         return value
 
     return _returned(op, values, registered(*(argument(n) for n in kinds)))
