@@ -70,10 +70,10 @@ def test_adding_an_argument_is_one_change(rng):
     """The worked example of docs/design.md: one more Arg in the declaration gives the function
     its parameter, the docstring its line, the warm path its key and the prepare its value."""
     before = Op("toy_doubled", "2 x.", arguments=(X,), outputs=(Out("y", "2 x"),), prepare=_doubled,
-                no_backward="a toy")
+                no_backward="toy_doubled is a toy")
     after = Op("toy_doubled_offset", "2 x + offset.", arguments=(X, Arg("offset", "option", default=0.0,
                                                                          doc="added to every element.")),
-               outputs=(Out("y", "2 x + offset"),), prepare=_doubled, no_backward="a toy")
+               outputs=(Out("y", "2 x + offset"),), prepare=_doubled, no_backward="toy_doubled_offset is a toy")
     try:
         x = rng.standard_normal((3, 4)).astype(np.float32)
         assert "offset" not in inspect.signature(before.function).parameters

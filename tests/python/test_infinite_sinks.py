@@ -63,8 +63,8 @@ def test_block_sparse_attention(rng):
     q, k, v, sinks = _problem(rng, 24, 40)
     block_mask = mfa_native.BlockMask.from_mask(causal=True, R=24, C=40, block_size=8)
     out, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, sinks=sinks, return_lse=True)
-    expected, expected_lse = reference.block_sparse_attention_reference(q, k, v, block_mask, sinks=sinks,
-                                                                        return_lse=True)
+    expected, expected_lse = reference.block_sparse_attention_reference(q, k, v, block_mask, sinks=sinks, causal=True,
+                                                                        return_lse=True)   # the mask's rule
     _check_forward(out, lse, q, k, v, sinks, expected, expected_lse)
 
 
