@@ -17,4 +17,6 @@ fi
 python3 -m pip install --quiet ".[test,torch,mlx]" -Cbuild-dir=build -Ccmake.define.MFA_BUILD_TESTS=ON
 
 ctest --test-dir build --output-on-failure --parallel 2
-python3 -m pytest -q tests/python
+# One pytest worker per core (pytest-xdist, the test extra's), each test file on one worker: the
+# cold run is mostly the host compiler building kernels, which a second core halves.
+python3 -m pytest -q -n auto --dist loadfile tests/python
