@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 CHILD = Path(__file__).with_name("fuzz_child.py")
-RUN_CASES, OP_CASES = 200, 400
-PATCH_CASES = 60   # fuzz_child.PATCH_CASES
+RUN_CASES, OP_CASES = 200, 300
+PATCH_CASES = 40   # fuzz_child.PATCH_CASES
 
 
 def test_malformed_calls_raise_clean_errors_or_return_results():

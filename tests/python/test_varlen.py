@@ -220,3 +220,12 @@ def test_decode_batches_pack_heads_and_read_each_kv_row_once(rng, heads, R):
     bound = sum(packed_matrix_ops(1, Hkv, Hq // Hkv, n, m, 32, 32) for n, m in zip(lengths_q, lengths_k) if n)
     assert prof.simdgroup_matrix_ops == bound
     assert prof.simdgroup_matrix_ops < useful_matrix_ops(1, Hq, R, sum(lengths_k), 32, 32)   # per head: ratio x
+
+
+def test_a_huge_broadcast_cu_seqlens_is_refused_before_it_is_read(rng):
+    """2**31 entries of stride 0 (one element of memory): refused by its length, not copied (the
+    fuzzer's case took 10 s and 8 GB to be refused by its contents)."""
+    q, k, v = (rng.standard_normal((n, 2, 16)).astype(np.float32) for n in (5, 9, 9))
+    huge = np.lib.stride_tricks.as_strided(np.zeros(1, np.int32), (2**31,), (0,))
+    with pytest.raises(ValueError, match=r"cu_seqlens_k has 2147483648 entries: at most 2\*\*24 sequences"):
+        mfa_native.attention_varlen(q, k, v, np.array([0, 5], np.int32), huge)

@@ -42,6 +42,9 @@ MAX_Q = Arg("max_seqlen_q", "option", default=None, schema="int?", doc="""
     given, it must be at least the longest sequence's query count.""")
 MAX_K = Arg("max_seqlen_k", "option", default=None, schema="int?", doc="the same for the keys.")
 CU = ("cu_seqlens_q", "cu_seqlens_k")
+# Sequences per call: their bounds and unit tables are copied and checked on the host every call,
+# so a count beyond any batch (a broadcast cu_seqlens of 2**31 entries) is refused, not copied.
+MAX_SEQUENCES = 2**24
 
 OUTPUT = Out("o", "(total_q, Hq, Dv), q's kind and dtype",
              fake=lambda a: ((*a["q"].shape[:-1], a["v"].shape[-1]), "q"))
@@ -63,6 +66,8 @@ def _cu_form(cu, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be int32, got dtype {cu.dtype}")
     if cu.ndim != 1 or cu.shape[0] < 1:
         raise ValueError(f"{name} must have shape (B + 1,), one axis of at least one entry, got {cu.shape}")
+    if cu.shape[0] > MAX_SEQUENCES + 1:   # before its contents are read or copied (a broadcast one is huge)
+        raise ValueError(f"{name} has {cu.shape[0]} entries: at most 2**24 sequences (2**24 + 1 entries) per call")
     return np.ascontiguousarray(cu)
 
 

@@ -191,7 +191,7 @@ def torch_call(op: Op, values: dict):
         if name in converts:
             return converts[name](value)
         if kinds[name].startswith("Tensor") and isinstance(value, np.ndarray):   # numpy beside q's tensors
-            return torch.from_numpy(np.ascontiguousarray(value)).to(like.device)
+            return _tensor_of(value).to(like.device)
         if kinds[name].startswith("Tensor") and not isinstance(value, torch.Tensor) and \
                 not (value is None and kinds[name].endswith("?")):   # the dispatcher's would be a RuntimeError
             raise TypeError(f"{name} must be a torch tensor{' or None' if kinds[name].endswith('?') else ''}, "
@@ -199,6 +199,15 @@ def torch_call(op: Op, values: dict):
         return value
 
     return _returned(op, values, registered(*(argument(n) for n in kinds)))
+
+
+def _tensor_of(array: np.ndarray):
+    """A torch view of a numpy array (its strides kept: a huge broadcast array stays a view, to be
+    refused by the op's checks), a copy only where torch has no view (negative strides)."""
+    try:
+        return torch.from_numpy(array)
+    except (TypeError, ValueError):
+        return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def _returned(op: Op, values: dict, results: tuple):
