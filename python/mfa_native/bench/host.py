@@ -68,9 +68,9 @@ def _backward(dims):
 
 
 def _topk(rng, device):
-    q = rng.standard_normal((1, 4, 8, 16)).astype(np.float32)
+    q = rng.standard_normal((1, 4, 2, 16)).astype(np.float32)
     k = rng.standard_normal((1, 1, 64, 16)).astype(np.float32)
-    weights = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    weights = rng.standard_normal((1, 4, 2)).astype(np.float32)
     return lambda: sparse_topk(q, k, weights, 8, device=device)
 
 
@@ -120,7 +120,7 @@ CASES = (
              _problem(DECODE), parallel_threadgroups=tuning_facts(device).parallel_threadgroups))),
     Case("tiny quantized decode", "B1 H8/2 R1 C32 D64 q4_0", 20.0, _quantized_forward(QUANTIZED_DECODE, "q4_0"),
          lambda device: _scratch(codegen.attention_pass(_quantized_problem(QUANTIZED_DECODE, "q4_0")))),
-    Case("sparse_topk (indexer)", "B1 Hi4 R8 C64 Di16 topk 8 f32", 40.0, _topk, lambda device: 0),
+    Case("sparse_topk (indexer)", "B1 Hi4 R2 C64 Di16 topk 8 f32", 40.0, _topk, lambda device: 0),
     Case("BlockMask.from_mask", "R64 C64 blocks 16, bool mask, causal", 40.0, _from_mask, lambda device: 0),
     Case("GQA prefill causal", "B1 H8/2 R128 C128 D64 f16", None, _forward(GQA, np.float16, causal=True),
          lambda device: _scratch(codegen.attention_pass(_problem(GQA, "float16", causal="lower_right")))),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -33,6 +33,8 @@ BITS = ("kv_bit_blocks", "kv_bits")
 def block_size_pair(block_size) -> tuple[int, int]:
     """block_size as (Qb, Kb), checked: an int or a pair of positive ints (any size: a block
     boundary may fall inside a kernel tile, FlexAttention's decode blocks (1, 64) included)."""
+    if type(block_size) is int and block_size > 0:   # the common case, first (warm calls ask it)
+        return block_size, block_size
     sizes = (block_size, block_size) if isinstance(block_size, numbers.Integral) else block_size
     if not isinstance(sizes, (tuple, list)) or len(sizes) != 2 or \
             not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in sizes):
@@ -69,11 +71,11 @@ def _broadcast(lead: tuple[int, int]) -> Callable[[np.ndarray], np.ndarray]:
     return lambda a: np.ascontiguousarray(np.broadcast_to(a, lead + a.shape[2:]))
 
 
-@dataclass(frozen=True)
-class MaskRule:
+class MaskRule(NamedTuple):
     """The rule inside a from_mask mask's partial blocks, kept with its lists: the causal mode,
     the window as given, and the mask as given (the caller's array, not a copy). A
-    block-sparse call without causal, window or mask takes them from here."""
+    block-sparse call without causal, window or mask takes them from here. (A NamedTuple: made
+    on every warm from_mask call.)"""
 
     causal: str
     window: tuple[int, int] | None

@@ -80,8 +80,11 @@ def _empty_lists(B: int, H: int, rows: int, cols: int, arguments: tuple[str, ...
 
 def _block_mask(lists: tuple, call: Call) -> BlockMask:
     # The call's signature was checked when it was prepared; the lists are the kernels' own.
-    rule = MaskRule(check.causal_mode(call.causal), None if call.window is None else tuple(call.window), call.mask)
-    return BlockMask.built(dict(zip(LISTS, lists)), block_size_pair(call.block_size), (call.R, call.C), rule)
+    values = call.values   # read directly: the warm path's cost (Call's attributes look them up)
+    window = values["window"]
+    rule = MaskRule(check.causal_mode(values["causal"]), None if window is None else tuple(window), values["mask"])
+    return BlockMask.built(dict(zip(LISTS, lists)), block_size_pair(values["block_size"]), (values["R"], values["C"]),
+                           rule)
 
 
 FROM_MASK = Op(
