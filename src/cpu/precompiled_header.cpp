@@ -73,7 +73,7 @@ std::vector<std::string> PrecompiledHeaders::build(const HostCompiler& compiler,
     TemporaryFile built(pch + unique_suffix());
     std::vector<std::string> command = {compiler.path};
     for (const std::string& flag : flags) {
-      if (flag != "-shared") command.push_back(flag);
+      if (flag != "-shared" && flag.rfind("-fuse-ld=", 0) != 0) command.push_back(flag);   // no link here
     }
     // clang records the headers' times unless told not to; the key already says what they hold.
     if (compiler.is_clang) command.insert(command.end(), {"-Xclang", "-fno-pch-timestamp"});
