@@ -82,7 +82,9 @@ def test_forward_families(rng, family, dtype, d):
         assert relative_l2(out, expected) < TOLERANCE[dtype]
         if max(D, Dv) <= INT8_MAX_HEAD_DIM:
             out = mfa_native.int8_attention(q, k, v, causal=True)
-            assert relative_l2(out, int8_attention_emulation(q, k, v, causal=True)) <= 1e-3
+            # bfloat16's 8-bit significand alone puts its rounded output ~2e-3 from the float64 emulation
+            bound = 4e-3 if dtype == "bfloat16" else 1e-3
+            assert relative_l2(out, int8_attention_emulation(q, k, v, causal=True)) <= bound
 
 
 @pytest.mark.parametrize("family, dtype, d", cases(BACKWARD_TABLES, "backward"))
