@@ -179,7 +179,8 @@ def _case(row: Row, run: Callable, device: Device, cpu: Device | None, dtype: st
 
 def run(device: Device | str | None = None, *, quick: bool = False, families=None,
         progress: Callable[[str], None] | None = None) -> tuple[dict[str, str], list[Row]]:
-    """Every family (or those named) on `device`: the facts of the device and one Row per family."""
+    """Every family (or those named) on `device`: the facts of the device and one Row per family;
+    `progress(family)` is called as each family finishes."""
     device = resolve_device(device)
     cpu = resolve_device("cpu") if device.kind != "cpu" else None
     dtypes, dims = QUICK if quick else FULL
@@ -190,10 +191,10 @@ def run(device: Device | str | None = None, *, quick: bool = False, families=Non
             for d in dims:
                 if (quick and d == max(dims) and name not in DENSE) or (name == "int8" and d > INT8_MAX_HEAD_DIM):
                     continue
-                if progress:
-                    progress(f"{name} {dtype} D{d}")
                 _case(row, function, device, cpu, dtype, d, seed=len(rows) * 1000 + d)
         rows.append(row)
+        if progress:
+            progress(name)
     family = tuning_facts(device).family
     facts = {"device": f"{device.kind}: {device.name}", "family": tuned.parts(family)[0],
              "os": platform.platform(), "tuned table": tuned.source(family), "mfa_native": mfa_native.__version__}

@@ -22,18 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    families = len(selftest.FAMILIES)
-    with bar(families, "selftest", unit="family", quiet=args.quiet) as progress:
-        seen: set[str] = set()
-
-        def advance(case: str) -> None:
-            family = case.rsplit(" ", 2)[0]
-            if family not in seen:
-                seen.add(family)
-                progress.update(1 if len(seen) > 1 else 0)
-            progress.set_postfix_str(case)
-
-        facts, rows = selftest.run(args.device, quick=args.quick, progress=advance)
+    with bar(len(selftest.FAMILIES), "selftest", unit="family", quiet=args.quiet) as progress:
+        facts, rows = selftest.run(args.device, quick=args.quick, progress=lambda family: progress.update())
     for key, value in facts.items():
         print(f"{key}: {value}")
     print(selftest.table(rows))
