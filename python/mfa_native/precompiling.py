@@ -31,6 +31,7 @@ from .progress import bar
 from .runtime import compiling
 from .runtime.arrays import DTYPES
 from .runtime.devices import Device, resolve_device
+from .runtime.templates import KernelTemplate
 
 __all__ = ["Precompiled", "precompile"]
 
@@ -83,8 +84,8 @@ def _template_jobs(spec: dict, device: Device) -> list:
         templates = forward_templates(facts) + (backward_templates(facts) if facts.backward else [])
         for template in templates:
             for kernel in template["kernels"]:
-                kernels[(kernel["source"], kernel["entry"])] = kernel
-    return [lambda s=source, e=entry: device.pipeline(device.library(s), e, []) for source, entry in kernels]
+                kernels[(kernel["source"], kernel["entry"])] = KernelTemplate(**kernel)
+    return [lambda kernel=kernel: compiling.pipeline(device, kernel) for kernel in kernels.values()]
 
 
 def _call_job(call: Any, index: int, device: Device):

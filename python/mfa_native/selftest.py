@@ -11,8 +11,7 @@ L2 error, or what differed) or a compile error (the log's first lines).
 from __future__ import annotations
 
 import platform
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -138,7 +137,6 @@ class Row:
     worst: float = 0.0
     detail: str = ""
     cases: int = 0
-    failures: list[str] = field(default_factory=list)
 
 
 def _error(actual, expected) -> float:
@@ -161,7 +159,6 @@ def _case(row: Row, run: Callable, device: Device, cpu: Device | None, dtype: st
         return
     except Exception as error:   # a diagnostic (DispatchError, ...) or a bug: named, never a crash
         row.status, row.detail = "error", f"{where}: {type(error).__name__}: {error}".splitlines()[0]
-        row.failures.append(traceback.format_exc())
         return
     row.cases += 1
     for i, (what, actual, expected, factor) in enumerate(compared):

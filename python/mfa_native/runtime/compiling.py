@@ -18,6 +18,7 @@ from typing import Sequence
 
 from .devices import Device
 from .passes import KernelLaunch
+from .templates import KernelTemplate
 
 SLOW_SECONDS = 1.0
 LOG = logging.getLogger("mfa_native")
@@ -42,8 +43,9 @@ def _shared_pool() -> ThreadPoolExecutor:
         return _pool
 
 
-def pipeline(device: Device, kernel: KernelLaunch):
-    """The compiled pipeline of one kernel (from the core's caches when it was built before)."""
+def pipeline(device: Device, kernel: KernelLaunch | KernelTemplate):
+    """The compiled pipeline of one kernel, a pass's or a template's (from the core's caches when
+    it was built before)."""
     start = time.perf_counter()
     compiled = device.pipeline(device.library(kernel.source), kernel.entry, [])
     seconds = time.perf_counter() - start
@@ -61,7 +63,7 @@ def pipelines(device: Device, kernels: Sequence[KernelLaunch]) -> list:
     return [future.result() for future in futures]
 
 
-def _title(kernel: KernelLaunch) -> str:
+def _title(kernel: KernelLaunch | KernelTemplate) -> str:
     """The kernel's entry and its header's first facts line ("float16, D = 64, ..."), if any."""
     lines = kernel.source.splitlines()
     facts = lines[1].lstrip("/ ").strip() if len(lines) > 1 and lines[1].startswith("//") else ""
