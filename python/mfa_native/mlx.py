@@ -4,6 +4,7 @@
 whose append updates the caller's MLX caches in place with MLX's indexed assignment;
 `quantized_scaled_dot_product_attention`, mlx-lm's function of that name over a quantized KV
 cache, read in the kernel. (The plain `mfa_native` ops on MLX arrays behave the same.)
+`ring_attention` and `sharded_decode`: context parallelism over mx.distributed.
 
 They run eagerly: their arguments are evaluated (mx.eval, which waits for MLX's
 stream) and read in place through the buffer protocol (MLX's memory is unified);
@@ -30,6 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import reference
+from .context.mlx_ring import ring_attention, sharded_decode  # noqa: F401 - public here
 from .ops.attention import ATTENTION
 from .ops.block_sparse import BLOCK_SPARSE_ATTENTION
 from .ops.declaration import Call, Op, quantized_values

@@ -1,76 +1,61 @@
-"""ring_attention on torch.distributed (gloo, localhost): 2 and 4 processes with shards of any
-length equal the float64 reference on the concatenated sequences, forward and backward; ranks
-that disagree all raise the same error."""
+"""Context parallelism on torch.distributed (gloo, localhost): ring_attention and sharded_decode
+on 1, 2 and 4 processes with shards of any length (0 and 1 too) equal the float64 reference on
+the whole sequences, forward and backward; ranks that disagree, or a full cache on the last
+rank, raise the same error on every rank; a rank that dies makes the others fail, not hang."""
 
 from __future__ import annotations
 
+import os
 import socket
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
 import numpy as np
 import pytest
 
-from conftest import relative_l2
-from mfa_native.reference import allowed_keys, attention_backward_reference, attention_reference
+from context_cases import B, D, HKV, HQ, DecodeCase, RingCase, check_decode, check_ring, decode_shards, ring_inputs, shard
+from mfa_native.context.schedule import Span, band, pair
+from mfa_native.reference import allowed_keys
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
-from mfa_native.torch.ring import _band, _pair  # noqa: E402 - needs torch
 
-B, HQ, HKV, D = 1, 4, 2, 8
 TIMEOUT = 120
 
-
-@dataclass(frozen=True)
-class Case:
-    """One ring call: each rank's q and k/v shard lengths (k/v: those of q if None) and the options."""
-
-    q_lens: tuple[int, ...]
-    kv_lens: tuple[int, ...] | None = None
-    causal: bool | str = False
-    window: tuple[int, int] | None = None
-    sinks: bool = False
-    layout: str = "bhsd"
-
-    @property
-    def kv(self) -> tuple[int, ...]:
-        return self.q_lens if self.kv_lens is None else self.kv_lens
-
-
 CASES = {
-    1: (Case((4,), (6,), causal=True, window=(2, 0)),),
-    2: (Case((5, 0), causal=True, sinks=True), Case((3, 8), (6, 2), causal="upper_left", layout="bshd")),
-    4: (Case((5, 9, 1, 7)),
-        Case((5, 9, 1, 7), causal=True, sinks=True, layout="bshd"),
-        Case((5, 9, 1, 7), causal="upper_left", window=(3, -1)),
-        Case((3, 0, 6, 2), (5, 9, 1, 7), causal=True, window=(4, 1), sinks=True),
-        Case((3, 0, 6, 2), (5, 9, 1, 7), causal="upper_left", layout="bshd")),
+    1: (RingCase((4,), (6,), causal=True, window=(2, 0)),),
+    2: (RingCase((5, 0), causal=True, sinks=True), RingCase((3, 8), (6, 2), causal="upper_left", layout="bshd"),
+        RingCase((6, 1), window=(3, 2), dtype="bfloat16")),
+    4: (RingCase((5, 9, 1, 7)),
+        RingCase((5, 9, 1, 7), causal=True, sinks=True, layout="bshd"),
+        RingCase((5, 9, 1, 7), causal="upper_left", window=(3, -1), dtype="float16"),
+        RingCase((3, 0, 6, 2), (5, 9, 1, 7), causal=True, window=(4, 1), sinks=True),
+        RingCase((3, 0, 6, 2), (5, 9, 1, 7), causal="upper_left", layout="bshd")),
 }
+DECODE_CASES = {
+    1: (DecodeCase(((7, 3),), causal=True, window=(3, 0), dtype="bfloat16"),),
+    2: (DecodeCase(((9, 0), (5, 12)), causal=True, sinks=True, page=8),
+        DecodeCase(((16, 3), (1, 9)), appended=2, R=2, causal="upper_left", quantized=True)),
+    4: (DecodeCase(((9, 2), (0, 7), (1, 5), (6, 3)), causal=True, window=(10, 0), sinks=True, dtype="float16"),
+        DecodeCase(((3, 4), (5, 0), (2, 1), (7, 8)), appended=0, R=3, page=8, quantized=True)),
+}
+TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
-def _axis(layout: str) -> int:
-    return 2 if layout == "bhsd" else 1
+def _tensor(x, dtype: str):
+    """A numpy array (or QuantizedTensor of them) as torch tensors, float data in `dtype`."""
+    if x is None:
+        return None
+    if hasattr(x, "fields"):
+        return x.with_fields(**{name: torch.from_numpy(np.ascontiguousarray(f)) for name, f in x.fields().items()})
+    if x.dtype.kind in "iu":
+        return torch.from_numpy(x)
+    return torch.from_numpy(np.asarray(x, np.float32)).to(getattr(torch, dtype))
 
 
-def _inputs(seed: int, case: Case) -> dict[str, np.ndarray]:
-    """The global q, k, v, do (and sinks) of a case, float32, in its layout."""
-    rng = np.random.default_rng(seed)
-    R, C = sum(case.q_lens), sum(case.kv)
-    shapes = {"q": (B, HQ, R, D), "k": (B, HKV, C, D), "v": (B, HKV, C, D), "do": (B, HQ, R, D)}
-    arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
-    if case.layout == "bshd":
-        arrays = {name: x.transpose(0, 2, 1, 3).copy() for name, x in arrays.items()}
-    if case.sinks:
-        arrays["sinks"] = rng.standard_normal(HQ).astype(np.float32)
-    return arrays
-
-
-def _shard(x: np.ndarray, lens: tuple[int, ...], rank: int, axis: int) -> np.ndarray:
-    start = sum(lens[:rank])
-    return np.take(x, range(start, start + lens[rank]), axis=axis)
+def _host(x) -> np.ndarray:
+    return (x.detach().float() if x.is_floating_point() else x).numpy()
 
 
 def _ring_call(rank: int, size: int, seed: int) -> list[dict[str, np.ndarray]]:
@@ -79,23 +64,42 @@ def _ring_call(rank: int, size: int, seed: int) -> list[dict[str, np.ndarray]]:
 
     out = []
     for index, case in enumerate(CASES[size]):
-        arrays, axis = _inputs(seed + index, case), _axis(case.layout)
-        q, do = (torch.from_numpy(_shard(arrays[n], case.q_lens, rank, axis)) for n in ("q", "do"))
-        k, v = (torch.from_numpy(_shard(arrays[n], case.kv, rank, axis)) for n in ("k", "v"))
+        arrays = ring_inputs(seed + index, case)
+        q, do = (_tensor(shard(arrays[n], case.q_lens, rank, case.axis), case.dtype) for n in ("q", "do"))
+        k, v = (_tensor(shard(arrays[n], case.kv, rank, case.axis), case.dtype) for n in ("k", "v"))
         sinks = torch.from_numpy(arrays["sinks"]) if case.sinks else None
         leaves = {"q": q, "k": k, "v": v, **({"sinks": sinks} if case.sinks else {})}
         for x in leaves.values():
             x.requires_grad_()
         o = ring_attention(q, k, v, causal=case.causal, window=case.window, sinks=sinks, layout=case.layout)
         o.backward(do)
-        out.append({"o": o.detach().numpy(), **{f"d{n}": x.grad.numpy() for n, x in leaves.items()}})
+        out.append({"o": _host(o), **{f"d{n}": _host(x.grad) for n, x in leaves.items()}})
     return out
 
 
-def _worker(rank: int, size: int, port: int, work: Callable, args: tuple, results) -> None:
+def _decode_call(rank: int, size: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Every sharded decode case of this world size on this rank: out, lse and its caches after."""
+    from mfa_native.torch import sharded_decode
+
+    out = []
+    for index, case in enumerate(DECODE_CASES[size]):
+        s = decode_shards(seed + index, case, rank)
+        caches = [_tensor(s[n], case.dtype) for n in ("k_cache", "v_cache")]
+        new = [_tensor(s[n], case.dtype) if case.appended else None for n in ("k", "v")]
+        o, lse = sharded_decode(_tensor(s["q"], case.dtype), *caches, torch.from_numpy(s["lengths"]), k=new[0],
+                                v=new[1], block_table=_tensor(s["table"], case.dtype), causal=case.causal,
+                                window=case.window, sinks=None if s["sinks"] is None else torch.from_numpy(s["sinks"]),
+                                return_lse=True)
+        fields = {f"{which}.{name}": _host(x) for which, c in zip("kv", caches)
+                  for name, x in (c.fields() if hasattr(c, "fields") else {"data": c}).items()}
+        out.append({"o": _host(o), "lse": _host(lse), **fields})
+    return out
+
+
+def _worker(rank: int, size: int, port: int, work: Callable, args: tuple, results, timeout: int = TIMEOUT) -> None:
     """One rank: joins the gloo group and reports (rank, what `work` returned or its traceback)."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                            timeout=timedelta(seconds=TIMEOUT))
+                            timeout=timedelta(seconds=timeout))
     try:
         results.put((rank, work(rank, size, *args)))
     except Exception:  # noqa: BLE001 - the parent reports it
@@ -136,15 +140,15 @@ def test_ring_attention_equals_the_reference_on_unequal_shards(rng, size):
     seed = int(rng.integers(1 << 31))
     by_rank = _launch(size, _ring_call, seed)
     for index, case in enumerate(CASES[size]):
-        arrays, axis = _inputs(seed + index, case), _axis(case.layout)
-        options = dict(causal=case.causal, window=case.window, sinks=arrays.get("sinks"), layout=case.layout)
-        o = attention_reference(arrays["q"], arrays["k"], arrays["v"], **options)
-        grads = attention_backward_reference(arrays["q"], arrays["k"], arrays["v"], arrays["do"], **options)
-        expected = {"o": o, **dict(zip(("dq", "dk", "dv", "dsinks"), grads))}
-        for name, want in expected.items():
-            parts = [by_rank[rank][index][name] for rank in range(size)]
-            got = sum(parts) if name == "dsinks" else np.concatenate(parts, axis=axis)  # dsinks: each rank's rows
-            assert relative_l2(got, want) <= 1e-5, (name, case)
+        check_ring(seed + index, case, [by_rank[rank][index] for rank in range(size)])
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_sharded_decode_equals_the_whole_cache(rng, size):
+    seed = int(rng.integers(1 << 31))
+    by_rank = _launch(size, _decode_call, seed)
+    for index, case in enumerate(DECODE_CASES[size]):
+        check_decode(seed + index, case, [by_rank[rank][index] for rank in range(size)])
 
 
 def _disagreeing_calls(rank: int, size: int) -> list[tuple[str, str]]:
@@ -161,15 +165,75 @@ def _disagreeing_calls(rank: int, size: int) -> list[tuple[str, str]]:
             ring_attention(q, k, k, **options)
         except (TypeError, ValueError) as error:
             raised.append((type(error).__name__, str(error)))
+    return raised + _refused_decodes(rank, size)
+
+
+def _refused_decodes(rank: int, size: int) -> list[tuple[str, str]]:
+    """Sharded decodes that must raise on every rank before any cache is written: the last rank's
+    cache is full; rank 1's q differs. What each raised, and whether its caches kept their bytes."""
+    from mfa_native.torch import sharded_decode
+
+    raised = []
+    for full, heads in ((True, HQ), (False, HQ + (rank == 1))):
+        q, new = torch.randn(1, 1, heads, 32), torch.randn(1, 1, 2, 32)
+        k_cache, v_cache = torch.randn(1, 8, 2, 32), torch.randn(1, 8, 2, 32)
+        before = (k_cache.clone(), v_cache.clone())
+        lengths = torch.tensor([8 if full and rank == size - 1 else 3], dtype=torch.int32)
+        try:
+            sharded_decode(q, k_cache, v_cache, lengths, k=new, v=new)
+        except (TypeError, ValueError) as error:
+            raised.append((type(error).__name__, str(error)))
+        assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1]), "a refused call wrote"
     return raised
 
 
 def test_ranks_that_disagree_all_raise_the_same_error():
     raised = _launch(2, _disagreeing_calls)
-    assert raised[0] == raised[1] and [kind for kind, _ in raised[0]] == ["ValueError"] * 3, raised
-    heads, causal, window = (message for _, message in raised[0])
+    assert raised[0] == raised[1] and [kind for kind, _ in raised[0]] == ["ValueError"] * 5, raised
+    heads, causal, window, full, decode_heads = (message for _, message in raised[0])
     assert "the heads (Hq, Hkv)" in heads and "rank 1 has (8, 2)" in heads
     assert "causal" in causal and "rank 1: window left must be >= 0" in window
+    assert full.startswith("sharded_decode: rank 1: ") and "beyond the cache's capacity 8" in full
+    assert "q's shape" in decode_heads and "rank 1 has (1, 1, 5, 32)" in decode_heads
+
+
+def _dying_rank(rank: int, size: int) -> str:
+    """Rank 1 dies in the middle of the ring (at its second message); the others report what they raised."""
+    from mfa_native.context.torch_group import TorchGroup
+    from mfa_native.torch import ring_attention
+
+    shift, calls = TorchGroup.shift, []
+
+    def dying(self, *args):
+        calls.append(1)
+        if rank == 1 and len(calls) == 2:
+            os._exit(17)
+        return shift(self, *args)
+
+    TorchGroup.shift = dying
+    q = torch.randn(B, HQ, 6, D)
+    try:
+        ring_attention(q, q[:, :HKV], q[:, :HKV])
+    except RuntimeError as error:   # gloo's: the peer closed the connection, or the timeout
+        return f"{type(error).__name__}: {error}"
+    return "returned"
+
+
+def test_a_rank_that_dies_makes_the_others_fail_not_hang():
+    context = torch.multiprocessing.get_context("spawn")
+    results, port = context.Queue(), _free_port()
+    workers = [context.Process(target=_worker, args=(rank, 3, port, _dying_rank, (), results, 20)) for rank in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        reports = dict(results.get(timeout=TIMEOUT) for _ in range(2))
+    finally:
+        for w in workers:
+            w.join(timeout=30)
+            if w.is_alive():
+                w.kill()
+    assert workers[1].exitcode == 17 and set(reports) == {0, 2}, reports
+    assert all(report.startswith("RuntimeError") for report in reports.values()), reports
 
 
 def test_each_pair_of_shards_is_the_global_band(rng):
@@ -182,13 +246,13 @@ def test_each_pair_of_shards_is_the_global_band(rng):
         causal = [False, "lower_right", "upper_left"][rng.integers(3)]
         window = None if rng.random() < 0.3 else tuple(int(side) for side in rng.integers(-1, 6, 2))
         allowed = allowed_keys(R, C, causal, window)
-        band = _band({False: "none"}.get(causal, causal), window, R, C)
+        rule = band({False: "none"}.get(causal, causal), window, R, C)
         q_offsets, kv_offsets = np.cumsum([0, *q_lens]), np.cumsum([0, *kv_lens])
         for r in range(size):
             for s in range(size):
                 want = allowed[q_offsets[r]:q_offsets[r + 1], kv_offsets[s]:kv_offsets[s + 1]]
-                pair = _pair(band, int(q_offsets[r]), int(q_lens[r]), int(kv_offsets[s]), int(kv_lens[s]))
+                call = pair(rule, Span(int(q_offsets[r]), int(q_lens[r])), Span(int(kv_offsets[s]), int(kv_lens[s])))
                 got = np.zeros_like(want)
-                if pair is not None:
-                    got[:pair.rows, :pair.keys] = allowed_keys(pair.rows, pair.keys, False, pair.window)
-                assert (got == want).all() and (pair is None or got.any()), (q_lens, kv_lens, causal, window, r, s)
+                if call is not None:
+                    got[:call.rows, :call.keys] = allowed_keys(call.rows, call.keys, False, call.window)
+                assert (got == want).all() and (call is None or got.any()), (q_lens, kv_lens, causal, window, r, s)
