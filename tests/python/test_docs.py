@@ -5,7 +5,9 @@ the README names exist in a clone; the documented `mfa_native.reference` works a
 
 A block that cannot run here carries a marker on the line before its fence:
 `<!-- docs: skip: REASON -->` (the reason is the test's skip message) or
-`<!-- docs: torchrun ARGS -->` (run with `torchrun --standalone ARGS`, e.g. two gloo ranks).
+`<!-- docs: torchrun ARGS -->` (run with `torchrun --standalone ARGS`, e.g. two gloo ranks) or
+`<!-- docs: mlx.launch ARGS -->` (run with `mlx.launch ARGS` on this interpreter, e.g. two ring
+ranks on 127.0.0.1; a rank's non-zero exit fails the block even where mlx.launch exits 0).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
 # block doing any of this must carry a skip marker, and the runner refuses it otherwise.
 INSTALLS = re.compile(r"\b(pip3? install|-m pip\b|apt-get|apt install|sudo|"
                       r"scripts/(run-tests|check-portable|compiler-sweep|wheel-smoke)\.sh)")
-MARKER = re.compile(r"^\s*<!--\s*docs:\s*(?P<kind>skip|torchrun)\b:?\s*(?P<text>.*?)\s*-->\s*$")
+MARKER = re.compile(r"^\s*<!--\s*docs:\s*(?P<kind>skip|torchrun|mlx\.launch)\b:?\s*(?P<text>.*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class Block:
     line: int                  # of the opening fence, 1-based
     lang: str
     code: str
-    marker: tuple[str, str] | None = None   # ("skip", reason) or ("torchrun", arguments)
+    marker: tuple[str, str] | None = None   # ("skip", reason), ("torchrun" or "mlx.launch", arguments)
 
     @property
     def where(self) -> str:
@@ -93,6 +95,9 @@ def command(block: Block, script: Path) -> list[str]:
     if block.marker and block.marker[0] == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *shlex.split(block.marker[1]),
                 str(script)]
+    if block.marker and block.marker[0] == "mlx.launch":
+        return [str(Path(sys.executable).with_name("mlx.launch")), "--python", sys.executable,
+                *shlex.split(block.marker[1]), str(script)]
     if block.lang == "python":
         return [sys.executable, "-c", block.code]
     return ["bash", "-e", "-o", "pipefail", "-c", block.code]
@@ -104,7 +109,7 @@ def test_the_block_runs_as_written(block: Block, tmp_path):
         assert block.marker[1], f"{block.where}: a skip marker needs its reason"
         pytest.skip(f"{block.where}: {block.marker[1]}")
     assert not INSTALLS.search(block.code), f"{block.where} installs something: mark it <!-- docs: skip: ... -->"
-    assert block.marker is None or block.lang == "python", f"{block.where}: torchrun runs python blocks"
+    assert block.marker is None or block.lang == "python", f"{block.where}: {block.marker[0]} runs python blocks"
     work, env = _workspace(tmp_path)
     script = tmp_path / "block.py"
     script.write_text(block.code)
@@ -123,7 +128,8 @@ def test_the_block_runs_as_written(block: Block, tmp_path):
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-    assert done.returncode == 0, (f"{block.where} ({block.lang}) exited with {done.returncode}\n"
+    failed_rank = re.search(r"Node with rank \d+ exited with code [1-9-]", done.stdout + done.stderr)
+    assert done.returncode == 0 and not failed_rank, (f"{block.where} ({block.lang}) exited with {done.returncode}\n"
                                   f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}")
 
 

@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 
 from context_cases import B, D, HKV, HQ, DecodeCase, RingCase, check_decode, check_ring, decode_shards, ring_inputs, shard
-from mfa_native.context.schedule import Span, band, pair
-from mfa_native.reference import allowed_keys
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -234,25 +232,3 @@ def test_a_rank_that_dies_makes_the_others_fail_not_hang():
                 w.kill()
     assert workers[1].exitcode == 17 and set(reports) == {0, 2}, reports
     assert all(report.startswith("RuntimeError") for report in reports.values()), reports
-
-
-def test_each_pair_of_shards_is_the_global_band(rng):
-    """The (rows, keys, window) call of every pair of shards allows exactly the keys that causal
-    and window allow on the concatenated sequences (single process, no kernels)."""
-    for _ in range(300):
-        size = int(rng.integers(1, 5))
-        q_lens, kv_lens = rng.integers(0, 7, size), rng.integers(0, 7, size)
-        R, C = int(q_lens.sum()), int(kv_lens.sum())
-        causal = [False, "lower_right", "upper_left"][rng.integers(3)]
-        window = None if rng.random() < 0.3 else tuple(int(side) for side in rng.integers(-1, 6, 2))
-        allowed = allowed_keys(R, C, causal, window)
-        rule = band({False: "none"}.get(causal, causal), window, R, C)
-        q_offsets, kv_offsets = np.cumsum([0, *q_lens]), np.cumsum([0, *kv_lens])
-        for r in range(size):
-            for s in range(size):
-                want = allowed[q_offsets[r]:q_offsets[r + 1], kv_offsets[s]:kv_offsets[s + 1]]
-                call = pair(rule, Span(int(q_offsets[r]), int(q_lens[r])), Span(int(kv_offsets[s]), int(kv_lens[s])))
-                got = np.zeros_like(want)
-                if call is not None:
-                    got[:call.rows, :call.keys] = allowed_keys(call.rows, call.keys, False, call.window)
-                assert (got == want).all() and (call is None or got.any()), (q_lens, kv_lens, causal, window, r, s)

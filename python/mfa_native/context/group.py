@@ -9,15 +9,31 @@ the ring's bookkeeping needs on the framework's arrays (torch tensors or MLX arr
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 Shape = tuple[int, ...]
 
 
+@dataclass
+class Traffic:
+    """What a group's calls moved: bytes this rank sent to the next (ring shifts) and contributed to
+    all-gathers, seconds it spent blocked waiting for shifted messages and in all-gathers, and the
+    shifts themselves (so `bench ring` can replay them without the compute)."""
+
+    sent: int = 0
+    gathered: int = 0
+    waited: float = 0.0
+    gathering: float = 0.0
+    shifts: list[tuple] = field(default_factory=list)
+
+
 class Group(Protocol):
     rank: int
     size: int
-    framework_name: str  # "torch" or "mlx": the arrays it takes
+    framework_name: str  # what its arrays are called in errors
+    traffic: Traffic
 
     def owns(self, x: Any) -> bool:
         """Whether x is one of the framework's arrays."""
@@ -47,6 +63,24 @@ class Group(Protocol):
         """x with axes a and b exchanged."""
 
     def exp(self, x: Any) -> Any: ...
+
+    def nbytes(self, x: Any) -> int: ...
+
+
+def shift(group: Group, arrays: Sequence[Any], incoming: Sequence[Shape], like: Any) -> Callable[[], list[Any]]:
+    """group.shift, its bytes and its waiting counted in group.traffic."""
+    group.traffic.shifts.append((list(arrays), list(incoming), like))
+    if group.size > 1:
+        group.traffic.sent += sum(group.nbytes(x) for x in arrays)
+    wait = group.shift(arrays, incoming, like)
+
+    def counted() -> list[Any]:
+        start = time.perf_counter()
+        received = wait()
+        group.traffic.waited += time.perf_counter() - start
+        return received
+
+    return counted
 
 
 def resized(shape: Shape, axis: int, length: int) -> Shape:

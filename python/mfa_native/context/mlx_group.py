@@ -5,12 +5,13 @@ caller's compute; all_gather for the merges and the descriptors."""
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
 
-from .group import Shape
+from .group import Shape, Traffic
 
 _STREAMS: list[Any] = []   # (send, receive): made once, on first use
 
@@ -37,6 +38,7 @@ class MlxGroup:
 
     def __init__(self, group: Any = None) -> None:
         self.group = mx.distributed.init() if group is None else group
+        self.traffic = Traffic()
         self.rank, self.size = self.group.rank(), self.group.size()
         self.next, self.previous = (self.rank + 1) % self.size, (self.rank - 1) % self.size
 
@@ -45,14 +47,21 @@ class MlxGroup:
 
     def gather_objects(self, value: Any) -> list[Any]:
         data = np.frombuffer(pickle.dumps(value), np.uint8)
+        self.traffic.gathered += data.size
+        start = time.perf_counter()
         lengths = np.array(mx.distributed.all_gather(mx.array([data.size], mx.int32), group=self.group))
         padded = np.zeros(int(lengths.max()), np.uint8)
         padded[:data.size] = data
         everything = np.array(mx.distributed.all_gather(mx.array(padded)[None], group=self.group))
+        self.traffic.gathering += time.perf_counter() - start
         return [pickle.loads(row[:n].tobytes()) for row, n in zip(everything, lengths)]
 
     def all_gather(self, x: mx.array) -> list[mx.array]:
+        self.traffic.gathered += self.nbytes(x)
+        start = time.perf_counter()
         gathered = mx.distributed.all_gather(x[None], group=self.group)
+        mx.eval(gathered)
+        self.traffic.gathering += time.perf_counter() - start
         return [gathered[r] for r in range(self.size)]
 
     def shift(self, arrays: Sequence[mx.array], incoming: Sequence[Shape], like: mx.array) -> Callable[[], list]:
@@ -93,6 +102,9 @@ class MlxGroup:
 
     def swap(self, x: mx.array, a: int, b: int) -> mx.array:
         return mx.swapaxes(x, a, b)
+
+    def nbytes(self, x) -> int:
+        return int(x.nbytes)
 
     def exp(self, x: mx.array) -> mx.array:
         return mx.exp(x)

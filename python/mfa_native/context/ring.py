@@ -2,18 +2,21 @@
 
 Every rank first all-gathers a descriptor (its shard lengths and arguments, checked by
 `attention`'s own validation), so a bad or mismatched call raises the same error everywhere.
-The queries a rank computes are its `query_blocks` (its own shard, or under causal its zig-zag
-chunks, fetched from their owners by one pass around the ring: `regroup`). K/V shards then
-travel around the ring, the next one in flight while the current one is computed: each (query
-block, key shard) pair is one `attention` call (`schedule.pair`), merged into the block's
-float32 output by lse (`merge_attention`). Outputs and lse go back to the queries' owners the
-way they came. The backward runs the same ring: each K/V shard carries its float32 dk/dv with
-it back to its owner, and dq returns to its owner like the outputs.
+The queries and keys a rank computes with are its `blocks` (its own shards, or under causal the
+zig-zag chunks of each sequence, fetched from their owners by one pass around the ring:
+`regroup`; zig-zag on both sides makes every step's work alike, so no rank waits at the next
+message for a busier one). K/V blocks then travel around the ring, the next in flight while the
+current one is computed: each (query block, key block) pair is one `attention` call
+(`schedule.pair`), merged into the query block's float32 output by lse (`merge_attention`).
+Outputs and lse go back to the queries' owners the way they came. The backward runs the same
+ring: each K/V block carries its float32 dk/dv with it, and dq, dk, dv return to their owners
+like the outputs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from ..ops.attention import attention, validate
@@ -22,7 +25,7 @@ from ..ops.merge import merge_attention
 from ..runtime.frameworks import FrameworkCall, framework_of
 from . import schedule
 from .agreement import Descriptor, agree, described
-from .group import Group, narrow, padded, resized
+from .group import Group, narrow, padded, resized, shift
 
 LSE_AXIS = 2  # lse is (B, Hq, R)
 
@@ -51,27 +54,37 @@ def _describe(group: Group, q: Any, k: Any, v: Any, sinks: Any, causal: Any, win
 
 @dataclass
 class Ring:
-    """One call's plan on this rank: every rank's shards, the queries each computes, the rule."""
+    """One call's plan on this rank: every rank's shards, the query and key blocks each computes
+    with (by rank), the rule."""
 
     group: Group
     layout: str
     scale: float | None
     q_shards: list[schedule.Span]
     kv_shards: list[schedule.Span]
-    blocks: list[list[schedule.Span]]  # by rank: the query blocks it computes
+    q_blocks: list[list[schedule.Span]]
+    kv_blocks: list[list[schedule.Span]]
     rule: schedule.Band
 
     @property
     def axis(self) -> int:
         return _seq_axis(self.layout)
 
-    @property
-    def mine(self) -> list[schedule.Span]:
-        return self.blocks[self.group.rank]
-
     def work(self, rank: int) -> int:
         """The (query, key) pairs rank computes."""
-        return sum(schedule.allowed(self.rule, block, shard) for block in self.blocks[rank] for shard in self.kv_shards)
+        return sum(schedule.allowed(self.rule, block, keys) for block in self.q_blocks[rank]
+                   for blocks in self.kv_blocks for keys in blocks)
+
+    def pairs(self, source: int):
+        """This rank's calls with the K/V blocks `source` computes with: (query block index, the
+        key block's offset in source's K/V, the Pair)."""
+        for index, block in enumerate(self.q_blocks[self.group.rank]):
+            offset = 0
+            for keys in self.kv_blocks[source]:
+                pair = schedule.pair(self.rule, block, keys)
+                if pair is not None:
+                    yield index, offset, pair
+                offset += keys.length
 
 
 def plan(group: Group, name: str, q: Any, k: Any, v: Any, sinks: Any, causal: Any, window: Any, scale: Any,
@@ -86,19 +99,29 @@ def plan(group: Group, name: str, q: Any, k: Any, v: Any, sinks: Any, causal: An
     kv_shards = schedule.spans([d.own[1] for d in descriptors])
     rule = schedule.band(shared["causal"], shared["window"], q_shards[-1].end, kv_shards[-1].end)
     return Ring(group, shared["the layout"], scale, q_shards, kv_shards,
-                schedule.query_blocks(shared["causal"], q_shards), rule)
+                schedule.blocks(shared["causal"], q_shards), schedule.blocks(shared["causal"], kv_shards), rule)
 
 
-def regroup(ring: Ring, pieces: list[Any], have: list[list[schedule.Span]], want: list[list[schedule.Span]],
-            axis: int, like: Any) -> list[Any]:
-    """Rows moved between ranks: this rank holds `pieces` (arrays over its `have` spans along
-    `axis`, of `like`'s other dimensions and dtype); returns arrays over its `want` spans. Every
-    rank's pieces go once around the ring; each rank keeps what it wants of them."""
+def _own(shards: list[schedule.Span]) -> list[list[schedule.Span]]:
+    """Every rank's own shard, as blocks."""
+    return [[shard] if shard.length else [] for shard in shards]
+
+
+def _pieces(x: Any, spans: list[schedule.Span], axis: int) -> list[Any]:
+    """x (the spans' rows one after the other along axis) cut into one array per span."""
+    starts = [0, *accumulate(span.length for span in spans)]
+    return [narrow(x, axis, start, span.length) for start, span in zip(starts, spans)]
+
+
+def regroup(ring: Ring, x: Any, have: list[list[schedule.Span]], want: list[list[schedule.Span]], axis: int) -> Any:
+    """Rows moved between ranks: this rank's x holds its `have` spans one after the other along
+    `axis`; returns the array of its `want` spans likewise. Every rank's rows go once around the
+    ring; each rank keeps what it wants of them."""
     group = ring.group
     if have == want:
-        return pieces
+        return x
     found: list[list[tuple[int, Any]]] = [[] for _ in want[group.rank]]
-    message = pieces
+    message = _pieces(x, have[group.rank], axis)
     for step in range(group.size):
         source = (group.rank - step) % group.size
         for span, piece in zip(have[source], message):
@@ -108,99 +131,106 @@ def regroup(ring: Ring, pieces: list[Any], have: list[list[schedule.Span]], want
                     found[index].append((common.start, narrow(piece, axis, common.start - span.start, common.length)))
         if step < group.size - 1:
             incoming = have[(source - 1) % group.size]
-            message = group.shift(message, [resized(tuple(like.shape), axis, s.length) for s in incoming], like)()
-    return [group.cat([part for _, part in sorted(parts, key=lambda p: p[0])], axis) for parts in found]
+            message = shift(group, message, [resized(tuple(x.shape), axis, s.length) for s in incoming], x)()
+    parts = [part for spans in found for _, part in sorted(spans, key=lambda p: p[0])]
+    total = sum(span.length for span in want[group.rank])
+    return group.cat(parts, axis) if parts else group.zeros(resized(tuple(x.shape), axis, total), x)
 
 
-def _kv_shards(ring: Ring, k: Any, v: Any):
-    """The K/V shards as they pass this rank, one per step: (the rank that owns it, its k, its v).
-    The next shard is already on its way while the caller computes on this one."""
+def _kv_blocks(ring: Ring, k: Any, v: Any):
+    """The K/V blocks as they pass this rank, one per step: (the rank that computes with them,
+    its k, its v). The next is already on its way while the caller computes on this one."""
     group, axis = ring.group, ring.axis
     block = [k, v]
     for step in range(group.size):
         source = (group.rank - step) % group.size
-        incoming = ring.kv_shards[(source - 1) % group.size].length
-        pending = None if step == group.size - 1 else group.shift(
-            block, [resized(tuple(x.shape), axis, incoming) for x in (k, v)], k)
+        incoming = sum(span.length for span in ring.kv_blocks[(source - 1) % group.size])
+        pending = None if step == group.size - 1 else shift(
+            group, block, [resized(tuple(x.shape), axis, incoming) for x in (k, v)], k)
         yield source, block[0], block[1]
         if pending is not None:
             block = pending()
 
 
-def _own(ring: Ring) -> list[list[schedule.Span]]:
-    """Every rank's own query shard, as blocks."""
-    return [[shard] if shard.length else [] for shard in ring.q_shards]
-
-
 @dataclass
 class Saved:
-    """What the backward needs of the forward: this rank's query blocks, their outputs and lse."""
+    """What the backward needs of the forward: this rank's query blocks (one after the other),
+    K/V blocks, outputs (float32 per query block, cast) and lse."""
 
-    q: list[Any]
+    q: Any
+    k: Any
+    v: Any
     o: list[Any]
     lse: list[Any]
 
 
 def forward(ring: Ring, q: Any, k: Any, v: Any, sinks: Any) -> tuple[Any, Any, Saved]:
     """This rank's output shard (q's dtype) and lse (B, Hq, R) float32, and what the backward needs."""
-    group, axis, layout = ring.group, ring.axis, ring.layout
-    q_blocks = regroup(ring, [q] if q.shape[axis] else [], _own(ring), ring.blocks, axis, q)
+    group, axis, layout, rank = ring.group, ring.axis, ring.layout, ring.group.rank
+    q_all = regroup(ring, q, _own(ring.q_shards), ring.q_blocks, axis)
+    k_all, v_all = (regroup(ring, x, _own(ring.kv_shards), ring.kv_blocks, axis) for x in (k, v))
+    q_blocks = _pieces(q_all, ring.q_blocks[rank], axis)
     B, Hq = q.shape[0], q.shape[1 if layout == "bhsd" else 2]
     outputs, lses = [], []
-    for block in ring.mine:
-        o_shape = resized((*q.shape[:-1], v.shape[-1]), axis, block.length)
-        outputs.append(group.zeros(o_shape, q, float32=True))
+    for block in ring.q_blocks[rank]:
+        outputs.append(group.zeros(resized((*q.shape[:-1], v.shape[-1]), axis, block.length), q, float32=True))
         lse = group.zeros((B, Hq, block.length), q, float32=True)
         lses.append(lse - float("inf") if sinks is None else lse + group.float32(sinks)[None, :, None])
-    for source, kb, vb in _kv_shards(ring, k, v):
-        for index, (block, qb) in enumerate(zip(ring.mine, q_blocks)):
-            pair = schedule.pair(ring.rule, block, ring.kv_shards[source])
-            if pair is None:
-                continue
-            part_o, part_lse = attention(narrow(qb, axis, 0, pair.rows), narrow(kb, axis, 0, pair.keys),
-                                         narrow(vb, axis, 0, pair.keys), scale=ring.scale, window=pair.window,
+    for source, kb, vb in _kv_blocks(ring, k_all, v_all):
+        for index, offset, pair in ring.pairs(source):
+            part_o, part_lse = attention(narrow(q_blocks[index], axis, 0, pair.rows), narrow(kb, axis, offset, pair.keys),
+                                         narrow(vb, axis, offset, pair.keys), scale=ring.scale, window=pair.window,
                                          layout=layout, return_lse=True)
+            length = outputs[index].shape[axis]
             outputs[index], lses[index] = merge_attention(
-                [outputs[index], padded(group, group.float32(part_o), axis, block.length)],
-                [lses[index], padded(group, part_lse, LSE_AXIS, block.length, -float("inf"))], layout=layout)
+                [outputs[index], padded(group, group.float32(part_o), axis, length)],
+                [lses[index], padded(group, part_lse, LSE_AXIS, length, -float("inf"))], layout=layout)
     outputs = [group.cast(o, q) for o in outputs]
     o_like = group.zeros(resized((*q.shape[:-1], v.shape[-1]), axis, 0), q)
     lse_like = group.zeros((B, Hq, 0), q, float32=True)
-    o = regroup(ring, outputs, ring.blocks, _own(ring), axis, o_like)
-    lse = regroup(ring, lses, ring.blocks, _own(ring), LSE_AXIS, lse_like)
-    return (o[0] if o else o_like), (lse[0] if lse else lse_like), Saved(q_blocks, outputs, lses)
+    o = regroup(ring, group.cat(outputs, axis) if outputs else o_like, ring.q_blocks, _own(ring.q_shards), axis)
+    lse = regroup(ring, group.cat(lses, LSE_AXIS) if lses else lse_like, ring.q_blocks, _own(ring.q_shards),
+                  LSE_AXIS)
+    return o, lse, Saved(q_all, k_all, v_all, outputs, lses)
 
 
 def backward(ring: Ring, saved: Saved, q: Any, k: Any, v: Any, sinks: Any, do: Any) -> tuple[Any, Any, Any, Any]:
     """dq, dk, dv of this rank's shards (their dtypes; float32 accumulation) and dsinks through the
     queries this rank computed (sum it over the group), from the forward's Saved."""
-    group, axis, layout = ring.group, ring.axis, ring.layout
-    do_blocks = regroup(ring, [do] if do.shape[axis] else [], _own(ring), ring.blocks, axis, do)
-    dq_blocks = [group.zeros(tuple(x.shape), x, float32=True) for x in saved.q]
-    grads = [group.zeros(tuple(k.shape), k, float32=True), group.zeros(tuple(v.shape), v, float32=True)]
-    for source, kb, vb in _kv_shards(ring, k, v):
-        for index, block in enumerate(ring.mine):
-            pair = schedule.pair(ring.rule, block, ring.kv_shards[source])
-            if pair is None:
-                continue
-            rows = [narrow(x, axis, 0, pair.rows) for x in (saved.q[index], saved.o[index], do_blocks[index])]
-            dq, dk, dv = attention_backward(rows[0], narrow(kb, axis, 0, pair.keys), narrow(vb, axis, 0, pair.keys),
-                                            rows[1], narrow(saved.lse[index], LSE_AXIS, 0, pair.rows), rows[2],
+    group, axis, layout, rank = ring.group, ring.axis, ring.layout, ring.group.rank
+    do_blocks = _pieces(regroup(ring, do, _own(ring.q_shards), ring.q_blocks, axis), ring.q_blocks[rank], axis)
+    q_blocks = _pieces(saved.q, ring.q_blocks[rank], axis)
+    dq_blocks = [group.zeros(tuple(x.shape), x, float32=True) for x in q_blocks]
+    grads = [group.zeros(tuple(saved.k.shape), k, float32=True), group.zeros(tuple(saved.v.shape), v, float32=True)]
+    for source, kb, vb in _kv_blocks(ring, saved.k, saved.v):
+        for index, offset, pair in ring.pairs(source):
+            rows = [narrow(x, axis, 0, pair.rows) for x in (q_blocks[index], saved.o[index], do_blocks[index])]
+            dq, dk, dv = attention_backward(rows[0], narrow(kb, axis, offset, pair.keys),
+                                            narrow(vb, axis, offset, pair.keys), rows[1],
+                                            narrow(saved.lse[index], LSE_AXIS, 0, pair.rows), rows[2],
                                             scale=ring.scale, window=pair.window, layout=layout)
-            dq_blocks[index] = dq_blocks[index] + padded(group, group.float32(dq), axis, block.length)
-            grads = [g + padded(group, group.float32(d), axis, g.shape[axis]) for g, d in zip(grads, (dk, dv))]
-        incoming = ring.kv_shards[(source - 1) % group.size].length  # the shard the previous rank held
-        grads = group.shift(grads, [resized(tuple(x.shape), axis, incoming) for x in (k, v)], grads[0])()
-    # after the last step, grads are this rank's own shard's dk/dv
-    dq = regroup(ring, dq_blocks, ring.blocks, _own(ring), axis, group.zeros(tuple(q.shape), q, float32=True))
-    dq = dq[0] if dq else group.zeros(tuple(q.shape), q, float32=True)
+            dq_blocks[index] = dq_blocks[index] + padded(group, group.float32(dq), axis, dq_blocks[index].shape[axis])
+            grads = [g + _placed(group, group.float32(d), axis, offset, g.shape[axis]) for g, d in zip(grads, (dk, dv))]
+        incoming = sum(span.length for span in ring.kv_blocks[(source - 1) % group.size])  # the previous rank's
+        grads = shift(group, grads, [resized(tuple(x.shape), axis, incoming) for x in (k, v)], grads[0])()
+    # after the last step, grads are the dk/dv of this rank's own K/V blocks
+    dq = regroup(ring, group.cat(dq_blocks, axis) if dq_blocks else group.zeros(resized(tuple(q.shape), axis, 0), q,
+                                                                                 float32=True),
+                 ring.q_blocks, _own(ring.q_shards), axis)
+    dk, dv = (regroup(ring, g, ring.kv_blocks, _own(ring.kv_shards), axis) for g in grads)
     dsinks = None
     if sinks is not None:
         dsinks = group.zeros(tuple(sinks.shape), sinks, float32=True)
         for o, lse, d in zip(saved.o, saved.lse, do_blocks):
             dsinks = dsinks + _sinks_gradient(group, sinks, o, lse, d, layout)
         dsinks = group.cast(dsinks, sinks)
-    return group.cast(dq, q), group.cast(grads[0], k), group.cast(grads[1], v), dsinks
+    return group.cast(dq, q), group.cast(dk, k), group.cast(dv, v), dsinks
+
+
+def _placed(group: Group, x: Any, axis: int, start: int, length: int) -> Any:
+    """x at positions [start, start + x's length) of `length` zeros along axis."""
+    before = group.zeros(resized(tuple(x.shape), axis, start), x)
+    return padded(group, group.cat([before, x], axis), axis, length)
 
 
 def _sinks_gradient(group: Group, sinks: Any, o: Any, lse: Any, do: Any, layout: str) -> Any:

@@ -3,8 +3,8 @@
 The global query sequence is the ranks' q shards in rank order, the global key sequence their
 K/V shards. `band` is the causal/window rule on global positions; `pair` is that rule over one
 block of queries and one key shard as a single `attention` call (or None: no query sees a key);
-`query_blocks` assigns the global queries to the ranks that compute them: each its own shard,
-or under causal a zig-zag (rank r computes chunks r and 2N-1-r of 2N equal chunks), so every
+`blocks` assigns the global queries (and keys) to the ranks that compute with them: each its own
+shard, or under causal a zig-zag (rank r gets chunks r and 2N-1-r of 2N equal chunks), so every
 rank's work is the mean within a chunk's rounding; `allowed` counts a block's work.
 
 No framework is imported here: torch and MLX share it.
@@ -96,12 +96,13 @@ def zigzag(total: int, size: int) -> list[list[Span]]:
     return [[chunk for chunk in (chunks[r], chunks[2 * size - 1 - r]) if chunk.length] for r in range(size)]
 
 
-def query_blocks(causal: str, q_shards: list[Span]) -> list[list[Span]]:
-    """The queries each rank computes: under causal (either alignment) the zig-zag chunks, which
-    balance the work; otherwise its own shard (every query's work is alike)."""
+def blocks(causal: str, shards: list[Span]) -> list[list[Span]]:
+    """The positions (queries, or keys) each rank computes with: under causal (either alignment)
+    the zig-zag chunks, which with zig-zag queries and keys give every rank the same work at
+    every step of the ring; otherwise its own shard (every query's work is alike)."""
     if causal == "none":
-        return [[shard] if shard.length else [] for shard in q_shards]
-    return zigzag(sum(shard.length for shard in q_shards), len(q_shards))
+        return [[shard] if shard.length else [] for shard in shards]
+    return zigzag(sum(shard.length for shard in shards), len(shards))
 
 
 def allowed(rule: Band, queries: Span, keys: Span) -> int:

@@ -3,13 +3,15 @@ gloo's messages go through host memory), all_gather for the merges."""
 
 from __future__ import annotations
 
+import pickle
+import time
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .group import Shape
+from .group import Shape, Traffic
 
 
 class TorchGroup:
@@ -17,6 +19,7 @@ class TorchGroup:
 
     def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
+        self.traffic = Traffic()
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
 
         def global_rank(r: int) -> int:
@@ -29,14 +32,20 @@ class TorchGroup:
         return isinstance(x, Tensor)
 
     def gather_objects(self, value: Any) -> list[Any]:
+        self.traffic.gathered += len(pickle.dumps(value))
         values: list[Any] = [None] * self.size
+        start = time.perf_counter()
         dist.all_gather_object(values, value, group=self.group)
+        self.traffic.gathering += time.perf_counter() - start
         return values
 
     def all_gather(self, x: Tensor) -> list[Tensor]:
+        self.traffic.gathered += self.nbytes(x)
         wire = x.device if self.wire is None else self.wire
         parts = [torch.empty_like(x, device=wire) for _ in range(self.size)]
+        start = time.perf_counter()
         dist.all_gather(parts, x.to(wire), group=self.group)
+        self.traffic.gathering += time.perf_counter() - start
         return [part.to(x.device) for part in parts]
 
     def shift(self, arrays: Sequence[Tensor], incoming: Sequence[Shape], like: Tensor) -> Callable[[], list[Tensor]]:
@@ -73,6 +82,9 @@ class TorchGroup:
 
     def swap(self, x: Tensor, a: int, b: int) -> Tensor:
         return x.transpose(a, b)
+
+    def nbytes(self, x) -> int:
+        return int(x.numel() * x.element_size())
 
     def exp(self, x: Tensor) -> Tensor:
         return torch.exp(x)
