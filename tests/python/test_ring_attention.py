@@ -134,19 +134,15 @@ def _launch(size: int, work: Callable, *args: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("size", [1, 2, 4])
-def test_ring_attention_equals_the_reference_on_unequal_shards(rng, size):
+@pytest.mark.parametrize("op", ["ring_attention", "sharded_decode"])
+def test_context_parallel_calls_equal_the_reference_on_unequal_shards(rng, op, size):
+    """ring_attention (output and gradients) and sharded_decode (output, lse, caches) on every rank."""
+    work, cases, check = (_ring_call, CASES, check_ring) if op == "ring_attention" else \
+        (_decode_call, DECODE_CASES, check_decode)
     seed = int(rng.integers(1 << 31))
-    by_rank = _launch(size, _ring_call, seed)
-    for index, case in enumerate(CASES[size]):
-        check_ring(seed + index, case, [by_rank[rank][index] for rank in range(size)])
-
-
-@pytest.mark.parametrize("size", [1, 2, 4])
-def test_sharded_decode_equals_the_whole_cache(rng, size):
-    seed = int(rng.integers(1 << 31))
-    by_rank = _launch(size, _decode_call, seed)
-    for index, case in enumerate(DECODE_CASES[size]):
-        check_decode(seed + index, case, [by_rank[rank][index] for rank in range(size)])
+    by_rank = _launch(size, work, seed)
+    for index, case in enumerate(cases[size]):
+        check(seed + index, case, [by_rank[rank][index] for rank in range(size)])
 
 
 def _disagreeing_calls(rank: int, size: int) -> list[tuple[str, str]]:
