@@ -43,7 +43,7 @@ def _describe(group: Group, arrays: dict[str, Any], options: Options) -> Descrip
     (the last rank's with the append, so a full cache raises here, before any write)."""
     q = arrays["q"]
     if not group.owns(q):
-        raise TypeError(f"q must be a {group.framework_name} array, got {type(q).__name__}")
+        raise TypeError(f"q must be a {group.framework_name}, got {type(q).__name__}")
     views = FrameworkCall(framework_of(q), q)
     host = {name: x if x is None or not group.owns(x) else views.view(x, name) for name, x in arrays.items()}
     last = group.rank == group.size - 1

@@ -32,7 +32,7 @@ class Traffic:
 class Group(Protocol):
     rank: int
     size: int
-    framework_name: str  # what its arrays are called in errors
+    framework_name: str  # its array type, as errors name it ("torch.Tensor", "mx.array")
     traffic: Traffic
 
     def owns(self, x: Any) -> bool:

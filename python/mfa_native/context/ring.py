@@ -40,7 +40,7 @@ def _describe(group: Group, q: Any, k: Any, v: Any, sinks: Any, causal: Any, win
     shards can fail later, on some ranks only)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("sinks", sinks)):
         if not group.owns(x) and not (name == "sinks" and x is None):
-            raise TypeError(f"{name} must be a {group.framework_name} array, got {type(x).__name__}")
+            raise TypeError(f"{name} must be a {group.framework_name}, got {type(x).__name__}")
     views = FrameworkCall(framework_of(q), q)
     arrays = [views.view(x, name) for name, x in (("q", q), ("k", k), ("v", v))]
     p = validate((*arrays, None, None if sinks is None else views.view(sinks, "sinks")), scale=scale,
