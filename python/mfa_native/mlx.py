@@ -39,11 +39,11 @@ from .ops.int8_attention import INT8_ATTENTION
 from .ops.kvcache import ATTENTION_WITH_KVCACHE, checked_append
 from .ops.sparse import SPARSE_ATTENTION
 from .ops.varlen import ATTENTION_VARLEN
-from .ops.given_kind import inside_adapter, items
+from .ops.given_kind import inside_adapter, items, writes_in_place
 from .ops.quantize import quantize
 from .errors import Unsupported
 from .quantized import QuantizedTensor
-from .runtime.frameworks import framework_of
+from .runtime.frameworks import framework_of, register_adapter
 
 
 def mlx_function(op: Op):
@@ -421,3 +421,15 @@ def patch() -> Iterator[None]:
     finally:
         for namespace, name, original in reversed(originals):
             setattr(namespace, name, original)
+
+
+def _differentiating(op: Op, values: dict):
+    """A call on MLX arrays (runtime.frameworks.adapter): through the op's custom function, or for
+    a call that writes a cache in place, this module's function of the op, which updates MLX's
+    arrays with MLX itself (never behind its back)."""
+    if writes_in_place(op, values):
+        return globals()[op.name](**{k: v for k, v in values.items() if k != "device"})
+    return mlx_call(op, values)
+
+
+register_adapter("mlx", _differentiating)

@@ -98,3 +98,14 @@ def test_the_rule_catches_what_it_forbids(tmp_path):
 def test_modules_stay_small(path: Path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(CODEGEN)} has {lines} lines (at most {MAX_LINES})"
+
+
+def test_ops_never_import_the_framework_adapters():
+    """The ops find a framework's adapter through runtime.frameworks' registry (each adapter
+    registers itself on import), so no op module imports mfa_native.torch or mfa_native.mlx, not
+    even inside a function: the ops <-> adapters circle stays broken."""
+    ops = CODEGEN.parent / "ops"
+    adapters = ("mfa_native.torch", "mfa_native.mlx")
+    wrong = {path.name: sorted(name for name in _imports(path) if name.startswith(adapters))
+             for path in sorted(ops.glob("*.py"))}
+    assert {name: found for name, found in wrong.items() if found} == {}

@@ -8,12 +8,14 @@ device, bound in place. A call with numpy leading arrays goes to the op directly
 declared function checks that inline: declaration.py).
 
 A framework must see the call to differentiate it, or it takes the outputs for constants
-and gives the inputs zero gradients. So a call on MLX arrays runs through the op's MLX
-custom function (mlx.py: its vjp, or an error if the op has none), and a call on torch
-tensors that require grad (with grad enabled) through its torch custom op (torch/library.py);
-inside those, the op runs as below. An op without a backward runs as below in either
-framework, its floating outputs then tied to its floating inputs by a function whose backward
-raises: a gradient asked through it is an error, never a zero.
+and gives the inputs zero gradients. So a call the framework may differentiate
+(`Framework.may_differentiate`: every MLX call, a torch call with grad enabled and an argument
+that requires it) runs through the framework's adapter, which registered itself
+(`runtime.frameworks.adapter`: mlx.py's custom functions, torch/library.py's custom ops; the
+ops never import them); inside those, the op runs as below (`inside_adapter`). An op without
+a backward runs as below in either framework, its floating outputs then tied to its floating
+inputs by a function whose backward raises: a gradient asked through it is an error, never a
+zero.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from ..quantized import QuantizedTensor
 from ..runtime import runner
-from ..runtime.frameworks import FrameworkCall, framework_of
+from ..runtime.frameworks import FrameworkCall, adapter, framework_of
 
 
 def call(op, values: dict[str, Any]):
@@ -37,8 +39,9 @@ def call(op, values: dict[str, Any]):
     framework = kinds.pop() if kinds else None
     if framework is None:
         return op.numpy_call(values)
-    if not getattr(_adapter, "inside", False) and _differentiated(framework, values, leading + op.others):
-        return _through_adapter(op, framework, values)
+    if not getattr(_adapter, "inside", False) and framework.may_differentiate(
+            [t for name in leading + others for x in items(values.get(name)) for t in _tensors(x)]):
+        return adapter(framework)(op, values)
     framework_call = FrameworkCall(framework, like=items(values[leading[0]])[0])
     given, values = values, dict(values)
     if framework_call.on_metal:
@@ -73,35 +76,7 @@ def inside_adapter():
     return runner.scoped(_adapter, "inside", True)
 
 
-def _differentiated(framework, values: dict[str, Any], names) -> bool:
-    """Whether the framework may differentiate this call: always for MLX (a transform gives no
-    sign of itself), for torch when grad is enabled and an argument requires it."""
-    if framework.name == "mlx":
-        return True
-    import torch
-
-    return torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", False) for name in names for x in items(values.get(name)) for t in _tensors(x))
-
-
-def _through_adapter(op, framework, values: dict[str, Any]):
-    """The call, through the op's differentiable form in `framework`."""
-    if framework.name == "mlx":
-        from .. import mlx
-
-        if _writes_in_place(op, values):  # MLX arrays are updated by MLX itself, never behind its back
-            return getattr(mlx, op.name)(**{k: v for k, v in values.items() if k != "device"})
-        return mlx.mlx_call(op, values)
-    from ..torch.library import torch_call, without_gradient
-
-    if op.backward is None:
-        with inside_adapter():
-            result = call(op, values)
-        return without_gradient(op, values, result)
-    return torch_call(op, values)
-
-
-def _writes_in_place(op, values: dict[str, Any]) -> bool:
+def writes_in_place(op, values: dict[str, Any]) -> bool:
     """Whether this call writes an argument in place (a KV cache given rows to append)."""
     return any(a.written_with is not None and values.get(a.written_with) is not None for a in op.arguments)
 

@@ -22,8 +22,9 @@ its caller has already imported (sys.modules).
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -39,7 +40,13 @@ class Framework:
 
     name: str
     module: str  # the module whose presence in sys.modules means its arrays may be passed
+    adapter: str  # the mfa_native module that registers the framework's `Differentiating` on import
     wraps_host = False  # whether `over` makes its arrays over numpy memory with no copy
+
+    def may_differentiate(self, arrays: Sequence[Any]) -> bool:
+        """Whether the framework may differentiate a call on `arrays` (then the call goes through
+        its adapter, so that the framework sees it)."""
+        raise NotImplementedError
 
     def owns(self, x: Any) -> bool:
         raise NotImplementedError
@@ -70,8 +77,13 @@ class Framework:
 class Torch(Framework):
     """torch.Tensor on the CPU or MPS (requires_grad is fine: the views are of the detached tensor)."""
 
-    name, module = "torch", "torch"
+    name, module, adapter = "torch", "torch", "mfa_native.torch.library"
     wraps_host = True
+
+    def may_differentiate(self, arrays: Sequence[Any]) -> bool:
+        import torch
+
+        return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in arrays)
 
     def owns(self, x: Any) -> bool:
         torch = sys.modules.get("torch")
@@ -118,7 +130,10 @@ class Mlx(Framework):
     """mlx.core.array: evaluated (mx.eval waits for MLX's stream), then read through the buffer
     protocol (MLX's memory is unified, on a Mac too)."""
 
-    name, module = "mlx", "mlx.core"
+    name, module, adapter = "mlx", "mlx.core", "mfa_native.mlx"
+
+    def may_differentiate(self, arrays: Sequence[Any]) -> bool:
+        return True   # an MLX transformation gives no sign of itself
 
     def owns(self, x: Any) -> bool:
         mx = sys.modules.get("mlx.core")
@@ -175,6 +190,24 @@ def _torch_refusal():
 
 
 FRAMEWORKS: tuple[Framework, ...] = (Torch(), Mlx())
+
+
+Differentiating = Callable[[Any, dict], Any]   # (op, every argument by name) -> the call's result
+_ADAPTERS: dict[str, Differentiating] = {}
+
+
+def register_adapter(name: str, differentiating: Differentiating) -> None:
+    """Called by a framework's adapter module when it is imported: how a call of an op on the
+    framework's arrays runs so that the framework sees it (its custom op or custom function).
+    The ops never import the adapters; they find them here."""
+    _ADAPTERS[name] = differentiating
+
+
+def adapter(framework: Framework) -> Differentiating:
+    """The framework's registered Differentiating, importing its adapter module the first time."""
+    if framework.name not in _ADAPTERS:
+        importlib.import_module(framework.adapter)
+    return _ADAPTERS[framework.name]
 
 
 def framework_of(x: Any) -> Framework | None:

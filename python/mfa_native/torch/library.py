@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 from ..ops.declaration import Op, asked, quantized_values
+from ..ops import given_kind
 from ..ops.given_kind import inside_adapter, items
 from ..quantized import QuantizedTensor
-from ..runtime.frameworks import _torch_dtype
+from ..runtime.frameworks import _torch_dtype, register_adapter
 
 _REGISTERED: dict[str, Any] = {}
 
@@ -311,3 +312,17 @@ def _no_gradient(op: Op):
     def gradient(ctx, *grads):
         raise NotImplementedError(op.no_backward)
     return gradient
+
+
+def differentiating(op: Op, values: dict):
+    """A call torch may differentiate (runtime.frameworks.adapter): through the op's custom op, or
+    for an op without a backward computed directly with its outputs tied to the inputs by a
+    function whose backward raises."""
+    if op.backward is None:
+        with inside_adapter():
+            result = given_kind.call(op, values)
+        return without_gradient(op, values, result)
+    return torch_call(op, values)
+
+
+register_adapter("torch", differentiating)
