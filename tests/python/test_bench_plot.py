@@ -23,3 +23,22 @@ def test_without_matplotlib_the_error_names_it(tmp_path, monkeypatch):
     with pytest.raises(ModuleNotFoundError, match="matplotlib"):
         _plot.draw(str(tmp_path / "x.png"), "title", {}, on_metal=False)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_every_series_is_told_apart_without_colour_and_the_axes_carry_units():
+    """Each precision has its own marker and line style (hollow markers of decreasing size, so a
+    series on top of another shows both), and every axis names its unit."""
+    pytest.importorskip("matplotlib")
+    pyplot = _plot._pyplot()
+    point = _plot.Point(1e-3, 100, 4096)
+    points = {(direction, dtype, d): (point, 1000 * d, 50) for direction in _plot.DIRECTIONS
+              for dtype in _plot.DTYPES for d in (32, 64)}
+    for on_metal in (False, True):
+        figure = _plot.charts(pyplot, "t", points, on_metal)
+        for ax in figure.axes:
+            looks = {(line.get_marker(), line.get_linestyle(), line.get_markersize()) for line in ax.get_lines()}
+            assert len(looks) == len(ax.get_lines()) == len(_plot.DTYPES)
+            assert len({m for m, _, _ in looks}) == len({s for _, s, _ in looks}) == len(_plot.DTYPES)
+            assert all(line.get_markerfacecolor() == "none" for line in ax.get_lines())
+            assert "(" in ax.get_xlabel() and ax.get_ylabel()
+        pyplot.close(figure)

@@ -12,6 +12,9 @@ from typing import Callable
 from .. import profile
 
 DTYPES = ("float32", "float16", "bfloat16")
+# Each precision's look: marker, line style, marker size (not colour alone, and a series lying on
+# another stays visible: hollow markers of different sizes, drawn larger first).
+STYLES = {"float32": ("o", "-", 9), "float16": ("s", "--", 7), "bfloat16": ("^", ":", 5)}
 DIRECTIONS = ("forward", "backward")
 HEAD_DIMS = (32, 64, 96, 128, 192, 256, 384, 576)
 
@@ -52,25 +55,38 @@ def _pyplot():
 
 def draw(path: str, title: str, points: dict[tuple[str, str, int], tuple[Point, int, int]], on_metal: bool) -> None:
     """points[(direction, dtype, D)] = (measured point, useful multiply-accumulates (flops are 2
-    per), useful simdgroup_matrix ops (work.py))."""
+    per), useful simdgroup_matrix ops (work.py)). Writes the PNG at `path`."""
     pyplot = _pyplot()
-    metrics = ([("useful TFLOPS", lambda p, macs, ops: 2 * macs / p.seconds / 1e12)] if on_metal else
-               [("issued / useful simdgroup_matrix ops", lambda p, macs, ops: (p.issued or 0) / ops),
-                ("device bytes per useful MAC", lambda p, macs, ops: p.device_bytes / macs)])
-    figure, axes = pyplot.subplots(len(metrics), len(DIRECTIONS), figsize=(6 * len(DIRECTIONS), 3.6 * len(metrics)),
+    figure = charts(pyplot, title, points, on_metal)
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)
+
+
+def charts(pyplot, title: str, points: dict[tuple[str, str, int], tuple[Point, int, int]], on_metal: bool):
+    """The figure `draw` saves: per direction and metric an axes, per precision a series styled
+    by STYLES, units on both axes."""
+    metrics = ([("useful throughput", "TFLOPS (useful flops per second / 1e12)",
+                 lambda p, macs, ops: 2 * macs / p.seconds / 1e12)] if on_metal else
+               [("issued / useful simdgroup_matrix ops", "ratio (8x8x8 ops issued per useful op)",
+                 lambda p, macs, ops: (p.issued or 0) / ops),
+                ("device traffic", "bytes per useful multiply-accumulate",
+                 lambda p, macs, ops: p.device_bytes / macs)])
+    figure, axes = pyplot.subplots(len(metrics), len(DIRECTIONS), figsize=(6 * len(DIRECTIONS), 3.8 * len(metrics)),
                                    squeeze=False)
     for column, direction in enumerate(DIRECTIONS):
-        for row, (label, value) in enumerate(metrics):
+        for row, (label, unit, value) in enumerate(metrics):
             ax = axes[row][column]
             for dtype in DTYPES:
                 dims = sorted(d for (dn, dt, d) in points if dn == direction and dt == dtype)
                 if dims:
-                    ax.plot(dims, [value(*points[(direction, dtype, d)]) for d in dims], marker="o", label=dtype)
+                    marker, line, size = STYLES[dtype]
+                    ax.plot(dims, [value(*points[(direction, dtype, d)]) for d in dims], marker=marker, linestyle=line,
+                            markersize=size, markerfacecolor="none", markeredgewidth=1.5, label=dtype)
             ax.set_title(f"{direction}: {label}")
-            ax.set_xlabel("head dimension (D = Dv)")
+            ax.set_xlabel("head dimension D = Dv (elements)")
+            ax.set_ylabel(unit)
             ax.grid(alpha=0.3)
             ax.legend()
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    pyplot.close(figure)
+    return figure
