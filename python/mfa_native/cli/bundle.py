@@ -8,6 +8,7 @@ import sys
 
 from ..bundle import BundleError, build_payload, entries_of, entry_line, read_bundle, write_bundle
 from ..bundle import metallib
+from ..progress import bar
 
 
 def summary() -> str:
@@ -29,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metallib", action="store_true",
                         help="also store each kernel compiled to a Metal library (macOS with a Metal device only), "
                              "so an app compiles no source at run time")
-    parser.add_argument("--quiet", action="store_true", help="do not print the entries written")
+    parser.add_argument("--quiet", action="store_true",
+                        help="do not print the entries written (nor the progress bar a terminal shows)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +60,13 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, RuntimeError) as error:
         print(f"bundle: {error}", file=sys.stderr)
         return 1
-    payload = build_payload(entries, None if args.quiet else print)
+    with bar(len(entries), "bundle", unit="entry", quiet=args.quiet) as progress:
+        def written(line: str) -> None:
+            if not args.quiet:
+                progress.write(line)   # above the bar
+            progress.update()
+
+        payload = build_payload(entries, written)
     if args.metallib:
         payload["metallibs"] = metallib.compile_all(payload)
     size = write_bundle(args.output, payload)

@@ -75,7 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tuning.add_argument("--report", action="store_true",
                         help="attention, attention-backward: per kernel, registers per thread (estimate), "
                              "threadgroup memory, barriers per block and device bytes per useful MAC, for the "
-                             "built-in tile row and each row that changes one of its columns")
+                             "built-in tile row and each row that changes one of its columns (a progress bar on "
+                             "a terminal)")
+    tuning.add_argument("--quiet", action="store_true", help="with --report: no progress bar")
     tuning.add_argument("--backward", action="store_true",
                         help="attention, sparse-attention: the backward pass's kernels instead of the forward's")
 

@@ -9,6 +9,7 @@ writes the winning rows to the device's tuned table (codegen/kernel/tuned.py:
 (MFA_NATIVE_TUNING=off: the built-in rows; `info` shows the table). On the cpu backend,
 timing would be cpu times, not a GPU's: `tune` refuses (exit 2) and writes nothing;
 `tune --check` runs every candidate of a covering design once at small sizes and verifies it.
+Both show a progress bar with an ETA on a terminal (not with --quiet).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from ..codegen.kernel import tuned
 from ..codegen.kernel.tables import DIRECTION_ROWS
+from ..progress import reporting
 from ..runtime.devices import resolve_device, tuning_facts
 from ..tuning import problems, sweep
 
@@ -37,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timing: best of this many warm runs")
     parser.add_argument("--dry-run", action="store_true", help="timing: print the winners, write no table")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _check(args, device, rng) -> int:
@@ -44,7 +47,9 @@ def _check(args, device, rng) -> int:
     failed = []
     for direction in args.directions:
         space = sweep.check_space(direction, family, device, dtypes=args.dtypes)
-        for result in sweep.check(space, device, rng):
+        with reporting(f"tune --check {direction}", unit="candidate", quiet=args.quiet) as report:
+            results = sweep.check(space, device, rng, report)
+        for result in results:
             if not result.outcome.passed:
                 failed.append(result)
         print(f"{direction}: {len(space)} candidates checked")
@@ -62,7 +67,8 @@ def _tune(args, device, rng) -> int:
     family = tuning_facts(device).family
     chosen = problems.problem_set(args.directions, args.dtypes, tuple(args.head_dims), args.q_len, args.q_len,
                                   args.heads)
-    winners = sweep.tune(chosen, device, rng, args.repeats)
+    with reporting("tune", unit="run", quiet=args.quiet) as report:
+        winners = sweep.tune(chosen, device, rng, args.repeats, report)
     print(f"winners on {device.name} ({family}), summed best-of-{args.repeats} GPU times per range and kernel:")
     print(sweep.winners_table(winners))
     if not args.dry_run:

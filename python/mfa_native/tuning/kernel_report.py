@@ -12,6 +12,7 @@ from ..codegen.attention.descriptor import describe
 from ..codegen.kernel.report import report
 from ..codegen.kernel.tables import DOMAINS, built_in_row, forced_rows
 from ..codegen.attention.problem import AttentionProblem
+from ..progress import Report, reporting, silent
 
 
 def alternatives(row) -> list[tuple[str, object]]:
@@ -35,8 +36,8 @@ def _bytes_per_mac(problem: AttentionProblem, backward: bool, family: str) -> st
     return f"{traffic.forward_bytes(problem, describe(problem, family=family)) / traffic.useful_macs(problem):.4f}"
 
 
-def lines(problem: AttentionProblem, backward: bool, family: str) -> list[str]:
-    """The report's table: one line per (row, kernel)."""
+def lines(problem: AttentionProblem, backward: bool, family: str, progress: Report = silent) -> list[str]:
+    """The report's table: one line per (row, kernel); progress(done, total, row) as each row is done."""
     direction = "backward" if backward else "forward"
     row = built_in_row(direction, family, problem.dtype, max(problem.head_dim, problem.value_dim))
     out = [f"{direction} kernels, {problem.dtype} D {problem.head_dim} Dv {problem.value_dim}, family {family}; "
@@ -45,7 +46,9 @@ def lines(problem: AttentionProblem, backward: bool, family: str) -> list[str]:
            "accesses: device loads and stores in the kernel's text (of them vector: a lane's pair as one)",
            f"{'row':<20} {'kernel':<28} {'registers':>9} {'(tiles)':>8} {'tg bytes':>9} {'barriers/block':>14} "
            f"{'bytes/MAC':>10} {'accesses (vector)':>17}"]
-    for label, candidate in alternatives(row):
+    rows = list(alternatives(row))
+    for index, (label, candidate) in enumerate(rows):
+        progress(index, len(rows), label)
         with forced_rows(family, **{direction: candidate}) as forced:
             description = _pass(problem, backward, forced)
             per_mac = _bytes_per_mac(problem, backward, forced)
@@ -54,9 +57,12 @@ def lines(problem: AttentionProblem, backward: bool, family: str) -> list[str]:
             accesses = f"{r.device_accesses} ({r.vector_accesses})"
             out.append(f"{label:<20} {r.entry:<28} {r.registers:>9} {r.tile_registers:>8} {r.threadgroup_bytes:>9} "
                        f"{r.barriers_per_block:>14} {per_mac:>10} {accesses:>17}")
+    progress(len(rows), len(rows), "done")
     return out
 
 
 def run(args: argparse.Namespace, problem: AttentionProblem) -> int:
-    print("\n".join(lines(problem, args.backward or args.kernel == "attention-backward", args.family)))
+    with reporting("emit --report", unit="row", quiet=args.quiet) as progress:
+        table = lines(problem, args.backward or args.kernel == "attention-backward", args.family, progress)
+    print("\n".join(table))
     return 0

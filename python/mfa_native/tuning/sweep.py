@@ -6,14 +6,13 @@ keeps it (else the fastest whole candidate)."""
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, fields
-from typing import Callable, TextIO
 
 import numpy as np
 
 from ..codegen.kernel.tables import DIRECTION_ROWS, built_in_row
+from ..progress import Report, silent
 from ..runtime.devices import Device, tuning_facts
 from . import trial
 from .candidates import columns, covering
@@ -32,15 +31,6 @@ class Checked:
     problem: TuningProblem
     row: object
     outcome: trial.Outcome
-
-
-def progress(done: int, total: int, label: str, out: TextIO = sys.stderr, width: int = 30) -> None:
-    """A plain-text progress bar, redrawn in place; a newline once done == total."""
-    filled = width * done // max(total, 1)
-    out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:60]:<60}")
-    if done == total:
-        out.write("\n")
-    out.flush()
 
 
 def check_space(direction: str, family: str, device: Device, head_dims=CHECK_HEAD_DIMS, dtypes=DTYPES,
@@ -83,7 +73,7 @@ def each_value(space: list[tuple[TuningProblem, object]]) -> list[tuple[TuningPr
     return chosen
 
 
-def check(space, device: Device, rng: np.random.Generator, report: Callable = progress) -> list[Checked]:
+def check(space, device: Device, rng: np.random.Generator, report: Report = silent) -> list[Checked]:
     """Run every (problem, row) of `space` once and verify it."""
     results = []
     for index, (problem, row) in enumerate(space):
@@ -124,7 +114,7 @@ def _timed(group: list[TuningProblem], row, device: Device, rng: np.random.Gener
 
 
 def tune(problems: list[TuningProblem], device: Device, rng: np.random.Generator, repeats: int = 5,
-         report: Callable = progress) -> list[Winner]:
+         report: Report = silent) -> list[Winner]:
     """Time every candidate of each (direction, dtype, range) group on the group's problems (repeats >= 1)."""
     family = tuning_facts(device).family
     groups: dict[tuple[str, str, int], list[TuningProblem]] = defaultdict(list)
