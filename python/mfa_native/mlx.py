@@ -46,6 +46,10 @@ from .quantized import QuantizedTensor
 from .runtime.frameworks import framework_of, register_adapter
 
 
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "block_sparse_attention", "int8_attention",
+           "patch", "quantized_scaled_dot_product_attention", "ring_attention", "scaled_dot_product_attention",
+           "sharded_decode", "sparse_attention"]
+
 def mlx_function(op: Op):
     """`op` on MLX arrays as an mx.custom_function (see `mlx_call`), with the op's arguments
     less `device`."""
