@@ -16,6 +16,7 @@ from mfa_native.reference import attention_backward_reference, attention_referen
 B, HQ, HKV, D = 1, 4, 2, 8
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 TOLERANCE = {"float32": 1e-5, "float16": 3e-3, "bfloat16": 2e-2}   # relative L2 against float64
+LSE_TOLERANCE = 1e-4   # absolute: lse comes from the rounded inputs in float32 whatever the dtype
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ def check_decode(seed: int, case: DecodeCase, by_rank: list[dict[str, np.ndarray
         assert relative_l2(got["o"], out) <= TOLERANCE[case.dtype], (rank, case, relative_l2(got["o"], out))
         finite = np.isfinite(lse)
         assert (np.isneginf(got["lse"]) == np.isneginf(lse)).all(), (rank, case)
-        assert np.abs(got["lse"][finite] - lse[finite]).max() <= 50 * TOLERANCE[case.dtype], (rank, case)
+        assert np.abs(got["lse"][finite] - lse[finite]).max() <= LSE_TOLERANCE, (rank, case)
         assert (got["o"] == by_rank[0]["o"]).all(), "every rank returns the same bits"
         fresh = decode_shards(seed, case, rank)
         if rank == len(by_rank) - 1 and case.appended:

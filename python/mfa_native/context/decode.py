@@ -73,12 +73,9 @@ def _groups(pairs: list[schedule.Pair | None]) -> dict[tuple, list[int]]:
     return calls
 
 
-def sharded_decode(group: Group, attend: Callable, arrays: dict[str, Any], options: Options,
-                   lengths_array: Callable[[list[int], Any], Any]) -> Any:
-    """The whole sequences' attention on every rank: (out, lse if return_lse).
-
-    `attend` is the framework's attention_with_kvcache; `lengths_array(values, like)` makes an
-    int32 (B,) array of the framework for it."""
+def sharded_decode(group: Group, attend: Callable, arrays: dict[str, Any], options: Options) -> Any:
+    """The whole sequences' attention on every rank: (out, lse if return_lse); `attend` is the
+    framework's attention_with_kvcache."""
     descriptors = group.gather_objects(described(lambda: _describe(group, arrays, options)))
     agree(NAME, descriptors)
     q, new = arrays["q"], arrays["k"]
@@ -105,7 +102,7 @@ def sharded_decode(group: Group, attend: Callable, arrays: dict[str, Any], optio
             else:
                 attend(q, **appending)
         for (rows, window), keys in _groups(mine).items():
-            o, lse = attend(narrow(q, 1, 0, rows), cache_seqlens=lengths_array(keys, q), window=window,
+            o, lse = attend(narrow(q, 1, 0, rows), cache_seqlens=group.int32(keys), window=window,
                             scale=options.scale, return_lse=True, **base)
             parts.append((padded(group, o, 1, R), padded(group, lse, 2, R, -float("inf"))))
         status = 0.0

@@ -66,6 +66,9 @@ class Group(Protocol):
 
     def nbytes(self, x: Any) -> int: ...
 
+    def int32(self, values: Sequence[int]) -> Any:
+        """An int32 1-d array of the framework holding `values` (on the host)."""
+
 
 def shift(group: Group, arrays: Sequence[Any], incoming: Sequence[Shape], like: Any) -> Callable[[], list[Any]]:
     """group.shift, its bytes and its waiting counted in group.traffic."""

@@ -106,5 +106,8 @@ class MlxGroup:
     def nbytes(self, x) -> int:
         return int(x.nbytes)
 
+    def int32(self, values: Sequence[int]):
+        return mx.array(list(values), mx.int32)
+
     def exp(self, x: mx.array) -> mx.array:
         return mx.exp(x)

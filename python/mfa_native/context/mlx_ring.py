@@ -76,5 +76,4 @@ def sharded_decode(q: mx.array, k_cache, v_cache, cache_seqlens: mx.array, *, k:
     arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, k=k, v=v,
                   block_table=block_table)
     options = decode.Options(scale, causal, window, sinks, return_lse)
-    return decode.sharded_decode(MlxGroup(group), attention_with_kvcache, arrays, options,
-                                 lambda values, like: mx.array(values, mx.int32))
+    return decode.sharded_decode(MlxGroup(group), attention_with_kvcache, arrays, options)

@@ -86,5 +86,8 @@ class TorchGroup:
     def nbytes(self, x) -> int:
         return int(x.numel() * x.element_size())
 
+    def int32(self, values: Sequence[int]):
+        return torch.tensor(list(values), dtype=torch.int32)
+
     def exp(self, x: Tensor) -> Tensor:
         return torch.exp(x)

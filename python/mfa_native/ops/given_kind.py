@@ -40,7 +40,7 @@ def call(op, values: dict[str, Any]):
     if framework is None:
         return op.numpy_call(values)
     if not getattr(_adapter, "inside", False) and framework.may_differentiate(
-            [t for name in leading + others for x in items(values.get(name)) for t in _tensors(x)]):
+            t for name in leading + others for x in items(values.get(name)) for t in _tensors(x)):
         return adapter(framework)(op, values)
     framework_call = FrameworkCall(framework, like=items(values[leading[0]])[0])
     given, values = values, dict(values)

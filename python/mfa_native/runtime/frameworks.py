@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -43,9 +43,9 @@ class Framework:
     adapter: str  # the mfa_native module that registers the framework's `Differentiating` on import
     wraps_host = False  # whether `over` makes its arrays over numpy memory with no copy
 
-    def may_differentiate(self, arrays: Sequence[Any]) -> bool:
+    def may_differentiate(self, arrays: Iterable[Any]) -> bool:
         """Whether the framework may differentiate a call on `arrays` (then the call goes through
-        its adapter, so that the framework sees it)."""
+        its adapter, so that the framework sees it); `arrays` is consumed only as far as needed."""
         raise NotImplementedError
 
     def owns(self, x: Any) -> bool:
@@ -80,7 +80,7 @@ class Torch(Framework):
     name, module, adapter = "torch", "torch", "mfa_native.torch.library"
     wraps_host = True
 
-    def may_differentiate(self, arrays: Sequence[Any]) -> bool:
+    def may_differentiate(self, arrays: Iterable[Any]) -> bool:
         import torch
 
         return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in arrays)
@@ -132,7 +132,7 @@ class Mlx(Framework):
 
     name, module, adapter = "mlx", "mlx.core", "mfa_native.mlx"
 
-    def may_differentiate(self, arrays: Sequence[Any]) -> bool:
+    def may_differentiate(self, arrays: Iterable[Any]) -> bool:
         return True   # an MLX transformation gives no sign of itself
 
     def owns(self, x: Any) -> bool:

@@ -100,5 +100,4 @@ def sharded_decode(q: Tensor, k_cache, v_cache, cache_seqlens: Tensor, *, k: Ten
     arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, k=k, v=v,
                   block_table=block_table)
     options = decode.Options(scale, causal, window, sinks, return_lse)
-    return decode.sharded_decode(TorchGroup(group), ATTENTION_WITH_KVCACHE.function, arrays, options,
-                                 lambda values, like: torch.tensor(values, dtype=torch.int32))
+    return decode.sharded_decode(TorchGroup(group), ATTENTION_WITH_KVCACHE.function, arrays, options)
