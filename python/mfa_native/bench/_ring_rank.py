@@ -81,10 +81,26 @@ def _decode(group, framework: str, tokens: int):
     return call
 
 
+def _leave(framework: str, group) -> None:
+    """Every rank waits for the others before leaving; torch's gloo group is then taken down,
+    so no rank exits while a peer's gloo threads still talk to it (that aborts the peer with
+    'terminate called without an active exception')."""
+    group.gather_objects(None)
+    if framework == "torch":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
 def main(framework: str, workload: str, tokens: int, out: str) -> None:
+    group = _group(framework)
+    _measure(group, framework, workload, tokens, out)
+    _leave(framework, group)  # not after a failure: the others may never reach it
+
+
+def _measure(group, framework: str, workload: str, tokens: int, out: str) -> None:
     from mfa_native.context.group import Traffic
 
-    group = _group(framework)
     call = (_prefill if workload == "prefill" else _decode)(group, framework, tokens)
     call()                                   # compiles the kernels
     group.traffic = Traffic()
