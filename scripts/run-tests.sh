@@ -13,8 +13,9 @@ fi
 
 # One build serves both: pip installs the package and keeps the CMake tree
 # (with the C++ tests) in build/ for ctest. The torch and mlx extras bring the
-# frameworks the adapter tests need (without them those tests are skipped).
-python3 -m pip install --quiet ".[test,torch,mlx]" -Cbuild-dir=build -Ccmake.define.MFA_BUILD_TESTS=ON
+# frameworks the adapter tests need (without them those tests are skipped), the docs
+# extra MkDocs, which the documentation test builds the site with.
+python3 -m pip install --quiet ".[test,torch,mlx,docs]" -Cbuild-dir=build -Ccmake.define.MFA_BUILD_TESTS=ON
 
 ctest --test-dir build --output-on-failure --parallel 2
 # One pytest worker per core (pytest-xdist, the test extra's), each test file on one worker: the

@@ -33,6 +33,13 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = [
+    "attention_reference", "attention_backward_reference", "attention_probabilities", "allowed_keys",
+    "attention_varlen_reference", "attention_varlen_backward_reference", "attention_with_kvcache_reference",
+    "sparse_attention_reference", "sparse_attention_backward_reference", "sparse_topk_reference",
+    "block_sparse_attention_reference", "block_sparse_attention_backward_reference",
+]
+
 # Additive mask values at or below this remove the key outright (as -inf does),
 # so a row filled with np.finfo(...).min counts as fully masked.
 MASKED_BELOW = -1e30

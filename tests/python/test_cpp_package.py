@@ -1,4 +1,4 @@
-"""The CMake package C++ embedders use: the README's attention project and
+"""The CMake package C++ embedders use: the C++ guide's attention project and
 examples/cpp/attention.cpp build with find_package(mfa_native) against the *installed*
 package (the wheel's, or a standalone `cmake --install` of this tree into a temporary prefix
 when mfa_native runs from a source tree), and compute attention from a bundle the CLI wrote."""
@@ -38,8 +38,8 @@ def package_dir(tmp_path_factory) -> str:
     return str(work / "prefix" / "lib" / "cmake" / "mfa_native")
 
 
-def _readme_project() -> tuple[str, str, dict]:
-    section = (ROOT / "README.md").read_text().split("### Attention from C++: bundles", 1)[1]
+def _guide_project() -> tuple[str, str, dict]:
+    section = (ROOT / "docs" / "guides" / "cpp.md").read_text().split("## Attention from C++: bundles", 1)[1]
     cmake = re.search(r"```cmake\n(.*?)```", section, re.S)[1]
     cpp = re.search(r"```cpp\n(.*?)```", section, re.S)[1]
     spec = json.loads(re.search(r"<<'JSON'\n(.*?)JSON\n", section, re.S)[1])
@@ -59,8 +59,8 @@ def _bundle(spec: dict, path: Path) -> None:
     _run([sys.executable, "-m", "mfa_native", "bundle", "-o", str(path), "--spec", str(spec_file), "--quiet"])
 
 
-def test_readme_project_builds_and_matches_python(package_dir, tmp_path):
-    cmake, cpp, spec = _readme_project()
+def test_guide_project_builds_and_matches_python(package_dir, tmp_path):
+    cmake, cpp, spec = _guide_project()
     (tmp_path / "CMakeLists.txt").write_text(cmake)
     (tmp_path / "main.cpp").write_text(cpp)
     build = _build(tmp_path, package_dir)

@@ -1,5 +1,5 @@
 """Documentation a new user follows: every fenced python, sh and bash block of README.md and
-docs/*.md runs as written in a fresh interpreter (issue "Reliability", items 6 and 9); the files
+docs/**/*.md (the site) runs as written in a fresh interpreter (issue "Reliability", items 6 and 9); the files
 the README names exist in a clone; the documented `mfa_native.reference` works after a plain
 `import mfa_native`; and the demo says what its first call spent time on.
 
@@ -25,7 +25,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+GUIDES = ROOT / "docs" / "guides"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RUN = {"python", "sh", "bash"}            # the fence languages that are run
 TIMEOUT_S = 180                           # per block (each takes seconds; a hang must not stall the suite)
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
@@ -150,34 +151,35 @@ def test_markers_sit_on_run_blocks_and_skips_are_few():
     assert len(skipped) <= len(BLOCKS) // 4, [b.where for b in skipped]
 
 
-def python_blocks(section: str) -> list[str]:
-    """The ```python blocks of the README section titled `section` (up to the next heading of its level)."""
+def python_blocks(page: str, section: str) -> list[str]:
+    """The ```python blocks of the section titled `section` of docs/guides/`page` (up to the next
+    heading of its level)."""
+    text = (GUIDES / page).read_text()
     level = section.split()[0]
-    start = README.index(section + "\n")
-    end = README.find("\n" + level + " ", start + len(section))
-    text = README[start:end if end != -1 else None]
-    return re.findall(r"```python\n(.*?)```", text, re.S)
+    start = text.index(section + "\n")
+    end = text.find("\n" + level + " ", start + len(section))
+    return re.findall(r"```python\n(.*?)```", text[start:end if end != -1 else None], re.S)
 
 
 def test_the_attention_and_backward_snippets_run():
     namespace: dict = {}
-    for block in python_blocks("## Attention")[:1] + python_blocks("### Backward pass")[:1]:
-        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    for block in python_blocks("attention.md", "# Attention")[:1] + python_blocks("backward.md", "# Backward pass")[:1]:
+        exec(compile(block, "guides", "exec"), namespace)  # noqa: S102 - the guide's own code
     assert namespace["dq"].shape == namespace["q"].shape and namespace["dsinks"].shape == (8,)
 
 
 def test_the_quantized_kv_snippet_runs():
     namespace: dict = {}
-    (block,) = python_blocks("## Quantized K/V caches")
-    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    (block,) = python_blocks("quantized.md", "## Quantized K/V caches")
+    exec(compile(block, "quantized.md", "exec"), namespace)  # noqa: S102 - the guide's own code
     out, expected = (namespace[name].astype("float32") for name in ("out", "expected"))
     assert out.shape == (1, 32, 1, 128) and abs(out - expected).max() < 2e-3
 
 
 def test_the_int8_attention_snippet_runs():
     namespace: dict = {}
-    (block,) = python_blocks("## int8 attention")
-    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    (block,) = python_blocks("quantized.md", "## int8 attention")
+    exec(compile(block, "quantized.md", "exec"), namespace)  # noqa: S102 - the guide's own code
     expected = namespace["expected"]
     for name, bound in (("out", 0.05), ("out_tile", 0.02)):
         out = namespace[name]
@@ -193,13 +195,14 @@ def test_scripts_the_blocks_run_exist():
 
 def test_commands_the_docs_show_exist():
     """Every `bench NAME` and `emit KIND` the docs show is one, and the list under "Benchmarks"
-    names every benchmark."""
+    (docs/guides/performance.md) names every benchmark."""
     from mfa_native.cli import bench, emit
 
     text = "\n".join(path.read_text() for path in DOCS)
     assert set(re.findall(r"python -m mfa_native bench (\w+)", text)) <= set(bench.names())
     assert set(re.findall(r"python -m mfa_native emit (\w[\w-]*)", text)) <= set(emit.KINDS)
-    section = README[README.index("## Benchmarks\n"):README.index("## Layout\n")]
+    performance = (GUIDES / "performance.md").read_text()
+    section = performance[performance.index("## Benchmarks\n"):]
     listed = re.findall(r"^python -m mfa_native bench (\w+)", re.findall(r"```bash\n(.*?)```", section, re.S)[0], re.M)
     assert set(listed) == set(bench.names())
 
@@ -230,7 +233,7 @@ def test_demo_tells_compiling_from_a_disk_cache_hit(tmp_path):
 
 
 def test_profile_byte_counts_are_accesses_as_documented():
-    """README, "Profiling": k of 4 KiB shows as 128 KiB read (every simdgroup of every query
+    """docs/guides/custom-kernels.md, "Profiling": k of 4 KiB shows as 128 KiB read (every simdgroup of every query
     head reads all of it); the README and profile()'s docstrings say they count accesses."""
     import numpy as np
 
@@ -245,7 +248,8 @@ def test_profile_byte_counts_are_accesses_as_documented():
     (record,) = p.records
     assert record.bytes_read["k"] == 32 * k.nbytes == 128 * 1024 and p.bytes_read == record.bytes_read
     assert record.bytes_written == {"q": 0, "k": 0, "v": 0, "o": q.nbytes}
-    section = README[README.index("### Profiling"):README.index("### cpu backend settings")]
+    kernels = (GUIDES / "custom-kernels.md").read_text()
+    section = kernels[kernels.index("## Profiling"):]
     assert "accesses, not distinct bytes" in section and "128 KiB" in section
     for documented in (profiling.DispatchRecord, profiling.DispatchRecord.bytes_read,
                        profiling.DispatchRecord.bytes_written, profiling.Profile.bytes_read,

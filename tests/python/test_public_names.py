@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-MODULES = {"mfa_native": None, "mfa_native.torch": "torch", "mfa_native.mlx": "mlx.core"}
+MODULES = {"mfa_native": None, "mfa_native.reference": None, "mfa_native.torch": "torch", "mfa_native.mlx": "mlx.core"}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

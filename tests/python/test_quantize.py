@@ -337,10 +337,10 @@ def test_generated_kernel_reads_as_its_format():
     assert "scales" not in gguf_source and "device uchar* data [[buffer(1)]]" in gguf_source
 
 
-def test_the_readme_snippet_runs():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    start = readme.index("## Quantized tensors\n")
-    section = readme[start:readme.index("\n## ", start + 1)]
+def test_the_guide_snippet_runs():
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "quantized.md").read_text()
+    start = guide.index("## Quantized tensors\n")
+    section = guide[start:guide.index("\n## ", start + 1)]
     namespace: dict = {}
-    exec(compile(re.findall(r"```python\n(.*?)```", section, re.S)[0], "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(re.findall(r"```python\n(.*?)```", section, re.S)[0], "quantized.md", "exec"), namespace)  # noqa: S102
     assert namespace["error"] < 0.05
