@@ -165,6 +165,19 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     return prepared_call(description, device, checked, call.op.array_names, call.results)
 
 
+# The errors of the attention family's shared arguments (validate), each naming the argument.
+RAISES = """
+    TypeError: q, k or v is not an array numpy can read (or the three are not one kind), they
+        differ in dtype, or the dtype is not float32, float16 or bfloat16; scale is not a real
+        number, return_lse not a bool, a window side not an int; a mask neither boolean nor
+        float; sinks not float.
+    ValueError: q, k, v are not 4-d or their shapes disagree (B, D, Hkv, C), Hq is not a
+        multiple of Hkv, D or Dv is outside 1..576 or a size reaches `2**31`; scale is not
+        finite or too large; causal or layout is not one of the values above; window is not
+        a (left, right) pair or a side is below -1; the mask does not broadcast to
+        (B, Hq, R, C); sinks is not (Hq,).
+"""
+
 ATTENTION = Op(
     "attention",
     "Softmax attention, fused: softmax(scale * q k^T + mask) v, computed blockwise on the device.",
@@ -175,13 +188,29 @@ ATTENTION = Op(
     backward="attention_backward",
     gradients=GRADIENT_OF,
     details="""
-    Returns:
-        The output, an array of q's kind (allocated by its framework, on its device)
-        with q's dtype and layout, shape (.., Dv); with
-        return_lse, the tuple (output, lse). A row with no allowed key (and no
-        sink) gives output 0 and lse -inf.
+    Query i of head h attends key j of kv head h // (Hq // Hkv) when every rule given allows
+    it (causal, window, a boolean mask); the logits are scale * q . k plus an additive mask.
+    The softmax runs in float32 whatever the dtype; the output is rounded once to q's dtype.
+    `mfa_native.reference.attention_reference` computes the same in float64.
+    """,
+    returns="""
+    The output o, an array of q's kind (allocated by its framework, on its device) with q's
+    dtype and layout: (B, Hq, R, Dv), or (B, R, Hq, Dv) for "bshd". With return_lse=True the
+    tuple (o, lse). A row with no allowed key (and no sink) gives output 0 and lse -inf.
+    """,
+    raises=RAISES,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import attention_reference
 
-    Raises:
-        TypeError, ValueError naming the argument that is wrong.
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 16, 32), dtype=np.float32)   # (B, Hq, R, D)
+    k = rng.standard_normal((1, 2, 16, 32), dtype=np.float32)   # (B, Hkv, C, D)
+    v = rng.standard_normal((1, 2, 16, 32), dtype=np.float32)   # (B, Hkv, C, Dv)
+    o, lse = mfa_native.attention(q, k, v, causal=True, return_lse=True, device="cpu")
+    print(o.shape, o.dtype, lse.shape)   # (1, 2, 16, 32) float32 (1, 2, 16)
+    expected, expected_lse = attention_reference(q, k, v, causal=True, return_lse=True)
+    assert np.allclose(o, expected, atol=1e-4) and np.allclose(lse, expected_lse, atol=1e-4)
     """)
 attention = ATTENTION.function

@@ -10,7 +10,7 @@ from .. import codegen, reference
 from ..codegen import AttentionBackwardProblem, physical
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
-from .attention import CAUSAL, K, LAYOUT, MASK, Q, SCALE, SINKS, V, WINDOW, Validated, validate
+from .attention import CAUSAL, K, LAYOUT, MASK, Q, RAISES, SCALE, SINKS, V, WINDOW, Validated, validate
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_backward
 from .warm import PreparedCall, prepared_call, same_memory
@@ -79,16 +79,31 @@ ATTENTION_BACKWARD = Op(
     details="""
     q, k, v, scale, causal, mask, window, sinks and layout are exactly as passed to
     `attention` (same semantics, shapes, dtypes and strides); q, k and v are one kind
-    (numpy, torch or MLX), the other arrays numpy or that kind.
+    (numpy, torch or MLX), the other arrays numpy or that kind. The kernels use no atomics:
+    two runs give the same bits. Accumulation runs in float32.
+    """,
+    returns="""
+    (dq, dk, dv) of q's kind and dtype, laid out like q, k and v (contiguous); with sinks,
+    (dq, dk, dv, dsinks), dsinks being (Hq,) float32. With GQA, dk and dv sum the query heads
+    that share each kv head. The mask gets no gradient. Rows with no allowed key contribute
+    nothing.
+    """,
+    raises=RAISES + """
+    TypeError: k or v is a QuantizedTensor (a quantized cache has no gradient); o or do has
+        not q's dtype, lse is not float32.
+    ValueError: o or do is not attention's output shape, lse not (B, Hq, R).
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import attention_backward_reference
 
-    Returns:
-        (dq, dk, dv) of q's kind, laid out like q, k and v (contiguous) in the inputs' dtype;
-        with sinks, (dq, dk, dv, dsinks), dsinks being (Hq,) float32. With GQA, dk
-        and dv sum the query heads that share each kv head. The mask gets no
-        gradient. Rows with no allowed key contribute nothing. Accumulation runs
-        in float32.
-
-    Raises:
-        TypeError, ValueError naming the argument that is wrong.
+    rng = np.random.default_rng(0)
+    q, k, v, do = (rng.standard_normal((1, 2, 16, 32), dtype=np.float32) for _ in range(4))
+    o, lse = mfa_native.attention(q, k, v, causal=True, return_lse=True, device="cpu")
+    dq, dk, dv = mfa_native.attention_backward(q, k, v, o, lse, do, causal=True, device="cpu")
+    print(dq.shape, dk.shape, dv.shape)   # (1, 2, 16, 32) three times
+    for got, expected in zip((dq, dk, dv), attention_backward_reference(q, k, v, do, causal=True)):
+        assert np.allclose(got, expected, atol=1e-3)
     """)
 attention_backward = ATTENTION_BACKWARD.function

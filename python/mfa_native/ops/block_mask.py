@@ -93,30 +93,67 @@ class _Checked:
 
 
 class BlockMask:
-    """Block lists for `block_sparse_attention` (see the module docstring).
+    """Block lists for `block_sparse_attention`: FlexAttention's BlockMask, as numpy int32 arrays.
+
+    Per query block of Qb rows, the key blocks of Kb keys it visits: "partial" blocks
+    (kv_num_blocks, kv_indices), inside which causal, window and a boolean mask apply, and
+    "full" blocks (full_kv_num_blocks, full_kv_indices), every pair of which is allowed. Same
+    names, shapes and meaning as torch.nn.attention.flex_attention.BlockMask. Build one from
+    lists (this constructor), from dense rules on the device (`BlockMask.from_mask`, which
+    keeps its rule for the ops to apply), or from a FlexAttention mask (`BlockMask.from_torch`;
+    the ops and `mfa_native.torch.flex_attention` also take those as they are).
+
+    Each list's leading axes of size 1 broadcast, over the batch and the query heads and
+    against the other lists' (a (1, 1) q list beside (1, H) kv lists), as in FlexAttention.
+    The lists are read by name as attributes (`block_mask.kv_indices`; None where absent).
+    Counts and indices are checked against each problem an op uses the mask for.
 
     Args:
         kv_num_blocks: int32 (B|1, H|1, ceil(R / Qb)): partial key blocks per query block.
         kv_indices: int32 (B|1, H|1, ceil(R / Qb), W): query block i visits the key blocks
             kv_indices[b, h, i, :kv_num_blocks[b, h, i]]; entries past the count are ignored.
         block_size: Qb, or (Qb, Kb); positive ints (default 128, as FlexAttention).
-        full_kv_num_blocks, full_kv_indices: the same for full blocks (no mask rules inside).
-        q_num_blocks, q_indices, full_q_num_blocks, full_q_indices: the transposed lists,
-            (B|1, H|1, ceil(C / Kb)[, W']), optional: the backward pass builds them on the
-            device and raises ValueError naming q_indices (full_q_indices) where the given
-            ones differ (see block_sparse_attention_backward).
+        full_kv_num_blocks: like kv_num_blocks, for full blocks (no mask rule inside);
+            optional, given with full_kv_indices.
+        full_kv_indices: like kv_indices, for full blocks.
+        q_num_blocks: int32 (B|1, H|1, ceil(C / Kb)), optional, with q_indices: the
+            transposed lists (per key block, the query blocks that list it). The backward pass
+            builds them on the device and raises ValueError naming q_indices (full_q_indices)
+            where given ones differ (see `block_sparse_attention_backward`).
+        q_indices: int32 (B|1, H|1, ceil(C / Kb), W').
+        full_q_num_blocks: the transposed full lists' counts (given with full_kv_* and q_*).
+        full_q_indices: the transposed full lists.
         shape: (R, C), optional; when given it must match the problem.
+        kv_bit_blocks: int32 (B|1, H|1, ceil(R / Qb)), optional, with kv_bits: mask bits of
+            the partial blocks. The pair (r, c) of the n-th partial block of query block i is
+            allowed only where bit (kv_bit_blocks[b, h, i] + n) * Qb * Kb + (r % Qb) * Kb +
+            c % Kb of kv_bits is set. `from_torch` writes them from FlexAttention's mask_mod,
+            for the partial blocks only (partial blocks x Qb x Kb bits).
+        kv_bits: int32 (words,): bit i is bit i % 32 of word i // 32.
 
-        kv_bit_blocks, kv_bits: optional mask bits of the partial blocks (module constants: BITS):
-            int32 (B|1, H|1, ceil(R / Qb)) and int32 (words,). The pair (r, c) of the n-th partial
-            block of query block i is allowed only where bit (kv_bit_blocks[b, h, i] + n) * Qb * Kb
-            + (r % Qb) * Kb + c % Kb is set. `from_torch` writes them from FlexAttention's
-            mask_mod, for the partial blocks only, so they take partial blocks x Qb x Kb bits.
+    Raises:
+        TypeError: a list that is not int32; block_size neither an int nor a pair of ints.
+        ValueError: a list without its pair (kv_num_blocks without kv_indices, ...), no kv
+            lists, a list with the wrong number of axes, indices that do not extend their
+            counts by one axis, leading axes that do not broadcast, full_q_* without q_* (or
+            q_* beside full_kv_* without full_q_*), kv_bit_blocks not of kv_num_blocks'
+            shape, a shape that is not a pair, block sizes below 1.
 
-    Each list's leading axes of size 1 broadcast, over the batch and the query heads and
-    against the other lists' (a (1, 1) q list beside (1, H) kv lists), as in FlexAttention.
-    Wrong dtypes raise TypeError, wrong shapes ValueError naming the list (leading axes that
-    do not broadcast included); counts and indices are checked against each problem.
+    Example:
+        ```python
+        import numpy as np
+        import mfa_native
+        from mfa_native.reference import attention_reference
+
+        # Causal attention over 16 queries and 16 keys in blocks of 8, classified on the device:
+        block_mask = mfa_native.BlockMask.from_mask(causal=True, R=16, C=16, block_size=8, device="cpu")
+        print(block_mask.kv_num_blocks[0, 0], block_mask.full_kv_num_blocks[0, 0])   # [1 1] [0 1]
+        # (each diagonal block is partial, the block below it full, the one above left out)
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((1, 2, 16, 32), dtype=np.float32) for _ in range(3))
+        o = mfa_native.block_sparse_attention(q, k, v, block_mask, device="cpu")   # the mask's rule: causal
+        assert np.allclose(o, attention_reference(q, k, v, causal=True), atol=1e-4)
+        ```
     """
 
     def __init__(self, kv_num_blocks, kv_indices, *, block_size=(128, 128), full_kv_num_blocks=None,
@@ -174,11 +211,11 @@ class BlockMask:
     @classmethod
     def from_mask(cls, mask=None, *, causal=False, window=None, R: int, C: int, block_size=128, B: int = 1,
                   H: int = 1, device=None) -> BlockMask:
-        """The block mask of dense rules, classified on the device (`block_mask_from_mask`, whose
-        declaration documents the arguments): a block with no allowed pair is left out, a block
-        whose pairs are all allowed is full, the rest are partial. The mask keeps its rule
-        (causal, window, mask: MaskRule), which block-sparse calls apply inside partial blocks
-        without being given it again."""
+        """The block mask of dense rules, classified on the device: a block with no allowed pair is
+        left out, a block whose pairs are all allowed is full, the rest are partial. The mask
+        keeps its rule (causal, window, mask: MaskRule), which block-sparse calls apply inside
+        partial blocks without being given it again. (The declaration of the op it runs,
+        block_mask_pass.FROM_MASK, documents the arguments: its docstring replaces this one.)"""
         from .block_mask_pass import from_mask
         return from_mask(mask, causal=causal, window=window, R=R, C=C, block_size=block_size, B=B, H=H,
                          device=device)

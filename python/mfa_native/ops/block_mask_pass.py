@@ -93,8 +93,9 @@ FROM_MASK = Op(
     arguments=(
         Arg("mask", "array", default=None, leading=True, keyword=False, doc="""
             None, or a boolean (True = attend) or additive mask broadcastable to (B, H, R, C),
-            as `attention` takes it (additive values of -inf or <= -1e30 remove the pair). Pass
-            the same mask, causal and window to block_sparse_attention."""),
+            as `attention` takes it (additive values of -inf or <= -1e30 remove the pair). The
+            block mask keeps it, with causal and window (its rule): block-sparse calls apply
+            them inside partial blocks without being given them again."""),
         Arg("causal", "option", default=False, doc="as in `attention`."),
         Arg("window", "option", default=None, doc="as in `attention`."),
         Arg("R", "option", doc="the query length (0 gives empty lists)."),
@@ -110,14 +111,18 @@ FROM_MASK = Op(
     details="""
     A block with no allowed pair is left out, a block whose pairs are all allowed is full,
     the rest are partial. Edge blocks cut short by R or C are judged on the pairs that exist.
-
-    Returns:
-        A BlockMask with all eight lists, ordered as FlexAttention orders them (the listed
-        blocks ascending, then the others ascending as padding), and shape (R, C). With R or
-        C = 0 the lists are empty or all counts 0, as the ops' empty problems take them.
-
-    Raises:
-        TypeError, ValueError naming the argument: sizes outside 0..2**31 - 1 (B and H from
-        1), or more than 2**26 block pairs B * H * ceil(R / Qb) * ceil(C / Kb).
+    """,
+    returns="""
+    A BlockMask with all eight lists, ordered as FlexAttention orders them (the listed
+    blocks ascending, then the others ascending as padding), and shape (R, C). With R or
+    C = 0 the lists are empty or all counts 0, as the ops' empty problems take them.
+    """,
+    raises="""
+    TypeError: R, C, B or H is not an int; block_size neither an int nor a pair of ints; a
+        mask neither boolean nor float; causal or window as `attention` refuses them.
+    ValueError: sizes outside 0..2**31 - 1 (B and H from 1), non-positive block sizes, more
+        than `2**26` block pairs B * H * ceil(R / Qb) * ceil(C / Kb), a mask that does not
+        broadcast to (B, H, R, C); causal or window as `attention` refuses them.
     """)
 from_mask = FROM_MASK.function
+BlockMask.from_mask.__func__.__doc__ = FROM_MASK.docstring()   # the method's reference: the declaration's

@@ -11,8 +11,8 @@ import numpy as np
 from .. import codegen, reference
 from ..runtime.devices import tuning_facts
 from .arguments import causal_mode, is_empty
-from .attention import (CAUSAL, GRADIENT_OF, K, LAYOUT, LSE, MASK, OUTPUT, Q, RETURN_LSE, SCALE, SINKS, V, WINDOW,
-                        Validated, validate)
+from .attention import (CAUSAL, GRADIENT_OF, K, LAYOUT, LSE, MASK, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS, V,
+                        WINDOW, Validated, validate)
 from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
 from .block_mask import BITS, PAIRS, BlockMask, check_lists
 from .declaration import Arg, Call, Op
@@ -121,6 +121,13 @@ def _bindings(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple("dout" if n == "do" else n for n in names)
 
 
+BLOCK_RAISES = RAISES + """
+    TypeError: block_mask is neither a BlockMask nor a torch FlexAttention BlockMask.
+    ValueError: the block mask does not fit the problem (its counts, indices or leading axes,
+        or its shape, against B, Hq, R and C), or causal, window or mask contradict the rule of
+        a `BlockMask.from_mask` mask (naming the argument).
+"""
+
 BLOCK_SPARSE_ATTENTION = Op(
     "block_sparse_attention",
     "Attention over the key blocks `block_mask` lists for each query block.",
@@ -137,14 +144,33 @@ BLOCK_SPARSE_ATTENTION = Op(
     boolean `mask` allow (r, c) exactly as in `attention`. An additive `mask` is added to
     the logit wherever (r, c) is visited. A block listed twice (in one list, or in both) is
     visited twice (its keys count twice in the softmax), as in FlexAttention. The other
-    arguments are `attention`'s (shapes, dtypes, GQA, D and Dv).
+    arguments are `attention`'s (shapes, dtypes, GQA, D and Dv). The lists' contents are
+    checked on every call.
+    """,
+    returns="""
+    As `attention`: the output o, (B, Hq, R, Dv) ("bshd": (B, R, Hq, Dv)) of q's kind and
+    dtype, and with return_lse=True the tuple (o, lse), lse (B, Hq, R) float32. Rows that
+    see nothing give 0, and lse -inf (the sink's logit with sinks).
+    """,
+    raises=BLOCK_RAISES,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import attention_reference
 
-    Returns:
-        As `attention`: the output, and with return_lse the (B, Hq, R) float32 lse. Rows that
-        see nothing give 0, and lse -inf (the sink's logit with sinks).
-
-    Raises:
-        TypeError, ValueError naming the argument that is wrong (block_mask included).
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 16, 32), dtype=np.float32) for _ in range(3))
+    # Blocks of 8 queries and 8 keys. Query block 0 visits key block 0 (partial: causal applies
+    # inside it); query block 1 visits key block 1 (partial) and key block 0 (full: all allowed).
+    block_mask = mfa_native.BlockMask(
+        kv_num_blocks=np.array([[[1, 1]]], dtype=np.int32),              # (B|1, H|1, ceil(R / 8))
+        kv_indices=np.array([[[[0], [1]]]], dtype=np.int32),             # (B|1, H|1, ceil(R / 8), W)
+        full_kv_num_blocks=np.array([[[0, 1]]], dtype=np.int32),
+        full_kv_indices=np.array([[[[0], [0]]]], dtype=np.int32),        # row 0's entry: past its count
+        block_size=8)
+    o = mfa_native.block_sparse_attention(q, k, v, block_mask, causal=True, device="cpu")
+    print(o.shape)   # (1, 2, 16, 32): here causal attention, computed block by block
+    assert np.allclose(o, attention_reference(q, k, v, causal=True), atol=1e-4)
     """)
 block_sparse_attention = BLOCK_SPARSE_ATTENTION.function
 
@@ -158,13 +184,39 @@ BLOCK_SPARSE_ATTENTION_BACKWARD = Op(
     reference=reference.block_sparse_attention_backward_reference,
     no_backward="block_sparse_attention_backward has no second derivative",
     details="""
-    (dq, dk, dv), and dsinks with sinks. No atomics: the dK/dV kernel walks the transposed
-    lists, built from the kv lists on the device in the same pass. The block mask's q lists,
-    when it has them, are checked there against the built ones: for each key block, the
-    counted part of q_indices must hold the query blocks whose kv_indices list that block,
-    each as often as it is listed, in any order (FlexAttention's are ascending), and
-    full_q_indices the same for the full lists; else ValueError naming the list. o and lse
-    are what `block_sparse_attention(..., return_lse=True)` returned for the same block mask.
+    No atomics: the dK/dV kernel walks the transposed lists, built from the kv lists on the
+    device in the same pass. The block mask's q lists, when it has them, are checked there
+    against the built ones: for each key block, the counted part of q_indices must hold the
+    query blocks whose kv_indices list that block, each as often as it is listed, in any
+    order (FlexAttention's are ascending), and full_q_indices the same for the full lists.
+    o and lse are what `block_sparse_attention(..., return_lse=True)` returned for the same
+    block mask; the other arguments are those passed to it.
+    """,
+    returns="""
+    (dq, dk, dv) of q's kind and dtype, laid out like q, k and v; with sinks, (dq, dk, dv,
+    dsinks), dsinks being (Hq,) float32. With GQA, dk and dv sum the query heads of each kv
+    head. The mask gets no gradient.
+    """,
+    raises=BLOCK_RAISES + """
+    ValueError: the block mask's q lists are not the transpose of its kv lists (naming
+        q_indices or full_q_indices); o, do or lse of the wrong shape.
+    TypeError: o or do has not q's dtype, lse is not float32.
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import attention_backward_reference
+
+    rng = np.random.default_rng(0)
+    q, k, v, do = (rng.standard_normal((1, 2, 16, 32), dtype=np.float32) for _ in range(4))
+    block_mask = mfa_native.BlockMask(np.array([[[1, 2]]], dtype=np.int32),       # kv_num_blocks
+                                      np.array([[[[0, 0], [0, 1]]]], dtype=np.int32),   # kv_indices
+                                      block_size=8)
+    o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, causal=True, return_lse=True, device="cpu")
+    dq, dk, dv = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask, causal=True,
+                                                            device="cpu")
+    for got, expected in zip((dq, dk, dv), attention_backward_reference(q, k, v, do, causal=True)):
+        assert np.allclose(got, expected, atol=1e-3)   # these blocks with causal: causal attention
     """)
 block_sparse_attention_backward = BLOCK_SPARSE_ATTENTION_BACKWARD.function
 

@@ -111,7 +111,10 @@ class Op:
     arguments: tuple[Arg, ...]
     outputs: tuple[Out, ...]
     prepare: Callable[[Call, Any], tuple[Any, list]]   # (call, device) -> (PreparedCall, this call's inputs)
-    details: str = ""                                  # the docstring after the Args section
+    details: str = ""                                  # the docstring's text after the Args section
+    returns: str = ""                                  # its Returns section: one item (its first line, then more)
+    raises: str = ""                                   # its Raises section: "SomeError: when" items
+    example: str = ""                                  # python code run as written (tests/python/test_docstring_examples.py)
     reference: Callable | None = None
     backward: str | None = None                        # the name of the op computing its gradients
     gradients: dict[str, str] = field(default_factory=dict)   # argument -> the backward's output
@@ -208,14 +211,26 @@ class Op:
         return params
 
     def docstring(self) -> str:
-        lines = [self.summary, "", "Args:"]
-        for a in self.arguments:
-            text = a.doc.strip().splitlines()
-            lines.append(f"    {a.name}: {text[0]}")
-            lines += [f"        {line.strip()}" for line in text[1:]]
-        if self.takes_device:
-            lines.append('    device: a Device, "cpu", "metal" or None for the default device.')
-        return "\n".join(lines) + ("\n\n" + inspect.cleandoc(self.details) if self.details else "")
+        """The public function's docstring (Google style, as the API reference renders it): the
+        summary, Args (the declared arguments, then device), the details, Returns, Raises (the
+        declared ones, then the device's) and Example."""
+        device = [("device", 'a Device, "cpu", "metal" or None for the default device (MFA_NATIVE_DEVICE, '
+                             'else Metal where available, else cpu); another string is a ValueError.')]
+        raises = inspect.cleandoc(self.raises) + ("\nDeviceUnavailableError: device is \"metal\" (or the default "
+                                                  "device is) where Metal is not available."
+                                                  if self.takes_device else "")
+        return document(self.summary, [(a.name, a.doc) for a in self.arguments] + (device if self.takes_device else []),
+                        self.details, self.returns, raises.strip() if self.raises or self.takes_device else "",
+                        self.example)
+
+    def adapter_docstring(self, *, summary: str, notes: str, raises: str, example: str) -> str:
+        """The docstring of this op's function in a framework adapter (mfa_native.torch,
+        mfa_native.mlx), which takes the op's arguments less `device` and returns its results:
+        `summary` and `notes` say what differs (autograd, arrays, devices), Args and Returns are
+        the op's own (one source), Raises the op's then the adapter's, and `example` its own."""
+        return document(summary, [(a.name, a.doc) for a in self.arguments],
+                        inspect.cleandoc(notes) + ("\n\n" + inspect.cleandoc(self.details) if self.details else ""),
+                        self.returns, inspect.cleandoc(self.raises) + "\n" + inspect.cleandoc(raises), example)
 
     def _function(self) -> Callable:
         """The public function, written out (so a warm call costs what a hand-written one does):
@@ -261,6 +276,36 @@ class Op:
     @property
     def others(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.arguments if a.kind in ("array", "arrays") and not a.leading)
+
+
+def document(summary: str, arguments: list[tuple[str, str]], details: str = "", returns: str = "",
+             raises: str = "", example: str = "") -> str:
+    """A Google-style docstring (mkdocstrings renders it as Markdown; griffe parses it): the
+    summary, Args (name, text) with continuation lines indented, the details (free text),
+    Returns as one item, Raises as "SomeError: when" items (theirs continued by an indented
+    line), and Example, a fenced python block."""
+    def indented(text: str, first: str, rest: str) -> list[str]:
+        lines = inspect.cleandoc(text).splitlines()
+        return [first + lines[0].strip()] + [rest + line if line.strip() else "" for line in lines[1:]]
+
+    parts = [summary.strip()]
+    if arguments:
+        lines = ["Args:"]
+        for name, text in arguments:
+            lines += indented(text, f"    {name}: ", " " * 8)
+        parts.append("\n".join(lines))
+    if details:
+        parts.append(inspect.cleandoc(details))
+    if returns:
+        parts.append("\n".join(["Returns:"] + indented(returns, " " * 4, " " * 8)))
+    if raises:
+        parts.append("\n".join(["Raises:"] + [" " * 4 + line if line.strip() else ""
+                                               for line in inspect.cleandoc(raises).splitlines()]))
+    if example:
+        code = inspect.cleandoc(example).splitlines()
+        parts.append("\n".join(["Example:", "    ```python"] + [" " * 4 + line if line.strip() else ""
+                                                              for line in code] + ["    ```"]))
+    return "\n\n".join(parts)
 
 
 def asked(output: Out, values: dict) -> bool:

@@ -10,7 +10,8 @@ from ..codegen.int8.problem import PV_MODES, QK_SCALES
 from ..int8_reference import int8_attention_emulation, int8_quantized_reference
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
-from .attention import CAUSAL, LAYOUT, LSE, MASK, OUTPUT, Q, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate
+from .attention import (CAUSAL, LAYOUT, LSE, MASK, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS, WINDOW, Validated,
+                        validate)
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_forward
 from .warm import PreparedCall, prepared_call
@@ -86,14 +87,8 @@ INT8_ATTENTION = Op(
     internal, in one pass of kernels (quantizers, then attention) whose int8 values, scales
     and means stay in device memory. D (and Dv) are 1..256.
 
-    Returns:
-        As `attention`: the output (q's kind, dtype and layout, (.., Dv)), with return_lse
-        the tuple (output, lse); lse is the natural log of the denominator the output is
-        normalized by (of the quantized P with pv="int8"), sink included. A row with no
-        allowed key (and no sink) gives output 0 and lse -inf.
-
     Exactness: int8 values are exact in half, and every product sum is an integer below
-    2**24 in magnitude (D * 127**2 for Q K^T, 64 * 127**2 for P V per block), so float32
+    `2**24` in magnitude (`D * 127**2` for Q K^T, `64 * 127**2` for P V per block), so float32
     accumulation on simdgroup matrices is exact (codegen refuses D beyond 1040).
 
     Statistics: K's mean (smooth_k), V's mean and the scales of K's and V's rows and
@@ -112,9 +107,31 @@ INT8_ATTENTION = Op(
 
     No backward: train with `attention_backward` on the float inputs, the output and the
     lse this op returns (return_lse=True).
+    """,
+    returns="""
+    As `attention`: the output o (q's kind, dtype and layout, (B, Hq, R, Dv) or for "bshd"
+    (B, R, Hq, Dv)), with return_lse=True the tuple (o, lse); lse is the natural log of the
+    denominator the output is normalized by (of the quantized P with pv="int8"), sink
+    included. A row with no allowed key (and no sink) gives output 0 and lse -inf.
+    """,
+    raises=RAISES + """
+    TypeError: k or v is a QuantizedTensor (pass k.dequantize(), or use `attention`);
+        smooth_k is not a bool.
+    ValueError: qk_scale is not "token" or "tile", pv not "int8" or "float"; D or Dv
+        beyond 256.
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import attention_reference
 
-    Raises:
-        TypeError, ValueError naming the argument that is wrong.
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 16, 32), dtype=np.float32) for _ in range(3))
+    o = mfa_native.int8_attention(q, k, v, causal=True, device="cpu")
+    exact = attention_reference(q, k, v, causal=True)
+    error = np.linalg.norm(o - exact) / np.linalg.norm(exact)
+    print(f"int8 against float64: relative error {error:.4f}")   # about 0.01
+    assert o.dtype == np.float32 and error < 0.05
     """)
 int8_attention = INT8_ATTENTION.function
 

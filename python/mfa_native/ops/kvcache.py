@@ -299,13 +299,41 @@ ATTENTION_WITH_KVCACHE = Op(
     no_backward="attention_with_kvcache is inference only (use attention or attention_varlen to train)",
     details="""
     Batch b's queries attend the cache's first cache_seqlens[b] + Rn keys: causal=True lines
-    the last query up with the last attended key; window and sinks as in `attention`.
+    the last query up with the last attended key; window and sinks as in `attention`. With k
+    and v, the new rows are written into k_cache and v_cache first (on the device, in the
+    same pass), then attended. Every check runs first, on every call, so nothing is written
+    on an error.
+    """,
+    returns="""
+    The output o (B, R, Hq, Dv) of q's kind and dtype; with return_lse=True the tuple
+    (o, lse), lse being (B, Hq, R) float32.
+    """,
+    raises="""
+    TypeError: q and a cache (or k, v) of different dtypes or kinds; a cache the append must
+        write that is read-only (an MLX array: use `mfa_native.mlx.attention_with_kvcache`);
+        any argument `attention` refuses with a TypeError.
+    ValueError: shapes that disagree; k without v (or v without k); cache_seqlens missing
+        with k and v, not int32 (B,), negative, or cache_seqlens + Rn beyond the capacity;
+        block_table not int32 (B, max_blocks) or naming a page outside k_cache for a
+        position that is read; pages that do not follow each other in memory; an MPS cache
+        the append cannot write in place; any other argument `attention` refuses.
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import attention_reference
 
-    Returns:
-        out (B, R, Hq, Dv) of q's kind and dtype; with return_lse also lse (B, Hq, R) float32.
-
-    Raises:
-        TypeError, ValueError naming the argument (cache_seqlens + Rn beyond the capacity, a
-        block_table entry out of range for a page that must be read), before anything is written.
+    rng = np.random.default_rng(0)
+    k_cache = np.zeros((1, 32, 2, 32), dtype=np.float32)   # (B, Cmax, Hkv, D): room for 32 positions
+    v_cache = np.zeros((1, 32, 2, 32), dtype=np.float32)
+    k_cache[:, :15], v_cache[:, :15] = rng.standard_normal((2, 1, 15, 2, 32))   # 15 positions cached
+    cache_seqlens = np.array([15], dtype=np.int32)
+    q, k, v = (rng.standard_normal((1, 1, 2, 32), dtype=np.float32) for _ in range(3))   # one new token
+    o = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v,
+                                          causal=True, device="cpu")
+    assert np.array_equal(k_cache[:, 15], k[:, 0])   # appended in place, at position 15
+    expected = attention_reference(q, k_cache[:, :16], v_cache[:, :16], layout="bshd")
+    print(o.shape, np.abs(o - expected).max())   # (1, 1, 2, 32) and a small error
+    assert np.allclose(o, expected, atol=1e-4)
     """)
 attention_with_kvcache = ATTENTION_WITH_KVCACHE.function

@@ -83,12 +83,32 @@ MERGE_ATTENTION = Op(
     pass, one kernel); a part whose lse is -inf (a row that saw no key there) contributes
     nothing, a row with lse -inf in every part gets output 0 and lse -inf, as `attention`
     gives, and a NaN in any part's lse makes its row's output and lse NaN (as
-    torch.logsumexp).
+    torch.logsumexp). This is how split-KV decode, ring attention and sharded decode combine
+    their parts.
+    """,
+    returns="""
+    The tuple (o, lse): o in the parts' dtype, layout, shape and kind; lse (B, Hq, R) float32.
+    """,
+    raises="""
+    TypeError: outputs or lses is not a list or tuple; a part is not an array numpy can read
+        or not float32, float16 or bfloat16; an lse is not float32.
+    ValueError: no parts, or outputs and lses of different lengths; parts of different
+        shapes or dtypes, or not 4-d; an lse that is not (B, Hq, R); layout not "bhsd" or
+        "bshd".
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import attention_reference
 
-    Returns:
-        (output, lse): output in the parts' dtype, layout and kind; lse (B, Hq, R) float32.
-
-    Raises:
-        TypeError, ValueError naming the argument that is wrong.
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 16, 32), dtype=np.float32)
+    k1, v1, k2, v2 = (rng.standard_normal((1, 2, 16, 32), dtype=np.float32) for _ in range(4))
+    o1, lse1 = mfa_native.attention(q, k1, v1, return_lse=True, device="cpu")   # the first 16 keys
+    o2, lse2 = mfa_native.attention(q, k2, v2, return_lse=True, device="cpu")   # the other 16
+    o, lse = mfa_native.merge_attention([o1, o2], [lse1, lse2], device="cpu")
+    k, v = np.concatenate([k1, k2], axis=2), np.concatenate([v1, v2], axis=2)   # all 32 keys
+    expected, expected_lse = attention_reference(q, k, v, return_lse=True)
+    assert np.allclose(o, expected, atol=1e-4) and np.allclose(lse, expected_lse, atol=1e-4)
     """)
 merge_attention = MERGE_ATTENTION.function

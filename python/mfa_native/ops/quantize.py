@@ -91,23 +91,37 @@ QUANTIZE = Op(
     on_metal="quantize reads CPU tensors (a QuantizedTensor holds host-visible arrays)",
     no_backward="quantize rounds to integers: it has no gradient",
     details="""
-    Returns:
-        A QuantizedTensor of x's shape and dtype whose data, scales and biases are numpy
-        arrays for a numpy x, torch tensors (on x's device) for torch, MLX arrays for MLX:
-        affine: data uint32 (..., D * bits / 32), scales and biases (..., D / group_size)
-        in x's dtype; GGUF: data uint8 (..., D / 32 * 34 or 18), scales and biases None.
-
     The integers are what `mx.quantize` (MLX's CPU quantizer) and the `gguf` package
     (ggml's reference quantizers) give for the same input (they may differ by 1 where
     their float32 arithmetic sits exactly on a rounding boundary); scales and biases are
-    theirs, rounded to their dtype. Everything is computed in float32.
+    theirs, rounded to their dtype. Everything is computed in float32. The result can be
+    passed as k or v to `attention` and `attention_with_kvcache`, which read it quantized.
 
     Non-finite input: a group holding NaN or +-inf gets a NaN scale (affine: scale and bias)
     and integers 0, so it dequantizes to NaN; the other groups are unaffected.
+    """,
+    returns="""
+    A QuantizedTensor of x's shape and dtype whose data, scales and biases are numpy
+    arrays for a numpy x, torch tensors (on x's device) for torch, MLX arrays for MLX:
+    affine: data uint32 (..., D * bits / 32), scales and biases (..., D / group_size) in
+    x's dtype; GGUF: data uint8 (..., D / 32 * 34 or 18), scales and biases None.
+    """,
+    raises="""
+    TypeError: x is not a float array (float32, float16, bfloat16); bits or group_size is
+        not an int; format is not a str.
+    ValueError: an unknown format, bits or group_size for the format, or a last axis that
+        is no positive multiple of the group size.
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
 
-    Raises:
-        TypeError: x is not a float array; bits or group_size is not an int; format not a str.
-        ValueError: an unknown format, bits or group_size for the format, or a last axis
-            that is no positive multiple of the group size.
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((1, 2, 16, 32), dtype=np.float32)
+    kq = mfa_native.quantize(k, "affine", bits=8, group_size=32, device="cpu")
+    print(kq)   # QuantizedTensor(shape=(1, 2, 16, 32), dtype=float32, format='affine 8-bit, groups of 32')
+    print(kq.data.dtype, kq.data.shape, kq.scales.shape)   # uint32 (1, 2, 16, 8) (1, 2, 16, 1)
+    step = np.abs(np.repeat(kq.scales, 32, axis=-1))   # each group's quantization step
+    assert np.all(np.abs(kq.dequantize() - k) <= step)
     """)
 quantize = QUANTIZE.function

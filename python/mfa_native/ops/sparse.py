@@ -11,7 +11,7 @@ from .. import codegen, reference
 from ..codegen import TokenLists, physical
 from ..runtime.devices import tuning_facts
 from . import arguments as check
-from .attention import GRADIENT_OF, K, LAYOUT, LSE, OUTPUT, Q, RETURN_LSE, SCALE, SINKS, Validated, validate
+from .attention import GRADIENT_OF, K, LAYOUT, LSE, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS, Validated, validate
 from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
 from .declaration import Arg, Call, Op
 from .empty import empty_backward, empty_forward
@@ -56,6 +56,12 @@ def _prepare_backward(call: Call, device):
     return prepared_call(description, device, forward, names, call.results)
 
 
+SPARSE_RAISES = RAISES + """
+    TypeError: indices or topk_length is not int32.
+    ValueError: indices is not (B, Hkv or 1, R, topk) ("bshd": (B, R, Hkv or 1, topk)),
+        topk_length not (B, R) or negative.
+"""
+
 SPARSE_ATTENTION = Op(
     "sparse_attention",
     "Attention of each query row over exactly the keys its list names.",
@@ -69,11 +75,27 @@ SPARSE_ATTENTION = Op(
     details="""
     q, k, scale, sinks, layout and return_lse are as in `attention` ("bhsd": (B, Hq, R, D),
     (B, Hkv, C, D), (B, Hkv, C, Dv); "bshd" swaps the sequence and head axes), one float
-    dtype, GQA, strides in place.
+    dtype, GQA, strides in place. There is no causal, window or mask: a row attends exactly
+    the keys its list names (a gather, then dense attention over them).
+    """,
+    returns="""
+    As `attention`: the output o of q's kind, dtype and layout, (B, Hq, R, Dv), and with
+    return_lse=True the tuple (o, lse), lse (B, Hq, R) float32 (natural log). A row with no
+    valid entry gives 0, and lse -inf (the sink's logit with sinks).
+    """,
+    raises=SPARSE_RAISES,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import sparse_attention_reference
 
-    Returns:
-        As `attention`: the output, and with return_lse the (B, Hq, R) float32 lse (natural
-        log). A row with no valid entry gives 0, and lse -inf (the sink's logit with sinks).
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 16, 32), dtype=np.float32) for _ in range(3))
+    indices = rng.integers(0, 16, size=(1, 1, 16, 4), dtype=np.int32)   # 4 keys per query row,
+    indices[:, :, 0, 3] = -1                                            # shared by the kv heads; -1: none
+    o = mfa_native.sparse_attention(q, k, v, indices, device="cpu")
+    print(o.shape)   # (1, 2, 16, 32)
+    assert np.allclose(o, sparse_attention_reference(q, k, v, indices), atol=1e-4)
     """)
 sparse_attention = SPARSE_ATTENTION.function
 
@@ -86,13 +108,33 @@ SPARSE_ATTENTION_BACKWARD = Op(
     reference=reference.sparse_attention_backward_reference,
     no_backward="sparse_attention_backward has no second derivative",
     details="""
-    dk and dv sum over the query heads of each kv head and over every listing of a key. No
-    atomics and deterministic (two runs give the same bits): dq comes straight from the
+    No atomics and deterministic (two runs give the same bits): dq comes straight from the
     lists; dk and dv from the transposed lists (per key, the (query, slot) entries that
-    list it), built on the device in the same pass. When v is a view of k (MLA's shared
-    latent), dk and dv are returned separately: the caller sums them (dk[..., :Dv] += dv).
-    The arguments are those passed to `sparse_attention`, and o and lse what it returned
-    (return_lse=True).
+    list it), built on the device in the same pass. The arguments are those passed to
+    `sparse_attention`, and o and lse what it returned (return_lse=True).
+    """,
+    returns="""
+    (dq, dk, dv) of q's kind and dtype, laid out like q, k and v; with sinks, (dq, dk, dv,
+    dsinks), dsinks being (Hq,) float32. dk and dv sum over the query heads of each kv head
+    and over every listing of a key. When v is a view of k (MLA's shared latent), dk and dv
+    are returned separately: the caller sums them (`dk[..., :Dv] += dv`).
+    """,
+    raises=SPARSE_RAISES + """
+    TypeError: o or do has not q's dtype, lse is not float32.
+    ValueError: o or do is not the output's shape, lse not (B, Hq, R).
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import sparse_attention_backward_reference
+
+    rng = np.random.default_rng(0)
+    q, k, v, do = (rng.standard_normal((1, 2, 16, 32), dtype=np.float32) for _ in range(4))
+    indices = rng.integers(0, 16, size=(1, 1, 16, 4), dtype=np.int32)
+    o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu")
+    dq, dk, dv = mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, do, device="cpu")
+    for got, expected in zip((dq, dk, dv), sparse_attention_backward_reference(q, k, v, do, indices)):
+        assert np.allclose(got, expected, atol=1e-3)
     """)
 sparse_attention_backward = SPARSE_ATTENTION_BACKWARD.function
 

@@ -129,14 +129,35 @@ SPARSE_TOPK = Op(
     no_backward="sparse_topk selects keys: its integer result has no gradient",
     details="""
     score[b, r, c] = sum over indexer heads h of weights[b, h, r] * relu(q[b, h, r] . k[b, 0, c]),
-    computed in float32 (precision="int8": from the per-token int8 q and k); the topk candidates of each row by descending score (equal scores:
-    the lower key first), padded with -1 where a row has fewer candidates. A NaN score ranks
-    above every number, the lower key first among NaNs (torch.topk's rule); NaN in q, k or
-    weights gives NaN scores (relu keeps NaN).
+    computed in float32 (precision="int8": from the per-token int8 q and k); the topk
+    candidates of each row by descending score (equal scores: the lower key first), padded
+    with -1 where a row has fewer candidates. A NaN score ranks above every number, the
+    lower key first among NaNs (torch.topk's rule); NaN in q, k or weights gives NaN scores
+    (relu keeps NaN).
+    """,
+    returns="""
+    indices, int32 (B, 1, R, topk) ("bshd": (B, R, 1, topk)), to pass to `sparse_attention`
+    (its kv-head axis of 1 is shared by every kv head); with return_scores=True the tuple
+    (indices, scores), scores float32 of the same shape (-inf at padding).
+    """,
+    raises="""
+    TypeError: q and k of different dtypes, or not float32, float16 or bfloat16; weights not
+        float32; topk not an int; causal or return_scores not a bool.
+    ValueError: q or k not 4-d; k not (B, 1, C, Di) with q's B and Di; weights not
+        (B, Hi, R); topk negative, or min(topk, C) beyond the kernels' limit; precision not
+        "float" or "int8"; layout not "bhsd" or "bshd"; a size reaching `2**31`.
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import sparse_topk_reference
 
-    Returns:
-        indices, int32 (B, 1, R, topk) ("bshd": (B, R, 1, topk)), to pass to
-        `sparse_attention` (broadcast it over the kv heads: np.broadcast_to gives stride 0);
-        with return_scores, (indices, scores).
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 16, 32), dtype=np.float32)    # (B, Hi, R, Di): 2 indexer heads
+    k = rng.standard_normal((1, 1, 16, 32), dtype=np.float32)    # (B, 1, C, Di)
+    weights = rng.random((1, 2, 16), dtype=np.float32)           # (B, Hi, R)
+    indices = mfa_native.sparse_topk(q, k, weights, 4, device="cpu")   # causal: row r picks among keys 0..r
+    print(indices[0, 0, :3])   # rows 0..2 have fewer than 4 candidates: padded with -1
+    assert indices.shape == (1, 1, 16, 4) and np.array_equal(indices, sparse_topk_reference(q, k, weights, 4))
     """)
 sparse_topk = SPARSE_TOPK.function

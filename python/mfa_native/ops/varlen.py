@@ -28,7 +28,7 @@ from .warm import prepared_call, same_memory
 VQ = Arg("q", "array", leading=True, grad=True, keyword=False, doc="""
     (total_q, Hq, D): the queries of every sequence, packed along the rows. q, k, v: one kind
     of array (numpy, torch or MLX) and one dtype (float32, float16, bfloat16); Hq a multiple
-    of Hkv (GQA); D and Dv 1..256; any non-negative strides with a contiguous last axis.""")
+    of Hkv (GQA); D and Dv 1..576; any non-negative strides with a contiguous last axis.""")
 VK = Arg("k", "array", leading=True, grad=True, keyword=False, doc="(total_k, Hkv, D): the keys, packed likewise.")
 VV = Arg("v", "array", leading=True, grad=True, keyword=False, doc="(total_k, Hkv, Dv): the values, packed likewise.")
 CU_Q = Arg("cu_seqlens_q", "array", keyword=False, doc="""
@@ -240,16 +240,34 @@ ATTENTION_VARLEN = Op(
     Sequence b is exactly `attention` on its slices (layout "bshd" with a batch of one):
     causal (True: its last query lines up with its last key), window and sinks per sequence,
     GQA. The work is issued per sequence (8-row units of each), not padded to the longest.
+    cu_seqlens are checked on every call, before any kernel runs (their contents are not part
+    of the signature a warm call reuses).
+    """,
+    returns="""
+    The output o (total_q, Hq, Dv), of q's kind and dtype; with return_lse=True the tuple
+    (o, lse), lse being (Hq, total_q) float32 as flash-attn's varlen functions return it. A
+    row with no allowed key (and no sink) gives 0 and lse -inf.
+    """,
+    raises="""
+    TypeError: q, k, v of different kinds or dtypes, or not float32, float16 or bfloat16; a
+        max_seqlen hint that is not an int; scale, window or return_lse of the wrong type (as
+        in `attention`).
+    ValueError: q, k, v not 3-d or their shapes disagree; cu_seqlens not int32 (B + 1,), of
+        different lengths, not non-decreasing or not from 0 to the row totals; a max_seqlen
+        hint below the longest sequence; any other argument `attention` refuses.
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import attention_varlen_reference
 
-    Returns:
-        The output (total_q, Hq, Dv), of q's kind and dtype; with return_lse, (output, lse),
-        lse being (Hq, total_q) float32 as flash-attn's varlen functions return it. A row
-        with no allowed key (and no sink) gives 0 and lse -inf.
-
-    Raises:
-        TypeError, ValueError naming the argument that is wrong (cu_seqlens not
-        non-decreasing, not from 0 to the totals, a max_seqlen hint below the longest
-        sequence), before any kernel runs.
+    rng = np.random.default_rng(0)
+    cu_seqlens = np.array([0, 5, 16], dtype=np.int32)   # two sequences: rows 0..4 and 5..15
+    q, k, v = (rng.standard_normal((16, 2, 32), dtype=np.float32) for _ in range(3))   # (total, H, D)
+    o = mfa_native.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, causal=True, device="cpu")
+    print(o.shape)   # (16, 2, 32)
+    expected = attention_varlen_reference(q, k, v, cu_seqlens, cu_seqlens, causal=True)
+    assert np.allclose(o, expected, atol=1e-4)
     """)
 attention_varlen = ATTENTION_VARLEN.function
 
@@ -264,9 +282,31 @@ ATTENTION_VARLEN_BACKWARD = Op(
     details="""
     The arguments are those passed to `attention_varlen`, and o and lse what it returned
     (return_lse=True).
+    """,
+    returns="""
+    (dq, dk, dv) shaped like q, k and v (contiguous) in their dtype and kind; with sinks also
+    dsinks, (Hq,) float32 summed over every sequence. No atomics: deterministic.
+    """,
+    raises="""
+    TypeError: o or do has not q's dtype, lse is not float32; any argument
+        `attention_varlen` refuses with a TypeError.
+    ValueError: o or do is not (total_q, Hq, Dv), lse not (Hq, total_q); any argument
+        `attention_varlen` refuses with a ValueError (cu_seqlens included).
+    """,
+    example="""
+    import numpy as np
+    import mfa_native
+    from mfa_native.reference import attention_varlen_backward_reference
 
-    Returns:
-        (dq, dk, dv) shaped like q, k and v (contiguous) in their dtype; with sinks also
-        dsinks, (Hq,) float32 summed over every sequence. No atomics: deterministic.
+    rng = np.random.default_rng(0)
+    cu_seqlens = np.array([0, 5, 16], dtype=np.int32)
+    q, k, v, do = (rng.standard_normal((16, 2, 32), dtype=np.float32) for _ in range(4))
+    o, lse = mfa_native.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, causal=True, return_lse=True,
+                                         device="cpu")
+    dq, dk, dv = mfa_native.attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens, cu_seqlens,
+                                                      causal=True, device="cpu")
+    expected = attention_varlen_backward_reference(q, k, v, do, cu_seqlens, cu_seqlens, causal=True)
+    for got, want in zip((dq, dk, dv), expected):
+        assert np.allclose(got, want, atol=1e-3)
     """)
 attention_varlen_backward = ATTENTION_VARLEN_BACKWARD.function
