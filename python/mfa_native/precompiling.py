@@ -38,9 +38,20 @@ __all__ = ["Precompiled", "precompile"]
 
 @dataclass(frozen=True)
 class Precompiled:
-    """What a precompile did: `items` calls prepared or template kernels compiled, `compiled`
+    """What `precompile` did: `items` calls prepared or template kernels compiled, `compiled`
     of the kernels actually compiled (the cpu backend's count; 0 where all were cached or the
-    device does not count them), in `seconds`."""
+    device does not count them), in `seconds`.
+
+    Example:
+        ```python
+        import mfa_native
+
+        q = {"shape": [1, 2, 16, 32], "dtype": "float32"}   # zeros of that shape
+        done = mfa_native.precompile([{"op": "attention", "q": q, "k": q, "v": q}], device="cpu", quiet=True)
+        print(done)   # Precompiled(items=1, compiled=..., seconds=...)
+        assert done.items == 1 and done.compiled >= 0 and done.seconds >= 0
+        ```
+    """
 
     items: int
     compiled: int
@@ -48,10 +59,47 @@ class Precompiled:
 
 
 def precompile(work: dict | list, *, device: Device | str | None = None, quiet: bool = False) -> Precompiled:
-    """Compiles the kernels of `work` (a bundle spec or a list of calls; see the module) on
-    `device` (default: the default device), several at once, with a progress bar on a terminal
-    unless `quiet`. A spec key or a call's form that is wrong raises ValueError before anything
-    compiles; a call its op refuses raises the op's error, prefixed with the call's index."""
+    """Compiles the kernels of `work` ahead of time, several at once, so that the calls it lists
+    (or a bundle's templates) compile nothing later.
+
+    A call's kernels depend on its arrays' shapes, strides and dtypes and on its options, not
+    on the arrays' contents: a later call of the same form with real arrays is warm in this
+    process, and on the cpu backend later processes load the kernels from the disk cache
+    (MFA_NATIVE_CACHE_DIR).
+
+    Args:
+        work: a list of calls (or {"calls": [...]}), each a dict {"op": "attention", "q": ...,
+            ...} with the op's arguments by name; an array argument is a numpy array, a list of
+            numbers, or {"shape": [...], "dtype": "float16"} (zeros of that shape; add
+            "format": "q8_0" for a QuantizedTensor of them). Or a bundle spec
+            {"families": [...]} (the format of `python -m mfa_native bundle`): the kernels of
+            every template of that bundle.
+        device: a Device, "cpu", "metal" or None for the default device.
+        quiet: no progress bar (there is one on a terminal otherwise).
+
+    Returns:
+        A Precompiled: the items prepared, the kernels compiled, the seconds taken.
+
+    Raises:
+        ValueError: work is neither form, a call is not a dict naming a known op, an argument
+            form is wrong (before anything compiles); a spec key that is wrong.
+        TypeError: a call its op refuses with a TypeError (the op's error, prefixed with the
+            call's index); ValueError likewise.
+
+    Example:
+        ```python
+        import numpy as np
+        import mfa_native
+
+        q = {"shape": [1, 2, 16, 32], "dtype": "float32"}
+        mfa_native.precompile([{"op": "attention", "q": q, "k": q, "v": q, "causal": True}], device="cpu",
+                              quiet=True)
+        x = np.random.default_rng(0).standard_normal((1, 2, 16, 32), dtype=np.float32)
+        with mfa_native.profile() as p:   # this call's kernel was compiled above: it just runs
+            mfa_native.attention(x, x, x, causal=True, device="cpu")
+        print(p.records[0].kernel)
+        ```
+    """
     device = resolve_device(device)
     if isinstance(work, dict) and "families" in work:
         jobs = _template_jobs(work, device)

@@ -28,21 +28,53 @@ def _numpy(x, name: str) -> np.ndarray:
 class QuantizedTensor:
     """A float tensor of logical `shape` and `dtype`, stored quantized along its last axis.
 
-    Fields:
+    `attention` and `attention_with_kvcache` take one as k or v (a quantized K/V cache) and
+    read it as stored, dequantizing in the kernel; `quantize` makes one from a float array,
+    `from_mlx` wraps what `mx.quantize` returns. The formats: MLX's "affine" (bit-exact with
+    `mx.quantize`: each group of group_size values has a float scale and bias, value =
+    scale * q + bias with q of `bits` bits packed into uint32 words) and GGUF's "q8_0" and
+    "q4_0" (blocks of 32 values: a float16 scale, then 8- or 4-bit integers; 34 or 18 bytes).
+
+    The fields may be numpy arrays, torch CPU tensors or MLX arrays (read without a copy
+    where they allow it); `dequantize()` returns the kind of `data`. The attributes are the
+    constructor's arguments (format, bits and group_size resolved), `shape` (the logical
+    shape, read off `data`), `dtype` (numpy) and `signature` (what the ops' warm path keys
+    on: the format and every field's shape, strides and dtype).
+
+    Args:
         data: the stored values: uint32 words (affine) or uint8 blocks (q8_0, q4_0), shape
             shape[:-1] + (words or bytes per row,).
-        scales, biases: affine: one per group, shape shape[:-1] + (D // group_size,), in the
-            logical float dtype; None for GGUF (the scale is inside each block).
+        scales: affine: one per group, shape shape[:-1] + (D // group_size,), float32,
+            float16 or bfloat16; None for GGUF (the scale is inside each block).
+        biases: affine: like scales, of their dtype; None for GGUF.
         format: "affine", "q8_0" or "q4_0".
-        bits, group_size: bits per value and values per scale (GGUF: 8 or 4, and 32).
-        shape: the logical shape (the last axis is D), read off `data`; a `shape` given to
-            the constructor is checked against it.
-        dtype: the logical float dtype (numpy; ml_dtypes.bfloat16 for bfloat16): the
-            scales' for affine unless given; float32 for GGUF unless given.
+        bits: affine: 2, 3, 4, 5, 6 or 8 (None: 8); GGUF: None or the format's own (8, 4).
+        group_size: affine: 32, 64 or 128 (None: 64); GGUF: None or 32.
+        shape: the logical shape (the last axis is D), optional: checked against data's.
+        dtype: the logical float dtype (numpy; ml_dtypes.bfloat16 for bfloat16): the scales'
+            for affine unless given; float32 for GGUF unless given.
 
-    The arrays may be numpy arrays, torch CPU tensors or MLX arrays (read without a copy
-    where they allow it); `dequantize()` returns the kind of `data`. `signature` is what
-    the ops' warm path keys on: the format and every field's shape, strides and dtype.
+    Raises:
+        TypeError: data not of the format's dtype (uint32 or uint8); scales or biases not
+            float, or of different dtypes; a dtype that is not float32, float16 or bfloat16;
+            a field that is not a numpy array, torch CPU tensor or MLX array.
+        ValueError: an unknown format, bits or group_size; data without axes, or whose last
+            axis holds no whole number of groups; a shape that is not data's logical shape;
+            affine without scales and biases, or with them of the wrong shape; GGUF with them.
+
+    Example:
+        ```python
+        import numpy as np
+        import mfa_native
+        from mfa_native.reference import attention_reference
+
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((1, 2, 16, 32), dtype=np.float32) for _ in range(3))
+        kq, vq = (mfa_native.quantize(x, "q8_0", device="cpu") for x in (k, v))   # GGUF's 8-bit blocks
+        print(kq.shape, kq.format, kq.data.dtype, kq.data.shape)   # (1, 2, 16, 32) q8_0 uint8 (1, 2, 16, 34)
+        o = mfa_native.attention(q, kq, vq, device="cpu")   # k and v dequantized in the kernel only
+        assert np.allclose(o, attention_reference(q, kq.dequantize(), vq.dequantize()), atol=1e-4)
+        ```
     """
 
     __slots__ = ("data", "scales", "biases", "format", "bits", "group_size", "shape", "dtype", "_numpy", "signature",
@@ -132,10 +164,12 @@ class QuantizedTensor:
 
     @property
     def quant_format(self) -> QuantFormat:
+        """The storage format (format, bits, group_size) as one value."""
         return QuantFormat(self.format, self.bits, self.group_size)
 
     @property
     def ndim(self) -> int:
+        """The number of logical axes, len(shape)."""
         return len(self.shape)
 
     @property

@@ -13,12 +13,43 @@ Device = _core.Device
 
 
 def devices() -> list[Device]:
-    """Every device available here: metal (on a Mac with Apple silicon) and cpu."""
+    """Every device available here: metal (on a Mac with Apple silicon) and cpu.
+
+    Returns:
+        A list of Device, metal first where present; the cpu device is always there.
+
+    Example:
+        ```python
+        import mfa_native
+
+        kinds = [device.kind for device in mfa_native.devices()]
+        print(kinds)   # ['metal', 'cpu'] on a Mac, ['cpu'] elsewhere
+        assert "cpu" in kinds
+        ```
+    """
     return _core.devices()
 
 
 def default_device() -> Device:
-    """MFA_NATIVE_DEVICE=cpu|metal when set, else metal where available, else cpu."""
+    """The device the ops run on when not given one: MFA_NATIVE_DEVICE=cpu|metal when set,
+    else metal where available, else cpu.
+
+    Returns:
+        A Device.
+
+    Raises:
+        DeviceUnavailableError: MFA_NATIVE_DEVICE=metal where Metal is not available.
+        ValueError: MFA_NATIVE_DEVICE is set to something else than cpu or metal.
+
+    Example:
+        ```python
+        import mfa_native
+
+        device = mfa_native.default_device()
+        print(device.kind, device.name)
+        assert device in mfa_native.devices()
+        ```
+    """
     return _core.default_device()
 
 

@@ -88,7 +88,36 @@ class Kernel:
             ``address`` to every Kernel).
 
     Compiling is cached in memory (per source and constants) and, on the cpu
-    backend, on disk, so building the same Kernel again is cheap.
+    backend, on disk, so building the same Kernel again is cheap. Call the kernel
+    (`kernel(buffers, threadgroups=..., threads_per_threadgroup=...)`) to run it once.
+
+    Raises:
+        CompileError: the source does not compile (its `.log` holds the compiler's output).
+        TypeError: source or name is not a str; a function constant of the wrong type.
+        ValueError: the source has no kernel `name`; an unknown function constant; sanitize
+            is not None, "race" or "address"; an unknown device string.
+        DeviceUnavailableError: device is "metal" where Metal is not available.
+
+    Example:
+        ```python
+        import numpy as np
+        import mfa_native
+
+        source = '''
+        #include <metal_stdlib>
+        using namespace metal;
+        kernel void add(device const float* a [[buffer(0)]], device const float* b [[buffer(1)]],
+                        device float* out [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+            out[i] = a[i] + b[i];
+        }
+        '''
+        kernel = mfa_native.Kernel(source, "add", device="cpu")
+        a, b = np.arange(64, dtype=np.float32), np.ones(64, dtype=np.float32)
+        out = np.empty(64, dtype=np.float32)
+        stats = kernel([a, b, out], threadgroups=2, threads_per_threadgroup=32)
+        assert np.array_equal(out, a + b)
+        print(stats.threadgroups, stats.bytes_written)   # 2 {'a': 0, 'b': 0, 'out': 256}
+        ```
     """
 
     def __init__(
@@ -145,7 +174,25 @@ class Kernel:
         serves a ``constant T&`` argument. ``threadgroup_memory[i]`` is the byte
         length of ``[[threadgroup(i)]]``. Returns the dispatch's stats
         (``.threadgroups``, ``.simdgroup_matrix_ops``, ``.seconds``, and per
-        argument name ``.bytes_read`` / ``.bytes_written``).
+        argument name ``.bytes_read`` / ``.bytes_written``), or None for a
+        ``sanitize="address"`` kernel (it ran in a child process).
+
+        Args:
+            buffers: ``buffers[i]`` binds ``[[buffer(i)]]`` (see above); None leaves an
+                index the kernel does not declare unbound.
+            threadgroups: the grid, in threadgroups: an int or 1 to 3 ints.
+            threads_per_threadgroup: the threadgroup's size: an int or 1 to 3 ints.
+            threadgroup_memory: byte lengths of the ``[[threadgroup(i)]]`` arguments.
+
+        Returns:
+            The dispatch's DispatchStats (None for a ``sanitize="address"`` kernel).
+
+        Raises:
+            TypeError: a buffer of the wrong kind or element type, or sizes that are not ints.
+            ValueError: a buffer the kernel does not declare or one it needs missing, a
+                non-contiguous array, sizes below 1 or beyond 32 bits.
+            DispatchError: the kernel failed while running (with bounds_check or sanitize:
+                an out-of-bounds access or a data race, named).
         """
         if self._runs_in_child:
             grid, group, memory, arrays, inline, _ = self._bindings(buffers, threadgroups, threads_per_threadgroup,

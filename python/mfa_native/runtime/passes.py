@@ -54,6 +54,38 @@ class KernelLaunch:
 
 @dataclass(frozen=True)
 class PassDescription:
+    """Everything one call of an op runs, as one plain value: its kernels in order and every
+    buffer they touch.
+
+    Codegen makes one per problem (`mfa_native.codegen.attention_pass(problem)` and the other
+    ops' builders); the runner executes it, and the C++ bundles replay the same value, so
+    nothing about a pass lives only in Python code. `to_json` and `from_json` round-trip it.
+
+    Args:
+        name: the pass's name (the op's, with its variant).
+        kernels: the KernelLaunch of each kernel, in order: entry point, MSL source, grid
+            (threadgroups, threads_per_threadgroup) and the buffer each `[[buffer(i)]]` binds.
+        buffers: the BufferDecl of every buffer, each declared once: name, role ("input",
+            "inout", "output", "intermediate", "constant"), dtype, shape, byte extent,
+            strides (inputs), value (constants), and which kernels read and write it.
+
+    Raises:
+        ValueError: a buffer declared twice, a kernel binding an undeclared buffer, or an
+            unknown role.
+
+    Example:
+        ```python
+        import mfa_native
+        from mfa_native import codegen
+
+        problem = codegen.AttentionProblem(1, 2, 2, 16, 16, 32, 32)   # B, Hq, Hkv, R, C, D, Dv
+        description = codegen.attention_pass(problem)
+        print([kernel.entry for kernel in description.kernels])
+        print([(buffer.name, buffer.role) for buffer in description.inputs + description.outputs])
+        assert mfa_native.PassDescription.from_json(description.to_json()) == description
+        ```
+    """
+
     name: str
     kernels: tuple[KernelLaunch, ...]
     buffers: tuple[BufferDecl, ...]
@@ -72,12 +104,14 @@ class PassDescription:
                 raise ValueError(f"buffer {b.name!r} has role {b.role!r}; roles are {ROLES}")
 
     def buffer(self, name: str) -> BufferDecl:
+        """The buffer declared as `name` (KeyError if none is)."""
         for b in self.buffers:
             if b.name == name:
                 return b
         raise KeyError(f"pass {self.name!r} has no buffer {name!r}")
 
     def of_role(self, role: str) -> tuple[BufferDecl, ...]:
+        """The buffers of one role ("input", "inout", "output", "intermediate", "constant")."""
         return tuple(b for b in self.buffers if b.role == role)
 
     @property
@@ -87,13 +121,16 @@ class PassDescription:
 
     @property
     def outputs(self) -> tuple[BufferDecl, ...]:
+        """The buffers allocated per call and returned to the caller, in declaration order."""
         return self.of_role("output")
 
     def to_json(self) -> str:
+        """The description as JSON text (`from_json` reads it back)."""
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> PassDescription:
+        """The description `to_json` wrote."""
         data = json.loads(text)
         kernels = tuple(KernelLaunch(**{k: _tuples(v) for k, v in kernel.items()}) for kernel in data["kernels"])
         buffers = tuple(BufferDecl(**{k: _tuples(v) for k, v in buffer.items()}) for buffer in data["buffers"])

@@ -24,7 +24,20 @@ class DispatchRecord:
     any cache, not the size of what it touches.
 
     It keeps the core's DispatchStats and reads its fields when asked, so recording a
-    dispatch costs the warm path almost nothing."""
+    dispatch costs the warm path almost nothing.
+
+    Example:
+        ```python
+        import numpy as np
+        import mfa_native
+
+        q = np.random.default_rng(0).standard_normal((1, 2, 16, 32), dtype=np.float32)
+        with mfa_native.profile() as p:
+            mfa_native.attention(q, q, q, causal=True, return_lse=True, device="cpu")
+        for record in p.records:   # one per kernel the call dispatched
+            print(record.kernel, record.threadgroups, record.seconds, record.bytes_written)
+        ```
+    """
 
     __slots__ = ("_stats",)
 
@@ -33,18 +46,23 @@ class DispatchRecord:
 
     @property
     def kernel(self) -> str:
+        """The kernel's entry point name."""
         return self._stats.kernel
 
     @property
     def threadgroups(self) -> int:
+        """Threadgroups dispatched (the grid's product)."""
         return self._stats.threadgroups
 
     @property
     def simdgroup_matrix_ops(self) -> int | None:
+        """Simdgroup 8x8x8 multiply-accumulates issued, or None where the backend cannot count them."""
         return self._stats.simdgroup_matrix_ops
 
     @property
     def seconds(self) -> float | None:
+        """The dispatch's time: the cpu backend's wall time; Metal's GPU timestamps (None where
+        not sampled)."""
         return self._stats.seconds
 
     @property
@@ -72,7 +90,23 @@ def _summed(counts: Iterable[dict[str, int] | None]) -> dict[str, int]:
 
 @dataclass
 class Profile:
-    """The dispatches recorded while a `profile()` block was active."""
+    """The dispatches recorded while a `profile()` block was active, and their totals.
+
+    `records` holds a DispatchRecord per dispatch, in order; the properties sum them.
+
+    Example:
+        ```python
+        import numpy as np
+        import mfa_native
+
+        q = np.random.default_rng(0).standard_normal((1, 2, 16, 32), dtype=np.float32)
+        with mfa_native.profile() as p:
+            mfa_native.attention(q, q, q, causal=True, return_lse=True, device="cpu")
+            mfa_native.attention(q, q, q, causal=True, return_lse=True, device="cpu")
+        print(len(p.records), p.seconds, p.bytes_read["q"])
+        assert p.bytes_written["o"] == 2 * q.nbytes   # each call writes its output once
+        ```
+    """
 
     records: list[DispatchRecord] = field(default_factory=list)
 
@@ -83,6 +117,7 @@ class Profile:
 
     @property
     def seconds(self) -> float:
+        """Total seconds of the recorded dispatches that were timed."""
         return sum(r.seconds or 0.0 for r in self.records)
 
     @property
@@ -104,14 +139,30 @@ _active: list[Profile] = []
 
 @contextmanager
 def profile() -> Iterator[Profile]:
-    """Record every dispatch made inside the block (from any thread), each with its seconds:
-    while a block is active, Metal gives every dispatch of a batch its own compute encoder and
-    samples GPU timestamps around it (outside, only a batch of one dispatch has its time).
+    """Records every dispatch made inside the block (from any thread), each with its seconds.
 
-    >>> with mfa_native.profile() as p:
-    ...     mfa_native.attention(q, k, v, causal=True)
-    >>> p.records[0].simdgroup_matrix_ops
-    >>> p.bytes_read["k"]   # every load of k counted: a multiple of k.nbytes (cpu backend)
+    While a block is active, Metal gives every dispatch of a batch its own compute encoder and
+    samples GPU timestamps around it (outside, only a batch of one dispatch has its time).
+    Byte counts are accesses, not distinct bytes (see DispatchRecord). Blocks may nest: each
+    records what ran inside it.
+
+    Returns:
+        A context manager whose value is the Profile the block fills.
+
+    Example:
+        ```python
+        import numpy as np
+        import mfa_native
+
+        rng = np.random.default_rng(0)
+        q = rng.standard_normal((1, 4, 16, 32), dtype=np.float32)
+        k, v = (rng.standard_normal((1, 1, 16, 32), dtype=np.float32) for _ in range(2))
+        with mfa_native.profile() as p:
+            mfa_native.attention(q, k, v, causal=True, device="cpu")
+        (record,) = p.records   # one kernel ran
+        print(record.kernel, record.threadgroups, record.simdgroup_matrix_ops, record.seconds)
+        assert p.bytes_read["k"] >= k.nbytes and p.bytes_written["o"] == q.nbytes
+        ```
     """
     recording = Profile()
     with _lock:
