@@ -1,4 +1,4 @@
-"""Progress bars for long work (precompile, selftest, tune, bundle, emit --report): tqdm's, on
+"""Progress bars for long work (precompile, selftest, tune, bundle, emit --report, bench): tqdm's, on
 standard error, with an ETA, shown only on a terminal and never when the caller asks for quiet."""
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import numpy as np
 from .. import profile
 from ..ops.attention import attention
 from ..ops.quantize import quantize
+from ._table import Table
 
 
 @dataclass(frozen=True)
@@ -43,32 +44,36 @@ def _read(prof, name: str) -> int | None:
     return None if not counted or None in counted else sum(counted)
 
 
-def rows(configs, device, repeat: int, measure, shape, inputs) -> tuple[list[str], list[list[str]]]:
+def table(configs, device, repeat: int, measure, shape, inputs) -> Table:
     """The table: one row per (configuration, storage). `measure`, `shape` and `inputs` are the
     attention benchmark's (bench/attention.py)."""
     headers = ["config", "shape", "K/V storage", "ms", "K+V bytes read", "K+V stored", "read/stored",
                "read vs float16"]
-    table = []
-    for config in configs:
-        q, k, v, sinks = inputs(config, np.random.default_rng(0))
-        float_read = None
-        for storage in STORAGES:
-            ks, vs = _stored(k, storage, device), _stored(v, storage, device)
 
-            def call():
-                return attention(q, ks, vs, causal=config.causal, window=config.window, sinks=sinks, device=device)
+    def rows():
+        for config in configs:
+            q, k, v, sinks = inputs(config, np.random.default_rng(0))
+            float_read = None
+            for storage in STORAGES:
+                ks, vs = _stored(k, storage, device), _stored(v, storage, device)
 
-            seconds, _ = measure(call, repeat)
-            with profile() as prof:
-                call()
-            read_k, read_v = _read(prof, "k"), _read(prof, "v")
-            read = None if read_k is None or read_v is None else read_k + read_v
-            stored = ks.nbytes + vs.nbytes
-            if storage.format is None:
-                float_read = read
-            table.append([config.name, shape(config), storage.name, f"{seconds * 1e3:.2f}",
-                          "-" if read is None else str(read), str(stored),
-                          "-" if read is None else f"{read / stored:.3f}",
-                          "-" if read is None or not float_read else f"{read / float_read:.3f}"])
-            print(f"  {config.name}, {storage.name}: {seconds * 1e3:.2f} ms", flush=True)
-    return headers, table
+                def call():
+                    return attention(q, ks, vs, causal=config.causal, window=config.window, sinks=sinks,
+                                     device=device)
+
+                seconds, _ = measure(call, repeat)
+                with profile() as prof:
+                    call()
+                read_k, read_v = _read(prof, "k"), _read(prof, "v")
+                read = None if read_k is None or read_v is None else read_k + read_v
+                stored = ks.nbytes + vs.nbytes
+                if storage.format is None:
+                    float_read = read
+                yield [config.name, shape(config), storage.name, f"{seconds * 1e3:.2f}",
+                       "-" if read is None else str(read), str(stored),
+                       "-" if read is None else f"{read / stored:.3f}",
+                       "-" if read is None or not float_read else f"{read / float_read:.3f}"]
+
+    widths = [max((len(c.name) for c in configs), default=0), max((len(shape(c)) for c in configs), default=0),
+              max(len(s.name) for s in STORAGES), 8]
+    return Table(headers, rows(), len(configs) * len(STORAGES), widths=widths)

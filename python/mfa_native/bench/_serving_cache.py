@@ -19,10 +19,12 @@ from ..ops.kvcache import attention_with_kvcache
 from ..ops.varlen import attention_varlen
 from ..runtime.devices import tuned_as
 from ..work import packed_matrix_ops
+from ._table import Table
 
 PAGE, HEADS, HEAD_DIM, DEVICE_THREADGROUPS = 256, (32, 8), 128, 64
 CACHE_STEPS = ((4096, 1), (4096, 4), (32768, 1), (32768, 4))     # (attended keys, queries)
 VARLEN_KEYS = (4096, 1, 700, 9000, 33, 2048, 16000, 1)            # a decode batch's key lengths
+LONGEST_KERNELS = "append_k+append_v+partial+combine"             # the most a step dispatches
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,14 @@ class Step:
     call: Callable[[], object]
     attended: int
     bound: int
+
+
+def _cache_label(keys: int, queries: int) -> str:
+    return f"kvcache paged{PAGE} H{HEADS[0]}/{HEADS[1]} R{queries} C{keys} D{HEAD_DIM}"
+
+
+def _varlen_label() -> str:
+    return f"varlen B{len(VARLEN_KEYS)} H{HEADS[0]}/{HEADS[1]} R1 keys {sum(VARLEN_KEYS)} D{HEAD_DIM}"
 
 
 def _cache_step(keys: int, queries: int, device) -> Step:
@@ -49,7 +59,7 @@ def _cache_step(keys: int, queries: int, device) -> Step:
     def call():
         return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v, block_table=table,
                                       causal=True, device=device)
-    return Step(f"kvcache paged{PAGE} H{hq}/{hkv} R{queries} C{keys} D{D}", call, keys * hkv * D * 2 * 2,
+    return Step(_cache_label(keys, queries), call, keys * hkv * D * 2 * 2,
                 packed_matrix_ops(1, hkv, hq // hkv, queries, keys, D, D, causal=True))
 
 
@@ -64,25 +74,29 @@ def _varlen_step(device) -> Step:
     def call():
         return attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=1, causal=True, device=device)
     bound = sum(packed_matrix_ops(1, hkv, hq // hkv, 1, n, D, D, causal=True) for n in VARLEN_KEYS)
-    return Step(f"varlen B{len(VARLEN_KEYS)} H{hq}/{hkv} R1 keys {sum(VARLEN_KEYS)} D{D}", call,
-                k.nbytes + v.nbytes, bound)
+    return Step(_varlen_label(), call, k.nbytes + v.nbytes, bound)
 
 
-def cache_section(args, device, measured, ratio) -> tuple[str, list[str], list[list[str]]]:
+def cache_section(args, device, measured, ratio) -> Table:
     """The table: `measured(call, repeat)` gives (seconds, profile), `ratio` formats a quotient."""
     headers = ["call", "kernels", "K/V bytes read", "K/V bytes attended", "read/attended", "mma issued",
                "packed bound", "issued/bound", "ms"]
-    steps = [_cache_step(keys, r, device) for keys, r in CACHE_STEPS if not (args.quick and keys > 4096)]
-    rows = []
-    with tuned_as(device, parallel_threadgroups=DEVICE_THREADGROUPS):
-        for step in steps + [_varlen_step(device)]:
-            seconds, prof = measured(step.call, args.repeat)
-            counted = all(r.bytes_read is not None for r in prof.records)
-            read = prof.bytes_read.get("k", 0) + prof.bytes_read.get("v", 0) if counted else None
-            ops = prof.simdgroup_matrix_ops if all(r.simdgroup_matrix_ops is not None for r in prof.records) else None
-            kernels = "+".join(r.kernel.removeprefix("attention_") for r in prof.records)
-            rows.append([step.label, kernels, "-" if read is None else str(read), str(step.attended),
-                         ratio(read, step.attended), "-" if ops is None else str(ops), str(step.bound),
-                         ratio(ops, step.bound), f"{seconds * 1e3:.2f}"])
-            print(f"  {step.label}: {seconds * 1e3:.2f} ms", flush=True)
-    return f"decode steps, float16, causal, tuned as {DEVICE_THREADGROUPS} parallel threadgroups", headers, rows
+    steps = [(keys, r) for keys, r in CACHE_STEPS if not (args.quick and keys > 4096)]
+
+    def rows():
+        with tuned_as(device, parallel_threadgroups=DEVICE_THREADGROUPS):
+            for step in [_cache_step(keys, r, device) for keys, r in steps] + [_varlen_step(device)]:
+                seconds, prof = measured(step.call, args.repeat)
+                counted = all(r.bytes_read is not None for r in prof.records)
+                read = prof.bytes_read.get("k", 0) + prof.bytes_read.get("v", 0) if counted else None
+                ops = (prof.simdgroup_matrix_ops if all(r.simdgroup_matrix_ops is not None for r in prof.records)
+                       else None)
+                kernels = "+".join(r.kernel.removeprefix("attention_") for r in prof.records)
+                yield [step.label, kernels, "-" if read is None else str(read), str(step.attended),
+                       ratio(read, step.attended), "-" if ops is None else str(ops), str(step.bound),
+                       ratio(ops, step.bound), f"{seconds * 1e3:.2f}"]
+
+    labels = [_cache_label(keys, r) for keys, r in steps] + [_varlen_label()]
+    return Table(headers, rows(), len(labels),
+                 f"decode steps, float16, causal, tuned as {DEVICE_THREADGROUPS} parallel threadgroups",
+                 [max(map(len, labels)), len(LONGEST_KERNELS), *[0] * 6, 8])

@@ -22,18 +22,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .. import profile, reference
+from .. import profile, progress, reference
 from ..work import useful_backward_matrix_ops, useful_matrix_ops
 from ..runtime.arrays import bfloat16
 from ..runtime.devices import resolve_device
 from ..ops.attention import attention
 from ..ops.attention_backward import attention_backward
-from . import _plot, _quantized
-from ._table import format_table
+from . import _plot, _quantized, _table
 
 
 @dataclass(frozen=True)
@@ -159,8 +158,7 @@ def _shape(config: Config) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mfa_native bench attention", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _table.parser("attention", __doc__)
     parser.add_argument("--device", choices=["cpu", "metal"], help="default: the default device")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls per configuration (median)")
     parser.add_argument("--only", help="run the configurations whose name contains this text")
@@ -184,14 +182,14 @@ def main(argv: list[str]) -> int:
     configs = [c for c in configs if not args.only or args.only in c.name]
     peak = peak_tflops(device.name) if on_metal else None
     if args.quantized:
-        headers, rows = _quantized.rows(configs, device, args.repeat, _measure, _shape, _inputs)
+        table = _quantized.table(configs, device, args.repeat, _measure, _shape, _inputs)
         what = "attention forward, quantized K/V"
     else:
-        table = _backward_table if args.backward else _forward_table
-        headers, rows = table(configs, device, args.repeat, rates=on_metal, peak=peak)
+        table = (_backward_table if args.backward else _forward_table)(configs, device, args.repeat,
+                                                                       rates=on_metal, peak=peak)
         what = "attention backward (and forward with lse)" if args.backward else "attention forward"
-    print(f"\n{what} on {device.kind} ({device.name}), median of {args.repeat} warm calls")
-    print(format_table(headers, rows))
+    title = f"{what} on {device.kind} ({device.name}), median of {args.repeat} warm calls"
+    _table.show("attention", [replace(table, title=title)], quiet=args.quiet)
     return 0
 
 
@@ -204,42 +202,50 @@ def _rate(flops: float, seconds: float, peak: float | None) -> list[str]:
     return [f"{tflops:.2f}", "-" if peak is None else f"{100 * tflops / peak:.0f}%"]
 
 
-def _forward_table(configs, device, repeat: int, *, rates: bool, peak: float | None
-                   ) -> tuple[list[str], list[list[str]]]:
+MS_WIDTH = 8   # "%.2f" milliseconds up to 99999.99
+
+
+def _widths(configs, useful: list[int], ms_columns: int) -> list[int]:
+    """Column widths of a configuration table: names, shapes, dtypes, times, then the ops."""
+    ops = len(str(2 * max(useful, default=0)))   # issued: near useful, room for twice it
+    return [max((len(c.name) for c in configs), default=0), max((len(_shape(c)) for c in configs), default=0),
+            len("bfloat16"), *[MS_WIDTH] * ms_columns, ops, ops]
+
+
+def _forward_table(configs, device, repeat: int, *, rates: bool, peak: float | None) -> _table.Table:
     """One row per configuration; with `rates` (Metal), TFLOPS and the share of `peak`."""
     headers = ["config", "shape", "dtype", "ms", "mma issued", "mma useful", "issued/useful"]
     headers += ["TFLOPS", "% peak"] if rates else []
-    rows = []
-    for config in configs:
-        seconds, issued = _measure(_forward(config, device), repeat)
-        useful = useful_matrix_ops(config.batch, config.q_heads, config.q_len, config.kv_len,
-                                   config.head_dim, config.value_dim, config.causal, config.window)
-        row = [config.name, _shape(config), config.dtype, f"{seconds * 1e3:.2f}", *_ratio(issued, useful)]
-        if rates:
-            row += _rate(2 * allowed_pairs(config) * (config.head_dim + config.value_dim), seconds, peak)
-        rows.append(row)
-        print(f"  {config.name}: {seconds * 1e3:.2f} ms", flush=True)
-    return headers, rows
+    useful = [useful_matrix_ops(c.batch, c.q_heads, c.q_len, c.kv_len, c.head_dim, c.value_dim, c.causal, c.window)
+              for c in configs]
+
+    def rows():
+        for config, ops in zip(configs, useful):
+            seconds, issued = _measure(_forward(config, device), repeat)
+            row = [config.name, _shape(config), config.dtype, f"{seconds * 1e3:.2f}", *_ratio(issued, ops)]
+            if rates:
+                row += _rate(2 * allowed_pairs(config) * (config.head_dim + config.value_dim), seconds, peak)
+            yield row
+    return _table.Table(headers, rows(), len(configs), widths=_widths(configs, useful, 1))
 
 
-def _backward_table(configs, device, repeat: int, *, rates: bool, peak: float | None
-                    ) -> tuple[list[str], list[list[str]]]:
+def _backward_table(configs, device, repeat: int, *, rates: bool, peak: float | None) -> _table.Table:
     headers = ["config", "shape", "dtype", "fwd ms", "bwd ms", "bwd mma issued", "bwd mma useful", "issued/useful"]
     headers += ["bwd TFLOPS", "% peak"] if rates else []
-    rows = []
-    for config in configs:
-        forward, backward = _backward_pair(config, device)
-        forward_seconds, _ = _measure(forward, repeat)
-        seconds, issued = _measure(backward, repeat)
-        useful = sum(useful_backward_matrix_ops(config.batch, config.q_heads, config.q_len, config.kv_len,
-                                                config.head_dim, config.value_dim, config.causal, config.window))
-        row = [config.name, _shape(config), config.dtype, f"{forward_seconds * 1e3:.2f}", f"{seconds * 1e3:.2f}",
-               *_ratio(issued, useful)]
-        if rates:
-            row += _rate(2 * allowed_pairs(config) * (3 * config.head_dim + 2 * config.value_dim), seconds, peak)
-        rows.append(row)
-        print(f"  {config.name}: forward {forward_seconds * 1e3:.2f} ms, backward {seconds * 1e3:.2f} ms", flush=True)
-    return headers, rows
+    useful = [sum(useful_backward_matrix_ops(c.batch, c.q_heads, c.q_len, c.kv_len, c.head_dim, c.value_dim,
+                                             c.causal, c.window)) for c in configs]
+
+    def rows():
+        for config, ops in zip(configs, useful):
+            forward, backward = _backward_pair(config, device)
+            forward_seconds, _ = _measure(forward, repeat)
+            seconds, issued = _measure(backward, repeat)
+            row = [config.name, _shape(config), config.dtype, f"{forward_seconds * 1e3:.2f}",
+                   f"{seconds * 1e3:.2f}", *_ratio(issued, ops)]
+            if rates:
+                row += _rate(2 * allowed_pairs(config) * (3 * config.head_dim + 2 * config.value_dim), seconds, peak)
+            yield row
+    return _table.Table(headers, rows(), len(configs), widths=_widths(configs, useful, 2))
 
 
 def _plot_main(args: argparse.Namespace) -> int:
@@ -249,15 +255,19 @@ def _plot_main(args: argparse.Namespace) -> int:
     on_metal = device.kind == "metal"
     length, heads = (1024, 8) if on_metal else (64, 2)
     points = {}
-    for direction in _plot.DIRECTIONS:
-        for dtype in _plot.DTYPES:
-            for d in args.head_dims:
-                config = Config("plot", 1, heads, heads, length, length, d, d, dtype)
-                call = _forward(config, device) if direction == "forward" else _backward_pair(config, device)[1]
-                macs = heads * length * length * 2 * d * (1 if direction == "forward" else 2.5)
-                ops = (useful_matrix_ops(1, heads, length, length, d, d) if direction == "forward"
-                       else sum(useful_backward_matrix_ops(1, heads, length, length, d, d)))
-                points[(direction, dtype, d)] = (_plot.measure(call, args.repeat), macs, ops)
+    total = len(_plot.DIRECTIONS) * len(_plot.DTYPES) * len(args.head_dims)
+    with progress.bar(total, "bench attention --plot", unit="point", quiet=args.quiet) as shown:
+        for direction in _plot.DIRECTIONS:
+            for dtype in _plot.DTYPES:
+                for d in args.head_dims:
+                    shown.set_postfix_str(f"{direction} {dtype} D{d}", refresh=False)
+                    config = Config("plot", 1, heads, heads, length, length, d, d, dtype)
+                    call = _forward(config, device) if direction == "forward" else _backward_pair(config, device)[1]
+                    macs = heads * length * length * 2 * d * (1 if direction == "forward" else 2.5)
+                    ops = (useful_matrix_ops(1, heads, length, length, d, d) if direction == "forward"
+                           else sum(useful_backward_matrix_ops(1, heads, length, length, d, d)))
+                    points[(direction, dtype, d)] = (_plot.measure(call, args.repeat), macs, ops)
+                    shown.update()
     title = (f"attention on {device.name}: B1 H{heads} R=C={length}" +
              ("" if on_metal else " (cpu backend: issued work and traffic, not speed)"))
     try:

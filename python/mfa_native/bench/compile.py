@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-from ._table import format_table
+from . import _table
+from ._table import Table
 
 D_VALUES = (64, 128)
 DTYPES = ("float16", "float32")
@@ -48,61 +49,107 @@ kernel void first(device float* x [[buffer(0)]], uint i [[thread_position_in_gri
 
 
 def _child() -> None:
-    """In a child process: times every kernel's pipeline as this process finds it (a compile, a
-    disk hit), then an in-process hit of each; prints them as JSON."""
+    """In a child process: answers each line of standard input with a line of JSON: "first" with
+    the seconds of FIRST_KERNEL's pipeline, a kernel's index with the seconds of its pipeline as
+    this process finds it (a compile, a disk hit) and of an in-process hit, "compiled" with the
+    kernels this process compiled."""
     from ..runtime.devices import resolve_device
     device = resolve_device("cpu")
+    listed = kernels()
 
     def timed(source: str, entry: str) -> float:
         start = time.perf_counter()
         device.pipeline(device.library(source), entry, [])
         return time.perf_counter() - start
 
-    result = {"first": timed(FIRST_KERNEL, "first"), "kernels": {}}
-    listed = kernels()
-    for name, kernel in listed:
-        result["kernels"][name] = [timed(kernel.source, kernel.entry)]
-    for name, kernel in listed:
-        result["kernels"][name].append(timed(kernel.source, kernel.entry))
-    result["compiled"] = int(device.properties["kernels_compiled"])
-    print(json.dumps(result))
+    print(json.dumps("ready"), flush=True)
+    for request in sys.stdin:
+        request = request.strip()
+        if request == "first":
+            answer = timed(FIRST_KERNEL, "first")
+        elif request == "compiled":
+            answer = int(device.properties["kernels_compiled"])
+        else:
+            _, kernel = listed[int(request)]
+            answer = [timed(kernel.source, kernel.entry), timed(kernel.source, kernel.entry)]
+        print(json.dumps(answer), flush=True)
 
 
-def _run_child(cache_dir: str) -> dict:
-    env = dict(os.environ, MFA_NATIVE_CACHE_DIR=cache_dir)
-    done = subprocess.run([sys.executable, "-m", "mfa_native.bench.compile", "--child"], env=env,
-                          capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+class _Child:
+    """A child process timing pipelines in the kernel cache `cache_dir` (_child), one request at a
+    time, so that the parent can print each kernel's row as soon as every child timed it."""
+
+    def __init__(self, cache_dir: str, log) -> None:
+        env = dict(os.environ, MFA_NATIVE_CACHE_DIR=cache_dir)
+        self.process = subprocess.Popen([sys.executable, "-m", "mfa_native.bench.compile", "--child"], env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.log, self.cache_dir = log, cache_dir
+
+    def answer(self):
+        line = self.process.stdout.readline()
+        if not line:
+            self.log.seek(0)
+            raise RuntimeError(f"bench compile: a child process failed:\n{self.log.read()[-3000:]}")
+        return json.loads(line)
+
+    def ask(self, request: str):
+        try:
+            self.process.stdin.write(request + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:   # it has ended: answer() says why
+            pass
+        return self.answer()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def _rows(repeats: int, names: list[str], summary: dict):
+    """The table's rows: the first compile (the precompiled header) into `repeats` fresh caches,
+    then each kernel: compiled into each of them (the median), loaded from the last one's disk
+    cache by another process and hit in that process. Fills `summary` for the line after it."""
+    with tempfile.TemporaryDirectory(prefix="mfa_native-bench-compile-") as root, \
+            tempfile.TemporaryFile("w+") as log:
+        children = [_Child(os.path.join(root, f"cache{repeat}"), log) for repeat in range(repeats)]
+        loader = None
+        try:
+            for child in children:   # started together, timed one at a time once all have started
+                child.answer()
+            yield [FIRST, f"{np.median([child.ask('first') for child in children]):.3f}", "-", "-"]
+            for index, name in enumerate(names):
+                cold = np.median([child.ask(str(index))[0] for child in children])
+                if loader is None:   # once the last cache holds what a process compiles first
+                    loader = _Child(children[-1].cache_dir, log)
+                    loader.answer()
+                    loader.ask("first")
+                disk, hit = loader.ask(str(index))
+                summary.setdefault("cold", []).append(cold)
+                yield [name, f"{cold:.3f}", f"{disk * 1e3:.2f}", f"{hit * 1e6:.1f}"]
+            summary["compiled"] = loader.ask("compiled") if loader else 0
+        finally:
+            for child in children + ([loader] if loader else []):
+                child.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mfa_native bench compile", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _table.parser("compile", __doc__)
     parser.add_argument("--repeats", type=int, default=3, help="fresh caches to compile into (default 3)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child()
         return 0
-    cold, first, disk = {}, [], {}
-    with tempfile.TemporaryDirectory(prefix="mfa_native-bench-compile-") as root:
-        for repeat in range(max(1, args.repeats)):
-            cache = os.path.join(root, f"cache{repeat}")
-            compiled = _run_child(cache)
-            first.append(compiled["first"])
-            for name, (seconds, _) in compiled["kernels"].items():
-                cold.setdefault(name, []).append(seconds)
-        loaded = _run_child(cache)
-    for name, (seconds, hit) in loaded["kernels"].items():
-        disk[name] = (seconds, hit)
-    rows = [[FIRST, f"{np.median(first):.3f}", "-", "-"]]
-    for name, times in cold.items():
-        rows.append([name, f"{np.median(times):.3f}", f"{disk[name][0] * 1e3:.2f}", f"{disk[name][1] * 1e6:.1f}"])
-    medians = [np.median(times) for times in cold.values()]
-    print(f"cpu backend, {len(cold)} kernels, median of {max(1, args.repeats)} fresh caches each")
-    print(format_table(["kernel", "cold compile s", "disk cache hit ms", "in-process hit us"], rows))
+    repeats = max(1, args.repeats)
+    names = [name for name, _ in kernels()]
+    summary = {}
+    _table.show("compile", [Table(["kernel", "cold compile s", "disk cache hit ms", "in-process hit us"],
+                                  _rows(repeats, names, summary), 1 + len(names),
+                                  f"cpu backend, {len(names)} kernels, median of {repeats} fresh caches each",
+                                  [max(len(FIRST), *map(len, names))])], quiet=args.quiet)
+    medians = summary["cold"]
     print(f"cold compile per kernel: median {np.median(medians):.3f} s, max {max(medians):.3f} s; "
-          f"a second process compiled {loaded['compiled']} of them")
+          f"a second process compiled {summary['compiled']} of them")
     return 0
 
 

@@ -16,7 +16,6 @@ QuantizedTensors of numpy arrays) holds the tiny forward's 20 us; the indexer
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -33,7 +32,8 @@ from ..codegen import QuantizedStorage, contiguous_strides
 from ..quant_formats import QuantFormat
 from ..runtime import profiling
 from ..runtime.devices import Device, resolve_device, tuned_as, tuning_facts
-from ._table import format_table
+from . import _table
+from ._table import Table
 
 
 @dataclass(frozen=True)
@@ -150,23 +150,25 @@ def measure(call: Callable[[], object], device: Device, calls: int) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mfa_native bench host", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _table.parser("host", __doc__)
     parser.add_argument("--device", choices=["cpu", "metal"], help="default: the default device")
     parser.add_argument("--calls", type=int, default=300, help="warm calls per case (default 300)")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
-    rng = np.random.default_rng(0)
-    rows = []
-    # The decode case needs room for several threadgroups to split; give every device the same.
-    with tuned_as(device, parallel_threadgroups=max(tuning_facts(device).parallel_threadgroups, 4)):
-        for case in CASES:
-            m = measure(case.make(rng, device), device, args.calls)
-            budget = "-" if case.budget_us is None else f"{case.budget_us:.0f}"
-            rows.append([case.name, case.shape, f"{m['host'] * 1e6:.1f}", budget, f"{m['kernel'] * 1e6:.1f}",
-                         f"{m['dispatches']:g}", f"{m['batches']:g}", str(case.intermediates(device)),
-                         f"{m['staged']:g}"])
-    print(f"device: {device.name}, {args.calls} warm calls per case, medians")
-    print(format_table(["case", "shape", "host us", "budget us", "kernel us", "dispatches", "batches",
-                        "intermediate bytes (device)", "bytes staged host<->device"], rows))
+
+    def rows():
+        rng = np.random.default_rng(0)
+        # The decode case needs room for several threadgroups to split; give every device the same.
+        with tuned_as(device, parallel_threadgroups=max(tuning_facts(device).parallel_threadgroups, 4)):
+            for case in CASES:
+                m = measure(case.make(rng, device), device, args.calls)
+                budget = "-" if case.budget_us is None else f"{case.budget_us:.0f}"
+                yield [case.name, case.shape, f"{m['host'] * 1e6:.1f}", budget, f"{m['kernel'] * 1e6:.1f}",
+                       f"{m['dispatches']:g}", f"{m['batches']:g}", str(case.intermediates(device)),
+                       f"{m['staged']:g}"]
+    headers = ["case", "shape", "host us", "budget us", "kernel us", "dispatches", "batches",
+               "intermediate bytes (device)", "bytes staged host<->device"]
+    widths = [max(len(case.name) for case in CASES), max(len(case.shape) for case in CASES)]
+    _table.show("host", [Table(headers, rows(), len(CASES), f"device: {device.name}, {args.calls} warm calls per "
+                               "case, medians", widths)], quiet=args.quiet)
     return 0

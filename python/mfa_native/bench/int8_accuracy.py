@@ -10,7 +10,6 @@ qk_scale, smooth_k and pv, causal=False.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 
 import numpy as np
@@ -18,7 +17,8 @@ import numpy as np
 from ..ops.int8_attention import int8_attention
 from ..reference import attention_reference
 from ..runtime.devices import resolve_device
-from ._table import format_table
+from . import _table
+from ._table import Table
 
 BIAS_SIGMAS = 10.0          # every channel of K is shifted by this many standard deviations
 OUTLIER_FACTOR = 10.0       # ... and one channel by this factor more
@@ -54,8 +54,7 @@ def metrics(out: np.ndarray, ref: np.ndarray) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mfa_native bench int8_accuracy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _table.parser("int8_accuracy", __doc__)
     parser.add_argument("--length", type=int, default=1024, help="R = C")
     parser.add_argument("--head-dim", type=int, default=128, help="D = Dv")
     parser.add_argument("--heads", type=int, default=2, help="Hq = Hkv")
@@ -63,18 +62,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default=None, help="cpu or metal (default: the default device)")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
-    rng = np.random.default_rng(args.seed)
     shape = (1, args.heads, args.length, args.head_dim)
-    rows = []
-    for name, make in INPUTS.items():
-        q, k, v = make(rng, (shape, shape, shape))
-        ref = attention_reference(q, k, v)
-        for pv, qk_scale, smooth_k in itertools.product(("int8", "float"), ("token", "tile"), (True, False)):
-            out = int8_attention(q, k, v, qk_scale=qk_scale, smooth_k=smooth_k, pv=pv, device=device)
-            m = metrics(out, ref)
-            rows.append([name, pv, qk_scale, "yes" if smooth_k else "no", f"{m['CosSim']:.6f}",
-                         f"{m['relative L1']:.4f}", f"{m['RMSE']:.2e}", f"{m['relative L2']:.4f}"])
-    print(f"int8_attention vs float64 attention, R = C = {args.length}, D = {args.head_dim}, {args.heads} heads, "
-          f"float32 inputs, device {device.name}")
-    print(format_table(["inputs", "pv", "qk_scale", "smooth_k", "CosSim", "rel L1", "RMSE", "rel L2"], rows))
+    variants = list(itertools.product(("int8", "float"), ("token", "tile"), (True, False)))
+
+    def rows():
+        rng = np.random.default_rng(args.seed)
+        for name, make in INPUTS.items():
+            q, k, v = make(rng, (shape, shape, shape))
+            ref = attention_reference(q, k, v)
+            for pv, qk_scale, smooth_k in variants:
+                out = int8_attention(q, k, v, qk_scale=qk_scale, smooth_k=smooth_k, pv=pv, device=device)
+                m = metrics(out, ref)
+                yield [name, pv, qk_scale, "yes" if smooth_k else "no", f"{m['CosSim']:.6f}",
+                       f"{m['relative L1']:.4f}", f"{m['RMSE']:.2e}", f"{m['relative L2']:.4f}"]
+    title = (f"int8_attention vs float64 attention, R = C = {args.length}, D = {args.head_dim}, {args.heads} heads, "
+             f"float32 inputs, device {device.name}")
+    widths = [max(map(len, INPUTS)), len("float"), 0, 0, len("0.999999"), 0, len("1.00e-03")]
+    _table.show("int8_accuracy", [Table(["inputs", "pv", "qk_scale", "smooth_k", "CosSim", "rel L1", "RMSE", "rel L2"],
+                                        rows(), len(INPUTS) * len(variants), title, widths)], quiet=args.quiet)
     return 0

@@ -13,7 +13,6 @@ On the cpu backend the numbers are about bytes and overlap, not speed. Heads 2/1
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -23,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ._table import format_table
+from . import _table
+from ._table import Table
 
 RANK_SCRIPT = Path(__file__).with_name("_ring_rank.py")
 
@@ -67,8 +67,7 @@ def _row(framework: str, workload: str, tokens: int, ranks: int, results: list[d
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mfa_native bench ring", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _table.parser("ring", __doc__)
     parser.add_argument("--framework", choices=("torch", "mlx"), default="torch")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--prefill-tokens", type=int, default=16384)
@@ -76,12 +75,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="1,024-token prefill, 8,192-token decode")
     args = parser.parse_args(argv)
     prefill, decoded = (1024, 8192) if args.quick else (args.prefill_tokens, args.decode_tokens)
+    runs = [(ranks, workload, tokens) for ranks in args.ranks for workload, tokens in (("prefill", prefill),
+                                                                                       ("decode", decoded))]
+    rows = (_row(args.framework, workload, tokens, ranks, _run(args.framework, workload, tokens, ranks))
+            for ranks, workload, tokens in runs)
     headers = ["framework", "workload", "tokens", "ranks", "ring bytes sent", "all-gathered bytes", "call s",
                "ring alone s", "waited s", "hidden", "all-gather s", "work max/mean"]
-    rows = []
-    print(format_table(headers, []), flush=True)
-    for ranks in args.ranks:
-        for workload, tokens in (("prefill", prefill), ("decode", decoded)):
-            rows.append(_row(args.framework, workload, tokens, ranks, _run(args.framework, workload, tokens, ranks)))
-            print(format_table(headers, rows).splitlines()[-1], flush=True)
+    widths = [0, 0, len(str(max(prefill, decoded))), len(str(max(args.ranks))), 0, 0, len("100.000")]
+    _table.show("ring", [Table(headers, rows, len(runs), widths=widths)], quiet=args.quiet)
     return 0

@@ -22,9 +22,8 @@ A section is a function from the parsed options and the device to a titled table
 
 from __future__ import annotations
 
-import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -34,7 +33,8 @@ from ..ops.attention import attention
 from ..ops.varlen import attention_varlen
 from ..runtime.devices import resolve_device
 from ..work import packed_matrix_ops
-from ._table import format_table
+from . import _table
+from ._table import Table
 from ._serving_cache import cache_section
 
 
@@ -91,24 +91,31 @@ def _ratio(numerator, denominator) -> str:
     return "-" if numerator is None else f"{numerator / denominator:.3f}"
 
 
-def decode_section(args, device) -> tuple[str, list[str], list[list[str]]]:
+MS_WIDTH = 8                            # "%.2f" milliseconds up to 99999.99
+KERNELS_WIDTH = len("partial+combine")  # the longest list of kernels a decode call dispatches (split-KV)
+
+
+def decode_section(args, device) -> Table:
     headers = ["shape", "kernels", "K/V bytes read", "K/V bytes attended", "read/attended", "mma issued",
                "packed bound", "issued/bound", "ms"]
-    rows = []
-    for config in decode_configs(QUICK_KEYS if args.quick else KEYS):
-        call, attended = _decode_call(config, device)
-        seconds, prof = _measured(call, args.repeat)
-        counted = all(r.bytes_read is not None for r in prof.records)
-        read = prof.bytes_read.get("k", 0) + prof.bytes_read.get("v", 0) if counted else None
-        ops = prof.simdgroup_matrix_ops if all(r.simdgroup_matrix_ops is not None for r in prof.records) else None
-        bound = packed_matrix_ops(config.batch, config.kv_heads, config.q_heads // config.kv_heads, config.q_len,
-                                  config.kv_len, config.head_dim, config.head_dim, causal=True)
-        kernels = "+".join(r.kernel.removeprefix("attention_") for r in prof.records)
-        rows.append([config.shape, kernels, "-" if read is None else str(read), str(attended),
-                     _ratio(read, attended), "-" if ops is None else str(ops), str(bound), _ratio(ops, bound),
-                     f"{seconds * 1e3:.2f}"])
-        print(f"  {config.shape}: {seconds * 1e3:.2f} ms", flush=True)
-    return "decode, float16 K/V, causal", headers, rows
+    configs = decode_configs(QUICK_KEYS if args.quick else KEYS)
+
+    def rows():
+        for config in configs:
+            call, attended = _decode_call(config, device)
+            seconds, prof = _measured(call, args.repeat)
+            counted = all(r.bytes_read is not None for r in prof.records)
+            read = prof.bytes_read.get("k", 0) + prof.bytes_read.get("v", 0) if counted else None
+            ops = (prof.simdgroup_matrix_ops if all(r.simdgroup_matrix_ops is not None for r in prof.records)
+                   else None)
+            bound = packed_matrix_ops(config.batch, config.kv_heads, config.q_heads // config.kv_heads,
+                                      config.q_len, config.kv_len, config.head_dim, config.head_dim, causal=True)
+            kernels = "+".join(r.kernel.removeprefix("attention_") for r in prof.records)
+            yield [config.shape, kernels, "-" if read is None else str(read), str(attended),
+                   _ratio(read, attended), "-" if ops is None else str(ops), str(bound), _ratio(ops, bound),
+                   f"{seconds * 1e3:.2f}"]
+    widths = [max(len(c.shape) for c in configs), KERNELS_WIDTH, *[0] * 6, MS_WIDTH]
+    return Table(headers, rows(), len(configs), "decode, float16 K/V, causal", widths)
 
 
 PREFILL_LENGTHS = ((1024, 64, 1, 300, 17, 512, 128, 8), (256, 16, 1, 100, 5, 64))   # full, --quick
@@ -131,33 +138,34 @@ def _prefill_calls(lengths, device) -> tuple[Callable[[], object], Callable[[], 
             lambda: attention(*padded, causal=True, layout="bshd", device=device))
 
 
-def varlen_section(args, device) -> tuple[str, list[str], list[list[str]]]:
+def varlen_section(args, device) -> Table:
     lengths = PREFILL_LENGTHS[1 if args.quick else 0]
     headers = ["call", "rows", "mma issued", "vs varlen", "ms"]
-    rows = []
-    varlen, padded = _prefill_calls(lengths, device)
-    issued = {}
-    for name, call, count in (("attention_varlen", varlen, sum(lengths)),
-                              ("padded attention", padded, len(lengths) * max(lengths))):
-        seconds, prof = _measured(call, args.repeat)
-        ops = prof.simdgroup_matrix_ops if all(r.simdgroup_matrix_ops is not None for r in prof.records) else None
-        issued[name] = ops
-        base = issued["attention_varlen"]
-        rows.append([name, str(count), "-" if ops is None else str(ops), _ratio(ops, base) if base else "-",
-                     f"{seconds * 1e3:.2f}"])
+
+    def rows():
+        varlen, padded = _prefill_calls(lengths, device)
+        issued = {}
+        for name, call, count in (("attention_varlen", varlen, sum(lengths)),
+                                  ("padded attention", padded, len(lengths) * max(lengths))):
+            seconds, prof = _measured(call, args.repeat)
+            ops = (prof.simdgroup_matrix_ops if all(r.simdgroup_matrix_ops is not None for r in prof.records)
+                   else None)
+            issued[name] = ops
+            base = issued["attention_varlen"]
+            yield [name, str(count), "-" if ops is None else str(ops), _ratio(ops, base) if base else "-",
+                   f"{seconds * 1e3:.2f}"]
     title = (f"varlen prefill, causal, float16, H{PREFILL_HEADS[0]}/{PREFILL_HEADS[1]} D{PREFILL_HEAD_DIM}, "
              f"lengths {', '.join(map(str, lengths))}")
-    return title, headers, rows
+    return Table(headers, rows(), 2, title, [len("padded attention"), 0, 0, 0, MS_WIDTH])
 
 
-# Each section: (parsed options, device) -> (title, headers, rows).
+# Each section: (parsed options, device) -> its titled table, measured as it is printed.
 SECTIONS: dict[str, Callable] = {"decode": decode_section, "varlen": varlen_section,
                                  "cache": lambda args, device: cache_section(args, device, _measured, _ratio)}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mfa_native bench serving", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _table.parser("serving", __doc__)
     parser.add_argument("--device", choices=["cpu", "metal"], help="default: the default device")
     parser.add_argument("--repeat", type=int, default=1, help="timed calls per configuration (median)")
     parser.add_argument("--quick", action="store_true", help=f"C {QUICK_KEYS[0]} only (the cpu backend's minutes)")
@@ -166,9 +174,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     started = time.perf_counter()
-    for name in args.section or list(SECTIONS):
-        title, headers, rows = SECTIONS[name](args, device)
-        print(f"\n{title} on {device.kind} ({device.name}), median of {args.repeat} warm call(s)")
-        print(format_table(headers, rows))
+    tables = [SECTIONS[name](args, device) for name in args.section or list(SECTIONS)]
+    _table.show("serving", [replace(table, title=f"{table.title} on {device.kind} ({device.name}), median of "
+                                                 f"{args.repeat} warm call(s)") for table in tables],
+                quiet=args.quiet)
     print(f"\n({time.perf_counter() - started:.0f} s in all)")
     return 0

@@ -21,7 +21,7 @@ this table).
 
 from __future__ import annotations
 
-import argparse
+import itertools
 import time
 
 import numpy as np
@@ -34,18 +34,20 @@ from ..ops.sparse import sparse_attention
 from ..runtime.devices import resolve_device
 from ..work import useful_block_sparse_matrix_ops
 from ._indexer import indexer_table
-from ._table import format_table
+from . import _table
+from ._table import Table
 
 DOCUMENTS = 8
 WINDOW = 256
 BLOCK = 128
+MASKS = (f"document mask ({DOCUMENTS} documents)", f"sliding window {WINDOW}")
+LIST_HEADS, LIST_QUERIES, LIST_TOPK = 8, 4, 256     # token lists: query heads sharing a list, queries, keys listed
 
 
 def _masks(keys: int) -> dict[str, np.ndarray]:
     document = np.arange(keys) * DOCUMENTS // keys
     i, j = np.arange(keys)[:, None], np.arange(keys)[None, :]
-    return {f"document mask ({DOCUMENTS} documents)": document[:, None] == document[None, :],
-            f"sliding window {WINDOW}": (j <= i) & (j > i - WINDOW)}
+    return dict(zip(MASKS, (document[:, None] == document[None, :], (j <= i) & (j > i - WINDOW))))
 
 
 def _timed(call):
@@ -64,16 +66,14 @@ def _mib(traffic, *names) -> str:
     return "-" if traffic is None else f"{sum(traffic.get(n, 0) for n in names) / 2**20:.1f}"
 
 
-def _token_lists(rng, device, keys: int, d: int, rows: list) -> None:
+def _token_lists(rng, device, keys: int, d: int):
     """Sparse-indexed attention (8 query heads share each list) against dense attention and
-    against a gather of the listed keys followed by dense attention."""
-    heads, queries, topk = 8, 4, 256
+    against a gather of the listed keys followed by dense attention: a row each."""
+    heads, queries, topk = LIST_HEADS, LIST_QUERIES, LIST_TOPK
     q = rng.standard_normal((1, heads, queries, d)).astype(np.float16)
     k, v = (rng.standard_normal((1, 1, keys, d)).astype(np.float16) for _ in range(2))
     indices = np.sort(rng.choice(keys, (1, 1, queries, topk)), axis=-1).astype(np.int32)
-    name = f"token lists: topk {topk} of {keys}, {heads} heads per list"
-    sparse, *sparse_run = _timed(lambda: sparse_attention(q, k, v, indices, device=device))
-    _, *dense_run = _timed(lambda: attention(q, k, v, device=device))
+    name = _token_lists_name(keys)
 
     def gather_then_dense():
         gathered_k = k[0, 0, indices[0, 0]][:, None]                 # (R, 1, topk, D): one problem per query
@@ -81,18 +81,43 @@ def _token_lists(rng, device, keys: int, d: int, rows: list) -> None:
         out = attention(q[0].transpose(1, 0, 2)[:, :, None], gathered_k, gathered_v, device=device)
         return out[:, :, 0].transpose(1, 0, 2)[None]
 
+    _, *dense_run = _timed(lambda: attention(q, k, v, device=device))
+    yield _row(name, "dense", dense_run)
     gathered, *gather_run = _timed(gather_then_dense)
+    yield _row(name, "gather + dense", gather_run)
+    sparse, *sparse_run = _timed(lambda: sparse_attention(q, k, v, indices, device=device))
     error = float(np.linalg.norm(sparse.astype(np.float64) - gathered) / np.linalg.norm(gathered.astype(np.float64)))
-    for kernel, (seconds, ops, traffic) in (("dense", dense_run), ("gather + dense", gather_run),
-                                            ("sparse-indexed", sparse_run)):
-        rows.append([name, kernel, f"{seconds * 1e3:.1f}", "-" if ops is None else str(ops), "-",
-                     _mib(traffic, "k", "v"), "-"])
-    rows[-1][0] += f" (rel. L2 to gather + dense {error:.1e})"
+    yield _row(f"{name} (rel. L2 to gather + dense {error:.1e})", "sparse-indexed", sparse_run)
+
+
+def _token_lists_name(keys: int) -> str:
+    return f"token lists: topk {LIST_TOPK} of {keys}, {LIST_HEADS} heads per list"
+
+
+def _row(name: str, kernel: str, run, useful: str = "-") -> list[str]:
+    """A kernel's row: its (seconds, issued ops, device bytes read) and the useful ops."""
+    seconds, ops, traffic = run
+    return [name, kernel, f"{seconds * 1e3:.1f}", "-" if ops is None else str(ops), useful, _mib(traffic, "k", "v"),
+            "-" if useful == "-" else _mib(traffic, "mask")]
+
+
+def _mask_rows(rng, device, n: int, d: int):
+    """Per mask: BlockMask.from_mask, dense attention with the mask and block-sparse attention."""
+    q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float16) for _ in range(3))
+    for name, mask in _masks(n).items():
+        block_mask, seconds, _, traffic = _timed(lambda: BlockMask.from_mask(mask, R=n, C=n, block_size=BLOCK,
+                                                                             device=device))
+        yield [name, "BlockMask.from_mask", f"{seconds * 1e3:.1f}", "-", "-", "-", _mib(traffic, "mask")]
+        useful = str(useful_block_sparse_matrix_ops(block_mask, 1, 1, n, n, d, d))
+        dense, *dense_run = _timed(lambda: attention(q, k, v, mask=mask, device=device))
+        yield _row(name, "dense + mask", dense_run, useful)
+        sparse, *sparse_run = _timed(lambda: block_sparse_attention(q, k, v, block_mask, mask=mask, device=device))
+        error = float(np.linalg.norm(sparse.astype(np.float64) - dense) / np.linalg.norm(dense.astype(np.float64)))
+        yield _row(f"{name} (rel. L2 to dense {error:.1e})", "block-sparse", sparse_run, useful)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mfa_native bench sparse", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _table.parser("sparse", __doc__)
     parser.add_argument("--device", choices=["cpu", "metal"], help="default: the default device")
     parser.add_argument("--keys", type=int, default=16384, help="R = C (default 16384)")
     parser.add_argument("--head-dim", type=int, default=16, help="D = Dv (default 16, small for the cpu backend)")
@@ -100,28 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     rng = np.random.default_rng(0)
-    if args.indexer_only:
-        print(indexer_table(rng, device))
-        return 0
-    n, d = args.keys, args.head_dim
-    q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float16) for _ in range(3))
-    rows = []
-    for name, mask in _masks(n).items():
-        block_mask, seconds, _, traffic = _timed(lambda: BlockMask.from_mask(mask, R=n, C=n, block_size=BLOCK,
-                                                                             device=device))
-        rows.append([name, "BlockMask.from_mask", f"{seconds * 1e3:.1f}", "-", "-", "-", _mib(traffic, "mask")])
-        useful = useful_block_sparse_matrix_ops(block_mask, 1, 1, n, n, d, d)
-        dense, *dense_run = _timed(lambda: attention(q, k, v, mask=mask, device=device))
-        sparse, *sparse_run = _timed(lambda: block_sparse_attention(q, k, v, block_mask, mask=mask, device=device))
-        error = float(np.linalg.norm(sparse.astype(np.float64) - dense) / np.linalg.norm(dense.astype(np.float64)))
-        for kernel, (seconds, ops, traffic) in (("dense + mask", dense_run), ("block-sparse", sparse_run)):
-            rows.append([name, kernel, f"{seconds * 1e3:.1f}", "-" if ops is None else str(ops), str(useful),
-                         _mib(traffic, "k", "v"), _mib(traffic, "mask")])
-        rows[-1][0] += f" (rel. L2 to dense {error:.1e})"
-    _token_lists(rng, device, n, d, rows)
-    print(f"R = C = {n}, D = {d}, float16, blocks {BLOCK}x{BLOCK}, on {device.kind} ({device.name})")
-    print(format_table(["mask", "kernel", "ms", "mma issued", "mma useful (listed blocks)", "k+v read MiB",
-                        "mask read MiB"], rows))
-    print()
-    print(indexer_table(rng, device))
+    tables = []
+    if not args.indexer_only:
+        n, d = args.keys, args.head_dim
+        rows = itertools.chain(_mask_rows(rng, device, n, d), _token_lists(rng, device, n, d))
+        names = [f"{name} (rel. L2 to dense 0.0e+00)" for name in MASKS]   # as wide as any error
+        names.append(f"{_token_lists_name(n)} (rel. L2 to gather + dense 0.0e+00)")
+        tables.append(Table(["mask", "kernel", "ms", "mma issued", "mma useful (listed blocks)", "k+v read MiB",
+                             "mask read MiB"], rows, 3 * len(names),
+                            f"R = C = {n}, D = {d}, float16, blocks {BLOCK}x{BLOCK}, on {device.kind} ({device.name})",
+                            [max(map(len, names)), len("BlockMask.from_mask"), 7]))
+    tables.append(indexer_table(rng, device))
+    _table.show("sparse", tables, quiet=args.quiet)
     return 0
