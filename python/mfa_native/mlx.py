@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import textwrap
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
@@ -50,9 +51,10 @@ __all__ = ["attention", "attention_varlen", "attention_with_kvcache", "block_spa
            "patch", "quantized_scaled_dot_product_attention", "ring_attention", "scaled_dot_product_attention",
            "sharded_decode", "sparse_attention"]
 
-def mlx_function(op: Op):
+def mlx_function(op: Op, example: str = ""):
     """`op` on MLX arrays as an mx.custom_function (see `mlx_call`), with the op's arguments
-    less `device`."""
+    less `device`; its docstring is the op's (Op.adapter_docstring) with what differs for MLX,
+    and `example`."""
     signature = inspect.Signature([p for p in op.parameters() if p.name != "device"])
 
     def function(*args, **kwargs):
@@ -62,10 +64,38 @@ def mlx_function(op: Op):
 
     function.__name__ = function.__qualname__ = op.name
     function.__signature__ = signature
-    function.__doc__ = (f"`mfa_native.{op.name}` on MLX arrays, differentiable (mx.grad, mx.vjp) through its "
-                        "declared backward; outputs the backward takes no cotangent of come back through "
-                        f"mx.stop_gradient. Arguments and results are `mfa_native.{op.name}`'s, without `device`.")
+    function.__doc__ = op.adapter_docstring(
+        summary=f"`mfa_native.{op.name}` on MLX arrays, {'differentiable' if op.backward else 'without a backward'}.",
+        notes=_mlx_notes(op), raises=_mlx_raises(op), example=example)
     return function
+
+
+def _mlx_notes(op: Op) -> str:
+    if op.backward is None:
+        autograd = (f"A gradient asked through it (mx.grad, mx.vjp) raises NotImplementedError ({op.no_backward}), "
+                    "never a silent zero.")
+    else:
+        grads = [a.name for a in op.arguments if a.name in op.gradients]
+        autograd = (f"Differentiable with mx.grad and mx.vjp: {', '.join(grads[:-1])} and {grads[-1]} get their "
+                    f"gradients from `mfa_native.{op.backward}`"
+                    + (", an additive (float) mask its own (computed with MLX ops, only when asked)"
+                       if op.name in _KEY_RULES else "")
+                    + "; outputs the backward takes no cotangent of (lse) come back through mx.stop_gradient.")
+    return textwrap.fill(
+        f"The same op as `mfa_native.{op.name}`, with its arguments (less device) and results, as an "
+        f"mx.custom_function. {autograd} It runs eagerly: its arguments are evaluated (mx.eval) and read in "
+        "place; the kernels run on mfa_native's default device (Metal on a Mac, the cpu backend elsewhere) and "
+        "have finished when the call returns, writing into arrays MLX allocated. The argument descriptions "
+        "below are the op's.", 92)
+
+
+def _mlx_raises(op: Op) -> str:
+    lines = ["RuntimeError: called inside mx.compile or mx.vmap (MLX cannot evaluate arrays while tracing)."]
+    if op.backward is None:
+        lines.append(f"NotImplementedError: a gradient asked through it ({op.no_backward}).")
+    if any(a.quantized for a in op.arguments):
+        lines.append("NotImplementedError: a gradient asked of a QuantizedTensor's fields (a constant of the call).")
+    return "\n".join(lines)
 
 
 def mlx_call(op: Op, values: dict):
@@ -221,11 +251,81 @@ def _mask_gradient(op: Op, known: dict) -> mx.array:
     return ds.sum(axis=axes, keepdims=True) if axes else ds
 
 
-attention = mlx_function(ATTENTION)
-sparse_attention = mlx_function(SPARSE_ATTENTION)
-block_sparse_attention = mlx_function(BLOCK_SPARSE_ATTENTION)
-int8_attention = mlx_function(INT8_ATTENTION)
-attention_varlen = mlx_function(ATTENTION_VARLEN)
+attention = mlx_function(ATTENTION, example="""
+    import mlx.core as mx
+    import mfa_native.mlx
+
+    mx.random.seed(0)
+    q, k, v = (mx.random.normal((1, 2, 16, 32)) for _ in range(3))   # (B, H, R or C, D)
+
+    def ours(q):
+        return mfa_native.mlx.attention(q, k, v, causal=True)
+
+    def theirs(q):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5, mask="causal")
+
+    assert mx.allclose(ours(q), theirs(q), atol=1e-5).item()
+    dq = mx.grad(lambda q: ours(q).sum())(q)   # through mfa_native.attention_backward
+    assert mx.allclose(dq, mx.grad(lambda q: theirs(q).sum())(q), atol=1e-4).item()
+    """)
+sparse_attention = mlx_function(SPARSE_ATTENTION, example="""
+    import mlx.core as mx
+    import numpy as np
+    import mfa_native.mlx
+    from mfa_native.reference import sparse_attention_reference
+
+    mx.random.seed(0)
+    q, k, v = (mx.random.normal((1, 2, 16, 32)) for _ in range(3))
+    indices = mx.random.randint(0, 16, (1, 1, 16, 4)).astype(mx.int32)   # 4 keys per query row
+    o = mfa_native.mlx.sparse_attention(q, k, v, indices)
+    expected = sparse_attention_reference(*(np.array(x) for x in (q, k, v, indices)))
+    assert np.allclose(np.array(o), expected, atol=1e-4)
+    dq = mx.grad(lambda q: mfa_native.mlx.sparse_attention(q, k, v, indices).sum())(q)
+    print(dq.shape)   # (1, 2, 16, 32)
+    """)
+block_sparse_attention = mlx_function(BLOCK_SPARSE_ATTENTION, example="""
+    import mlx.core as mx
+    import numpy as np
+    import mfa_native
+    import mfa_native.mlx
+
+    mx.random.seed(0)
+    q, k, v = (mx.random.normal((1, 2, 16, 32)) for _ in range(3))
+    # Blocks of 8: query block 0 visits key block 0, query block 1 key blocks 0 and 1.
+    block_mask = mfa_native.BlockMask(np.array([[[1, 2]]], dtype=np.int32),
+                                      np.array([[[[0, 0], [0, 1]]]], dtype=np.int32), block_size=8)
+    o = mfa_native.mlx.block_sparse_attention(q, k, v, block_mask, causal=True)
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5, mask="causal")
+    assert mx.allclose(o, expected, atol=1e-5).item()   # these blocks with causal: causal attention
+    """)
+int8_attention = mlx_function(INT8_ATTENTION, example="""
+    import mlx.core as mx
+    import mfa_native.mlx
+
+    mx.random.seed(0)
+    q, k, v = (mx.random.normal((1, 2, 16, 32)) for _ in range(3))
+    o = mfa_native.mlx.int8_attention(q, k, v, causal=True)
+    exact = mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5, mask="causal")
+    print((mx.linalg.norm(o - exact) / mx.linalg.norm(exact)).item())   # about 0.01: int8 products
+    try:
+        mx.grad(lambda q: mfa_native.mlx.int8_attention(q, k, v).sum())(q)
+    except NotImplementedError as error:
+        print(error)   # int8_attention has no backward: ...
+    """)
+attention_varlen = mlx_function(ATTENTION_VARLEN, example="""
+    import mlx.core as mx
+    import numpy as np
+    import mfa_native.mlx
+    from mfa_native.reference import attention_varlen_reference
+
+    mx.random.seed(0)
+    cu_seqlens = mx.array([0, 5, 16], dtype=mx.int32)   # two sequences: rows 0..4 and 5..15
+    q, k, v = (mx.random.normal((16, 2, 32)) for _ in range(3))   # (total, H, D)
+    o = mfa_native.mlx.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, causal=True)
+    expected = attention_varlen_reference(*(np.array(x) for x in (q, k, v, cu_seqlens, cu_seqlens)), causal=True)
+    assert np.allclose(np.array(o), expected, atol=1e-4)
+    dq = mx.grad(lambda q: mfa_native.mlx.attention_varlen(q, k, v, cu_seqlens, cu_seqlens).sum())(q)
+    """)
 
 
 def _host(x, name: str):
@@ -248,12 +348,62 @@ def _write_rows(cache, at: tuple[mx.array, mx.array], new: mx.array) -> None:
 
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v=None, block_table=None, scale=None,
                            causal=False, window=None, sinks=None, return_lse=False):
-    """`mfa_native.attention_with_kvcache` on MLX arrays (inference only: a gradient asked through
-    it raises). MLX arrays are read-only to the pass, so the append is MLX's own in-place
-    update: after every check, k and v are written into the caller's k_cache and v_cache
-    objects (`cache[index] = rows`; a QuantizedTensor cache's fields get `quantize(k)`'s
-    integers and scales, as the device append writes them), then the call attends
-    cache_seqlens + Rn keys without an append. cache_seqlens is not modified."""
+    """`mfa_native.attention_with_kvcache` on MLX arrays, appending with MLX's own in-place update.
+
+    MLX arrays are read-only to the pass, so the append is MLX's indexed assignment: after
+    every check, k and v are written into the caller's k_cache and v_cache objects
+    (`cache[index] = rows`; a QuantizedTensor cache's fields get `quantize(k)`'s integers and
+    scales, as the device append writes them), then the call attends cache_seqlens + Rn keys
+    without an append. cache_seqlens is not modified. Inference only: a gradient asked
+    through it raises NotImplementedError. Runs eagerly (not inside mx.compile or mx.vmap).
+
+    Args:
+        q: (B, R, Hq, D) MLX array, float32, float16 or bfloat16.
+        k_cache: (B, Cmax, Hkv, D), or with block_table the pages (num_blocks, page_size,
+            Hkv, D), q's dtype; or a QuantizedTensor of MLX arrays. Updated in place by the
+            append.
+        v_cache: like k_cache, Dv wide.
+        cache_seqlens: int32 (B,): each sequence's cache length before this call. None: the
+            whole cache (Cmax, or max_blocks * page_size); required with k and v.
+        k: (B, Rn, Hkv, D), optional: written into k_cache at positions cache_seqlens[b] ..
+            cache_seqlens[b] + Rn - 1, then attended.
+        v: (B, Rn, Hkv, Dv), given with k.
+        block_table: int32 (B, max_blocks), optional: a paged cache's pages per sequence.
+        scale: the logit scale; None: 1 / sqrt(D).
+        causal: True aligns the last query with the last attended key.
+        window: (left, right) as in `mfa_native.attention`.
+        sinks: (Hq,) one more logit per head in the softmax denominator.
+        return_lse: also return the lse.
+
+    Returns:
+        The output (B, R, Hq, Dv), q's dtype; with return_lse=True the tuple (output, lse),
+            lse (B, Hq, R) float32.
+
+    Raises:
+        ValueError: what `mfa_native.attention_with_kvcache` refuses (shapes, cache_seqlens
+            missing with k and v or beyond the capacity, block_table entries), before
+            anything is written.
+        TypeError: dtypes that differ; arguments of the wrong type.
+        NotImplementedError: a gradient asked through it.
+        RuntimeError: called inside mx.compile or mx.vmap.
+
+    Example:
+        ```python
+        import mlx.core as mx
+        import mfa_native.mlx
+
+        mx.random.seed(0)
+        k_cache = mx.concatenate([mx.random.normal((1, 15, 2, 32)), mx.zeros((1, 17, 2, 32))], axis=1)
+        v_cache = mx.concatenate([mx.random.normal((1, 15, 2, 32)), mx.zeros((1, 17, 2, 32))], axis=1)
+        q, k, v = (mx.random.normal((1, 1, 2, 32)) for _ in range(3))   # one new token: (B, 1, H, D)
+        out = mfa_native.mlx.attention_with_kvcache(q, k_cache, v_cache, k=k, v=v,
+                                                    cache_seqlens=mx.array([15], dtype=mx.int32))
+        assert mx.array_equal(k_cache[:, 15], k[:, 0]).item()   # k_cache itself was updated
+        expected = mx.fast.scaled_dot_product_attention(*(x.transpose(0, 2, 1, 3) for x in
+                                                          (q, k_cache[:, :16], v_cache[:, :16])), scale=32 ** -0.5)
+        assert mx.allclose(out, expected.transpose(0, 2, 1, 3), atol=1e-5).item()
+        ```
+    """
     values = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, k=None, v=None,
                   block_table=block_table, scale=scale, causal=causal, window=window, sinks=sinks,
                   return_lse=return_lse, device=None)
@@ -281,14 +431,41 @@ def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *, scale
                                  mask: str | mx.array | None = None, sinks: mx.array | None = None) -> mx.array:
     """mx.fast.scaled_dot_product_attention, computed by mfa_native, differentiable.
 
-    q (B, Hq, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), Hq a multiple of Hkv;
-    mask "causal" (lower right: the last query sees every key), a boolean array
-    (True = attend) or an additive array, broadcastable to (B, Hq, L, S); sinks (Hq,).
+    One difference from MLX: a row with no allowed key (every key masked out, no sink) gives
+    0 here, where MLX gives the mean of v over the masked keys. Additive values <= -1e30
+    remove a key here, so a row masked only with such finite values also gives 0
+    (`patch` falls back to MLX for such masks).
 
-    One difference from MLX: a row with no allowed key (every key masked out, no
-    sink) gives 0 here, where MLX gives the mean of v over the masked keys.
-    Additive values <= -1e30 remove a key here, so a row masked only with such
-    finite values also gives 0.
+    Args:
+        q: (B, Hq, L, D) MLX array, float32, float16 or bfloat16.
+        k: (B, Hkv, S, D), q's dtype; Hq a multiple of Hkv.
+        v: (B, Hkv, S, Dv).
+        scale: the logit scale (required, as MLX's).
+        mask: "causal" (lower right: the last query sees every key), a boolean array (True =
+            attend) or an additive array, broadcastable to (B, Hq, L, S); or None.
+        sinks: (Hq,) one more logit per head in the softmax denominator, or None.
+
+    Returns:
+        The output (B, Hq, L, Dv), q's dtype.
+
+    Raises:
+        ValueError: a mask string other than "causal"; what `mfa_native.attention` refuses
+            (shapes, head dims beyond 576).
+        TypeError: dtypes that differ or that mfa_native has no kernels for.
+        RuntimeError: called inside mx.compile or mx.vmap.
+
+    Example:
+        ```python
+        import mlx.core as mx
+        from mfa_native.mlx import scaled_dot_product_attention
+
+        mx.random.seed(0)
+        q = mx.random.normal((1, 4, 16, 32))   # 4 query heads over
+        k, v = mx.random.normal((1, 2, 16, 32)), mx.random.normal((1, 2, 16, 32))   # 2 kv heads
+        out = scaled_dot_product_attention(q, k, v, scale=32 ** -0.5, mask="causal")
+        expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5, mask="causal")
+        assert mx.allclose(out, expected, atol=1e-5).item()
+        ```
     """
     return attention(q, k, v, scale=scale, sinks=sinks, **_mask_options(mask))
 
@@ -300,12 +477,46 @@ def quantized_scaled_dot_product_attention(queries: mx.array, q_keys: Sequence[m
     """mlx-lm's `quantized_scaled_dot_product_attention`, with K and V read quantized inside
     the kernel (mlx-lm dequantizes them and builds the whole score matrix).
 
-    q_keys and q_values are what mlx-lm's QuantizedKVCache holds: (wq, scales, biases) as
-    `mx.quantize(x, group_size, bits)` returns them, (B, Hkv, S, ...) along the head
-    dimension; queries (B, Hq, L, D). mask, scale and sinks as in
-    `scaled_dot_product_attention`. Differentiable in queries (and sinks, an additive
-    mask): the quantized cache is a constant, whose gradient (mx.grad with respect to its
-    arrays) raises NotImplementedError.
+    Differentiable in queries (and sinks, an additive mask): the quantized cache is a
+    constant, whose gradient (mx.grad with respect to its arrays) raises NotImplementedError.
+
+    Args:
+        queries: (B, Hq, L, D) MLX array, float32, float16 or bfloat16.
+        q_keys: what mlx-lm's QuantizedKVCache holds for the keys: (wq, scales, biases) as
+            `mx.quantize(keys, group_size, bits)` returns them, (B, Hkv, S, ...) along D.
+        q_values: the same for the values.
+        scale: the logit scale (required).
+        mask: as in `scaled_dot_product_attention`: "causal", a boolean or additive array, or
+            None.
+        group_size: the cache's group size: 32, 64 or 128.
+        bits: the cache's bits per value: 2, 3, 4, 5, 6 or 8.
+        sinks: (Hq,) one more logit per head in the softmax denominator, or None.
+
+    Returns:
+        The output (B, Hq, L, Dv), queries' dtype.
+
+    Raises:
+        ValueError: bits that do not fit q_keys' words for queries' D; what
+            `mfa_native.attention` refuses for these arguments (group_size, shapes).
+        TypeError: fields of the wrong dtypes.
+        NotImplementedError: a gradient asked of the cache's arrays.
+        RuntimeError: called inside mx.compile or mx.vmap.
+
+    Example:
+        ```python
+        import mlx.core as mx
+        from mfa_native.mlx import quantized_scaled_dot_product_attention
+
+        mx.random.seed(0)
+        queries, keys, values = (mx.random.normal((1, 2, 16, 32)) for _ in range(3))
+        q_keys = mx.quantize(keys, group_size=32, bits=8)       # (wq, scales, biases), as mlx-lm caches them
+        q_values = mx.quantize(values, group_size=32, bits=8)
+        out = quantized_scaled_dot_product_attention(queries, q_keys, q_values, scale=32 ** -0.5, mask="causal",
+                                                     group_size=32, bits=8)
+        keys, values = (mx.dequantize(*x, group_size=32, bits=8) for x in (q_keys, q_values))
+        expected = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=32 ** -0.5, mask="causal")
+        assert mx.allclose(out, expected, atol=1e-4).item()
+        ```
     """
     words = q_keys[0].shape[-1]   # uint32 words per row: D * bits / 32
     if words * 32 != queries.shape[-1] * bits:
@@ -407,14 +618,35 @@ def patch() -> Iterator[None]:
     and mlx-lm's quantized_scaled_dot_product_attention (the quantized KV cache's attention,
     `kv_bits` in mlx-lm's generate) run through mfa_native, and through their originals for
     what mfa_native refuses or would compute differently (a mask row with no key, MLX's
-    stream or force_fused arguments, shapes or dtypes it does not take); errors are then the
-    originals'. Restored on exit, also on an exception; blocks may nest.
+    stream or force_fused arguments, shapes or dtypes it does not take: `Unsupported`).
+    Restored on exit, also on an exception; blocks may nest.
 
     It replaces module attributes, so code that looks them up when calling (mlx-lm's models:
     `mx.fast.scaled_dot_product_attention(...)`, and `base.scaled_dot_product_attention`
     calling `quantized_scaled_dot_product_attention`) uses it; import mlx_lm before entering
     the block for its function to be routed. Not under mx.compile (see the module
     docstring). Not thread-safe: the attributes are process-wide.
+
+    Returns:
+        A context manager (its value is None), also usable as a decorator.
+
+    Raises:
+        ValueError: inside the block, for arguments neither mfa_native nor the original
+            takes: the original's own error (likewise its TypeError or other errors; a
+            call mfa_native refuses runs through the original).
+
+    Example:
+        ```python
+        import mlx.core as mx
+        import mfa_native.mlx
+
+        mx.random.seed(0)
+        q, k, v = (mx.random.normal((1, 2, 16, 32)) for _ in range(3))
+        expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5, mask="causal")
+        with mfa_native.mlx.patch():   # code calling mx.fast.scaled_dot_product_attention runs mfa_native
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5, mask="causal")
+        assert mx.allclose(out, expected, atol=1e-5).item()
+        ```
     """
     targets = _patch_targets()
     originals = [(namespace, name, getattr(namespace, name)) for namespace, name, _ in targets]

@@ -228,9 +228,9 @@ class Op:
         mfa_native.mlx), which takes the op's arguments less `device` and returns its results:
         `summary` and `notes` say what differs (autograd, arrays, devices), Args and Returns are
         the op's own (one source), Raises the op's then the adapter's, and `example` its own."""
-        return document(summary, [(a.name, a.doc) for a in self.arguments],
-                        inspect.cleandoc(notes) + ("\n\n" + inspect.cleandoc(self.details) if self.details else ""),
-                        self.returns, inspect.cleandoc(self.raises) + "\n" + inspect.cleandoc(raises), example)
+        return document(summary, [(a.name, a.doc) for a in self.arguments], self.details, self.returns,
+                        inspect.cleandoc(self.raises) + "\n" + inspect.cleandoc(raises), example,
+                        intro=notes)
 
     def _function(self) -> Callable:
         """The public function, written out (so a warm call costs what a hand-written one does):
@@ -279,16 +279,16 @@ class Op:
 
 
 def document(summary: str, arguments: list[tuple[str, str]], details: str = "", returns: str = "",
-             raises: str = "", example: str = "") -> str:
+             raises: str = "", example: str = "", *, intro: str = "") -> str:
     """A Google-style docstring (mkdocstrings renders it as Markdown; griffe parses it): the
-    summary, Args (name, text) with continuation lines indented, the details (free text),
-    Returns as one item, Raises as "SomeError: when" items (theirs continued by an indented
-    line), and Example, a fenced python block."""
+    summary, the intro (free text), Args (name, text) with continuation lines indented, the
+    details (free text), Returns as one item, Raises as "SomeError: when" items (theirs
+    continued by an indented line), and Example, a fenced python block."""
     def indented(text: str, first: str, rest: str) -> list[str]:
         lines = inspect.cleandoc(text).splitlines()
         return [first + lines[0].strip()] + [rest + line if line.strip() else "" for line in lines[1:]]
 
-    parts = [summary.strip()]
+    parts = [summary.strip()] + ([inspect.cleandoc(intro)] if intro else [])
     if arguments:
         lines = ["Args:"]
         for name, text in arguments:
@@ -299,8 +299,8 @@ def document(summary: str, arguments: list[tuple[str, str]], details: str = "", 
     if returns:
         parts.append("\n".join(["Returns:"] + indented(returns, " " * 4, " " * 8)))
     if raises:
-        parts.append("\n".join(["Raises:"] + [" " * 4 + line if line.strip() else ""
-                                               for line in inspect.cleandoc(raises).splitlines()]))
+        parts.append("\n".join(["Raises:"] + [" " * 4 + line for line in inspect.cleandoc(raises).splitlines()
+                                               if line.strip()]))
     if example:
         code = inspect.cleandoc(example).splitlines()
         parts.append("\n".join(["Example:", "    ```python"] + [" " * 4 + line if line.strip() else ""

@@ -23,17 +23,59 @@ _block_sparse_attention = torch_function(BLOCK_SPARSE_ATTENTION)
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
                    return_lse=False, kernel_options=None, *, return_aux=None):
-    """torch.nn.attention.flex_attention.flex_attention, its arguments in its positions: torch
-    tensors in and out, differentiable in q, k and v. `kernel_options` (Triton's tile and
-    pipeline choices) change no result and are ignored.
+    """torch.nn.attention.flex_attention.flex_attention, computed by mfa_native's block-sparse kernels.
+
+    Its arguments in its positions, torch tensors in and out, differentiable in query, key and
+    value (through `mfa_native.block_sparse_attention_backward`). The block mask is converted
+    once per mask object (`mfa_native.BlockMask.from_torch`: its lists, and its mask_mod
+    evaluated into bits of the partial blocks).
+
+    Args:
+        query: (B, Hq, R, D) torch tensor, float32, float16 or bfloat16 (CPU or MPS).
+        key: (B, Hkv, C, D), query's dtype.
+        value: (B, Hkv, C, Dv).
+        score_mod: None only: score modifications are not computed yet (NotImplementedError).
+        block_mask: FlexAttention's BlockMask (create_block_mask, BlockMask.from_kv_blocks),
+            a mfa_native.BlockMask, or None for every key.
+        scale: the logit scale; None: 1 / sqrt(D).
+        enable_gqa: allow Hq to be a multiple of Hkv (required when they differ).
+        return_lse: also return the lse.
+        kernel_options: Triton's tile and pipeline choices: they change no result and are
+            ignored.
+        return_aux: None only (NotImplementedError otherwise): pass return_lse=True for the lse.
 
     Returns:
-        The output (B, Hq, R, Dv) in q's dtype, and with return_lse the (B, Hq, R) float32 lse.
+        The output (B, Hq, R, Dv) in query's dtype; with return_lse=True the tuple (output,
+            lse), lse (B, Hq, R) float32, the natural-log logsumexp of the scaled scores (0
+            output and -inf lse for a row with no allowed key).
 
     Raises:
-        NotImplementedError for a score_mod or return_aux (not computed yet); ValueError for
-        head counts that differ without enable_gqa, a mask made for other lengths
-        (block_mask.shape); TypeError for a block_mask of another kind.
+        NotImplementedError: a score_mod or return_aux (not computed yet).
+        ValueError: head counts that differ without enable_gqa; a block mask made for other
+            lengths (its seq_lengths); any argument `mfa_native.block_sparse_attention`
+            refuses with a ValueError.
+        TypeError: a block_mask of another kind; any argument
+            `mfa_native.block_sparse_attention` refuses with a TypeError.
+
+    Example:
+        ```python
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention.flex_attention import create_block_mask
+        from mfa_native.torch import flex_attention
+
+        def causal(b, h, q_idx, kv_idx):
+            return q_idx >= kv_idx
+
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 16, 32, requires_grad=True) for _ in range(3))
+        block_mask = create_block_mask(causal, B=None, H=None, Q_LEN=16, KV_LEN=16, device="cpu")
+        out = flex_attention(q, k, v, block_mask=block_mask)
+        (dq,) = torch.autograd.grad(out.sum(), q)
+        expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (expected_dq,) = torch.autograd.grad(expected.sum(), q)
+        assert torch.allclose(out, expected, atol=1e-5) and torch.allclose(dq, expected_dq, atol=1e-4)
+        ```
     """
     if score_mod is not None:
         raise NotImplementedError("score_mod is not computed by mfa_native yet: call flex_attention without it "

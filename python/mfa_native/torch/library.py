@@ -24,6 +24,7 @@ asked of one of their fields raises NotImplementedError).
 from __future__ import annotations
 
 import inspect
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -151,11 +152,12 @@ def taken_apart(op: Op, values: dict) -> dict:
     return values
 
 
-def torch_function(op: Op):
+def torch_function(op: Op, example: str = ""):
     """`op` for torch tensors through its custom op: autograd and torch.compile, torch allocates
     the outputs; the same arguments (less `device`: CPU tensors run on the default device,
     MPS tensors on the metal device) and results as the op. The custom op is registered now,
-    not at the first call, which torch.compile may be tracing."""
+    not at the first call, which torch.compile may be tracing. Its docstring is the op's
+    (Op.adapter_docstring) with what differs for torch, and `example`."""
     custom_op(op)
     signature = inspect.Signature([p for p in op.parameters() if p.name != "device"])
 
@@ -165,12 +167,45 @@ def torch_function(op: Op):
         return torch_call(op, op.resolved(dict(bound.arguments)))
 
     function.__name__ = function.__qualname__ = op.name
+    function.__module__ = "mfa_native.torch"   # where it is public (documentation tools resolve it there)
     function.__signature__ = signature
-    function.__doc__ = (f"`mfa_native.{op.name}` on torch tensors, through `torch.ops.mfa_native.{op.name}`: "
-                        "autograd gives the differentiable arguments their gradients, torch.compile traces it "
-                        "(fullgraph), and torch allocates the outputs.\n\nArguments and results are "
-                        f"`mfa_native.{op.name}`'s, without `device`.")
+    function.__doc__ = op.adapter_docstring(summary=f"`mfa_native.{op.name}` for torch tensors, {_autograd(op)[0]}.",
+                                            notes=_torch_notes(op), raises=_torch_raises(op), example=example)
     return function
+
+
+def _autograd(op: Op) -> tuple[str, str]:
+    """(in the summary, in the notes) what autograd does with the op."""
+    if op.backward is None:
+        return ("without a backward", f"A gradient asked through it raises NotImplementedError ({op.no_backward}); "
+                                      "its outputs are still tied to the inputs that require grad, so the error "
+                                      "is never a silent zero.")
+    grads = [a.name for a in op.arguments if a.name in op.gradients]
+    return ("differentiable", f"Autograd gives {', '.join(grads[:-1])} and {grads[-1]} their gradients, computed by "
+                              f"`mfa_native.{op.backward}`.")
+
+
+_QUANTIZED = (" (a call whose k or v is a QuantizedTensor runs outside it: the tensor is a constant, its fields get "
+              "no gradient, and torch.compile breaks the graph there)")
+
+
+def _torch_notes(op: Op) -> str:
+    return textwrap.fill(f"The same op as `mfa_native.{op.name}`, with its arguments (less device) and results, run through "
+            f"the custom op torch.ops.mfa_native.{op.name}: torch allocates the outputs (on q's device), and "
+            f"torch.compile traces it without a graph break{_QUANTIZED if any(a.quantized for a in op.arguments) else ''}. "
+            f"{_autograd(op)[1]} CPU tensors run on the default "
+            "device (the cpu backend, or Metal on a Mac), MPS tensors on the metal device; the array arguments "
+            "besides the leading ones may also be numpy arrays. The argument descriptions below are the op's.", 92)
+
+
+def _torch_raises(op: Op) -> str:
+    lines = ["TypeError: an array argument that is neither a torch tensor nor a numpy array (nor None where "
+             "optional)."]
+    if op.backward is None:
+        lines.append(f"NotImplementedError: backward through the result ({op.no_backward}).")
+    elif any(a.name == "mask" for a in op.arguments):
+        lines.append("NotImplementedError: backward asks a gradient of mask, which gets none (pass mask.detach()).")
+    return "\n".join(lines)
 
 
 def torch_call(op: Op, values: dict):

@@ -33,15 +33,52 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     """torch.nn.functional.scaled_dot_product_attention, computed by mfa_native (differentiable:
     query, key and value get gradients).
 
-    Same arguments, shapes, broadcasting and results as torch's, with these limits:
-    dropout_p must be 0 (NotImplementedError otherwise); dtypes float32, float16 and
-    bfloat16 (float64 is a TypeError); head dims 1..576 (ValueError). Empty inputs give
+    Same arguments, shapes, broadcasting and results as torch's, with these limits: dropout_p
+    must be 0; dtypes float32, float16 and bfloat16; head dims 1..576. Empty inputs give
     torch's result: an empty output, or with no keys an output of zeros (and zero
-    gradients). An attn_mask that requires grad is a NotImplementedError (it would get no gradient).
-    A row whose keys are all masked gives 0, as torch does, except that additive mask
-    values <= -1e30 count as removed: a row whose every key is masked with such finite
-    values gives 0 here where torch averages those keys' values (sdpa_override falls
-    back to torch for such masks).
+    gradients). A row whose keys are all masked gives 0, as torch does, except that additive
+    mask values <= -1e30 count as removed: a row whose every key is masked with such finite
+    values gives 0 here where torch averages those keys' values (`sdpa_override` falls back
+    to torch for such masks).
+
+    Args:
+        query: (..., L, E) torch tensor, CPU or MPS; the leading axes broadcast as batch.
+        key: (..., S, E), query's dtype.
+        value: (..., S, Ev).
+        attn_mask: None, a boolean mask (True = attend) or a float mask added to the logits
+            (float32 or query's dtype), broadcastable to (..., L, S); it gets no gradient.
+        dropout_p: 0.0 only.
+        is_causal: upper-left causal (query i sees keys j <= i), torch's; not with attn_mask.
+        scale: the logit scale; None: 1 / sqrt(E).
+        enable_gqa: query's head axis (dim -3) may be a multiple of key's and value's; each kv
+            head serves Hq / Hkv query heads.
+
+    Returns:
+        The output (..., L, Ev), query's dtype and device.
+
+    Raises:
+        NotImplementedError: dropout_p other than 0, or an attn_mask that requires grad.
+        TypeError: float64 (or another dtype mfa_native has no kernels for).
+        ValueError: a head dim beyond 576.
+        RuntimeError: what torch's own SDPA raises for these arguments (dtypes or ranks it
+            refuses, shapes that do not agree, attn_mask with is_causal), with its message.
+
+    Example:
+        ```python
+        import torch
+        import torch.nn.functional as F
+        from mfa_native.torch import scaled_dot_product_attention
+
+        torch.manual_seed(0)
+        q = torch.randn(1, 4, 16, 32, requires_grad=True)   # 4 query heads
+        k, v = torch.randn(1, 2, 16, 32), torch.randn(1, 2, 16, 32)   # 2 kv heads
+        mask = torch.rand(16, 16) > 0.2   # True = attend, broadcast over batch and heads
+        mask[:, 0] = True                 # every row keeps a key
+        out = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        out.sum().backward()
+        assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+                              atol=1e-5)
+        ```
     """
     if dropout_p != 0.0:
         raise NotImplementedError(f"mfa_native has no attention dropout: dropout_p must be 0.0, got {dropout_p}")
@@ -135,7 +172,29 @@ def sdpa_override() -> Iterator[None]:
     It replaces the attribute `torch.nn.functional.scaled_dot_product_attention`, so code
     that looks it up when calling (Transformers, Diffusers: `F.scaled_dot_product_attention(...)`)
     uses it; a reference taken before the block (`from torch.nn.functional import ...`) does
-    not. Not thread-safe: the attribute is process-wide. Blocks may nest.
+    not. Not thread-safe: the attribute is process-wide. Blocks may nest; the original is
+    restored on exit, also on an exception.
+
+    Returns:
+        A context manager (its value is None).
+
+    Raises:
+        RuntimeError: inside the block, what torch's SDPA raises for arguments it refuses (its
+            own error: mfa_native never makes a call fail that torch would compute).
+
+    Example:
+        ```python
+        import torch
+        import torch.nn.functional as F
+        from mfa_native.torch import sdpa_override
+
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 16, 32) for _ in range(3))
+        expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with sdpa_override():   # code calling F.scaled_dot_product_attention now runs mfa_native
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert torch.allclose(out, expected, atol=1e-5)
+        ```
     """
     original = F.scaled_dot_product_attention
 
