@@ -109,9 +109,30 @@ void bind_device(nb::module_& m) {
                std::to_string(t.parallel_threadgroups) + " model='" + t.model + "'>";
       });
 
-  nb::class_<Device>(m, "Device", "A device that runs MSL kernels: kind 'metal' or 'cpu'.")
-      .def_prop_ro("kind", [](const Device& d) { return std::string(to_string(d.kind())); })
-      .def_prop_ro("name", &Device::name)
+  // The docstrings are the API reference's (mkdocstrings renders them; Google style, Markdown).
+  nb::class_<Device>(m, "Device", R"(A device that runs MSL kernels: kind "metal" or "cpu".
+
+"metal" is an Apple GPU (macOS on Apple silicon); "cpu" is the cpu backend, which compiles
+the same MSL to native code and runs it on the CPU's cores, on every platform. Get one from
+`mfa_native.devices()` or `mfa_native.default_device()`; the ops, `Kernel` and `precompile`
+take a Device, "cpu", "metal" or None (the default device). Devices compare equal by kind.
+Each keeps its compiled kernels (`cache_stats()`), the pool of buffers outputs and
+intermediates come from (`pool_stats()`), and counts of its command batches
+(`batch_stats()`).
+
+Example:
+    ```python
+    import mfa_native
+
+    device = mfa_native.default_device()
+    print(device.kind, device.name, device.limits["simd_width"])   # e.g. cpu ... 32
+    print(device.cache_stats()["pipelines"], device.pool_stats()["bytes_in_use"])
+    assert device in mfa_native.devices() and mfa_native.devices()[-1].kind == "cpu"
+    ```
+)")
+      .def_prop_ro("kind", [](const Device& d) { return std::string(to_string(d.kind())); },
+                   "\"metal\" or \"cpu\".")
+      .def_prop_ro("name", &Device::name, "The device's name: the GPU's model, or the cpu backend and its threads.")
       .def_prop_ro("limits",
                    [](const Device& d) {
                      DeviceLimits l = d.limits();
@@ -120,9 +141,12 @@ void bind_device(nb::module_& m) {
                      out["max_threadgroup_memory"] = l.max_threadgroup_memory;
                      out["simd_width"] = l.simd_width;
                      return out;
-                   })
-      .def_prop_ro("properties", [](const Device& d) { return to_dict(d.properties()); })
-      .def_prop_ro("tuning", &Device::tuning, "typed tuning facts (TuningFacts)")
+                   },
+                   "A dict: max_threads_per_threadgroup, max_threadgroup_memory (bytes) and simd_width.")
+      .def_prop_ro("properties", [](const Device& d) { return to_dict(d.properties()); },
+                   "A dict of the backend's facts as text (the cpu backend: its compiler, cache_dir, "
+                   "kernels_compiled, kernels_from_disk_cache, worker_threads, ...).")
+      .def_prop_ro("tuning", &Device::tuning, "The typed tuning facts code generation reads (a TuningFacts).")
       .def(
           "library",
           [](const Device& d, const std::string& source, bool fast_math, bool bounds_check,
@@ -131,7 +155,9 @@ void bind_device(nb::module_& m) {
             return d.library(source, make_options(fast_math, bounds_check, sanitize, macros));
           },
           "source"_a, nb::kw_only(), "fast_math"_a = false, "bounds_check"_a = false, "sanitize"_a = "",
-          "macros"_a = std::vector<std::pair<std::string, std::string>>{})
+          "macros"_a = std::vector<std::pair<std::string, std::string>>{},
+          "Compiles MSL source into a Library (cached per source and options; raises CompileError). "
+          "`mfa_native.Kernel` is the usual way in.")
       .def(
           "pipeline",
           // By reference: a shared_ptr made from a Python object would keep that
@@ -146,7 +172,8 @@ void bind_device(nb::module_& m) {
             nb::gil_scoped_release release;
             return d.pipeline(library.shared_from_this(), entry, values);
           },
-          "library"_a, "entry"_a, "constants"_a = std::vector<std::pair<ConstantKey, ConstantValue>>{})
+          "library"_a, "entry"_a, "constants"_a = std::vector<std::pair<ConstantKey, ConstantValue>>{},
+          "The Pipeline of a Library's kernel `entry` with function constants (name or index, value); cached.")
       .def("cache_stats",
            [](const Device& d) {
              PipelineCacheStats s = d.pipeline_cache().stats();
@@ -158,7 +185,9 @@ void bind_device(nb::module_& m) {
              out["libraries"] = s.libraries;
              out["pipelines"] = s.pipelines;
              return out;
-           })
+           },
+           "A dict of the kernel caches' counts: library_hits, library_misses, pipeline_hits, pipeline_misses, "
+           "libraries and pipelines held.")
       .def("pool_stats",
            [](const Device& d) {
              BufferPoolStats s = d.buffer_pool().stats();
@@ -170,7 +199,8 @@ void bind_device(nb::module_& m) {
              out["bytes_in_use"] = s.bytes_in_use;
              out["limit"] = s.limit;
              return out;
-           })
+           },
+           "A dict of the buffer pool's counts: hits, misses, trimmed, bytes_cached, bytes_in_use and its limit.")
       .def("new_buffer", &Device::new_buffer, "nbytes"_a,
            "A Buffer of nbytes from the device's pool; it returns to the pool when the last reference dies.")
       .def("batch_stats",

@@ -75,12 +75,37 @@ struct TimingScope {
 }  // namespace
 
 void bind_dispatch(nb::module_& m) {
-  nb::class_<DispatchStats>(m, "DispatchStats", "What one dispatch did; None where the backend cannot count it.")
-      .def_ro("kernel", &DispatchStats::kernel)
-      .def_ro("threadgroups", &DispatchStats::threadgroups)
-      .def_ro("simdgroup_matrix_ops", &DispatchStats::simdgroup_matrix_ops)
-      .def_ro("barriers", &DispatchStats::barriers)
-      .def_ro("seconds", &DispatchStats::seconds)
+  // The docstring is the API reference's (mkdocstrings renders it; Google style, Markdown).
+  nb::class_<DispatchStats>(m, "DispatchStats", R"(What one dispatch did; None where the backend cannot count it.
+
+`Kernel.__call__` returns one; `mfa_native.profile()` records one per dispatch of the ops (as a
+DispatchRecord). The cpu backend counts everything exactly; Metal gives the time, not the
+traffic or the matrix operations. Byte counts are accesses, not distinct bytes: an element
+read n times counts n times.
+
+Example:
+    ```python
+    import numpy as np
+    import mfa_native
+
+    source = '''
+    kernel void twice(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+        x[i] = 2.0f * x[i];
+    }
+    '''
+    x = np.ones(64, dtype=np.float32)
+    stats = mfa_native.Kernel(source, "twice", device="cpu")([x], threadgroups=2, threads_per_threadgroup=32)
+    print(stats)   # <DispatchStats kernel='twice' threadgroups=2 ... bytes_read={'x': 256} ...>
+    assert stats.threadgroups == 2 and stats.bytes_read == {"x": 256} and stats.bytes_written == {"x": 256}
+    ```
+)")
+      .def_ro("kernel", &DispatchStats::kernel, "The kernel's entry point name.")
+      .def_ro("threadgroups", &DispatchStats::threadgroups, "Threadgroups dispatched (the grid's product).")
+      .def_ro("simdgroup_matrix_ops", &DispatchStats::simdgroup_matrix_ops,
+              "Simdgroup 8x8x8 multiply-accumulates issued (cpu backend), or None.")
+      .def_ro("barriers", &DispatchStats::barriers, "Threadgroup barriers passed (cpu backend), or None.")
+      .def_ro("seconds", &DispatchStats::seconds,
+              "The dispatch's time: the cpu backend's wall time, Metal's GPU timestamps; None where not sampled.")
       .def_prop_ro(
           "bytes_read", [](const DispatchStats& s) { return traffic_by_name(s, &BufferTraffic::bytes_read); },
           "Device bytes read per pointer argument name (cpu backend: exact), or None.")

@@ -23,12 +23,71 @@ PyObject* new_exception_type(nb::module_& m, const char* name, const char* doc) 
 }  // namespace
 
 void bind_errors(nb::module_& m) {
-  compile_error_type = new_exception_type(
-      m, "CompileError", "Kernel source failed to compile. `.log` holds the compiler's output.");
-  dispatch_error_type = new_exception_type(
-      m, "DispatchError", "A kernel failed while running (a cpu-backend diagnostic or a Metal command-buffer error).");
-  unavailable_error_type =
-      new_exception_type(m, "DeviceUnavailableError", "The requested device is not available on this machine.");
+  // The docstrings are the API reference's (mkdocstrings renders them; Google style, Markdown).
+  compile_error_type = new_exception_type(m, "CompileError", R"(Kernel source failed to compile.
+
+`.log` holds the compiler's output (the Metal compiler's, or on the cpu backend the host
+compiler's diagnostics, located in the `.metal` source); the message holds it too. Raised by
+`Kernel` for source that does not compile (an op raises it only for a bug in its generated
+code). A subclass of RuntimeError.
+
+Example:
+    ```python
+    import mfa_native
+
+    try:
+        mfa_native.Kernel("kernel void broken() { undeclared_name = 1; }", "broken", device="cpu")
+    except mfa_native.CompileError as error:
+        log = error.log
+    print(log)   # broken.metal:1:...: error: 'undeclared_name' was not declared in this scope
+    assert "undeclared_name" in log
+    ```
+)");
+  dispatch_error_type = new_exception_type(m, "DispatchError", R"(A kernel failed while running.
+
+A cpu-backend diagnostic (with `Kernel(..., bounds_check=True)` or `sanitize`: the
+out-of-bounds access or the data race, named with its thread and `.metal` line; a trap) or
+a Metal command-buffer error. A subclass of RuntimeError.
+
+Example:
+    ```python
+    import numpy as np
+    import mfa_native
+
+    source = '''
+    kernel void fill(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+        out[i] = 1.0f;
+    }
+    '''
+    kernel = mfa_native.Kernel(source, "fill", device="cpu", bounds_check=True)
+    try:   # 8 threads write a buffer of 4 floats
+        kernel([np.zeros(4, dtype=np.float32)], threadgroups=1, threads_per_threadgroup=8)
+    except mfa_native.DispatchError as error:
+        message = str(error)
+    print(message)   # kernel 'fill': threadgroup (0, 0, 0), thread (4, 0, 0): out-of-bounds access ...
+    assert "out-of-bounds" in message
+    ```
+)");
+  unavailable_error_type = new_exception_type(m, "DeviceUnavailableError",
+                                              R"(The requested device is not available on this machine.
+
+Raised where "metal" is asked for (device="metal", or MFA_NATIVE_DEVICE=metal) on a machine
+or a build without Metal; the cpu device is always available. A subclass of RuntimeError.
+
+Example:
+    ```python
+    import numpy as np
+    import mfa_native
+
+    q = np.zeros((1, 2, 16, 32), dtype=np.float32)
+    try:
+        mfa_native.attention(q, q, q, device="metal")
+        print("Metal is available here")
+    except mfa_native.DeviceUnavailableError as error:
+        print(error)   # the metal device is not available: ...
+        assert "metal" not in [device.kind for device in mfa_native.devices()]
+    ```
+)");
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
