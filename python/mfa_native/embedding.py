@@ -46,8 +46,8 @@ def cpp_flags() -> str:
 
     Returns:
         One str: the include directory (-I), the static core library, -pthread, and the
-        system libraries (-ldl on Linux; the Metal, Foundation, IOKit and CoreFoundation
-        frameworks on macOS).
+            system libraries (-ldl on Linux; the Metal, Foundation, IOKit and
+            CoreFoundation frameworks on macOS).
 
     Example:
         ```python

@@ -111,11 +111,14 @@ def test_griffe_parses_every_docstring_without_a_warning(module, caplog):
         pytest.importorskip(MODULES[module])
     loaded = griffe.load(module, force_inspection=True, resolve_aliases=False)   # as mkdocstrings loads it
     public = importlib.import_module(module)
+    split = []
     with caplog.at_level(logging.WARNING, logger="griffe"):
         for name in public.__all__:
             if inspect.ismodule(getattr(public, name)):
                 continue
             for obj in _documented(loaded[name]):
                 if obj.docstring is not None:
-                    obj.docstring.parse("google", **GRIFFE_OPTIONS)
+                    sections = obj.docstring.parse("google", **GRIFFE_OPTIONS)
+                    split += [obj.path for s in sections if s.kind.value == "returns" and len(s.value) > 1]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert split == [], "a Returns section read as several items: indent its continuation lines"
