@@ -35,7 +35,7 @@ from . import reference
 from .context.mlx_ring import ring_attention, sharded_decode  # noqa: F401 - public here
 from .ops.attention import ATTENTION
 from .ops.block_sparse import BLOCK_SPARSE_ATTENTION
-from .ops.declaration import Call, Op, quantized_values
+from .ops.declaration import Call, Op, item, quantized_values
 from .ops.int8_attention import INT8_ATTENTION
 from .ops.kvcache import ATTENTION_WITH_KVCACHE, checked_append
 from .ops.sparse import SPARSE_ATTENTION
@@ -95,7 +95,7 @@ def _mlx_raises(op: Op) -> str:
         lines.append(f"NotImplementedError: a gradient asked through it ({op.no_backward}).")
     if any(a.quantized for a in op.arguments):
         lines.append("NotImplementedError: a gradient asked of a QuantizedTensor's fields (a constant of the call).")
-    return "\n".join(lines)
+    return "\n".join(item(line) for line in lines)
 
 
 def mlx_call(op: Op, values: dict):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -214,10 +215,10 @@ class Op:
         """The public function's docstring (Google style, as the API reference renders it): the
         summary, Args (the declared arguments, then device), the details, Returns, Raises (the
         declared ones, then the device's) and Example."""
-        device = [("device", 'a Device, "cpu", "metal" or None for the default device (MFA_NATIVE_DEVICE, '
+        device = [("device", 'a Device, "cpu", "metal" or None for the default device (MFA_NATIVE_DEVICE,\n'
                              'else Metal where available, else cpu); another string is a ValueError.')]
-        raises = inspect.cleandoc(self.raises) + ("\nDeviceUnavailableError: device is \"metal\" (or the default "
-                                                  "device is) where Metal is not available."
+        raises = inspect.cleandoc(self.raises) + ("\n" + item('DeviceUnavailableError: device is "metal" (or the '
+                                                               'default device is) where Metal is not available.')
                                                   if self.takes_device else "")
         return document(self.summary, [(a.name, a.doc) for a in self.arguments] + (device if self.takes_device else []),
                         self.details, self.returns, raises.strip() if self.raises or self.takes_device else "",
@@ -306,6 +307,13 @@ def document(summary: str, arguments: list[tuple[str, str]], details: str = "", 
         parts.append("\n".join(["Example:", "    ```python"] + [" " * 4 + line if line.strip() else ""
                                                               for line in code] + ["    ```"]))
     return "\n\n".join(parts)
+
+
+def item(text: str) -> str:
+    """One item of a Raises (or Args) section, wrapped, its continuation lines indented as
+    Google style continues an item."""
+    return textwrap.fill(" ".join(text.split()), 92, subsequent_indent="    ", break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def asked(output: Out, values: dict) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.declaration import Op, asked, quantized_values
+from ..ops.declaration import Op, asked, item, quantized_values
 from ..ops import given_kind
 from ..ops.given_kind import inside_adapter, items
 from ..quantized import QuantizedTensor
@@ -205,7 +205,7 @@ def _torch_raises(op: Op) -> str:
         lines.append(f"NotImplementedError: backward through the result ({op.no_backward}).")
     elif any(a.name == "mask" for a in op.arguments):
         lines.append("NotImplementedError: backward asks a gradient of mask, which gets none (pass mask.detach()).")
-    return "\n".join(lines)
+    return "\n".join(item(line) for line in lines)
 
 
 def torch_call(op: Op, values: dict):
