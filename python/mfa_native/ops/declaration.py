@@ -217,7 +217,7 @@ class Op:
         declared ones, then the device's) and Example."""
         device = [("device", 'a Device, "cpu", "metal" or None for the default device (MFA_NATIVE_DEVICE,\n'
                              'else Metal where available, else cpu); another string is a ValueError.')]
-        raises = inspect.cleandoc(self.raises) + ("\n" + item('DeviceUnavailableError: device is "metal" (or the '
+        raises = _dedented(self.raises) + ("\n" + item('DeviceUnavailableError: device is "metal" (or the '
                                                                'default device is) where Metal is not available.')
                                                   if self.takes_device else "")
         return document(self.summary, [(a.name, a.doc) for a in self.arguments] + (device if self.takes_device else []),
@@ -230,7 +230,7 @@ class Op:
         `summary` and `notes` say what differs (autograd, arrays, devices), Args and Returns are
         the op's own (one source), Raises the op's then the adapter's, and `example` its own."""
         return document(summary, [(a.name, a.doc) for a in self.arguments], self.details, self.returns,
-                        inspect.cleandoc(self.raises) + "\n" + inspect.cleandoc(raises), example,
+                        _dedented(self.raises) + "\n" + _dedented(raises), example,
                         intro=notes)
 
     def _function(self) -> Callable:
@@ -300,13 +300,19 @@ def document(summary: str, arguments: list[tuple[str, str]], details: str = "", 
     if returns:
         parts.append("\n".join(["Returns:"] + indented(returns, " " * 4, " " * 8)))
     if raises:
-        parts.append("\n".join(["Raises:"] + [" " * 4 + line for line in inspect.cleandoc(raises).splitlines()
+        parts.append("\n".join(["Raises:"] + [" " * 4 + line for line in _dedented(raises).splitlines()
                                                if line.strip()]))
     if example:
         code = inspect.cleandoc(example).splitlines()
         parts.append("\n".join(["Example:", "    ```python"] + [" " * 4 + line if line.strip() else ""
                                                               for line in code] + ["    ```"]))
     return "\n\n".join(parts)
+
+
+def _dedented(text: str) -> str:
+    """Text without its common indentation (all lines alike: an item's continuation lines keep
+    theirs, which inspect.cleandoc, treating the first line apart, would take)."""
+    return textwrap.dedent(text).strip("\n")
 
 
 def item(text: str) -> str:
