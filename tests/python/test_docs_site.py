@@ -78,7 +78,8 @@ def site(tmp_path_factory) -> Path:
 
 def test_the_api_reference_shows_every_public_name(site):
     """Each name of a public module's __all__ has its entry (an anchor mkdocstrings writes with
-    the name's path) on the module's page, with its docstring's first line under it; a public
+    the name's path) on the module's page, with its docstring's first line under it, and nothing
+    else has one (no imported helper, no _private or __dunder__ member of a class); a public
     submodule in __all__ has a page of its own."""
     for module_name, page in API_PAGES.items():
         module = importlib.import_module(module_name)
@@ -87,6 +88,9 @@ def test_the_api_reference_shows_every_public_name(site):
         assert {f"{module_name}.{n}" for n in module.__all__} - {f"{module_name}.{n}" for n in names} <= set(API_PAGES)
         missing = [n for n in names if f'id="{module_name}.{n}"' not in html]
         assert missing == [], (page, missing)
+        entries = set(re.findall(rf'id="{re.escape(module_name)}\.(\w+)', html))
+        assert entries == set(names), (page, "not public", sorted(entries - set(names)))
+        assert not re.search(rf'id="{re.escape(module_name)}\.[\w.]*\._', html), (page, "a private or dunder member")
         for name in names:
             first_line = (getattr(module, name).__doc__ or "").strip().splitlines()[0]
             words = re.findall(r"[A-Za-z]{4,}", first_line)[:3]
