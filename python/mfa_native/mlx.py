@@ -471,9 +471,9 @@ def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *, scale
 
 
 def quantized_scaled_dot_product_attention(queries: mx.array, q_keys: Sequence[mx.array],
-                                           q_values: Sequence[mx.array], *, scale: float,
+                                           q_values: Sequence[mx.array], scale: float,
                                            mask: str | mx.array | None = None, group_size: int = 64,
-                                           bits: int = 8, sinks: mx.array | None = None) -> mx.array:
+                                           bits: int = 8, *, sinks: mx.array | None = None) -> mx.array:
     """mlx-lm's `quantized_scaled_dot_product_attention`, with K and V read quantized inside
     the kernel (mlx-lm dequantizes them and builds the whole score matrix).
 

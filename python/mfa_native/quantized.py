@@ -137,9 +137,14 @@ class QuantizedTensor:
         return self
 
     @classmethod
-    def from_mlx(cls, wq, scales, biases, *, group_size: int = 64, bits: int = 4) -> QuantizedTensor:
+    def from_mlx(cls, wq, scales, biases=None, *, group_size: int = 64, bits: int = 4,
+                 mode: str = "affine") -> QuantizedTensor:
         """Wraps what `mx.quantize(w, group_size, bits)` returns (MLX arrays or numpy copies
-        of them), without conversion."""
+        of them), without conversion. Only MLX's "affine" mode (wq, scales, biases) is read;
+        its other modes ("mxfp4", "mxfp8", "nvfp4": no biases) are a ValueError naming mode."""
+        if mode != "affine" or biases is None:
+            raise ValueError(f"mode: mfa_native reads MLX's 'affine' quantization (wq, scales, biases), not "
+                             f"{mode!r}{' without biases' if mode == 'affine' else ''}")
         return cls(wq, scales, biases, format="affine", bits=bits, group_size=group_size)
 
     def fields(self) -> dict:

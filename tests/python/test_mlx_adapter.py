@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -144,6 +146,11 @@ def test_quantized_sdpa_over_an_mlx_lm_cache(rng, mask_kind):
                                               **_reference_options(mask))
     assert relative_l2(dq(mm.quantized_scaled_dot_product_attention), want) < 1e-4
     assert relative_l2(dq(base.quantized_scaled_dot_product_attention), want) < 1e-4
+    # mlx-lm's positional call works unchanged: (queries, q_keys, q_values, scale, mask, group_size, bits)
+    positional = mm.quantized_scaled_dot_product_attention(mx.array(q), q_keys, q_values, SCALE, options["mask"], 32, 4)
+    assert np.array_equal(np.array(positional), np.array(out))
+    theirs = list(inspect.signature(base.quantized_scaled_dot_product_attention).parameters)
+    assert list(inspect.signature(mm.quantized_scaled_dot_product_attention).parameters)[:len(theirs)] == theirs
 
 
 def test_quantized_attention_gradients(rng):

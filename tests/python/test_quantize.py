@@ -245,6 +245,11 @@ def test_mlx_in_mlx_out_and_from_mlx(rng):
     copies = QuantizedTensor.from_mlx(np.array(wq), np.array(scales), np.array(biases), group_size=64, bits=4)
     assert copies.data.dtype == np.uint32 and copies.shape == x.shape
     assert_dequantized_like_mlx(copies.dequantize(), to_numpy(out), copies)
+    # MLX's other modes have no biases: named, not a missing-argument TypeError.
+    with pytest.raises(ValueError, match="mode: .*'mxfp4'"):
+        QuantizedTensor.from_mlx(*mx.quantize(to_mlx(x), 32, 4, mode="mxfp4"), group_size=32, bits=4, mode="mxfp4")
+    with pytest.raises(ValueError, match="mode: .*without biases"):
+        QuantizedTensor.from_mlx(wq, scales, group_size=64, bits=4)
     g = mfa_native.quantize(to_mlx(x), "q4_0")
     assert isinstance(g.data, mx.array) and g.data.dtype == mx.uint8 and g.scales is None
     out = g.dequantize()
