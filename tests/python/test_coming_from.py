@@ -27,7 +27,7 @@ MAX_LINES = 150
 
 # flash-attn v2.8.3 (Dao-AILab/flash-attention, tag v2.8.3 = 060c9188beec3a8b62b33a3bfa6d5d2d44975fab,
 # flash_attn/flash_attn_interface.py): the two public functions test_flash_attn_dense.py does not
-# record. flash_attn_varlen_func has block_table there; mfa_native.torch's has not (the page says so).
+# record.
 FLASH_ATTN_MORE = {
     "flash_attn_varlen_func": "q k v cu_seqlens_q cu_seqlens_k max_seqlen_q max_seqlen_k dropout_p softmax_scale causal "
                               "window_size softcap alibi_slopes deterministic return_attn_probs block_table",

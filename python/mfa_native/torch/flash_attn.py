@@ -183,6 +183,9 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     return_attn_probs="""
         also return softmax_lse (Hq, total_q) float32 and None in place of S_dmask (it exists
         for dropout, which is not implemented).""",
+    block_table="""
+        flash-attn 2.8's paged K/V for varlen: not implemented yet (NotImplementedError naming
+        it); leave it None.""",
     returns="""
     out (total_q, Hq, Dv) in q's dtype; with return_attn_probs the tuple (out, softmax_lse,
     None).
@@ -209,8 +212,8 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     """)
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False):
-    unsupported(dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    unsupported(dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes, block_table=block_table)
     hints = {name: None if value is None else int(value)
              for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k))}
     result = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **hints, scale=softmax_scale,
