@@ -27,7 +27,9 @@ void bind_errors(nb::module_& m) {
   compile_error_type = new_exception_type(m, "CompileError", R"(Kernel source failed to compile.
 
 `.log` holds the compiler's output (the Metal compiler's, or on the cpu backend the host
-compiler's diagnostics, located in the `.metal` source); the message holds it too. Raised by
+compiler's diagnostics, located in the `.metal` source); the message holds it too. Source
+that mfa_native's own MSL reader rejects before any compiler runs (an unclosed bracket, no
+kernel of that name) has an empty `.log`, and the message names the `.metal` line. Raised by
 `Kernel` for source that does not compile (an op raises it only for a bug in its generated
 code). A subclass of RuntimeError.
 
