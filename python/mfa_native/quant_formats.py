@@ -11,6 +11,11 @@ A quantized tensor stores its last axis (D values per row) in groups:
   value = d * q.
 - "q4_0" (GGUF): blocks of 32 values, 18 bytes each: a float16 scale d, then 16 bytes whose
   low nibbles are values 0..15 and high nibbles values 16..31; value = d * (nibble - 8).
+- "q4_1" (GGUF): 20 bytes: float16 d and m (the block's minimum), then q4_0's nibbles;
+  value = d * nibble + m.
+- "q5_0" (GGUF): 22 bytes: float16 d, a little-endian uint32 whose bit i is the fifth bit of
+  value i, then q4_0's nibbles as the low four bits; value = d * (q - 16).
+- "q5_1" (GGUF): 24 bytes: float16 d and m, the fifth bits, the nibbles; value = d * q + m.
 
 GGUF's `data` is the raw blocks (uint8); their scales live inside the blocks.
 """
@@ -21,7 +26,9 @@ from dataclasses import dataclass
 
 AFFINE_BITS = (2, 3, 4, 5, 6, 8)
 AFFINE_GROUP_SIZES = (32, 64, 128)
-GGUF_BLOCKS = {"q8_0": (8, 34), "q4_0": (4, 18)}   # format -> (bits, bytes per 32-value block)
+# format -> (bits, bytes per 32-value block, whether a minimum m follows d: value = d * q + m)
+GGUF_BLOCKS = {"q8_0": (8, 34, False), "q4_0": (4, 18, False), "q4_1": (4, 20, True), "q5_0": (5, 22, False),
+               "q5_1": (5, 24, True)}
 GGUF_BLOCK = 32
 AFFINE_EPS = 1e-7   # MLX's least |scale| (a constant group still gets a nonzero one)
 FORMATS = ("affine", *GGUF_BLOCKS)
@@ -82,6 +89,18 @@ class QuantFormat:
         if features % self.group_size:
             raise ValueError(f"the quantized axis ({features}) must be a multiple of the group size "
                              f"({self.group_size}) of format {self.name!r}")
+
+    @property
+    def minimum(self) -> bool:
+        """A GGUF block whose float16 minimum m follows d (q4_1, q5_1): value = d * q + m."""
+        return not self.affine and GGUF_BLOCKS[self.name][2]
+
+    @property
+    def block_layout(self) -> tuple[int, int]:
+        """Where a 4- or 5-bit GGUF block's fifth bits (a uint32; q5_*) and its nibbles start, in
+        bytes: after d, and m where the format has one."""
+        high_bits = 2 + 2 * self.minimum
+        return high_bits, high_bits + 4 * (self.bits == 5)
 
     @property
     def group_bytes(self) -> int:

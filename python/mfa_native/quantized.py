@@ -1,7 +1,7 @@
 """`QuantizedTensor`: a logical float tensor stored quantized along its last axis.
 
 The storage formats are quant_formats.py's: MLX's affine format, bit-exact with
-`mx.quantize`, and GGUF's q8_0 and q4_0 blocks. Attention reads such a tensor as k or v
+`mx.quantize`, and GGUF's q8_0, q4_0, q4_1, q5_0 and q5_1 blocks. Attention reads such a tensor as k or v
 inside its kernels (nothing writes a dequantized copy); `dequantize()` is for checks and
 for code that wants the floats.
 """
@@ -32,8 +32,9 @@ class QuantizedTensor:
     read it as stored, dequantizing in the kernel; `quantize` makes one from a float array,
     `from_mlx` wraps what `mx.quantize` returns. The formats: MLX's "affine" (bit-exact with
     `mx.quantize`: each group of group_size values has a float scale and bias, value =
-    scale * q + bias with q of `bits` bits packed into uint32 words) and GGUF's "q8_0" and
-    "q4_0" (blocks of 32 values: a float16 scale, then 8- or 4-bit integers; 34 or 18 bytes).
+    scale * q + bias with q of `bits` bits packed into uint32 words) and GGUF's "q8_0",
+    "q4_0", "q4_1", "q5_0" and "q5_1" (blocks of 32 values: a float16 scale d, for q4_1 and
+    q5_1 a float16 minimum m, then 8-, 4- or 5-bit integers; 34, 18, 20, 22 or 24 bytes).
 
     The fields may be numpy arrays, torch CPU tensors or MLX arrays (read without a copy
     where they allow it); `dequantize()` returns the kind of `data`. The attributes are the
@@ -42,13 +43,13 @@ class QuantizedTensor:
     on: the format and every field's shape, strides and dtype).
 
     Args:
-        data: the stored values: uint32 words (affine) or uint8 blocks (q8_0, q4_0), shape
+        data: the stored values: uint32 words (affine) or uint8 blocks (GGUF), shape
             shape[:-1] + (words or bytes per row,).
         scales: affine: one per group, shape shape[:-1] + (D // group_size,), float32,
             float16 or bfloat16; None for GGUF (the scale is inside each block).
         biases: affine: like scales, of their dtype; None for GGUF.
-        format: "affine", "q8_0" or "q4_0".
-        bits: affine: 2, 3, 4, 5, 6 or 8 (None: 8); GGUF: None or the format's own (8, 4).
+        format: "affine", "q8_0", "q4_0", "q4_1", "q5_0" or "q5_1".
+        bits: affine: 2, 3, 4, 5, 6 or 8 (None: 8); GGUF: None or the format's own (8, 4 or 5).
         group_size: affine: 32, 64 or 128 (None: 64); GGUF: None or 32.
         shape: the logical shape (the last axis is D), optional: checked against data's.
         dtype: the logical float dtype (numpy; ml_dtypes.bfloat16 for bfloat16): the scales'
@@ -231,10 +232,21 @@ def dequantize_numpy(f: QuantFormat, arrays: dict[str, np.ndarray]) -> np.ndarra
         return scales * q.astype(np.float32) + biases
     groups = width // f.group_bytes
     blocks = data.reshape(*rows, groups, f.group_bytes)
-    d = blocks[..., :2].copy().view("<f2").astype(np.float32)
+    def halves(at: int) -> np.ndarray:
+        return blocks[..., at:at + 2].copy().view("<f2").astype(np.float32)
+
+    d = halves(0)
     if f.name == "q8_0":
         q = blocks[..., 2:].view(np.int8).astype(np.float32)
     else:
-        packed = blocks[..., 2:]
-        q = np.concatenate([packed & 15, packed >> 4], axis=-1).astype(np.float32) - 8.0
+        high_bits, nibbles = f.block_layout
+        packed = blocks[..., nibbles:]
+        q = np.concatenate([packed & 15, packed >> 4], axis=-1).astype(np.uint32)
+        if f.bits == 5:   # bit i of the little-endian uint32 is value i's fifth bit
+            fifth = blocks[..., high_bits:high_bits + 4].copy().view("<u4")
+            q |= ((fifth >> np.arange(32, dtype=np.uint32)) & 1) << 4
+        q = q.astype(np.float32)
+        if f.minimum:
+            return (d * q + halves(2)).reshape(*rows, groups * f.group_size)
+        q -= 1 << (f.bits - 1)
     return (d * q).reshape(*rows, groups * f.group_size)

@@ -176,7 +176,7 @@ def test_a_read_only_cache_raises_before_any_write(rng):
 
 
 QUANT_FORMATS = [dict(format="affine", bits=4, group_size=32), dict(format="affine", bits=8, group_size=64),
-                 dict(format="q8_0"), dict(format="q4_0")]
+                 dict(format="q8_0"), dict(format="q4_0"), dict(format="q4_1"), dict(format="q5_0"), dict(format="q5_1")]
 
 
 def rows_at(x: np.ndarray, lengths, appended: int, table, page: int | None):

@@ -1,5 +1,6 @@
 """`quantize` against its origins: MLX's `mx.quantize` (affine, every bits and group size) and
-the `gguf` package's q8_0 / q4_0 reference quantizers, for float32, float16 and bfloat16.
+the `gguf` package's q8_0, q4_0, q4_1, q5_0 and q5_1 reference quantizers, for float32, float16 and
+bfloat16.
 
 Inputs mix normal rows, offset uniform rows (all positive), rows with a large outlier,
 negative-dominant rows (MLX's negative scales), zero and constant groups, and a row whose
@@ -41,7 +42,7 @@ GROUP_SIZES = (32, 64, 128)
 AFFINE_CASES = ([(np.float16, b, g) for b in BITS for g in GROUP_SIZES]
                 + [(dt, b, 64) for dt in (np.float32, bfloat16) for b in BITS]
                 + [(dt, 4, g) for dt in (np.float32, bfloat16) for g in (32, 128)])
-GGUF_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0"}
+GGUF_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1"}
 
 
 def to_mlx(x: np.ndarray):
@@ -72,13 +73,23 @@ def affine_codes(data: np.ndarray, bits: int) -> np.ndarray:
     return (stream.reshape(*data.shape[:-1], -1, bits).astype(np.int64) << np.arange(bits)).sum(-1)
 
 
-def gguf_fields(data: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
-    """(d as float16, integers) of raw GGUF blocks (..., blocks * bytes)."""
-    blocks = np.ascontiguousarray(data).reshape(-1, 34 if fmt == "q8_0" else 18)
+def gguf_fields(data: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """(d as float16, m as float16 or None, integers) of raw GGUF blocks (..., blocks * bytes),
+    read from ggml's block layouts (block_q8_0, _q4_0, _q4_1, _q5_0, _q5_1), independently of
+    mfa_native's own reader."""
+    size, has_m, fifth_bits = {"q8_0": (34, False, False), "q4_0": (18, False, False), "q4_1": (20, True, False),
+                               "q5_0": (22, False, True), "q5_1": (24, True, True)}[fmt]
+    blocks = np.ascontiguousarray(data).reshape(-1, size)
     d = blocks[:, :2].copy().view("<f2")[:, 0]
+    m = blocks[:, 2:4].copy().view("<f2")[:, 0] if has_m else None
     if fmt == "q8_0":
-        return d, blocks[:, 2:].view(np.int8).astype(np.int64)
-    return d, np.concatenate([blocks[:, 2:] & 15, blocks[:, 2:] >> 4], axis=-1).astype(np.int64)
+        return d, m, blocks[:, 2:].view(np.int8).astype(np.int64)
+    start = 2 + 2 * has_m + 4 * fifth_bits
+    codes = np.concatenate([blocks[:, start:] & 15, blocks[:, start:] >> 4], axis=-1).astype(np.int64)
+    if fifth_bits:
+        qh = blocks[:, start - 4:start].copy().view("<u4").astype(np.int64)
+        codes |= ((qh >> np.arange(32)) & 1) << 4
+    return d, m, codes
 
 
 def near_boundary(v: np.ndarray, boundary: float) -> np.ndarray:
@@ -105,15 +116,20 @@ def affine_values(x: np.ndarray, bits: int, group_size: int) -> np.ndarray:
 
 
 def gguf_values(x: np.ndarray, fmt: str) -> np.ndarray:
-    """What ggml's reference rounds: x * id (q8_0, roundf) or x * id + 8.5 (q4_0, truncation)."""
+    """What ggml's reference rounds: x * id (q8_0, roundf), x * id + 8.5 or + 16.5 (q4_0, q5_0,
+    truncation), (x - min) * id + 0.5 (q4_1, q5_1, truncation)."""
     w = x.astype(np.float32).reshape(-1, 32)
-    if fmt == "q8_0":
-        d = np.abs(w).max(-1, keepdims=True) / np.float32(127)
-    else:
-        d = np.take_along_axis(w, np.abs(w).argmax(-1)[:, None], -1) / np.float32(-8)
+    w_min = w.min(-1, keepdims=True)
+    d = {"q8_0": lambda: np.abs(w).max(-1, keepdims=True) / np.float32(127),
+         "q4_0": lambda: np.take_along_axis(w, np.abs(w).argmax(-1)[:, None], -1) / np.float32(-8),
+         "q5_0": lambda: np.take_along_axis(w, np.abs(w).argmax(-1)[:, None], -1) / np.float32(-16),
+         "q4_1": lambda: (w.max(-1, keepdims=True) - w_min) / np.float32(15),
+         "q5_1": lambda: (w.max(-1, keepdims=True) - w_min) / np.float32(31)}[fmt]()
     with np.errstate(divide="ignore"):
         id_ = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    return w * id_ if fmt == "q8_0" else w * id_ + np.float32(8.5)
+    return {"q8_0": lambda: w * id_, "q4_0": lambda: w * id_ + np.float32(8.5),
+            "q5_0": lambda: w * id_ + np.float32(16.5), "q4_1": lambda: (w - w_min) * id_ + np.float32(0.5),
+            "q5_1": lambda: (w - w_min) * id_ + np.float32(0.5)}[fmt]()
 
 
 def assert_codes(ours: np.ndarray, reference: np.ndarray, boundary: np.ndarray) -> None:
@@ -180,11 +196,14 @@ def test_gguf_equals_the_gguf_package(rng, fmt, dtype):
     q = mfa_native.quantize(x, fmt)
     qtype = getattr(gguf.GGMLQuantizationType, GGUF_TYPES[fmt])
     blocks = gguf.quants.quantize(x.astype(np.float32), qtype)
-    assert (q.format, q.bits, q.group_size, q.shape, q.dtype) == (fmt, 8 if fmt == "q8_0" else 4, 32, x.shape, x.dtype)
+    bits = {"q8_0": 8, "q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5}[fmt]
+    assert (q.format, q.bits, q.group_size, q.shape, q.dtype) == (fmt, bits, 32, x.shape, x.dtype)
     assert q.scales is None and q.biases is None and q.data.dtype == np.uint8 and q.data.shape == blocks.shape
-    d, codes = gguf_fields(q.data, fmt)
-    reference_d, reference_codes = gguf_fields(blocks, fmt)
+    d, m, codes = gguf_fields(q.data, fmt)
+    reference_d, reference_m, reference_codes = gguf_fields(blocks, fmt)
     assert_ulps(d, reference_d, 1, "d")
+    if m is not None:
+        np.testing.assert_array_equal(m, reference_m)   # the block's minimum, rounded to float16 once
     assert_codes(codes, reference_codes, near_boundary(gguf_values(x, fmt), 0.5 if fmt == "q8_0" else 0.0))
     # The round trip: our blocks dequantize as gguf dequantizes them (both float32 d * q, rounded once).
     expected = gguf.quants.dequantize(q.data, qtype).reshape(x.shape).astype(dtype)
@@ -275,7 +294,8 @@ def test_non_finite_groups_dequantize_to_nan_and_leave_the_others_alone(rng):
     x[0, 5], x[1, 70], x[2, 127] = np.nan, np.inf, -np.inf
     bad = np.zeros((3, 4), bool)
     bad[0, 0] = bad[1, 2] = bad[2, 3] = True
-    for fmt, kwargs in (("affine", dict(bits=4, group_size=32)), ("q8_0", {}), ("q4_0", {})):
+    for fmt, kwargs in (("affine", dict(bits=4, group_size=32)), ("q8_0", {}), ("q4_0", {}), ("q4_1", {}),
+                        ("q5_0", {}), ("q5_1", {})):
         q = mfa_native.quantize(x, fmt, **kwargs)
         out = q.dequantize().reshape(3, 4, 32)
         np.testing.assert_array_equal(np.isnan(out).all(-1), bad)
@@ -301,7 +321,7 @@ def test_strided_empty_and_warm_calls(rng, monkeypatch):
     np.testing.assert_array_equal(again.data, first.data)
 
 
-@pytest.mark.parametrize("fmt, bits", [("affine", 3), ("affine", 8), ("q8_0", None), ("q4_0", None)])
+@pytest.mark.parametrize("fmt, bits", [("affine", 3), ("affine", 8), ("q8_0", None), ("q4_0", None), ("q5_1", None)])
 @pytest.mark.parametrize("shape", [(0, 2, 64), (3, 0, 64)])
 def test_an_empty_tensor_dequantizes_to_an_empty_one(fmt, bits, shape):
     empty = mfa_native.quantize(np.zeros(shape, np.float16), fmt, bits=bits)
@@ -310,13 +330,14 @@ def test_an_empty_tensor_dequantizes_to_an_empty_one(fmt, bits, shape):
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda x: mfa_native.quantize(x, "q5_0"), ValueError, "format must be one of"),
+    (lambda x: mfa_native.quantize(x, "q6_k"), ValueError, "format must be one of"),
     (lambda x: mfa_native.quantize(x, 4), TypeError, "format must be a str"),
     (lambda x: mfa_native.quantize(x, bits=7), ValueError, "bits must be one of"),
     (lambda x: mfa_native.quantize(x, bits=4.0), TypeError, "bits must be an int"),
     (lambda x: mfa_native.quantize(x, bits=True), TypeError, "bits must be an int"),
     (lambda x: mfa_native.quantize(x, group_size=16), ValueError, "group_size must be one of"),
     (lambda x: mfa_native.quantize(x, "q4_0", bits=8), ValueError, "q4_0 has bits=4"),
+    (lambda x: mfa_native.quantize(x, "q5_1", bits=4), ValueError, "q5_1 has bits=5"),
     (lambda x: mfa_native.quantize(x, "q8_0", group_size=64), ValueError, "group_size=32"),
     (lambda x: mfa_native.quantize(x[:, :48]), ValueError, "multiple of group_size"),
     (lambda x: mfa_native.quantize(x[:, :0]), ValueError, "positive multiple"),

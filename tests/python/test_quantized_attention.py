@@ -29,7 +29,7 @@ TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
 def random_quantized(rng, shape, format="affine", bits=None, group_size=None, scale_dtype=np.float32,
                      dtype=None) -> QuantizedTensor:
     """A QuantizedTensor of logical `shape` whose stored values are fresh random bits; affine
-    scales of both signs and biases, GGUF scales as float16 in the blocks."""
+    scales of both signs and biases, GGUF scales (and minimums) as float16 in the blocks."""
     f = QuantFormat.of(format, bits, group_size)
     rows, D = shape[:-1], shape[-1]
     if f.affine:
@@ -42,6 +42,8 @@ def random_quantized(rng, shape, format="affine", bits=None, group_size=None, sc
     blocks = rng.integers(0, 256, (*rows, D // 32, f.group_bytes), dtype=np.uint8)
     d = (rng.uniform(0.5, 1.5, (*rows, D // 32)) * rng.choice([-1, 1], (*rows, D // 32)) / 2**f.bits)
     blocks[..., :2] = d.astype("<f2")[..., None].view(np.uint8)
+    if f.minimum:   # q4_1, q5_1: a finite minimum m (random bytes could be inf or NaN)
+        blocks[..., 2:4] = rng.uniform(-1, 1, (*rows, D // 32)).astype("<f2")[..., None].view(np.uint8)
     return QuantizedTensor(blocks.reshape(*rows, -1), format=format, dtype=dtype)
 
 
@@ -78,13 +80,21 @@ def check(q, k, v, **kwargs):
     return out
 
 
-FORMATS = ([("affine", bits, 64) for bits in AFFINE_BITS] + [("affine", 4, g) for g in AFFINE_GROUP_SIZES]
-           + [("q8_0", None, None), ("q4_0", None, None)])
+GGUF = [("q8_0", None, None), ("q4_0", None, None), ("q4_1", None, None), ("q5_0", None, None), ("q5_1", None, None)]
+FORMATS = [("affine", bits, 64) for bits in AFFINE_BITS] + [("affine", 4, g) for g in AFFINE_GROUP_SIZES] + GGUF
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=["-".join(str(x) for x in f if x) for f in FORMATS])
 def test_every_format_as_k_and_as_v(rng, fmt):
     q, k, v = tensors(rng, R=3, C=97, D=128, k_format=fmt, v_format=fmt)
+    check(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("k_format, v_format", [(GGUF[4], GGUF[2]), (GGUF[3], ("affine", 4, 32))],
+                         ids=["q5_1-q4_1", "q5_0-affine"])
+def test_k_and_v_in_different_formats(rng, k_format, v_format):
+    """llama.cpp users give K and V different cache types (-ctk, -ctv)."""
+    q, k, v = tensors(rng, Hq=4, Hkv=2, R=5, C=70, D=64, dtype="float16", k_format=k_format, v_format=v_format)
     check(q, k, v, causal=True)
 
 
@@ -210,8 +220,8 @@ def test_nan_in_a_scale_reaches_the_rows_that_read_it(rng):
 # Traffic: every stored byte once per kv head, however many query heads read it.
 
 
-@pytest.mark.parametrize("fmt", [("affine", 4, 64), ("affine", 8, 128), ("affine", 3, 32), ("q8_0", None, None),
-                                 ("q4_0", None, None)], ids=lambda f: "-".join(str(x) for x in f if x))
+@pytest.mark.parametrize("fmt", [("affine", 4, 64), ("affine", 8, 128), ("affine", 3, 32), *GGUF],
+                         ids=lambda f: "-".join(str(x) for x in f if x))
 @pytest.mark.parametrize("ratio", [1, 8, 32])
 def test_decode_reads_the_quantized_bytes_once(rng, fmt, ratio):
     Hkv, C = 2, 512
@@ -264,7 +274,7 @@ def test_mismatched_quantized_shapes_are_refused(rng):
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(format="affine", bits=7), ValueError, "bits must be one of"),
     (dict(format="affine", bits=4, group_size=16), ValueError, "group_size must be one of"),
-    (dict(format="q5_0"), ValueError, "format must be one of"),
+    (dict(format="q6_k"), ValueError, "format must be one of"),
 ])
 def test_bad_formats_are_refused(kwargs, error, match):
     with pytest.raises(error, match=match):

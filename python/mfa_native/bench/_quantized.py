@@ -1,7 +1,7 @@
 """Quantized K/V against float16 K/V: `python -m mfa_native bench attention --quantized`.
 
 For each configuration (decode shapes, where reading K/V is the cost) and each storage of
-K and V (float16, MLX affine 8- and 4-bit, GGUF q8_0 and q4_0): the warm time per call and
+K and V (float16, MLX affine 8- and 4-bit, GGUF q8_0, q4_0, q4_1, q5_0 and q5_1): the warm time per call and
 the device bytes read from K and V (every field: data, scales, biases) against their stored
 size and against the float16 run. The cpu backend counts bytes exactly; Metal reports no
 counts (the columns show "-") but its times are the point there.
@@ -28,7 +28,7 @@ class Storage:
 
 
 STORAGES = (Storage("float16", None), Storage("affine 8-bit g64", "affine", 8, 64),
-            Storage("affine 4-bit g64", "affine", 4, 64), Storage("q8_0", "q8_0"), Storage("q4_0", "q4_0"))
+            Storage("affine 4-bit g64", "affine", 4, 64), *(Storage(f, f) for f in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")))
 
 
 def _stored(x: np.ndarray, storage: Storage, device):

@@ -13,7 +13,7 @@ products a backward pass needs (2.5 times the forward's FLOPs when D = Dv):
 the two that each kernel recomputes, so that neither needs atomics, are overhead.
 
 With --quantized: decode shapes with K and V stored as float16, MLX affine 8/4-bit and GGUF
-q8_0/q4_0 (bench/_quantized.py): time, and the bytes read from K and V against their stored
+q8_0/q4_0/q4_1/q5_0/q5_1 (bench/_quantized.py): time, and the bytes read from K and V against their stored
 size and against the float16 run.
 """
 

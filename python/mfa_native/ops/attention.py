@@ -25,7 +25,7 @@ Q = Arg("q", "array", leading=True, grad=True, keyword=False, doc="""
     place, without a copy.""")
 K = Arg("k", "array", leading=True, grad=True, keyword=False, quantized=True, doc="""
     keys. k and/or v may be QuantizedTensors (a quantized K/V cache: MLX's affine format,
-    GGUF's q8_0 or q4_0, quantized along D): the kernel reads the stored bytes once per kv
+    GGUF's q8_0, q4_0, q4_1, q5_0 or q5_1, quantized along D; k and v may differ): the kernel reads the stored bytes once per kv
     head and dequantizes them on chip, rounded to q's dtype; the result is attention over
     k.dequantize(), v.dequantize().""")
 V = Arg("v", "array", leading=True, grad=True, keyword=False, quantized=True, doc="values (see q and k).")

@@ -48,7 +48,7 @@ K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, written_with="k",
     contiguous (B, Cmax, Hkv, D), or with block_table the pages (num_blocks, page_size, Hkv,
     D), page_size a multiple of 8, each page's rows following the previous page's in memory.
     Rows past a batch's attended length are never read (they may hold NaN). May be a
-    QuantizedTensor (affine, q8_0, q4_0; paged: every field laid out in pages, scales
+    QuantizedTensor (affine or a GGUF format; paged: every field laid out in pages, scales
     (num_blocks, page_size, Hkv, D / group_size)): read in the kernel as stored, and the
     appended rows quantized on the device as `quantize` does. An MPS tensor is bound in place
     (DLPack); with an append it must be contiguous (ValueError otherwise).""")

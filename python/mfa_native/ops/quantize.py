@@ -79,7 +79,8 @@ QUANTIZE = Op(
             numpy array, a torch tensor or an MLX array; any strides (a strided x is copied
             contiguous first)."""),
         Arg("format", "option", default="affine", keyword=False,
-            doc='"affine" (MLX\'s `mx.quantize` layout), "q8_0" or "q4_0" (GGUF\'s blocks).'),
+            doc='"affine" (MLX\'s `mx.quantize` layout), or GGUF\'s blocks: "q8_0", "q4_0", "q4_1", '
+                '"q5_0" or "q5_1".'),
         Arg("bits", "option", default=None, keyword=False,
             doc="affine: 2, 3, 4, 5, 6 or 8 (None: 8). GGUF: None, or the format's own (8, 4)."),
         Arg("group_size", "option", default=None, keyword=False,
