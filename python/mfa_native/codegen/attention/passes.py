@@ -30,6 +30,7 @@ from .descriptor import (SIZE_NAMES, VIEW_SIZE_NAMES, AttentionFacts, backward_s
 from .dsinks import generate_dsinks
 from .forward import generate, generate_partial
 from .problem import AttentionBackwardProblem, AttentionProblem
+from .visits import KEY_VISITS
 
 # Sequence lengths and batch/head counts are runtime values by default: a new
 # length reuses the compiled kernel (measured in the README).
@@ -85,7 +86,7 @@ def valid_for(p: AttentionProblem, family: str) -> dict[str, object]:
     return dict(dtype=p.dtype, layout=p.layout, head_dim=p.head_dim, value_dim=p.value_dim, gqa_ratio=p.gqa_ratio,
                 causal=p.causal, window="runtime" if p.runtime_window else None if p.window is None else list(p.window),
                 mask=p.mask, mask_dtype=p.mask_dtype, sinks=p.sinks, scale=p.softmax_scale, return_lse=p.return_lse,
-                keys=type(p.keys).__name__, k_storage=type(p.k_storage).__name__,
+                keys=KEY_VISITS.name_of(p.keys), k_storage=type(p.k_storage).__name__,
                 v_storage=type(p.v_storage).__name__, family=family,
                 **({"strides": "runtime"} if p.runtime_strides else {}))
 
