@@ -25,6 +25,7 @@ from ..kernel.layouts import (OperandLayout, contiguous_strides, memory_order, o
                               stride_names)
 from ..kernel.sizes import Extent, RuntimeSizes
 from ..kernel import tuned
+from ..storage.facet import StorageFacts
 from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, operand_tile_type, tile_row
 from .masking import MaskRules
 from .pairs import vector_pairs
@@ -69,8 +70,8 @@ class AttentionFacts:
     family: str
     sizes: RuntimeSizes     # the runtime sizes the kernels read (or their literals)
     keys: KeyWalk           # the key-visit facet's kernel side (visits.py)
-    k_storage: object       # the storage facets of k and v (storage/stored.py)
-    v_storage: object
+    k_storage: StorageFacts  # the storage facets' kernel sides of k and v (storage/facet.py)
+    v_storage: StorageFacts
 
     @property
     def gpu_family(self) -> str:

@@ -9,8 +9,8 @@ the mask, whatever the memory layout.
 Three facets say what the dense fields cannot: `keys`, which keys a query visits (a
 `visits.KeyVisit`: keys.py's DENSE, every key of the visible range; a KV cache, packed
 sequences, the sparse wing's block and token lists), and `k_storage`, `v_storage`, how k and v
-are stored (storage/stored.py: plain strided, or quantized, when k_strides / v_strides go
-unused).
+are stored (a `storage.facet.Storage`: plain strided, or quantized, when k_strides / v_strides
+go unused).
 
 The kernels bake the window's sides and the inputs' strides as literals (or dense products
 of the sizes), unless `runtime_window` / `runtime_strides` ask for them as runtime sizes
@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from ..kernel.layouts import Strides, contiguous_strides
+from ..storage.facet import Storage
 from ..storage.stored import PLAIN
 from .keys import DENSE
 from .visits import KeyVisit
@@ -62,8 +63,8 @@ class AttentionProblem:
     scale: float | None = None             # None: 1 / sqrt(D)
     return_lse: bool = False
     keys: KeyVisit = DENSE                 # the key-visit facet (visits.py)
-    k_storage: object = PLAIN              # the storage facets of k and v
-    v_storage: object = PLAIN
+    k_storage: Storage = PLAIN             # the storage facets of k and v (storage/facet.py)
+    v_storage: Storage = PLAIN
     runtime_window: bool = False           # the window's sides are runtime sizes (every window, one kernel)
     runtime_strides: bool = False          # the inputs' strides are runtime sizes (every view, one kernel)
     # The arrays (pass names: q, k, v, o, dout, dq, dk, dv) whose first element is aligned to two
