@@ -30,7 +30,7 @@ from ..kernel.sizes import Extent
 from ..kernel.tiles import Positions
 from .append import NEW, generate_append
 from .masking import Bounds
-from .visits import KEY_VISITS, KeyVisit, KeyWalk, Kernels
+from .visits import KEY_VISITS, Kernels, KeyVisit, KeyWalk, Steps
 
 CATALOG = {
     "cache_seqlens": ("int", "(B,) valid cache length of each batch before this call's Rn appended rows"),
@@ -112,7 +112,7 @@ class CacheFacts(KeyWalk):
     def backward_inputs(self, spec) -> dict:
         raise ValueError("a KV cache has no backward pass")
 
-    def queries(self, d, steps) -> list[str]:
+    def queries(self, d, steps: Steps) -> list[str]:
         raise ValueError("a KV cache has no backward pass")
 
     def present(self, name: str) -> bool:

@@ -11,6 +11,7 @@ family's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from ..attention.visits import KEY_VISITS, Kernels, KeyVisit, KeyWalk, Steps
 from ..attention.rows import stage_rows, staged_width
 from ..kernel.layouts import OperandLayout, operand_layout
