@@ -24,15 +24,13 @@ one copy of the key walk, and a quantized cache's splits read exactly the stored
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from ..kernel.passes import contiguous
 from ..kernel.sizes import Extent
 from ..kernel.tiles import Positions
 from .append import NEW, generate_append
-from .keys import DenseWalk, Steps
-from .rows import dense_rows
 from .masking import Bounds
+from .visits import KEY_VISITS, Kernels, KeyVisit, KeyWalk, Steps
 
 CATALOG = {
     "cache_seqlens": ("int", "(B,) valid cache length of each batch before this call's Rn appended rows"),
@@ -41,8 +39,9 @@ CATALOG = {
 CACHE_BOUNDS = Bounds("0", "R", "0", "kv_end")
 
 
+@KEY_VISITS.register
 @dataclass(frozen=True)
-class CacheKeys:
+class CacheKeys(KeyVisit):
     """The problem side: `appended` rows (Rn) written by this call; paged with `page_size`
     rows per page and `pages_per_batch` (block_table's width), else contiguous."""
 
@@ -50,8 +49,7 @@ class CacheKeys:
     page_size: int | None = None
     pages_per_batch: int | None = None
 
-    batched = True
-    uniform_walk = True   # every simdgroup of a threadgroup walks its batch's keys (tile_row stage_kv)
+    size_docs = {"Rn": "rows appended to the KV cache by this call", "Wt": "pages per batch (block_table's width)"}
 
     def __post_init__(self) -> None:
         if self.page_size is not None and (self.page_size < 8 or self.page_size % 8):
@@ -65,18 +63,12 @@ class CacheKeys:
     def sizes(self, p) -> dict[str, int]:
         return {"Rn": self.appended, **({"Wt": self.pages_per_batch} if self.page_size is not None else {})}
 
-    def forward_only(self) -> CacheKeys:
-        return self
-
-    def rows(self, p):
-        return dense_rows(p)   # GQA decode reads each cached K/V row once per kv head
-
     def describe(self, p, family: str, baked) -> CacheFacts:
         return CacheFacts(self.page_size, (p.dtype, p.head_dim, p.value_dim) if self.appended else None)
 
 
 @dataclass(frozen=True)
-class CacheFacts(DenseWalk):
+class CacheFacts(KeyWalk):
     """The kernel side: the page size (None: contiguous), and with an append the new rows'
     (dtype, D, Dv); lengths are runtime values."""
 
@@ -85,7 +77,6 @@ class CacheFacts(DenseWalk):
 
     bounds = CACHE_BOUNDS
     catalog = CATALOG
-    query_lists: tuple[str, ...] = ()
 
     @property
     def key_lists(self) -> tuple[str, ...]:
@@ -94,8 +85,6 @@ class CacheFacts(DenseWalk):
     @property
     def sizes_given(self) -> tuple[str, ...]:
         return ("Rn",) + (("Wt",) if self.page_size else ())
-
-    derived: tuple[tuple[str, str], ...] = ()
 
     def prologue(self) -> list[str]:
         lines = ["", "// The keys batch b attends: its cache before this call and the Rn rows appended to it.",
@@ -123,28 +112,19 @@ class CacheFacts(DenseWalk):
     def backward_inputs(self, spec) -> dict:
         raise ValueError("a KV cache has no backward pass")
 
-    def backward_outputs(self, spec) -> dict:
-        return {}
-
-    def keys(self, d, steps: Steps) -> list[str]:
-        return steps(d.rules, "key_begin", "key_end")
-
     def queries(self, d, steps: Steps) -> list[str]:
         raise ValueError("a KV cache has no backward pass")
 
     def present(self, name: str) -> bool:
         return name in self.key_lists
 
-    def extents(self, d) -> dict:
-        return {}
-
     def summary(self) -> str:
         return f"; KV cache, {f'paged ({self.page_size} rows a page)' if self.page_size else 'contiguous'}"
 
-    def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+    def forward_kernels(self, d, dense: Kernels) -> tuple:
         """The append kernels (with new rows), then the attention kernel reading what they wrote."""
         appends = tuple(generate_append(d, name) for name in "kv") if self.new_rows else ()
         return appends + dense()
 
-    def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+    def backward_kernels(self, d, dense: Kernels) -> tuple:
         raise ValueError("a KV cache has no backward pass")

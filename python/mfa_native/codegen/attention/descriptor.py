@@ -25,22 +25,18 @@ from ..kernel.layouts import (OperandLayout, contiguous_strides, memory_order, o
                               stride_names)
 from ..kernel.sizes import Extent, RuntimeSizes
 from ..kernel import tuned
+from ..storage.facet import StorageFacts
 from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, operand_tile_type, tile_row
 from .masking import MaskRules
 from .pairs import vector_pairs
 from .problem import AttentionBackwardProblem, AttentionProblem
+from .visits import KeyWalk
 from .rows import shrunk, stage_rows, stages_blocks
 
 # The runtime sizes, by their names in the generated MSL; split-KV kernels add
-# S (key/value splits) and Cs (keys per split), the key facets their list sizes.
+# S (key/value splits) and Cs (keys per split), the key-visit case its own (KeyVisit.size_docs).
 SIZE_DOCS = {"B": "batch", "Hq": "query heads", "Hkv": "key/value heads", "R": "query length",
-             "C": "key length", "S": "key/value splits", "Cs": "keys per split",
-             "NQ": "query blocks", "NK": "key blocks", "Wp": "width of kv_indices",
-             "Wf": "width of full_kv_indices", "Wq": "width of q_indices", "Wqf": "width of full_q_indices",
-             "Wb": "int32 words of kv_bits (block-sparse mask bits)",
-             "T": "entries per token list (topk)", "Ncu": "entries of cu_seqlens (sequences + 1)",
-             "NQU": "8-query units of the packed sequences (a bound)", "NKU": "8-key units of the packed sequences (a bound)",
-             "Rn": "rows appended to the KV cache by this call", "Wt": "pages per batch (block_table's width)"}
+             "C": "key length", "S": "key/value splits", "Cs": "keys per split"}
 WINDOW_SIZE_NAMES = ("window_left", "window_right")
 MASK_AXES = ("batch", "head", "row", "key")
 STRIDED_INPUTS = ("q", "k", "v", "o", "dout")   # o and dout: the backward's
@@ -73,9 +69,9 @@ class AttentionFacts:
     scale_log2e: float      # softmax scale * log2(e), as the float32 the kernels use
     family: str
     sizes: RuntimeSizes     # the runtime sizes the kernels read (or their literals)
-    keys: object            # the key-visit facet (attention/keys.py; the sparse wing's lists)
-    k_storage: object       # the storage facets of k and v (storage/stored.py)
-    v_storage: object
+    keys: KeyWalk           # the key-visit facet's kernel side (visits.py)
+    k_storage: StorageFacts  # the storage facets' kernel sides of k and v (storage/facet.py)
+    v_storage: StorageFacts
 
     @property
     def gpu_family(self) -> str:
@@ -222,7 +218,8 @@ def _facts(p: AttentionProblem, family: str, sizes: dict[str, int], bake_lengths
                  v=layouts.of("v", p.v_strides, "v"),
                  rules=layouts.rules, sinks=p.sinks,
                  scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))), family=family,
-                 sizes=RuntimeSizes(SIZES_STRUCT, tuple((name, SIZE_DOCS[name]) for name in sizes),
+                 sizes=RuntimeSizes(SIZES_STRUCT, tuple((name, SIZE_DOCS.get(name) or p.keys.size_docs[name])
+                                                        for name in sizes),
                                     tuple(sizes.items()) if bake_lengths else None),
                  keys=p.keys.describe(p, family, baked),
                  k_storage=p.k_storage.describe(p.head_dim, layouts.field),

@@ -132,7 +132,7 @@ def output(d: KernelDescriptor) -> Accumulator:
 
 
 def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
-    ops = (operands.reads(d, "q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "mask",
+    ops = (operands.reads(d, "q", *d.k_storage.fields("k"), *d.v_storage.fields("v"), "mask",
                           *d.keys.key_lists) + finish.results(d) + operands.sizes(d))
     rows, heads = d.rows.grid(d.gqa_ratio, d.query_rows)
     return LaunchPlan(finish.kernel_name, tuple(ops), (rows, heads, GridAxis(finish.grid_z)), 32 * d.simdgroups,

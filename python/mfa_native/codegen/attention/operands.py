@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..kernel.msl import MSL_TYPES
 from ..kernel.plan import Operand
 from ..kernel.sizes import SIZES_OPERAND, Extent
+from ..storage.facet import StorageFacts
 from .descriptor import AttentionFacts
 
 ROWS = Extent(1, ("B", "Hq", "R"))                 # one value per (batch, query head, query row)
@@ -18,10 +19,6 @@ _CATALOG = {
     "q": ("tensor", "queries"),
     "k": ("tensor", "keys"),
     "v": ("tensor", "values"),
-    "k_scales": ("scale", "affine scales of the quantized k, one per group"),
-    "k_biases": ("scale", "affine biases of the quantized k, one per group"),
-    "v_scales": ("scale", "affine scales of the quantized v, one per group"),
-    "v_biases": ("scale", "affine biases of the quantized v, one per group"),
     "mask": ("mask", "mask: True = attend, or added to the logits"),
     "sinks": ("float", "(Hq,) extra logit per head, no value"),
     "o": ("tensor", "attention's output, laid out like q (Dv wide)"),
@@ -37,8 +34,6 @@ _CATALOG = {
     "dsinks": ("float", "(Hq,) gradient of the sinks"),
 }
 
-# The buffers of a stored k or v, by the tensor they store (their storage facet says which exist).
-_STORED = {name: name[0] for name in ("k", "k_scales", "k_biases", "v", "v_scales", "v_biases")}
 
 
 def _extent(name: str, d: AttentionFacts) -> Extent | None:
@@ -48,18 +43,20 @@ def _extent(name: str, d: AttentionFacts) -> Extent | None:
     return extents.get(name) or d.keys.extents(d).get(name)
 
 
-def _storage(name: str, d: AttentionFacts):
-    """The storage facet of the k or v that binds buffer `name` (k, k_scales, ...), else None."""
-    tensor = _STORED.get(name)
-    return None if tensor is None else getattr(d, f"{tensor}_storage")
+def _stored(name: str, d: AttentionFacts) -> tuple[str, StorageFacts] | None:
+    """The k or v that binds buffer `name` (k, k_scales, ...) and its storage facet, else None."""
+    for tensor in "kv":
+        storage = getattr(d, f"{tensor}_storage")
+        if name in storage.fields(tensor):
+            return tensor, storage
+    return None
 
 
 def _present(name: str, d: AttentionFacts) -> bool:
     """Whether the problem has operand `name`: a mask, sinks, a stored tensor's fields and the
     key facet's lists only when it uses them."""
-    storage = _storage(name, d)
-    if storage is not None:
-        return name in storage.fields(_STORED[name])
+    if _stored(name, d) is not None:
+        return True
     if name == "mask":
         return d.rules.mask != "none"
     if name == "sinks":
@@ -70,8 +67,8 @@ def _present(name: str, d: AttentionFacts) -> bool:
 
 
 def _operand(name: str, d: AttentionFacts, const: bool) -> Operand:
-    element, purpose = _CATALOG.get(name) or d.keys.catalog[name]
-    storage = _storage(name, d)
+    tensor, storage = _stored(name, d) or (None, None)
+    element, purpose = _CATALOG.get(name) or (storage.catalog(tensor) if storage else d.keys.catalog)[name]
     if storage is not None:
         msl = storage.element(name, d.dtype)
         purpose = storage.purpose(purpose) if element == "tensor" else purpose

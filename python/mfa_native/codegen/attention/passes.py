@@ -22,6 +22,7 @@ from ..kernel.layouts import physical
 from ..kernel.passes import TensorSpec, build_template, contiguous
 from ..kernel.sizes import Extent
 from ..kernel.tables import CPU_FAMILY
+from ..storage.facet import STORAGES
 from . import split as split_kv
 from .backward import generate_dkdv, generate_dq
 from .combine import generate_combine
@@ -30,6 +31,7 @@ from .descriptor import (SIZE_NAMES, VIEW_SIZE_NAMES, AttentionFacts, backward_s
 from .dsinks import generate_dsinks
 from .forward import generate, generate_partial
 from .problem import AttentionBackwardProblem, AttentionProblem
+from .visits import KEY_VISITS
 
 # Sequence lengths and batch/head counts are runtime values by default: a new
 # length reuses the compiled kernel (measured in the README).
@@ -85,8 +87,8 @@ def valid_for(p: AttentionProblem, family: str) -> dict[str, object]:
     return dict(dtype=p.dtype, layout=p.layout, head_dim=p.head_dim, value_dim=p.value_dim, gqa_ratio=p.gqa_ratio,
                 causal=p.causal, window="runtime" if p.runtime_window else None if p.window is None else list(p.window),
                 mask=p.mask, mask_dtype=p.mask_dtype, sinks=p.sinks, scale=p.softmax_scale, return_lse=p.return_lse,
-                keys=type(p.keys).__name__, k_storage=type(p.k_storage).__name__,
-                v_storage=type(p.v_storage).__name__, family=family,
+                keys=KEY_VISITS.name_of(p.keys), k_storage=STORAGES.name_of(p.k_storage),
+                v_storage=STORAGES.name_of(p.v_storage), family=family,
                 **({"strides": "runtime"} if p.runtime_strides else {}))
 
 

@@ -6,10 +6,11 @@ from command-line flags. Strides are given per logical axis, in the order
 (batch, head, sequence, feature) for q, k, v and (batch, head, query, key) for
 the mask, whatever the memory layout.
 
-Three facets say what the dense fields cannot: `keys`, which keys a query visits (keys.py:
-every key of the visible range; the sparse wing's block and token lists), and `k_storage`,
-`v_storage`, how k and v are stored (storage/stored.py: plain strided, or quantized, when
-k_strides / v_strides go unused).
+Three facets say what the dense fields cannot: `keys`, which keys a query visits (a
+`visits.KeyVisit`: keys.py's DENSE, every key of the visible range; a KV cache, packed
+sequences, the sparse wing's block and token lists), and `k_storage`, `v_storage`, how k and v
+are stored (a `storage.facet.Storage`: plain strided, or quantized, when k_strides / v_strides
+go unused).
 
 The kernels bake the window's sides and the inputs' strides as literals (or dense products
 of the sizes), unless `runtime_window` / `runtime_strides` ask for them as runtime sizes
@@ -24,8 +25,10 @@ import math
 from dataclasses import dataclass
 
 from ..kernel.layouts import Strides, contiguous_strides
+from ..storage.facet import Storage
 from ..storage.stored import PLAIN
 from .keys import DENSE
+from .visits import KeyVisit
 
 DTYPES = ("float32", "float16", "bfloat16")
 LAYOUTS = ("bhsd", "bshd")
@@ -59,9 +62,9 @@ class AttentionProblem:
     sinks: bool = False
     scale: float | None = None             # None: 1 / sqrt(D)
     return_lse: bool = False
-    keys: object = DENSE                   # the key-visit facet
-    k_storage: object = PLAIN              # the storage facets of k and v
-    v_storage: object = PLAIN
+    keys: KeyVisit = DENSE                 # the key-visit facet (visits.py)
+    k_storage: Storage = PLAIN             # the storage facets of k and v (storage/facet.py)
+    v_storage: Storage = PLAIN
     runtime_window: bool = False           # the window's sides are runtime sizes (every window, one kernel)
     runtime_strides: bool = False          # the inputs' strides are runtime sizes (every view, one kernel)
     # The arrays (pass names: q, k, v, o, dout, dq, dk, dv) whose first element is aligned to two

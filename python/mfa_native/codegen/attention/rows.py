@@ -79,7 +79,7 @@ def threadgroup_span(first: str, rows: int, end: str, staged: bool) -> dict[str,
 def query_rows_geometry(query_rows: int, gqa_ratio: int, batch: list[str], first: str | None = None) -> list[str]:
     """The simdgroup's 8 query rows of (batch b, query head h = group.y) and the kv head h_kv
     they read. `batch` defines b; `first` is the first row (default: threadgroup x's
-    `query_rows` rows, DenseWalk.first). Reads group, simd_index, lane, R. Defines h, h_kv,
+    `query_rows` rows, KeyWalk.first). Reads group, simd_index, lane, R. Defines h, h_kv,
     q_first, tr, tc, row (the lane's row) and row_read (clamped, for loads)."""
     return [
         "// This simdgroup's 8 query rows, of one (batch, query head), and the kv head they read.",

@@ -33,11 +33,11 @@ from ...runtime.expressions import evaluate
 from ..kernel.passes import contiguous
 from ..kernel.plan import GridAxis
 from ..kernel.sizes import Extent
-from .keys import DenseWalk
 from .masking import Bounds
 from ..kernel.tables import packs_plain_heads
 from ..kernel.tiles import lane_layout
 from .rows import PackedHeads, PerHead, query_rows_geometry
+from .visits import KEY_VISITS, KeyVisit, KeyWalk
 
 # The sequences' buffers: name -> (element, what it holds).
 CATALOG = {
@@ -97,7 +97,7 @@ def derived_units(query_unit: int) -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
-class SequenceWalk(DenseWalk):
+class SequenceWalk(KeyWalk):
     """The kernel side: what the dense kernels read of packed sequences: the queries of a
     forward unit (8, or a packed forward's per-sequence bound); the lengths are runtime sizes
     and table contents."""
@@ -138,12 +138,6 @@ class SequenceWalk(DenseWalk):
             shape = (Extent(1, (count,)), Extent(2))
             inputs[table] = spec("int32", shape, contiguous(shape), logical=False)
         return inputs
-
-    def backward_outputs(self, spec) -> dict:
-        return {}
-
-    def present(self, name: str) -> bool:
-        return name in CATALOG
 
     def summary(self) -> str:
         return "; packed sequences (varlen), one simdgroup per 8-row unit of a sequence"
@@ -211,8 +205,9 @@ class PackedSequenceRows(PackedHeads):
                 "const uint row_read = min(row, R - 1);  // rows past the unit compute on a valid row, never stored"]
 
 
+@KEY_VISITS.register
 @dataclass(frozen=True)
-class SequenceRanges:
+class SequenceRanges(KeyVisit):
     """The problem side: `sequences` packed sequences (cu_seqlens have one entry more); the
     forward packs heads when `max_queries` (a bound on every sequence's queries, None: no
     packing, as the backward) and the GQA ratio fit the PACKING table."""
@@ -221,6 +216,8 @@ class SequenceRanges:
     max_queries: int | None = None
 
     split_length = None   # no split-KV: a decode batch is many sequences, each a unit of work
+    size_docs = {"Ncu": "entries of cu_seqlens (sequences + 1)", "NQU": "8-query units of the packed sequences (a bound)",
+                 "NKU": "8-key units of the packed sequences (a bound)"}
     batched = False    # q, k, v, the outputs and lse have no batch axis
     uniform_walk = False   # a threadgroup's simdgroups may hold units of different sequences
 
@@ -235,9 +232,6 @@ class SequenceRanges:
         sizes = {"R": p.q_len, "C": p.kv_len, "Ncu": self.sequences + 1}
         return {"Ncu": sizes["Ncu"], **{count: evaluate(expression, sizes)
                                         for count, expression in derived_units(self.query_unit(p))}}
-
-    def forward_only(self) -> SequenceRanges:
-        return self
 
     def rows(self, p):
         return PackedSequenceRows(self.query_unit(p)) if self.packs(p) else SEQUENCE_ROWS

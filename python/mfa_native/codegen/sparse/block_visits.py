@@ -18,9 +18,8 @@ so the gradients never depend on them.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
-
-from ..attention.keys import DenseWalk, Steps, storage_rows
+from ..attention.keys import storage_rows
+from ..attention.visits import KEY_VISITS, Kernels, KeyVisit, KeyWalk, Steps
 from ..attention.masking import MaskRules
 from ..kernel.msl import indent
 from ..kernel.passes import contiguous
@@ -56,8 +55,9 @@ CATALOG = {
 }
 
 
+@KEY_VISITS.register
 @dataclass(frozen=True)
-class BlockLists:
+class BlockLists(KeyVisit):
     """Block-sparse attention's lists (the tensors of FlexAttention's BlockMask), as far as a
     kernel depends on them. The lists are (B|1, H|1, blocks[, width]) int32, C-contiguous;
     `widths` are the last-axis lengths of kv_indices, full_kv_indices, q_indices and
@@ -75,8 +75,10 @@ class BlockLists:
     bit_words: int | None = None   # mask bits of the partial blocks: the words of kv_bits (None: no bits)
 
     split_length = None   # no split-KV: the lists decide each row's keys
-    batched = True
     uniform_walk = False   # a threadgroup's simdgroups may read different lists (no staging)
+    size_docs = {"NQ": "query blocks", "NK": "key blocks", "Wp": "width of kv_indices",
+                 "Wf": "width of full_kv_indices", "Wq": "width of q_indices", "Wqf": "width of full_q_indices",
+                 "Wb": "int32 words of kv_bits (block-sparse mask bits)"}
 
     def __post_init__(self) -> None:
         for name in ("q_block", "k_block"):
@@ -113,7 +115,7 @@ class BlockLists:
 
 
 @dataclass(frozen=True)
-class BlockFacts(DenseWalk):
+class BlockFacts(KeyWalk):
     """What block-sparse kernels depend on: the block sizes, which list axes broadcast, which
     lists there are (the widths are runtime sizes Wp, Wf, Wq, Wqf)."""
 
@@ -219,10 +221,7 @@ class BlockFacts(DenseWalk):
         lists = "partial and full lists" if self.full else "partial lists"
         return f"; block-sparse {self.q_block}x{self.k_block}, {lists}" + (", mask bits" if self.bits else "")
 
-    def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
-        return dense()
-
-    def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+    def backward_kernels(self, d, dense: Kernels) -> tuple:
         return (generate_transpose(d),) + ((generate_verify(d),) if self.transposed_given else ()) + dense()
 
     def keys(self, d, steps: Steps) -> list[str]:

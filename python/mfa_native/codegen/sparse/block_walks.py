@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..attention.keys import Steps
+from ..attention.visits import Steps
 from ..attention.masking import MaskRules
 from ..kernel.msl import indent
 

@@ -11,9 +11,8 @@ family's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
-from ..attention.keys import Steps
+from ..attention.visits import KEY_VISITS, Kernels, KeyVisit, KeyWalk, Steps
 from ..attention.rows import stage_rows, staged_width
 from ..kernel.layouts import OperandLayout, operand_layout
 from ..kernel.tables import tile_row
@@ -64,8 +63,9 @@ class TokenRows:
 TOKEN_ROWS = TokenRows()
 
 
+@KEY_VISITS.register
 @dataclass(frozen=True)
-class TokenLists:
+class TokenLists(KeyVisit):
     """Sparse-indexed attention's per-query key lists: `indices` (B, Hkv|1, R, topk) int32 in
     logical order with these element strides (the slot axis contiguous; a kv-head stride of 0
     shares one list among the kv heads), and optionally `topk_length` (B, R) int32 with its
@@ -77,14 +77,11 @@ class TokenLists:
     shared_kv: bool = False   # v is k's first Dv features (MLA's latent): one staged row serves both
 
     split_length = None   # no split-KV: one threadgroup walks a row's list
-    batched = True
     uniform_walk = False   # its own kernels, which always stage (tile_row stage_kv does not apply)
+    size_docs = {"T": "entries per token list (topk)"}
 
     def sizes(self, p) -> dict[str, int]:
         return {"T": self.topk}
-
-    def forward_only(self) -> TokenLists:
-        return self
 
     def rows(self, p) -> TokenRows:
         return TOKEN_ROWS
@@ -102,7 +99,7 @@ class TokenLists:
 
 
 @dataclass(frozen=True)
-class TokenFacts:
+class TokenFacts(KeyWalk):
     """What sparse-indexed kernels depend on: the layouts of the token lists (the list width
     is the runtime size T). Rows of a tile are the query heads of one kv head at one query."""
 
@@ -113,10 +110,7 @@ class TokenFacts:
 
     catalog = CATALOG
     key_lists = ("indices", "topk_length")
-    query_lists: tuple[str, ...] = ()
-
-    sizes_given = ("T",)    # the given runtime sizes (besides B, Hq, Hkv, R, C)
-    derived: tuple[tuple[str, str], ...] = ()
+    sizes_given = ("T",)
 
     def inputs(self, spec) -> dict:
         """The lists, laid out as the kernels were compiled for."""
@@ -125,12 +119,6 @@ class TokenFacts:
         if self.lengths is not None:
             inputs["topk_length"] = spec("int32", (B, R), self.lengths.strides[:2], logical=False)
         return inputs
-
-    def backward_inputs(self, spec) -> dict:
-        return self.inputs(spec)
-
-    def backward_outputs(self, spec) -> dict:
-        return {}
 
     def present(self, name: str) -> bool:
         return name != "topk_length" or self.lengths is not None
@@ -150,8 +138,8 @@ class TokenFacts:
 
     queries = keys
 
-    def forward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+    def forward_kernels(self, d, dense: Kernels) -> tuple:
         return (token_forward.generate_sparse(d),)
 
-    def backward_kernels(self, d, dense: Callable[[], tuple]) -> tuple:
+    def backward_kernels(self, d, dense: Kernels) -> tuple:
         return (token_backward.generate_transpose(d), token_backward.generate_dq(d), token_dkdv.generate_dkdv(d))

@@ -27,6 +27,7 @@ from typing import Callable
 
 from ..kernel.layouts import OperandLayout
 from ..kernel.msl import MSL_TYPES, loop
+from .facet import StorageFacts
 from .stored import PLAIN
 
 BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
@@ -41,7 +42,7 @@ class StagedTensor:
     name: str
     width: int
     layout: OperandLayout
-    storage: object = PLAIN
+    storage: StorageFacts = PLAIN
     shared: bool = False   # takes turns with the other tensors in one buffer, SHARED_STAGE
 
     @property

@@ -1,15 +1,10 @@
-"""How k or v is stored: the storage facet, one case per way an operand is read.
+"""How k or v is stored: the storage facet's cases (their bases: facet.py).
 
-- `PLAIN`: elements of the problem's dtype at the tensor's own strides.
+- `PLAIN`: elements of the problem's dtype at the tensor's own strides: the facet's defaults.
 - `QuantizedStorage` (a QuantizedTensor, as far as a kernel depends on it): MLX's affine
-  format or GGUF's blocks, read as stored and decoded on chip. Its kernel-side facts are a
-  `QuantFacts`.
-
-Each case answers what a kernel generator asks of a stored operand: which buffers it binds
-(`fields`, `element`), the pointers to one head's rows (`pointers`), and how one step's rows
-are staged into threadgroup memory (`stage`); and, for a pass, which inputs it declares
-(`inputs`). Whether a threadgroup stages K/V rows once for every query head of a kv head
-(`packs_heads`) is the storage's call too: a quantized row is worth decoding once.
+  format or GGUF's blocks, read as stored and decoded on chip, and packing heads. Its
+  kernel-side facts are a `QuantFacts`: its fields (an affine tensor's scales and biases),
+  their pointers and layouts, and the stage that decodes a step's rows.
 """
 
 from __future__ import annotations
@@ -22,57 +17,27 @@ from ..kernel.msl import MSL_TYPES, offset
 from ..kernel.sizes import Extent
 from ..kernel.tiles import head_pointer
 from ...quant_formats import QuantFormat
+from .facet import STORAGES, Storage, StorageFacts
 from .formats import decode_group
 
 FIELDS = ("scales", "biases")   # an affine tensor's fields besides its data
 
 
+@STORAGES.register
 @dataclass(frozen=True)
-class Plain:
+class Plain(Storage, StorageFacts):
     """The operand's elements, of the problem's dtype, at its own strides."""
-
-    packs_heads = False
 
     def describe(self, width: int, field: Callable) -> Plain:
         return self
-
-    def fields(self, name: str) -> tuple[str, ...]:
-        return (name,)
-
-    def element(self, buffer: str, dtype: str) -> str:
-        return MSL_TYPES[dtype]
-
-    def purpose(self, purpose: str) -> str:
-        return purpose
-
-    def pointers(self, name: str, layout: OperandLayout, head: str, dtype: str, const: bool = True) -> list[str]:
-        """`{name}_head`: the first element of (batch b, head `head`) (writable unless `const`)."""
-        return [head_pointer(name, layout, head, MSL_TYPES[dtype], const)]
-
-    def layout(self, buffer: str, layout: OperandLayout) -> OperandLayout:
-        """The layout of one of its buffers (`fields`): the operand's own."""
-        return layout
-
-    def stage(self, name: str, stage: str, width: int, layout: OperandLayout, rows: int, dtype: str, key: str,
-              valid: str) -> list[str]:
-        at = offset("ulong(key)", layout.strides[2]) or "0"   # 0: k broadcast along the keys
-        return [f"for (uint e = member; e < {rows * width}u; e += threads) {{",
-                f"  const int slot = int(e / {width});",
-                f"  const int key = {key};",
-                f"  {stage}[e] = {valid} ? {name}_head[{at} + e % {width}] : {MSL_TYPES[dtype]}(0);",
-                "}"]
-
-    def inputs(self, name: str, shape: tuple, layout: OperandLayout, dtype: str, spec: Callable) -> dict:
-        """The pass inputs it declares: `spec(dtype, logical shape, logical strides)` each, the
-        strides those `layout` compiled in."""
-        return {name: spec(dtype, shape, layout.strides)}
 
 
 PLAIN = Plain()
 
 
+@STORAGES.register
 @dataclass(frozen=True)
-class QuantizedStorage:
+class QuantizedStorage(Storage):
     """A quantized k or v: its format, the dtype of its affine scales and biases, and the
     element strides of each field in logical (batch, head, sequence, -) order; the last axis
     of every field is contiguous."""
@@ -86,8 +51,6 @@ class QuantizedStorage:
     packs_heads = True
 
     def describe(self, width: int, field: Callable[[int, Strides], OperandLayout]) -> QuantFacts:
-        """The kernel-side facts of a tensor `width` features wide; `field(columns, strides)` is
-        the layout of a field whose rows are `columns` elements wide."""
         f = self.format
         scales = biases = None
         if f.affine:
@@ -96,9 +59,8 @@ class QuantizedStorage:
         return QuantFacts(f, self.scale_dtype, field(f.data_width(width), self.data_strides), scales, biases)
 
 
-
 @dataclass(frozen=True)
-class QuantFacts:
+class QuantFacts(StorageFacts):
     """What kernels reading a quantized k or v depend on: its format, the dtype of its affine
     scales and biases, and the layouts of its fields (logical (batch, kv head, key, -) order,
     in elements of each field)."""
@@ -109,10 +71,10 @@ class QuantFacts:
     scales: OperandLayout | None
     biases: OperandLayout | None
 
-    packs_heads = True
-
-    def fields(self, name: str) -> tuple[str, ...]:
-        return (name,) + (tuple(f"{name}_{field}" for field in FIELDS) if self.format.affine else ())
+    def catalog(self, name: str) -> dict[str, tuple[str, str]]:
+        """An affine tensor's scales and biases, one per group."""
+        return {f"{name}_{field}": ("scale", f"affine {field} of the quantized {name}, one per group")
+                for field in FIELDS} if self.format.affine else {}
 
     def element(self, buffer: str, dtype: str) -> str:
         return MSL_TYPES[self.scale_dtype if buffer.endswith(FIELDS) else self.format.data_dtype]

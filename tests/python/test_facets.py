@@ -1,0 +1,109 @@
+"""The facets' houses: a new key-visit case is one class per side and one registration line,
+and the dense kernels, the pass builder and the runner take it with nothing else changed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import mfa_native
+from mfa_native import codegen
+from mfa_native.codegen.attention.masking import Bounds
+from mfa_native.codegen.attention.visits import KEY_VISITS, KeyVisit, KeyWalk
+from mfa_native.codegen.kernel.sizes import Extent
+from mfa_native.codegen.storage.facet import STORAGES
+from mfa_native.reference import attention_reference
+from mfa_native.runtime.runner import PreparedPass
+
+
+# A toy case, as docs/design.md says a case is added: batch b attends its first
+# min(key_counts[b], Kmax) keys of the visible range. It adds one runtime size (Kmax, given)
+# and one operand (key_counts), and reuses the dense kernels.
+@dataclass(frozen=True)
+class PrefixWalk(KeyWalk):
+    bounds = Bounds("0", "R", "0", "kv_end")
+    catalog = {"key_counts": ("int", "(B,) the keys each batch attends")}
+    key_lists = ("key_counts",)
+    sizes_given = ("Kmax",)
+
+    def prologue(self) -> list[str]:
+        return ["const uint kv_end = min(min(uint(key_counts[b]), Kmax), C);"]
+
+    def inputs(self, spec) -> dict:
+        return {"key_counts": spec("int32", (Extent(1, ("B",)),), (Extent(1),), logical=False)}
+
+    def summary(self) -> str:
+        return "; a prefix of the keys per batch"
+
+
+@KEY_VISITS.register
+@dataclass(frozen=True)
+class PrefixKeys(KeyVisit):
+    most: int   # Kmax
+
+    size_docs = {"Kmax": "most keys a batch attends"}
+
+    def sizes(self, p) -> dict[str, int]:
+        return {"Kmax": self.most}
+
+    def describe(self, p, family: str, baked) -> PrefixWalk:
+        return PrefixWalk()
+
+
+B, HQ, HKV, R, C, D = 3, 4, 2, 5, 40, 16
+
+
+def _problem(most: int) -> codegen.AttentionProblem:
+    return codegen.AttentionProblem(B, HQ, HKV, R, C, D, D, causal="lower_right", return_lse=True,
+                                    keys=PrefixKeys(most))
+
+
+def test_a_new_key_visit_case_runs_in_the_dense_kernels(rng):
+    """Its size and operand reach the kernel, the template and the pass; its outputs (poisoned
+    before the run) match the float64 reference of each batch's prefix of keys."""
+    most, counts = 30, np.array([40, 23, 31], np.int32)
+    description = codegen.attention_pass(_problem(most))
+    (kernel,) = description.kernels
+    assert "key_counts" in kernel.buffers and "Kmax" in kernel.source and "most keys a batch attends" in kernel.source
+    assert "; a prefix of the keys per batch" in kernel.source
+    template = codegen.attention_template(_problem(most))
+    assert "Kmax" in template.sizes and dict(template.valid_for)["keys"] == "PrefixKeys"
+    q, k, v = (rng.standard_normal(shape).astype(np.float32)
+               for shape in ((B, HQ, R, D), (B, HKV, C, D), (B, HKV, C, D)))
+    prepared = PreparedPass(description, mfa_native.default_device())
+    given = {"q": q, "k": k, "v": v, "key_counts": counts}
+    out, lse = prepared.run([given[name] for name in prepared.input_names])
+    for b, n in enumerate(np.minimum(counts, most)):
+        expected, expected_lse = attention_reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal=True,
+                                                     return_lse=True)
+        np.testing.assert_allclose(out[b:b + 1], expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(lse[b:b + 1], expected_lse, rtol=1e-5)
+
+
+def test_cases_are_registered_once_by_name():
+    """Every case the package has is registered; a template names its case by that name, and a
+    problem whose case is not registered makes none."""
+    assert {"DenseKeys", "CacheKeys", "SequenceRanges", "BlockLists", "TokenLists"} <= set(KEY_VISITS.classes)
+    assert {"Plain", "QuantizedStorage"} <= set(STORAGES.classes)
+
+    @dataclass(frozen=True)
+    class PrefixKeys(KeyVisit):   # another case of the same name
+        def describe(self, p, family: str, baked) -> KeyWalk:
+            return PrefixWalk()
+
+    with pytest.raises(ValueError, match="already registered"):
+        KEY_VISITS.register(PrefixKeys)
+    problem = codegen.AttentionProblem(1, 1, 1, 8, 8, 8, 8, keys=PrefixKeys())
+    with pytest.raises(ValueError, match="not a registered key-visit case"):
+        codegen.attention_template(problem)
+
+
+def test_a_case_without_kernel_side_facts_is_refused():
+    """describe is the one member without a default."""
+    class Incomplete(KeyVisit):
+        pass
+
+    with pytest.raises(TypeError, match="describe"):
+        Incomplete()
