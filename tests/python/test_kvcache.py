@@ -1,5 +1,6 @@
 """attention_with_kvcache: contiguous and paged caches against the float64 reference per
-batch; pages in random order beside garbage (NaN) pages; page sizes 8 to 256; the append
+batch; pages in random order beside garbage (NaN) pages; page sizes 1 to 256, FlashInfer's
+HND and stacked K/V page layouts; the append
 in place (exactly the new rows written, every other byte unchanged); checks before any write."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import pytest
 from conftest import relative_l2
 
 import mfa_native
+from mfa_native.quantized import QuantizedTensor
 from mfa_native.reference import attention_with_kvcache_reference
 
 B, R, HQ, HKV, D, DV = 3, 2, 4, 2, 16, 8
@@ -40,7 +42,7 @@ def check_call(rng, q, k_cache, v_cache, seqlens, k=None, v=None, block_table=No
     lengths = seqlens.copy()
     out, lse = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, k=k, v=v,
                                                  block_table=block_table, return_lse=True, **options)
-    assert out.shape == (B, R, HQ, DV) and lse.shape == (B, HQ, R)
+    assert out.shape == (B, R, HQ, v_cache.shape[-1]) and lse.shape == (B, HQ, R)
     assert relative_l2(out, expected[0]) < 1e-4
     assert np.allclose(lse, expected[1], atol=1e-4)
     assert np.array_equal(seqlens, lengths)
@@ -84,6 +86,78 @@ def test_paged_cache_pages_in_random_order_among_garbage(rng, page):
     q = rng.standard_normal((B, R, HQ, D)).astype(np.float32)
     k, v = new_rows(rng, appended)
     check_call(rng, q, k_cache, v_cache, seqlens, k, v, table, causal=True)
+
+
+def paged_views(layout: str, blocks: int, page: int, heads: int, widths=(D, DV), dtype=np.float32):
+    """k and v pages (blocks, page, heads, width) as views of one NaN-filled memory laid out as
+    `layout`: "NHD" (flash-attn's, pages one after another), "HND" (FlashInfer's (num_pages,
+    heads, page, width), transposed) or "stacked" (FlashInfer's single (num_pages, 2, page,
+    heads, width) tensor, K and V on axis 1; widths equal)."""
+    if layout == "NHD":
+        return tuple(np.full((blocks, page, heads, w), np.nan, dtype) for w in widths)
+    if layout == "HND":
+        return tuple(np.full((blocks, heads, page, w), np.nan, dtype).transpose(0, 2, 1, 3) for w in widths)
+    both = np.full((blocks, 2, page, heads, widths[0]), np.nan, dtype)
+    return both[:, 0], both[:, 1]
+
+
+@pytest.mark.parametrize("page, layout", [(1, "NHD"), (1, "HND"), (3, "stacked"), (5, "NHD"), (16, "HND"),
+                                          (16, "stacked")])
+def test_any_page_size_and_page_layout_read_and_appended_in_place(rng, page, layout):
+    """Page sizes that are not a multiple of 8 (FlashInfer's and radix caches' 1), FlashInfer's
+    HND pages and its stacked K/V tensor: read through their strides and appended in place,
+    exactly the new rows written, every other byte (the other tensor's too) unchanged."""
+    blocks, appended = 40, 3
+    width = -(-(2 * page + 3 + appended) // page) + 1
+    k_cache, v_cache = paged_views(layout, blocks, page, HKV, (D, D) if layout == "stacked" else (D, DV))
+    table = rng.permutation(blocks)[:B * width].reshape(B, width).astype(np.int32)
+    seqlens = np.array([max(page - 2, 0), 0, 2 * page + 3], np.int32)   # appends that cross page boundaries
+    fill(rng, k_cache, v_cache, [(table[b, p // page], p % page) for b, n in enumerate(seqlens) for p in range(n)])
+    q = rng.standard_normal((B, R, HQ, D)).astype(np.float32)
+    k, v = rng.standard_normal((2, B, appended, HKV, D)).astype(np.float32)
+    if layout != "stacked":
+        v = v[..., :DV].copy()
+    check_call(rng, q, k_cache, v_cache, seqlens, k, v, table, causal=True, window=(5, -1))
+
+
+def test_paged_layouts_that_cannot_be_read_in_place_are_refused(rng):
+    q = rng.standard_normal((B, 1, HQ, D)).astype(np.float32)
+    lengths = np.array([3, 1, 2], np.int32)
+    table = np.arange(6, dtype=np.int32).reshape(B, 2)
+    memory = rng.standard_normal((6 * 4 * HKV * D + 8 * HKV * D,)).astype(np.float32)
+    overlapping = np.lib.stride_tricks.as_strided(memory, (6, 8, HKV, D), (4 * HKV * D * 4, HKV * D * 4, D * 4, 4))
+    k_cache, v_cache = paged_views("NHD", 6, 8, HKV)
+    with pytest.raises(ValueError, match="k_cache's pages must be whole rows apart, without overlapping"):
+        mfa_native.attention_with_kvcache(q, overlapping, v_cache, cache_seqlens=lengths, block_table=table)
+    _, hnd_v = paged_views("HND", 6, 8, HKV)
+    with pytest.raises(ValueError, match=r"v_cache's pages must be as many rows apart as k_cache's \(8\), got 16"):
+        mfa_native.attention_with_kvcache(q, k_cache, hnd_v, cache_seqlens=lengths, block_table=table)
+
+
+def test_a_quantized_cache_in_hnd_pages_of_odd_size(rng):
+    """A q5_1 / q4_1 cache whose every field is laid out in HND pages of 3 rows: read in place
+    and appended with quantize's bytes."""
+    blocks, page, appended, d = 30, 3, 2, 32   # GGUF blocks hold 32 values
+    fields = {}
+    for name, fmt in (("k", "q5_1"), ("v", "q4_1")):
+        stored = mfa_native.quantize(rng.standard_normal((blocks, HKV, page, d)).astype(np.float32), fmt)
+        fields[name] = QuantizedTensor(stored.field("data").transpose(0, 2, 1, 3), format=fmt)
+    width = 5
+    table = rng.permutation(blocks)[:B * width].reshape(B, width).astype(np.int32)
+    seqlens = np.array([4, 0, 7], np.int32)
+    q = rng.standard_normal((B, 1, HQ, d)).astype(np.float32)
+    k, v = rng.standard_normal((2, B, appended, HKV, d)).astype(np.float32)
+    out = mfa_native.attention_with_kvcache(q, fields["k"], fields["v"], cache_seqlens=seqlens, k=k, v=v,
+                                            block_table=table, causal=True)
+    for name, new in (("k", k), ("v", v)):
+        written = mfa_native.quantize(new, fields[name].format).field("data")
+        for b in range(B):
+            for i in range(appended):
+                p = seqlens[b] + i
+                assert np.array_equal(fields[name].field("data")[table[b, p // page], p % page], written[b, i])
+    expected = attention_with_kvcache_reference(q, fields["k"].dequantize(), fields["v"].dequantize(), seqlens + appended,
+                                                block_table=table, causal=True)
+    assert relative_l2(out, expected) < 1e-4
 
 
 def test_warm_calls_append_and_read_the_new_lengths(rng):
@@ -220,14 +294,16 @@ def test_quantized_cache_appended_on_the_device_as_quantize_does(rng, fmt, paged
     assert np.allclose(lse, reference[1], atol=1e-4)
 
 
-@pytest.mark.parametrize("page", [None, 16])
-def test_gqa_decode_reads_each_cached_row_once_per_kv_head(rng, page):
+@pytest.mark.parametrize("page, layout", [(None, None), (16, "NHD"), (1, "HND"), (4, "stacked")])
+def test_gqa_decode_reads_each_cached_row_once_per_kv_head(rng, page, layout):
     """Heads packed as tile rows: a decode step reads every attended K/V row once (per kv head),
-    not once per query head, contiguous or paged."""
+    not once per query head, contiguous or paged, whatever the page size and layout."""
     lengths = np.array([40, 3, 64], np.int32)
-    shape = (B, 64) if page is None else (B * 64 // page, page)
-    k_cache, v_cache = (np.full((*shape, 2, D), np.nan, np.float16) for _ in range(2))
-    table = None if page is None else rng.permutation(shape[0]).reshape(B, 64 // page).astype(np.int32)
+    if page is None:
+        k_cache, v_cache = (np.full((B, 64, 2, D), np.nan, np.float16) for _ in range(2))
+    else:
+        k_cache, v_cache = paged_views(layout, B * 64 // page, page, 2, (D, D), np.float16)
+    table = None if page is None else rng.permutation(B * 64 // page).reshape(B, 64 // page).astype(np.int32)
     for b, n in enumerate(lengths):
         for p in range(n):
             at = (b, p) if page is None else (table[b, p // page], p % page)

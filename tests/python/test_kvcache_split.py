@@ -92,7 +92,7 @@ def test_split_quantized_cache(rng, fmt, page):
     assert relative_l2(out, expected[0]) < 1e-4 and np.allclose(lse, expected[1], atol=1e-4)
 
 
-@pytest.mark.parametrize("page", [None, 16], ids=lambda p: f"page{p}")
+@pytest.mark.parametrize("page", [None, 16, 1], ids=lambda p: f"page{p}")
 def test_split_packed_decode_reads_each_cached_row_once_per_kv_head(rng, page):
     lengths, D, Hq = np.array([CAPACITY, 300], np.int32), 32, 16     # 8 query heads per kv head
     k_cache, v_cache, table = cache_of(rng, lengths, page, D, np.float16)

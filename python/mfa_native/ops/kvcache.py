@@ -15,10 +15,12 @@ ValueError: given_kind checks the arguments declared `written_with`). For MLX ca
 `mfa_native.mlx.attention_with_kvcache` appends with MLX's own in-place update, then calls
 this without an append. Inference only.
 
-A paged QuantizedTensor cache has the pages' layout in every field: data (num_blocks,
-page_size, Hkv, D * bits / 32 words or D / 32 blocks) and affine scales and biases
-(num_blocks, page_size, Hkv, D / group_size), each field's pages following each other in
-memory.
+A paged cache is bound as rows shared by every batch (batch stride 0): page i's first row is
+row i * page_rows, page_rows being page_size where the pages follow each other and more where
+other data lies between them (HND pages, K and V stacked per page), so any page size and any
+layout whose pages are whole rows apart is read in place. A paged QuantizedTensor cache has
+the pages' layout in every field: data (num_blocks, page_size, Hkv, D * bits / 32 words or
+D / 32 blocks) and affine scales and biases (num_blocks, page_size, Hkv, D / group_size).
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ Q = Arg("q", "array", leading=True, keyword=False, doc="""
 CACHE_TYPES = "numpy arrays, torch CPU or contiguous MPS tensors, or QuantizedTensors of them"
 K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, written_with="k", doc="""
     contiguous (B, Cmax, Hkv, D), or with block_table the pages (num_blocks, page_size, Hkv,
-    D), page_size a multiple of 8, each page's rows following the previous page's in memory.
-    Rows past a batch's attended length are never read (they may hold NaN). May be a
+    D), any page_size (1 included); the pages are read in place through their strides: one
+    after another, or whole rows apart with other data between them (FlashInfer's HND cache
+    (num_pages, Hkv, page_size, D) as `x.transpose(0, 2, 1, 3)`; its stacked (num_pages, 2,
+    page_size, Hkv, D) cache as `x[:, 0]` and `x[:, 1]`), k's and v's alike. Rows past a batch's attended length are never read (they may hold NaN). May be a
     QuantizedTensor (affine or a GGUF format; paged: every field laid out in pages, scales
     (num_blocks, page_size, Hkv, D / group_size)): read in the kernel as stored, and the
     appended rows quantized on the device as `quantize` does. An MPS tensor is bound in place
@@ -75,17 +79,37 @@ def _four(x, name: str, axes: str):
     return x
 
 
-def _as_rows(cache, name: str, batch: int):
-    """A paged cache as (B, num_blocks * page_size, Hkv, D) rows, shared by every batch (stride 0);
-    a QuantizedTensor's fields each so."""
+def _page_rows(cache, name: str) -> int:
+    """How many rows (of axis 1's stride) one page's start is from the next's: page_size where
+    the pages follow each other, more where other data lies between them (a page-major HND
+    cache `x.transpose(0, 2, 1, 3)`: Hkv * page_size; K or V of FlashInfer's stacked (num_pages,
+    2, page_size, Hkv, D) cache: 2 * page_size). Every field of a QuantizedTensor must agree."""
     if isinstance(cache, QuantizedTensor):
-        return cache.with_fields(**{field: _as_rows(x, f"{name}.{field}", batch) for field, x in cache.arrays().items()})
+        found = {field: _page_rows(x, f"{name}.{field}") for field, x in cache.arrays().items()}
+        if len(set(found.values())) > 1:
+            raise ValueError(f"{name}'s fields must lay their pages out alike, got pages {found} rows apart")
+        return next(iter(found.values()))
     blocks, page = cache.shape[:2]
-    if blocks > 1 and cache.strides[0] != page * cache.strides[1]:
-        raise ValueError(f"{name}'s pages must follow each other in memory (stride of axis 0 = page_size * stride "
-                         f"of axis 1), got strides {cache.strides}")
-    # as_strided keeps the cache writable (broadcast_to would not): the append kernels write it
-    return np.lib.stride_tricks.as_strided(cache, (batch, blocks * page, *cache.shape[2:]), (0, *cache.strides[1:]))
+    if blocks == 1 or page == 1:   # one page, or one row a page: the page stride is the row stride
+        return page
+    between, row = cache.strides[:2]
+    if row <= 0 or between % row or between // row < page:
+        raise ValueError(f"{name}'s pages must be whole rows apart, without overlapping (stride of axis 0 a "
+                         f"multiple, at least page_size, of axis 1's), got strides {cache.strides}")
+    return between // row
+
+
+def _as_rows(cache, batch: int, page_rows: int):
+    """A paged cache as (B, rows, Hkv, D), every page's rows among them (page i's first is row i *
+    page_rows), shared by every batch (stride 0); a QuantizedTensor's fields each so."""
+    if isinstance(cache, QuantizedTensor):
+        return cache.with_fields(**{field: _as_rows(x, batch, page_rows) for field, x in cache.arrays().items()})
+    blocks, page = cache.shape[:2]
+    row = cache.strides[0] if page == 1 else cache.strides[1]
+    # as_strided keeps the cache writable (broadcast_to would not): the append kernels write it. The
+    # rows end at the last page's last one: nothing past the caller's memory is in the view.
+    return np.lib.stride_tricks.as_strided(cache, (batch, (blocks - 1) * page_rows + page, *cache.shape[2:]),
+                                           (0, row, *cache.strides[2:]))
 
 
 class Cache:
@@ -114,6 +138,10 @@ class Cache:
         self.page = k_cache.shape[1] if self.paged else None
         if self.paged:
             self.blocks = k_cache.shape[0]
+            self.page_rows = _page_rows(k_cache, "k_cache")
+            if _page_rows(v_cache, "v_cache") != self.page_rows:
+                raise ValueError(f"v_cache's pages must be as many rows apart as k_cache's ({self.page_rows}), got "
+                                 f"{_page_rows(v_cache, 'v_cache')}")
             table = check.as_array(block_table, "block_table")
             if table.dtype != np.int32 or table.ndim != 2 or table.shape[0] != self.batch:
                 raise ValueError(f"block_table must be int32 (B, max_blocks) with B = {self.batch}, got "
@@ -130,10 +158,11 @@ class Cache:
         k_cache, v_cache = _four(k_cache, "k_cache", ""), _four(v_cache, "v_cache", "")
         if not self.paged:
             return k_cache, v_cache
-        return _as_rows(k_cache, "k_cache", self.batch), _as_rows(v_cache, "v_cache", self.batch)
+        return _as_rows(k_cache, self.batch, self.page_rows), _as_rows(v_cache, self.batch, self.page_rows)
 
     def keys(self) -> CacheKeys:
-        return CacheKeys(self.appended, self.page, self.width if self.paged else None)
+        return CacheKeys(self.appended, self.page, self.width if self.paged else None,
+                         self.page_rows if self.paged else None)
 
     def check(self, cache_seqlens, block_table) -> np.ndarray:
         """cache_seqlens as bound, checked with the block table's pages that must be read; None
@@ -315,7 +344,8 @@ ATTENTION_WITH_KVCACHE = Op(
     ValueError: shapes that disagree; k without v (or v without k); cache_seqlens missing
         with k and v, not int32 (B,), negative, or cache_seqlens + Rn beyond the capacity;
         block_table not int32 (B, max_blocks) or naming a page outside k_cache for a
-        position that is read; pages that do not follow each other in memory; an MPS cache
+        position that is read; pages not whole rows apart, overlapping, or laid out unlike
+        k_cache's in v_cache or another field; an MPS cache
         the append cannot write in place; any other argument `attention` refuses.
     """,
     example="""

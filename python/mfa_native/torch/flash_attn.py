@@ -231,7 +231,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q="(B, R, Hq, D) torch tensor, float32, float16 or bfloat16 (CPU or MPS).",
     k_cache="""
         (B, Cmax, Hkv, D), or with block_table the pages (num_blocks, page_size, Hkv, D),
-        page_size a multiple of 8; q's dtype, or a QuantizedTensor. Written in place by the
+        any page_size, pages read in place through their strides (an HND or K/V-stacked page
+        layout as a strided view); q's dtype, or a QuantizedTensor. Written in place by the
         append (an MPS cache must be contiguous).""",
     v_cache="like k_cache, Dv wide.",
     k="(B, Rn, Hkv, D), optional: appended to k_cache in place at positions cache_seqlens[b] ..",

@@ -17,6 +17,7 @@ from ..kernel.msl import BUILTINS_THREAD, MSL_TYPES, offset
 from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import SIZES_OPERAND, Extent
 from ..kernel.source import KernelSource, assemble
+from ..kernel.tiles import paged_row
 from ..storage.formats import encode_group
 
 THREADS = 64    # (row, unit) items per threadgroup
@@ -50,7 +51,7 @@ def plan(d, name: str) -> LaunchPlan:
     return LaunchPlan(f"append_{name}", tuple(ops), grid, THREADS, d.sizes)
 
 
-def locate(units_per_row: int, page_size: int | None) -> list[str]:
+def locate(units_per_row: int, page_size: int | None, page_rows: int | None) -> list[str]:
     """This thread's new row r = (b, i, h), its `unit`, and `row`: the cache row it goes to."""
     lines = [f"const ulong t = ulong(group.x) * {THREADS} + lane;",
              f"if (t >= ulong(B) * Rn * Hkv * {units_per_row}) {{",
@@ -62,8 +63,8 @@ def locate(units_per_row: int, page_size: int | None) -> list[str]:
              "const uint b = uint(r / (ulong(Hkv) * Rn));",
              "const uint at = uint(cache_seqlens[b]) + uint(r / Hkv % Rn);   // its logical position"]
     if page_size:
-        return lines + [f"const uint row = uint(block_table[ulong(b) * Wt + at / {page_size}]) * {page_size}u"
-                        f" + at % {page_size}u;   // its page's row"]
+        page = f"block_table[ulong(b) * Wt + at / {page_size}]"
+        return lines + [f"const uint row = {paged_row(page, 'at', page_size, page_rows)};   // its page's row"]
     return lines + ["const uint row = at;"]
 
 
@@ -94,7 +95,7 @@ def generate_append(d, name: str) -> KernelSource:
     """The append kernel of cache tensor `name` ("k" or "v") for attention facts `d`."""
     features, storage, layout = _tensor(d, name)
     quantized = hasattr(storage, "format")
-    body = locate(units(storage, features), d.keys.page_size)
+    body = locate(units(storage, features), d.keys.page_size, d.keys.page_rows)
     body += storage.pointers(name, layout, "h", d.dtype, const=False)
     body += store_quantized(d, name, features, storage) if quantized else store_plain(name, features, layout)
     summary = [f"append_{name}: Rn new rows into the KV cache at cache_seqlens[b] + i, in place"

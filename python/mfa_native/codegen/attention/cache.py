@@ -43,17 +43,22 @@ CACHE_BOUNDS = Bounds("0", "R", "0", "kv_end")
 @dataclass(frozen=True)
 class CacheKeys(KeyVisit):
     """The problem side: `appended` rows (Rn) written by this call; paged with `page_size`
-    rows per page and `pages_per_batch` (block_table's width), else contiguous."""
+    rows per page (any, 1 included), `pages_per_batch` (block_table's width) and the pages'
+    starts `page_rows` rows apart (None: page_size, pages following each other), else
+    contiguous."""
 
     appended: int
     page_size: int | None = None
     pages_per_batch: int | None = None
+    page_rows: int | None = None
 
     size_docs = {"Rn": "rows appended to the KV cache by this call", "Wt": "pages per batch (block_table's width)"}
 
     def __post_init__(self) -> None:
-        if self.page_size is not None and (self.page_size < 8 or self.page_size % 8):
-            raise ValueError(f"page_size must be a positive multiple of 8, got {self.page_size}")
+        if self.page_size is not None and self.page_size < 1:
+            raise ValueError(f"page_size must be positive, got {self.page_size}")
+        if self.page_rows is not None and (self.page_size is None or self.page_rows < self.page_size):
+            raise ValueError(f"pages {self.page_rows} rows apart cannot hold {self.page_size} rows each")
 
     @property
     def split_length(self) -> str:
@@ -64,16 +69,18 @@ class CacheKeys(KeyVisit):
         return {"Rn": self.appended, **({"Wt": self.pages_per_batch} if self.page_size is not None else {})}
 
     def describe(self, p, family: str, baked) -> CacheFacts:
-        return CacheFacts(self.page_size, (p.dtype, p.head_dim, p.value_dim) if self.appended else None)
+        return CacheFacts(self.page_size, (p.dtype, p.head_dim, p.value_dim) if self.appended else None,
+                          self.page_rows or self.page_size)
 
 
 @dataclass(frozen=True)
 class CacheFacts(KeyWalk):
-    """The kernel side: the page size (None: contiguous), and with an append the new rows'
-    (dtype, D, Dv); lengths are runtime values."""
+    """The kernel side: the page size (None: contiguous), with an append the new rows' (dtype,
+    D, Dv), and the rows from one page's start to the next's; lengths are runtime values."""
 
     page_size: int | None
     new_rows: tuple[str, int, int] | None = None
+    page_rows: int | None = None
 
     bounds = CACHE_BOUNDS
     catalog = CATALOG
@@ -94,7 +101,9 @@ class CacheFacts(KeyWalk):
         return lines
 
     def positions(self, end: str) -> Positions:
-        return Positions(end, pages="pages", page_size=self.page_size) if self.page_size else Positions(end)
+        if not self.page_size:
+            return Positions(end)
+        return Positions(end, pages="pages", page_size=self.page_size, page_rows=self.page_rows)
 
     def inputs(self, spec) -> dict:
         B = Extent(1, ("B",))
@@ -119,7 +128,10 @@ class CacheFacts(KeyWalk):
         return name in self.key_lists
 
     def summary(self) -> str:
-        return f"; KV cache, {f'paged ({self.page_size} rows a page)' if self.page_size else 'contiguous'}"
+        if not self.page_size:
+            return "; KV cache, contiguous"
+        apart = f", {self.page_rows} rows apart" if self.page_rows != self.page_size else ""
+        return f"; KV cache, paged ({self.page_size} rows a page{apart})"
 
     def forward_kernels(self, d, dense: Kernels) -> tuple:
         """The append kernels (with new rows), then the attention kernel reading what they wrote."""

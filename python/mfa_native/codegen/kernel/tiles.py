@@ -71,6 +71,14 @@ def index(row: str, row_stride: Extent, col: str) -> str:
     return f"{part} + {col}" if part else col
 
 
+def paged_row(page: str, position: str, page_size: int, page_rows: int) -> str:
+    """The storage row of logical `position` of a paged KV cache whose pages hold `page_size`
+    rows and start `page_rows` rows apart (page_size where they follow each other; more for
+    pages interleaved with other data: FlashInfer's HND layout, K and V stacked per page):
+    row position % page_size of page `page` (an MSL expression of its number)."""
+    return f"uint({page}) * {page_rows}u + uint({position} % {page_size})"
+
+
 @dataclass(frozen=True)
 class Positions:
     """The sequence positions a tile loads: `first + offset` clamped below `end` (a visited
@@ -78,21 +86,23 @@ class Positions:
     below `end`, the list's count). A listed position outside 0..C-1 loads 0: it is skipped
     and never read. With `kept`, an array of one flag per position, a position whose flag
     is 0 loads 0 (its values, even NaN, reach no product). With `pages` (a paged KV cache),
-    logical position p is row p % page_size of page `pages`[p / page_size]."""
+    logical position p is row p % page_size of page `pages`[p / page_size] (`paged_row`,
+    pages `page_rows` rows apart)."""
 
     end: str
     listed: str | None = None
     kept: str | None = None
     pages: str | None = None
     page_size: int = 0
+    page_rows: int = 0
 
     def declare(self, name: str, slot: str) -> list[str]:
         """Defines `name` (the position of `slot`) and, for listed positions, `name`_valid."""
         clamped = f"min({slot}, int({self.end}) - 1)"
         if self.pages is not None:
+            page = f"{self.pages}[{name}_at / {self.page_size}]"
             return [f"const int {name}_at = {clamped};  // logical position: row {name}_at % page of its page",
-                    f"const uint {name} = uint({self.pages}[{name}_at / {self.page_size}]) * {self.page_size}u"
-                    f" + uint({name}_at % {self.page_size});"]
+                    f"const uint {name} = {paged_row(page, f'{name}_at', self.page_size, self.page_rows)};"]
         if self.listed is None:
             return [f"const uint {name} = uint({clamped});"]
         return [f"const int {name}_listed = {self.listed}[{clamped}];",
@@ -104,8 +114,8 @@ class Positions:
         itself, or with `pages` its page's row (the packed kernels' stage reads rows so)."""
         if self.pages is None:
             return position
-        return (f"int(uint({self.pages}[({position}) / {self.page_size}]) * {self.page_size}u"
-                f" + uint(({position}) % {self.page_size}))")
+        page = f"{self.pages}[({position}) / {self.page_size}]"
+        return f"int({paged_row(page, f'({position})', self.page_size, self.page_rows)})"
 
     def valid(self, name: str) -> str | None:
         """The condition under which position `name` loads its values (None: always)."""
