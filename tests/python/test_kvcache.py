@@ -129,6 +129,9 @@ def test_paged_layouts_that_cannot_be_read_in_place_are_refused(rng):
     k_cache, v_cache = paged_views("NHD", 6, 8, HKV)
     with pytest.raises(ValueError, match="k_cache's pages must be whole rows apart, without overlapping"):
         mfa_native.attention_with_kvcache(q, overlapping, v_cache, cache_seqlens=lengths, block_table=table)
+    with pytest.raises(ValueError, match=r"k_cache's page_size \(axis 1 of \(num_blocks, page_size, Hkv, D\)\) must be at least 1"):
+        mfa_native.attention_with_kvcache(q, k_cache[:, :0], v_cache[:, :0], cache_seqlens=lengths * 0,
+                                          block_table=table)
     _, hnd_v = paged_views("HND", 6, 8, HKV)
     with pytest.raises(ValueError, match=r"v_cache's pages must be as many rows apart as k_cache's \(8\), got 16"):
         mfa_native.attention_with_kvcache(q, k_cache, hnd_v, cache_seqlens=lengths, block_table=table)

@@ -138,6 +138,8 @@ class Cache:
         self.page = k_cache.shape[1] if self.paged else None
         if self.paged:
             self.blocks = k_cache.shape[0]
+            if self.page == 0:
+                raise ValueError(f"k_cache's page_size (axis 1 of {axes}) must be at least 1, got shape {k_cache.shape}")
             self.page_rows = _page_rows(k_cache, "k_cache")
             if _page_rows(v_cache, "v_cache") != self.page_rows:
                 raise ValueError(f"v_cache's pages must be as many rows apart as k_cache's ({self.page_rows}), got "
