@@ -243,8 +243,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         an int or int32 (B,): each sequence's cache length before this call (not modified).
         None: every sequence is the whole cache (Cmax, or max_blocks * page_size), as
         flash-attn; required with k and v.""",
-    cache_batch_idx="None only (raises NotImplementedError otherwise).",
-    cache_leftpad="None only (raises NotImplementedError otherwise).",
+    cache_batch_idx="""
+        int32 (B,), optional, contiguous caches only: batch element b uses cache row
+        cache_batch_idx[b] of k_cache (B_cache, Cmax, Hkv, D); None: row b.""",
+    cache_leftpad="""
+        int32 (B,), optional, contiguous caches only: sequence b starts at position
+        cache_leftpad[b] of its cache row (its keys are leftpad .. cache_seqlens - 1, then the
+        new rows; causal and the window count from its first key); None: 0.""",
     block_table="int32 (B, max_blocks), optional: a paged cache's pages per sequence.",
     causal="aligns the last query with the last attended key (cache_seqlens[b] + Rn).",
     window_size="(left, right) around that diagonal, -1 unbounded; (-1, -1) is no window.",
@@ -253,13 +258,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return_softmax_lse="also return softmax_lse (B, Hq, R) float32.",
     returns="out (B, R, Hq, Dv) in q's dtype; with return_softmax_lse the tuple (out, softmax_lse).",
     raises="""
-    NotImplementedError: rotary embedding, cache_batch_idx, cache_leftpad, softcap or
-        alibi_slopes asked for, naming it.
+    NotImplementedError: rotary embedding, softcap or alibi_slopes asked for, naming it.
     TypeError: q and the caches of different dtypes; any argument
         `mfa_native.attention_with_kvcache` refuses with a TypeError.
     ValueError: cache_seqlens missing with k and v, or cache_seqlens + Rn beyond the
-        capacity; a block_table entry outside k_cache for a position read; any other
-        argument `mfa_native.attention_with_kvcache` refuses.
+        capacity; a block_table entry outside k_cache for a position read; cache_batch_idx or
+        cache_leftpad with block_table, not int32 (B,), a cache_batch_idx outside the cache's
+        rows (or repeated, with an append), a cache_leftpad outside 0..cache_seqlens[b]; any
+        other argument `mfa_native.attention_with_kvcache` refuses.
     """,
     example="""
     import torch
@@ -282,12 +288,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
     import torch
 
-    unsupported(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
-                cache_leftpad=cache_leftpad, softcap=softcap, alibi_slopes=alibi_slopes)
+    unsupported(rotary_cos=rotary_cos, rotary_sin=rotary_sin, softcap=softcap, alibi_slopes=alibi_slopes)
     from ..ops.kvcache import attention_with_kvcache
+    from .cache_rows import paged_view
 
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32)
+    if cache_batch_idx is not None or cache_leftpad is not None:
+        k_cache, v_cache, block_table, cache_seqlens = paged_view(
+            q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+            0 if k is None else k.shape[1])
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table,
                                   scale=softmax_scale, causal=bool(causal), window=window_of(window_size),
                                   return_lse=bool(return_softmax_lse))
