@@ -237,8 +237,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     v_cache="like k_cache, Dv wide.",
     k="(B, Rn, Hkv, D), optional: appended to k_cache in place at positions cache_seqlens[b] ..",
     v="(B, Rn, Hkv, Dv): the same for v_cache (given with k).",
-    rotary_cos="None only: no rotary embedding (a tensor raises NotImplementedError).",
-    rotary_sin="None only.",
+    rotary_cos="""
+        (seqlen_ro, rotary_dim / 2) in q's dtype, optional, with k and v: the rotary embedding of
+        q and the new k at their absolute positions (cache_seqlens[b] + i; every q row at
+        cache_seqlens[b] when neither causal nor a window), as flash-attn; v is never rotated.
+        Applied by torch operations on the tensors' device before the pass.""",
+    rotary_sin="(seqlen_ro, rotary_dim / 2), like rotary_cos.",
     cache_seqlens="""
         an int or int32 (B,): each sequence's cache length before this call (not modified).
         None: every sequence is the whole cache (Cmax, or max_blocks * page_size), as
@@ -253,16 +257,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     block_table="int32 (B, max_blocks), optional: a paged cache's pages per sequence.",
     causal="aligns the last query with the last attended key (cache_seqlens[b] + Rn).",
     window_size="(left, right) around that diagonal, -1 unbounded; (-1, -1) is no window.",
-    rotary_interleaved="ignored (no rotary embedding).",
+    rotary_interleaved="""
+        True: features (0, 1), (2, 3) ... rotate together (GPT-J); False: feature j with
+        j + rotary_dim / 2 (GPT-NeoX).""",
     num_splits="a hint, ignored: mfa_native sizes the split of the keys itself.",
     return_softmax_lse="also return softmax_lse (B, Hq, R) float32.",
     returns="out (B, R, Hq, Dv) in q's dtype; with return_softmax_lse the tuple (out, softmax_lse).",
     raises="""
-    NotImplementedError: rotary embedding, softcap or alibi_slopes asked for, naming it.
+    NotImplementedError: softcap or alibi_slopes asked for, naming it.
     TypeError: q and the caches of different dtypes; any argument
         `mfa_native.attention_with_kvcache` refuses with a TypeError.
     ValueError: cache_seqlens missing with k and v, or cache_seqlens + Rn beyond the
-        capacity; a block_table entry outside k_cache for a position read; cache_batch_idx or
+        capacity; rotary tables of the wrong shape or dtype, too short for the positions, or
+        given without k and v; a block_table entry outside k_cache for a position read; cache_batch_idx or
         cache_leftpad with block_table, not int32 (B,), a cache_batch_idx outside the cache's
         rows (or repeated, with an append), a cache_leftpad outside 0..cache_seqlens[b]; any
         other argument `mfa_native.attention_with_kvcache` refuses.
@@ -288,12 +295,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
     import torch
 
-    unsupported(rotary_cos=rotary_cos, rotary_sin=rotary_sin, softcap=softcap, alibi_slopes=alibi_slopes)
+    unsupported(softcap=softcap, alibi_slopes=alibi_slopes)
     from ..ops.kvcache import attention_with_kvcache
     from .cache_rows import paged_view
+    from .rotary import rotate
 
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32)
+    if rotary_cos is not None or rotary_sin is not None:
+        q, k = rotate(q, k, rotary_cos, rotary_sin, cache_seqlens, bool(rotary_interleaved),
+                      bool(causal) or tuple(window_size) != (-1, -1))
     if cache_batch_idx is not None or cache_leftpad is not None:
         k_cache, v_cache, block_table, cache_seqlens = paged_view(
             q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
