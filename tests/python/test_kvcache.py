@@ -137,6 +137,22 @@ def test_paged_layouts_that_cannot_be_read_in_place_are_refused(rng):
         mfa_native.attention_with_kvcache(q, k_cache, hnd_v, cache_seqlens=lengths, block_table=table)
 
 
+def test_stacked_halves_with_an_append_are_refused_on_metal_only(rng):
+    """Metal stages host memory per binding and copies each staged range back whole, so the
+    halves of one stacked tensor would overwrite each other's new rows there: refused on Metal
+    (checked here through the check itself), taken by the cpu backend (the test above)."""
+    from mfa_native.ops.kvcache import Cache
+
+    k_cache, v_cache = paged_views("stacked", 6, 4, HKV, (D, D))
+    q, new = rng.standard_normal((B, 1, HQ, D)).astype(np.float32), rng.standard_normal((B, 1, HKV, D)).astype(np.float32)
+    cache = Cache(q, k_cache, v_cache, new, new, np.zeros((B, 2), np.int32))
+    with pytest.raises(ValueError, match="v_cache shares memory with k_cache"):
+        cache.apart_where_staged(k_cache, v_cache, "metal")
+    cache.apart_where_staged(k_cache, v_cache, "cpu")
+    separate = paged_views("NHD", 6, 4, HKV, (D, D))
+    cache.apart_where_staged(*separate, "metal")
+
+
 def test_a_quantized_cache_in_hnd_pages_of_odd_size(rng):
     """A q5_1 / q4_1 cache whose every field is laid out in HND pages of 3 rows: read in place
     and appended with quantize's bytes."""

@@ -51,7 +51,8 @@ K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, written_with="k",
     D), any page_size (1 included); the pages are read in place through their strides: one
     after another, or whole rows apart with other data between them (FlashInfer's HND cache
     (num_pages, Hkv, page_size, D) as `x.transpose(0, 2, 1, 3)`; its stacked (num_pages, 2,
-    page_size, Hkv, D) cache as `x[:, 0]` and `x[:, 1]`), k's and v's alike. Rows past a batch's attended length are never read (they may hold NaN). May be a
+    page_size, Hkv, D) cache as `x[:, 0]` and `x[:, 1]`, not with an append on Metal), k's and
+    v's alike. Rows past a batch's attended length are never read (they may hold NaN). May be a
     QuantizedTensor (affine or a GGUF format; paged: every field laid out in pages, scales
     (num_blocks, page_size, Hkv, D / group_size)): read in the kernel as stored, and the
     appended rows quantized on the device as `quantize` does. An MPS tensor is bound in place
@@ -205,6 +206,19 @@ class Cache:
                                     f"writes it in place ({CACHE_TYPES} can be written; for MLX caches use "
                                     "mfa_native.mlx.attention_with_kvcache)")
 
+    def apart_where_staged(self, k_cache, v_cache, device_kind: str) -> None:
+        """Raises ValueError when the append writes k_cache and v_cache on Metal and they share
+        memory (the halves of one stacked tensor): Metal stages host memory it cannot wrap per
+        binding and copies each staged range back whole, so one cache's copy would overwrite the
+        other's new rows. The cpu backend binds host memory in place, where they may share it."""
+        if not self.appended or device_kind != "metal":
+            return
+        k_fields, v_fields = _arrays(k_cache, "k_cache").values(), _arrays(v_cache, "v_cache").values()
+        if any(np.may_share_memory(a, b) for a in k_fields for b in v_fields):
+            raise ValueError("v_cache shares memory with k_cache (one stacked tensor): on Metal an append to them "
+                             "would let one cache's staged copy overwrite the other's new rows; give separate k "
+                             "and v tensors there (the cpu backend takes stacked ones)")
+
     def rows_written(self, cache_seqlens, block_table) -> tuple[np.ndarray, np.ndarray]:
         """Where the append writes: index arrays (B, Rn) of a cache's first two axes (batch and
         position, or page and row) for row i of batch b at position cache_seqlens[b] + i."""
@@ -304,6 +318,7 @@ def _prepare(call: Call, device):
         values = {name: arguments[i] for name, i in at.items()}
         cache.check(values["cache_seqlens"], values["block_table"])
         cache.writable(values["k_cache"], values["v_cache"])
+        cache.apart_where_staged(values["k_cache"], values["v_cache"], device.kind)
         if empty:
             cache.append_on_host(values["k_cache"], values["v_cache"], values["cache_seqlens"], values["k"],
                                  values["v"], values["block_table"])
@@ -347,7 +362,8 @@ ATTENTION_WITH_KVCACHE = Op(
         with k and v, not int32 (B,), negative, or cache_seqlens + Rn beyond the capacity;
         block_table not int32 (B, max_blocks) or naming a page outside k_cache for a
         position that is read; pages not whole rows apart, overlapping, or laid out unlike
-        k_cache's in v_cache or another field; an MPS cache
+        k_cache's in v_cache or another field; on Metal, an append to k and v caches that
+        share memory; an MPS cache
         the append cannot write in place; any other argument `attention` refuses.
     """,
     example="""
