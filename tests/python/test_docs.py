@@ -217,6 +217,15 @@ def test_files_the_docs_name_exist():
     assert "../shared" not in README
 
 
+def test_the_readme_cpp_excerpt_is_lines_of_the_built_project():
+    """The README's C++ example is lines of the C++ guide's project, which
+    tests/python/test_cpp_package.py builds and runs: not a sketch that could drift."""
+    excerpt = re.search(r"```cpp\n(.*?)```", README, re.S)[1].splitlines()
+    guide = (GUIDES / "cpp.md").read_text().split("## Attention from C++: bundles", 1)[1]
+    built = {line.strip() for line in re.search(r"```cpp\n(.*?)```", guide, re.S)[1].splitlines()}
+    assert excerpt and [line for line in excerpt if line.strip() not in built] == []
+
+
 def test_reference_needs_no_import_of_its_own():
     code = "import mfa_native; print(mfa_native.reference.attention_reference.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
