@@ -141,10 +141,10 @@ class Cache:
             self.blocks = k_cache.shape[0]
             if self.page == 0:
                 raise ValueError(f"k_cache's page_size (axis 1 of {axes}) must be at least 1, got shape {k_cache.shape}")
-            self.page_rows = _page_rows(k_cache, "k_cache")
-            if _page_rows(v_cache, "v_cache") != self.page_rows:
+            self.page_rows, v_rows = _page_rows(k_cache, "k_cache"), _page_rows(v_cache, "v_cache")
+            if v_rows != self.page_rows:
                 raise ValueError(f"v_cache's pages must be as many rows apart as k_cache's ({self.page_rows}), got "
-                                 f"{_page_rows(v_cache, 'v_cache')}")
+                                 f"{v_rows}")
             table = check.as_array(block_table, "block_table")
             if table.dtype != np.int32 or table.ndim != 2 or table.shape[0] != self.batch:
                 raise ValueError(f"block_table must be int32 (B, max_blocks) with B = {self.batch}, got "

@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import inspect
 
+import torch
+
 from ..ops.declaration import document
+from ..ops.kvcache import attention_with_kvcache
 from ..ops.varlen import ATTENTION_VARLEN
+from .cache_rows import paged_view
 from .functional import attention
 from .library import torch_function
+from .rotary import rotate
 
 attention_varlen = torch_function(ATTENTION_VARLEN, example="""
     import numpy as np
@@ -293,13 +298,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
-    import torch
-
     unsupported(softcap=softcap, alibi_slopes=alibi_slopes)
-    from ..ops.kvcache import attention_with_kvcache
-    from .cache_rows import paged_view
-    from .rotary import rotate
-
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32)
     if rotary_cos is not None or rotary_sin is not None:
