@@ -346,7 +346,8 @@ def _write_rows(cache, at: tuple[mx.array, mx.array], new: mx.array) -> None:
     cache.reread()
 
 
-def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v=None, block_table=None, scale=None,
+def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v=None, block_table=None,
+                           rotary_cos=None, rotary_sin=None, rotary_seqlens=None, rotary_interleaved=True, scale=None,
                            causal=False, window=None, sinks=None, return_lse=False):
     """`mfa_native.attention_with_kvcache` on MLX arrays, appending with MLX's own in-place update.
 
@@ -354,8 +355,10 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
     every check, k and v are written into the caller's k_cache and v_cache objects
     (`cache[index] = rows`; a QuantizedTensor cache's fields get `quantize(k)`'s integers and
     scales, as the device append writes them), then the call attends cache_seqlens + Rn keys
-    without an append. cache_seqlens is not modified. Inference only: a gradient asked
-    through it raises NotImplementedError. Runs eagerly (not inside mx.compile or mx.vmap).
+    without an append. cache_seqlens is not modified. No rotary tables (the rotation runs in the
+    pass's append, which MLX caches do not take): MLX models turn q and k themselves
+    (`mx.fast.rope`) before the call. Inference only: a gradient asked through it raises
+    NotImplementedError. Runs eagerly (not inside mx.compile or mx.vmap).
 
     Args:
         q: (B, R, Hq, D) MLX array, float32, float16 or bfloat16.
@@ -369,6 +372,10 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
             cache_seqlens[b] + Rn - 1, then attended.
         v: (B, Rn, Hkv, Dv), given with k.
         block_table: int32 (B, max_blocks), optional: a paged cache's pages per sequence.
+        rotary_cos: must be None here (NotImplementedError otherwise).
+        rotary_sin: must be None here.
+        rotary_seqlens: must be None here.
+        rotary_interleaved: unused without rotary tables.
         scale: the logit scale; None: 1 / sqrt(D).
         causal: True aligns the last query with the last attended key.
         window: (left, right) as in `mfa_native.attention`.
@@ -384,7 +391,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
             missing with k and v or beyond the capacity, block_table entries), before
             anything is written.
         TypeError: dtypes that differ; arguments of the wrong type.
-        NotImplementedError: a gradient asked through it.
+        NotImplementedError: a gradient asked through it; rotary_cos, rotary_sin or
+            rotary_seqlens given (turn q and k with `mx.fast.rope` first).
         RuntimeError: called inside mx.compile or mx.vmap.
 
     Example:
@@ -404,8 +412,13 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
         assert mx.allclose(out, expected.transpose(0, 2, 1, 3), atol=1e-5).item()
         ```
     """
+    for name, table in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("rotary_seqlens", rotary_seqlens)):
+        if table is not None:
+            raise NotImplementedError(f"{name}: the rotary embedding of MLX KV caches is not implemented (the "
+                                      "append to MLX arrays runs in MLX); turn q and k with mx.fast.rope first")
     values = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, k=None, v=None,
-                  block_table=block_table, scale=scale, causal=causal, window=window, sinks=sinks,
+                  block_table=block_table, rotary_cos=None, rotary_sin=None, rotary_seqlens=None,
+                  rotary_interleaved=rotary_interleaved, scale=scale, causal=causal, window=window, sinks=sinks,
                   return_lse=return_lse, device=None)
     if k is not None or v is not None:
         views = {name: _host(x, name) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),

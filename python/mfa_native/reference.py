@@ -400,10 +400,32 @@ def logical_cache(cache, cache_seqlens, new=None, block_table=None) -> list[np.n
     return rows
 
 
-def attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, *,
-                                     scale=None, causal=False, window=None, sinks=None, return_lse=False):
+def rotary_reference(x, cos, sin, positions, interleaved: bool = True) -> np.ndarray:
+    """x (B, S, H, D) in float64 with the first 2 * cos.shape[1] features of row (b, s) turned
+    by row positions[b, s] of the tables (flash-attn's rotary embedding): pairs (2j, 2j + 1)
+    when interleaved, else (j, j + rotary_dim / 2); (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)."""
+    x = np.asarray(x).astype(np.float64)
+    half = np.asarray(cos).shape[1]
+    c, s = (np.asarray(t).astype(np.float64)[np.asarray(positions)][:, :, None, :] for t in (cos, sin))
+    first, second = ((slice(0, 2 * half, 2), slice(1, 2 * half, 2)) if interleaved
+                     else (slice(0, half), slice(half, 2 * half)))
+    x1, x2 = x[..., first].copy(), x[..., second].copy()
+    x[..., first], x[..., second] = x1 * c - x2 * s, x1 * s + x2 * c
+    return x
+
+
+def attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None,
+                                     rotary_cos=None, rotary_sin=None, rotary_seqlens=None, rotary_interleaved=True,
+                                     *, scale=None, causal=False, window=None, sinks=None, return_lse=False):
     """flash_attn_with_kvcache in float64: batch b's q (R, Hq, D) ("bshd") attends its
-    attended cache rows (logical_cache); out (B, R, Hq, Dv), lse (B, Hq, R)."""
+    attended cache rows (logical_cache); out (B, R, Hq, Dv), lse (B, Hq, R). With rotary
+    tables, q and k are turned first (rotary_reference) at positions rotary_seqlens[b] (else
+    cache_seqlens[b]) + i, q's rows all at the start unless causal or a window."""
+    if rotary_cos is not None:
+        start = np.asarray(cache_seqlens if rotary_seqlens is None else rotary_seqlens).astype(np.int64)[:, None]
+        rows = np.arange(np.shape(q)[1]) if causal or window is not None else np.zeros(np.shape(q)[1], np.int64)
+        q = rotary_reference(q, rotary_cos, rotary_sin, start + rows, rotary_interleaved)
+        k = rotary_reference(k, rotary_cos, rotary_sin, start + np.arange(np.shape(k)[1]), rotary_interleaved)
     keys = logical_cache(k_cache, cache_seqlens, k, block_table)
     values = logical_cache(v_cache, cache_seqlens, v, block_table)
     parts = [attention_reference(np.asarray(q)[b:b + 1], kb[None], vb[None], scale=scale, causal=causal,

@@ -7,8 +7,9 @@ The append runs on the device, first in the attention pass: the append kernels
 as the pass's "inout" buffers, and quantize them on the way for a quantized cache (with
 `quantize`'s encoder: the same integers and scales); the attention kernel then reads the
 cache over each batch's attended length (codegen/attention/cache.py). Every check of the call
-runs first, on every call, so nothing is written on an error. An empty problem (no kernel
-runs) appends plain rows on the host. The caches must be memory the pass can bind writable
+runs first, on every call, so nothing is written on an error. With rotary tables, rotation
+kernels (codegen/attention/rotary.py) turn q and the new k first in the same pass
+(ops/rotary.py). An empty problem (no kernel runs) appends plain rows on the host. The caches must be memory the pass can bind writable
 in place: numpy arrays, torch CPU tensors, or contiguous torch MPS tensors (bound through
 DLPack, so the device append writes them; with an append, a non-contiguous MPS cache is a
 ValueError: given_kind checks the arguments declared `written_with`). For MLX caches,
@@ -35,6 +36,7 @@ from ..quantized import QuantizedTensor
 from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import tuning_facts
 from . import arguments as check
+from . import rotary as rotation
 from .attention import CAUSAL, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate
 from .declaration import Arg, Call, Op
 from .empty import empty_forward
@@ -163,9 +165,9 @@ class Cache:
             return k_cache, v_cache
         return _as_rows(k_cache, self.batch, self.page_rows), _as_rows(v_cache, self.batch, self.page_rows)
 
-    def keys(self) -> CacheKeys:
+    def keys(self, rotary=None, rotary_positions: int = 0) -> CacheKeys:
         return CacheKeys(self.appended, self.page, self.width if self.paged else None,
-                         self.page_rows if self.paged else None)
+                         self.page_rows if self.paged else None, rotary, rotary_positions)
 
     def check(self, cache_seqlens, block_table) -> np.ndarray:
         """cache_seqlens as bound, checked with the block table's pages that must be read; None
@@ -297,9 +299,13 @@ def _prepare(call: Call, device):
     q = _four(call.q, "q", "(B, R, Hq, D)")
     cache = Cache(q, call.k_cache, call.v_cache, call.k, call.v, call.block_table)
     k4, v4 = cache.caches(call.k_cache, call.v_cache)
+    if call.rotary_cos is not None:   # the rotation kernel writes q contiguous: the problem reads it so
+        q = np.ascontiguousarray(q)
     forward = validate((q, k4, v4, None, call.sinks), scale=call.scale, causal=call.causal, window=call.window,
                        layout="bshd", return_lse=call.return_lse, quantized_refusal=None)
-    p = replace(forward.problem, keys=cache.keys())
+    per_row = forward.problem.causal != "none" or forward.problem.window is not None
+    rotary = rotation.rotary_of(call, q, cache.appended, per_row)
+    p = replace(forward.problem, keys=cache.keys(rotary, 0 if rotary is None else len(call.rotary_cos)))
     checked = Validated(p, dict(forward.bound), dict(forward.converts), dict(forward.sources))
     checked.bound["cache_seqlens"] = lengths = cache.check(call.cache_seqlens, call.block_table)
     # None is part of the signature: its warm calls bind the same capacity lengths.
@@ -310,13 +316,18 @@ def _prepare(call: Call, device):
     names = call.op.array_names
     at = {name: names.index(name) for name in names}
     empty = check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len)
+    if empty and rotary is not None:
+        raise ValueError("rotary_cos with an empty problem (no queries or heads): the rotation runs on the "
+                         "device, in the attention pass, which has nothing to compute")
     if not empty:
         _bind_caches(checked, cache, call)
+        rotation.bind(checked, rotary, call)
 
     def check_contents(arguments) -> None:
         """Every call, before anything is written: the lengths and pages, and the caches writable."""
         values = {name: arguments[i] for name, i in at.items()}
-        cache.check(values["cache_seqlens"], values["block_table"])
+        lengths = cache.check(values["cache_seqlens"], values["block_table"])
+        rotation.check_positions(rotary, values, lengths, p.q_len, cache.appended)
         cache.writable(values["k_cache"], values["v_cache"])
         cache.apart_where_staged(values["k_cache"], values["v_cache"], device.kind)
         if empty:
@@ -337,8 +348,8 @@ def _prepare(call: Call, device):
 ATTENTION_WITH_KVCACHE = Op(
     "attention_with_kvcache",
     "Attention of new queries over a KV cache (flash-attn's flash_attn_with_kvcache), appending k and v to it.",
-    arguments=(Q, K_CACHE, V_CACHE, CACHE_SEQLENS, K_NEW, V_NEW, BLOCK_TABLE, SCALE, CAUSAL, WINDOW, SINKS,
-               RETURN_LSE),
+    arguments=(Q, K_CACHE, V_CACHE, CACHE_SEQLENS, K_NEW, V_NEW, BLOCK_TABLE, *rotation.ARGUMENTS, SCALE, CAUSAL,
+               WINDOW, SINKS, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_with_kvcache_reference,
@@ -347,8 +358,9 @@ ATTENTION_WITH_KVCACHE = Op(
     Batch b's queries attend the cache's first cache_seqlens[b] + Rn keys: causal=True lines
     the last query up with the last attended key; window and sinks as in `attention`. With k
     and v, the new rows are written into k_cache and v_cache first (on the device, in the
-    same pass), then attended. Every check runs first, on every call, so nothing is written
-    on an error.
+    same pass), then attended; with rotary_cos and rotary_sin, q and the new k are turned
+    first, in the same pass, and the cache holds the turned keys. Every check runs first, on
+    every call, so nothing is written on an error.
     """,
     returns="""
     The output o (B, R, Hq, Dv) of q's kind and dtype; with return_lse=True the tuple
@@ -363,7 +375,9 @@ ATTENTION_WITH_KVCACHE = Op(
         block_table not int32 (B, max_blocks) or naming a page outside k_cache for a
         position that is read; pages not whole rows apart, overlapping, or laid out unlike
         k_cache's in v_cache or another field; on Metal, an append to k and v caches that
-        share memory; an MPS cache
+        share memory; rotary tables not (seqlen_ro, rotary_dim / 2) of q's dtype with
+        rotary_dim <= D, too short for the positions turned, without k and v, or rotary_sin
+        or rotary_seqlens without rotary_cos; rotary_seqlens not int32 (B,) or negative; an MPS cache
         the append cannot write in place; any other argument `attention` refuses.
     """,
     example="""

@@ -22,7 +22,6 @@ from ..ops.varlen import ATTENTION_VARLEN
 from .cache_rows import paged_view
 from .functional import attention
 from .library import torch_function
-from .rotary import rotate
 
 attention_varlen = torch_function(ATTENTION_VARLEN, example="""
     import numpy as np
@@ -246,7 +245,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         (seqlen_ro, rotary_dim / 2) in q's dtype, optional, with k and v: the rotary embedding of
         q and the new k at their absolute positions (cache_seqlens[b] + i; every q row at
         cache_seqlens[b] when neither causal nor a window), as flash-attn; v is never rotated.
-        Applied by torch operations on the tensors' device before the pass.""",
+        Applied on the device, in the same pass as the append.""",
     rotary_sin="(seqlen_ro, rotary_dim / 2), like rotary_cos.",
     cache_seqlens="""
         an int or int32 (B,): each sequence's cache length before this call (not modified).
@@ -301,15 +300,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     unsupported(softcap=softcap, alibi_slopes=alibi_slopes)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32)
-    if rotary_cos is not None or rotary_sin is not None:
-        q, k = rotate(q, k, rotary_cos, rotary_sin, cache_seqlens, bool(rotary_interleaved),
-                      bool(causal) or tuple(window_size) != (-1, -1))
+    rotary_seqlens = None
     if cache_batch_idx is not None or cache_leftpad is not None:
+        # The rotation counts positions in the cache row, the pad included (flash-attn's rule).
+        rotary_seqlens = cache_seqlens if rotary_cos is not None else None
         k_cache, v_cache, block_table, cache_seqlens = paged_view(
             q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
             0 if k is None else k.shape[1])
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table,
-                                  scale=softmax_scale, causal=bool(causal), window=window_of(window_size),
+                                  rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_seqlens=rotary_seqlens,
+                                  rotary_interleaved=bool(rotary_interleaved), scale=softmax_scale,
+                                  causal=bool(causal), window=window_of(window_size),
                                   return_lse=bool(return_softmax_lse))
 
 

@@ -125,7 +125,8 @@ def attention_template(problem: AttentionProblem, *, family: str = CPU_FAMILY, b
         given.append(split_kv.DEVICE_SIZE)
         derived += split_kv.derived(p, family)
         guards.append("SPLIT" if split else "!SPLIT")
-    inputs = {**forward_inputs(p, d), **d.keys.inputs(tensor_spec(p))}
+    inputs = {d.keys.rebinds.get(name, name): spec
+              for name, spec in {**forward_inputs(p, d), **d.keys.inputs(tensor_spec(p))}.items()}
     return build_template("attention", kernels, sizes=given, inputs=inputs, outputs=outputs, derived=derived,
                           guards=guards, valid_for=valid_for(p, family))
 

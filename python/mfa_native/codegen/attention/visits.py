@@ -88,6 +88,11 @@ class KeyWalk:
     query_lists: tuple[str, ...] = ()
     """The buffers a kernel walking queries (dK/dV) reads."""
 
+    rebinds: dict[str, str] = {}
+    """Pass inputs the caller's arrays bind under another name: buffer -> name. The case's own
+    kernels read the array there and write the buffer, which the other kernels read as usual
+    (a KV cache's rotary embedding: q -> q_unrotated)."""
+
     def present(self, name: str) -> bool:
         """Whether buffer `name` of `catalog` exists for this problem (optional lists)."""
         return True
