@@ -106,8 +106,10 @@ def _kvcache(rng):
     k_cache, v_cache = (rng.standard_normal((9, 8, HKV, D)).astype(np.float32) for _ in range(2))
     new = [rng.standard_normal((3, 3, HKV, D)).astype(np.float32) for _ in range(2)]
     table = rng.permutation(9)[:6].reshape(3, 2).astype(np.int32)
+    cos, sin = (rng.standard_normal((16, D // 4)).astype(np.float32) for _ in range(2))   # half of D turns
     return mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.array([0, 5, 13], np.int32),
-                                             k=new[0], v=new[1], block_table=table, causal=True, return_lse=True)
+                                             k=new[0], v=new[1], block_table=table, rotary_cos=cos, rotary_sin=sin,
+                                             causal=True, return_lse=True)
 
 
 def _topk(rng):
