@@ -58,7 +58,7 @@ SEQUENCE_BOUNDS = Bounds("q_start", "q_end", "k_start", "k_end", origin="origin"
 KEY_RANGES = {
     "packed": (["const uint k_start = uint(cu_seqlens_k[sequence]);  // the sequence's rows of k",
                 "const uint k_end = uint(cu_seqlens_k[sequence + 1]);"], ("cu_seqlens_k",)),
-    "used": (["const uint k_start = uint(cu_seqlens_k[sequence]);  // the first seqused_k of the sequence's rows of k",
+    "used": (["const uint k_start = uint(cu_seqlens_k[sequence]);  // the first seqused_k of its rows of k",
               "const uint k_end = k_start + uint(seqused_k[sequence]);"], ("cu_seqlens_k", "seqused_k")),
     "paged": (["const uint k_start = 0;  // logical positions, read through the sequence's pages",
                "const uint k_end = uint(seqused_k[sequence]);"], ("seqused_k", "block_table")),
@@ -189,6 +189,9 @@ class SequenceRows(PerHead):
         return query_rows_geometry(query_rows, gqa_ratio, batch + located, first)
 
 
+SEQUENCE_ROWS = {keys: SequenceRows(keys) for keys in KEY_RANGES}   # one each: descriptors holding it compare equal
+
+
 class PackedSequenceRows(PackedHeads):
     """Packed heads over packed sequences: threadgroup (x, y) takes unit x of q_units,
     `unit` queries of one sequence, as (query, head) pairs of kv head y; pairs past the unit's
@@ -265,7 +268,7 @@ class SequenceRanges(KeyVisit):
                                         for count, expression in derived_units(self.query_unit(p), self.key_range)}}
 
     def rows(self, p):
-        return PackedSequenceRows(self.query_unit(p), self.key_range) if self.packs(p) else SequenceRows(self.key_range)
+        return PackedSequenceRows(self.query_unit(p), self.key_range) if self.packs(p) else SEQUENCE_ROWS[self.key_range]
 
     def describe(self, p, family: str, baked) -> SequenceWalk:
         return SequenceWalk(self.query_unit(p), self.key_range)
