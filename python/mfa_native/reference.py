@@ -350,15 +350,40 @@ def _sequences(cu_seqlens_q, cu_seqlens_k):
     return [(slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])) for s in range(len(cu_q) - 1)]
 
 
-def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale=None, causal=False, window=None,
-                               sinks=None, return_lse=False):
+def sequence_keys(x, cu_seqlens_k, s: int, seqused_k=None, block_table=None) -> np.ndarray:
+    """Sequence s's keys (or values) of `x` as flash-attn reads them, (length, Hkv, D): packed,
+    rows cu_seqlens_k[s] .. of x (seqused_k[s] of them, else up to cu_seqlens_k[s + 1]); paged
+    (x the pages (num_blocks, page_size, Hkv, D)), logical position p at row p % page_size of page
+    block_table[s, p // page_size], for the first seqused_k[s] positions, else
+    cu_seqlens_k[s + 1] - cu_seqlens_k[s], else every listed page's."""
+    x = np.asarray(x)
+    if seqused_k is not None:
+        length = int(np.asarray(seqused_k)[s])
+    elif cu_seqlens_k is not None:
+        length = int(np.asarray(cu_seqlens_k)[s + 1]) - int(np.asarray(cu_seqlens_k)[s])
+    else:
+        length = np.asarray(block_table).shape[1] * x.shape[1]
+    if block_table is None:
+        start = int(np.asarray(cu_seqlens_k)[s])
+        return x[start:start + length]
+    page_size, positions = x.shape[1], np.arange(length)
+    return x[np.asarray(block_table)[s, positions // page_size], positions % page_size]
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, causal=False, window=None,
+                               sinks=None, return_lse=False, block_table=None, seqused_k=None):
     """Attention over packed sequences in float64: `attention_reference` on each sequence's
-    slices ("bshd", a batch of one), concatenated: out (total_q, Hq, Dv), lse (Hq, total_q)."""
-    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
-    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
+    query rows and keys (`sequence_keys`: packed, or paged with block_table) as a batch of one
+    ("bshd"), concatenated: out (total_q, Hq, Dv), lse (Hq, total_q)."""
+    q = np.asarray(q).astype(np.float64)
+    out = np.zeros((q.shape[0], q.shape[1], np.asarray(v).shape[-1]))
     lse = np.zeros((q.shape[1], q.shape[0]))
-    for rows, keys in _sequences(cu_seqlens_q, cu_seqlens_k):
-        o, l = attention_reference(q[None, rows], k[None, keys], v[None, keys], scale=scale, causal=causal,
+    cu_q = np.asarray(cu_seqlens_q).astype(np.int64)
+    for s in range(len(cu_q) - 1):
+        rows = slice(cu_q[s], cu_q[s + 1])
+        keys, values = (sequence_keys(x, cu_seqlens_k, s, seqused_k, block_table).astype(np.float64)
+                        for x in (k, v))
+        o, l = attention_reference(q[None, rows], keys[None], values[None], scale=scale, causal=causal,
                                    window=window, sinks=sinks, layout="bshd", return_lse=True)
         out[rows], lse[:, rows] = o[0], l[0]
     return (out, lse) if return_lse else out

@@ -13,8 +13,8 @@ from pathlib import Path
 # Tests whose kernels cover the generators: split-KV decode, sinks (infinite ones too),
 # backward, block and token lists, the Kernel API, quantized storage, head dims past 256 (the
 # K-then-V stage, the tiled sparse dK/dV), per-head kernels staging their blocks (stage_kv,
-# stage_q_dout), and one call of every declared op (test_poison: the indexer, the merge,
-# from_mask, the quantizers, int8).
+# stage_q_dout), packed heads staging the pages of varlen sequences, and one call of every
+# declared op (test_poison: the indexer, the merge, from_mask, the quantizers, int8).
 GENERATED_KERNEL_TESTS = [
     "tests/python/test_poison.py",
     "tests/python/test_infinite_sinks.py",
@@ -31,6 +31,7 @@ GENERATED_KERNEL_TESTS = [
     "tests/python/test_kernel.py",
     "tests/python/test_quantize.py::test_head_tensors",
     "tests/python/test_stage_kv.py",
+    "tests/python/test_varlen_paged.py::test_gqa_sinks_and_the_decode_of_packed_heads",
 ]
 
 

@@ -111,15 +111,6 @@ def test_what_mfa_native_lacks_is_refused_by_name(rng, name, value):
             call()
 
 
-def test_paged_varlen_is_refused_by_name(rng):
-    """flash-attn 2.8's flash_attn_varlen_func(block_table=) is a parameter here too, refused by
-    name (not an unexpected-keyword TypeError) until paged varlen exists."""
-    q = torch.from_numpy(rng.standard_normal((6, 2, 8)).astype(np.float32))
-    cu = torch.tensor([0, 6], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, block_table=torch.zeros(1, 1, dtype=torch.int32))
-
-
 def test_varlen_packed_forms_are_flash_attn_varlen_func_on_the_views(rng):
     """The packed varlen forms give flash_attn_varlen_func's bits on the unbound views, and their
     gradients reach the packed tensor."""

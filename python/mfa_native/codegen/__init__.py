@@ -29,6 +29,7 @@ from .attention.passes import (BAKE_LENGTHS, attention_backward_pass, attention_
                                attention_template, call_sizes)
 from .attention.cache import CacheKeys
 from .attention.problem import ALLOCATED, AttentionBackwardProblem, AttentionProblem
+from .attention.paged_sequences import PagedSequences
 from .attention.sequences import SequenceRanges, unit_table
 from .attention.split import kv_split
 from .int8.passes import int8_attention_pass, int8_quantizer_pass
@@ -85,6 +86,7 @@ __all__ = [
     "Operand",
     "PARTIAL_KERNEL_NAME",
     "PLAIN",
+    "PagedSequences",
     "Q_LISTS_DIFFER",
     "QuantizedStorage",
     "RuntimeSizes",

@@ -16,10 +16,8 @@ ValueError: given_kind checks the arguments declared `written_with`). For MLX ca
 `mfa_native.mlx.attention_with_kvcache` appends with MLX's own in-place update, then calls
 this without an append. Inference only.
 
-A paged cache is bound as rows shared by every batch (batch stride 0): page i's first row is
-row i * page_rows, page_rows being page_size where the pages follow each other and more where
-other data lies between them (HND pages, K and V stacked per page), so any page size and any
-layout whose pages are whole rows apart is read in place. A paged QuantizedTensor cache has
+A paged cache is bound as its pages' rows (ops/pages.py: any page size, any layout whose pages
+are whole rows apart, read in place), shared by every batch (batch stride 0). A paged QuantizedTensor cache has
 the pages' layout in every field: data (num_blocks, page_size, Hkv, D * bits / 32 words or
 D / 32 blocks) and affine scales and biases (num_blocks, page_size, Hkv, D / group_size).
 """
@@ -40,6 +38,7 @@ from . import rotary as rotation
 from .attention import CAUSAL, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate
 from .declaration import Arg, Call, Op
 from .empty import empty_forward
+from .pages import as_rows, block_table_form, check_pages_read, page_rows
 from .warm import prepared_call
 
 NEW_ROWS = {"k_new": "k", "v_new": "v"}   # the pass buffers of the appended rows, and their arguments
@@ -82,39 +81,6 @@ def _four(x, name: str, axes: str):
     return x
 
 
-def _page_rows(cache, name: str) -> int:
-    """How many rows (of axis 1's stride) one page's start is from the next's: page_size where
-    the pages follow each other, more where other data lies between them (a page-major HND
-    cache `x.transpose(0, 2, 1, 3)`: Hkv * page_size; K or V of FlashInfer's stacked (num_pages,
-    2, page_size, Hkv, D) cache: 2 * page_size). Every field of a QuantizedTensor must agree."""
-    if isinstance(cache, QuantizedTensor):
-        found = {field: _page_rows(x, f"{name}.{field}") for field, x in cache.arrays().items()}
-        if len(set(found.values())) > 1:
-            raise ValueError(f"{name}'s fields must lay their pages out alike, got pages {found} rows apart")
-        return next(iter(found.values()))
-    blocks, page = cache.shape[:2]
-    if blocks == 1 or page == 1:   # one page, or one row a page: the page stride is the row stride
-        return page
-    between, row = cache.strides[:2]
-    if row <= 0 or between % row or between // row < page:
-        raise ValueError(f"{name}'s pages must be whole rows apart, without overlapping (stride of axis 0 a "
-                         f"multiple, at least page_size, of axis 1's), got strides {cache.strides}")
-    return between // row
-
-
-def _as_rows(cache, batch: int, page_rows: int):
-    """A paged cache as (B, rows, Hkv, D), every page's rows among them (page i's first is row i *
-    page_rows), shared by every batch (stride 0); a QuantizedTensor's fields each so."""
-    if isinstance(cache, QuantizedTensor):
-        return cache.with_fields(**{field: _as_rows(x, batch, page_rows) for field, x in cache.arrays().items()})
-    blocks, page = cache.shape[:2]
-    row = cache.strides[0] if page == 1 else cache.strides[1]
-    # as_strided keeps the cache writable (broadcast_to would not): the append kernels write it. The
-    # rows end at the last page's last one: nothing past the caller's memory is in the view.
-    return np.lib.stride_tricks.as_strided(cache, (batch, (blocks - 1) * page_rows + page, *cache.shape[2:]),
-                                           (0, row, *cache.strides[2:]))
-
-
 class Cache:
     """The call's cache facts (shapes, capacity) and its checks of contents and append (every call)."""
 
@@ -143,14 +109,11 @@ class Cache:
             self.blocks = k_cache.shape[0]
             if self.page == 0:
                 raise ValueError(f"k_cache's page_size (axis 1 of {axes}) must be at least 1, got shape {k_cache.shape}")
-            self.page_rows, v_rows = _page_rows(k_cache, "k_cache"), _page_rows(v_cache, "v_cache")
+            self.page_rows, v_rows = page_rows(k_cache, "k_cache"), page_rows(v_cache, "v_cache")
             if v_rows != self.page_rows:
                 raise ValueError(f"v_cache's pages must be as many rows apart as k_cache's ({self.page_rows}), got "
                                  f"{v_rows}")
-            table = check.as_array(block_table, "block_table")
-            if table.dtype != np.int32 or table.ndim != 2 or table.shape[0] != self.batch:
-                raise ValueError(f"block_table must be int32 (B, max_blocks) with B = {self.batch}, got "
-                                 f"{table.dtype} {table.shape}")
+            table = block_table_form(check.as_array(block_table, "block_table"), self.batch)
             self.width = table.shape[1]
             self.capacity = self.width * self.page
         elif k_cache.shape[0] != self.batch:
@@ -163,7 +126,7 @@ class Cache:
         k_cache, v_cache = _four(k_cache, "k_cache", ""), _four(v_cache, "v_cache", "")
         if not self.paged:
             return k_cache, v_cache
-        return _as_rows(k_cache, self.batch, self.page_rows), _as_rows(v_cache, self.batch, self.page_rows)
+        return as_rows(k_cache, self.batch, self.page_rows), as_rows(v_cache, self.batch, self.page_rows)
 
     def keys(self, rotary=None, rotary_positions: int = 0) -> CacheKeys:
         return CacheKeys(self.appended, self.page, self.width if self.paged else None,
@@ -188,13 +151,7 @@ class Cache:
             raise ValueError(f"cache_seqlens[{b}] + Rn = {lengths[b]} + {self.appended} is beyond the cache's capacity "
                              f"{self.capacity}{' (max_blocks * page_size)' if self.paged else ' (Cmax)'}")
         if self.paged:
-            table = check.as_array(block_table, "block_table")
-            needed = np.arange(self.width)[None, :] < -(-attended[:, None] // self.page)
-            bad = needed & ((table < 0) | (table >= self.blocks))
-            if bad.any():
-                b, i = (int(x) for x in np.argwhere(bad)[0])
-                raise ValueError(f"block_table[{b}, {i}] = {table[b, i]} is not a page of k_cache (0..{self.blocks - 1}), "
-                                 f"and batch {b} reads that page")
+            check_pages_read(check.as_array(block_table, "block_table"), attended, self.page, self.blocks, "k_cache")
         return np.ascontiguousarray(lengths)
 
     def writable(self, k_cache, v_cache) -> None:

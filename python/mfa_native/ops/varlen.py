@@ -4,8 +4,10 @@ flash-attn's varlen layout and vocabulary, declared once.
 A call is one "bshd" attention problem of total_q queries and total_k keys without its
 batch axis, whose key facet is the packed sequences (codegen/attention/sequences.py): the
 dense kernels, each simdgroup on 8 rows of one sequence, listed in host-built unit tables.
-cu_seqlens are checked (and the tables built from them) on every call, before any kernel
-runs: their contents are not part of a call's signature.
+With block_table the keys are pages (codegen/attention/paged_sequences.py; forward only);
+where each sequence's keys lie is varlen_keys.py's. cu_seqlens, seqused_k and block_table
+are checked (and the tables built from them) on every call, before any kernel runs: their
+contents are not part of a call's signature.
 """
 
 from __future__ import annotations
@@ -16,78 +18,63 @@ from typing import Sequence
 import numpy as np
 
 from .. import codegen, reference
-from ..codegen import AttentionBackwardProblem, SequenceRanges, physical, unit_table
+from ..codegen import AttentionBackwardProblem, physical, unit_table
 from ..runtime.devices import tuning_facts
 from . import arguments as check
 from .attention import CAUSAL, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate
 from .attention_backward import GRADIENTS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
+from .varlen_keys import SequenceKeys, check_cu, check_hint, cu_form
 from .warm import prepared_call, same_memory
 
 VQ = Arg("q", "array", leading=True, grad=True, keyword=False, doc="""
     (total_q, Hq, D): the queries of every sequence, packed along the rows. q, k, v: one kind
     of array (numpy, torch or MLX) and one dtype (float32, float16, bfloat16); Hq a multiple
     of Hkv (GQA); D and Dv 1..576; any non-negative strides with a contiguous last axis.""")
-VK = Arg("k", "array", leading=True, grad=True, keyword=False, doc="(total_k, Hkv, D): the keys, packed likewise.")
-VV = Arg("v", "array", leading=True, grad=True, keyword=False, doc="(total_k, Hkv, Dv): the values, packed likewise.")
+VK = Arg("k", "array", leading=True, grad=True, keyword=False, doc="""
+    (total_k, Hkv, D): the keys, packed likewise; with block_table the pages (num_blocks,
+    page_size, Hkv, D), any page_size (1 included), read in place through their strides: one
+    after another, or whole rows apart with other data between them (FlashInfer's HND pages
+    (num_pages, Hkv, page_size, D) as `x.transpose(0, 2, 1, 3)`, its stacked (num_pages, 2,
+    page_size, Hkv, D) pages as `x[:, 0]` and `x[:, 1]`), k's and v's alike.""")
+VV = Arg("v", "array", leading=True, grad=True, keyword=False, doc="""
+    (total_k, Hkv, Dv): the values, packed likewise; with block_table pages like k's.""")
 CU_Q = Arg("cu_seqlens_q", "array", keyword=False, doc="""
     int32 (B + 1,): sequence b's queries are q's rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]);
     non-decreasing, from 0 to total_q (empty sequences allowed).""")
-CU_K = Arg("cu_seqlens_k", "array", keyword=False, doc="""
+CU_K = Arg("cu_seqlens_k", "array", keyword=False, default=None, doc="""
     int32 (B + 1,): sequence b's keys and values are rows [cu_seqlens_k[b], cu_seqlens_k[b + 1])
-    of k and v; non-decreasing, from 0 to total_k.""")
+    of k and v; non-decreasing, from 0 to total_k. Required without block_table. With it
+    (flash-attn 2's paged varlen) sequence b has cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys
+    (from 0, non-decreasing, ending anywhere), or None (flash-attn 3's page table): seqused_k's,
+    else every listed page's, max_blocks * page_size.""")
+BLOCK_TABLE = Arg("block_table", "array", default=None, doc="""
+    int32 (B, max_blocks), optional (paged K/V, forward only): sequence b's key position p
+    lives in page block_table[b, p // page_size] of k and v, at row p % page_size. Entries of
+    pages no used key lies in are not read (they may be anything, -1 included).""")
+SEQUSED_K = Arg("seqused_k", "array", default=None, doc="""
+    int32 (B,), optional (flash-attn 3's name; forward only): sequence b uses seqused_k[b] keys,
+    whatever cu_seqlens_k says: packed, k's rows [cu_seqlens_k[b], cu_seqlens_k[b] +
+    seqused_k[b]) (within the sequence's rows); paged, positions 0 .. seqused_k[b] - 1 (within
+    max_blocks * page_size). causal and window line the last query up with the last used key.""")
 MAX_Q = Arg("max_seqlen_q", "option", default=None, schema="int?", doc="""
     a hint, as flash-attn takes it (the work is sized per sequence whatever it says): if
     given, it must be at least the longest sequence's query count.""")
 MAX_K = Arg("max_seqlen_k", "option", default=None, schema="int?", doc="the same for the keys.")
-CU = ("cu_seqlens_q", "cu_seqlens_k")
-# Sequences per call: their bounds and unit tables are copied and checked on the host every call,
-# so a count beyond any batch (a broadcast cu_seqlens of 2**31 entries) is refused, not copied.
-MAX_SEQUENCES = 2**24
-
 OUTPUT = Out("o", "(total_q, Hq, Dv), q's kind and dtype",
              fake=lambda a: ((*a["q"].shape[:-1], a["v"].shape[-1]), "q"))
 LSE = Out("lse", "(Hq, total_q) float32, natural log of each row's softmax denominator (flash-attn's "
                  "varlen softmax_lse)", when="return_lse", fake=lambda a: ((a["q"].shape[1], a["q"].shape[0]), "float32"))
 
 
-def _packed(x, name: str, rows: str) -> np.ndarray:
-    x = check.as_array(x, name)
-    if x.ndim != 3:
-        raise ValueError(f"{name} must have 3 dimensions ({rows}, heads, head dim), got shape {x.shape}")
-    return x
-
-
-def _cu_form(cu, name: str) -> np.ndarray:
-    """cu_seqlens as bound: int32, one axis of at least one entry, contiguous."""
-    cu = check.as_array(cu, name)
-    if cu.dtype != np.int32:
-        raise ValueError(f"{name} must be int32, got dtype {cu.dtype}")
-    if cu.ndim != 1 or cu.shape[0] < 1:
-        raise ValueError(f"{name} must have shape (B + 1,), one axis of at least one entry, got {cu.shape}")
-    if cu.shape[0] > MAX_SEQUENCES + 1:   # before its contents are read or copied (a broadcast one is huge)
-        raise ValueError(f"{name} has {cu.shape[0]} entries: at most 2**24 sequences (2**24 + 1 entries) per call")
-    return np.ascontiguousarray(cu)
-
-
-def check_sequences(cu_q: np.ndarray, cu_k: np.ndarray, totals: tuple[int, int], hints: tuple) -> None:
-    """The contents of cu_seqlens_q and cu_seqlens_k (every call): non-decreasing, from 0 to
-    the totals, and the max_seqlen hints at least the longest sequence."""
-    for cu, name, total, hint, hint_name in zip((cu_q, cu_k), CU, totals, hints, ("max_seqlen_q", "max_seqlen_k")):
-        if cu[0] != 0:
-            raise ValueError(f"{name} must start at 0, got {cu[0]}")
-        if cu[-1] != total:
-            raise ValueError(f"{name} must end at the total row count {total} ({'q' if name[-1] == 'q' else 'k'}'s "
-                             f"first axis), got {cu[-1]}")
-        lengths = np.diff(cu)
-        if lengths.size and lengths.min() < 0:
-            at = int(np.argmin(lengths))
-            raise ValueError(f"{name} must be non-decreasing, but {name}[{at + 1}] = {cu[at + 1]} < "
-                             f"{name}[{at}] = {cu[at]}")
-        longest = int(lengths.max()) if lengths.size else 0
-        if hint is not None and hint < longest:
-            raise ValueError(f"{hint_name} is {hint}, but sequence {int(np.argmax(lengths))} has {longest} rows")
+def check_sequences(keys: SequenceKeys, values: dict, total_q: int, hints: tuple) -> np.ndarray:
+    """The contents of cu_seqlens_q and the key side's arguments (every call): cu_seqlens from 0,
+    non-decreasing, packed ones ending at their totals, the max_seqlen hints at least the
+    longest sequence, and what `SequenceKeys.check` checks; the keys each sequence uses."""
+    cu_q = check.as_array(values["cu_seqlens_q"], "cu_seqlens_q")
+    check_hint(hints[0], "max_seqlen_q", check_cu(cu_q, "cu_seqlens_q", total_q))
+    return keys.check(values["cu_seqlens_k"], values["seqused_k"], values["block_table"], hints[1])
 
 
 def _hint(value, name: str):
@@ -98,81 +85,81 @@ def _hint(value, name: str):
     return int(value)
 
 
-def validate_varlen(q, k, v, cu_q, cu_k, sinks, *, scale, causal, window, return_lse, hints,
-                    packing: bool = False) -> Validated:
-    """Every check of attention_varlen's arguments but the contents of cu_seqlens (returned
-    problem: one bshd batch without its batch axis, keys = SequenceRanges), the unit tables
-    bound (built from cu_seqlens, sourced from them on warm calls). With `packing` (the
-    forward) the per-sequence query bound, max_seqlen_q or else total_q, lets decode batches
-    pack heads."""
-    raw = {"q": q, "k": k, "v": v}
-    arrays = {"q": _packed(q, "q", "total_q"), "k": _packed(k, "k", "total_k"), "v": _packed(v, "v", "total_k")}
-    if arrays["v"].shape[:2] != arrays["k"].shape[:2]:
-        raise ValueError(f"v must have k's rows and heads: k {arrays['k'].shape}, v {arrays['v'].shape}")
-    bound = {name: check.bindable(x) for name, x in arrays.items()}
-    forward = validate(tuple(bound[n][None] for n in ("q", "k", "v")) + (None, sinks), scale=scale, causal=causal,
-                       window=window, layout="bshd", return_lse=return_lse)
-    cus = {name: _cu_form(cu, name) for name, cu in zip(CU, (cu_q, cu_k))}
-    if cus["cu_seqlens_q"].shape != cus["cu_seqlens_k"].shape:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; got "
-                         f"{cus['cu_seqlens_q'].shape} and {cus['cu_seqlens_k'].shape}")
-    bound_q = (arrays["q"].shape[0] if hints[0] is None else hints[0]) if packing else None
-    p = replace(forward.problem, keys=SequenceRanges(cus["cu_seqlens_q"].shape[0] - 1, bound_q))
+KEY_SIDE = ("cu_seqlens_k", "seqused_k", "block_table")
+
+
+def validate_varlen(call: Call, *, return_lse: bool, hints: tuple,
+                    packing: bool = False) -> tuple[Validated, SequenceKeys]:
+    """Every check of attention_varlen's arguments in `call` (contents included: warm calls
+    run them through `_contents_check`), and the call's keys. The problem is one bshd batch
+    without its batch axis, its keys packed sequences or paged ones; the unit tables are built
+    from cu_seqlens (sourced from them on warm calls). With `packing` (the forward) the
+    per-sequence query bound, max_seqlen_q or else total_q, lets decode batches pack heads."""
+    q = check.as_array(call.q, "q")
+    if q.ndim != 3:
+        raise ValueError(f"q must have 3 dimensions (total_q, heads, head dim), got shape {q.shape}")
+    cu_q = cu_form(call.cu_seqlens_q, "cu_seqlens_q")
+    values = {name: call.values[name] for name in ("cu_seqlens_q", *KEY_SIDE)}
+    keys = SequenceKeys(call.k, call.v, call.cu_seqlens_k, call.seqused_k, call.block_table, cu_q.shape[0] - 1)
+    raw = {"q": call.q, "k": keys.rows(call.k, "k"), "v": keys.rows(call.v, "v")}
+    bound = {name: check.bindable(check.as_array(x, name)) for name, x in raw.items()}
+    forward = validate(tuple(bound[n][None] for n in ("q", "k", "v")) + (None, call.sinks), scale=call.scale,
+                       causal=call.causal, window=call.window, layout="bshd", return_lse=return_lse)
+    bound_q = (q.shape[0] if hints[0] is None else hints[0]) if packing else None
+    p = replace(forward.problem, keys=keys.visit(bound_q))
     sizes = p.keys.sizes(p)
-    converts = dict(forward.converts)
+    checked = Validated(p, bound, dict(forward.converts))
     for name in ("q", "k", "v"):
-        converts[name] = None if same_memory(raw[name], bound[name]) else check.bindable
-    for name, raw_cu in zip(CU, (cu_q, cu_k)):
-        bound[name] = cus[name]
-        converts[name] = None if same_memory(raw_cu, cus[name]) else np.ascontiguousarray
-    check_sequences(cus["cu_seqlens_q"], cus["cu_seqlens_k"], (p.q_len, p.kv_len), hints)
-    sources = {}
-    for table, cu, count, unit in (("q_units", "cu_seqlens_q", "NQU", p.keys.query_unit(p)),
-                                   ("k_units", "cu_seqlens_k", "NKU", 8)):
-        bound[table] = unit_table(cus[cu], sizes[count], unit)
-        converts[table] = lambda x, entries=sizes[count], unit=unit: unit_table(x, entries, unit)
-        sources[table] = cu
+        checked.converts[name] = None if same_memory(raw[name], bound[name]) else check.bindable
+    checked.bound["cu_seqlens_q"] = cu_q
+    checked.converts["cu_seqlens_q"] = None if same_memory(call.cu_seqlens_q, cu_q) else np.ascontiguousarray
+    keys.bind(checked, call.values, check_sequences(keys, values, p.q_len, hints))
+    sides = (("q_units", "cu_seqlens_q", "NQU", p.keys.query_unit(p)),) + (() if keys.paged else (
+        ("k_units", "cu_seqlens_k", "NKU", 8),))
+    for table, cu, count, unit in sides:
+        checked.bound[table] = unit_table(checked.bound[cu], sizes[count], unit)
+        checked.converts[table] = lambda x, entries=sizes[count], unit=unit: unit_table(x, entries, unit)
+        checked.sources[table] = cu
     if "sinks" in forward.bound:
-        bound["sinks"] = forward.bound["sinks"]
-    return Validated(p, bound, converts, sources)
+        checked.bound["sinks"] = forward.bound["sinks"]
+    return checked, keys
 
 
-def _contents_check(arguments: Sequence[str], totals: tuple[int, int], hints: tuple):
-    """A warm call's check of cu_seqlens' contents (PreparedCall.check), from its arguments."""
-    at = tuple(arguments.index(name) for name in CU)
+def _contents_check(arguments: Sequence[str], keys: SequenceKeys, total_q: int, hints: tuple):
+    """A warm call's check of the sequences' contents (PreparedCall.check), from its arguments."""
+    at = {name: arguments.index(name) for name in ("cu_seqlens_q", *KEY_SIDE)}
 
     def checked(values):
-        check_sequences(values[at[0]], values[at[1]], totals, hints)
+        check_sequences(keys, {name: values[i] for name, i in at.items()}, total_q, hints)
     return checked
 
 
-def _empty(p, arguments, checked, outputs):
-    """An empty call (no rows, heads or keys): `outputs(inputs)` from q (and the sinks)."""
+def _empty(p, arguments, checked, outputs, contents):
+    """An empty call (no rows, heads or keys): `outputs(inputs)` from q (and the sinks);
+    `contents` checks the sequences' contents on warm calls."""
     names = ["q", "sinks"] if p.sinks else ["q"]
     prepared, inputs = empty_call(names, arguments, checked, outputs)
-    prepared.check = _contents_check(arguments, (p.q_len, p.kv_len), (None, None))
+    prepared.check = contents
     return prepared, inputs
 
 
 def _prepare_forward(call: Call, device):
     hints = (_hint(call.max_seqlen_q, "max_seqlen_q"), _hint(call.max_seqlen_k, "max_seqlen_k"))
-    checked = validate_varlen(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.sinks,
-                              scale=call.scale, causal=call.causal, window=call.window,
-                              return_lse=call.return_lse, hints=hints, packing=True)
+    checked, keys = validate_varlen(call, return_lse=call.return_lse, hints=hints, packing=True)
     p, names = checked.problem, call.op.array_names
+    contents = _contents_check(names, keys, p.q_len, hints)
     if check.is_empty(1, p.q_heads, p.q_len, p.kv_len):
         def outputs(inputs):
             lse = filled((p.q_heads, p.q_len), np.float32, -np.inf)
             if p.sinks:
                 lse[...] = inputs[1][:, None]
             return [filled((p.q_len, p.q_heads, p.value_dim), inputs[0].dtype, 0), lse]
-        prepared, inputs = _empty(p, names, checked, outputs)
+        prepared, inputs = _empty(p, names, checked, outputs, contents)
         prepared.finish = tuple if p.return_lse else (lambda out: out[0])
         return prepared, inputs
     facts = tuning_facts(device)
     description = codegen.attention_pass(p, family=facts.family, parallel_threadgroups=facts.parallel_threadgroups)
-    return prepared_call(description, device, checked, names, call.results,
-                         check=_contents_check(names, (p.q_len, p.kv_len), hints))
+    return prepared_call(description, device, checked, names, call.results, check=contents)
 
 
 def _like_output(x, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -193,10 +180,18 @@ def _lse(x, shape: tuple[int, int]) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
+def _forward_only(call: Call) -> None:
+    """NotImplementedError for the forward-only arguments (a gradient of such a call is asked)."""
+    for name, what in (("block_table", "paged K/V"), ("seqused_k", "keys limited by seqused_k")):
+        if call.values[name] is not None:
+            raise NotImplementedError(f"attention_varlen_backward: {name} given, but {what} is forward-only (as "
+                                      "flash-attn's paged varlen): no gradient of such a call is computed")
+
+
 def _prepare_backward(call: Call, device):
+    _forward_only(call)
     hints = (_hint(call.max_seqlen_q, "max_seqlen_q"), _hint(call.max_seqlen_k, "max_seqlen_k"))
-    forward = validate_varlen(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.sinks,
-                              scale=call.scale, causal=call.causal, window=call.window, return_lse=False, hints=hints)
+    forward, keys = validate_varlen(call, return_lse=False, hints=hints)
     p = forward.problem
     bound, converts = dict(forward.bound), dict(forward.converts)
     dtype, shape = bound["q"].dtype, (p.q_len, p.q_heads, p.value_dim)
@@ -215,12 +210,12 @@ def _prepare_backward(call: Call, device):
                                                               (p.kv_len, p.kv_heads, p.head_dim),
                                                               (p.kv_len, p.kv_heads, p.value_dim))]
             return grads + ([filled((p.q_heads,), np.float32, 0)] if p.sinks else [])
-        return _empty(p, names, checked, outputs)
+        return _empty(p, names, checked, outputs, _contents_check(names, keys, p.q_len, hints))
     strides = {name: physical((0, *check.element_strides(bound[name])), "bshd") for name in ("o", "dout")}
     problem = AttentionBackwardProblem(p, o_strides=strides["o"], dout_strides=strides["dout"])
     description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
     return prepared_call(description, device, checked, names, call.results,
-                         check=_contents_check(names, (p.q_len, p.kv_len), hints))
+                         check=_contents_check(names, keys, p.q_len, hints))
 
 
 VO = Arg("o", "array", keyword=False, doc="what attention_varlen returned: the (total_q, Hq, Dv) output.")
@@ -230,7 +225,8 @@ VDO = Arg("do", "array", keyword=False, doc="the gradient of the loss with respe
 ATTENTION_VARLEN = Op(
     "attention_varlen",
     "Attention over packed sequences (flash-attn's varlen): each sequence's queries attend its own keys.",
-    arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, RETURN_LSE),
+    arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, RETURN_LSE, BLOCK_TABLE,
+               SEQUSED_K),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
     reference=reference.attention_varlen_reference,
@@ -240,8 +236,13 @@ ATTENTION_VARLEN = Op(
     Sequence b is exactly `attention` on its slices (layout "bshd" with a batch of one):
     causal (True: its last query lines up with its last key), window and sinks per sequence,
     GQA. The work is issued per sequence (8-row units of each), not padded to the longest.
-    cu_seqlens are checked on every call, before any kernel runs (their contents are not part
-    of the signature a warm call reuses).
+    With block_table, k and v are pages and each sequence's keys are read through its own
+    pages (chunked prefill on a paged cache: a sequence's new queries are its last ones, so
+    causal lines them up with its last keys); with seqused_k, each sequence uses its first
+    seqused_k keys. block_table and seqused_k are forward only, as in flash-attn: a gradient
+    asked of such a call raises NotImplementedError. cu_seqlens, seqused_k and block_table are
+    checked on every call, before any kernel runs (their contents are not part of the
+    signature a warm call reuses).
     """,
     returns="""
     The output o (total_q, Hq, Dv), of q's kind and dtype; with return_lse=True the tuple
@@ -252,9 +253,14 @@ ATTENTION_VARLEN = Op(
     TypeError: q, k, v of different kinds or dtypes, or not float32, float16 or bfloat16; a
         max_seqlen hint that is not an int; scale, window or return_lse of the wrong type (as
         in `attention`).
-    ValueError: q, k, v not 3-d or their shapes disagree; cu_seqlens not int32 (B + 1,), of
-        different lengths, not non-decreasing or not from 0 to the row totals; a max_seqlen
-        hint below the longest sequence; any other argument `attention` refuses.
+    ValueError: q, k, v not 3-d (with block_table, k and v not 4-d pages) or their shapes
+        disagree; cu_seqlens not int32 (B + 1,), of different lengths, not non-decreasing or
+        not from 0 to the row totals (cu_seqlens_k: from 0 with block_table), cu_seqlens_k
+        missing without block_table; seqused_k not int32 (B,), negative or beyond a
+        sequence's rows; block_table not int32 (B, max_blocks), a sequence's keys beyond
+        max_blocks * page_size, or an entry outside k's pages for a page that is read; pages
+        not whole rows apart, overlapping, or laid out unlike k's in v; a max_seqlen hint
+        below the longest sequence; any other argument `attention` refuses.
     """,
     example="""
     import numpy as np
@@ -274,20 +280,23 @@ attention_varlen = ATTENTION_VARLEN.function
 ATTENTION_VARLEN_BACKWARD = Op(
     "attention_varlen_backward",
     "Gradients of `attention_varlen` with respect to q, k, v (and sinks), given the gradient of its output.",
-    arguments=(VQ, VK, VV, VO, VLSE, VDO, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS),
+    arguments=(VQ, VK, VV, VO, VLSE, VDO, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, BLOCK_TABLE,
+               SEQUSED_K),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
     reference=reference.attention_varlen_backward_reference,
     no_backward="attention_varlen_backward has no second derivative",
     details="""
     The arguments are those passed to `attention_varlen`, and o and lse what it returned
-    (return_lse=True).
+    (return_lse=True). block_table and seqused_k are forward only (NotImplementedError: the
+    gradient of a paged call, as flash-attn's, is not computed).
     """,
     returns="""
     (dq, dk, dv) shaped like q, k and v (contiguous) in their dtype and kind; with sinks also
     dsinks, (Hq,) float32 summed over every sequence. No atomics: deterministic.
     """,
     raises="""
+    NotImplementedError: block_table or seqused_k given (forward only).
     TypeError: o or do has not q's dtype, lse is not float32; any argument
         `attention_varlen` refuses with a TypeError.
     ValueError: o or do is not (total_q, Hq, Dv), lse not (Hq, total_q); any argument

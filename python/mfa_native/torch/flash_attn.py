@@ -175,28 +175,37 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     "flash-attn's arguments and results.",
     intro="""
     Packed sequences: sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1
-    of q and attend only its own keys. Differentiable in q, k and v.
+    of q and attend only its own keys. Differentiable in q, k and v, except with block_table
+    (paged K/V is forward only, as in flash-attn: a gradient asked raises NotImplementedError).
     """,
     q="(total_q, Hq, D) torch tensor, float32, float16 or bfloat16: every sequence's queries, packed.",
-    k="(total_k, Hkv, D), q's dtype; Hq a multiple of Hkv.",
-    v="(total_k, Hkv, Dv).",
+    k="""
+        (total_k, Hkv, D), q's dtype; Hq a multiple of Hkv. With block_table the pages
+        (num_blocks, page_size, Hkv, D), any page_size (flash-attn 2 asks a multiple of 256),
+        read in place through their strides (an HND or K/V-stacked page layout as a strided view).""",
+    v="(total_k, Hkv, Dv), or with block_table pages like k's.",
     cu_seqlens_q="int32 (B + 1,): the sequences' first query rows, then total_q (non-decreasing, from 0).",
-    cu_seqlens_k="int32 (B + 1,): the same for the keys.",
+    cu_seqlens_k="""
+        int32 (B + 1,): the same for the keys; with block_table, sequence b has
+        cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys, its logical positions 0 .. in its pages.""",
     max_seqlen_q="the longest sequence's query count, or more (a hint: the work is sized per sequence).",
     max_seqlen_k="the same for the keys.",
     return_attn_probs="""
         also return softmax_lse (Hq, total_q) float32 and None in place of S_dmask (it exists
         for dropout, which is not implemented).""",
     block_table="""
-        flash-attn 2.8's paged K/V for varlen: not implemented yet (NotImplementedError naming
-        it); leave it None.""",
+        int32 (B, max_blocks), optional (paged K/V, forward only): sequence b's key position p
+        is row p % page_size of page block_table[b, p // page_size] of k and v; entries of
+        pages no key of the sequence lies in are not read.""",
     returns="""
     out (total_q, Hq, Dv) in q's dtype; with return_attn_probs the tuple (out, softmax_lse,
     None).
     """,
     raises=_RAISES + """
     ValueError: cu_seqlens not int32 (B + 1,), not non-decreasing or not from 0 to the row
-        totals; a max_seqlen below the longest sequence.
+        totals; a max_seqlen below the longest sequence; block_table not int32 (B, max_blocks),
+        a sequence's keys beyond max_blocks * page_size, or an entry outside k's pages for a
+        page that is read.
     """,
     example="""
     import torch
@@ -217,11 +226,12 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
-    unsupported(dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes, block_table=block_table)
+    unsupported(dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
     hints = {name: None if value is None else int(value)
              for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k))}
     result = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **hints, scale=softmax_scale,
-                              causal=bool(causal), window=window_of(window_size), return_lse=bool(return_attn_probs))
+                              causal=bool(causal), window=window_of(window_size), return_lse=bool(return_attn_probs),
+                              block_table=block_table)
     return (*result, None) if return_attn_probs else result
 
 

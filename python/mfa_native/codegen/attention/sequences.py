@@ -17,6 +17,9 @@ sum_s cdiv(len_s, 8) for any lengths, so the grid depends on shapes alone and on
 serves every call of them, while the issued work is the sum of per-sequence work, never
 B * max_seqlen^2.
 
+A sequence's keys (`KEY_RANGES`): its rows of k from cu_seqlens_k, all of them or its first
+seqused_k (flash-attn 3's seqused_k); paged_sequences.py reads logical positions through pages.
+
 Decode batches pack heads (`PackedSequenceRows`): with grouped queries and a per-sequence
 query bound `max_queries` (max_seqlen_q, else total_q) whose (query, head) pairs fit the
 PACKING table, a forward unit is `max_queries` queries of one sequence and one threadgroup
@@ -43,6 +46,7 @@ from .visits import KEY_VISITS, KeyVisit, KeyWalk
 CATALOG = {
     "cu_seqlens_q": ("int", "(B + 1,) where each sequence's queries start, then total_q"),
     "cu_seqlens_k": ("int", "(B + 1,) where each sequence's keys start, then total_k"),
+    "seqused_k": ("int", "(Ns,) the keys each sequence uses: its first rows of k, or its logical positions (paged)"),
     "q_units": ("int", "(NQU, 2) (sequence, first query) of every 8-query unit; (-1, 0) past the last"),
     "k_units": ("int", "(NKU, 2) (sequence, first key) of every 8-key unit; (-1, 0) past the last"),
 }
@@ -50,6 +54,15 @@ CATALOG = {
 # the rows of a unit (8, or a packed forward's queries per sequence).
 UNITS = {"queries": ("q_units", "NQU", "cdiv(R, {unit}) + Ncu"), "keys": ("k_units", "NKU", "cdiv(C, {unit}) + Ncu")}
 SEQUENCE_BOUNDS = Bounds("q_start", "q_end", "k_start", "k_end", origin="origin")
+# Where a sequence's keys lie: the MSL defining k_start and k_end, and the buffers it reads.
+KEY_RANGES = {
+    "packed": (["const uint k_start = uint(cu_seqlens_k[sequence]);  // the sequence's rows of k",
+                "const uint k_end = uint(cu_seqlens_k[sequence + 1]);"], ("cu_seqlens_k",)),
+    "used": (["const uint k_start = uint(cu_seqlens_k[sequence]);  // the first seqused_k of its rows of k",
+              "const uint k_end = k_start + uint(seqused_k[sequence]);"], ("cu_seqlens_k", "seqused_k")),
+    "paged": (["const uint k_start = 0;  // logical positions, read through the sequence's pages",
+               "const uint k_end = uint(seqused_k[sequence]);"], ("seqused_k", "block_table")),
+}
 
 
 def unit_table(cu_seqlens: np.ndarray, entries: int, unit: int = 8) -> np.ndarray:
@@ -67,10 +80,11 @@ def unit_table(cu_seqlens: np.ndarray, entries: int, unit: int = 8) -> np.ndarra
     return table
 
 
-def located(side: str, unit: str, holder: str = "simdgroup") -> tuple[list[str], str]:
-    """The lookup of unit `unit` (an MSL expression) of `side` and its sequence's ranges, and
-    its first row. Past the last unit the `holder` returns: a simdgroup of kernels without
-    barriers, or a whole threadgroup (packed heads), so every thread reaches the same barriers."""
+def located(side: str, unit: str, holder: str = "simdgroup", keys: str = "packed") -> tuple[list[str], str]:
+    """The lookup of unit `unit` (an MSL expression) of `side` and its sequence's ranges (its
+    keys as `KEY_RANGES[keys]` finds them), and its first row. Past the last unit the `holder`
+    returns: a simdgroup of kernels without barriers, or a whole threadgroup (packed heads), so
+    every thread reaches the same barriers."""
     table, count, _ = UNITS[side]
     lines = [f"// This {holder}'s {side}: a unit of {table}, (sequence, first row); none past the last.",
              f"const uint unit = {unit};",
@@ -78,45 +92,54 @@ def located(side: str, unit: str, holder: str = "simdgroup") -> tuple[list[str],
              "if (sequence < 0) {",
              f"  return;  // {'these kernels have no barriers: the other simdgroups go on' if holder == 'simdgroup' else 'the whole threadgroup: no barrier waits for it'}",
              "}"]
-    for name, cu in (("q", "cu_seqlens_q"), ("k", "cu_seqlens_k")):
-        lines += [f"const uint {name}_start = uint({cu}[sequence]);  // the sequence's rows of {name}",
-                  f"const uint {name}_end = uint({cu}[sequence + 1]);"]
+    lines += ["const uint q_start = uint(cu_seqlens_q[sequence]);  // the sequence's rows of q",
+              "const uint q_end = uint(cu_seqlens_q[sequence + 1]);", *KEY_RANGES[keys][0]]
     lines.append("const int origin = int(k_start) - int(q_start);  // upper-left causal: query i sees keys to i + origin")
     return lines, f"uint({table}[2 * unit + 1])"
 
 
-def _located(side: str, rows: int) -> tuple[list[str], str]:
+def _located(side: str, rows: int, keys: str) -> tuple[list[str], str]:
     """SequenceWalk.first: one 8-row unit per simdgroup."""
-    return located(side, f"group.x * {rows // 8} + simd_index")
+    return located(side, f"group.x * {rows // 8} + simd_index", keys=keys)
 
 
-def derived_units(query_unit: int) -> tuple[tuple[str, str], ...]:
-    """NQU and NKU's expressions: forward units of `query_unit` queries, 8-key units."""
+def derived_units(query_unit: int, keys: str) -> tuple[tuple[str, str], ...]:
+    """NQU and NKU's expressions (forward units of `query_unit` queries, 8-key units), and Ns
+    (the sequences) where a per-sequence buffer other than cu_seqlens is read."""
     units = {"queries": query_unit, "keys": 8}
-    return tuple((count, expression.format(unit=units[side])) for side, (_, count, expression) in UNITS.items())
+    counts = tuple((count, expression.format(unit=units[side])) for side, (_, count, expression) in UNITS.items())
+    return counts + ((("Ns", "Ncu - 1"),) if keys != "packed" else ())
 
 
 @dataclass(frozen=True)
 class SequenceWalk(KeyWalk):
     """The kernel side: what the dense kernels read of packed sequences: the queries of a
-    forward unit (8, or a packed forward's per-sequence bound); the lengths are runtime sizes
-    and table contents."""
+    forward unit (8, or a packed forward's per-sequence bound) and where the keys lie (a
+    `KEY_RANGES` name); the lengths are runtime sizes and table contents."""
 
     query_unit: int = 8
+    key_range: str = "packed"
 
     bounds = SEQUENCE_BOUNDS
     catalog = CATALOG
-    key_lists = ("cu_seqlens_q", "cu_seqlens_k", "q_units")     # read by kernels walking keys (forward, dQ)
-    query_lists = ("cu_seqlens_q", "cu_seqlens_k", "k_units")   # and by the dK/dV kernel
     sizes_given = ("Ncu",)
 
     @property
-    def derived(self) -> tuple[tuple[str, str], ...]:
-        return derived_units(self.query_unit)
+    def key_lists(self) -> tuple[str, ...]:
+        """Read by kernels walking keys (forward, dQ)."""
+        return ("cu_seqlens_q", *KEY_RANGES[self.key_range][1], "q_units")
 
-    @staticmethod
-    def first(side: str, rows: int) -> tuple[list[str], str]:
-        return _located(side, rows)
+    @property
+    def query_lists(self) -> tuple[str, ...]:
+        """Read by the dK/dV kernel."""
+        return ("cu_seqlens_q", *KEY_RANGES[self.key_range][1], "k_units")
+
+    @property
+    def derived(self) -> tuple[tuple[str, str], ...]:
+        return derived_units(self.query_unit, self.key_range)
+
+    def first(self, side: str, rows: int) -> tuple[list[str], str]:
+        return _located(side, rows, self.key_range)
 
     @staticmethod
     def grid(side: str, rows: int) -> GridAxis:
@@ -124,20 +147,20 @@ class SequenceWalk(KeyWalk):
         return GridAxis(Extent(1, (UNITS[side][1],)), rows // 8)
 
     def inputs(self, spec) -> dict:
-        return self._inputs(spec, ("queries",))
+        return self._inputs(spec, self.key_lists)
 
     def backward_inputs(self, spec) -> dict:
-        return self._inputs(spec, ("queries", "keys"))
+        return self._inputs(spec, self.key_lists + ("k_units",))
 
-    @staticmethod
-    def _inputs(spec, sides) -> dict:
-        n = Extent(1, ("Ncu",))
-        inputs = {cu: spec("int32", (n,), (Extent(1),), logical=False) for cu in ("cu_seqlens_q", "cu_seqlens_k")}
-        for side in sides:
-            table, count, _ = UNITS[side]
-            shape = (Extent(1, (count,)), Extent(2))
-            inputs[table] = spec("int32", shape, contiguous(shape), logical=False)
-        return inputs
+    def _inputs(self, spec, names) -> dict:
+        shapes = {"cu_seqlens_q": (Extent(1, ("Ncu",)),), "cu_seqlens_k": (Extent(1, ("Ncu",)),),
+                  "seqused_k": (Extent(1, ("Ns",)),), **self.shapes()}
+        shapes.update({table: (Extent(1, (count,)), Extent(2)) for table, count, _ in UNITS.values()})
+        return {name: spec("int32", shapes[name], contiguous(shapes[name]), logical=False) for name in names}
+
+    def shapes(self) -> dict[str, tuple[Extent, ...]]:
+        """The shapes of the buffers a variant adds (paged: block_table)."""
+        return {}
 
     def summary(self) -> str:
         return "; packed sequences (varlen), one simdgroup per 8-row unit of a sequence"
@@ -147,7 +170,11 @@ class SequenceWalk(KeyWalk):
 
 class SequenceRows(PerHead):
     """The rows facet of packed sequences: a threadgroup's simdgroups each take one unit of
-    q_units (of any sequence), of one query head."""
+    q_units (of any sequence), of one query head; the sequences' keys as `KEY_RANGES[keys]`."""
+
+    def __init__(self, keys: str) -> None:
+        super().__init__()
+        self.keys = keys
 
     @staticmethod
     def threadgroups_expression(p, family: str) -> str:
@@ -157,13 +184,12 @@ class SequenceRows(PerHead):
     def grid(gqa_ratio: int, query_rows: int) -> tuple[GridAxis, GridAxis]:
         return SequenceWalk.grid("queries", query_rows), GridAxis(Extent(1, ("Hq",)))
 
-    @staticmethod
-    def geometry(query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
-        located, first = _located("queries", query_rows)
+    def geometry(self, query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
+        located, first = _located("queries", query_rows, self.keys)
         return query_rows_geometry(query_rows, gqa_ratio, batch + located, first)
 
 
-SEQUENCE_ROWS = SequenceRows()
+SEQUENCE_ROWS = {keys: SequenceRows(keys) for keys in KEY_RANGES}   # one each: descriptors holding it compare equal
 
 
 class PackedSequenceRows(PackedHeads):
@@ -171,9 +197,9 @@ class PackedSequenceRows(PackedHeads):
     `unit` queries of one sequence, as (query, head) pairs of kv head y; pairs past the unit's
     are dead (their row is the sequence's end: computed on a valid row, never stored)."""
 
-    def __init__(self, unit: int) -> None:
+    def __init__(self, unit: int, keys: str) -> None:
         super().__init__()
-        self.unit = unit
+        self.unit, self.keys = unit, keys
 
     last_query = "int(q_last)"
 
@@ -192,7 +218,7 @@ class PackedSequenceRows(PackedHeads):
         return GridAxis(Extent(1, ("NQU",)), 1), GridAxis(Extent(1, ("Hkv",)))
 
     def geometry(self, query_rows: int, gqa_ratio: int, batch: list[str]) -> list[str]:
-        lines, first = located("queries", "group.x", "threadgroup")
+        lines, first = located("queries", "group.x", "threadgroup", self.keys)
         pairs = self.unit * gqa_ratio
         return [f"// This simdgroup's 8 rows: (query, head) pairs of {self.unit} queries of one sequence and the "
                 f"{gqa_ratio} query heads reading kv head h_kv.", *batch, *lines,
@@ -208,18 +234,26 @@ class PackedSequenceRows(PackedHeads):
 @KEY_VISITS.register
 @dataclass(frozen=True)
 class SequenceRanges(KeyVisit):
-    """The problem side: `sequences` packed sequences (cu_seqlens have one entry more); the
-    forward packs heads when `max_queries` (a bound on every sequence's queries, None: no
-    packing, as the backward) and the GQA ratio fit the PACKING table."""
+    """The problem side: `sequences` packed sequences (cu_seqlens have one entry more), with
+    `used_keys` each one's first seqused_k rows of k; the forward packs heads when
+    `max_queries` (a bound on every sequence's queries, None: no packing, as the backward) and
+    the GQA ratio fit the PACKING table."""
 
     sequences: int
     max_queries: int | None = None
+    used_keys: bool = False
 
     split_length = None   # no split-KV: a decode batch is many sequences, each a unit of work
-    size_docs = {"Ncu": "entries of cu_seqlens (sequences + 1)", "NQU": "8-query units of the packed sequences (a bound)",
+    size_docs = {"Ncu": "entries of cu_seqlens (sequences + 1)", "Ns": "sequences",
+                 "NQU": "8-query units of the packed sequences (a bound)",
                  "NKU": "8-key units of the packed sequences (a bound)"}
     batched = False    # q, k, v, the outputs and lse have no batch axis
     uniform_walk = False   # a threadgroup's simdgroups may hold units of different sequences
+
+    @property
+    def key_range(self) -> str:
+        """Where a sequence's keys lie: a `KEY_RANGES` name."""
+        return "used" if self.used_keys else "packed"
 
     def packs(self, p) -> bool:
         return self.max_queries is not None and packs_plain_heads(p.gqa_ratio, max(self.max_queries, 1))
@@ -231,10 +265,10 @@ class SequenceRanges(KeyVisit):
     def sizes(self, p) -> dict[str, int]:
         sizes = {"R": p.q_len, "C": p.kv_len, "Ncu": self.sequences + 1}
         return {"Ncu": sizes["Ncu"], **{count: evaluate(expression, sizes)
-                                        for count, expression in derived_units(self.query_unit(p))}}
+                                        for count, expression in derived_units(self.query_unit(p), self.key_range)}}
 
     def rows(self, p):
-        return PackedSequenceRows(self.query_unit(p)) if self.packs(p) else SEQUENCE_ROWS
+        return PackedSequenceRows(self.query_unit(p), self.key_range) if self.packs(p) else SEQUENCE_ROWS[self.key_range]
 
     def describe(self, p, family: str, baked) -> SequenceWalk:
-        return SequenceWalk(self.query_unit(p))
+        return SequenceWalk(self.query_unit(p), self.key_range)
