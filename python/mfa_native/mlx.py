@@ -347,7 +347,8 @@ def _write_rows(cache, at: tuple[mx.array, mx.array], new: mx.array) -> None:
 
 
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v=None, block_table=None, scale=None,
-                           causal=False, window=None, sinks=None, return_lse=False):
+                           causal=False, window=None, sinks=None, q_descale=None, k_descale=None, v_descale=None,
+                           return_lse=False):
     """`mfa_native.attention_with_kvcache` on MLX arrays, appending with MLX's own in-place update.
 
     MLX arrays are read-only to the pass, so the append is MLX's indexed assignment: after
@@ -373,6 +374,10 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
         causal: True aligns the last query with the last attended key.
         window: (left, right) as in `mfa_native.attention`.
         sinks: (Hq,) one more logit per head in the softmax denominator.
+        q_descale: float8 caches' descales, as in `mfa_native.attention_with_kvcache`: MLX
+            has no float8 arrays, so one given is a ValueError naming it.
+        k_descale: likewise.
+        v_descale: likewise.
         return_lse: also return the lse.
 
     Returns:
@@ -404,9 +409,12 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
         assert mx.allclose(out, expected.transpose(0, 2, 1, 3), atol=1e-5).item()
         ```
     """
+    for name, descale in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if descale is not None:   # before any write
+            raise ValueError(f"{name} is for a float8 cache, and MLX has no float8 arrays")
     values = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, k=None, v=None,
                   block_table=block_table, scale=scale, causal=causal, window=window, sinks=sinks,
-                  return_lse=return_lse, device=None)
+                  q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, return_lse=return_lse, device=None)
     if k is not None or v is not None:
         views = {name: _host(x, name) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                                                        ("cache_seqlens", cache_seqlens), ("k", k), ("v", v),
