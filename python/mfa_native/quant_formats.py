@@ -109,3 +109,22 @@ class QuantFormat:
 
     def describe(self) -> str:
         return f"{self.name} {self.bits}-bit, groups of {self.group_size}" if self.affine else self.name
+
+
+@dataclass(frozen=True)
+class Float8Format:
+    """A float8 storage dtype (an fp8 K/V cache, one byte a value, times a descale factor):
+    its numpy (ml_dtypes) and torch name, exponent and mantissa bits, exponent bias, and the
+    code of largest magnitude quantizing gives: e4m3fn has no inf (its 0x7f is NaN) and
+    saturates at 448 (0x7e), as torch's `.to(torch.float8_e4m3fn)` does; e5m2 overflows to
+    inf (0x7c), IEEE's way."""
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    largest_code: int
+
+
+FLOAT8_FORMATS = {f.name: f for f in (Float8Format("float8_e4m3fn", 4, 3, 7, 0x7E),
+                                      Float8Format("float8_e5m2", 5, 2, 15, 0x7C))}

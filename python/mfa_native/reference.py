@@ -439,21 +439,56 @@ def rotary_reference(x, cos, sin, positions, interleaved: bool = True) -> np.nda
     return x
 
 
+def float8_quantize_reference(x, descale, dtype) -> np.ndarray:
+    """The float8 codes (uint8) of x / descale as an append stores them: the quotient in float32
+    (x and descale, broadcast against it, converted to float32 first), rounded to the nearest
+    `dtype` value (ml_dtypes.float8_e4m3fn or float8_e5m2), ties to even; e4m3fn saturates at
+    +-448 (+-inf included) and e5m2 overflows to +-inf, as torch's `.to()`; NaN is 0x7f with
+    its sign (ml_dtypes' astype differs only there: NaN for e4m3fn beyond 448, 0x7e for e5m2's NaN)."""
+    quotient = np.asarray(x).astype(np.float32) / np.asarray(descale, dtype=np.float32)
+    if np.dtype(dtype).name == "float8_e4m3fn":
+        quotient = np.clip(quotient, np.float32(-448), np.float32(448))   # NaN stays NaN
+    codes = quotient.astype(dtype).view(np.uint8)
+    return np.where(np.isnan(quotient), np.uint8(0x7F) | (np.signbit(quotient).astype(np.uint8) << 7), codes)
+
+
+def _per_kv_head(descale, batch: int, kv_heads: int) -> np.ndarray:
+    """A descale (None: 1; a single factor; (B, Hkv)) as (B, Hkv) float64."""
+    if descale is None:
+        return np.ones((batch, kv_heads))
+    factor = np.asarray(descale, dtype=np.float64)
+    return np.broadcast_to(factor.reshape(1, 1) if factor.size == 1 else factor, (batch, kv_heads))
+
+
 def attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None,
                                      rotary_cos=None, rotary_sin=None, rotary_seqlens=None, rotary_interleaved=True,
-                                     *, scale=None, causal=False, window=None, sinks=None, return_lse=False):
+                                     *, scale=None, causal=False, window=None, sinks=None, q_descale=None,
+                                     k_descale=None, v_descale=None, return_lse=False):
     """flash_attn_with_kvcache in float64: batch b's q (R, Hq, D) ("bshd") attends its
     attended cache rows (logical_cache); out (B, R, Hq, Dv), lse (B, Hq, R). With rotary
     tables, q and k are turned first (rotary_reference) at positions rotary_seqlens[b] (else
-    cache_seqlens[b]) + i, q's rows all at the start unless causal or a window."""
+    cache_seqlens[b]) + i, q's rows all at the start unless causal or a window. A float8 cache
+    holds cache * descale (its new rows as an append stores them, float8_quantize_reference);
+    q_descale multiplies each query head by its kv head's factor."""
     if rotary_cos is not None:
         start = np.asarray(cache_seqlens if rotary_seqlens is None else rotary_seqlens).astype(np.int64)[:, None]
         rows = np.arange(np.shape(q)[1]) if causal or window is not None else np.zeros(np.shape(q)[1], np.int64)
         q = rotary_reference(q, rotary_cos, rotary_sin, start + rows, rotary_interleaved)
         k = rotary_reference(k, rotary_cos, rotary_sin, start + np.arange(np.shape(k)[1]), rotary_interleaved)
-    keys = logical_cache(k_cache, cache_seqlens, k, block_table)
-    values = logical_cache(v_cache, cache_seqlens, v, block_table)
-    parts = [attention_reference(np.asarray(q)[b:b + 1], kb[None], vb[None], scale=scale, causal=causal,
+    q = np.asarray(q).astype(np.float64)
+    batch, kv_heads = q.shape[0], np.shape(k_cache)[2]
+    group = q.shape[2] // kv_heads if kv_heads else 1
+    q = q * np.repeat(_per_kv_head(q_descale, batch, kv_heads), group, axis=1)[:, None, :, None]
+    rows = []
+    for cache, new, descale in ((k_cache, k, k_descale), (v_cache, v, v_descale)):
+        factor = _per_kv_head(descale, batch, kv_heads)
+        dtype = getattr(cache, "dtype", None)
+        if new is not None and isinstance(dtype, np.dtype) and dtype.name.startswith("float8"):
+            new = float8_quantize_reference(new, factor[:, None, :, None], dtype).view(dtype)
+        rows.append([x * factor[b][None, :, None] for b, x in
+                     enumerate(logical_cache(cache, cache_seqlens, new, block_table))])
+    keys, values = rows
+    parts = [attention_reference(q[b:b + 1], kb[None], vb[None], scale=scale, causal=causal,
                                  window=window, sinks=sinks, layout="bshd", return_lse=True)
              for b, (kb, vb) in enumerate(zip(keys, values))]
     out = np.concatenate([o for o, _ in parts])

@@ -5,6 +5,7 @@ in place (exactly the new rows written, every other byte unchanged); checks befo
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from conftest import relative_l2
@@ -314,23 +315,25 @@ def test_quantized_cache_appended_on_the_device_as_quantize_does(rng, fmt, paged
 
 
 @pytest.mark.parametrize("page, layout", [(None, None), (16, "NHD"), (1, "HND"), (4, "stacked")])
-def test_gqa_decode_reads_each_cached_row_once_per_kv_head(rng, page, layout):
+@pytest.mark.parametrize("stored", [np.float16, ml_dtypes.float8_e4m3fn], ids=["float16", "float8"])
+def test_gqa_decode_reads_each_cached_row_once_per_kv_head(rng, page, layout, stored):
     """Heads packed as tile rows: a decode step reads every attended K/V row once (per kv head),
-    not once per query head, contiguous or paged, whatever the page size and layout."""
+    not once per query head, contiguous or paged, whatever the page size and layout; a float8
+    cache reads its stored bytes, one a value."""
     lengths = np.array([40, 3, 64], np.int32)
     if page is None:
-        k_cache, v_cache = (np.full((B, 64, 2, D), np.nan, np.float16) for _ in range(2))
+        k_cache, v_cache = (np.full((B, 64, 2, D), np.nan, stored) for _ in range(2))
     else:
-        k_cache, v_cache = paged_views(layout, B * 64 // page, page, 2, (D, D), np.float16)
+        k_cache, v_cache = paged_views(layout, B * 64 // page, page, 2, (D, D), stored)
     table = None if page is None else rng.permutation(B * 64 // page).reshape(B, 64 // page).astype(np.int32)
     for b, n in enumerate(lengths):
         for p in range(n):
             at = (b, p) if page is None else (table[b, p // page], p % page)
-            k_cache[at], v_cache[at] = (rng.standard_normal((2, D)).astype(np.float16) for _ in range(2))
+            k_cache[at], v_cache[at] = (rng.standard_normal((2, D)).astype(stored) for _ in range(2))
     q = rng.standard_normal((B, 1, 16, D)).astype(np.float16)      # 8 query heads per kv head
     with mfa_native.profile() as prof:
         out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=table)
-    attended = int(lengths.sum()) * 2 * D * 2                      # rows x kv heads x D x 2 bytes, per cache
+    attended = int(lengths.sum()) * 2 * D * np.dtype(stored).itemsize   # rows x kv heads x D x bytes, per cache
     assert prof.bytes_read["k"] <= 1.05 * attended and prof.bytes_read["v"] <= 1.05 * attended
     expected = attention_with_kvcache_reference(q, k_cache, v_cache, lengths, block_table=table)
     assert relative_l2(out, expected) < 2e-3

@@ -45,6 +45,7 @@ from .sparse.block_mask import block_mask_pass
 from .sparse.block_transpose import DIFFER as Q_LISTS_DIFFER
 from .sparse.block_visits import BlockLists
 from .sparse.token_lists import TokenLists
+from .storage.float8 import Float8Storage
 from .storage.stored import PLAIN, QuantizedStorage
 
 
@@ -76,6 +77,7 @@ __all__ = [
     "DSINKS_KERNEL_NAME",
     "Extent",
     "FAMILIES",
+    "Float8Storage",
     "GridAxis",
     "Int8Problem",
     "KERNEL_NAME",

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import codegen, reference
-from ..codegen import AttentionProblem, QuantizedStorage, physical
+from ..codegen import AttentionProblem, Float8Storage, QuantizedStorage, physical
 from ..quantized import QuantizedTensor
 from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_forward
+from .float8_cache import float8_format, stored_bytes
 from .warm import Checked, Convert, PreparedCall, prepared_call, same_memory
 
 # The arguments the attention family shares, each documented once.
@@ -75,10 +76,12 @@ class Validated(Checked):
 
 
 def validate(arrays, *, scale, causal, window, layout, return_lse,
-             quantized_refusal: str | None = "only attention reads quantized K/V") -> Validated:
+             quantized_refusal: str | None = "only attention reads quantized K/V",
+             descales: dict[str, np.ndarray] | None = None) -> Validated:
     """Every check of `attention`'s arguments (also those of the ops that share them);
     `arrays` = (q, k, v, mask, sinks) as passed. k and v may be QuantizedTensors unless
-    `quantized_refusal` says why the op refuses them (a TypeError)."""
+    `quantized_refusal` says why the op refuses them (a TypeError), and float8 arrays when
+    the op gives their `descales` (float8_cache.checked_descales: bound (B, Hkv) arrays)."""
     q, k, v, mask, sinks = arrays
     layout = check.layout_of(layout)
     raw = {"q": q, "k": k, "v": v}
@@ -91,6 +94,8 @@ def validate(arrays, *, scale, causal, window, layout, return_lse,
                 raise TypeError(f"{name} is a QuantizedTensor: {quantized_refusal}")
             if x.ndim != 4:
                 raise ValueError(f"{name} must have 4 dimensions, got shape {x.shape}")
+        elif float8_format(x) is not None and descales is not None:
+            continue
         elif x.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; q, k and v must share one dtype")
     B, Hq, Hkv, R, C, D, Dv = check.dimensions(q, k, v, layout)
@@ -106,6 +111,8 @@ def validate(arrays, *, scale, causal, window, layout, return_lse,
     for name, x in (("k", k), ("v", v)):
         if isinstance(x, QuantizedTensor):
             storage[name] = _quantized_fields(x, name, layout, bound, converts, sources)
+        elif float8_format(x) is not None and descales is not None:
+            storage[name] = _float8_fields(x, name, layout, bound, descales)
         else:
             bound[name], converts[name] = check.bindable(x), check.bindable
     mask_kind, mask_dtype, mask_strides = "none", None, None
@@ -150,6 +157,18 @@ def _quantized_fields(x: QuantizedTensor, name: str, layout: str, bound: dict, c
         strides[field] = physical(check.element_strides(bound[buffer]), layout)
     scale_dtype = FLOAT_DTYPES[x.arrays()["scales"].dtype] if "scales" in strides else None
     return QuantizedStorage(x.quant_format, strides["data"], scale_dtype, strides.get("scales"), strides.get("biases"))
+
+
+def _float8_fields(x: np.ndarray, name: str, layout: str, bound: dict, descales: dict) -> Float8Storage:
+    """Binds a float8 k or v (its bytes as `name`) and its descales (`name`_descale, and for k
+    q_descale when given) and returns how it is stored; the op sets their warm conversions."""
+    bound[name] = check.bindable(stored_bytes(x))
+    factors = [f"{name}_descale"] + (["q_descale"] if name == "k" and "q_descale" in descales else [])
+    strides = []
+    for buffer in factors:
+        bound[buffer] = descales[buffer]
+        strides.append(check.element_strides(descales[buffer]))
+    return Float8Storage(float8_format(x), physical(check.element_strides(bound[name]), layout), *strides)
 
 
 def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:

@@ -39,6 +39,7 @@ from .attention import CAUSAL, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, WINDOW, Va
 from .declaration import Arg, Call, Op
 from .empty import empty_forward
 from .pages import as_rows, block_table_form, check_pages_read, page_rows
+from .float8_cache import checked_descales, descale_rows, float8_format, stored_bytes
 from .warm import prepared_call
 
 NEW_ROWS = {"k_new": "k", "v_new": "v"}   # the pass buffers of the appended rows, and their arguments
@@ -56,8 +57,11 @@ K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, written_with="k",
     v's alike. Rows past a batch's attended length are never read (they may hold NaN). May be a
     QuantizedTensor (affine or a GGUF format; paged: every field laid out in pages, scales
     (num_blocks, page_size, Hkv, D / group_size)): read in the kernel as stored, and the
-    appended rows quantized on the device as `quantize` does. An MPS tensor is bound in place
-    (DLPack); with an append it must be contiguous (ValueError otherwise).""")
+    appended rows quantized on the device as `quantize` does. May be float8 (a numpy array of
+    ml_dtypes.float8_e4m3fn or float8_e5m2, or a torch CPU tensor of those; k and v may differ):
+    its bytes read in place and decoded in registers, times k_descale (v_descale), and the
+    appended rows encoded on the device. An MPS tensor is bound in place (DLPack); with an
+    append it must be contiguous (ValueError otherwise).""")
 V_CACHE = Arg("v_cache", "array", leading=True, keyword=False, written_with="v", doc="like k_cache, Dv wide.")
 CACHE_SEQLENS = Arg("cache_seqlens", "array", default=None, doc="""
     int32 (B,): each batch's valid cache length before this call (not modified). None (flash-attn's
@@ -67,6 +71,17 @@ K_NEW = Arg("k", "array", default=None, doc="""
     (B, Rn, Hkv, D), optional: written into k_cache IN PLACE at positions cache_seqlens[b] ..
     cache_seqlens[b] + Rn - 1 and attended in this call (attended length cache_seqlens[b] + Rn).""")
 V_NEW = Arg("v", "array", default=None, doc="(B, Rn, Hkv, Dv): the same for v_cache (given with k).")
+DESCALE_DOC = """
+    float32 (B, Hkv) (flash-attn 3's descale, any non-negative strides: an expanded view too) or
+    a single factor ((1,) or 0-d, FlashMLA's per-tensor descale); None is 1."""
+Q_DESCALE = Arg("q_descale", "array", default=None, doc=DESCALE_DOC + """ Multiplies q: query head
+    h by its kv head's factor (q is float here; flash-attn 3 reads it for a float8 q). It is folded
+    into K's factor, so it needs a float8 k_cache (ValueError otherwise).""")
+K_DESCALE = Arg("k_descale", "array", default=None, doc=DESCALE_DOC + """ For a float8 k_cache only
+    (ValueError otherwise): the keys are k_cache * k_descale[b, kv head], and an appended k is
+    stored as float8(k / k_descale) (float32 quotient, rounded to nearest even; e4m3fn saturates
+    at +-448, e5m2 overflows to inf, as torch's `.to()`).""")
+V_DESCALE = Arg("v_descale", "array", default=None, doc="the same for a float8 v_cache.")
 BLOCK_TABLE = Arg("block_table", "array", default=None, doc="""
     int32 (B, max_blocks), optional (a paged cache): logical position p of batch b lives in
     page block_table[b, p // page_size] at row p % page_size. Entries of pages no attended
@@ -90,9 +105,12 @@ class Cache:
         axes = "(num_blocks, page_size, Hkv, D)" if self.paged else "(B, Cmax, Hkv, D)"
         k_cache, v_cache = _four(k_cache, "k_cache", axes), _four(v_cache, "v_cache", axes)
         for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):   # first: views of other dtypes fail
-            if not isinstance(cache, QuantizedTensor) and cache.dtype != q.dtype:
+            if not isinstance(cache, QuantizedTensor) and float8_format(cache) is None and cache.dtype != q.dtype:
                 raise TypeError(f"{name} has dtype {cache.dtype} but q has {q.dtype}; q and the caches must share "
-                                f"one dtype ({', '.join(FLOAT_DTYPES.values())}), or a cache be a QuantizedTensor")
+                                f"one dtype ({', '.join(FLOAT_DTYPES.values())}), or a cache be float8 or a "
+                                "QuantizedTensor")
+        self.float8 = {"k": float8_format(k_cache), "v": float8_format(v_cache)}   # None: not float8
+        self.kv_heads = k_cache.shape[2]
         if v_cache.shape[:3] != k_cache.shape[:3]:
             raise ValueError(f"v_cache must have k_cache's leading axes: k_cache {k_cache.shape}, v_cache {v_cache.shape}")
         if (k is None) != (v is None):
@@ -120,6 +138,10 @@ class Cache:
             raise ValueError(f"k_cache must be (B, Cmax, Hkv, D) with q's B = {self.batch}, got {k_cache.shape}")
         else:
             self.capacity = k_cache.shape[1]
+
+    def descales(self, values: dict) -> dict[str, np.ndarray]:
+        """The descale arguments (by name in `values`) bound, (B, Hkv) float32 (float8_cache)."""
+        return checked_descales(values, self.float8, self.batch, self.kv_heads)
 
     def caches(self, k_cache, v_cache) -> tuple[np.ndarray, np.ndarray]:
         """k and v as the kernel reads them: (B, C, Hkv, D) rows."""
@@ -193,9 +215,9 @@ class Cache:
             return
         at = self.rows_written(cache_seqlens, block_table)
         for cache, new, name in ((k_cache, k, "k_cache"), (v_cache, v, "v_cache")):
-            if isinstance(cache, QuantizedTensor):
-                raise ValueError(f"{name}: appending to a QuantizedTensor cache needs a non-empty problem (queries "
-                                 "and heads): the append kernels run in the attention pass")
+            if isinstance(cache, QuantizedTensor) or float8_format(cache) is not None:
+                raise ValueError(f"{name}: appending to a QuantizedTensor or float8 cache needs a non-empty problem "
+                                 "(queries and heads): the append kernels run in the attention pass")
             check.as_array(cache, name)[at] = check.as_array(new, name[0])
 
 
@@ -249,7 +271,7 @@ def _field_convert(cache: Cache, which: int, field: str):
 
 
 def _data(rows) -> np.ndarray:
-    return check.bindable(rows.field("data") if isinstance(rows, QuantizedTensor) else rows)
+    return check.bindable(rows.field("data") if isinstance(rows, QuantizedTensor) else stored_bytes(rows))
 
 
 def _prepare(call: Call, device):
@@ -258,12 +280,15 @@ def _prepare(call: Call, device):
     k4, v4 = cache.caches(call.k_cache, call.v_cache)
     if call.rotary_cos is not None:   # the rotation kernel writes q contiguous: the problem reads it so
         q = np.ascontiguousarray(q)
+    descales = cache.descales(call.values)
     forward = validate((q, k4, v4, None, call.sinks), scale=call.scale, causal=call.causal, window=call.window,
-                       layout="bshd", return_lse=call.return_lse, quantized_refusal=None)
+                       layout="bshd", return_lse=call.return_lse, quantized_refusal=None, descales=descales)
     per_row = forward.problem.causal != "none" or forward.problem.window is not None
     rotary = rotation.rotary_of(call, q, cache.appended, per_row)
     p = replace(forward.problem, keys=cache.keys(rotary, 0 if rotary is None else len(call.rotary_cos)))
     checked = Validated(p, dict(forward.bound), dict(forward.converts), dict(forward.sources))
+    for name in descales:
+        checked.converts[name] = lambda x, name=name: descale_rows(x, name, cache.batch, cache.kv_heads)
     checked.bound["cache_seqlens"] = lengths = cache.check(call.cache_seqlens, call.block_table)
     # None is part of the signature: its warm calls bind the same capacity lengths.
     checked.converts["cache_seqlens"] = np.ascontiguousarray if call.cache_seqlens is not None else lambda _: lengths
@@ -306,7 +331,7 @@ ATTENTION_WITH_KVCACHE = Op(
     "attention_with_kvcache",
     "Attention of new queries over a KV cache (flash-attn's flash_attn_with_kvcache), appending k and v to it.",
     arguments=(Q, K_CACHE, V_CACHE, CACHE_SEQLENS, K_NEW, V_NEW, BLOCK_TABLE, *rotation.ARGUMENTS, SCALE, CAUSAL,
-               WINDOW, SINKS, RETURN_LSE),
+               WINDOW, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_with_kvcache_reference,
@@ -334,7 +359,9 @@ ATTENTION_WITH_KVCACHE = Op(
         k_cache's in v_cache or another field; on Metal, an append to k and v caches that
         share memory; rotary tables not (seqlen_ro, rotary_dim / 2) of q's dtype with
         rotary_dim <= D, too short for the positions turned, without k and v, or rotary_sin
-        or rotary_seqlens without rotary_cos; rotary_seqlens not int32 (B,) or negative; an MPS cache
+        or rotary_seqlens without rotary_cos; rotary_seqlens not int32 (B,) or negative; a
+        descale not float32 (B, Hkv) or a single factor, or given for a cache that is not
+        float8 (q_descale: a k_cache); an MPS cache
         the append cannot write in place; any other argument `attention` refuses.
     """,
     example="""

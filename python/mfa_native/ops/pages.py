@@ -39,6 +39,8 @@ def as_rows(pages, batch: int, rows_apart: int):
     `rows_apart`), shared by every batch (stride 0); a QuantizedTensor's fields each so."""
     if isinstance(pages, QuantizedTensor):
         return pages.with_fields(**{field: as_rows(x, batch, rows_apart) for field, x in pages.arrays().items()})
+    if pages.dtype.isbuiltin != 1:   # as_strided cannot name every ml_dtypes type (float8_e5m2): its bits, then it
+        return as_rows(pages.view(f"u{pages.dtype.itemsize}"), batch, rows_apart).view(pages.dtype)
     blocks, page = pages.shape[:2]
     row = pages.strides[0] if page == 1 else pages.strides[1]
     # as_strided keeps the pages writable (broadcast_to would not): the append kernels write them. The

@@ -26,6 +26,7 @@ import importlib
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from .. import _core
@@ -97,11 +98,14 @@ class Torch(Framework):
         x = x.detach()
         if x.dtype == torch.bfloat16:
             return x.view(torch.int16).numpy().view(BFLOAT16)
+        float8 = getattr(ml_dtypes, str(x.dtype).removeprefix("torch."), None) if x.dtype.itemsize == 1 else None
+        if float8 is not None:   # float8_e4m3fn, float8_e5m2 (KV caches): numpy reads their bytes
+            return x.view(torch.uint8).numpy().view(float8)
         try:
             return x.numpy()
-        except TypeError:   # a dtype numpy has no view of (float8 types): mfa_native reads none of them
+        except TypeError:   # a dtype numpy has no view of (other float8 types): mfa_native reads none of them
             raise TypeError(f"{name} has dtype {x.dtype}, which mfa_native does not read (float32, float16, "
-                            "bfloat16, and the integer and bool types its arguments name)") from None
+                            "bfloat16, float8 caches, and the integer and bool types its arguments name)") from None
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype, like: Any) -> Any:
         import torch

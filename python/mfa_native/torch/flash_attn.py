@@ -246,8 +246,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     k_cache="""
         (B, Cmax, Hkv, D), or with block_table the pages (num_blocks, page_size, Hkv, D),
         any page_size, pages read in place through their strides (an HND or K/V-stacked page
-        layout as a strided view); q's dtype, or a QuantizedTensor. Written in place by the
-        append (an MPS cache must be contiguous).""",
+        layout as a strided view); q's dtype, torch.float8_e4m3fn or torch.float8_e5m2 (a CPU
+        tensor, read through its bytes without a copy; see k_descale), or a QuantizedTensor.
+        Written in place by the append (an MPS cache must be contiguous).""",
     v_cache="like k_cache, Dv wide.",
     k="(B, Rn, Hkv, D), optional: appended to k_cache in place at positions cache_seqlens[b] ..",
     v="(B, Rn, Hkv, Dv): the same for v_cache (given with k).",
@@ -276,6 +277,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         j + rotary_dim / 2 (GPT-NeoX).""",
     num_splits="a hint, ignored: mfa_native sizes the split of the keys itself.",
     return_softmax_lse="also return softmax_lse (B, Hq, R) float32.",
+    q_descale="""
+        float32 (B, Hkv) or one factor ((1,)), flash-attn 3's: multiplies q (query head h by its
+        kv head's factor); needs a float8 k_cache.""",
+    k_descale="""
+        float32 (B, Hkv) or one factor, flash-attn 3's, for a float8 k_cache: the keys are
+        k_cache * k_descale; an appended k is stored as (k / k_descale).to(k_cache.dtype).""",
+    v_descale="the same for a float8 v_cache.",
     returns="out (B, R, Hq, Dv) in q's dtype; with return_softmax_lse the tuple (out, softmax_lse).",
     raises="""
     NotImplementedError: softcap or alibi_slopes asked for, naming it.
@@ -306,7 +314,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                            q_descale=None, k_descale=None, v_descale=None):
     unsupported(softcap=softcap, alibi_slopes=alibi_slopes)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32)
@@ -321,7 +330,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                   rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_seqlens=rotary_seqlens,
                                   rotary_interleaved=bool(rotary_interleaved), scale=softmax_scale,
                                   causal=bool(causal), window=window_of(window_size),
+                                  q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                                   return_lse=bool(return_softmax_lse))
+
 
 
 @_documented(

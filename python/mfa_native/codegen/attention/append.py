@@ -4,7 +4,8 @@ first in the attention pass (codegen/attention/cache.py adds them before the att
 One kernel per tensor (k, then v), one thread per (new row, unit): new row r is (b, i, h) of
 the contiguous (B, Rn, Hkv, D) `k_new`, written at logical position cache_seqlens[b] + i of
 batch b's cache (paged: row position % page_size of page block_table[b, position /
-page_size]). A plain cache copies one element per thread; a quantized one (storage/stored.py)
+page_size]). A plain cache copies one element per thread, a float8 one encodes one (over its
+descale, storage/float8.py); a quantized one (storage/stored.py)
 quantizes one group per thread with `quantize`'s own encoder (storage/formats.encode_group),
 so the stored integers and scales are `mfa_native.quantize`'s exactly. The kernels bind the
 cache under the attention kernel's buffer names (k, k_scales, ...), so the pass declares them
@@ -18,6 +19,7 @@ from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import SIZES_OPERAND, Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.tiles import paged_row
+from ..storage.float8 import Float8Facts
 from ..storage.formats import encode_group
 
 THREADS = 64    # (row, unit) items per threadgroup
@@ -40,7 +42,9 @@ def plan(d, name: str) -> LaunchPlan:
     features, storage, _ = _tensor(d, name)
     t = MSL_TYPES[d.dtype]
     ops = [Operand(NEW.format(name), f"device const {t}*", f"(B, Rn, Hkv, {features}) new rows, contiguous")]
-    ops += [Operand(buffer, f"device {storage.element(buffer, d.dtype)}*", f"the cache's {buffer}, written in place")
+    written = storage.written(name)
+    ops += [Operand(buffer, f"device {'' if buffer in written else 'const '}{storage.element(buffer, d.dtype)}*",
+                    f"the cache's {buffer}, {'written in place' if buffer in written else 'read'}")
             for buffer in storage.fields(name)]
     ops.append(Operand("cache_seqlens", "device const int*", "(B,) each batch's cache length before this call"))
     if d.keys.page_size:
@@ -91,13 +95,23 @@ def store_quantized(d, name: str, features: int, storage) -> list[str]:
     return lines + encode_group(f, values="values", data="out", scale=scale, bias=bias, store=t)
 
 
+def store_float8(name: str, features: int, storage: Float8Facts) -> list[str]:
+    """One element: the new row's `unit`th value over the descale, encoded (storage/float8.py)."""
+    value = f"float({NEW.format(name)}[r * {features} + unit])"
+    return storage.store(name, value, f"{_row(name, storage.data)} + unit")
+
+
 def generate_append(d, name: str) -> KernelSource:
     """The append kernel of cache tensor `name` ("k" or "v") for attention facts `d`."""
     features, storage, layout = _tensor(d, name)
     quantized = hasattr(storage, "format")
     body = locate(units(storage, features), d.keys.page_size, d.keys.page_rows)
     body += storage.pointers(name, layout, "h", d.dtype, const=False)
-    body += store_quantized(d, name, features, storage) if quantized else store_plain(name, features, layout)
-    summary = [f"append_{name}: Rn new rows into the KV cache at cache_seqlens[b] + i, in place"
-               + (f", quantized {storage.format.describe()}" if quantized else "")]
+    if isinstance(storage, Float8Facts):
+        body += store_float8(name, features, storage)
+    else:
+        body += store_quantized(d, name, features, storage) if quantized else store_plain(name, features, layout)
+    how = (f", quantized {storage.format.describe()}" if quantized
+           else f", encoded {storage.float8.name}" if isinstance(storage, Float8Facts) else "")
+    summary = [f"append_{name}: Rn new rows into the KV cache at cache_seqlens[b] + i, in place{how}"]
     return assemble(plan(d, name), summary=summary, builtins=BUILTINS_THREAD, body=body)

@@ -48,6 +48,11 @@ class StorageFacts:
         """The buffers it binds for tensor `name`: the data (named `name`), then its catalog's."""
         return (name, *self.catalog(name))
 
+    def written(self, name: str) -> tuple[str, ...]:
+        """The buffers an append to tensor `name` writes: all its fields (a float8 cache's
+        descales are read only)."""
+        return self.fields(name)
+
     def element(self, buffer: str, dtype: str) -> str:
         """The MSL element type of `buffer` (one of `fields`) of a problem of `dtype`."""
         return MSL_TYPES[dtype]
