@@ -348,7 +348,7 @@ def _write_rows(cache, at: tuple[mx.array, mx.array], new: mx.array) -> None:
 
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v=None, block_table=None,
                            rotary_cos=None, rotary_sin=None, rotary_seqlens=None, rotary_interleaved=True, scale=None,
-                           causal=False, window=None, sinks=None, return_lse=False):
+                           causal=False, window=None, sinks=None, softcap=None, return_lse=False):
     """`mfa_native.attention_with_kvcache` on MLX arrays, appending with MLX's own in-place update.
 
     MLX arrays are read-only to the pass, so the append is MLX's indexed assignment: after
@@ -380,6 +380,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
         causal: True aligns the last query with the last attended key.
         window: (left, right) as in `mfa_native.attention`.
         sinks: (Hq,) one more logit per head in the softmax denominator.
+        softcap: a logit cap c > 0: each scaled score s becomes c * tanh(s / c); None: none.
         return_lse: also return the lse.
 
     Returns:
@@ -419,7 +420,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
     values = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, k=None, v=None,
                   block_table=block_table, rotary_cos=None, rotary_sin=None, rotary_seqlens=None,
                   rotary_interleaved=rotary_interleaved, scale=scale, causal=causal, window=window, sinks=sinks,
-                  return_lse=return_lse, device=None)
+                  softcap=softcap, return_lse=return_lse, device=None)
     if k is not None or v is not None:
         views = {name: _host(x, name) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                                                        ("cache_seqlens", cache_seqlens), ("k", k), ("v", v),
