@@ -89,20 +89,33 @@ def masked_logits(logits: np.ndarray, causal, window, mask) -> np.ndarray:
     return np.where(allowed, logits, -np.inf)
 
 
+def scaled_scores(q, k, *, scale=None, layout="bhsd") -> np.ndarray:
+    """scale * q . k (B, Hq, R, C) in float64, query head h reading kv head h // (Hq // Hkv)."""
+    qh, kh = _to_bhsd(q, layout), _to_bhsd(k, layout)
+    kh = np.repeat(kh, qh.shape[1] // max(kh.shape[1], 1), axis=1)
+    scale = 1.0 / np.sqrt(qh.shape[-1]) if scale is None else scale
+    return scale * np.einsum("bhid,bhjd->bhij", qh, kh)
+
+
+def softcapped(scores: np.ndarray, softcap=None) -> tuple[np.ndarray, np.ndarray]:
+    """flash-attn's logit cap of scaled scores, softcap * tanh(s / softcap) (None: s), and its
+    derivative with respect to s."""
+    if softcap is None:
+        return scores, np.ones_like(scores)
+    turned = np.tanh(scores / softcap)
+    return softcap * turned, 1.0 - turned ** 2
+
+
 def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window=None,
-                            sinks=None, layout="bhsd"):
-    """Softmax probabilities (B, Hq, R, C) and lse (B, Hq, R), both float64.
+                            sinks=None, layout="bhsd", softcap=None):
+    """Softmax probabilities (B, Hq, R, C) and lse (B, Hq, R), both float64; with `softcap`
+    the scaled scores are capped first (flash-attn's order: before masks and sinks).
 
     Rows with an empty denominator get all-zero probabilities and lse = -inf.
     """
-    qh, kh = _to_bhsd(q, layout), _to_bhsd(k, layout)
-    batch, q_heads, q_len, head_dim = qh.shape
-    kv_heads, kv_len = kh.shape[1], kh.shape[2]
-    kh = np.repeat(kh, q_heads // kv_heads, axis=1)  # query head h reads kv head h // ratio
-    if scale is None:
-        scale = 1.0 / np.sqrt(head_dim)
-
-    logits = masked_logits(scale * np.einsum("bhid,bhjd->bhij", qh, kh), causal, window, mask)
+    scores = softcapped(scaled_scores(q, k, scale=scale, layout=layout), softcap)[0]
+    batch, q_heads, q_len = scores.shape[:3]
+    logits = masked_logits(scores, causal, window, mask)
 
     if sinks is not None:
         sink = np.broadcast_to(np.asarray(sinks).astype(np.float64)[None, :, None], (batch, q_heads, q_len))
@@ -123,11 +136,11 @@ def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window
 
 
 def attention_reference(q, k, v, *, scale=None, causal=False, mask=None, window=None,
-                        sinks=None, layout="bhsd", return_lse=False):
+                        sinks=None, layout="bhsd", return_lse=False, softcap=None):
     """Attention output in float64, laid out like q (same `layout`); with
     return_lse=True also the (B, Hq, R) lse."""
     probabilities, lse = attention_probabilities(q, k, scale=scale, causal=causal, mask=mask, window=window,
-                                                 sinks=sinks, layout=layout)
+                                                 sinks=sinks, layout=layout, softcap=softcap)
     vh = _to_bhsd(v, layout)
     vh = np.repeat(vh, probabilities.shape[1] // vh.shape[1], axis=1)
     out = np.einsum("bhij,bhjd->bhid", probabilities, vh)
@@ -137,16 +150,16 @@ def attention_reference(q, k, v, *, scale=None, causal=False, mask=None, window=
 
 
 def attention_backward_reference(q, k, v, dout, *, scale=None, causal=False, mask=None, window=None,
-                                 sinks=None, layout="bhsd", out=None):
+                                 sinks=None, layout="bhsd", out=None, softcap=None):
     """Gradients of attention in float64: (dq, dk, dv) laid out like q, k and v, and with
     `sinks` also dsinks (Hq,). `dout` is the gradient of the loss with respect to the output.
 
     `out`, when given, is the forward output to take delta = rowsum(dout o out) from, as
     `attention_backward` does with its `o` (the same value as sum_j p_ij dp_ij when `out` is
     exact; a float16 or bfloat16 `out` moves delta by its rounding, and where dp_ij - delta_i
-    cancels, so do the gradients)."""
+    cancels, so do the gradients). With `softcap`, dS carries the cap's derivative."""
     probabilities, lse = attention_probabilities(q, k, scale=scale, causal=causal, mask=mask, window=window,
-                                                 sinks=sinks, layout=layout)
+                                                 sinks=sinks, layout=layout, softcap=softcap)
     qh, kh, vh, douth = (_to_bhsd(x, layout) for x in (q, k, v, dout))
     batch, q_heads, q_len, head_dim = qh.shape
     kv_heads, kv_len = kh.shape[1], kh.shape[2]
@@ -159,7 +172,8 @@ def attention_backward_reference(q, k, v, dout, *, scale=None, causal=False, mas
         delta = (probabilities * dp).sum(axis=-1)             # (B, Hq, R)
     else:
         delta = (douth * _to_bhsd(out, layout)).sum(axis=-1)
-    ds = probabilities * (dp - delta[..., None])
+    ds = probabilities * (dp - delta[..., None]) * softcapped(scaled_scores(q, k, scale=scale, layout=layout),
+                                                               softcap)[1]
     dq = scale * np.einsum("bhij,bhjd->bhid", ds, np.repeat(kh, ratio, axis=1))
     dk = scale * np.einsum("bhij,bhid->bhjd", ds, qh)
     dv = np.einsum("bhij,bhid->bhjd", probabilities, douth)
@@ -371,7 +385,7 @@ def sequence_keys(x, cu_seqlens_k, s: int, seqused_k=None, block_table=None) -> 
 
 
 def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, causal=False, window=None,
-                               sinks=None, return_lse=False, block_table=None, seqused_k=None):
+                               sinks=None, return_lse=False, block_table=None, seqused_k=None, softcap=None):
     """Attention over packed sequences in float64: `attention_reference` on each sequence's
     query rows and keys (`sequence_keys`: packed, or paged with block_table) as a batch of one
     ("bshd"), concatenated: out (total_q, Hq, Dv), lse (Hq, total_q)."""
@@ -384,13 +398,13 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scal
         keys, values = (sequence_keys(x, cu_seqlens_k, s, seqused_k, block_table).astype(np.float64)
                         for x in (k, v))
         o, l = attention_reference(q[None, rows], keys[None], values[None], scale=scale, causal=causal,
-                                   window=window, sinks=sinks, layout="bshd", return_lse=True)
+                                   window=window, sinks=sinks, layout="bshd", return_lse=True, softcap=softcap)
         out[rows], lse[:, rows] = o[0], l[0]
     return (out, lse) if return_lse else out
 
 
 def attention_varlen_backward_reference(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, scale=None, causal=False,
-                                        window=None, sinks=None, out=None):
+                                        window=None, sinks=None, out=None, softcap=None):
     """Gradients of attention over packed sequences in float64: (dq, dk, dv) shaped like q,
     k, v, and with `sinks` also dsinks (Hq,) summed over the sequences (`out` as in
     attention_backward_reference)."""
@@ -400,7 +414,7 @@ def attention_varlen_backward_reference(q, k, v, dout, cu_seqlens_q, cu_seqlens_
     for rows, keys in _sequences(cu_seqlens_q, cu_seqlens_k):
         part = attention_backward_reference(q[None, rows], k[None, keys], v[None, keys], dout[None, rows],
                                             scale=scale, causal=causal, window=window, sinks=sinks, layout="bshd",
-                                            out=None if out is None else np.asarray(out)[None, rows])
+                                            out=None if out is None else np.asarray(out)[None, rows], softcap=softcap)
         for grad, at, g in zip(grads, (rows, keys, keys), part[:3]):
             grad[at] = g[0]
         if sinks is not None:
@@ -463,7 +477,7 @@ def _per_kv_head(descale, batch: int, kv_heads: int) -> np.ndarray:
 def attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None,
                                      rotary_cos=None, rotary_sin=None, rotary_seqlens=None, rotary_interleaved=True,
                                      *, scale=None, causal=False, window=None, sinks=None, q_descale=None,
-                                     k_descale=None, v_descale=None, return_lse=False):
+                                     k_descale=None, v_descale=None, return_lse=False, softcap=None):
     """flash_attn_with_kvcache in float64: batch b's q (R, Hq, D) ("bshd") attends its
     attended cache rows (logical_cache); out (B, R, Hq, Dv), lse (B, Hq, R). With rotary
     tables, q and k are turned first (rotary_reference) at positions rotary_seqlens[b] (else
@@ -489,7 +503,7 @@ def attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens, k=None,
                      enumerate(logical_cache(cache, cache_seqlens, new, block_table))])
     keys, values = rows
     parts = [attention_reference(q[b:b + 1], kb[None], vb[None], scale=scale, causal=causal,
-                                 window=window, sinks=sinks, layout="bshd", return_lse=True)
+                                 window=window, sinks=sinks, layout="bshd", return_lse=True, softcap=softcap)
              for b, (kb, vb) in enumerate(zip(keys, values))]
     out = np.concatenate([o for o, _ in parts])
     lse = np.concatenate([l for _, l in parts])

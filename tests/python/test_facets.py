@@ -11,10 +11,11 @@ import pytest
 import mfa_native
 from mfa_native import codegen
 from mfa_native.codegen.attention.masking import Bounds
+from mfa_native.codegen.attention.scores import SCORE_TRANSFORMS, ScoreTransform
 from mfa_native.codegen.attention.visits import KEY_VISITS, KeyVisit, KeyWalk
 from mfa_native.codegen.kernel.sizes import Extent
 from mfa_native.codegen.storage.facet import STORAGES
-from mfa_native.reference import attention_reference
+from mfa_native.reference import attention_backward_reference, attention_reference
 from mfa_native.runtime.runner import PreparedPass
 
 
@@ -107,3 +108,48 @@ def test_a_case_without_kernel_side_facts_is_refused():
 
     with pytest.raises(TypeError, match="describe"):
         Incomplete()
+
+
+# A toy score transform, as docs/design.md says one is added: the logit doubled (derivative 2),
+# which is attention at twice the scale, forward and backward.
+@SCORE_TRANSFORMS.register
+@dataclass(frozen=True)
+class Doubled(ScoreTransform):
+    def apply(self, x: str, name: str) -> tuple[list[str], str, str | None]:
+        return [f"const float {name} = 2.0f * {x};"], name, "2.0f"
+
+    def describe(self) -> str:
+        return "doubled"
+
+
+def test_a_new_score_transform_runs_in_the_forward_and_backward_kernels(rng):
+    """Forward (one pass, and a KV cache's split-KV pair) and backward equal attention at twice
+    the scale, outputs poisoned before each run."""
+    q, k, v, do = (rng.standard_normal(shape).astype(np.float32)
+                   for shape in ((B, HQ, R, D), (B, HKV, C, D), (B, HKV, C, D), (B, HQ, R, D)))
+    p = codegen.AttentionProblem(B, HQ, HKV, R, C, D, D, causal="lower_right", return_lse=True, scores=(Doubled(),))
+    assert dict(codegen.attention_template(p).valid_for)["scores"] == ["doubled"]
+    prepared = PreparedPass(codegen.attention_pass(p), mfa_native.default_device())
+    out, lse = prepared.run([{"q": q, "k": k, "v": v}[name] for name in prepared.input_names])
+    expected, expected_lse = attention_reference(q, k, v, causal=True, scale=2 / np.sqrt(D), return_lse=True)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5)
+    backward = PreparedPass(codegen.attention_backward_pass(codegen.AttentionBackwardProblem(p)),
+                            mfa_native.default_device())
+    given = {"q": q, "k": k, "v": v, "o": out, "lse": lse, "dout": do}
+    grads = backward.run([given[name] for name in backward.input_names])
+    for got, want in zip(grads, attention_backward_reference(q, k, v, do, causal=True, scale=2 / np.sqrt(D))):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+    cache = codegen.AttentionProblem(B, HQ, HKV, R, 512, D, D, layout="bshd", causal="lower_right",
+                                     scores=(Doubled(),), keys=codegen.CacheKeys(0))
+    split = codegen.attention_pass(cache, parallel_threadgroups=64)
+    assert codegen.PARTIAL_KERNEL_NAME in [k.entry for k in split.kernels]
+    lengths = np.array([500, 17, 0], np.int32)
+    bshd = {"q": q.transpose(0, 2, 1, 3).copy(), "cache_seqlens": lengths,
+            **{name: rng.standard_normal((B, 512, HKV, D)).astype(np.float32) for name in "kv"}}
+    prepared = PreparedPass(split, mfa_native.default_device())
+    (out,) = prepared.run([bshd[name] for name in prepared.input_names])
+    for b, n in enumerate(lengths):
+        want = attention_reference(bshd["q"][b:b + 1], bshd["k"][b:b + 1, :n], bshd["v"][b:b + 1, :n], causal=True,
+                                   scale=2 / np.sqrt(D), layout="bshd")
+        np.testing.assert_allclose(out[b:b + 1], want, rtol=1e-4, atol=1e-5)

@@ -38,6 +38,17 @@ def scale_value(scale) -> float | None:
     return float(scale)
 
 
+def softcap_value(softcap) -> float | None:
+    """A logit cap: None (no cap) or a finite real number above 0, as a float."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a real number or None, got {type(softcap).__name__}")
+    if not (np.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be finite and above 0 (None: no cap), got {softcap}")
+    return float(softcap)
+
+
 def flag(value, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")

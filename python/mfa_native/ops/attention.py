@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import codegen, reference
 from ..codegen import AttentionProblem, Float8Storage, QuantizedStorage, physical
+from ..codegen.attention.scores import Softcap
 from ..quantized import QuantizedTensor
 from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import Device, tuning_facts
@@ -45,6 +46,9 @@ SINKS = Arg("sinks", "array", default=None, grad=True, doc="""
     (Hq,) one extra logit per head in the softmax denominator, with no value. FlashMLA's
     infinite values: -inf is no sink; +inf takes every weight (output 0, lse +inf). A numpy
     array or q's kind.""")
+SOFTCAP = Arg("softcap", "option", default=None, schema="float?", doc="""
+    logit cap c > 0 (Gemma 2, Grok; flash-attn's `softcap`): each scaled score s becomes
+    c * tanh(s / c) before masks and sinks; None: no cap.""")
 LAYOUT = Arg("layout", "option", default="bhsd", schema="str", doc='"bhsd" or "bshd"; the output uses the same layout.')
 RETURN_LSE = Arg("return_lse", "option", default=False, schema="bool", doc="""
     also return lse, (B, Hq, R) float32: the natural log of the softmax denominator (sink
@@ -75,7 +79,7 @@ class Validated(Checked):
         self.problem = problem
 
 
-def validate(arrays, *, scale, causal, window, layout, return_lse,
+def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None,
              quantized_refusal: str | None = "only attention reads quantized K/V",
              descales: dict[str, np.ndarray] | None = None) -> Validated:
     """Every check of `attention`'s arguments (also those of the ops that share them);
@@ -100,6 +104,7 @@ def validate(arrays, *, scale, causal, window, layout, return_lse,
             raise TypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; q, k and v must share one dtype")
     B, Hq, Hkv, R, C, D, Dv = check.dimensions(q, k, v, layout)
     scale = check.scale_value(scale)
+    softcap = check.softcap_value(softcap)
     causal_mode = check.causal_mode(causal)
     window = check.window_sides(window, R, C)
     return_lse = check.flag(return_lse, "return_lse")
@@ -135,10 +140,16 @@ def validate(arrays, *, scale, causal, window, layout, return_lse,
         k_strides=None if "k" in storage else physical(check.element_strides(bound["k"]), layout),
         v_strides=None if "v" in storage else physical(check.element_strides(bound["v"]), layout),
         causal=causal_mode, window=window, mask=mask_kind, mask_dtype=mask_dtype, mask_strides=mask_strides,
-        sinks=sinks is not None, scale=scale, return_lse=return_lse, k_storage=storage.get("k", codegen.PLAIN),
+        sinks=sinks is not None, scale=scale, return_lse=return_lse, scores=score_transforms(softcap),
+        k_storage=storage.get("k", codegen.PLAIN),
         v_storage=storage.get("v", codegen.PLAIN),
         aligned=check.aligned({name: bound[name] for name in ("q", "k", "v") if name not in storage}, ("o",)))
     return Validated(problem, bound, converts, sources)
+
+
+def score_transforms(softcap: float | None) -> tuple:
+    """The problem's chain of score transforms (codegen/attention/scores.py) for the options given."""
+    return (Softcap(softcap),) if softcap is not None else ()
 
 
 def _quantized_fields(x: QuantizedTensor, name: str, layout: str, bound: dict, converts: dict,
@@ -175,7 +186,8 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     """The first call of a signature: every check, then the problem's pass, prepared; and
     this call's inputs."""
     checked = validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale, causal=call.causal,
-                       window=call.window, layout=call.layout, return_lse=call.return_lse, quantized_refusal=None)
+                       window=call.window, layout=call.layout, return_lse=call.return_lse, softcap=call.softcap,
+                       quantized_refusal=None)
     p = checked.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_forward(p, call.op.array_names, checked)
@@ -187,12 +199,12 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
 # The errors of the attention family's shared arguments (validate), each naming the argument.
 RAISES = """
     TypeError: q, k or v is not an array numpy can read (or the three are not one kind), they
-        differ in dtype, or the dtype is not float32, float16 or bfloat16; scale is not a real
-        number, return_lse not a bool, a window side not an int; a mask neither boolean nor
+        differ in dtype, or the dtype is not float32, float16 or bfloat16; scale or softcap is
+        not a real number, return_lse not a bool, a window side not an int; a mask neither boolean nor
         float; sinks not float.
     ValueError: q, k, v are not 4-d or their shapes disagree (B, D, Hkv, C), Hq is not a
         multiple of Hkv, D or Dv is outside 1..576 or a size reaches `2**31`; scale is not
-        finite or too large; causal or layout is not one of the values above; window is not
+        finite or too large; softcap is not finite or not above 0; causal or layout is not one of the values above; window is not
         a (left, right) pair or a side is below -1; the mask does not broadcast to
         (B, Hq, R, C); sinks is not (Hq,).
 """
@@ -200,7 +212,7 @@ RAISES = """
 ATTENTION = Op(
     "attention",
     "Softmax attention, fused: softmax(scale * q k^T + mask) v, computed blockwise on the device.",
-    arguments=(Q, K, V, SCALE, CAUSAL, MASK, WINDOW, SINKS, LAYOUT, RETURN_LSE),
+    arguments=(Q, K, V, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, LAYOUT, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_reference,
@@ -208,7 +220,8 @@ ATTENTION = Op(
     gradients=GRADIENT_OF,
     details="""
     Query i of head h attends key j of kv head h // (Hq // Hkv) when every rule given allows
-    it (causal, window, a boolean mask); the logits are scale * q . k plus an additive mask.
+    it (causal, window, a boolean mask); the logits are scale * q . k (capped with softcap)
+    plus an additive mask.
     The softmax runs in float32 whatever the dtype; the output is rounded once to q's dtype.
     `mfa_native.reference.attention_reference` computes the same in float64.
     """,

@@ -21,7 +21,7 @@ from .. import codegen, reference
 from ..codegen import AttentionBackwardProblem, physical, unit_table
 from ..runtime.devices import tuning_facts
 from . import arguments as check
-from .attention import CAUSAL, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate
+from .attention import CAUSAL, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW, Validated, validate
 from .attention_backward import GRADIENTS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
@@ -104,7 +104,8 @@ def validate_varlen(call: Call, *, return_lse: bool, hints: tuple,
     raw = {"q": call.q, "k": keys.rows(call.k, "k"), "v": keys.rows(call.v, "v")}
     bound = {name: check.bindable(check.as_array(x, name)) for name, x in raw.items()}
     forward = validate(tuple(bound[n][None] for n in ("q", "k", "v")) + (None, call.sinks), scale=call.scale,
-                       causal=call.causal, window=call.window, layout="bshd", return_lse=return_lse)
+                       causal=call.causal, window=call.window, layout="bshd", return_lse=return_lse,
+                       softcap=call.softcap)
     bound_q = (q.shape[0] if hints[0] is None else hints[0]) if packing else None
     p = replace(forward.problem, keys=keys.visit(bound_q))
     sizes = p.keys.sizes(p)
@@ -225,7 +226,7 @@ VDO = Arg("do", "array", keyword=False, doc="the gradient of the loss with respe
 ATTENTION_VARLEN = Op(
     "attention_varlen",
     "Attention over packed sequences (flash-attn's varlen): each sequence's queries attend its own keys.",
-    arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, RETURN_LSE, BLOCK_TABLE,
+    arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, SOFTCAP, RETURN_LSE, BLOCK_TABLE,
                SEQUSED_K),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
@@ -280,8 +281,8 @@ attention_varlen = ATTENTION_VARLEN.function
 ATTENTION_VARLEN_BACKWARD = Op(
     "attention_varlen_backward",
     "Gradients of `attention_varlen` with respect to q, k, v (and sinks), given the gradient of its output.",
-    arguments=(VQ, VK, VV, VO, VLSE, VDO, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, BLOCK_TABLE,
-               SEQUSED_K),
+    arguments=(VQ, VK, VV, VO, VLSE, VDO, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, SOFTCAP,
+               BLOCK_TABLE, SEQUSED_K),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
     reference=reference.attention_varlen_backward_reference,

@@ -101,7 +101,7 @@ def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
 
 def _recomputed_probabilities(d: BackwardDescriptor, count: int, lse2: str) -> list[str]:
     return (["", "// P = exp2(S * scale * log2(e) + bias - lse2): the forward's probabilities, from its lse."]
-            + logits(d.scale_log2e, count, "p_tile") + probabilities(count, "p_tile", lse2))
+            + logits(d, count, "p_tile", keep_slopes=True) + probabilities(count, "p_tile", lse2))
 
 
 def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelSource:
@@ -170,7 +170,7 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
                    lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=x["v"],
                    rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys",
                    position="key", first=step.first, positions=step.positions, reread=REREAD)
-    body += gradient_of_scores(count, "delta_row")
+    body += gradient_of_scores(count, "delta_row", d.scores)
     body += ["", "// dQ += dS K."]
     body += _accumulators(d)["dq"].blocks(lambda features: accumulate(
         "dq_tile", weights="dp_tile", count=count, rhs=x["k"].loading(d.weight_tile_type), rhs_tile="k_tile",
@@ -248,7 +248,7 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
     body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache_v else None, "v_i"),
                    rhs=x["dout"], rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
                    position="query", first=step.first, positions=step.positions, reread=REREAD)
-    body += gradient_of_scores(count, "delta_q[j * 2 + e]")
+    body += gradient_of_scores(count, "delta_q[j * 2 + e]", d.scores)
     body += ["", "// dK += dS^T Q."]
     body += _accumulators(d)["dk"].blocks(lambda features: accumulate(
         "dk_tile", weights="dp_tile", count=count, rhs=x["q"].loading(d.weight_tile_type), rhs_tile="q_tile",

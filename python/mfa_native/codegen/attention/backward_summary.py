@@ -5,6 +5,7 @@ staged blocks, operand tiles."""
 from __future__ import annotations
 
 from . import staged_steps
+from .scores import describe as describe_scores
 
 
 def _kept(cached: bool) -> str:
@@ -32,5 +33,5 @@ def lines(d, dq: bool) -> list[str]:
         rounded = "dS" if dq else "P and dS"
         tile += f", {rounded} rounded to {d.weight_tile_type} for the accumulated products"
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
-            f"{d.rules.describe()}, sinks {'yes' if d.sinks else 'no'}",
+            f"{d.rules.describe()}, sinks {'yes' if d.sinks else 'no'}{describe_scores(d.scores)}",
             f"tiles ({d.gpu_family}): {tile}"]

@@ -67,6 +67,7 @@ class AttentionFacts:
     rules: MaskRules
     sinks: bool
     scale_log2e: float      # softmax scale * log2(e), as the float32 the kernels use
+    scores: tuple           # the score transforms (scores.py), in order
     family: str
     sizes: RuntimeSizes     # the runtime sizes the kernels read (or their literals)
     keys: KeyWalk           # the key-visit facet's kernel side (visits.py)
@@ -217,7 +218,7 @@ def _facts(p: AttentionProblem, family: str, sizes: dict[str, int], bake_lengths
                  q=layouts.of("q", p.q_strides, "q"), k=layouts.of("k", p.k_strides, "k"),
                  v=layouts.of("v", p.v_strides, "v"),
                  rules=layouts.rules, sinks=p.sinks,
-                 scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))), family=family,
+                 scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))), scores=p.scores, family=family,
                  sizes=RuntimeSizes(SIZES_STRUCT, tuple((name, SIZE_DOCS.get(name) or p.keys.size_docs[name])
                                                         for name in sizes),
                                     tuple(sizes.items()) if bake_lengths else None),

@@ -47,6 +47,7 @@ from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
 from .pairs import pair_type
 from .rows import row_index, stages_apart, threadgroup_span
+from .scores import describe as describe_scores
 from .softmax import online_softmax, sink_state, stored_lse
 
 KERNEL_NAME = "attention_forward"
@@ -213,7 +214,7 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
     """The forward kernel's header lines: sizes, masking rules, tiles."""
     simdgroups = f"{d.simdgroups} simdgroup{'s' if d.simdgroups > 1 else ''}"
     return [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, GQA ratio {d.gqa_ratio}" + d.keys.summary(),
-            d.rules.describe() + finish.summary(d),
+            d.rules.describe() + describe_scores(d.scores) + finish.summary(d),
             f"tiles ({d.gpu_family}): {d.query_rows} query rows per threadgroup ({simdgroups}), "
             f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
             + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")

@@ -28,6 +28,7 @@ from ..kernel.layouts import Strides, contiguous_strides
 from ..storage.facet import Storage
 from ..storage.stored import PLAIN
 from .keys import DENSE
+from .scores import ScoreTransform
 from .visits import KeyVisit
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -62,6 +63,7 @@ class AttentionProblem:
     sinks: bool = False
     scale: float | None = None             # None: 1 / sqrt(D)
     return_lse: bool = False
+    scores: tuple[ScoreTransform, ...] = ()   # the score facet (scores.py): transforms of each logit, in order
     keys: KeyVisit = DENSE                 # the key-visit facet (visits.py)
     k_storage: Storage = PLAIN             # the storage facets of k and v (storage/facet.py)
     v_storage: Storage = PLAIN

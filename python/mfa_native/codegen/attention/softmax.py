@@ -9,6 +9,7 @@ from typing import Sequence
 
 from ..kernel.msl import float_literal, loop
 from ..kernel.accumulators import Accumulator
+from .scores import chain
 
 
 # Sinks take FlashMLA's infinite values: -inf is no sink; +inf takes every weight (O = 0,
@@ -35,14 +36,21 @@ def sink_probability(lse2: str) -> str:
     return f"({SINK} == {lse2} ? 1.0f : exp2({SINK} - {lse2}))"
 
 
-def logits(scale_log2e: float, count: int, scores_tile: str, also: Sequence[str] = ()) -> list[str]:
-    """s[i] = score * scale * log2(e) + bias for allowed elements (MASKED stays MASKED), then `also`.
-    Reads s (from `bias`)."""
-    return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
-        "const int i = j * 2 + e;",
-        f"s[i] = s[i] != MASKED ? {scores_tile}[j].thread_elements()[e] * {float_literal(scale_log2e)} + s[i] : MASKED;",
-        *also,
-    ]))
+def logits(d, count: int, scores_tile: str, also: Sequence[str] = (), keep_slopes: bool = False) -> list[str]:
+    """s[i] = T(score * scale * log2(e)) + bias for allowed elements (MASKED stays MASKED), T
+    being `d`'s chain of score transforms (scores.py; none: the identity), then `also`. With
+    `keep_slopes` (the backward's), score_slope[i] = T's derivative, for `gradient_of_scores`. Reads s
+    (from `bias`)."""
+    scaled = f"{scores_tile}[j].thread_elements()[e] * {float_literal(d.scale_log2e)}"
+    if not d.scores:
+        return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
+            "const int i = j * 2 + e;", f"s[i] = s[i] != MASKED ? {scaled} + s[i] : MASKED;", *also]))
+    steps, logit, slope = chain(d.scores, "x")
+    kept = [f"score_slope[i] = {slope};"] if keep_slopes and slope is not None else []
+    return ([f"float score_slope[{2 * count}];  // d T / d x of each element"] if kept else []) + loop(
+        f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
+            "const int i = j * 2 + e;", f"const float x = {scaled};", *steps,
+            f"s[i] = s[i] != MASKED ? {logit} + s[i] : MASKED;", *kept, *also]))
 
 
 def probabilities(count: int, target: str, reference: str, also: Sequence[str] = ()) -> list[str]:
@@ -60,7 +68,7 @@ def online_softmax(d, key_tiles: int, output: Accumulator | None = None) -> list
     the new running max m, the rescale of l and the output (`output`, default the register
     tiles o_tile), probabilities in p_tile. Reads p_tile, s (the bias), m, l, the output."""
     lines = ["", "// Online softmax: new running max, rescale, probabilities.", "float block_max = MASKED;"]
-    lines += logits(d.scale_log2e, key_tiles, "p_tile", ["block_max = max_nan(block_max, s[i]);"])
+    lines += logits(d, key_tiles, "p_tile", ["block_max = max_nan(block_max, s[i]);"])
     lines += [
         "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 1));",
         "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 8));",
@@ -84,9 +92,11 @@ def lse2(target: str, at: str) -> list[str]:
             f"{target} = lse_value == -INFINITY ? -MASKED : lse_value * LOG2E;  // a NaN row stays NaN"]
 
 
-def gradient_of_scores(count: int, delta: str) -> list[str]:
-    """dS = P o (dP - D), written over dP."""
-    return (["", "// dS = P o (dP - D), in place of dP."]
+def gradient_of_scores(count: int, delta: str, transforms: Sequence = ()) -> list[str]:
+    """dS = P o (dP - D), written over dP; through score `transforms` with a derivative, times
+    each element's slope (`logits(keep_slopes=True)`)."""
+    slope = " * score_slope[j * 2 + e]" if chain(transforms, "x")[2] is not None else ""
+    return (["", f"// dS = P o (dP - D){' o dT/dx' if slope else ''}, in place of dP."]
             + loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
                 "dp_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * "
-                f"(dp_tile[j].thread_elements()[e] - {delta});"])))
+                f"(dp_tile[j].thread_elements()[e] - {delta}){slope};"])))

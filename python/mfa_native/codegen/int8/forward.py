@@ -148,7 +148,7 @@ def _int8_values(x: Int8Descriptor, end: str) -> list[str]:
     mass = _keys_mass(x)
     lines = ["", "// P against the block's own maximum logit: integers 0..127, the maximum itself 127.",
              "float block_max = MASKED;"]
-    lines += logits(d.scale_log2e, KEY_TILES, "p_tile", ["block_max = max_nan(block_max, s[i]);"])
+    lines += logits(d, KEY_TILES, "p_tile", ["block_max = max_nan(block_max, s[i]);"])
     lines += ["block_max = max_nan(block_max, simd_shuffle_xor(block_max, 1));",
               "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 8));",
               f"{INT8_TILE} p_int8[{KEY_TILES}];",

@@ -85,12 +85,12 @@ def _dq_steps(d: BackwardDescriptor) -> list[str]:
                    rhs_tile="k_tile", rhs_comment="K^T of the listed keys", position="key", first="kb",
                    positions=listed, reread=REREAD)
     body += ["", "// P = exp2(S * scale * log2(e) - lse2): the forward's probabilities."]
-    body += logits(d.scale_log2e, count, "p_tile") + probabilities(count, "p_tile", "lse2")
+    body += logits(d, count, "p_tile", keep_slopes=True) + probabilities(count, "p_tile", "lse2")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
     body += scores("dp_tile", count=count, lhs=Rows(dout, "h", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=v,
                    rhs_tile="v_tile", rhs_comment="V^T of the listed keys", position="key", first="kb",
                    positions=listed, reread=REREAD)
-    body += gradient_of_scores(count, "delta_row")
+    body += gradient_of_scores(count, "delta_row", d.scores)
     body += ["", "// P and dS of the lane's slots, for the key side."]
     body += loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
         "const int slot = kb + j * 8 + int(tc) + e;",

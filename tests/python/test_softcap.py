@@ -1,0 +1,165 @@
+"""The logit soft cap (issue "Score transforms", its first case): each scaled score s becomes
+c * tanh(s / c) in the kernels, before masks and sinks, forward and backward, in attention,
+varlen, the KV-cache call (split-KV included) and flash-attn's drop-ins, against float64
+references (reference.softcapped: the cap and its derivative, written from flash-attn's
+definition). The scores are made large (|s| up to ~10 c) so that the cap matters."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import relative_l2
+from test_kvcache_split import CAPACITY, cache_of, split_call
+
+import mfa_native
+from mfa_native import codegen
+from mfa_native.codegen import AttentionProblem
+from mfa_native.codegen.attention.scores import Softcap
+from mfa_native.reference import (attention_backward_reference, attention_reference, attention_varlen_backward_reference,
+                                  attention_varlen_reference, attention_with_kvcache_reference)
+
+DTYPES = {"float32": (np.float32, 2e-5, 2e-4), "float16": (np.float16, 2e-3, 6e-3),
+          "bfloat16": (ml_dtypes.bfloat16, 2e-2, 4e-2)}   # dtype, forward and backward relative L2
+
+
+def inputs(rng, shapes, dtype, spread: float = 4.0):
+    """Random arrays of `shapes` in `dtype`; q and k scaled by `spread` (large scores)."""
+    t = DTYPES[dtype][0]
+    return [(rng.standard_normal(s) * (spread if i < 2 else 1.0)).astype(t) for i, s in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("dtype, options", [
+    ("float32", dict(causal=True)),
+    ("float32", dict(window=(5, 3), sinks=True, layout="bshd")),
+    ("float16", dict(mask="additive", causal="upper_left")),
+    ("bfloat16", dict(mask="bool", sinks=True)),
+], ids=["f32-causal", "f32-window-sinks-bshd", "f16-additive-upper-left", "bf16-bool-sinks"])
+def test_attention_forward_and_backward(rng, dtype, options):
+    B, Hq, Hkv, R, C, D = 2, 4, 2, 19, 27, 32
+    layout = options.pop("layout", "bhsd")
+    shape = (lambda h, n, d: (B, h, n, d)) if layout == "bhsd" else (lambda h, n, d: (B, n, h, d))
+    q, k, v, do = inputs(rng, [shape(Hq, R, D), shape(Hkv, C, D), shape(Hkv, C, D), shape(Hq, R, D)], dtype)
+    extra = {"layout": layout, "softcap": 3.0}
+    if options.pop("sinks", False):
+        extra["sinks"] = rng.standard_normal(Hq).astype(np.float32)
+    kind = options.pop("mask", None)
+    if kind == "bool":
+        extra["mask"] = rng.random((R, C)) > 0.3
+    elif kind == "additive":
+        extra["mask"] = rng.standard_normal((1, Hq, R, C)).astype(np.float32)
+    options |= extra
+    _, forward_tolerance, backward_tolerance = DTYPES[dtype]
+    o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **options)
+    want_o, want_lse = attention_reference(q, k, v, return_lse=True, **options)
+    assert relative_l2(o, want_o) < forward_tolerance
+    seen = np.isfinite(want_lse)
+    assert np.allclose(lse[seen], want_lse[seen], atol=10 * forward_tolerance) and (np.isinf(lse) == ~seen).all()
+    grads = mfa_native.attention_backward(q, k, v, o, lse, do, device="cpu", **options)
+    expected = attention_backward_reference(q, k, v, do, out=o, **options)
+    for got, want in zip(grads, expected):
+        assert relative_l2(got, want) < backward_tolerance
+    uncapped = attention_reference(q, k, v, **(options | {"softcap": None}))
+    assert relative_l2(uncapped, want_o) > 0.1   # the cap changed the result: these scores reach it
+
+
+def test_varlen_forward_and_backward(rng):
+    cu = np.array([0, 7, 7, 30], np.int32)
+    q, k, v, do = inputs(rng, [(30, 4, 16), (30, 2, 16), (30, 2, 16), (30, 4, 16)], "float32")
+    options = dict(causal=True, window=(6, -1), softcap=2.5)
+    o, lse = mfa_native.attention_varlen(q, k, v, cu, cu, return_lse=True, device="cpu", **options)
+    want_o, want_lse = attention_varlen_reference(q, k, v, cu, cu, return_lse=True, **options)
+    assert relative_l2(o, want_o) < 2e-5 and np.allclose(lse, want_lse, atol=1e-4)
+    grads = mfa_native.attention_varlen_backward(q, k, v, o, lse, do, cu, cu, device="cpu", **options)
+    for got, want in zip(grads, attention_varlen_backward_reference(q, k, v, do, cu, cu, out=o, **options)):
+        assert relative_l2(got, want) < 2e-4
+
+
+@pytest.mark.parametrize("page", [None, 8])
+def test_kvcache_split_decode_with_append(rng, page):
+    """A long cache split across threadgroups (partial kernels and the combine), appended to."""
+    lengths = np.array([CAPACITY - 9, 40], np.int32)
+    k_cache, v_cache, table = cache_of(rng, lengths, page, 32)
+    q, k, v = inputs(rng, [(2, 1, 8, 32), (2, 2, 2, 32), (2, 2, 2, 32)], "float32")
+    want = attention_with_kvcache_reference(q, k_cache, v_cache, lengths, k, v, table, causal=True, softcap=4.0,
+                                            return_lse=True)
+    out, lse, kernels, _ = split_call(q, k_cache, v_cache, lengths, k, v, table, causal=True, softcap=4.0)
+    assert codegen.PARTIAL_KERNEL_NAME in kernels and codegen.COMBINE_KERNEL_NAME in kernels
+    assert relative_l2(out, want[0]) < 2e-5 and np.allclose(lse, want[1], atol=1e-4)
+
+
+def test_the_cap_reads_nothing_more():
+    """No buffer, no size: the cap is a literal of the kernels (no extra device traffic)."""
+    p = AttentionProblem(batch=1, q_heads=2, kv_heads=2, q_len=16, kv_len=16, head_dim=32, value_dim=32)
+    capped = AttentionProblem(**{**p.__dict__, "scores": (Softcap(30.0),)})
+    for make in (codegen.attention_pass, lambda x: codegen.attention_backward_pass(
+            codegen.AttentionBackwardProblem(x))):
+        plain, with_cap = make(p), make(capped)
+        assert [b.name for b in plain.buffers] == [b.name for b in with_cap.buffers]
+        assert all("precise::tanh" in k.source for k in with_cap.kernels if "attention" in k.entry)
+
+
+def test_nan_propagates_and_bad_caps_are_refused(rng):
+    q, k, v = inputs(rng, [(1, 2, 8, 16)] * 3, "float32")
+    q[0, 1, 3, 0] = np.nan
+    o = mfa_native.attention(q, k, v, softcap=5.0, device="cpu")
+    assert np.isnan(o[0, 1, 3]).all() and np.isfinite(np.delete(o.reshape(-1, 16), 11, axis=0)).all()
+    for cap, error in ((0.0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), ("5", TypeError),
+                       (True, TypeError)):
+        with pytest.raises(error, match="softcap"):
+            mfa_native.attention(q, k, v, softcap=cap, device="cpu")
+
+
+def test_flash_attn_drop_ins_with_flash_attns_tolerance(rng):
+    """flash-attn's softcap argument (its tests use 0 and 50 on |s| of a few units; here 2.0, so
+    it matters): forward and autograd through flash_attn_func, flash_attn_varlen_func and the
+    KV-cache call, within twice the error of PyTorch computing in the same dtype (+ 1e-5)."""
+    torch = pytest.importorskip("torch")
+    from mfa_native.torch import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+    def in_dtype(q, k, v, cap):   # (B, S, H, D), PyTorch in the low dtype, GQA repeated
+        k, v = (x.repeat_interleave(q.shape[2] // x.shape[2], 2) for x in (k, v))
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+        s = cap * torch.tanh(s / cap)
+        row, col = torch.arange(s.shape[2])[:, None] + s.shape[3] - s.shape[2], torch.arange(s.shape[3])
+        return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s.masked_fill(col > row, float("-inf")), -1), v)
+
+    q, k, v = (torch.from_numpy(x) for x in inputs(rng, [(2, 9, 4, 32), (2, 13, 2, 32), (2, 13, 2, 32)], "float32"))
+    q, k, v = (x.to(torch.bfloat16).requires_grad_() for x in (q, k, v))
+    out = flash_attn_func(q, k, v, causal=True, softcap=2.0)
+    want = attention_reference(*(x.detach().double().numpy() for x in (q, k, v)), causal=True, softcap=2.0,
+                               layout="bshd")
+    low = in_dtype(q.detach(), k.detach(), v.detach(), 2.0).double().numpy()
+    assert np.abs(out.detach().double().numpy() - want).max() <= 2 * np.abs(low - want).max() + 1e-5
+    do = torch.randn_like(out)
+    out.backward(do)
+    grads = attention_backward_reference(*(x.detach().double().numpy() for x in (q, k, v)), do.double().numpy(),
+                                         causal=True, softcap=2.0, layout="bshd")
+    for x, g in zip((q, k, v), grads):
+        assert relative_l2(x.grad.double().numpy(), g) < 3e-2
+    cu = torch.tensor([0, 9, 18], dtype=torch.int32)
+    packed = [x.detach().float().reshape(-1, *x.shape[2:])[:18] for x in (q, k, v)]
+    out = flash_attn_varlen_func(*packed, cu, cu, 9, 9, causal=True, softcap=2.0)
+    want = attention_varlen_reference(*(x.numpy() for x in packed), cu.numpy(), cu.numpy(), causal=True, softcap=2.0)
+    assert relative_l2(out.numpy(), want) < 2e-5
+    k_cache, v_cache = (torch.zeros(2, 20, 2, 32) for _ in "kv")
+    lengths = torch.tensor([3, 11], dtype=torch.int32)
+    new = [x.detach().float()[:, :2] for x in (k, v)]
+    want = attention_with_kvcache_reference(q.detach().float().numpy(), k_cache.numpy(), v_cache.numpy(),
+                                            lengths.numpy(), *(x.numpy() for x in new), causal=True, softcap=2.0)
+    out = flash_attn_with_kvcache(q.detach().float(), k_cache, v_cache, *new, cache_seqlens=lengths, causal=True,
+                                  softcap=2.0)
+    assert relative_l2(out.numpy(), want) < 2e-5
+
+
+def test_mlx_gradients(rng):
+    mx = pytest.importorskip("mlx.core")
+    import mfa_native.mlx as mm
+
+    q, k, v = inputs(rng, [(1, 2, 12, 16)] * 3, "float32")
+    loss = lambda q, k, v: (mm.attention(q, k, v, causal=True, softcap=3.0) ** 2).sum()   # noqa: E731
+    grads = mx.grad(loss, argnums=(0, 1, 2))(*(mx.array(x) for x in (q, k, v)))
+    o = attention_reference(q, k, v, causal=True, softcap=3.0)
+    want = attention_backward_reference(q, k, v, 2 * o, causal=True, softcap=3.0)
+    for got, expected in zip(grads, want):
+        assert relative_l2(np.array(got), expected) < 2e-4
