@@ -348,8 +348,8 @@ def _write_rows(cache, at: tuple[mx.array, mx.array], new: mx.array) -> None:
 
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v=None, block_table=None,
                            rotary_cos=None, rotary_sin=None, rotary_seqlens=None, rotary_interleaved=True, scale=None,
-                           causal=False, window=None, sinks=None, softcap=None, q_descale=None, k_descale=None,
-                           v_descale=None, return_lse=False):
+                           causal=False, window=None, sinks=None, softcap=None, alibi_slopes=None, q_descale=None,
+                           k_descale=None, v_descale=None, return_lse=False):
     """`mfa_native.attention_with_kvcache` on MLX arrays, appending with MLX's own in-place update.
 
     MLX arrays are read-only to the pass, so the append is MLX's indexed assignment: after
@@ -382,6 +382,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
         window: (left, right) as in `mfa_native.attention`.
         sinks: (Hq,) one more logit per head in the softmax denominator.
         softcap: a logit cap c > 0: each scaled score s becomes c * tanh(s / c); None: none.
+        alibi_slopes: (Hq,) or (B, Hq) ALiBi slopes, as in `mfa_native.attention_with_kvcache`.
         q_descale: float8 caches' descales, as in `mfa_native.attention_with_kvcache`: MLX
             has no float8 arrays, so one given is a ValueError naming it.
         k_descale: likewise.
@@ -428,7 +429,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
     values = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, k=None, v=None,
                   block_table=block_table, rotary_cos=None, rotary_sin=None, rotary_seqlens=None,
                   rotary_interleaved=rotary_interleaved, scale=scale, causal=causal, window=window, sinks=sinks,
-                  softcap=softcap, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                  softcap=softcap, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                   return_lse=return_lse, device=None)
     if k is not None or v is not None:
         views = {name: _host(x, name) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),

@@ -106,14 +106,27 @@ def softcapped(scores: np.ndarray, softcap=None) -> tuple[np.ndarray, np.ndarray
     return softcap * turned, 1.0 - turned ** 2
 
 
+def alibi_bias(alibi_slopes, shape) -> np.ndarray:
+    """flash-attn's ALiBi bias of (B, Hq, R, C) scores: -slope[h] * |i + C - R - j|, the slopes
+    (Hq,) or (B, Hq); 0 without slopes."""
+    if alibi_slopes is None:
+        return np.zeros(shape)
+    batch, heads, rows, keys = shape
+    slopes = np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64).reshape(-1, heads), (batch, heads))
+    distance = np.abs(np.arange(rows)[:, None] + keys - rows - np.arange(keys)[None, :])
+    return -slopes[:, :, None, None] * distance
+
+
 def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window=None,
-                            sinks=None, layout="bhsd", softcap=None):
-    """Softmax probabilities (B, Hq, R, C) and lse (B, Hq, R), both float64; with `softcap`
-    the scaled scores are capped first (flash-attn's order: before masks and sinks).
+                            sinks=None, layout="bhsd", softcap=None, alibi_slopes=None):
+    """Softmax probabilities (B, Hq, R, C) and lse (B, Hq, R), both float64; the scaled scores
+    are capped first with `softcap`, then get ALiBi's bias with `alibi_slopes` (flash-attn's
+    order: before masks and sinks).
 
     Rows with an empty denominator get all-zero probabilities and lse = -inf.
     """
     scores = softcapped(scaled_scores(q, k, scale=scale, layout=layout), softcap)[0]
+    scores = scores + alibi_bias(alibi_slopes, scores.shape)
     batch, q_heads, q_len = scores.shape[:3]
     logits = masked_logits(scores, causal, window, mask)
 
@@ -136,11 +149,12 @@ def attention_probabilities(q, k, *, scale=None, causal=False, mask=None, window
 
 
 def attention_reference(q, k, v, *, scale=None, causal=False, mask=None, window=None,
-                        sinks=None, layout="bhsd", return_lse=False, softcap=None):
+                        sinks=None, layout="bhsd", return_lse=False, softcap=None, alibi_slopes=None):
     """Attention output in float64, laid out like q (same `layout`); with
     return_lse=True also the (B, Hq, R) lse."""
     probabilities, lse = attention_probabilities(q, k, scale=scale, causal=causal, mask=mask, window=window,
-                                                 sinks=sinks, layout=layout, softcap=softcap)
+                                                 sinks=sinks, layout=layout, softcap=softcap,
+                                                 alibi_slopes=alibi_slopes)
     vh = _to_bhsd(v, layout)
     vh = np.repeat(vh, probabilities.shape[1] // vh.shape[1], axis=1)
     out = np.einsum("bhij,bhjd->bhid", probabilities, vh)
@@ -150,7 +164,7 @@ def attention_reference(q, k, v, *, scale=None, causal=False, mask=None, window=
 
 
 def attention_backward_reference(q, k, v, dout, *, scale=None, causal=False, mask=None, window=None,
-                                 sinks=None, layout="bhsd", out=None, softcap=None):
+                                 sinks=None, layout="bhsd", out=None, softcap=None, alibi_slopes=None):
     """Gradients of attention in float64: (dq, dk, dv) laid out like q, k and v, and with
     `sinks` also dsinks (Hq,). `dout` is the gradient of the loss with respect to the output.
 
@@ -159,7 +173,8 @@ def attention_backward_reference(q, k, v, dout, *, scale=None, causal=False, mas
     exact; a float16 or bfloat16 `out` moves delta by its rounding, and where dp_ij - delta_i
     cancels, so do the gradients). With `softcap`, dS carries the cap's derivative."""
     probabilities, lse = attention_probabilities(q, k, scale=scale, causal=causal, mask=mask, window=window,
-                                                 sinks=sinks, layout=layout, softcap=softcap)
+                                                 sinks=sinks, layout=layout, softcap=softcap,
+                                                 alibi_slopes=alibi_slopes)
     qh, kh, vh, douth = (_to_bhsd(x, layout) for x in (q, k, v, dout))
     batch, q_heads, q_len, head_dim = qh.shape
     kv_heads, kv_len = kh.shape[1], kh.shape[2]
@@ -358,6 +373,14 @@ def sparse_topk_reference(q, k, weights, topk: int, *, causal=True, layout="bhsd
     return (indices, kept) if return_scores else indices
 
 
+def _of_batch(alibi_slopes, b: int):
+    """Batch b's ALiBi slopes (Hq,) of a (Hq,) or (B, Hq) table, or None."""
+    if alibi_slopes is None:
+        return None
+    slopes = np.asarray(alibi_slopes)
+    return slopes if slopes.ndim == 1 else slopes[b]
+
+
 def _sequences(cu_seqlens_q, cu_seqlens_k):
     """(query rows, key rows) slices of each packed sequence."""
     cu_q, cu_k = (np.asarray(cu).astype(np.int64) for cu in (cu_seqlens_q, cu_seqlens_k))
@@ -385,7 +408,8 @@ def sequence_keys(x, cu_seqlens_k, s: int, seqused_k=None, block_table=None) -> 
 
 
 def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, causal=False, window=None,
-                               sinks=None, return_lse=False, block_table=None, seqused_k=None, softcap=None):
+                               sinks=None, return_lse=False, block_table=None, seqused_k=None, softcap=None,
+                               alibi_slopes=None):
     """Attention over packed sequences in float64: `attention_reference` on each sequence's
     query rows and keys (`sequence_keys`: packed, or paged with block_table) as a batch of one
     ("bshd"), concatenated: out (total_q, Hq, Dv), lse (Hq, total_q)."""
@@ -398,23 +422,25 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scal
         keys, values = (sequence_keys(x, cu_seqlens_k, s, seqused_k, block_table).astype(np.float64)
                         for x in (k, v))
         o, l = attention_reference(q[None, rows], keys[None], values[None], scale=scale, causal=causal,
-                                   window=window, sinks=sinks, layout="bshd", return_lse=True, softcap=softcap)
+                                   window=window, sinks=sinks, layout="bshd", return_lse=True, softcap=softcap,
+                                   alibi_slopes=_of_batch(alibi_slopes, s))
         out[rows], lse[:, rows] = o[0], l[0]
     return (out, lse) if return_lse else out
 
 
 def attention_varlen_backward_reference(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, scale=None, causal=False,
-                                        window=None, sinks=None, out=None, softcap=None):
+                                        window=None, sinks=None, out=None, softcap=None, alibi_slopes=None):
     """Gradients of attention over packed sequences in float64: (dq, dk, dv) shaped like q,
     k, v, and with `sinks` also dsinks (Hq,) summed over the sequences (`out` as in
     attention_backward_reference)."""
     q, k, v, dout = (np.asarray(x).astype(np.float64) for x in (q, k, v, dout))
     grads = [np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)]
     dsinks = np.zeros(q.shape[1])
-    for rows, keys in _sequences(cu_seqlens_q, cu_seqlens_k):
+    for s, (rows, keys) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
         part = attention_backward_reference(q[None, rows], k[None, keys], v[None, keys], dout[None, rows],
                                             scale=scale, causal=causal, window=window, sinks=sinks, layout="bshd",
-                                            out=None if out is None else np.asarray(out)[None, rows], softcap=softcap)
+                                            out=None if out is None else np.asarray(out)[None, rows], softcap=softcap,
+                                            alibi_slopes=_of_batch(alibi_slopes, s))
         for grad, at, g in zip(grads, (rows, keys, keys), part[:3]):
             grad[at] = g[0]
         if sinks is not None:
@@ -477,7 +503,7 @@ def _per_kv_head(descale, batch: int, kv_heads: int) -> np.ndarray:
 def attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None,
                                      rotary_cos=None, rotary_sin=None, rotary_seqlens=None, rotary_interleaved=True,
                                      *, scale=None, causal=False, window=None, sinks=None, q_descale=None,
-                                     k_descale=None, v_descale=None, return_lse=False, softcap=None):
+                                     k_descale=None, v_descale=None, return_lse=False, softcap=None, alibi_slopes=None):
     """flash_attn_with_kvcache in float64: batch b's q (R, Hq, D) ("bshd") attends its
     attended cache rows (logical_cache); out (B, R, Hq, Dv), lse (B, Hq, R). With rotary
     tables, q and k are turned first (rotary_reference) at positions rotary_seqlens[b] (else
@@ -503,7 +529,8 @@ def attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens, k=None,
                      enumerate(logical_cache(cache, cache_seqlens, new, block_table))])
     keys, values = rows
     parts = [attention_reference(q[b:b + 1], kb[None], vb[None], scale=scale, causal=causal,
-                                 window=window, sinks=sinks, layout="bshd", return_lse=True, softcap=softcap)
+                                 window=window, sinks=sinks, layout="bshd", return_lse=True, softcap=softcap,
+                                 alibi_slopes=_of_batch(alibi_slopes, b))
              for b, (kb, vb) in enumerate(zip(keys, values))]
     out = np.concatenate([o for o, _ in parts])
     lse = np.concatenate([l for _, l in parts])

@@ -115,7 +115,7 @@ def test_a_case_without_kernel_side_facts_is_refused():
 @SCORE_TRANSFORMS.register
 @dataclass(frozen=True)
 class Doubled(ScoreTransform):
-    def apply(self, x: str, name: str) -> tuple[list[str], str, str | None]:
+    def apply(self, x: str, name: str, at) -> tuple[list[str], str, str | None]:
         return [f"const float {name} = 2.0f * {x};"], name, "2.0f"
 
     def describe(self) -> str:

@@ -228,8 +228,6 @@ def test_torch_flash_attn_with_kvcache_in_place_and_no_gradient(rng):
                                        return_softmax_lse=True)
     assert isinstance(out, torch.Tensor) and relative_l2(out.numpy(), expected[0]) < 1e-4
     assert torch.equal(k_cache[2, 14:16], k[2]) and seqlens.tolist() == [3, 0, 14]
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        flash_attn_with_kvcache(q, k_cache, v_cache, alibi_slopes=torch.ones(HQ), cache_seqlens=seqlens)
     q.requires_grad_()
     out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
     with pytest.raises(NotImplementedError, match="inference only"):

@@ -60,11 +60,12 @@ def test_opcheck(rng, sinks):
     q, k, v = _tensors(rng, (1, 4, 8, 16), (1, 2, 12, 16), (1, 2, 12, 8))
     s = torch.randn(4, requires_grad=True) if sinks else None
     mask = torch.from_numpy(rng.random((8, 12)) > 0.3)
-    torch.library.opcheck(torch.ops.mfa_native.attention.default, (q, k, v, mask, s, 0.3, "upper_left", None, 5.0,
-                                                                   "bhsd"))
-    o, lse = torch.ops.mfa_native.attention(q, k, v, mask, s, 0.3, "upper_left", None, 5.0, "bhsd")
+    slopes = torch.rand(4)
+    torch.library.opcheck(torch.ops.mfa_native.attention.default, (q, k, v, mask, s, slopes, 0.3, "upper_left", None,
+                                                                   5.0, "bhsd"))
+    o, lse = torch.ops.mfa_native.attention(q, k, v, mask, s, slopes, 0.3, "upper_left", None, 5.0, "bhsd")
     do = torch.randn_like(o)
-    plain = (x if x is None else x.detach() for x in (q, k, v, o, lse, do, mask, s))  # no double backward
+    plain = (x if x is None else x.detach() for x in (q, k, v, o, lse, do, mask, s, slopes))  # no double backward
     torch.library.opcheck(torch.ops.mfa_native.attention_backward.default,
                           (*plain, 0.3, "upper_left", None, 5.0, "bhsd"))
 

@@ -204,6 +204,17 @@ def sinks_array(sinks, q_heads: int) -> np.ndarray:
     return np.ascontiguousarray(sinks, dtype=np.float32)
 
 
+def alibi_slopes_array(slopes, batches: int, q_heads: int) -> np.ndarray:
+    """ALiBi's slopes, (Hq,) or (batches, Hq) floats, as float32 (flash-attn's dtype)."""
+    slopes = as_array(slopes, "alibi_slopes")
+    if slopes.dtype not in FLOAT_DTYPES and slopes.dtype != np.float64:
+        raise TypeError(f"alibi_slopes must be a float array, got dtype {slopes.dtype}")
+    if slopes.shape not in ((q_heads,), (batches, q_heads)):
+        raise ValueError(f"alibi_slopes must have shape (Hq,) = ({q_heads},) or (B, Hq) = ({batches}, {q_heads}), "
+                         f"got {slopes.shape}")
+    return np.ascontiguousarray(slopes, dtype=np.float32)
+
+
 def like_output(x, name: str, dtype: np.dtype, shape: tuple[int, ...], layout: str) -> np.ndarray:
     """o or do: attention's output shape and q's dtype."""
     x = as_array(x, name)

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import codegen, reference
 from ..codegen import AttentionProblem, Float8Storage, QuantizedStorage, physical
-from ..codegen.attention.scores import Softcap
+from ..codegen.attention.scores import Alibi, Softcap
 from ..quantized import QuantizedTensor
 from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import Device, tuning_facts
@@ -46,6 +46,10 @@ SINKS = Arg("sinks", "array", default=None, grad=True, doc="""
     (Hq,) one extra logit per head in the softmax denominator, with no value. FlashMLA's
     infinite values: -inf is no sink; +inf takes every weight (output 0, lse +inf). A numpy
     array or q's kind.""")
+ALIBI_SLOPES = Arg("alibi_slopes", "array", default=None, doc="""
+    (Hq,) or (B, Hq) floats (stored float32), optional: ALiBi (BLOOM, MPT; flash-attn's
+    `alibi_slopes`): query i's score of key j gets -slope[h] * |i + C - R - j| (the diagonal
+    `causal=True` uses), after softcap, before masks and sinks. Not differentiated.""")
 SOFTCAP = Arg("softcap", "option", default=None, schema="float?", doc="""
     logit cap c > 0 (Gemma 2, Grok; flash-attn's `softcap`): each scaled score s becomes
     c * tanh(s / c) before masks and sinks; None: no cap.""")
@@ -79,13 +83,14 @@ class Validated(Checked):
         self.problem = problem
 
 
-def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None,
-             quantized_refusal: str | None = "only attention reads quantized K/V",
+def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None, alibi_slopes=None,
+             batches: int | None = None, quantized_refusal: str | None = "only attention reads quantized K/V",
              descales: dict[str, np.ndarray] | None = None) -> Validated:
     """Every check of `attention`'s arguments (also those of the ops that share them);
     `arrays` = (q, k, v, mask, sinks) as passed. k and v may be QuantizedTensors unless
     `quantized_refusal` says why the op refuses them (a TypeError), and float8 arrays when
-    the op gives their `descales` (float8_cache.checked_descales: bound (B, Hkv) arrays)."""
+    the op gives their `descales` (float8_cache.checked_descales: bound (B, Hkv) arrays).
+    `batches`: the rows of a per-batch alibi_slopes table (None: B; varlen: its sequences)."""
     q, k, v, mask, sinks = arrays
     layout = check.layout_of(layout)
     raw = {"q": q, "k": k, "v": v}
@@ -128,6 +133,10 @@ def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None,
     if sinks is not None:
         bound["sinks"] = check.sinks_array(sinks, Hq)
         converts["sinks"] = lambda s: check.sinks_array(s, Hq)
+    batches = B if batches is None else batches
+    if alibi_slopes is not None:
+        bound["alibi_slopes"] = check.alibi_slopes_array(alibi_slopes, batches, Hq)
+        converts["alibi_slopes"] = lambda s: check.alibi_slopes_array(s, batches, Hq)
     raw.update(mask=mask, sinks=sinks)
     for name in bound:
         if name in raw and name != "sinks" and same_memory(raw[name], bound[name]):
@@ -140,16 +149,19 @@ def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None,
         k_strides=None if "k" in storage else physical(check.element_strides(bound["k"]), layout),
         v_strides=None if "v" in storage else physical(check.element_strides(bound["v"]), layout),
         causal=causal_mode, window=window, mask=mask_kind, mask_dtype=mask_dtype, mask_strides=mask_strides,
-        sinks=sinks is not None, scale=scale, return_lse=return_lse, scores=score_transforms(softcap),
+        sinks=sinks is not None, scale=scale, return_lse=return_lse,
+        scores=score_transforms(softcap, None if alibi_slopes is None else bound["alibi_slopes"].ndim == 2),
         k_storage=storage.get("k", codegen.PLAIN),
         v_storage=storage.get("v", codegen.PLAIN),
         aligned=check.aligned({name: bound[name] for name in ("q", "k", "v") if name not in storage}, ("o",)))
     return Validated(problem, bound, converts, sources)
 
 
-def score_transforms(softcap: float | None) -> tuple:
-    """The problem's chain of score transforms (codegen/attention/scores.py) for the options given."""
-    return (Softcap(softcap),) if softcap is not None else ()
+def score_transforms(softcap: float | None, alibi_per_batch: bool | None = None) -> tuple:
+    """The problem's chain of score transforms (codegen/attention/scores.py) for the options
+    given, in flash-attn's order: softcap, then ALiBi (per batch, or per head only)."""
+    return (((Softcap(softcap),) if softcap is not None else ())
+            + ((Alibi(alibi_per_batch),) if alibi_per_batch is not None else ()))
 
 
 def _quantized_fields(x: QuantizedTensor, name: str, layout: str, bound: dict, converts: dict,
@@ -187,6 +199,7 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     this call's inputs."""
     checked = validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale, causal=call.causal,
                        window=call.window, layout=call.layout, return_lse=call.return_lse, softcap=call.softcap,
+                       alibi_slopes=call.alibi_slopes,
                        quantized_refusal=None)
     p = checked.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
@@ -212,7 +225,7 @@ RAISES = """
 ATTENTION = Op(
     "attention",
     "Softmax attention, fused: softmax(scale * q k^T + mask) v, computed blockwise on the device.",
-    arguments=(Q, K, V, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, LAYOUT, RETURN_LSE),
+    arguments=(Q, K, V, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, LAYOUT, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_reference,

@@ -10,7 +10,8 @@ from .. import codegen, reference
 from ..codegen import AttentionBackwardProblem, physical
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
-from .attention import CAUSAL, K, LAYOUT, MASK, Q, RAISES, SCALE, SINKS, SOFTCAP, V, WINDOW, Validated, validate
+from .attention import (ALIBI_SLOPES, CAUSAL, K, LAYOUT, MASK, Q, RAISES, SCALE, SINKS, SOFTCAP, V, WINDOW, Validated,
+                        validate)
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_backward
 from .warm import PreparedCall, prepared_call, same_memory
@@ -27,15 +28,15 @@ GRADIENTS = (Out("dq", "gradient of q, laid out like q", fake=lambda a: (a["q"].
              Out("dv", "gradient of v, laid out like v", fake=lambda a: (a["v"].shape, "v")),
              Out("dsinks", "(Hq,) float32", when="sinks", fake=lambda a: (a["sinks"].shape, "float32")))
 # The pass's names of the array arguments, in declaration order (do binds as dout).
-BINDINGS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks")
+BINDINGS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks", "alibi_slopes")
 
 
-def validate_backward(arrays, *, scale, causal, window, layout, softcap=None) -> Validated:
+def validate_backward(arrays, *, scale, causal, window, layout, softcap=None, alibi_slopes=None) -> Validated:
     """Every check of `attention_backward`'s arguments; `arrays` = (q, k, v, o, lse, do, mask,
     sinks) as passed. The problem is an AttentionBackwardProblem."""
     q, k, v, o, lse, do, mask, sinks = arrays
     forward = validate((q, k, v, mask, sinks), scale=scale, causal=causal, window=window, layout=layout,
-                       return_lse=False, softcap=softcap, quantized_refusal="a quantized cache has no gradient; attention_backward "
+                       return_lse=False, softcap=softcap, alibi_slopes=alibi_slopes, quantized_refusal="a quantized cache has no gradient; attention_backward "
                        "differentiates attention over float k and v")
     p = forward.problem
     dtype = forward.bound["q"].dtype
@@ -61,7 +62,7 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     this call's inputs."""
     checked = validate_backward((call.q, call.k, call.v, call.o, call.lse, call.do, call.mask, call.sinks),
                                 scale=call.scale, causal=call.causal, window=call.window, layout=call.layout,
-                                softcap=call.softcap)
+                                softcap=call.softcap, alibi_slopes=call.alibi_slopes)
     p = checked.problem.forward
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_backward(p, BINDINGS, checked)
@@ -72,13 +73,13 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
 ATTENTION_BACKWARD = Op(
     "attention_backward",
     "Gradients of `attention` with respect to q, k, v (and sinks), given the gradient of its output.",
-    arguments=(Q, K, V, O, LSE_IN, DO, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, LAYOUT),
+    arguments=(Q, K, V, O, LSE_IN, DO, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, LAYOUT),
     outputs=GRADIENTS,
     prepare=_prepare,
     reference=reference.attention_backward_reference,
     no_backward="attention_backward has no second derivative",
     details="""
-    q, k, v, scale, causal, mask, window, sinks, softcap and layout are exactly as passed to
+    q, k, v, scale, causal, mask, window, sinks, softcap, alibi_slopes and layout are exactly as passed to
     `attention` (same semantics, shapes, dtypes and strides); q, k and v are one kind
     (numpy, torch or MLX), the other arrays numpy or that kind. The kernels use no atomics:
     two runs give the same bits. Accumulation runs in float32.

@@ -35,7 +35,8 @@ from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import tuning_facts
 from . import arguments as check
 from . import rotary as rotation
-from .attention import CAUSAL, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW, Validated, validate
+from .attention import (ALIBI_SLOPES, CAUSAL, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW, Validated,
+                        validate)
 from .declaration import Arg, Call, Op
 from .empty import empty_forward
 from .pages import as_rows, block_table_form, check_pages_read, page_rows
@@ -282,7 +283,8 @@ def _prepare(call: Call, device):
         q = np.ascontiguousarray(q)
     descales = cache.descales(call.values)
     forward = validate((q, k4, v4, None, call.sinks), scale=call.scale, causal=call.causal, window=call.window,
-                       layout="bshd", return_lse=call.return_lse, softcap=call.softcap, quantized_refusal=None,
+                       layout="bshd", return_lse=call.return_lse, softcap=call.softcap,
+                       alibi_slopes=call.alibi_slopes, quantized_refusal=None,
                        descales=descales)
     per_row = forward.problem.causal != "none" or forward.problem.window is not None
     rotary = rotation.rotary_of(call, q, cache.appended, per_row)
@@ -332,7 +334,7 @@ ATTENTION_WITH_KVCACHE = Op(
     "attention_with_kvcache",
     "Attention of new queries over a KV cache (flash-attn's flash_attn_with_kvcache), appending k and v to it.",
     arguments=(Q, K_CACHE, V_CACHE, CACHE_SEQLENS, K_NEW, V_NEW, BLOCK_TABLE, *rotation.ARGUMENTS, SCALE, CAUSAL,
-               WINDOW, SINKS, SOFTCAP, Q_DESCALE, K_DESCALE, V_DESCALE, RETURN_LSE),
+               WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_with_kvcache_reference,

@@ -21,7 +21,7 @@ from .. import codegen, reference
 from ..codegen import AttentionBackwardProblem, physical, unit_table
 from ..runtime.devices import tuning_facts
 from . import arguments as check
-from .attention import CAUSAL, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW, Validated, validate
+from .attention import ALIBI_SLOPES, CAUSAL, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW, Validated, validate
 from .attention_backward import GRADIENTS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
@@ -105,7 +105,7 @@ def validate_varlen(call: Call, *, return_lse: bool, hints: tuple,
     bound = {name: check.bindable(check.as_array(x, name)) for name, x in raw.items()}
     forward = validate(tuple(bound[n][None] for n in ("q", "k", "v")) + (None, call.sinks), scale=call.scale,
                        causal=call.causal, window=call.window, layout="bshd", return_lse=return_lse,
-                       softcap=call.softcap)
+                       softcap=call.softcap, alibi_slopes=call.alibi_slopes, batches=cu_q.shape[0] - 1)
     bound_q = (q.shape[0] if hints[0] is None else hints[0]) if packing else None
     p = replace(forward.problem, keys=keys.visit(bound_q))
     sizes = p.keys.sizes(p)
@@ -121,8 +121,9 @@ def validate_varlen(call: Call, *, return_lse: bool, hints: tuple,
         checked.bound[table] = unit_table(checked.bound[cu], sizes[count], unit)
         checked.converts[table] = lambda x, entries=sizes[count], unit=unit: unit_table(x, entries, unit)
         checked.sources[table] = cu
-    if "sinks" in forward.bound:
-        checked.bound["sinks"] = forward.bound["sinks"]
+    for name in ("sinks", "alibi_slopes"):   # validate's own arrays, as it bound them
+        if name in forward.bound:
+            checked.bound[name] = forward.bound[name]
     return checked, keys
 
 
@@ -226,8 +227,8 @@ VDO = Arg("do", "array", keyword=False, doc="the gradient of the loss with respe
 ATTENTION_VARLEN = Op(
     "attention_varlen",
     "Attention over packed sequences (flash-attn's varlen): each sequence's queries attend its own keys.",
-    arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, SOFTCAP, RETURN_LSE, BLOCK_TABLE,
-               SEQUSED_K),
+    arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, RETURN_LSE,
+               BLOCK_TABLE, SEQUSED_K),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
     reference=reference.attention_varlen_reference,
@@ -282,7 +283,7 @@ ATTENTION_VARLEN_BACKWARD = Op(
     "attention_varlen_backward",
     "Gradients of `attention_varlen` with respect to q, k, v (and sinks), given the gradient of its output.",
     arguments=(VQ, VK, VV, VO, VLSE, VDO, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, SOFTCAP,
-               BLOCK_TABLE, SEQUSED_K),
+               ALIBI_SLOPES, BLOCK_TABLE, SEQUSED_K),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
     reference=reference.attention_varlen_backward_reference,

@@ -52,13 +52,15 @@ _OPTIONS = {
     "softcap": """
         above 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2, Grok), in the
         kernels, forward and backward; 0.0 (or below, as flash-attn) is no cap.""",
-    "alibi_slopes": "None only: no ALiBi (a tensor raises NotImplementedError).",
+    "alibi_slopes": """
+        (nheads,) or (batch_size, nheads) float32, optional: ALiBi, a bias of
+        -slope * |i + Sk - Sq - j| on query i's score of key j, in the kernels (not differentiated).""",
     "deterministic": "accepted, and always holds: the backward uses no atomics.",
 }
 # What the functions built on attention and attention_varlen raise (their errors, then flash-attn's features).
 _RAISES = """
-    NotImplementedError: a feature mfa_native does not implement asked for (dropout_p,
-        alibi_slopes, ... other than their defaults), naming it.
+    NotImplementedError: a feature mfa_native does not implement asked for (dropout_p, ...
+        other than its default), naming it.
     TypeError: tensors of different dtypes, or not float32, float16 or bfloat16.
     ValueError: shapes that disagree (batch, heads, head dims; Hq not a multiple of Hkv; a
         head dim beyond 576), a window_size side below -1.
@@ -124,9 +126,9 @@ def window_of(window_size) -> tuple[int, int] | None:
     """)
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
-    unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs)
+    unsupported(dropout_p=dropout_p, return_attn_probs=return_attn_probs)
     return attention(q, k, v, scale=softmax_scale, causal=bool(causal), window=window_of(window_size),
-                     softcap=softcap_of(softcap), layout="bshd")
+                     softcap=softcap_of(softcap), alibi_slopes=alibi_slopes, layout="bshd")
 
 
 @_documented(
@@ -234,12 +236,12 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
-    unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
+    unsupported(dropout_p=dropout_p)
     hints = {name: None if value is None else int(value)
              for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k))}
     result = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **hints, scale=softmax_scale,
                               causal=bool(causal), window=window_of(window_size), softcap=softcap_of(softcap),
-                              return_lse=bool(return_attn_probs), block_table=block_table)
+                              alibi_slopes=alibi_slopes, return_lse=bool(return_attn_probs), block_table=block_table)
     return (*result, None) if return_attn_probs else result
 
 
@@ -294,7 +296,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     v_descale="the same for a float8 v_cache.",
     returns="out (B, R, Hq, Dv) in q's dtype; with return_softmax_lse the tuple (out, softmax_lse).",
     raises="""
-    NotImplementedError: alibi_slopes asked for, naming it.
     TypeError: q and the caches of different dtypes; any argument
         `mfa_native.attention_with_kvcache` refuses with a TypeError.
     ValueError: cache_seqlens missing with k and v, or cache_seqlens + Rn beyond the
@@ -324,7 +325,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
                             q_descale=None, k_descale=None, v_descale=None):
-    unsupported(alibi_slopes=alibi_slopes)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32)
     rotary_seqlens = None
@@ -338,7 +338,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                   rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_seqlens=rotary_seqlens,
                                   rotary_interleaved=bool(rotary_interleaved), scale=softmax_scale,
                                   causal=bool(causal), window=window_of(window_size), softcap=softcap_of(softcap),
-                                  q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                                  alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                                   return_lse=bool(return_softmax_lse))
 
 

@@ -47,6 +47,7 @@ from .masking import (MaskRules, bias_over_keys, bias_over_queries, key_range, m
                       query_range)
 from .pairs import pair_type
 from .rows import query_rows_geometry, row_index, threadgroup_span
+from .scores import buffers, element
 from .softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
 
 DQ_KERNEL_NAME = "attention_backward_dq"
@@ -82,14 +83,14 @@ def _staged(d: BackwardDescriptor, kernel: str) -> list[StagedTensor]:
 
 
 def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
-    ops = (operands.reads(d, *INPUTS, "o", "mask", "sinks", *d.keys.key_lists)
+    ops = (operands.reads(d, *INPUTS, "o", "mask", "sinks", *buffers(d.scores), *d.keys.key_lists)
            + operands.writes(d, "dq", "delta", *(["sink_grad"] if d.sinks else [])) + operands.sizes(d))
     grid = (d.keys.grid("queries", d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(DQ_KERNEL_NAME, tuple(ops), grid, 32 * (d.query_rows // 8), d.sizes)
 
 
 def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
-    ops = (operands.reads(d, *INPUTS, "delta", "mask", *d.keys.query_lists)
+    ops = (operands.reads(d, *INPUTS, "delta", "mask", *buffers(d.scores), *d.keys.query_lists)
            + operands.writes(d, "dk", "dv") + operands.sizes(d))
     grid = (d.keys.grid("keys", d.key_rows), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(DKDV_KERNEL_NAME, tuple(ops), grid, 32 * (d.key_rows // 8), d.sizes)
@@ -99,9 +100,11 @@ def dkdv_plan(d: BackwardDescriptor) -> LaunchPlan:
 # Pieces shared by the two kernels.
 
 
-def _recomputed_probabilities(d: BackwardDescriptor, count: int, lse2: str) -> list[str]:
+def _recomputed_probabilities(d: BackwardDescriptor, count: int, lse2: str, query: str, key: str) -> list[str]:
+    """P of the element at (`query`, `key`), MSL ints."""
     return (["", "// P = exp2(S * scale * log2(e) + bias - lse2): the forward's probabilities, from its lse."]
-            + logits(d, count, "p_tile", keep_slopes=True) + probabilities(count, "p_tile", lse2))
+            + logits(d, count, "p_tile", keep_slopes=True, at=element(d, query, key))
+            + probabilities(count, "p_tile", lse2))
 
 
 def _kernel(d: BackwardDescriptor, plan: LaunchPlan, body: list[str]) -> KernelSource:
@@ -164,7 +167,7 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
     body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
                    position="key", first=step.first, positions=step.positions, reread=REREAD)
-    body += _recomputed_probabilities(d, count, "lse2")
+    body += _recomputed_probabilities(d, count, "lse2", "int(row)", "kb + j * 8 + int(tc) + e")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
     body += scores("dp_tile", count=count,
                    lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=x["v"],
@@ -238,7 +241,7 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
     body += scores("p_tile", count=count, lhs=Rows(x["k"], "key_read", "k_tile" if d.cache_k else None, "k_i"),
                    rhs=x["q"], rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries",
                    position="query", first=step.first, positions=step.positions, reread=REREAD)
-    body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]")
+    body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]", "qb + j * 8 + int(tc) + e", "int(key_row)")
     body += ["", "// dV += P^T dO."]
     body += _accumulators(d)["dv"].blocks(lambda features: accumulate(
         "dv_tile", weights="p_tile", count=count, rhs=x["dout"].loading(d.weight_tile_type), rhs_tile="dout_tile",

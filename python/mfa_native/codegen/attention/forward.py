@@ -47,7 +47,7 @@ from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
 from .pairs import pair_type
 from .rows import row_index, stages_apart, threadgroup_span
-from .scores import describe as describe_scores
+from .scores import buffers, describe as describe_scores, element
 from .softmax import online_softmax, sink_state, stored_lse
 
 KERNEL_NAME = "attention_forward"
@@ -133,7 +133,7 @@ def output(d: KernelDescriptor) -> Accumulator:
 
 
 def launch_plan(d: KernelDescriptor, finish=Normalized) -> LaunchPlan:
-    ops = (operands.reads(d, "q", *d.k_storage.fields("k"), *d.v_storage.fields("v"), "mask",
+    ops = (operands.reads(d, "q", *d.k_storage.fields("k"), *d.v_storage.fields("v"), "mask", *buffers(d.scores),
                           *d.keys.key_lists) + finish.results(d) + operands.sizes(d))
     rows, heads = d.rows.grid(d.gqa_ratio, d.query_rows)
     return LaunchPlan(finish.kernel_name, tuple(ops), (rows, heads, GridAxis(finish.grid_z)), 32 * d.simdgroups,
@@ -190,7 +190,7 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
                    rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
                    position="key", first=first, positions=positions,
                    reread="re-read: Q does not stay in registers at this head dimension")
-    body += online_softmax(d, key_tiles, output(d))
+    body += online_softmax(d, key_tiles, output(d), at=element(d, "int(row)", "kb + j * 8 + int(tc) + e"))
     if fills[1]:
         body += ["", "// The step's V rows, staged over its K rows."] + fills[1]
     body += ["", "// O += P V."]

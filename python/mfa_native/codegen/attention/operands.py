@@ -10,6 +10,7 @@ from ..kernel.plan import Operand
 from ..kernel.sizes import SIZES_OPERAND, Extent
 from ..storage.facet import StorageFacts
 from .descriptor import AttentionFacts
+from .scores import buffers
 
 ROWS = Extent(1, ("B", "Hq", "R"))                 # one value per (batch, query head, query row)
 SPLIT_ROWS = Extent(1, ("S", "B", "Hq", "R"))      # ... per split, for split-KV
@@ -61,6 +62,8 @@ def _present(name: str, d: AttentionFacts) -> bool:
         return d.rules.mask != "none"
     if name == "sinks":
         return d.sinks
+    if name in buffers(d.scores):
+        return True
     if name not in _CATALOG:
         return name in d.keys.catalog and d.keys.present(name)
     return True
@@ -68,7 +71,8 @@ def _present(name: str, d: AttentionFacts) -> bool:
 
 def _operand(name: str, d: AttentionFacts, const: bool) -> Operand:
     tensor, storage = _stored(name, d) or (None, None)
-    element, purpose = _CATALOG.get(name) or (storage.catalog(tensor) if storage else d.keys.catalog)[name]
+    element, purpose = (_CATALOG.get(name) or buffers(d.scores).get(name)
+                        or (storage.catalog(tensor) if storage else d.keys.catalog)[name])
     if storage is not None:
         msl = storage.element(name, d.dtype)
         purpose = storage.purpose(purpose) if element == "tensor" else purpose

@@ -72,6 +72,8 @@ def forward_inputs(p: AttentionProblem, d: AttentionFacts) -> dict[str, TensorSp
         inputs["mask"] = TensorSpec(p.mask_dtype, (B, Hq, R, C), d.rules.mask_layout.strides)
     if p.sinks:
         inputs["sinks"] = TensorSpec("float32", (Hq,), (Extent(1),))
+    for transform in p.scores:
+        inputs.update(transform.inputs(spec, d.keys.batches))
     return inputs
 
 

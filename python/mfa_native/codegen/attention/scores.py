@@ -9,6 +9,10 @@ the chain (`softmax.logits`); the backward kernels keep each element's derivativ
 chain with respect to x and multiply dS by it (`softmax.gradient_of_scores`), so dq and dk
 are the gradients through the transformed scores.
 
+A case sees where the element lies (`Element`: its query and key, in the kernel's global
+positions, the diagonal that lines the sequences' last query and key up, its head and batch)
+and may read buffers of its own (`catalog`, bound from the op's arguments, `inputs`).
+
 A new case is one module: a frozen dataclass deriving from `ScoreTransform`, registered with
 `@SCORE_TRANSFORMS.register`. Its `apply` writes its MSL; what it bakes is its fields.
 """
@@ -24,19 +28,50 @@ import numpy as np
 
 from ..kernel.facets import Cases
 from ..kernel.msl import float_literal
+from ..kernel.sizes import Extent
 
 SCORE_TRANSFORMS = Cases("score transform")
 """The registered score transforms, by name."""
 
 
+@dataclass(frozen=True)
+class Element:
+    """Where an element lies, as MSL expressions a transform may read: its `query` and `key`
+    (ints, the kernel's global positions), `diagonal` (an int: key j lines up with query
+    j - diagonal, the sequences' last query with their last key), its head `h` and `batch`
+    (uints)."""
+
+    query: str
+    key: str
+    diagonal: str
+    batch: str = "b"
+    head: str = "h"
+
+
 class ScoreTransform(ABC):
     """One case of the score facet: a map of a pair's logit, with its derivative."""
 
+    catalog: dict[str, tuple[str, str]] = {}
+    """Its buffers: name -> (MSL element type, what it holds)."""
+
+    positional: bool = False
+    """Whether it reads the element's positions (a kernel that gives none refuses it)."""
+
+    def inputs(self, spec, batches: str) -> dict:
+        """The pass inputs of its buffers: name -> `spec(dtype, shape, strides, logical=False)`;
+        `batches` is the runtime size counting the batches (B, or packed sequences)."""
+        return {}
+
+    def setup(self, name: str, at: Element) -> list[str]:
+        """MSL run once per step before its elements (a buffer's value for the lane's row)."""
+        return []
+
     @abstractmethod
-    def apply(self, x: str, name: str) -> tuple[list[str], str, str | None]:
+    def apply(self, x: str, name: str, at: Element) -> tuple[list[str], str, str | None]:
         """MSL lines transforming the logit `x` (a float expression, log2 domain) of the lane's
-        element, the transformed logit (an expression), and its derivative with respect to `x`
-        (an expression; None: 1). `name` is unique in the chain: a prefix for the case's locals."""
+        element at `at`, the transformed logit (an expression), and its derivative with respect
+        to `x` (an expression; None: 1). `name` is unique in the chain: a prefix for the case's
+        locals."""
 
     @abstractmethod
     def describe(self) -> str:
@@ -54,7 +89,7 @@ class Softcap(ScoreTransform):
         if not (isinstance(self.cap, float) and math.isfinite(self.cap) and self.cap > 0):
             raise ValueError(f"softcap must be a finite float above 0, got {self.cap!r}")
 
-    def apply(self, x: str, name: str) -> tuple[list[str], str, str | None]:
+    def apply(self, x: str, name: str, at: Element) -> tuple[list[str], str, str | None]:
         # In the log2 domain the cap is cap * log2(e): log2(e) * cap * tanh(s / cap) of x = s * log2(e).
         cap = float(np.float32(self.cap * np.log2(np.e)))
         lines = [f"const float {name} = precise::tanh({x} * {float_literal(1.0 / cap)});  // softcap: cap * tanh(s / cap)"]
@@ -64,16 +99,77 @@ class Softcap(ScoreTransform):
         return f"softcap {self.cap:g}"
 
 
-def chain(transforms: Sequence[ScoreTransform], x: str) -> tuple[list[str], str, str | None]:
-    """The chain applied to logit `x`: its lines, the final logit and the product of the
-    derivatives (None: 1, no transform has one)."""
+@SCORE_TRANSFORMS.register
+@dataclass(frozen=True)
+class Alibi(ScoreTransform):
+    """flash-attn's ALiBi: s -> s - slope[h] * |i + C - R - j| for query i, key j of a sequence
+    of R queries and C keys (the diagonal causal=True uses); slopes (Hq,), or (batches, Hq)
+    when `per_batch`, float32."""
+
+    per_batch: bool = False
+
+    positional = True
+    catalog = {"alibi_slopes": ("float", "(Hq,) or (batches, Hq) the ALiBi slope of each head")}
+
+    def inputs(self, spec, batches: str) -> dict:
+        shape = ((Extent(1, (batches,)),) if self.per_batch else ()) + (Extent(1, ("Hq",)),)
+        strides = ((Extent(1, ("Hq",)),) if self.per_batch else ()) + (Extent(1),)
+        return {"alibi_slopes": spec("float32", shape, strides, logical=False)}
+
+    def setup(self, name: str, at: Element) -> list[str]:
+        row = f"ulong({at.batch}) * Hq + {at.head}" if self.per_batch else at.head
+        return [f"const float {name}_slope = alibi_slopes[{row}] * LOG2E;  // ALiBi, in the log2 domain"]
+
+    def apply(self, x: str, name: str, at: Element) -> tuple[list[str], str, str | None]:
+        distance = f"abs(float({at.query} + {at.diagonal} - ({at.key})))"
+        return [], f"{x} - {name}_slope * {distance}", None
+
+    def describe(self) -> str:
+        return "ALiBi" + (" per batch" if self.per_batch else "")
+
+
+def _placed(transforms: Sequence[ScoreTransform], at: Element | None) -> None:
+    """Raises ValueError where a transform reads positions a kernel does not give (`at` None)."""
+    for t in transforms:
+        if at is None and t.positional:
+            raise ValueError(f"score transform {t.describe()} reads each element's positions, which this kernel "
+                             "does not give")
+
+
+def setup(transforms: Sequence[ScoreTransform], at: Element | None) -> list[str]:
+    """Every transform's once-per-step lines."""
+    _placed(transforms, at)
+    return [line for index, t in enumerate(transforms) for line in t.setup(f"score_{index}", at)]
+
+
+def chain(transforms: Sequence[ScoreTransform], x: str, at: Element | None = None) -> tuple[list[str], str, str | None]:
+    """The chain applied to logit `x` of the element at `at`: its lines, the final logit and
+    the product of the derivatives (None: 1, no transform has one)."""
+    _placed(transforms, at)
     lines, slope = [], None
     for index, transform in enumerate(transforms):
-        step, x, derivative = transform.apply(x, f"score_{index}")
+        step, x, derivative = transform.apply(x, f"score_{index}", at)
         lines += step
         if derivative is not None:
             slope = derivative if slope is None else f"{slope} * {derivative}"
     return lines, x, slope
+
+
+def has_slope(transforms: Sequence[ScoreTransform]) -> bool:
+    """Whether the chain's derivative is not 1 (the backward keeps it per element)."""
+    return chain(transforms, "x", Element("i", "j", "0"))[2] is not None
+
+
+def element(d, query: str, key: str) -> Element:
+    """The positions of an element of a kernel of descriptor `d` whose query and key are the
+    MSL ints `query` and `key`."""
+    bounds = d.keys.bounds
+    return Element(query, key, f"(int({bounds.k_end}) - int({bounds.q_end}))", d.keys.batch_index)
+
+
+def buffers(transforms: Sequence[ScoreTransform]) -> dict[str, tuple[str, str]]:
+    """The buffers the chain reads: name -> (MSL element type, what it holds)."""
+    return {name: entry for t in transforms for name, entry in t.catalog.items()}
 
 
 def describe(transforms: Sequence[ScoreTransform]) -> str:

@@ -103,12 +103,12 @@ def _located(side: str, rows: int, keys: str) -> tuple[list[str], str]:
     return located(side, f"group.x * {rows // 8} + simd_index", keys=keys)
 
 
-def derived_units(query_unit: int, keys: str) -> tuple[tuple[str, str], ...]:
+def derived_units(query_unit: int) -> tuple[tuple[str, str], ...]:
     """NQU and NKU's expressions (forward units of `query_unit` queries, 8-key units), and Ns
-    (the sequences) where a per-sequence buffer other than cu_seqlens is read."""
+    (the sequences: per-sequence buffers other than cu_seqlens are Ns long)."""
     units = {"queries": query_unit, "keys": 8}
     counts = tuple((count, expression.format(unit=units[side])) for side, (_, count, expression) in UNITS.items())
-    return counts + ((("Ns", "Ncu - 1"),) if keys != "packed" else ())
+    return counts + (("Ns", "Ncu - 1"),)
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,8 @@ class SequenceWalk(KeyWalk):
     bounds = SEQUENCE_BOUNDS
     catalog = CATALOG
     sizes_given = ("Ncu",)
+    batch_index = "uint(sequence)"
+    batches = "Ns"
 
     @property
     def key_lists(self) -> tuple[str, ...]:
@@ -136,7 +138,7 @@ class SequenceWalk(KeyWalk):
 
     @property
     def derived(self) -> tuple[tuple[str, str], ...]:
-        return derived_units(self.query_unit, self.key_range)
+        return derived_units(self.query_unit)
 
     def first(self, side: str, rows: int) -> tuple[list[str], str]:
         return _located(side, rows, self.key_range)
@@ -265,7 +267,7 @@ class SequenceRanges(KeyVisit):
     def sizes(self, p) -> dict[str, int]:
         sizes = {"R": p.q_len, "C": p.kv_len, "Ncu": self.sequences + 1}
         return {"Ncu": sizes["Ncu"], **{count: evaluate(expression, sizes)
-                                        for count, expression in derived_units(self.query_unit(p), self.key_range)}}
+                                        for count, expression in derived_units(self.query_unit(p))}}
 
     def rows(self, p):
         return PackedSequenceRows(self.query_unit(p), self.key_range) if self.packs(p) else SEQUENCE_ROWS[self.key_range]

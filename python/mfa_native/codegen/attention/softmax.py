@@ -9,7 +9,7 @@ from typing import Sequence
 
 from ..kernel.msl import float_literal, loop
 from ..kernel.accumulators import Accumulator
-from .scores import chain
+from .scores import Element, chain, has_slope, setup
 
 
 # Sinks take FlashMLA's infinite values: -inf is no sink; +inf takes every weight (O = 0,
@@ -36,18 +36,19 @@ def sink_probability(lse2: str) -> str:
     return f"({SINK} == {lse2} ? 1.0f : exp2({SINK} - {lse2}))"
 
 
-def logits(d, count: int, scores_tile: str, also: Sequence[str] = (), keep_slopes: bool = False) -> list[str]:
+def logits(d, count: int, scores_tile: str, also: Sequence[str] = (), keep_slopes: bool = False,
+           at: Element | None = None) -> list[str]:
     """s[i] = T(score * scale * log2(e)) + bias for allowed elements (MASKED stays MASKED), T
-    being `d`'s chain of score transforms (scores.py; none: the identity), then `also`. With
-    `keep_slopes` (the backward's), score_slope[i] = T's derivative, for `gradient_of_scores`. Reads s
-    (from `bias`)."""
+    being `d`'s chain of score transforms (scores.py; none: the identity) at the element's
+    positions `at`, then `also`. With `keep_slopes` (the backward's), score_slope[i] = T's
+    derivative, for `gradient_of_scores`. Reads s (from `bias`)."""
     scaled = f"{scores_tile}[j].thread_elements()[e] * {float_literal(d.scale_log2e)}"
     if not d.scores:
         return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
             "const int i = j * 2 + e;", f"s[i] = s[i] != MASKED ? {scaled} + s[i] : MASKED;", *also]))
-    steps, logit, slope = chain(d.scores, "x")
+    steps, logit, slope = chain(d.scores, "x", at)
     kept = [f"score_slope[i] = {slope};"] if keep_slopes and slope is not None else []
-    return ([f"float score_slope[{2 * count}];  // d T / d x of each element"] if kept else []) + loop(
+    return setup(d.scores, at) + ([f"float score_slope[{2 * count}];  // d T / d x of each element"] if kept else []) + loop(
         f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
             "const int i = j * 2 + e;", f"const float x = {scaled};", *steps,
             f"s[i] = s[i] != MASKED ? {logit} + s[i] : MASKED;", *kept, *also]))
@@ -63,12 +64,13 @@ def probabilities(count: int, target: str, reference: str, also: Sequence[str] =
     ]))
 
 
-def online_softmax(d, key_tiles: int, output: Accumulator | None = None) -> list[str]:
-    """One step of the forward's online softmax over `key_tiles` tiles of scores in p_tile:
-    the new running max m, the rescale of l and the output (`output`, default the register
-    tiles o_tile), probabilities in p_tile. Reads p_tile, s (the bias), m, l, the output."""
+def online_softmax(d, key_tiles: int, output: Accumulator | None = None, at: Element | None = None) -> list[str]:
+    """One step of the forward's online softmax over `key_tiles` tiles of scores in p_tile at
+    positions `at`: the new running max m, the rescale of l and the output (`output`, default
+    the register tiles o_tile), probabilities in p_tile. Reads p_tile, s (the bias), m, l, the
+    output."""
     lines = ["", "// Online softmax: new running max, rescale, probabilities.", "float block_max = MASKED;"]
-    lines += logits(d, key_tiles, "p_tile", ["block_max = max_nan(block_max, s[i]);"])
+    lines += logits(d, key_tiles, "p_tile", ["block_max = max_nan(block_max, s[i]);"], at=at)
     lines += [
         "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 1));",
         "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 8));",
@@ -95,7 +97,7 @@ def lse2(target: str, at: str) -> list[str]:
 def gradient_of_scores(count: int, delta: str, transforms: Sequence = ()) -> list[str]:
     """dS = P o (dP - D), written over dP; through score `transforms` with a derivative, times
     each element's slope (`logits(keep_slopes=True)`)."""
-    slope = " * score_slope[j * 2 + e]" if chain(transforms, "x")[2] is not None else ""
+    slope = " * score_slope[j * 2 + e]" if has_slope(transforms) else ""
     return (["", f"// dS = P o (dP - D){' o dT/dx' if slope else ''}, in place of dP."]
             + loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
                 "dp_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * "

@@ -88,6 +88,13 @@ class KeyWalk:
     query_lists: tuple[str, ...] = ()
     """The buffers a kernel walking queries (dK/dV) reads."""
 
+    batch_index: str = "b"
+    """The MSL index of the batch a kernel's rows belong to (a per-batch table's row): b, or a
+    packed sequence's index."""
+
+    batches: str = "B"
+    """The runtime size counting those batches (a per-batch table's rows)."""
+
     rebinds: dict[str, str] = {}
     """Pass inputs the caller's arrays bind under another name: buffer -> name. The case's own
     kernels read the array there and write the buffer, which the other kernels read as usual

@@ -1,0 +1,121 @@
+"""ALiBi (issue "Score transforms", its second case): query i's score of key j gets
+-slope[h] * |i + C - R - j| in the kernels, after softcap, before masks and sinks, forward and
+backward, in attention, varlen (per-sequence slopes and positions), the KV-cache call
+(split-KV included) and flash-attn's drop-ins, against float64 references
+(reference.alibi_bias, written from flash-attn's definition)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import relative_l2
+from test_kvcache_split import CAPACITY, cache_of, split_call
+from test_softcap import DTYPES, inputs
+
+import mfa_native
+from mfa_native import codegen
+from mfa_native.reference import (attention_backward_reference, attention_reference, attention_varlen_backward_reference,
+                                  attention_varlen_reference, attention_with_kvcache_reference)
+
+
+def slopes(rng, *shape) -> np.ndarray:
+    """ALiBi slopes of the given shape, in BLOOM's range (2^-8 .. 1)."""
+    return (2.0 ** -rng.uniform(0, 8, shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype, options", [
+    ("float32", dict(causal=True, per_batch=True)),
+    ("float32", dict(window=(5, 3), sinks=True, softcap=3.0)),
+    ("float16", dict(mask="bool", causal="upper_left", per_batch=True)),
+    ("bfloat16", dict(sinks=True)),
+], ids=["f32-causal-per-batch", "f32-window-sinks-softcap", "f16-bool-upper-left", "bf16-sinks"])
+def test_attention_forward_and_backward(rng, dtype, options):
+    B, Hq, Hkv, R, C, D = 2, 4, 2, 19, 27, 32
+    q, k, v, do = inputs(rng, [(B, Hq, R, D), (B, Hkv, C, D), (B, Hkv, C, D), (B, Hq, R, D)], dtype, spread=1.5)
+    options["alibi_slopes"] = slopes(rng, B, Hq) if options.pop("per_batch", False) else slopes(rng, Hq)
+    if options.pop("sinks", False):
+        options["sinks"] = rng.standard_normal(Hq).astype(np.float32)
+    if options.pop("mask", None):
+        options["mask"] = rng.random((R, C)) > 0.3
+    _, forward_tolerance, backward_tolerance = DTYPES[dtype]
+    o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **options)
+    want_o, want_lse = attention_reference(q, k, v, return_lse=True, **options)
+    assert relative_l2(o, want_o) < forward_tolerance
+    seen = np.isfinite(want_lse)
+    assert np.allclose(lse[seen], want_lse[seen], atol=10 * forward_tolerance) and (np.isinf(lse) == ~seen).all()
+    grads = mfa_native.attention_backward(q, k, v, o, lse, do, device="cpu", **options)
+    for got, want in zip(grads, attention_backward_reference(q, k, v, do, out=o, **options)):
+        assert relative_l2(got, want) < backward_tolerance
+    assert relative_l2(attention_reference(q, k, v, **(options | {"alibi_slopes": None})), want_o) > 0.05
+
+
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_varlen_distances_are_per_sequence(rng, per_sequence):
+    """Each sequence's i + C - R - j counts in its own rows and keys (chunked prefill: fewer
+    queries than keys), and a per-sequence table gives each its slopes."""
+    cu_q, cu_k = np.array([0, 5, 5, 17], np.int32), np.array([0, 9, 12, 30], np.int32)
+    q, k, v = inputs(rng, [(17, 4, 16), (30, 2, 16), (30, 2, 16)], "float32", spread=1.0)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    options = dict(causal=True, alibi_slopes=slopes(rng, 3, 4) if per_sequence else slopes(rng, 4))
+    o, lse = mfa_native.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, device="cpu", **options)
+    want_o, want_lse = attention_varlen_reference(q, k, v, cu_q, cu_k, return_lse=True, **options)
+    seen = np.isfinite(want_lse)
+    assert relative_l2(o, want_o) < 2e-5 and np.allclose(lse[seen], want_lse[seen], atol=1e-4)
+    grads = mfa_native.attention_varlen_backward(q, k, v, o, lse, do, cu_q, cu_k, device="cpu", **options)
+    for got, want in zip(grads, attention_varlen_backward_reference(q, k, v, do, cu_q, cu_k, out=o, **options)):
+        assert relative_l2(got, want) < 2e-4
+
+
+@pytest.mark.parametrize("page", [None, 8])
+def test_kvcache_split_decode_with_append(rng, page):
+    lengths = np.array([CAPACITY - 9, 40], np.int32)
+    k_cache, v_cache, table = cache_of(rng, lengths, page, 32)
+    q, k, v = inputs(rng, [(2, 3, 8, 32), (2, 2, 2, 32), (2, 2, 2, 32)], "float32", spread=1.0)
+    options = dict(causal=True, alibi_slopes=slopes(rng, 2, 8), softcap=6.0)
+    want = attention_with_kvcache_reference(q, k_cache, v_cache, lengths, k, v, table, return_lse=True, **options)
+    out, lse, kernels, _ = split_call(q, k_cache, v_cache, lengths, k, v, table, **options)
+    assert codegen.PARTIAL_KERNEL_NAME in kernels
+    assert relative_l2(out, want[0]) < 2e-5 and np.allclose(lse, want[1], atol=1e-4)
+
+
+def test_bad_slopes_are_refused(rng):
+    q = rng.standard_normal((2, 4, 8, 16)).astype(np.float32)
+    for bad, error, match in ((np.ones(3, np.float32), ValueError, r"alibi_slopes must have shape \(Hq,\) = \(4,\)"),
+                              (np.ones((3, 4), np.float32), ValueError, r"or \(B, Hq\) = \(2, 4\)"),
+                              (np.ones(4, np.int32), TypeError, "alibi_slopes must be a float array")):
+        with pytest.raises(error, match=match):
+            mfa_native.attention(q, q, q, alibi_slopes=bad, device="cpu")
+
+
+def test_flash_attn_drop_ins(rng):
+    """flash-attn's alibi_slopes (its tests draw them from rand * 0.3): forward and autograd
+    through flash_attn_func, and flash_attn_varlen_func and the KV-cache call forward."""
+    torch = pytest.importorskip("torch")
+    from mfa_native.torch import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+    q, k, v = (torch.from_numpy(x).requires_grad_() for x in inputs(rng, [(2, 9, 4, 32), (2, 13, 2, 32),
+                                                                          (2, 13, 2, 32)], "float32", spread=1.0))
+    table = torch.rand(2, 4) * 0.3
+    out = flash_attn_func(q, k, v, causal=True, alibi_slopes=table)
+    arrays = [x.detach().numpy() for x in (q, k, v)]
+    want = attention_reference(*arrays, causal=True, alibi_slopes=table.numpy(), layout="bshd")
+    assert relative_l2(out.detach().numpy(), want) < 2e-5
+    do = torch.randn_like(out)
+    out.backward(do)
+    grads = attention_backward_reference(*arrays, do.numpy(), causal=True, alibi_slopes=table.numpy(), layout="bshd")
+    for x, g in zip((q, k, v), grads):
+        assert relative_l2(x.grad.numpy(), g) < 2e-4
+    cu = torch.tensor([0, 9, 18], dtype=torch.int32)
+    packed = [x.detach().reshape(-1, *x.shape[2:])[:18] for x in (q, k, v)]
+    out = flash_attn_varlen_func(*packed, cu, cu, 9, 9, causal=True, alibi_slopes=table)
+    want = attention_varlen_reference(*(x.numpy() for x in packed), cu.numpy(), cu.numpy(), causal=True,
+                                      alibi_slopes=table.numpy())
+    assert relative_l2(out.numpy(), want) < 2e-5
+    k_cache, v_cache = (torch.zeros(2, 20, 2, 32) for _ in "kv")
+    lengths = torch.tensor([3, 11], dtype=torch.int32)
+    new = [x.detach()[:, :2] for x in (k, v)]
+    want = attention_with_kvcache_reference(q.detach().numpy(), k_cache.numpy(), v_cache.numpy(), lengths.numpy(),
+                                            *(x.numpy() for x in new), causal=True, alibi_slopes=table.numpy())
+    out = flash_attn_with_kvcache(q.detach(), k_cache, v_cache, *new, cache_seqlens=lengths, causal=True,
+                                  alibi_slopes=table)
+    assert relative_l2(out.numpy(), want) < 2e-5
