@@ -9,13 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import relative_l2
-from test_kvcache_split import CAPACITY, cache_of, split_call
-from test_softcap import DTYPES, inputs
+from test_softcap import check_attention, check_split_decode, check_varlen, inputs
 
 import mfa_native
-from mfa_native import codegen
-from mfa_native.reference import (attention_backward_reference, attention_reference, attention_varlen_backward_reference,
-                                  attention_varlen_reference, attention_with_kvcache_reference)
+from mfa_native.reference import (attention_backward_reference, attention_reference, attention_varlen_reference,
+                                  attention_with_kvcache_reference)
 
 
 def slopes(rng, *shape) -> np.ndarray:
@@ -37,15 +35,7 @@ def test_attention_forward_and_backward(rng, dtype, options):
         options["sinks"] = rng.standard_normal(Hq).astype(np.float32)
     if options.pop("mask", None):
         options["mask"] = rng.random((R, C)) > 0.3
-    _, forward_tolerance, backward_tolerance = DTYPES[dtype]
-    o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **options)
-    want_o, want_lse = attention_reference(q, k, v, return_lse=True, **options)
-    assert relative_l2(o, want_o) < forward_tolerance
-    seen = np.isfinite(want_lse)
-    assert np.allclose(lse[seen], want_lse[seen], atol=10 * forward_tolerance) and (np.isinf(lse) == ~seen).all()
-    grads = mfa_native.attention_backward(q, k, v, o, lse, do, device="cpu", **options)
-    for got, want in zip(grads, attention_backward_reference(q, k, v, do, out=o, **options)):
-        assert relative_l2(got, want) < backward_tolerance
+    want_o = check_attention(q, k, v, do, dtype, **options)
     assert relative_l2(attention_reference(q, k, v, **(options | {"alibi_slopes": None})), want_o) > 0.05
 
 
@@ -54,28 +44,14 @@ def test_varlen_distances_are_per_sequence(rng, per_sequence):
     """Each sequence's i + C - R - j counts in its own rows and keys (chunked prefill: fewer
     queries than keys), and a per-sequence table gives each its slopes."""
     cu_q, cu_k = np.array([0, 5, 5, 17], np.int32), np.array([0, 9, 12, 30], np.int32)
-    q, k, v = inputs(rng, [(17, 4, 16), (30, 2, 16), (30, 2, 16)], "float32", spread=1.0)
-    do = rng.standard_normal(q.shape).astype(np.float32)
-    options = dict(causal=True, alibi_slopes=slopes(rng, 3, 4) if per_sequence else slopes(rng, 4))
-    o, lse = mfa_native.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, device="cpu", **options)
-    want_o, want_lse = attention_varlen_reference(q, k, v, cu_q, cu_k, return_lse=True, **options)
-    seen = np.isfinite(want_lse)
-    assert relative_l2(o, want_o) < 2e-5 and np.allclose(lse[seen], want_lse[seen], atol=1e-4)
-    grads = mfa_native.attention_varlen_backward(q, k, v, o, lse, do, cu_q, cu_k, device="cpu", **options)
-    for got, want in zip(grads, attention_varlen_backward_reference(q, k, v, do, cu_q, cu_k, out=o, **options)):
-        assert relative_l2(got, want) < 2e-4
+    q, k, v, do = inputs(rng, [(17, 4, 16), (30, 2, 16), (30, 2, 16), (17, 4, 16)], "float32", spread=1.0)
+    check_varlen(q, k, v, do, cu_q, cu_k, causal=True,
+                 alibi_slopes=slopes(rng, 3, 4) if per_sequence else slopes(rng, 4))
 
 
 @pytest.mark.parametrize("page", [None, 8])
 def test_kvcache_split_decode_with_append(rng, page):
-    lengths = np.array([CAPACITY - 9, 40], np.int32)
-    k_cache, v_cache, table = cache_of(rng, lengths, page, 32)
-    q, k, v = inputs(rng, [(2, 3, 8, 32), (2, 2, 2, 32), (2, 2, 2, 32)], "float32", spread=1.0)
-    options = dict(causal=True, alibi_slopes=slopes(rng, 2, 8), softcap=6.0)
-    want = attention_with_kvcache_reference(q, k_cache, v_cache, lengths, k, v, table, return_lse=True, **options)
-    out, lse, kernels, _ = split_call(q, k_cache, v_cache, lengths, k, v, table, **options)
-    assert codegen.PARTIAL_KERNEL_NAME in kernels
-    assert relative_l2(out, want[0]) < 2e-5 and np.allclose(lse, want[1], atol=1e-4)
+    check_split_decode(rng, page, 3, 1.0, alibi_slopes=slopes(rng, 2, 8), softcap=6.0)
 
 
 def test_bad_slopes_are_refused(rng):

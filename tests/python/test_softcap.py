@@ -48,7 +48,14 @@ def test_attention_forward_and_backward(rng, dtype, options):
         extra["mask"] = rng.random((R, C)) > 0.3
     elif kind == "additive":
         extra["mask"] = rng.standard_normal((1, Hq, R, C)).astype(np.float32)
-    options |= extra
+    want_o = check_attention(q, k, v, do, dtype, **(options | extra))
+    uncapped = attention_reference(q, k, v, **(options | extra | {"softcap": None}))
+    assert relative_l2(uncapped, want_o) > 0.1   # the cap changed the result: these scores reach it
+
+
+def check_attention(q, k, v, do, dtype: str, **options) -> np.ndarray:
+    """attention and its backward against the float64 reference, within `dtype`'s tolerances;
+    the reference's output."""
     _, forward_tolerance, backward_tolerance = DTYPES[dtype]
     o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **options)
     want_o, want_lse = attention_reference(q, k, v, return_lse=True, **options)
@@ -56,36 +63,44 @@ def test_attention_forward_and_backward(rng, dtype, options):
     seen = np.isfinite(want_lse)
     assert np.allclose(lse[seen], want_lse[seen], atol=10 * forward_tolerance) and (np.isinf(lse) == ~seen).all()
     grads = mfa_native.attention_backward(q, k, v, o, lse, do, device="cpu", **options)
-    expected = attention_backward_reference(q, k, v, do, out=o, **options)
-    for got, want in zip(grads, expected):
+    for got, want in zip(grads, attention_backward_reference(q, k, v, do, out=o, **options)):
         assert relative_l2(got, want) < backward_tolerance
-    uncapped = attention_reference(q, k, v, **(options | {"softcap": None}))
-    assert relative_l2(uncapped, want_o) > 0.1   # the cap changed the result: these scores reach it
+    return want_o
+
+
+def check_varlen(q, k, v, do, cu_q, cu_k, **options) -> None:
+    """attention_varlen and its backward against the float64 reference."""
+    o, lse = mfa_native.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, device="cpu", **options)
+    want_o, want_lse = attention_varlen_reference(q, k, v, cu_q, cu_k, return_lse=True, **options)
+    seen = np.isfinite(want_lse)
+    assert relative_l2(o, want_o) < 2e-5 and np.allclose(lse[seen], want_lse[seen], atol=1e-4)
+    grads = mfa_native.attention_varlen_backward(q, k, v, o, lse, do, cu_q, cu_k, device="cpu", **options)
+    for got, want in zip(grads, attention_varlen_backward_reference(q, k, v, do, cu_q, cu_k, out=o, **options)):
+        assert relative_l2(got, want) < 2e-4
+
+
+def check_split_decode(rng, page, rows: int, spread: float, **options) -> None:
+    """A long cache split across threadgroups (partial kernels and the combine), appended to,
+    against the float64 reference."""
+    lengths = np.array([CAPACITY - 9, 40], np.int32)
+    k_cache, v_cache, table = cache_of(rng, lengths, page, 32)
+    q, k, v = inputs(rng, [(2, rows, 8, 32), (2, 2, 2, 32), (2, 2, 2, 32)], "float32", spread)
+    want = attention_with_kvcache_reference(q, k_cache, v_cache, lengths, k, v, table, causal=True, return_lse=True,
+                                            **options)
+    out, lse, kernels, _ = split_call(q, k_cache, v_cache, lengths, k, v, table, causal=True, **options)
+    assert codegen.PARTIAL_KERNEL_NAME in kernels and codegen.COMBINE_KERNEL_NAME in kernels
+    assert relative_l2(out, want[0]) < 2e-5 and np.allclose(lse, want[1], atol=1e-4)
 
 
 def test_varlen_forward_and_backward(rng):
     cu = np.array([0, 7, 7, 30], np.int32)
     q, k, v, do = inputs(rng, [(30, 4, 16), (30, 2, 16), (30, 2, 16), (30, 4, 16)], "float32")
-    options = dict(causal=True, window=(6, -1), softcap=2.5)
-    o, lse = mfa_native.attention_varlen(q, k, v, cu, cu, return_lse=True, device="cpu", **options)
-    want_o, want_lse = attention_varlen_reference(q, k, v, cu, cu, return_lse=True, **options)
-    assert relative_l2(o, want_o) < 2e-5 and np.allclose(lse, want_lse, atol=1e-4)
-    grads = mfa_native.attention_varlen_backward(q, k, v, o, lse, do, cu, cu, device="cpu", **options)
-    for got, want in zip(grads, attention_varlen_backward_reference(q, k, v, do, cu, cu, out=o, **options)):
-        assert relative_l2(got, want) < 2e-4
+    check_varlen(q, k, v, do, cu, cu, causal=True, window=(6, -1), softcap=2.5)
 
 
 @pytest.mark.parametrize("page", [None, 8])
 def test_kvcache_split_decode_with_append(rng, page):
-    """A long cache split across threadgroups (partial kernels and the combine), appended to."""
-    lengths = np.array([CAPACITY - 9, 40], np.int32)
-    k_cache, v_cache, table = cache_of(rng, lengths, page, 32)
-    q, k, v = inputs(rng, [(2, 1, 8, 32), (2, 2, 2, 32), (2, 2, 2, 32)], "float32")
-    want = attention_with_kvcache_reference(q, k_cache, v_cache, lengths, k, v, table, causal=True, softcap=4.0,
-                                            return_lse=True)
-    out, lse, kernels, _ = split_call(q, k_cache, v_cache, lengths, k, v, table, causal=True, softcap=4.0)
-    assert codegen.PARTIAL_KERNEL_NAME in kernels and codegen.COMBINE_KERNEL_NAME in kernels
-    assert relative_l2(out, want[0]) < 2e-5 and np.allclose(lse, want[1], atol=1e-4)
+    check_split_decode(rng, page, 1, 4.0, softcap=4.0)
 
 
 def test_the_cap_reads_nothing_more():
