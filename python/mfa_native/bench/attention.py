@@ -15,6 +15,10 @@ the two that each kernel recomputes, so that neither needs atomics, are overhead
 With --quantized: decode shapes with K and V stored as float16, MLX affine 8/4-bit and GGUF
 q8_0/q4_0/q4_1/q5_0/q5_1 (bench/_quantized.py): time, and the bytes read from K and V against their stored
 size and against the float16 run.
+
+With --scores: each configuration without a score transform, with softcap, with ALiBi and with
+both (bench/_scores.py): forward and backward times, the forward's issued multiply-accumulates
+and the bytes it read, and how many of them the transforms' own buffers took.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from ..runtime.arrays import bfloat16
 from ..runtime.devices import resolve_device
 from ..ops.attention import attention
 from ..ops.attention_backward import attention_backward
-from . import _plot, _quantized, _table
+from . import _plot, _quantized, _scores, _table
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ def main(argv: list[str]) -> int:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--backward", action="store_true", help="time the backward pass (and the forward with lse)")
     what.add_argument("--quantized", action="store_true", help="decode with quantized K/V against float16 K/V")
+    what.add_argument("--scores", action="store_true", help="softcap and ALiBi against no score transform")
     what.add_argument("--plot", metavar="FILE.png",
                       help="draw charts against head dimension (forward and backward, every precision) with "
                            "matplotlib: throughput on Metal; issued work and device bytes on the cpu backend")
@@ -184,6 +189,9 @@ def main(argv: list[str]) -> int:
     if args.quantized:
         table = _quantized.table(configs, device, args.repeat, _measure, _shape, _inputs)
         what = "attention forward, quantized K/V"
+    elif args.scores:
+        table = _scores.table(configs, device, args.repeat, _measure, _shape, _inputs)
+        what = "attention with score transforms"
     else:
         table = (_backward_table if args.backward else _forward_table)(configs, device, args.repeat,
                                                                        rates=on_metal, peak=peak)

@@ -47,7 +47,7 @@ from .masking import (MaskRules, bias_over_keys, bias_over_queries, key_range, m
                       query_range)
 from .pairs import pair_type
 from .rows import query_rows_geometry, row_index, threadgroup_span
-from .scores import buffers, element
+from .scores import buffers, element, setup
 from .softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
 
 DQ_KERNEL_NAME = "attention_backward_dq"
@@ -192,7 +192,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
                          (("Q", "q", d.cache_q), ("dO", "dout", d.cache_dout)) if kept], "row_read", ": the 8 rows")
     body += _row_delta(d)
     body += ["", "// dQ / scale, accumulated over the keys."] + _accumulators(d)["dq"].declare("dQ / scale")
-    body += d.keys.keys(d, lambda rules, begin, end: _dq_key_steps(d, rules, begin, end))
+    body += setup(d) + d.keys.keys(d, lambda rules, begin, end: _dq_key_steps(d, rules, begin, end))
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dq_row = dq_head + {offset('ulong(row)', d.dq.strides[2])};"]
     store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale),
@@ -267,6 +267,7 @@ def _query_heads(d: BackwardDescriptor) -> list[str]:
     if d.rules.mask != "none":
         per_head.append(mask_key_pointer(d.rules))
     per_head.append(f"const ulong rows_at = {row_index('0')};  // this head's rows in lse and delta")
+    per_head += setup(d)
     per_head += d.keys.queries(d, lambda rules, begin, end: _query_steps(d, rules, begin, end))
     if d.gqa_ratio == 1:
         return ["", "// The one query head that reads this kv head.", "{", "  const uint h = h_kv;"] \

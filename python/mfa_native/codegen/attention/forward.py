@@ -47,7 +47,7 @@ from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
 from .pairs import pair_type
 from .rows import row_index, stages_apart, threadgroup_span
-from .scores import buffers, describe as describe_scores, element
+from .scores import buffers, describe as describe_scores, element, setup
 from .softmax import online_softmax, sink_state, stored_lse
 
 KERNEL_NAME = "attention_forward"
@@ -232,7 +232,7 @@ def _kernel(d: KernelDescriptor, finish) -> KernelSource:
              + finish.initial_state(d) + output(d).declare("O, unnormalized"))
     visits = d.keys.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
     keys = key_range(d.rules, bounds=d.keys.bounds, **_visiting_rows(d))
-    body = _geometry(d, finish) + keys + finish.key_limits + q_cache + state + visits + finish.store(d)
+    body = _geometry(d, finish) + keys + finish.key_limits + q_cache + state + setup(d) + visits + finish.store(d)
     return assemble(launch_plan(d, finish), summary=summary(d, finish), builtins=BUILTINS, body=body)
 
 

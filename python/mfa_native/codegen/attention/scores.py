@@ -62,8 +62,9 @@ class ScoreTransform(ABC):
         `batches` is the runtime size counting the batches (B, or packed sequences)."""
         return {}
 
-    def setup(self, name: str, at: Element) -> list[str]:
-        """MSL run once per step before its elements (a buffer's value for the lane's row)."""
+    def setup(self, name: str, head: str, batch: str) -> list[str]:
+        """MSL a kernel runs once per (lane, query head `head` of batch `batch`) before its walk:
+        the values of its buffers for the lane's rows."""
         return []
 
     @abstractmethod
@@ -116,8 +117,8 @@ class Alibi(ScoreTransform):
         strides = ((Extent(1, ("Hq",)),) if self.per_batch else ()) + (Extent(1),)
         return {"alibi_slopes": spec("float32", shape, strides, logical=False)}
 
-    def setup(self, name: str, at: Element) -> list[str]:
-        row = f"ulong({at.batch}) * Hq + {at.head}" if self.per_batch else at.head
+    def setup(self, name: str, head: str, batch: str) -> list[str]:
+        row = f"ulong({batch}) * Hq + {head}" if self.per_batch else head
         return [f"const float {name}_slope = alibi_slopes[{row}] * LOG2E;  // ALiBi, in the log2 domain"]
 
     def apply(self, x: str, name: str, at: Element) -> tuple[list[str], str, str | None]:
@@ -128,26 +129,21 @@ class Alibi(ScoreTransform):
         return "ALiBi" + (" per batch" if self.per_batch else "")
 
 
-def _placed(transforms: Sequence[ScoreTransform], at: Element | None) -> None:
-    """Raises ValueError where a transform reads positions a kernel does not give (`at` None)."""
-    for t in transforms:
-        if at is None and t.positional:
-            raise ValueError(f"score transform {t.describe()} reads each element's positions, which this kernel "
-                             "does not give")
-
-
-def setup(transforms: Sequence[ScoreTransform], at: Element | None) -> list[str]:
-    """Every transform's once-per-step lines."""
-    _placed(transforms, at)
-    return [line for index, t in enumerate(transforms) for line in t.setup(f"score_{index}", at)]
+def setup(d) -> list[str]:
+    """Every transform's lines a kernel of descriptor `d` runs once per (lane, query head h),
+    before it walks the keys or queries."""
+    return [line for index, t in enumerate(d.scores) for line in t.setup(f"score_{index}", "h", d.keys.batch_index)]
 
 
 def chain(transforms: Sequence[ScoreTransform], x: str, at: Element | None = None) -> tuple[list[str], str, str | None]:
     """The chain applied to logit `x` of the element at `at`: its lines, the final logit and
-    the product of the derivatives (None: 1, no transform has one)."""
-    _placed(transforms, at)
+    the product of the derivatives (None: 1, no transform has one). ValueError where a
+    transform reads positions the kernel does not give (`at` None)."""
     lines, slope = [], None
     for index, transform in enumerate(transforms):
+        if at is None and transform.positional:
+            raise ValueError(f"score transform {transform.describe()} reads each element's positions, which this "
+                             "kernel does not give")
         step, x, derivative = transform.apply(x, f"score_{index}", at)
         lines += step
         if derivative is not None:

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from ..kernel.msl import float_literal, loop
 from ..kernel.accumulators import Accumulator
-from .scores import Element, chain, has_slope, setup
+from .scores import Element, chain, has_slope
 
 
 # Sinks take FlashMLA's infinite values: -inf is no sink; +inf takes every weight (O = 0,
@@ -48,7 +48,7 @@ def logits(d, count: int, scores_tile: str, also: Sequence[str] = (), keep_slope
             "const int i = j * 2 + e;", f"s[i] = s[i] != MASKED ? {scaled} + s[i] : MASKED;", *also]))
     steps, logit, slope = chain(d.scores, "x", at)
     kept = [f"score_slope[i] = {slope};"] if keep_slopes and slope is not None else []
-    return setup(d.scores, at) + ([f"float score_slope[{2 * count}];  // d T / d x of each element"] if kept else []) + loop(
+    return ([f"float score_slope[{2 * count}];  // d T / d x of each element"] if kept else []) + loop(
         f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
             "const int i = j * 2 + e;", f"const float x = {scaled};", *steps,
             f"s[i] = s[i] != MASKED ? {logit} + s[i] : MASKED;", *kept, *also]))
