@@ -35,7 +35,8 @@ from ..quantized import QuantizedTensor
 from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import tuning_facts
 from . import arguments as check
-from .attention import CAUSAL, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate
+from .attention import (CAUSAL, DETERMINISTIC, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate,
+                        with_determinism)
 from .declaration import Arg, Call, Op
 from .empty import empty_forward
 from .warm import prepared_call
@@ -299,7 +300,7 @@ def _prepare(call: Call, device):
     k4, v4 = cache.caches(call.k_cache, call.v_cache)
     forward = validate((q, k4, v4, None, call.sinks), scale=call.scale, causal=call.causal, window=call.window,
                        layout="bshd", return_lse=call.return_lse, quantized_refusal=None)
-    p = replace(forward.problem, keys=cache.keys())
+    p = replace(with_determinism(forward.problem, call.deterministic), keys=cache.keys())
     checked = Validated(p, dict(forward.bound), dict(forward.converts), dict(forward.sources))
     checked.bound["cache_seqlens"] = lengths = cache.check(call.cache_seqlens, call.block_table)
     # None is part of the signature: its warm calls bind the same capacity lengths.
@@ -338,7 +339,7 @@ ATTENTION_WITH_KVCACHE = Op(
     "attention_with_kvcache",
     "Attention of new queries over a KV cache (flash-attn's flash_attn_with_kvcache), appending k and v to it.",
     arguments=(Q, K_CACHE, V_CACHE, CACHE_SEQLENS, K_NEW, V_NEW, BLOCK_TABLE, SCALE, CAUSAL, WINDOW, SINKS,
-               RETURN_LSE),
+               RETURN_LSE, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_with_kvcache_reference,

@@ -19,7 +19,8 @@ from .. import codegen, reference
 from ..codegen import AttentionBackwardProblem, SequenceRanges, physical, unit_table
 from ..runtime.devices import tuning_facts
 from . import arguments as check
-from .attention import CAUSAL, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate
+from .attention import (CAUSAL, DETERMINISTIC, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, WINDOW, Validated, validate,
+                        with_determinism)
 from .attention_backward import GRADIENTS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
@@ -159,6 +160,7 @@ def _prepare_forward(call: Call, device):
     checked = validate_varlen(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.sinks,
                               scale=call.scale, causal=call.causal, window=call.window,
                               return_lse=call.return_lse, hints=hints, packing=True)
+    checked.problem = with_determinism(checked.problem, call.deterministic)
     p, names = checked.problem, call.op.array_names
     if check.is_empty(1, p.q_heads, p.q_len, p.kv_len):
         def outputs(inputs):
@@ -230,7 +232,7 @@ VDO = Arg("do", "array", keyword=False, doc="the gradient of the loss with respe
 ATTENTION_VARLEN = Op(
     "attention_varlen",
     "Attention over packed sequences (flash-attn's varlen): each sequence's queries attend its own keys.",
-    arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, RETURN_LSE),
+    arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, RETURN_LSE, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
     reference=reference.attention_varlen_reference,

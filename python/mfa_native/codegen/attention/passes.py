@@ -89,6 +89,7 @@ def valid_for(p: AttentionProblem, family: str) -> dict[str, object]:
                 mask=p.mask, mask_dtype=p.mask_dtype, sinks=p.sinks, scale=p.softmax_scale, return_lse=p.return_lse,
                 keys=KEY_VISITS.name_of(p.keys), k_storage=STORAGES.name_of(p.k_storage),
                 v_storage=STORAGES.name_of(p.v_storage), family=family,
+                **({"deterministic": "batch_invariant"} if p.batch_invariant else {}),
                 **({"strides": "runtime"} if p.runtime_strides else {}))
 
 

@@ -1,0 +1,149 @@
+"""deterministic="batch_invariant": one prompt's tokens get bit-identical outputs and lse
+whether they are decoded one by one (with the append), verified in chunks of 2..32, or
+prefilled whole (attention, attention_varlen at several positions of varlen batches, the cache
+call), in batches of different sizes, split over threadgroups or not. The prompt is longer than
+the mode's split length, so its keys cross a split; GQA, causal, float32 and a small D keep it
+fast. With the mode off the same paths agree within tolerance (and with the float64 reference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import relative_l2
+
+import mfa_native
+from mfa_native import codegen
+from mfa_native.codegen.attention import invariance
+from mfa_native.reference import attention_reference
+from mfa_native.runtime.devices import tuned_as
+
+L, HQ, HKV, D = 300, 4, 2, 16   # L crosses the mode's split length (checked below)
+CAPACITY = 512                  # a decode over it splits in two when the device is tuned to 64 threadgroups
+CHUNKS = (2, 5, 32, 8, 13, 3, 16)
+
+
+def prompt(rng, length=L):
+    """q (length, Hq, D), k and v (length, Hkv, D): one sequence, float32."""
+    return (rng.standard_normal((length, HQ, D)).astype(np.float32),
+            *(rng.standard_normal((length, HKV, D)).astype(np.float32) for _ in "kv"))
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).view(np.uint32)
+
+
+class Tokens:
+    """Each path's outputs (L, Hq, D) and lse (Hq, L) of the prompt, by path name."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def add(self, name: str, o: np.ndarray, lse: np.ndarray) -> None:
+        assert np.all(np.isfinite(o)) and np.all(np.isfinite(lse)), name
+        self.results[name] = (np.array(o), np.array(lse))
+
+
+def _cache_calls(tokens: Tokens, sequences, chunks, name: str, split: bool, **options) -> None:
+    """The prompt (sequence 0) and the others appended to one cache each, `chunks` rows per call
+    (batch position 1 when there are others, each other sequence `offset` rows further on)."""
+    batch = [sequences[1], sequences[0], *sequences[2:]] if len(sequences) > 1 else sequences
+    B = len(batch)
+    k_cache, v_cache = (np.full((B, CAPACITY, HKV, D), np.nan, np.float32) for _ in "kv")
+    seqlens = np.zeros(B, np.int32)
+    outs, lses, at = [], [], 0
+    device = mfa_native.default_device()
+    for n in chunks:
+        q, k, v = (np.stack([s[i][at:at + n] for s in batch]) for i in range(3))
+        with tuned_as(device, parallel_threadgroups=64 if split else 1):
+            o, lse = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, k=k, v=v,
+                                                       causal=True, return_lse=True, **options)
+        target = 1 if B > 1 else 0
+        outs.append(o[target]), lses.append(lse[target])
+        seqlens += n
+        at += n
+    tokens.add(name, np.concatenate(outs), np.concatenate(lses, axis=1))
+
+
+def _chunks(sizes, total=L):
+    out, at, i = [], 0, 0
+    while at < total:
+        out.append(min(sizes[i % len(sizes)], total - at))
+        at, i = at + out[-1], i + 1
+    return out
+
+
+def _varlen(tokens: Tokens, sequences, position: int, name: str, **options) -> None:
+    order = [s for s in sequences[1:]]
+    order.insert(position, sequences[0])
+    cu = np.concatenate([[0], np.cumsum([len(s[0]) for s in order])]).astype(np.int32)
+    q, k, v = (np.concatenate([s[i] for s in order]) for i in range(3))
+    o, lse = mfa_native.attention_varlen(q, k, v, cu, cu, causal=True, return_lse=True, **options)
+    rows = slice(cu[position], cu[position + 1])
+    tokens.add(name, o[rows], lse[:, rows])
+
+
+def _dense(tokens: Tokens, sequences, name: str, **options) -> None:
+    """attention over (B, L, H, D), the prompt at batch index B - 1, others cut to L."""
+    batch = [*sequences[1:], sequences[0]]
+    q, k, v = (np.stack([s[i][:L] for s in batch]) for i in range(3))
+    o, lse = mfa_native.attention(q, k, v, causal=True, layout="bshd", return_lse=True, **options)
+    tokens.add(name, o[-1], lse[-1])
+
+
+def every_path(rng, **options) -> Tokens:
+    """The prompt through every path, each with the options (deterministic or not)."""
+    target = prompt(rng)
+    others = [prompt(rng, length) for length in (L + 7, 41, L)]
+    tokens = Tokens()
+    _dense(tokens, [target], "attention B=1", **options)
+    _dense(tokens, [target, others[0], others[2]], "attention B=3", **options)
+    for position, batch in ((0, [target]), (1, [target, others[0]]), (2, [target, others[1], others[0], others[2]])):
+        _varlen(tokens, batch, position, f"varlen at {position} of {len(batch)}", **options)
+    _cache_calls(tokens, [target], [1] * L, "decode B=1", split=False, **options)
+    _cache_calls(tokens, [target, others[0], others[2]], [1] * L, "decode B=3, split", split=True, **options)
+    _cache_calls(tokens, [target, others[0]], _chunks(CHUNKS), "verify 2..32, B=2, split", split=True, **options)
+    _cache_calls(tokens, [target], _chunks((7, 2, 32)), "verify B=1", split=False, **options)
+    _cache_calls(tokens, [target, others[2]], [L], "prefill through the cache, B=2", split=False, **options)
+    expected, expected_lse = attention_reference(*(x.transpose(1, 0, 2)[None] for x in target), causal=True,
+                                                 return_lse=True)
+    tokens.add("float64 reference", expected[0].transpose(1, 0, 2), expected_lse[0])
+    return tokens
+
+
+def test_the_prompt_crosses_the_split_length():
+    p = codegen.AttentionProblem(batch=1, q_heads=HQ, kv_heads=HKV, q_len=1, kv_len=CAPACITY, head_dim=D,
+                                 value_dim=D, batch_invariant=True)
+    split_keys = codegen.describe(p).split_keys
+    assert split_keys == invariance.split_keys(codegen.describe(p).key_block) and split_keys < L < 2 * split_keys
+
+
+def test_every_path_gives_the_same_bits(rng):
+    tokens = every_path(rng, deterministic="batch_invariant")
+    expected_o, expected_lse = tokens.results.pop("float64 reference")
+    base_name, (base_o, base_lse) = next(iter(tokens.results.items()))
+    assert relative_l2(base_o, expected_o) < 1e-5 and relative_l2(base_lse, expected_lse) < 1e-5
+    for name, (o, lse) in tokens.results.items():
+        assert np.array_equal(bits(o), bits(base_o)), f"{name}: outputs differ from {base_name}'s bits"
+        assert np.array_equal(bits(lse), bits(base_lse)), f"{name}: lse differs from {base_name}'s bits"
+
+
+def test_mode_off_paths_agree_within_tolerance(rng):
+    tokens = every_path(rng)
+    expected_o, expected_lse = tokens.results.pop("float64 reference")
+    for name, (o, lse) in tokens.results.items():
+        assert relative_l2(o, expected_o) < 1e-5, name
+        assert relative_l2(lse, expected_lse) < 1e-5, name
+
+
+@pytest.mark.parametrize("deterministic", [False, True, "batch_invariant"])
+def test_the_option_is_part_of_the_call(rng, deterministic):
+    q, k, v = (x.transpose(1, 0, 2)[None] for x in prompt(rng, 24))
+    o = mfa_native.attention(q, k, v, causal=True, deterministic=deterministic)
+    assert relative_l2(o, attention_reference(q, k, v, causal=True)) < 1e-5
+
+
+@pytest.mark.parametrize("bad", ["batch-invariant", 1, None])
+def test_a_bad_mode_is_refused(rng, bad):
+    q = rng.standard_normal((1, 2, 4, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match="deterministic"):
+        mfa_native.attention(q, q, q, deterministic=bad)
