@@ -22,10 +22,10 @@ CAPACITY = 512                  # a decode over it splits in two when the device
 CHUNKS = (2, 5, 32, 8, 13, 3, 16)
 
 
-def prompt(rng, length=L):
-    """q (length, Hq, D), k and v (length, Hkv, D): one sequence, float32."""
-    return (rng.standard_normal((length, HQ, D)).astype(np.float32),
-            *(rng.standard_normal((length, HKV, D)).astype(np.float32) for _ in "kv"))
+def prompt(rng, length=L, d=D):
+    """q (length, Hq, d), k and v (length, Hkv, d): one sequence, float32."""
+    return (rng.standard_normal((length, HQ, d)).astype(np.float32),
+            *(rng.standard_normal((length, HKV, d)).astype(np.float32) for _ in "kv"))
 
 
 def bits(x: np.ndarray) -> np.ndarray:
@@ -43,21 +43,37 @@ class Tokens:
         self.results[name] = (np.array(o), np.array(lse))
 
 
-def _cache_calls(tokens: Tokens, sequences, chunks, name: str, split: bool, **options) -> None:
-    """The prompt (sequence 0) and the others appended to one cache each, `chunks` rows per call
-    (batch position 1 when there are others, each other sequence `offset` rows further on)."""
+def plain_caches(rng, B, d=D):
+    """Contiguous k and v caches of CAPACITY rows, NaN where nothing was appended; no table."""
+    return (*(np.full((B, CAPACITY, HKV, d), np.nan, np.float32) for _ in "kv"), None)
+
+
+def paged_caches(rng, B, d=D, page=16):
+    """Paged caches (pages in random order among spare ones, NaN) and their block table."""
+    blocks = B * CAPACITY // page + 3
+    table = rng.permutation(blocks)[:B * CAPACITY // page].reshape(B, -1).astype(np.int32)
+    return (*(np.full((blocks, page, HKV, d), np.nan, np.float32) for _ in "kv"), table)
+
+
+def quantized_caches(rng, B, d=2 * D):
+    """q8_0 caches holding random rows (nothing attended before the appends); no table."""
+    return (*(mfa_native.quantize(rng.standard_normal((B, CAPACITY, HKV, d)).astype(np.float32), format="q8_0")
+              for _ in "kv"), None)
+
+
+def _cache_calls(tokens: Tokens, sequences, chunks, name: str, split: bool, caches=plain_caches, **options) -> None:
+    """The prompt (sequence 0, at batch position 1 when there are others) and the others
+    appended to their caches (`caches(rng, B)`), `chunks` rows per call, attending as they go."""
     batch = [sequences[1], sequences[0], *sequences[2:]] if len(sequences) > 1 else sequences
-    B = len(batch)
-    k_cache, v_cache = (np.full((B, CAPACITY, HKV, D), np.nan, np.float32) for _ in "kv")
+    B, target = len(batch), 1 if len(batch) > 1 else 0
+    k_cache, v_cache, table = caches(np.random.default_rng(len(chunks)), B, batch[0][0].shape[-1])
     seqlens = np.zeros(B, np.int32)
     outs, lses, at = [], [], 0
-    device = mfa_native.default_device()
     for n in chunks:
         q, k, v = (np.stack([s[i][at:at + n] for s in batch]) for i in range(3))
-        with tuned_as(device, parallel_threadgroups=64 if split else 1):
+        with tuned_as(mfa_native.default_device(), parallel_threadgroups=64 if split else 1):
             o, lse = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, k=k, v=v,
-                                                       causal=True, return_lse=True, **options)
-        target = 1 if B > 1 else 0
+                                                       block_table=table, causal=True, return_lse=True, **options)
         outs.append(o[target]), lses.append(lse[target])
         seqlens += n
         at += n
@@ -102,7 +118,10 @@ def every_path(rng, **options) -> Tokens:
     _cache_calls(tokens, [target], [1] * L, "decode B=1", split=False, **options)
     _cache_calls(tokens, [target, others[0], others[2]], [1] * L, "decode B=3, split", split=True, **options)
     _cache_calls(tokens, [target, others[0]], _chunks(CHUNKS), "verify 2..32, B=2, split", split=True, **options)
-    _cache_calls(tokens, [target], _chunks((7, 2, 32)), "verify B=1", split=False, **options)
+    _cache_calls(tokens, [target], _chunks((7, 2, 32)), "verify B=1, paged", split=False, caches=paged_caches,
+                 **options)
+    _cache_calls(tokens, [target, others[2]], [1] * L, "decode B=2, paged, split", split=True, caches=paged_caches,
+                 **options)
     _cache_calls(tokens, [target, others[2]], [L], "prefill through the cache, B=2", split=False, **options)
     expected, expected_lse = attention_reference(*(x.transpose(1, 0, 2)[None] for x in target), causal=True,
                                                  return_lse=True)
@@ -133,6 +152,21 @@ def test_mode_off_paths_agree_within_tolerance(rng):
     for name, (o, lse) in tokens.results.items():
         assert relative_l2(o, expected_o) < 1e-5, name
         assert relative_l2(lse, expected_lse) < 1e-5, name
+
+
+def test_a_quantized_cache_gives_the_same_bits_decoded_verified_or_prefilled(rng):
+    """q8_0 k and v caches (packed heads, staged): every path reads the same stored integers."""
+    target, other = prompt(rng, d=2 * D), prompt(rng, L + 5, d=2 * D)
+    tokens = Tokens()
+    _cache_calls(tokens, [target, other], [1] * L, "decode B=2, split", split=True, caches=quantized_caches,
+                 deterministic="batch_invariant")
+    _cache_calls(tokens, [target], _chunks(CHUNKS), "verify 2..32, B=1", split=False, caches=quantized_caches,
+                 deterministic="batch_invariant")
+    _cache_calls(tokens, [target], [L], "prefill, B=1", split=False, caches=quantized_caches,
+                 deterministic="batch_invariant")
+    (base_o, base_lse), *others = tokens.results.values()
+    for name, (o, lse) in list(tokens.results.items())[1:]:
+        assert np.array_equal(bits(o), bits(base_o)) and np.array_equal(bits(lse), bits(base_lse)), name
 
 
 @pytest.mark.parametrize("deterministic", [False, True, "batch_invariant"])
