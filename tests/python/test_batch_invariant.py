@@ -98,6 +98,22 @@ def _varlen(tokens: Tokens, sequences, position: int, name: str, **options) -> N
     tokens.add(name, o[rows], lse[:, rows])
 
 
+def _varlen_decode(tokens: Tokens, sequences, name: str, **options) -> None:
+    """attention_varlen decoding the prompt token by token, each step a batch of one query per
+    sequence (max_seqlen_q 1: heads packed), the prompt's keys so far second, another's first."""
+    target, other = sequences
+    outs, lses = [], []
+    for t in range(L):
+        ends = (t + 6, t + 1)   # the other sequence is 5 tokens further on
+        q = np.concatenate([other[0][ends[0] - 1:ends[0]], target[0][t:t + 1]])
+        k, v = (np.concatenate([other[i][:ends[0]], target[i][:ends[1]]]) for i in (1, 2))
+        cu_q, cu_k = np.array([0, 1, 2], np.int32), np.array([0, ends[0], sum(ends)], np.int32)
+        o, lse = mfa_native.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=1, causal=True, return_lse=True,
+                                             **options)
+        outs.append(o[1:]), lses.append(lse[:, 1:])
+    tokens.add(name, np.concatenate(outs), np.concatenate(lses, axis=1))
+
+
 def _dense(tokens: Tokens, sequences, name: str, **options) -> None:
     """attention over (B, L, H, D), the prompt at batch index B - 1, others cut to L."""
     batch = [*sequences[1:], sequences[0]]
@@ -116,6 +132,7 @@ def every_path(rng, **options) -> Tokens:
     for position, batch in ((0, [target]), (1, [target, others[0]]), (2, [target, others[1], others[0], others[2]])):
         _varlen(tokens, batch, position, f"varlen at {position} of {len(batch)}", **options)
     _cache_calls(tokens, [target], [1] * L, "decode B=1", split=False, **options)
+    _varlen_decode(tokens, [target, others[0]], "varlen decode, B=2", **options)
     _cache_calls(tokens, [target, others[0], others[2]], [1] * L, "decode B=3, split", split=True, **options)
     _cache_calls(tokens, [target, others[0]], _chunks(CHUNKS), "verify 2..32, B=2, split", split=True, **options)
     _cache_calls(tokens, [target], _chunks((7, 2, 32)), "verify B=1, paged", split=False, caches=paged_caches,

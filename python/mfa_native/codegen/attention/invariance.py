@@ -14,9 +14,11 @@ Every path then does the same float operations in the same order for a row:
   the same arithmetic, so whether a call splits over threadgroups (which still depends on the
   device and the call's sizes) changes no bit;
 - the tile row (key block, tile types) is a function of the head dims, dtype, storage and
-  family (rows.py: plain K/V is never packed by the PACKING table, and the key block is the
-  staged one whether or not this call's threadgroups stage it), and a walk's first block is
-  aligned to the block grid (a window's left side only masks keys).
+  family: the key block is the staged one (rows.py) whether this call's threadgroups stage
+  their blocks or pack heads (both depend on R) or not, and a walk's first block is aligned to
+  the block grid (a window's left side only masks keys). A row's products do not depend on
+  the other rows of its tiles (each element of an 8x8 product is its own row's dot product),
+  so packing a kv head's query heads into one tile, or a row's place in it, changes no bit.
 
 Blocks or splits a row does not see add exact zeros (a removed key's probability is 0 and the
 state's rescale is exp2(0) = 1), so a prefill row that walks the blocks of its simdgroup's

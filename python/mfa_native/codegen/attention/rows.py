@@ -138,11 +138,11 @@ class PerHead:
     @staticmethod
     def key_block(p, family: str) -> int:
         """The table's key block; staged, as many of its rows as the stage holds (stage_rows).
-        Batch-invariant, the staged count whenever the table stages, whether or not this
-        problem's threadgroups do (so the block never depends on R)."""
-        row = tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
-        staged = row.stage_kv if p.batch_invariant else PerHead.stages(p, family)
-        return stage_rows(p, staged_width(p, family), row.key_block) if staged else row.key_block
+        Batch-invariant, always the staged count, packed heads' block: whether this problem's
+        threadgroups stage or pack (which depends on R) never changes its blocks."""
+        block = tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block
+        staged = p.batch_invariant or PerHead.stages(p, family)
+        return stage_rows(p, staged_width(p, family), block) if staged else block
 
     @staticmethod
     def backward_query_rows(p, family: str) -> int:
@@ -224,12 +224,9 @@ DECLINED_PER_HEAD, CHOSEN_PACKED_HEADS = PerHead(declined=True), PackedHeads(cho
 
 def dense_rows(p):
     """The rows facet of a problem whose keys form a range: packed heads when K/V storage asks
-    (quantized), or for plain K/V where the PACKING table packs (GQA decode; never in the
-    batch-invariant mode, where the tiles may not depend on R); else per head."""
+    (quantized), or for plain K/V where the PACKING table packs (GQA decode); else per head."""
     if p.k_storage.packs_heads or p.v_storage.packs_heads:
         return PACKED_HEADS
-    if p.batch_invariant:
-        return PER_HEAD
     return CHOSEN_PACKED_HEADS if packs_plain_heads(p.gqa_ratio, p.q_len) else DECLINED_PER_HEAD
 
 

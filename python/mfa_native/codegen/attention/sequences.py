@@ -222,9 +222,7 @@ class SequenceRanges(KeyVisit):
     uniform_walk = False   # a threadgroup's simdgroups may hold units of different sequences
 
     def packs(self, p) -> bool:
-        """Whether the forward packs heads (never batch-invariant: the tiles may not depend on R)."""
-        return (self.max_queries is not None and not p.batch_invariant
-                and packs_plain_heads(p.gqa_ratio, max(self.max_queries, 1)))
+        return self.max_queries is not None and packs_plain_heads(p.gqa_ratio, max(self.max_queries, 1))
 
     def query_unit(self, p) -> int:
         """The queries of a forward unit: the bound when heads are packed, else 8."""
