@@ -186,6 +186,40 @@ def test_a_quantized_cache_gives_the_same_bits_decoded_verified_or_prefilled(rng
         assert np.array_equal(bits(o), bits(base_o)) and np.array_equal(bits(lse), bits(base_lse)), name
 
 
+@pytest.mark.parametrize("dtype, d, window, with_sinks", [(np.float16, 64, (37, -1), True), (np.float32, 16, (100, 0), False)],
+                         ids=["float16-window-sinks", "float32-window"])
+def test_windows_sinks_and_float16_keep_the_bits(rng, dtype, d, window, with_sinks):
+    """Decoded token by token (split over threadgroups every other token) or prefilled: a
+    window's first key is not a block's (the walk starts at the block grid), a sink starts the
+    merged state."""
+    q, k, v = (x.astype(dtype)[None] for x in prompt(rng, d=d))
+    options = dict(causal=True, window=window, return_lse=True, deterministic="batch_invariant",
+                   sinks=rng.standard_normal(HQ).astype(np.float32) if with_sinks else None)
+    prefill, lse = mfa_native.attention(q, k, v, layout="bshd", **options)
+    expected, expected_lse = attention_reference(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), causal=True,
+                                                 window=window, sinks=options["sinks"], return_lse=True)
+    assert relative_l2(prefill.transpose(0, 2, 1, 3), expected) < 2e-3 and relative_l2(lse, expected_lse) < 1e-5
+    k_cache, v_cache = (np.full((1, CAPACITY, HKV, d), np.nan, dtype) for _ in "kv")
+    seqlens = np.zeros(1, np.int32)
+    for t in range(L):
+        with tuned_as(mfa_native.default_device(), parallel_threadgroups=64 if t % 2 else 1):
+            o, lse_t = mfa_native.attention_with_kvcache(q[:, t:t + 1], k_cache, v_cache, cache_seqlens=seqlens,
+                                                         k=k[:, t:t + 1], v=v[:, t:t + 1], **options)
+        seqlens += 1
+        assert np.array_equal(o[0, 0].view(np.uint16), prefill[0, t].view(np.uint16)), t
+        assert np.array_equal(bits(lse_t[0, :, 0]), bits(lse[0, :, t])), t
+
+
+def test_the_torch_face_takes_the_mode(rng):
+    torch = pytest.importorskip("torch")
+    import mfa_native.torch as mt
+
+    q, k, v = (x.transpose(1, 0, 2)[None] for x in prompt(rng, 40))
+    expected = mfa_native.attention(q, k, v, causal=True, deterministic="batch_invariant")
+    o = mt.attention(*(torch.from_numpy(x) for x in (q, k, v)), causal=True, deterministic="batch_invariant")
+    assert np.array_equal(bits(o.numpy()), bits(expected))
+
+
 @pytest.mark.parametrize("deterministic", [False, True, "batch_invariant"])
 def test_the_option_is_part_of_the_call(rng, deterministic):
     q, k, v = (x.transpose(1, 0, 2)[None] for x in prompt(rng, 24))

@@ -60,8 +60,9 @@ def test_opcheck(rng, sinks):
     q, k, v = _tensors(rng, (1, 4, 8, 16), (1, 2, 12, 16), (1, 2, 12, 8))
     s = torch.randn(4, requires_grad=True) if sinks else None
     mask = torch.from_numpy(rng.random((8, 12)) > 0.3)
-    torch.library.opcheck(torch.ops.mfa_native.attention.default, (q, k, v, mask, s, 0.3, "upper_left", None, "bhsd"))
-    o, lse = torch.ops.mfa_native.attention(q, k, v, mask, s, 0.3, "upper_left", None, "bhsd")
+    arguments = (q, k, v, mask, s, 0.3, "upper_left", None, "bhsd", "run_to_run")
+    torch.library.opcheck(torch.ops.mfa_native.attention.default, arguments)
+    o, lse = torch.ops.mfa_native.attention(*arguments)
     do = torch.randn_like(o)
     plain = (x if x is None else x.detach() for x in (q, k, v, o, lse, do, mask, s))  # no double backward
     torch.library.opcheck(torch.ops.mfa_native.attention_backward.default,

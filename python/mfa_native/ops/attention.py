@@ -52,8 +52,9 @@ RETURN_LSE = Arg("return_lse", "option", default=False, schema="bool", doc="""
     included).""")
 
 DETERMINISTIC = Arg("deterministic", "option", default=False, schema="str", to_schema=check.deterministic_mode, doc="""
-    False or True: every call is deterministic run to run (no atomics), as flash-attn's
-    deterministic=True asks. "batch_invariant": besides, a query's output and lse bits do
+    False or True (or "run_to_run", the torch schema's spelling of both): every call is
+    deterministic run to run (no atomics), as flash-attn's deterministic=True asks.
+    "batch_invariant": besides, a query's output and lse bits do
     not depend on the batch, R, its place in a varlen batch or whether the call decodes,
     verifies or prefills: the keys are cut into splits of a fixed length, merged in order,
     with the same tiles in every path (docs/guides/serving.md; slower).""")
@@ -189,7 +190,8 @@ RAISES = """
         multiple of Hkv, D or Dv is outside 1..576 or a size reaches `2**31`; scale is not
         finite or too large; causal or layout is not one of the values above; window is not
         a (left, right) pair or a side is below -1; the mask does not broadcast to
-        (B, Hq, R, C); sinks is not (Hq,); deterministic is not False, True or "batch_invariant".
+        (B, Hq, R, C); sinks is not (Hq,); deterministic is not False, True, "run_to_run" or
+        "batch_invariant".
 """
 
 ATTENTION = Op(
