@@ -347,7 +347,7 @@ def _write_rows(cache, at: tuple[mx.array, mx.array], new: mx.array) -> None:
 
 
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v=None, block_table=None, scale=None,
-                           causal=False, window=None, sinks=None, return_lse=False):
+                           causal=False, window=None, sinks=None, return_lse=False, deterministic=False):
     """`mfa_native.attention_with_kvcache` on MLX arrays, appending with MLX's own in-place update.
 
     MLX arrays are read-only to the pass, so the append is MLX's indexed assignment: after
@@ -374,6 +374,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
         window: (left, right) as in `mfa_native.attention`.
         sinks: (Hq,) one more logit per head in the softmax denominator.
         return_lse: also return the lse.
+        deterministic: False, True or "batch_invariant", as in `mfa_native.attention_with_kvcache`.
 
     Returns:
         The output (B, R, Hq, Dv), q's dtype; with return_lse=True the tuple (output, lse),
@@ -406,7 +407,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
     """
     values = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, k=None, v=None,
                   block_table=block_table, scale=scale, causal=causal, window=window, sinks=sinks,
-                  return_lse=return_lse, device=None)
+                  return_lse=return_lse, deterministic=deterministic, device=None)
     if k is not None or v is not None:
         views = {name: _host(x, name) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                                                        ("cache_seqlens", cache_seqlens), ("k", k), ("v", v),

@@ -220,6 +220,20 @@ def test_the_torch_face_takes_the_mode(rng):
     assert np.array_equal(bits(o.numpy()), bits(expected))
 
 
+def test_the_mlx_cache_call_takes_the_mode(rng):
+    mx = pytest.importorskip("mlx.core")
+    import mfa_native.mlx as mm
+
+    q, k, v = (x[None] for x in prompt(rng, 40))
+    prefill = mfa_native.attention(q, k, v, causal=True, layout="bshd", deterministic="batch_invariant")
+    k_cache, v_cache = (mx.array(np.concatenate([x[:, :39], np.zeros((1, 9, HKV, D), np.float32)], axis=1))
+                        for x in (k, v))
+    o = mm.attention_with_kvcache(mx.array(q[:, 39:]), k_cache, v_cache, cache_seqlens=mx.array([39], mx.int32),
+                                  k=mx.array(k[:, 39:]), v=mx.array(v[:, 39:]), causal=True,
+                                  deterministic="batch_invariant")
+    assert np.array_equal(bits(np.array(o)[0, 0]), bits(prefill[0, 39]))
+
+
 @pytest.mark.parametrize("deterministic", [False, True, "batch_invariant"])
 def test_the_option_is_part_of_the_call(rng, deterministic):
     q, k, v = (x.transpose(1, 0, 2)[None] for x in prompt(rng, 24))
