@@ -28,7 +28,9 @@ DEVICE_SIZE = "P"          # the runtime size naming the threadgroups a device r
 def derived(problem: AttentionProblem, family: str) -> tuple[tuple[str, str], ...]:
     """The split decision's derived sizes, in order (they read B, Hq, Hkv, R, C, P and the
     sizes of the key facet's split_length). Batch-invariant, the keys per split are the mode's
-    fixed count (invariance.split_keys), whatever the call; only whether to split depends on it."""
+    fixed count (invariance.split_keys), whatever the call, and S is not capped at MAX_SPLITS
+    (the partial state, Dv floats per split and row, stays at most R * ratio / 256 of the
+    float16 K/V bytes attended); only whether to split depends on the call."""
     rows, length = problem.rows, problem.keys.split_length
     key_block = rows.key_block(problem, family)
     keys_per_split = (str(invariance.split_keys(key_block)) if problem.batch_invariant
