@@ -61,9 +61,10 @@ def quantized_caches(rng, B, d=2 * D):
               for _ in "kv"), None)
 
 
-def _cache_calls(tokens: Tokens, sequences, chunks, name: str, split: bool, caches=plain_caches, **options) -> None:
+def _cache_calls(tokens: Tokens, sequences, chunks, name: str, split: bool, caches=plain_caches, **options):
     """The prompt (sequence 0, at batch position 1 when there are others) and the others
-    appended to their caches (`caches(rng, B)`), `chunks` rows per call, attending as they go."""
+    appended to their caches (`caches(rng, B)`), `chunks` rows per call, attending as they go;
+    returns the caches and the prompt's batch position."""
     batch = [sequences[1], sequences[0], *sequences[2:]] if len(sequences) > 1 else sequences
     B, target = len(batch), 1 if len(batch) > 1 else 0
     k_cache, v_cache, table = caches(np.random.default_rng(len(chunks)), B, batch[0][0].shape[-1])
@@ -78,6 +79,7 @@ def _cache_calls(tokens: Tokens, sequences, chunks, name: str, split: bool, cach
         seqlens += n
         at += n
     tokens.add(name, np.concatenate(outs), np.concatenate(lses, axis=1))
+    return k_cache, v_cache, target
 
 
 def _chunks(sizes, total=L):
@@ -179,9 +181,13 @@ def test_a_quantized_cache_gives_the_same_bits_decoded_verified_or_prefilled(rng
                  deterministic="batch_invariant")
     _cache_calls(tokens, [target], _chunks(CHUNKS), "verify 2..32, B=1", split=False, caches=quantized_caches,
                  deterministic="batch_invariant")
-    _cache_calls(tokens, [target], [L], "prefill, B=1", split=False, caches=quantized_caches,
-                 deterministic="batch_invariant")
+    k_cache, v_cache, _ = _cache_calls(tokens, [target], [L], "prefill, B=1", split=False, caches=quantized_caches,
+                                       deterministic="batch_invariant")
+    stored = (x.dequantize()[:, :L].transpose(0, 2, 1, 3) for x in (k_cache, v_cache))
+    expected, expected_lse = attention_reference(target[0].transpose(1, 0, 2)[None], *stored, causal=True,
+                                                 return_lse=True)
     (base_o, base_lse), *others = tokens.results.values()
+    assert relative_l2(base_o, expected[0].transpose(1, 0, 2)) < 1e-5 and relative_l2(base_lse, expected_lse[0]) < 1e-5
     for name, (o, lse) in list(tokens.results.items())[1:]:
         assert np.array_equal(bits(o), bits(base_o)) and np.array_equal(bits(lse), bits(base_lse)), name
 
@@ -208,6 +214,21 @@ def test_windows_sinks_and_float16_keep_the_bits(rng, dtype, d, window, with_sin
         seqlens += 1
         assert np.array_equal(o[0, 0].view(np.uint16), prefill[0, t].view(np.uint16)), t
         assert np.array_equal(bits(lse_t[0, :, 0]), bits(lse[0, :, t])), t
+
+
+def test_a_nan_key_makes_the_rows_that_see_it_nan(rng):
+    """NaN propagates through the merges: in the one-pass kernel and through the split pair."""
+    q, k, v = (x[None] for x in prompt(rng))
+    k[0, 5, 0, 3] = np.nan   # kv head 0: query heads 0 and 1
+    o, lse = mfa_native.attention(q, k, v, causal=True, layout="bshd", return_lse=True,
+                                  deterministic="batch_invariant")
+    assert np.isnan(o[0, 5:, :2]).all() and np.isnan(lse[0, :2, 5:]).all()
+    assert np.isfinite(o[0, :5]).all() and np.isfinite(o[0, :, 2:]).all() and np.isfinite(lse[0, 2:]).all()
+    k_cache, v_cache = (np.concatenate([x, np.zeros((1, CAPACITY - L, HKV, D), np.float32)], axis=1) for x in (k, v))
+    with tuned_as(mfa_native.default_device(), parallel_threadgroups=64):
+        o, lse = mfa_native.attention_with_kvcache(q[:, -1:], k_cache, v_cache, cache_seqlens=np.array([L], np.int32),
+                                                   causal=True, return_lse=True, deterministic="batch_invariant")
+    assert np.isnan(o[0, 0, :2]).all() and np.isnan(lse[0, :2]).all() and np.isfinite(o[0, 0, 2:]).all()
 
 
 def test_the_torch_face_takes_the_mode(rng):
