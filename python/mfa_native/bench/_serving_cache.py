@@ -37,11 +37,11 @@ class Step:
     bound: int
 
 
-def _cache_label(keys: int, queries: int) -> str:
+def cache_label(keys: int, queries: int) -> str:
     return f"kvcache paged{PAGE} H{HEADS[0]}/{HEADS[1]} R{queries} C{keys} D{HEAD_DIM}"
 
 
-def _varlen_label() -> str:
+def varlen_label() -> str:
     return f"varlen B{len(VARLEN_KEYS)} H{HEADS[0]}/{HEADS[1]} R1 keys {sum(VARLEN_KEYS)} D{HEAD_DIM}"
 
 
@@ -60,7 +60,7 @@ def cache_step(keys: int, queries: int, device, **options) -> Step:
     def call():
         return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v, block_table=table,
                                       causal=True, device=device, **options)
-    return Step(_cache_label(keys, queries), call, keys * hkv * D * 2 * 2,
+    return Step(cache_label(keys, queries), call, keys * hkv * D * 2 * 2,
                 packed_matrix_ops(1, hkv, hq // hkv, queries, keys, D, D, causal=True))
 
 
@@ -76,7 +76,7 @@ def varlen_step(device, **options) -> Step:
     def call():
         return attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=1, causal=True, device=device, **options)
     bound = sum(packed_matrix_ops(1, hkv, hq // hkv, 1, n, D, D, causal=True) for n in VARLEN_KEYS)
-    return Step(_varlen_label(), call, k.nbytes + v.nbytes, bound)
+    return Step(varlen_label(), call, k.nbytes + v.nbytes, bound)
 
 
 def cache_section(args, device, measured, ratio) -> Table:
@@ -98,7 +98,7 @@ def cache_section(args, device, measured, ratio) -> Table:
                        ratio(read, step.attended), "-" if ops is None else str(ops), str(step.bound),
                        ratio(ops, step.bound), f"{seconds * 1e3:.2f}"]
 
-    labels = [_cache_label(keys, r) for keys, r in steps] + [_varlen_label()]
+    labels = [cache_label(keys, r) for keys, r in steps] + [varlen_label()]
     return Table(headers, rows(), len(labels),
                  f"decode steps, float16, causal, tuned as {DEVICE_THREADGROUPS} parallel threadgroups",
                  [max(map(len, labels)), len(LONGEST_KERNELS), *[0] * 6, 8])

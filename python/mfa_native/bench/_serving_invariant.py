@@ -17,7 +17,8 @@ import numpy as np
 
 from ..ops.attention import attention
 from ..runtime.devices import tuned_as
-from ._serving_cache import DEVICE_THREADGROUPS, HEAD_DIM, HEADS, LONGEST_KERNELS, cache_step, varlen_step
+from ._serving_cache import (DEVICE_THREADGROUPS, HEAD_DIM, HEADS, LONGEST_KERNELS, cache_label, cache_step,
+                             varlen_label, varlen_step)
 from ._table import Table
 
 STEPS = ((4096, 1), (4096, 16), (32768, 1))   # (attended keys, queries) of the cache steps
@@ -40,10 +41,9 @@ def _prefill(length: int, device) -> tuple[str, Callable[[bool | str], Callable[
 def _calls(args, device) -> list[tuple[str, Callable[[bool | str], Callable[[], object]]]]:
     """(label, mode -> warm call) of every benchmarked call."""
     steps = [(keys, r) for keys, r in STEPS if not (args.quick and keys > 4096)]
-    calls = [(cache_step(keys, r, device).label, lambda mode, keys=keys, r=r: cache_step(keys, r, device,
-                                                                                        deterministic=mode).call)
+    calls = [(cache_label(keys, r), lambda mode, keys=keys, r=r: cache_step(keys, r, device, deterministic=mode).call)
              for keys, r in steps]
-    calls.append((varlen_step(device).label, lambda mode: varlen_step(device, deterministic=mode).call))
+    calls.append((varlen_label(), lambda mode: varlen_step(device, deterministic=mode).call))
     return calls + [_prefill(PREFILL[1 if args.quick else 0], device)]
 
 
