@@ -61,13 +61,13 @@ def quantized_caches(rng, B, d=2 * D):
               for _ in "kv"), None)
 
 
-def _cache_calls(tokens: Tokens, sequences, chunks, name: str, split: bool, caches=plain_caches, **options):
+def _cache_calls(rng, tokens: Tokens, sequences, chunks, name: str, split: bool, caches=plain_caches, **options):
     """The prompt (sequence 0, at batch position 1 when there are others) and the others
     appended to their caches (`caches(rng, B)`), `chunks` rows per call, attending as they go;
     returns the caches and the prompt's batch position."""
     batch = [sequences[1], sequences[0], *sequences[2:]] if len(sequences) > 1 else sequences
     B, target = len(batch), 1 if len(batch) > 1 else 0
-    k_cache, v_cache, table = caches(np.random.default_rng(len(chunks)), B, batch[0][0].shape[-1])
+    k_cache, v_cache, table = caches(rng, B, batch[0][0].shape[-1])
     seqlens = np.zeros(B, np.int32)
     outs, lses, at = [], [], 0
     for n in chunks:
@@ -91,7 +91,8 @@ def _chunks(sizes, total=L):
 
 
 def _varlen(tokens: Tokens, sequences, position: int, name: str, **options) -> None:
-    order = [s for s in sequences[1:]]
+    """attention_varlen prefilling the sequences packed, the prompt (sequence 0) at `position`."""
+    order = list(sequences[1:])
     order.insert(position, sequences[0])
     cu = np.concatenate([[0], np.cumsum([len(s[0]) for s in order])]).astype(np.int32)
     q, k, v = (np.concatenate([s[i] for s in order]) for i in range(3))
@@ -133,15 +134,15 @@ def every_path(rng, **options) -> Tokens:
     _dense(tokens, [target, others[0], others[2]], "attention B=3", **options)
     for position, batch in ((0, [target]), (1, [target, others[0]]), (2, [target, others[1], others[0], others[2]])):
         _varlen(tokens, batch, position, f"varlen at {position} of {len(batch)}", **options)
-    _cache_calls(tokens, [target], [1] * L, "decode B=1", split=False, **options)
+    _cache_calls(rng, tokens, [target], [1] * L, "decode B=1", split=False, **options)
     _varlen_decode(tokens, [target, others[0]], "varlen decode, B=2", **options)
-    _cache_calls(tokens, [target, others[0], others[2]], [1] * L, "decode B=3, split", split=True, **options)
-    _cache_calls(tokens, [target, others[0]], _chunks(CHUNKS), "verify 2..32, B=2, split", split=True, **options)
-    _cache_calls(tokens, [target], _chunks((7, 2, 32)), "verify B=1, paged", split=False, caches=paged_caches,
+    _cache_calls(rng, tokens, [target, others[0], others[2]], [1] * L, "decode B=3, split", split=True, **options)
+    _cache_calls(rng, tokens, [target, others[0]], _chunks(CHUNKS), "verify 2..32, B=2, split", split=True, **options)
+    _cache_calls(rng, tokens, [target], _chunks((7, 2, 32)), "verify B=1, paged", split=False, caches=paged_caches,
                  **options)
-    _cache_calls(tokens, [target, others[2]], [1] * L, "decode B=2, paged, split", split=True, caches=paged_caches,
+    _cache_calls(rng, tokens, [target, others[2]], [1] * L, "decode B=2, paged, split", split=True, caches=paged_caches,
                  **options)
-    _cache_calls(tokens, [target, others[2]], [L], "prefill through the cache, B=2", split=False, **options)
+    _cache_calls(rng, tokens, [target, others[2]], [L], "prefill through the cache, B=2", split=False, **options)
     expected, expected_lse = attention_reference(*(x.transpose(1, 0, 2)[None] for x in target), causal=True,
                                                  return_lse=True)
     tokens.add("float64 reference", expected[0].transpose(1, 0, 2), expected_lse[0])
@@ -177,11 +178,11 @@ def test_a_quantized_cache_gives_the_same_bits_decoded_verified_or_prefilled(rng
     """q8_0 k and v caches (packed heads, staged): every path reads the same stored integers."""
     target, other = prompt(rng, d=2 * D), prompt(rng, L + 5, d=2 * D)
     tokens = Tokens()
-    _cache_calls(tokens, [target, other], [1] * L, "decode B=2, split", split=True, caches=quantized_caches,
+    _cache_calls(rng, tokens, [target, other], [1] * L, "decode B=2, split", split=True, caches=quantized_caches,
                  deterministic="batch_invariant")
-    _cache_calls(tokens, [target], _chunks(CHUNKS), "verify 2..32, B=1", split=False, caches=quantized_caches,
+    _cache_calls(rng, tokens, [target], _chunks(CHUNKS), "verify 2..32, B=1", split=False, caches=quantized_caches,
                  deterministic="batch_invariant")
-    k_cache, v_cache, _ = _cache_calls(tokens, [target], [L], "prefill, B=1", split=False, caches=quantized_caches,
+    k_cache, v_cache, _ = _cache_calls(rng, tokens, [target], [L], "prefill, B=1", split=False, caches=quantized_caches,
                                        deterministic="batch_invariant")
     stored = (x.dequantize()[:, :L].transpose(0, 2, 1, 3) for x in (k_cache, v_cache))
     expected, expected_lse = attention_reference(target[0].transpose(1, 0, 2)[None], *stored, causal=True,
@@ -192,7 +193,8 @@ def test_a_quantized_cache_gives_the_same_bits_decoded_verified_or_prefilled(rng
         assert np.array_equal(bits(o), bits(base_o)) and np.array_equal(bits(lse), bits(base_lse)), name
 
 
-@pytest.mark.parametrize("dtype, d, window, with_sinks", [(np.float16, 64, (37, -1), True), (np.float32, 16, (100, 0), False)],
+@pytest.mark.parametrize("dtype, d, window, with_sinks",
+                         [(np.float16, 64, (37, -1), True), (np.float32, 16, (100, 0), False)],
                          ids=["float16-window-sinks", "float32-window"])
 def test_windows_sinks_and_float16_keep_the_bits(rng, dtype, d, window, with_sinks):
     """Decoded token by token (split over threadgroups every other token) or prefilled: a

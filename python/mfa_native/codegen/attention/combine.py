@@ -110,6 +110,7 @@ def generate_combine(d: KernelDescriptor) -> KernelSource:
     summary = [f"{d.dtype} output, Dv = {d.value_dim}, sinks {'yes' if d.sinks else 'no'}, "
                f"lse {'yes' if d.return_lse else 'no'}"]
     if d.split_keys:
-        summary.append(f"batch-invariant: the splits of {d.split_keys} keys merged in order, as the one-pass kernel does")
+        summary.append(f"batch-invariant: the splits of {d.split_keys} keys merged in order, as the one-pass "
+                       "kernel does")
     return assemble(launch_plan(d), summary=summary, builtins=BUILTINS_THREAD,
                     body=_merged_body(d) if d.split_keys else _body(d))
