@@ -194,12 +194,14 @@ def test_a_quantized_cache_gives_the_same_bits_decoded_verified_or_prefilled(rng
 
 
 @pytest.mark.parametrize("dtype, d, window, with_sinks",
-                         [(np.float16, 64, (37, -1), True), (np.float32, 16, (100, 0), False)],
-                         ids=["float16-window-sinks", "float32-window"])
+                         [(np.float16, 64, (37, -1), True), (np.float32, 16, (100, 0), False),
+                          (np.float32, 256, None, False)],
+                         ids=["float16-window-sinks", "float32-window", "float32-D256-paged-O"])
 def test_windows_sinks_and_float16_keep_the_bits(rng, dtype, d, window, with_sinks):
     """Decoded token by token (split over threadgroups every other token) or prefilled: a
     window's first key is not a block's (the walk starts at the block grid), a sink starts the
-    merged state."""
+    merged state; at D 256 the prefill pages O through threadgroup memory (and so the merged
+    total), the decode packs heads with O in registers."""
     q, k, v = (x.astype(dtype)[None] for x in prompt(rng, d=d))
     options = dict(causal=True, window=window, return_lse=True, deterministic="batch_invariant",
                    sinks=rng.standard_normal(HQ).astype(np.float32) if with_sinks else None)
