@@ -40,10 +40,17 @@ def split_keys(key_block: int) -> int:
     return -(-SPLIT_KEYS // key_block) * key_block
 
 
+def _down(value: str, first_key: str, step: int) -> str:
+    """MSL of `value` moved down to the grid of `step` keys that starts at `first_key`."""
+    if first_key == "0":
+        return f"{value} / {step} * {step}"
+    return f"{first_key} + ({value} - {first_key}) / {step} * {step}"
+
+
 def aligned_begin(name: str, first_key: str, block: int) -> list[str]:
     """MSL that moves `name` (the first key a walk visits) down to the block grid that starts
     at `first_key`, the sequence's first key."""
-    return [f"{name} = {first_key} + ({name} - {first_key}) / {block} * {block};"
+    return [f"{name} = {_down(name, first_key, block)};"
             "  // batch-invariant: blocks at fixed offsets of the sequence's first key"]
 
 
@@ -92,7 +99,7 @@ def split_walk(split_keys: int, part: Accumulator, total: Accumulator, begin: st
     body += merge(("m_total", "l_total"), ("m", "l"), elements)
     return (["", f"// Batch-invariant: splits of {split_keys} keys from the sequence's first key, each its own "
              "softmax state, merged in order.",
-             f"for (int split_first = {first_key} + ({begin} - {first_key}) / {split_keys} * {split_keys}; "
+             f"for (int split_first = {_down(begin, first_key, split_keys)}; "
              f"split_first < {end}; split_first += {split_keys}) {{",
              f"  const int split_begin = max({begin}, split_first);",
              f"  const int split_end = min({end}, split_first + {split_keys});"]
