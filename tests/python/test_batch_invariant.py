@@ -259,6 +259,21 @@ def test_the_mlx_cache_call_takes_the_mode(rng):
     assert np.array_equal(bits(np.array(o)[0, 0]), bits(prefill[0, 39]))
 
 
+def test_calls_in_and_out_of_the_mode_keep_their_own_passes(rng):
+    """The option is part of a call's signature: alternating calls of one shape take each mode's
+    pass again (a split decode, whose bits the mode changes here)."""
+    q = rng.standard_normal((2, 1, HQ, D)).astype(np.float32)
+    k_cache, v_cache = (rng.standard_normal((2, CAPACITY, HKV, D)).astype(np.float32) for _ in "kv")
+    results = []
+    for mode in (False, "batch_invariant", False, "batch_invariant"):
+        with tuned_as(mfa_native.default_device(), parallel_threadgroups=64):
+            results.append(bits(mfa_native.attention_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens=np.array([L, CAPACITY - 12], np.int32), causal=True,
+                deterministic=mode)))
+    assert not np.array_equal(results[0], results[1])
+    assert np.array_equal(results[0], results[2]) and np.array_equal(results[1], results[3])
+
+
 @pytest.mark.parametrize("deterministic", [False, True, "batch_invariant"])
 def test_the_option_is_part_of_the_call(rng, deterministic):
     q, k, v = (x.transpose(1, 0, 2)[None] for x in prompt(rng, 24))
