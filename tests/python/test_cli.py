@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def run_cli(*args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "mfa_native", *args], capture_output=True, text=True, timeout=600)
@@ -40,6 +42,18 @@ def test_bench_serving_compares_varlen_with_padding():
     out = run_cli("bench", "serving", "--quick", "--section", "varlen")
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("attention_varlen", "padded"))}
     assert float(rows["padded"][4]) > 2.0, out   # padding to the longest issues more work than varlen
+
+
+@pytest.mark.exhaustive
+def test_bench_serving_times_the_batch_invariant_mode_against_the_default():
+    out = run_cli("bench", "serving", "--quick", "--section", "invariant")
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("kvcache", "varlen", "attention"))
+            and not line.endswith(" ms")]   # not progress
+    assert len(rows) == 4, out
+    for row in rows:
+        off_kernels, off, on_kernels, on, ratio = row[-5:]
+        assert off_kernels == on_kernels and float(off) > 0 and float(on) > 0, out
+        assert abs(float(ratio) - float(on) / float(off)) < 0.01, out
 
 
 def test_bench_serving_cache_steps_read_kv_once_and_split():

@@ -61,9 +61,9 @@ def test_opcheck(rng, sinks):
     s = torch.randn(4, requires_grad=True) if sinks else None
     mask = torch.from_numpy(rng.random((8, 12)) > 0.3)
     slopes = torch.rand(4)
-    torch.library.opcheck(torch.ops.mfa_native.attention.default, (q, k, v, mask, s, slopes, 0.3, "upper_left", None,
-                                                                   5.0, "bhsd"))
-    o, lse = torch.ops.mfa_native.attention(q, k, v, mask, s, slopes, 0.3, "upper_left", None, 5.0, "bhsd")
+    arguments = (q, k, v, mask, s, slopes, 0.3, "upper_left", None, 5.0, "bhsd", "run_to_run")
+    torch.library.opcheck(torch.ops.mfa_native.attention.default, arguments)
+    o, lse = torch.ops.mfa_native.attention(*arguments)
     do = torch.randn_like(o)
     plain = (x if x is None else x.detach() for x in (q, k, v, o, lse, do, mask, s, slopes))  # no double backward
     torch.library.opcheck(torch.ops.mfa_native.attention_backward.default,

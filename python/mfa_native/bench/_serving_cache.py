@@ -37,16 +37,17 @@ class Step:
     bound: int
 
 
-def _cache_label(keys: int, queries: int) -> str:
+def cache_label(keys: int, queries: int) -> str:
     return f"kvcache paged{PAGE} H{HEADS[0]}/{HEADS[1]} R{queries} C{keys} D{HEAD_DIM}"
 
 
-def _varlen_label() -> str:
+def varlen_label() -> str:
     return f"varlen B{len(VARLEN_KEYS)} H{HEADS[0]}/{HEADS[1]} R1 keys {sum(VARLEN_KEYS)} D{HEAD_DIM}"
 
 
-def _cache_step(keys: int, queries: int, device) -> Step:
-    """A paged cache holding keys - queries rows, the queries' rows appended and attended (causal)."""
+def cache_step(keys: int, queries: int, device, **options) -> Step:
+    """A paged cache holding keys - queries rows, the queries' rows appended and attended (causal;
+    `options` for attention_with_kvcache)."""
     rng = np.random.default_rng(0)
     (hq, hkv), D = HEADS, HEAD_DIM
     pages = -(-keys // PAGE)
@@ -58,12 +59,13 @@ def _cache_step(keys: int, queries: int, device) -> Step:
 
     def call():
         return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v, block_table=table,
-                                      causal=True, device=device)
-    return Step(_cache_label(keys, queries), call, keys * hkv * D * 2 * 2,
+                                      causal=True, device=device, **options)
+    return Step(cache_label(keys, queries), call, keys * hkv * D * 2 * 2,
                 packed_matrix_ops(1, hkv, hq // hkv, queries, keys, D, D, causal=True))
 
 
-def _varlen_step(device) -> Step:
+def varlen_step(device, **options) -> Step:
+    """A decode batch of VARLEN_KEYS' sequences, one query each (`options` for attention_varlen)."""
     rng = np.random.default_rng(0)
     (hq, hkv), D = HEADS, HEAD_DIM
     cu_q = np.arange(len(VARLEN_KEYS) + 1, dtype=np.int32)
@@ -72,9 +74,9 @@ def _varlen_step(device) -> Step:
     k, v = (rng.standard_normal((int(cu_k[-1]), hkv, D)).astype(np.float16) for _ in "kv")
 
     def call():
-        return attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=1, causal=True, device=device)
+        return attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=1, causal=True, device=device, **options)
     bound = sum(packed_matrix_ops(1, hkv, hq // hkv, 1, n, D, D, causal=True) for n in VARLEN_KEYS)
-    return Step(_varlen_label(), call, k.nbytes + v.nbytes, bound)
+    return Step(varlen_label(), call, k.nbytes + v.nbytes, bound)
 
 
 def cache_section(args, device, measured, ratio) -> Table:
@@ -85,7 +87,7 @@ def cache_section(args, device, measured, ratio) -> Table:
 
     def rows():
         with tuned_as(device, parallel_threadgroups=DEVICE_THREADGROUPS):
-            for step in [_cache_step(keys, r, device) for keys, r in steps] + [_varlen_step(device)]:
+            for step in [cache_step(keys, r, device) for keys, r in steps] + [varlen_step(device)]:
                 seconds, prof = measured(step.call, args.repeat)
                 counted = all(r.bytes_read is not None for r in prof.records)
                 read = prof.bytes_read.get("k", 0) + prof.bytes_read.get("v", 0) if counted else None
@@ -96,7 +98,7 @@ def cache_section(args, device, measured, ratio) -> Table:
                        ratio(read, step.attended), "-" if ops is None else str(ops), str(step.bound),
                        ratio(ops, step.bound), f"{seconds * 1e3:.2f}"]
 
-    labels = [_cache_label(keys, r) for keys, r in steps] + [_varlen_label()]
+    labels = [cache_label(keys, r) for keys, r in steps] + [varlen_label()]
     return Table(headers, rows(), len(labels),
                  f"decode steps, float16, causal, tuned as {DEVICE_THREADGROUPS} parallel threadgroups",
                  [max(map(len, labels)), len(LONGEST_KERNELS), *[0] * 6, 8])

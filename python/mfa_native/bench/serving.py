@@ -17,6 +17,9 @@ and the time (varlen issues each sequence's work and nothing for the padding).
 Section "cache" (_serving_cache.py): decode steps through attention_with_kvcache (a paged cache,
 the new rows appended, split-KV at C 32768) and attention_varlen (a decode batch, heads packed).
 
+Section "invariant" (_serving_invariant.py): the cost of deterministic="batch_invariant": decode,
+verification and prefill calls timed with the mode off and on.
+
 A section is a function from the parsed options and the device to a titled table (SECTIONS).
 """
 
@@ -36,6 +39,7 @@ from ..work import packed_matrix_ops
 from . import _table
 from ._table import Table
 from ._serving_cache import cache_section
+from ._serving_invariant import invariant_section
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,8 @@ def varlen_section(args, device) -> Table:
 
 # Each section: (parsed options, device) -> its titled table, measured as it is printed.
 SECTIONS: dict[str, Callable] = {"decode": decode_section, "varlen": varlen_section,
-                                 "cache": lambda args, device: cache_section(args, device, _measured, _ratio)}
+                                 "cache": lambda args, device: cache_section(args, device, _measured, _ratio),
+                                 "invariant": lambda args, device: invariant_section(args, device, _measured)}
 
 
 def main(argv: list[str]) -> int:

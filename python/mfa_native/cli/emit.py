@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shape.add_argument("--sinks", action="store_true", help="one extra logit per head")
     shape.add_argument("--lse", action="store_true", help="also store the log-sum-exp")
     shape.add_argument("--scale", type=float, help="default: 1/sqrt(D)")
+    shape.add_argument("--batch-invariant", action="store_true",
+                       help='deterministic="batch_invariant": fixed splits merged in order')
     family = parser.add_argument_group("family options")
     family.add_argument("--topk", type=int, default=64,
                         help="sparse-attention: entries per key list; sparse-topk: keys kept per row (default 64)")
@@ -95,6 +97,7 @@ def problem_from(args: argparse.Namespace) -> AttentionProblem:
         dtype=args.dtype, layout=args.layout, causal=args.causal,
         window=tuple(args.window) if args.window else None,
         mask=args.mask, mask_dtype=mask_dtype, sinks=args.sinks, scale=args.scale, return_lse=args.lse,
+        batch_invariant=args.batch_invariant,
         aligned=codegen.ALLOCATED)   # the kernels of arrays numpy allocates (vector pairs where the row allows)
 
 

@@ -118,6 +118,15 @@ def causal_mode(causal) -> str:
     raise ValueError(f"causal must be False, True, 'lower_right' or 'upper_left' (or 'none'), got {causal!r}")
 
 
+def deterministic_mode(deterministic) -> str:
+    """"batch_invariant", or "run_to_run" for False and True (what every kernel already is)."""
+    if isinstance(deterministic, (bool, np.bool_)):
+        return "run_to_run"
+    if isinstance(deterministic, str) and deterministic in ("batch_invariant", "run_to_run"):
+        return deterministic
+    raise ValueError(f"deterministic must be False, True, 'run_to_run' or 'batch_invariant', got {deterministic!r}")
+
+
 def window_sides(window, q_len: int, kv_len: int) -> tuple[int, int] | None:
     """(left, right) with -1 for unbounded; a side too wide to remove any key for these lengths
     (left >= C, right >= R) is unbounded too, so no side the kernels hold exceeds 32 bits."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .. import codegen, reference
@@ -57,6 +59,19 @@ LAYOUT = Arg("layout", "option", default="bhsd", schema="str", doc='"bhsd" or "b
 RETURN_LSE = Arg("return_lse", "option", default=False, schema="bool", doc="""
     also return lse, (B, Hq, R) float32: the natural log of the softmax denominator (sink
     included).""")
+
+DETERMINISTIC = Arg("deterministic", "option", default=False, schema="str", to_schema=check.deterministic_mode, doc="""
+    False or True (or "run_to_run", the torch schema's spelling of both): every call is
+    deterministic run to run (no atomics), as flash-attn's deterministic=True asks.
+    "batch_invariant": besides, a query's output and lse bits do
+    not depend on the batch, R, its place in a varlen batch or whether the call decodes,
+    verifies or prefills: the keys are cut into splits of a fixed length, merged in order,
+    with the same tiles in every path (docs/guides/serving.md; slower).""")
+
+
+def with_determinism(problem: AttentionProblem, deterministic) -> AttentionProblem:
+    """`problem` in the mode `deterministic` asks for (checked: ValueError naming it)."""
+    return replace(problem, batch_invariant=check.deterministic_mode(deterministic) == "batch_invariant")
 
 
 def rows_of(values: dict) -> tuple[int, int, int]:
@@ -199,9 +214,8 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     this call's inputs."""
     checked = validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale, causal=call.causal,
                        window=call.window, layout=call.layout, return_lse=call.return_lse, softcap=call.softcap,
-                       alibi_slopes=call.alibi_slopes,
-                       quantized_refusal=None)
-    p = checked.problem
+                       alibi_slopes=call.alibi_slopes, quantized_refusal=None)
+    p = checked.problem = with_determinism(checked.problem, call.deterministic)
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_forward(p, call.op.array_names, checked)
     facts = tuning_facts(device)
@@ -219,13 +233,14 @@ RAISES = """
         multiple of Hkv, D or Dv is outside 1..576 or a size reaches `2**31`; scale is not
         finite or too large; softcap is not finite or not above 0; causal or layout is not one of the values above; window is not
         a (left, right) pair or a side is below -1; the mask does not broadcast to
-        (B, Hq, R, C); sinks is not (Hq,).
+        (B, Hq, R, C); sinks is not (Hq,); deterministic is not False, True, "run_to_run" or
+        "batch_invariant".
 """
 
 ATTENTION = Op(
     "attention",
     "Softmax attention, fused: softmax(scale * q k^T + mask) v, computed blockwise on the device.",
-    arguments=(Q, K, V, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, LAYOUT, RETURN_LSE),
+    arguments=(Q, K, V, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, LAYOUT, RETURN_LSE, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_reference,

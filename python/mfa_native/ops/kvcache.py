@@ -35,8 +35,8 @@ from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import tuning_facts
 from . import arguments as check
 from . import rotary as rotation
-from .attention import (ALIBI_SLOPES, CAUSAL, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW, Validated,
-                        validate)
+from .attention import (ALIBI_SLOPES, CAUSAL, DETERMINISTIC, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW,
+                        Validated, validate, with_determinism)
 from .declaration import Arg, Call, Op
 from .empty import empty_forward
 from .pages import as_rows, block_table_form, check_pages_read, page_rows
@@ -288,7 +288,8 @@ def _prepare(call: Call, device):
                        descales=descales)
     per_row = forward.problem.causal != "none" or forward.problem.window is not None
     rotary = rotation.rotary_of(call, q, cache.appended, per_row)
-    p = replace(forward.problem, keys=cache.keys(rotary, 0 if rotary is None else len(call.rotary_cos)))
+    p = replace(with_determinism(forward.problem, call.deterministic),
+                keys=cache.keys(rotary, 0 if rotary is None else len(call.rotary_cos)))
     checked = Validated(p, dict(forward.bound), dict(forward.converts), dict(forward.sources))
     for name in descales:
         checked.converts[name] = lambda x, name=name: descale_rows(x, name, cache.batch, cache.kv_heads)
@@ -334,7 +335,7 @@ ATTENTION_WITH_KVCACHE = Op(
     "attention_with_kvcache",
     "Attention of new queries over a KV cache (flash-attn's flash_attn_with_kvcache), appending k and v to it.",
     arguments=(Q, K_CACHE, V_CACHE, CACHE_SEQLENS, K_NEW, V_NEW, BLOCK_TABLE, *rotation.ARGUMENTS, SCALE, CAUSAL,
-               WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, RETURN_LSE),
+               WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, RETURN_LSE, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_with_kvcache_reference,

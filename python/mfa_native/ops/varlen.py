@@ -21,7 +21,8 @@ from .. import codegen, reference
 from ..codegen import AttentionBackwardProblem, physical, unit_table
 from ..runtime.devices import tuning_facts
 from . import arguments as check
-from .attention import ALIBI_SLOPES, CAUSAL, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW, Validated, validate
+from .attention import (ALIBI_SLOPES, CAUSAL, DETERMINISTIC, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW,
+                        Validated, validate, with_determinism)
 from .attention_backward import GRADIENTS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
@@ -148,6 +149,7 @@ def _empty(p, arguments, checked, outputs, contents):
 def _prepare_forward(call: Call, device):
     hints = (_hint(call.max_seqlen_q, "max_seqlen_q"), _hint(call.max_seqlen_k, "max_seqlen_k"))
     checked, keys = validate_varlen(call, return_lse=call.return_lse, hints=hints, packing=True)
+    checked.problem = with_determinism(checked.problem, call.deterministic)
     p, names = checked.problem, call.op.array_names
     contents = _contents_check(names, keys, p.q_len, hints)
     if check.is_empty(1, p.q_heads, p.q_len, p.kv_len):
@@ -228,7 +230,7 @@ ATTENTION_VARLEN = Op(
     "attention_varlen",
     "Attention over packed sequences (flash-attn's varlen): each sequence's queries attend its own keys.",
     arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, RETURN_LSE,
-               BLOCK_TABLE, SEQUSED_K),
+               BLOCK_TABLE, SEQUSED_K, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
     reference=reference.attention_varlen_reference,

@@ -27,6 +27,7 @@ from ..kernel.sizes import Extent, RuntimeSizes
 from ..kernel import tuned
 from ..storage.facet import StorageFacts
 from ..kernel.tables import CPU_FAMILY, MAX_HEAD_DIM, backward_tile_row, operand_tile_type, tile_row
+from . import invariance
 from .masking import MaskRules
 from .pairs import vector_pairs
 from .problem import AttentionBackwardProblem, AttentionProblem
@@ -96,6 +97,7 @@ class KernelDescriptor(AttentionFacts):
     stage_kv: bool = False  # each step's K/V rows staged in threadgroup memory (packed heads; stage_kv)
     weight_tile_type: str = "float"  # of P and V in O += P V (tables.py, p16)
     vector_pairs: frozenset[str] = frozenset()  # operands whose row pairs are vector accesses (vector_access)
+    split_keys: int = 0     # batch-invariant mode: keys per split, merged in order (invariance.py); 0: off
 
     @property
     def simdgroups(self) -> int:
@@ -243,8 +245,10 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     partial = OperandLayout((Extent(0), Extent(0), Extent(Dv), Extent(1)))   # rows of Dv floats
     pairs = vector_pairs(p, row.vector_access, {"q": (facts["q"], D), "k": (facts["k"], D), "v": (facts["v"], Dv),
                                                 "o": (o, Dv), "o_partial": (partial, Dv)})
+    key_block = rows.key_block(p, family)
     return KernelDescriptor(**facts, o=o, return_lse=p.return_lse,
-                            query_rows=rows.query_rows(p, family), key_block=rows.key_block(p, family),
+                            query_rows=rows.query_rows(p, family), key_block=key_block,
+                            split_keys=invariance.split_keys(key_block) if p.batch_invariant else 0,
                             cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block,
                             tile_type=operand_tile_type(p.dtype, family, row.tiles16),
                             weight_tile_type=operand_tile_type(p.dtype, family, row.p16),

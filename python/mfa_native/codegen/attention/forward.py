@@ -42,7 +42,7 @@ from ..kernel.tiles import HeadTensor, Rows, accumulate, block_loop, head_pointe
 from ..kernel.stores import store_rows
 from ..storage import staging
 from ..storage.staging import StagedTensor
-from . import operands, staged_steps
+from . import invariance, operands, staged_steps
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
 from .pairs import pair_type
@@ -65,6 +65,7 @@ class Normalized:
     grid_z = Extent(1, ("B",))
     batch = ["const uint b = group.z;"]
     key_limits: list[str] = []
+    merges_splits = True   # batch-invariant: walks every split of the keys, merging them (invariance.py)
 
     @staticmethod
     def results(d: KernelDescriptor) -> list[Operand]:
@@ -103,6 +104,7 @@ class SplitPartial:
     batch = ["const uint b = group.z / S;", "const uint split = group.z % S;  // which share of the keys"]
     key_limits = ["key_begin = max(key_begin, int(split * Cs));  // this split's keys",
                   "key_end = min(key_end, int((split + 1) * Cs));"]
+    merges_splits = False   # one split; attention_combine merges them
 
     @staticmethod
     def results(d: KernelDescriptor) -> list[Operand]:
@@ -210,6 +212,19 @@ def _visiting_rows(d: KernelDescriptor) -> dict[str, str]:
     return threadgroup_span("q_first", d.query_rows, d.keys.bounds.q_end, d.stage_kv)
 
 
+def _merged_visits(d: KernelDescriptor, state: list[str]) -> tuple[list[str], list[str]]:
+    """Batch-invariant: the state with the merged total, and the key walk in splits of
+    d.split_keys, each merged as it ends (invariance.py), the total then the rows' state."""
+    part = output(d)
+    total, declared = invariance.total_state(part)
+
+    def splits(rules: MaskRules, begin: str, end: str) -> list[str]:
+        return invariance.split_walk(d.split_keys, part, total, begin, end, d.keys.bounds.first_key,
+                                     lambda first, last: _key_steps(d, rules, first, last))
+
+    return state + declared, d.keys.keys(d, splits) + invariance.total_as_state(part, total)
+
+
 def summary(d: KernelDescriptor, finish) -> list[str]:
     """The forward kernel's header lines: sizes, masking rules, tiles."""
     simdgroups = f"{d.simdgroups} simdgroup{'s' if d.simdgroups > 1 else ''}"
@@ -220,7 +235,8 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
             + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")
             + (", K/V staged in threadgroup memory for every simdgroup" if d.stage_kv and not d.rows.packed else "")
             + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" else "")
-            + (f", P and V as {d.weight_tile_type} tiles in O += P V" if d.weight_tile_type != "float" else "")]
+            + (f", P and V as {d.weight_tile_type} tiles in O += P V" if d.weight_tile_type != "float" else "")
+            + (f"; batch-invariant, splits of {d.split_keys} keys" if d.split_keys else "")]
 
 
 def _kernel(d: KernelDescriptor, finish) -> KernelSource:
@@ -230,8 +246,13 @@ def _kernel(d: KernelDescriptor, finish) -> KernelSource:
         q_cache += in_registers("q_tile", _tensors(d)["q"], "row_read")
     state = (["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
              + finish.initial_state(d) + output(d).declare("O, unnormalized"))
-    visits = d.keys.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
     keys = key_range(d.rules, bounds=d.keys.bounds, **_visiting_rows(d))
+    if d.split_keys:
+        keys += invariance.aligned_begin("key_begin", d.keys.bounds.first_key, d.key_block)
+    if d.split_keys and finish.merges_splits:
+        state, visits = _merged_visits(d, state)
+    else:
+        visits = d.keys.keys(d, lambda rules, begin, end: _key_steps(d, rules, begin, end))
     body = _geometry(d, finish) + keys + finish.key_limits + q_cache + state + setup(d) + visits + finish.store(d)
     return assemble(launch_plan(d, finish), summary=summary(d, finish), builtins=BUILTINS, body=body)
 

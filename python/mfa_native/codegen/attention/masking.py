@@ -70,6 +70,11 @@ class Bounds:
         return value if value.isdigit() else f"int({value})"
 
     @property
+    def first_key(self) -> str:
+        """k_begin as an int: where a batch-invariant walk's blocks and splits start."""
+        return self._int(self.k_begin)
+
+    @property
     def diagonal(self) -> str:
         """The definition of `diagonal`: key j lines up with query j - diagonal (lower right)."""
         return f"const int diagonal = int({self.k_end}) - int({self.q_end});"

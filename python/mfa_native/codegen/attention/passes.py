@@ -92,6 +92,7 @@ def valid_for(p: AttentionProblem, family: str) -> dict[str, object]:
                 scores=[t.describe() for t in p.scores],
                 keys=KEY_VISITS.name_of(p.keys), k_storage=STORAGES.name_of(p.k_storage),
                 v_storage=STORAGES.name_of(p.v_storage), family=family,
+                **({"deterministic": "batch_invariant"} if p.batch_invariant else {}),
                 **({"strides": "runtime"} if p.runtime_strides else {}))
 
 

@@ -125,9 +125,16 @@ class PerHead:
         self.declined = declined
 
     @staticmethod
+    def table_rows(p, family: str) -> int:
+        """The table's count; batch-invariant with O paged, half of it (at least 8): the merged
+        splits' total is a second page (invariance.py), which must fit beside the first."""
+        row = tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
+        return max(8, row.query_rows // 2) if p.batch_invariant and row.o_block else row.query_rows
+
+    @staticmethod
     def query_rows(p, family: str) -> int:
         """The table's count, or fewer when the queries cannot fill it (decode)."""
-        return shrunk(tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).query_rows, p.q_len)
+        return shrunk(PerHead.table_rows(p, family), p.q_len)
 
     @staticmethod
     def stages(p, family: str) -> bool:
@@ -137,9 +144,12 @@ class PerHead:
 
     @staticmethod
     def key_block(p, family: str) -> int:
-        """The table's key block; staged, as many of its rows as the stage holds (stage_rows)."""
+        """The table's key block; staged, as many of its rows as the stage holds (stage_rows).
+        Batch-invariant, always the staged count, packed heads' block: whether this problem's
+        threadgroups stage or pack (which depends on R) never changes its blocks."""
         block = tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block
-        return stage_rows(p, staged_width(p, family), block) if PerHead.stages(p, family) else block
+        staged = p.batch_invariant or PerHead.stages(p, family)
+        return stage_rows(p, staged_width(p, family), block) if staged else block
 
     @staticmethod
     def backward_query_rows(p, family: str) -> int:
@@ -155,8 +165,7 @@ class PerHead:
         """Where the table's rows, shrunk for few queries, are those of `p` (a guard each), and
         where the PACKING table declines to pack."""
         declined = (f"!({packing_condition(p.gqa_ratio)})",) if self.declined and p.gqa_ratio > 1 else ()
-        return shrunk_guards("R", PerHead.query_rows(p, family),
-                             tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).query_rows) + declined
+        return shrunk_guards("R", PerHead.query_rows(p, family), PerHead.table_rows(p, family)) + declined
 
     @staticmethod
     def backward_guards(p, family: str) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ A pass template carries it, so a bundle decides per call as `kv_split` does here
 from __future__ import annotations
 
 from ...runtime.expressions import evaluate
+from . import invariance
 from .problem import AttentionProblem
 
 # Only decode-shaped problems split: at most the rows facet's decode_max_rows queries (16 per
@@ -26,12 +27,17 @@ DEVICE_SIZE = "P"          # the runtime size naming the threadgroups a device r
 
 def derived(problem: AttentionProblem, family: str) -> tuple[tuple[str, str], ...]:
     """The split decision's derived sizes, in order (they read B, Hq, Hkv, R, C, P and the
-    sizes of the key facet's split_length)."""
+    sizes of the key facet's split_length). Batch-invariant, the keys per split are the mode's
+    fixed count (invariance.split_keys), whatever the call, and S is not capped at MAX_SPLITS
+    (the partial state, Dv floats per split and row, stays at most R * ratio / 256 of the
+    float16 K/V bytes attended); only whether to split depends on the call."""
     rows, length = problem.rows, problem.keys.split_length
     key_block = rows.key_block(problem, family)
+    keys_per_split = (str(invariance.split_keys(key_block)) if problem.batch_invariant
+                      else f"cdiv(cdiv({length}, max(S0, 1)), {key_block}) * {key_block}")
     return (("TG", rows.threadgroups_expression(problem, family)),
             ("S0", f"min(cdiv(P, TG), {length} / {MIN_KEYS_PER_SPLIT}, {MAX_SPLITS})"),   # length: C or Wt * page
-            ("Cs", f"cdiv(cdiv({length}, max(S0, 1)), {key_block}) * {key_block}"),
+            ("Cs", keys_per_split),
             ("S", f"cdiv({length}, Cs)"),
             ("SPLIT", f"R <= {rows.decode_max_rows} && S0 >= 2 && S >= 2"))
 
