@@ -1,7 +1,8 @@
 """The logit soft cap (issue "Score transforms", its first case): each scaled score s becomes
 c * tanh(s / c) in the kernels, before masks and sinks, forward and backward, in attention,
 varlen, the KV-cache call (split-KV included), block-sparse and sparse-indexed attention,
-int8 attention (forward) and flash-attn's drop-ins, against float64 references (reference.softcapped: the cap and its
+int8 attention (forward), flash-attn's drop-ins and mlx-lm's Gemma 2 under
+`mfa_native.mlx.patch()`, against float64 references (reference.softcapped: the cap and its
 derivative, written from flash-attn's definition). The scores are made large (|s| up to
 ~10 c) so that the cap matters."""
 
@@ -246,3 +247,45 @@ def test_adapters_differentiate_the_sparse_ops(rng):
     for got, want in zip(grads, sparse_attention_backward_reference(q, k, v, do, indices, softcap=2.0)):
         assert relative_l2(np.array(got), want) < 2e-4
 
+
+def test_mlx_patch_routes_gemma2(rng, monkeypatch):
+    """mlx-lm writes Gemma 2's attention with plain MLX ops around the cap; under patch() a tiny
+    random Gemma 2 (GQA, cap 1: the cap changes its tokens) generates the same greedy tokens and
+    log-probabilities through `mfa_native.mlx.attention(..., softcap=)`, in every layer at every
+    step; a mask row with no key runs mlx-lm's own code; the class is restored on exit."""
+    mx = pytest.importorskip("mlx.core")
+    gemma2 = pytest.importorskip("mlx_lm.models.gemma2")
+    import mfa_native.mlx as mm
+    from test_mlx_adapter import _counted
+
+    from mlx_lm.generate import generate_step
+
+    def generated(model, prompt):
+        steps = list(generate_step(mx.array(prompt), model, max_tokens=8))
+        return [int(token) for token, _ in steps], np.stack([np.array(logprobs) for _, logprobs in steps])
+
+    mx.random.seed(int(rng.integers(1 << 31)))
+    args = gemma2.ModelArgs(model_type="gemma2", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                            vocab_size=101, attn_logit_softcapping=1.0, query_pre_attn_scalar=32)
+    model = gemma2.Model(args)
+    mx.eval(model.parameters())
+    prompt = rng.integers(0, 101, size=12).tolist()
+    original = gemma2.Attention.__call__
+    calls = _counted(monkeypatch, "attention")
+    tokens, logprobs = generated(model, prompt)
+    assert not calls
+    with mm.patch():
+        patched_tokens, patched_logprobs = generated(model, prompt)
+    assert patched_tokens == tokens and relative_l2(patched_logprobs, logprobs) < 1e-5
+    routed = len(calls)
+    assert routed >= 2 * 8 and gemma2.Attention.__call__ is original   # every layer, every step
+    layer = model.model.layers[0].self_attn
+    x = mx.array(rng.standard_normal((1, 5, 64)).astype(np.float32))
+    empty_row = mx.array(np.tril(np.ones((5, 5), dtype=bool)) & (np.arange(5) != 2)[:, None])
+    with mm.patch():
+        fallback = layer(x, mask=empty_row)
+    assert len(calls) == routed and np.array_equal(np.array(fallback), np.array(layer(x, mask=empty_row)))
+    for attention in model.model.layers:
+        attention.self_attn.attn_logit_softcapping = 1e9
+    assert relative_l2(generated(model, prompt)[1], logprobs) > 0.05   # the cap matters in this model
