@@ -226,6 +226,20 @@ def test_int8_attention(rng, smooth_k, pv):
     assert relative_l2(int8_attention_emulation(q, k, v, **(options | {"softcap": None})), want_o) > 0.1
 
 
+def test_the_sparse_and_int8_ops_refuse_bad_caps(rng):
+    """The same checks as attention's (validate), before anything runs."""
+    q, k, v = inputs(rng, [(1, 2, 16, 16)] * 3, "float32")
+    indices = rng.integers(0, 16, size=(1, 1, 16, 4), dtype=np.int32)
+    block_mask = mfa_native.BlockMask.from_mask(causal=True, R=16, C=16, block_size=8, device="cpu")
+    calls = [lambda cap: mfa_native.block_sparse_attention(q, k, v, block_mask, softcap=cap, device="cpu"),
+             lambda cap: mfa_native.sparse_attention(q, k, v, indices, softcap=cap, device="cpu"),
+             lambda cap: mfa_native.int8_attention(q, k, v, softcap=cap, device="cpu")]
+    for call in calls:
+        for cap, error in ((0.0, ValueError), (float("nan"), ValueError), ("5", TypeError)):
+            with pytest.raises(error, match="softcap"):
+                call(cap)
+
+
 def test_adapters_differentiate_the_sparse_ops(rng):
     """torch autograd through block-sparse attention, mx.grad through sparse-indexed attention."""
     q, k, v, do = inputs(rng, [(1, 2, 16, 16)] * 4, "float32")
