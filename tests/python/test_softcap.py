@@ -300,6 +300,6 @@ def test_mlx_patch_routes_gemma2(rng, monkeypatch):
     with mm.patch():
         fallback = layer(x, mask=empty_row)
     assert len(calls) == routed and np.array_equal(np.array(fallback), np.array(layer(x, mask=empty_row)))
-    for attention in model.model.layers:
-        attention.self_attn.attn_logit_softcapping = 1e9
+    for block in model.model.layers:
+        block.self_attn.attn_logit_softcapping = 1e9
     assert relative_l2(generated(model, prompt)[1], logprobs) > 0.05   # the cap matters in this model
