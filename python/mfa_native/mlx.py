@@ -13,8 +13,8 @@ elsewhere) and have finished when the call returns, writing into arrays MLX
 allocated. Inside mx.compile or mx.vmap they raise a RuntimeError (MLX cannot
 evaluate arrays while tracing): call them outside the transformation.
 
-`patch()` routes `mx.fast.scaled_dot_product_attention` and mlx-lm's quantized attention
-through these inside a block (or a decorated function).
+`patch()` routes `mx.fast.scaled_dot_product_attention`, mlx-lm's quantized attention and
+mlx-lm's Gemma 2 attention (soft-capped) through these inside a block (or a decorated function).
 
 Importing this module imports mlx; `import mfa_native` alone does not.
 """
@@ -608,6 +608,27 @@ def _mlx_lm_quantized_sdpa(queries: mx.array, q_keys, q_values, scale: float, ma
                                                   group_size=group_size, bits=bits)
 
 
+def _gemma2_attention(self, x: mx.array, mask: mx.array | None = None, cache=None) -> mx.array:
+    """mlx-lm's Gemma 2 `Attention.__call__` (models/gemma2.py writes its attention with plain MLX
+    ops around the logit cap: tanh(scores / cap) * cap, the mask, a softmax), its attention
+    computed by `attention(..., softcap=)`; the projections, rotary embedding and cache update
+    are mlx-lm's own calls, in its order. Unsupported (the original runs) for a mask row with
+    no key, checked before the cache is written; any later error is raised, never retried (the
+    cache holds this step's keys by then)."""
+    _refuse_rows_without_keys(mask)
+    B, L, _ = x.shape
+    queries, keys, values = (projection(x).reshape(B, L, heads, -1).transpose(0, 2, 1, 3) for projection, heads in
+                             ((self.q_proj, self.n_heads), (self.k_proj, self.n_kv_heads),
+                              (self.v_proj, self.n_kv_heads)))
+    offset = 0 if cache is None else cache.offset
+    queries, keys = self.rope(queries, offset=offset), self.rope(keys, offset=offset)
+    if cache is not None:
+        keys, values = cache.update_and_fetch(keys, values)
+    out = attention(queries, keys, values, scale=self.scale, softcap=self.attn_logit_softcapping,
+                    **_mask_options(mask))
+    return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
 def _routed(ours: Callable, original: Callable) -> Callable:
     """`original`, computed by `ours` (which takes its arguments), or by `original` itself when
     ours raises Unsupported (shapes, dtypes, masks mfa_native does not take or would not give
@@ -625,10 +646,13 @@ def _routed(ours: Callable, original: Callable) -> Callable:
 def _patch_targets() -> list[tuple[object, str, Callable]]:
     """(namespace, attribute, ours) of every function `patch` routes: mx.fast's SDPA, and, when
     mlx_lm is imported, mlx-lm's quantized SDPA in `mlx_lm.models.base` and in every loaded
-    mlx_lm module that imported it by name."""
+    mlx_lm module that imported it by name, and its Gemma 2 attention's `__call__` (the class's,
+    so models built before or inside the block both use it)."""
     targets: list[tuple[object, str, Callable]] = [(mx.fast, "scaled_dot_product_attention", _fast_sdpa)]
     if "mlx_lm" in sys.modules:
-        from mlx_lm.models import base
+        from mlx_lm.models import base, gemma2
+
+        targets.append((gemma2.Attention, "__call__", _gemma2_attention))
 
         name = "quantized_scaled_dot_product_attention"
         original = getattr(base, name)
@@ -644,12 +668,15 @@ def patch() -> Iterator[None]:
     `kv_bits` in mlx-lm's generate) run through mfa_native, and through their originals for
     what mfa_native refuses or would compute differently (a mask row with no key, MLX's
     stream or force_fused arguments, shapes or dtypes it does not take: `Unsupported`).
-    Restored on exit, also on an exception; blocks may nest.
+    So does mlx-lm's Gemma 2 attention, which mlx-lm writes with plain MLX ops around its
+    logit cap (not through mx.fast): `mlx_lm.models.gemma2.Attention.__call__` runs its
+    attention as `attention(..., softcap=attn_logit_softcapping)` (the original for a mask
+    row with no key). Restored on exit, also on an exception; blocks may nest.
 
-    It replaces module attributes, so code that looks them up when calling (mlx-lm's models:
-    `mx.fast.scaled_dot_product_attention(...)`, and `base.scaled_dot_product_attention`
-    calling `quantized_scaled_dot_product_attention`) uses it; import mlx_lm before entering
-    the block for its function to be routed. Not under mx.compile (see the module
+    It replaces module and class attributes, so code that looks them up when calling (mlx-lm's
+    models: `mx.fast.scaled_dot_product_attention(...)`, `base.scaled_dot_product_attention`
+    calling `quantized_scaled_dot_product_attention`, a Gemma 2 layer calling its attention)
+    uses it; import mlx_lm before entering the block for its functions to be routed. Not under mx.compile (see the module
     docstring). Not thread-safe: the attributes are process-wide.
 
     Returns:

@@ -1,8 +1,10 @@
 """The logit soft cap (issue "Score transforms", its first case): each scaled score s becomes
 c * tanh(s / c) in the kernels, before masks and sinks, forward and backward, in attention,
-varlen, the KV-cache call (split-KV included) and flash-attn's drop-ins, against float64
-references (reference.softcapped: the cap and its derivative, written from flash-attn's
-definition). The scores are made large (|s| up to ~10 c) so that the cap matters."""
+varlen, the KV-cache call (split-KV included), block-sparse and sparse-indexed attention,
+int8 attention (forward), flash-attn's drop-ins and mlx-lm's Gemma 2 under
+`mfa_native.mlx.patch()`, against float64 references (reference.softcapped: the cap and its
+derivative, written from flash-attn's definition). The scores are made large (|s| up to
+~10 c) so that the cap matters."""
 
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ import mfa_native
 from mfa_native import codegen
 from mfa_native.codegen import AttentionProblem
 from mfa_native.codegen.attention.scores import Softcap
+from mfa_native.int8_reference import int8_attention_emulation
 from mfa_native.reference import (attention_backward_reference, attention_reference, attention_varlen_backward_reference,
-                                  attention_varlen_reference, attention_with_kvcache_reference)
+                                  attention_varlen_reference, attention_with_kvcache_reference,
+                                  block_sparse_attention_backward_reference, block_sparse_attention_reference,
+                                  sparse_attention_backward_reference, sparse_attention_reference)
 
 DTYPES = {"float32": (np.float32, 2e-5, 2e-4), "float16": (np.float16, 2e-3, 6e-3),
           "bfloat16": (ml_dtypes.bfloat16, 2e-2, 4e-2)}   # dtype, forward and backward relative L2
@@ -178,3 +183,138 @@ def test_mlx_gradients(rng):
     want = attention_backward_reference(q, k, v, 2 * o, causal=True, softcap=3.0)
     for got, expected in zip(grads, want):
         assert relative_l2(np.array(got), expected) < 2e-4
+
+
+@pytest.mark.parametrize("dtype, layout", [("float32", "bhsd"), ("float16", "bshd")])
+def test_block_sparse_forward_and_backward(rng, dtype, layout):
+    """A BlockMask from_mask (causal and a window: full, partial and left-out blocks), GQA, sinks."""
+    B, Hq, Hkv, R, C, D = 1, 4, 2, 24, 40, 32
+    shape = (lambda h, n: (B, h, n, D)) if layout == "bhsd" else (lambda h, n: (B, n, h, D))
+    q, k, v, do = inputs(rng, [shape(Hq, R), shape(Hkv, C), shape(Hkv, C), shape(Hq, R)], dtype)
+    block_mask = mfa_native.BlockMask.from_mask(causal=True, window=(20, -1), R=R, C=C, block_size=8, device="cpu")
+    rule = dict(causal=True, window=(20, -1))
+    options = dict(softcap=3.0, layout=layout, sinks=rng.standard_normal(Hq).astype(np.float32))
+    _, forward_tolerance, backward_tolerance = DTYPES[dtype]
+    o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, device="cpu", **options)
+    want_o, want_lse = block_sparse_attention_reference(q, k, v, block_mask, return_lse=True, **rule, **options)
+    assert relative_l2(o, want_o) < forward_tolerance and np.allclose(lse, want_lse, atol=10 * forward_tolerance)
+    grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask, device="cpu", **options)
+    expected = block_sparse_attention_backward_reference(q, k, v, do, block_mask, out=o, **rule, **options)
+    for got, want in zip(grads, expected):
+        assert relative_l2(got, want) < backward_tolerance
+    uncapped = block_sparse_attention_reference(q, k, v, block_mask, **rule, **(options | {"softcap": None}))
+    assert relative_l2(uncapped, want_o) > 0.1
+
+
+@pytest.mark.parametrize("dtype, layout", [("float32", "bhsd"), ("bfloat16", "bshd")])
+def test_sparse_forward_and_backward(rng, dtype, layout):
+    """Token lists shared by the kv heads, entries out of range, duplicates, topk_length, sinks."""
+    B, Hq, Hkv, R, C, D = 2, 4, 2, 9, 30, 32
+    shape = (lambda h, n: (B, h, n, D)) if layout == "bhsd" else (lambda h, n: (B, n, h, D))
+    q, k, v, do = inputs(rng, [shape(Hq, R), shape(Hkv, C), shape(Hkv, C), shape(Hq, R)], dtype)
+    indices = rng.integers(-3, C + 3, size=(B, 1, R, 12) if layout == "bhsd" else (B, R, 1, 12), dtype=np.int32)
+    options = dict(softcap=2.5, layout=layout, sinks=rng.standard_normal(Hq).astype(np.float32),
+                   topk_length=rng.integers(0, 14, size=(B, R), dtype=np.int32))
+    _, forward_tolerance, backward_tolerance = DTYPES[dtype]
+    o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **options)
+    want_o, want_lse = sparse_attention_reference(q, k, v, indices, return_lse=True, **options)
+    assert relative_l2(o, want_o) < forward_tolerance and np.allclose(lse, want_lse, atol=10 * forward_tolerance)
+    grads = mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, do, device="cpu", **options)
+    for got, want in zip(grads, sparse_attention_backward_reference(q, k, v, do, indices, out=o, **options)):
+        assert relative_l2(got, want) < backward_tolerance
+    assert relative_l2(sparse_attention_reference(q, k, v, indices, **(options | {"softcap": None})), want_o) > 0.1
+
+
+@pytest.mark.parametrize("smooth_k, pv", [(True, "int8"), (True, "float"), (False, "int8")])
+def test_int8_attention(rng, smooth_k, pv):
+    """The kernels compute exactly the emulation of their quantized pipeline, the cap taking the
+    true scaled score: with smooth_k the row's shift q . mean(k) is inside the cap (k's offset
+    makes the shift large, so a cap of the unshifted score would fail). Near float64 attention."""
+    q, k, v = inputs(rng, [(1, 4, 19, 32), (1, 2, 37, 32), (1, 2, 37, 32)], "float16")
+    k += np.float16(1.5)
+    options = dict(causal=True, softcap=3.0, sinks=rng.standard_normal(4).astype(np.float32), smooth_k=smooth_k, pv=pv)
+    o, lse = mfa_native.int8_attention(q, k, v, return_lse=True, device="cpu", **options)
+    want_o, want_lse = int8_attention_emulation(q, k, v, return_lse=True, **options)
+    assert relative_l2(o, want_o) < 2e-3 and np.allclose(lse, want_lse, atol=1e-3)
+    exact = attention_reference(q, k, v, causal=True, softcap=3.0, sinks=options["sinks"])
+    assert relative_l2(o, exact) < 0.05
+    assert relative_l2(int8_attention_emulation(q, k, v, **(options | {"softcap": None})), want_o) > 0.1
+
+
+def test_the_sparse_and_int8_ops_refuse_bad_caps(rng):
+    """The same checks as attention's (validate), before anything runs."""
+    q, k, v = inputs(rng, [(1, 2, 16, 16)] * 3, "float32")
+    indices = rng.integers(0, 16, size=(1, 1, 16, 4), dtype=np.int32)
+    block_mask = mfa_native.BlockMask.from_mask(causal=True, R=16, C=16, block_size=8, device="cpu")
+    calls = [lambda cap: mfa_native.block_sparse_attention(q, k, v, block_mask, softcap=cap, device="cpu"),
+             lambda cap: mfa_native.sparse_attention(q, k, v, indices, softcap=cap, device="cpu"),
+             lambda cap: mfa_native.int8_attention(q, k, v, softcap=cap, device="cpu")]
+    for call in calls:
+        for cap, error in ((0.0, ValueError), (float("nan"), ValueError), ("5", TypeError)):
+            with pytest.raises(error, match="softcap"):
+                call(cap)
+
+
+def test_adapters_differentiate_the_sparse_ops(rng):
+    """torch autograd through block-sparse attention, mx.grad through sparse-indexed attention."""
+    q, k, v, do = inputs(rng, [(1, 2, 16, 16)] * 4, "float32")
+    indices = rng.integers(0, 16, size=(1, 1, 16, 5), dtype=np.int32)
+    block_mask = mfa_native.BlockMask.from_mask(causal=True, R=16, C=16, block_size=8, device="cpu")
+    torch = pytest.importorskip("torch")
+    import mfa_native.torch as mt
+
+    tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
+    mt.block_sparse_attention(tq, tk, tv, block_mask, softcap=2.0).backward(torch.from_numpy(do))
+    want = block_sparse_attention_backward_reference(q, k, v, do, block_mask, causal=True, softcap=2.0)
+    for x, g in zip((tq, tk, tv), want):
+        assert relative_l2(x.grad.numpy(), g) < 2e-4
+    mx = pytest.importorskip("mlx.core")
+    import mfa_native.mlx as mm
+
+    loss = lambda q, k, v: (mm.sparse_attention(q, k, v, mx.array(indices), softcap=2.0) * mx.array(do)).sum()  # noqa: E731
+    grads = mx.grad(loss, argnums=(0, 1, 2))(*(mx.array(x) for x in (q, k, v)))
+    for got, want in zip(grads, sparse_attention_backward_reference(q, k, v, do, indices, softcap=2.0)):
+        assert relative_l2(np.array(got), want) < 2e-4
+
+
+def test_mlx_patch_routes_gemma2(rng, monkeypatch):
+    """mlx-lm writes Gemma 2's attention with plain MLX ops around the cap; under patch() a tiny
+    random Gemma 2 (GQA, cap 1: the cap changes its tokens) generates the same greedy tokens and
+    log-probabilities through `mfa_native.mlx.attention(..., softcap=)`, in every layer at every
+    step; a mask row with no key runs mlx-lm's own code; the class is restored on exit."""
+    mx = pytest.importorskip("mlx.core")
+    gemma2 = pytest.importorskip("mlx_lm.models.gemma2")
+    import mfa_native.mlx as mm
+    from test_mlx_adapter import _counted
+
+    from mlx_lm.generate import generate_step
+
+    def generated(model, prompt):
+        steps = list(generate_step(mx.array(prompt), model, max_tokens=8))
+        return [int(token) for token, _ in steps], np.stack([np.array(logprobs) for _, logprobs in steps])
+
+    mx.random.seed(int(rng.integers(1 << 31)))
+    args = gemma2.ModelArgs(model_type="gemma2", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                            vocab_size=101, attn_logit_softcapping=1.0, query_pre_attn_scalar=32)
+    model = gemma2.Model(args)
+    mx.eval(model.parameters())
+    prompt = rng.integers(0, 101, size=12).tolist()
+    original = gemma2.Attention.__call__
+    calls = _counted(monkeypatch, "attention")
+    tokens, logprobs = generated(model, prompt)
+    assert not calls
+    with mm.patch():
+        patched_tokens, patched_logprobs = generated(model, prompt)
+    assert patched_tokens == tokens and relative_l2(patched_logprobs, logprobs) < 1e-5
+    routed = len(calls)
+    assert routed >= 2 * 8 and gemma2.Attention.__call__ is original   # every layer, every step
+    layer = model.model.layers[0].self_attn
+    x = mx.array(rng.standard_normal((1, 5, 64)).astype(np.float32))
+    empty_row = mx.array(np.tril(np.ones((5, 5), dtype=bool)) & (np.arange(5) != 2)[:, None])
+    with mm.patch():
+        fallback = layer(x, mask=empty_row)
+    assert len(calls) == routed and np.array_equal(np.array(fallback), np.array(layer(x, mask=empty_row)))
+    for block in model.model.layers:
+        block.self_attn.attn_logit_softcapping = 1e9
+    assert relative_l2(generated(model, prompt)[1], logprobs) > 0.05   # the cap matters in this model

@@ -9,8 +9,9 @@ visible range's first block starts at a multiple of P_BLOCK). Per block:
 
   1. allowed keys and the additive mask (masking.bias_over_keys);
   2. S = Q K^T in exact integers (int8_products), then the logits S * q_scale * k_scale,
-     times scale * log2(e), plus the mask; with smooth_k the row's shift q . mean(k) is
-     left out here (it is the same for every key of the row, see _shift);
+     times scale * log2(e), through the score transforms (softcap), plus the mask; with
+     smooth_k the row's shift q . mean(k) is left out here (it is the same for every key of
+     the row, see _shift), unless a score transform needs the true score (_shift_in_scores);
   3. pv="float": the dense kernel's online softmax and O += P V (V in its dtype, P float32);
      pv="int8": P quantized against the block's own maximum logit, round(127 * exp2(s -
      block_max)) in 0..127, its integers summed into the denominator, the block's P V in
@@ -20,7 +21,8 @@ visible range's first block starts at a multiple of P_BLOCK). Per block:
 The finish is the dense kernel's (`Normalized`: O / l, lse, the sink's initial state); with
 pv="int8", O first gets V's scale per channel and its mean times the real keys' mass (l
 without the sink's share). The results are those of the unshifted logits: with smooth_k
-the sink enters less the row's shift and m gets the shift back before lse is stored.
+the sink enters less the row's shift and m gets the shift back before lse is stored (or,
+with a score transform, each score carries the shift).
 """
 
 from __future__ import annotations
@@ -106,13 +108,21 @@ def _scores(x: Int8Descriptor, end: str) -> list[str]:
     lines += int8_products("p_tile", left="q_tile", inner=tiles(x.attention.head_dim), outer=KEY_TILES,
                            visible="o < tiles",
                            load_right=lambda tile: k.load_transposed(tile, "key", "kb + o * 8", Positions(end), "i"))
-    lines += ["", "// The scores, dequantized" + (" (without the row's shift q . mean(k): see _shift)." if x.smooth_k
-                                               else ".")]
+    shifted = _shift_in_scores(x)
+    lines += ["", "// The scores, dequantized" + (" (without the row's shift q . mean(k): see _shift)."
+                                               if x.smooth_k and not shifted else ".")]
     lines += loop(f"int j = 0; j < {KEY_TILES}; ++j", loop("int e = 0; e < 2; ++e", [
         f"const float key_scale = key_scales[min(kb + j * 8 + int(tc) + e, {end} - 1)];",
-        "p_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * (row_scale * key_scale);",
+        "p_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * (row_scale * key_scale)"
+        + (" + row_shift;  // the true score: the score transforms are not shift-invariant" if shifted else ";"),
     ]))
     return lines
+
+
+def _shift_in_scores(x: Int8Descriptor) -> bool:
+    """smooth_k with score transforms: the row's shift joins each score before the chain, which
+    must see the true score (softcap's c * tanh(s / c) of s + shift is not that of s, plus shift)."""
+    return x.smooth_k and bool(x.attention.scores)
 
 
 def _shift(x: Int8Descriptor, sign: str) -> list[str]:
@@ -120,8 +130,9 @@ def _shift(x: Int8Descriptor, sign: str) -> list[str]:
     the same for every key of a row, so the softmax and P's quantization blocks run without it
     (float32 logits then round at their own size, not the shift's) and only what competes with
     the keys or leaves the kernel carries it: the sink enters less the shift (`sign` "-"), and m
-    gets it back before lse is stored ("+"). A MASKED m (no key, no sink) stays MASKED."""
-    if not x.smooth_k:
+    gets it back before lse is stored ("+"). A MASKED m (no key, no sink) stays MASKED. Nothing
+    when the scores carry the shift (_shift_in_scores)."""
+    if not x.smooth_k or _shift_in_scores(x):
         return []
     shift = f"row_shift * {float_literal(x.attention.scale_log2e)}"
     if sign == "-":
