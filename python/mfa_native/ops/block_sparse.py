@@ -147,9 +147,9 @@ BLOCK_SPARSE_ATTENTION = Op(
     boolean `mask` allow (r, c) exactly as in `attention`. The logit is attention's: scale *
     q . k, capped with softcap, less ALiBi's slope[h] * |r + C - R - c| with alibi_slopes,
     then an additive `mask` added wherever (r, c) is visited. A block listed twice (in one
-    list, or in both) is visited twice (its keys count twice in the softmax), as in FlexAttention. The other
-    arguments are `attention`'s (shapes, dtypes, GQA, D and Dv). The lists' contents are
-    checked on every call.
+    list, or in both) is visited twice (its keys count twice in the softmax), as in
+    FlexAttention. The other arguments are `attention`'s (shapes, dtypes, GQA, D and Dv).
+    The lists' contents are checked on every call.
     """,
     returns="""
     As `attention`: the output o, (B, Hq, R, Dv) ("bshd": (B, R, Hq, Dv)) of q's kind and

@@ -29,8 +29,9 @@ QK_SCALE = Arg("qk_scale", "option", default="token", schema="str", doc="""
 SMOOTH_K = Arg("smooth_k", "option", default=True, schema="bool", doc="""
     quantize K minus its mean over the attended keys (per batch, kv head and channel; see
     "Statistics" below). The results are those of the unshifted logits: each row's shift
-    scale * q . mean(k) (float q) is added back before the softmax (before softcap, which
-    caps the unshifted score), so lse and the sinks are those of the unshifted logits.""")
+    scale * q . mean(k) (float q) is added back before the softmax (before softcap and
+    ALiBi: the cap takes the unshifted score), so lse and the sinks are those of the
+    unshifted logits.""")
 PV = Arg("pv", "option", default="int8", schema="str", doc="""
     "int8": V minus its per-channel mean over the attended keys is int8 with one scale per
     channel (the mean comes back with the real keys' probability mass, not the sink's); P is

@@ -116,7 +116,8 @@ def _scores(x: Int8Descriptor, end: str) -> list[str]:
     lines += loop(f"int j = 0; j < {KEY_TILES}; ++j", loop("int e = 0; e < 2; ++e", [
         f"const float key_scale = key_scales[min(kb + j * 8 + int(tc) + e, {end} - 1)];",
         "p_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * (row_scale * key_scale)"
-        + (" + row_shift;  // the true score: the score transforms are not shift-invariant" if shifted else ";"),
+        + (" + row_shift;  // the true score, for the score transforms (softcap is not shift-invariant)"
+           if shifted else ";"),
     ]))
     return lines
 
