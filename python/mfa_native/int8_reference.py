@@ -19,7 +19,8 @@ int64, everything else in float64:
 
 - logits = T(scale * (q_int . k_int * q_scale * k_scale + q . mean(k))) (+ additive mask),
   the last term with smooth_k (the float q, the mean over the attended keys), so the logits
-  are the unshifted ones, T the logit cap softcap * tanh(s / softcap) (none without softcap);
+  are the unshifted ones, T the logit cap softcap * tanh(s / softcap) (none without softcap)
+  then ALiBi's bias -slope[h] * |i + C - R - j| (none without alibi_slopes);
 - pv="float": the softmax of those logits (sinks in the denominator) times v, v's rows of
   keys no query attends 0;
 - pv="int8": per aligned block of 64 keys, P_int = rint(127 * exp(logit - block max)) over
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import CAUSAL_MODES, masked_logits, softcapped
+from .reference import CAUSAL_MODES, alibi_bias, masked_logits, softcapped
 
 INT8_MAX = 127
 P_BLOCK = 64
@@ -138,8 +139,8 @@ def int8_quantized_reference(q, k, v, *, causal=False, mask=None, window=None, l
 
 
 def int8_attention_emulation(q, k, v, *, scale=None, causal=False, mask=None, window=None, sinks=None,
-                             softcap=None, layout="bhsd", return_lse=False, qk_scale="token", smooth_k=True,
-                             pv="int8"):
+                             softcap=None, alibi_slopes=None, layout="bhsd", return_lse=False, qk_scale="token",
+                             smooth_k=True, pv="int8"):
     """int8 attention's output (float64, laid out like q) and with return_lse its lse."""
     x = int8_quantized_reference(q, k, v, causal=causal, mask=mask, window=window, layout=layout,
                                  qk_scale=qk_scale, smooth_k=smooth_k, pv=pv)
@@ -155,7 +156,8 @@ def int8_attention_emulation(q, k, v, *, scale=None, causal=False, mask=None, wi
     scores = integer * x["q_scale"][..., None].astype(np.float64) * per_q_head(x["k_scale"])[..., None, :]
     if smooth_k:
         scores = scores + x["q_shift"][..., None]
-    logits = masked_logits(softcapped(scale * scores, softcap)[0], causal, window, mask)
+    transformed = softcapped(scale * scores, softcap)[0]
+    logits = masked_logits(transformed + alibi_bias(alibi_slopes, transformed.shape), causal, window, mask)
     sink = (np.broadcast_to(np.asarray(sinks, dtype=np.float64)[None, :, None], (B, Hq, R)) if sinks is not None
             else np.full((B, Hq, R), -np.inf))
 

@@ -266,28 +266,31 @@ def block_sparse_bias(block_mask, q, k, *, causal=False, mask=None, window=None,
 
 
 def block_sparse_attention_reference(q, k, v, block_mask, *, scale=None, causal=False, mask=None, window=None,
-                                     sinks=None, layout="bhsd", return_lse=False, softcap=None):
-    """Block-sparse attention in float64 (see `block_sparse_bias`; the bias adds to the capped scores)."""
+                                     sinks=None, layout="bhsd", return_lse=False, softcap=None, alibi_slopes=None):
+    """Block-sparse attention in float64 (see `block_sparse_bias`; the bias adds to the capped
+    scores with ALiBi's)."""
     bias = block_sparse_bias(block_mask, q, k, causal=causal, mask=mask, window=window, layout=layout)
     return attention_reference(q, k, v, scale=scale, mask=bias, sinks=sinks, layout=layout, return_lse=return_lse,
-                               softcap=softcap)
+                               softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def block_sparse_attention_backward_reference(q, k, v, dout, block_mask, *, scale=None, causal=False, mask=None,
-                                              window=None, sinks=None, layout="bhsd", out=None, softcap=None):
+                                              window=None, sinks=None, layout="bhsd", out=None, softcap=None,
+                                              alibi_slopes=None):
     """Gradients of block-sparse attention in float64, as `attention_backward_reference` gives them."""
     bias = block_sparse_bias(block_mask, q, k, causal=causal, mask=mask, window=window, layout=layout)
     return attention_backward_reference(q, k, v, dout, scale=scale, mask=bias, sinks=sinks, layout=layout, out=out,
-                                        softcap=softcap)
+                                        softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def sparse_attention_reference(q, k, v, indices, *, scale=None, sinks=None, topk_length=None, layout="bhsd",
-                               return_lse=False, softcap=None):
+                               return_lse=False, softcap=None, alibi_slopes=None):
     """Sparse-indexed attention in float64: query (b, h, r) attends the keys
     indices[b, h // (Hq // Hkv), r, :topk_length[b, r]] (layout "bshd": indices (B, R, Hkv,
     topk)), entries < 0 or >= C skipped, a key listed twice counted twice; as a gather
     followed by dense attention over the gathered list (its scaled scores capped with
-    `softcap`). A size-1 kv-head axis broadcasts."""
+    `softcap`, then less ALiBi's slope[h] * |r + C - R - j| for listed key j with
+    `alibi_slopes`). A size-1 kv-head axis broadcasts."""
     qh, kh, vh = (_to_bhsd(x, layout) for x in (q, k, v))
     listed = np.asarray(indices)
     listed = listed if layout == "bhsd" else listed.transpose(0, 2, 1, 3)
@@ -305,6 +308,8 @@ def sparse_attention_reference(q, k, v, indices, *, scale=None, sinks=None, topk
                     row = row[:max(0, int(np.asarray(topk_length)[b, r]))]
                 keys = row[(row >= 0) & (row < kv_len)]
                 logits = softcapped(scale * kh[b, h // ratio, keys] @ qh[b, h, r], softcap)[0]
+                if alibi_slopes is not None:
+                    logits = logits - _of_batch(alibi_slopes, b)[h] * np.abs(r + kv_len - q_len - keys)
                 sink = -np.inf if sinks is None else float(np.asarray(sinks)[h])
                 if sink == np.inf:   # FlashMLA's +inf sink takes every weight: output 0
                     lse[b, h, r] = np.inf
@@ -344,12 +349,12 @@ def sparse_bias(q, k, indices, *, topk_length=None, layout="bhsd") -> np.ndarray
 
 
 def sparse_attention_backward_reference(q, k, v, dout, indices, *, scale=None, sinks=None, topk_length=None,
-                                        layout="bhsd", out=None, softcap=None):
+                                        layout="bhsd", out=None, softcap=None, alibi_slopes=None):
     """Gradients of sparse-indexed attention in float64, as `attention_backward_reference` gives
     them (dk and dv summed over every listing of a key and the query heads of its kv head)."""
     bias = sparse_bias(q, k, indices, topk_length=topk_length, layout=layout)
     return attention_backward_reference(q, k, v, dout, scale=scale, mask=bias, sinks=sinks, layout=layout, out=out,
-                                        softcap=softcap)
+                                        softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def sparse_topk_reference(q, k, weights, topk: int, *, causal=True, layout="bhsd", return_scores=False):

@@ -1,7 +1,8 @@
 """ALiBi (issue "Score transforms", its second case): query i's score of key j gets
 -slope[h] * |i + C - R - j| in the kernels, after softcap, before masks and sinks, forward and
 backward, in attention, varlen (per-sequence slopes and positions), the KV-cache call
-(split-KV included) and flash-attn's drop-ins, against float64 references
+(split-KV included), block-sparse and sparse-indexed attention (j: the listed key's index in
+k), int8 attention (forward) and flash-attn's drop-ins, against float64 references
 (reference.alibi_bias, written from flash-attn's definition)."""
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import relative_l2
-from test_softcap import check_attention, check_split_decode, check_varlen, inputs
+from test_softcap import (check_attention, check_block_sparse, check_int8, check_sparse, check_sparse_adapters,
+                          check_split_decode, check_varlen, inputs)
 
 import mfa_native
+from mfa_native.int8_reference import int8_attention_emulation
 from mfa_native.reference import (attention_backward_reference, attention_reference, attention_varlen_reference,
-                                  attention_with_kvcache_reference)
+                                  attention_with_kvcache_reference, block_sparse_attention_reference,
+                                  sparse_attention_reference)
 
 
 def slopes(rng, *shape) -> np.ndarray:
@@ -61,6 +65,75 @@ def test_bad_slopes_are_refused(rng):
                               (np.ones(4, np.int32), TypeError, "alibi_slopes must be a float array")):
         with pytest.raises(error, match=match):
             mfa_native.attention(q, q, q, alibi_slopes=bad, device="cpu")
+
+
+@pytest.mark.parametrize("dtype, layout, per_batch", [("float32", "bhsd", True), ("float16", "bshd", False)])
+def test_block_sparse_forward_and_backward(rng, dtype, layout, per_batch):
+    """A BlockMask from_mask (causal and a window: full, partial and left-out blocks; fewer
+    queries than keys, so the distance counts from the diagonal C - R), GQA, sinks, softcap."""
+    B, Hq, Hkv, R, C, D = 2, 4, 2, 24, 40, 32
+    shape = (lambda h, n: (B, h, n, D)) if layout == "bhsd" else (lambda h, n: (B, n, h, D))
+    q, k, v, do = inputs(rng, [shape(Hq, R), shape(Hkv, C), shape(Hkv, C), shape(Hq, R)], dtype, spread=1.5)
+    block_mask = mfa_native.BlockMask.from_mask(causal=True, window=(20, -1), R=R, C=C, block_size=8, device="cpu")
+    rule = dict(causal=True, window=(20, -1))
+    options = dict(alibi_slopes=slopes(rng, B, Hq) if per_batch else slopes(rng, Hq), softcap=4.0, layout=layout,
+                   sinks=rng.standard_normal(Hq).astype(np.float32))
+    want_o = check_block_sparse(q, k, v, do, block_mask, rule, dtype, **options)
+    without = block_sparse_attention_reference(q, k, v, block_mask, **rule, **(options | {"alibi_slopes": None}))
+    assert relative_l2(without, want_o) > 0.05
+
+
+@pytest.mark.parametrize("dtype, layout, per_batch", [("float32", "bhsd", True), ("bfloat16", "bshd", False)])
+def test_sparse_forward_and_backward(rng, dtype, layout, per_batch):
+    """Token lists shared by the kv heads, entries out of range, duplicates, topk_length, sinks:
+    query row r's distance to a listed key is |r + C - R - j|, j the key's index in k (not its
+    slot in the list)."""
+    B, Hq, Hkv, R, C, D = 2, 4, 2, 9, 30, 32
+    shape = (lambda h, n: (B, h, n, D)) if layout == "bhsd" else (lambda h, n: (B, n, h, D))
+    q, k, v, do = inputs(rng, [shape(Hq, R), shape(Hkv, C), shape(Hkv, C), shape(Hq, R)], dtype, spread=1.5)
+    indices = rng.integers(-3, C + 3, size=(B, 1, R, 12) if layout == "bhsd" else (B, R, 1, 12), dtype=np.int32)
+    indices[..., 1] = indices[..., 0]   # every row lists a key twice (or skips an entry twice)
+    options = dict(alibi_slopes=slopes(rng, B, Hq) if per_batch else slopes(rng, Hq), layout=layout,
+                   sinks=rng.standard_normal(Hq).astype(np.float32),
+                   topk_length=rng.integers(0, 14, size=(B, R), dtype=np.int32))
+    want_o = check_sparse(q, k, v, do, indices, dtype, **options)
+    without = sparse_attention_reference(q, k, v, indices, **(options | {"alibi_slopes": None}))
+    assert relative_l2(without, want_o) > 0.05
+
+
+@pytest.mark.parametrize("smooth_k, pv, per_batch", [(True, "int8", True), (True, "float", False),
+                                                     (False, "int8", False)])
+def test_int8_attention(rng, smooth_k, pv, per_batch):
+    """The kernels compute the emulation of their quantized pipeline with ALiBi after the cap;
+    with smooth_k (k's offset makes the row's shift q . mean(k) large) the shift joins the
+    scores, which ALiBi, a bias per element, leaves exact. Near float64 attention."""
+    q, k, v = inputs(rng, [(2, 4, 19, 32), (2, 2, 37, 32), (2, 2, 37, 32)], "float16", spread=1.5)
+    k += np.float16(1.5)
+    options = dict(causal=True, alibi_slopes=slopes(rng, 2, 4) if per_batch else slopes(rng, 4), softcap=8.0,
+                   sinks=rng.standard_normal(4).astype(np.float32))
+    want_o = check_int8(q, k, v, smooth_k=smooth_k, pv=pv, **options)
+    without = int8_attention_emulation(q, k, v, smooth_k=smooth_k, pv=pv, **(options | {"alibi_slopes": None}))
+    assert relative_l2(without, want_o) > 0.05
+
+
+def test_the_sparse_and_int8_ops_refuse_bad_slopes(rng):
+    """attention's checks (validate), before anything runs: per-batch tables count the batch."""
+    q, k, v = inputs(rng, [(2, 2, 16, 16)] * 3, "float32")
+    indices = rng.integers(0, 16, size=(2, 1, 16, 4), dtype=np.int32)
+    block_mask = mfa_native.BlockMask.from_mask(causal=True, R=16, C=16, block_size=8, device="cpu")
+    calls = [lambda s: mfa_native.block_sparse_attention(q, k, v, block_mask, alibi_slopes=s, device="cpu"),
+             lambda s: mfa_native.sparse_attention(q, k, v, indices, alibi_slopes=s, device="cpu"),
+             lambda s: mfa_native.int8_attention(q, k, v, alibi_slopes=s, device="cpu")]
+    for call in calls:
+        for bad, error in ((np.ones(3, np.float32), ValueError), (np.ones((3, 2), np.float32), ValueError),
+                           (np.ones(2, np.int32), TypeError)):
+            with pytest.raises(error, match="alibi_slopes must"):
+                call(bad)
+
+
+def test_adapters_differentiate_the_sparse_ops(rng):
+    """torch autograd through block-sparse attention, mx.grad through sparse-indexed attention."""
+    check_sparse_adapters(rng, alibi_slopes=slopes(rng, 2) * 4)
 
 
 def test_flash_attn_drop_ins(rng):

@@ -194,6 +194,14 @@ def test_block_sparse_forward_and_backward(rng, dtype, layout):
     block_mask = mfa_native.BlockMask.from_mask(causal=True, window=(20, -1), R=R, C=C, block_size=8, device="cpu")
     rule = dict(causal=True, window=(20, -1))
     options = dict(softcap=3.0, layout=layout, sinks=rng.standard_normal(Hq).astype(np.float32))
+    want_o = check_block_sparse(q, k, v, do, block_mask, rule, dtype, **options)
+    uncapped = block_sparse_attention_reference(q, k, v, block_mask, **rule, **(options | {"softcap": None}))
+    assert relative_l2(uncapped, want_o) > 0.1
+
+
+def check_block_sparse(q, k, v, do, block_mask, rule: dict, dtype: str, **options) -> np.ndarray:
+    """block_sparse_attention and its backward (the mask's `rule`: its from_mask arguments,
+    which the calls take from the mask) against the float64 references; the reference's output."""
     _, forward_tolerance, backward_tolerance = DTYPES[dtype]
     o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, device="cpu", **options)
     want_o, want_lse = block_sparse_attention_reference(q, k, v, block_mask, return_lse=True, **rule, **options)
@@ -202,8 +210,7 @@ def test_block_sparse_forward_and_backward(rng, dtype, layout):
     expected = block_sparse_attention_backward_reference(q, k, v, do, block_mask, out=o, **rule, **options)
     for got, want in zip(grads, expected):
         assert relative_l2(got, want) < backward_tolerance
-    uncapped = block_sparse_attention_reference(q, k, v, block_mask, **rule, **(options | {"softcap": None}))
-    assert relative_l2(uncapped, want_o) > 0.1
+    return want_o
 
 
 @pytest.mark.parametrize("dtype, layout", [("float32", "bhsd"), ("bfloat16", "bshd")])
@@ -215,6 +222,12 @@ def test_sparse_forward_and_backward(rng, dtype, layout):
     indices = rng.integers(-3, C + 3, size=(B, 1, R, 12) if layout == "bhsd" else (B, R, 1, 12), dtype=np.int32)
     options = dict(softcap=2.5, layout=layout, sinks=rng.standard_normal(Hq).astype(np.float32),
                    topk_length=rng.integers(0, 14, size=(B, R), dtype=np.int32))
+    want_o = check_sparse(q, k, v, do, indices, dtype, **options)
+    assert relative_l2(sparse_attention_reference(q, k, v, indices, **(options | {"softcap": None})), want_o) > 0.1
+
+
+def check_sparse(q, k, v, do, indices, dtype: str, **options) -> np.ndarray:
+    """sparse_attention and its backward against the float64 references; the reference's output."""
     _, forward_tolerance, backward_tolerance = DTYPES[dtype]
     o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **options)
     want_o, want_lse = sparse_attention_reference(q, k, v, indices, return_lse=True, **options)
@@ -222,7 +235,7 @@ def test_sparse_forward_and_backward(rng, dtype, layout):
     grads = mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, do, device="cpu", **options)
     for got, want in zip(grads, sparse_attention_backward_reference(q, k, v, do, indices, out=o, **options)):
         assert relative_l2(got, want) < backward_tolerance
-    assert relative_l2(sparse_attention_reference(q, k, v, indices, **(options | {"softcap": None})), want_o) > 0.1
+    return want_o
 
 
 @pytest.mark.parametrize("smooth_k, pv", [(True, "int8"), (True, "float"), (False, "int8")])
@@ -232,13 +245,20 @@ def test_int8_attention(rng, smooth_k, pv):
     makes the shift large, so a cap of the unshifted score would fail). Near float64 attention."""
     q, k, v = inputs(rng, [(1, 4, 19, 32), (1, 2, 37, 32), (1, 2, 37, 32)], "float16")
     k += np.float16(1.5)
-    options = dict(causal=True, softcap=3.0, sinks=rng.standard_normal(4).astype(np.float32), smooth_k=smooth_k, pv=pv)
-    o, lse = mfa_native.int8_attention(q, k, v, return_lse=True, device="cpu", **options)
-    want_o, want_lse = int8_attention_emulation(q, k, v, return_lse=True, **options)
+    options = dict(causal=True, softcap=3.0, sinks=rng.standard_normal(4).astype(np.float32))
+    want_o = check_int8(q, k, v, smooth_k=smooth_k, pv=pv, **options)
+    uncapped = int8_attention_emulation(q, k, v, smooth_k=smooth_k, pv=pv, **(options | {"softcap": None}))
+    assert relative_l2(uncapped, want_o) > 0.1
+
+
+def check_int8(q, k, v, *, smooth_k: bool, pv: str, **options) -> np.ndarray:
+    """int8_attention against the emulation of its quantized pipeline (nearly exact) and near
+    float64 attention with the same `options`; the emulation's output."""
+    o, lse = mfa_native.int8_attention(q, k, v, return_lse=True, smooth_k=smooth_k, pv=pv, device="cpu", **options)
+    want_o, want_lse = int8_attention_emulation(q, k, v, return_lse=True, smooth_k=smooth_k, pv=pv, **options)
     assert relative_l2(o, want_o) < 2e-3 and np.allclose(lse, want_lse, atol=1e-3)
-    exact = attention_reference(q, k, v, causal=True, softcap=3.0, sinks=options["sinks"])
-    assert relative_l2(o, exact) < 0.05
-    assert relative_l2(int8_attention_emulation(q, k, v, **(options | {"softcap": None})), want_o) > 0.1
+    assert relative_l2(o, attention_reference(q, k, v, **options)) < 0.05
+    return want_o
 
 
 def test_the_sparse_and_int8_ops_refuse_bad_caps(rng):
@@ -256,7 +276,12 @@ def test_the_sparse_and_int8_ops_refuse_bad_caps(rng):
 
 
 def test_adapters_differentiate_the_sparse_ops(rng):
-    """torch autograd through block-sparse attention, mx.grad through sparse-indexed attention."""
+    check_sparse_adapters(rng, softcap=2.0)
+
+
+def check_sparse_adapters(rng, **options) -> None:
+    """torch autograd through block-sparse attention (causal blocks of a 16 x 16 problem), mx.grad
+    through sparse-indexed attention (5 keys per row), with `options`, against the references."""
     q, k, v, do = inputs(rng, [(1, 2, 16, 16)] * 4, "float32")
     indices = rng.integers(0, 16, size=(1, 1, 16, 5), dtype=np.int32)
     block_mask = mfa_native.BlockMask.from_mask(causal=True, R=16, C=16, block_size=8, device="cpu")
@@ -264,17 +289,24 @@ def test_adapters_differentiate_the_sparse_ops(rng):
     import mfa_native.torch as mt
 
     tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
-    mt.block_sparse_attention(tq, tk, tv, block_mask, softcap=2.0).backward(torch.from_numpy(do))
-    want = block_sparse_attention_backward_reference(q, k, v, do, block_mask, causal=True, softcap=2.0)
+    mt.block_sparse_attention(tq, tk, tv, block_mask, **arrays_as(options, torch.from_numpy)).backward(
+        torch.from_numpy(do))
+    want = block_sparse_attention_backward_reference(q, k, v, do, block_mask, causal=True, **options)
     for x, g in zip((tq, tk, tv), want):
         assert relative_l2(x.grad.numpy(), g) < 2e-4
     mx = pytest.importorskip("mlx.core")
     import mfa_native.mlx as mm
 
-    loss = lambda q, k, v: (mm.sparse_attention(q, k, v, mx.array(indices), softcap=2.0) * mx.array(do)).sum()  # noqa: E731
+    given = arrays_as(options, mx.array)
+    loss = lambda q, k, v: (mm.sparse_attention(q, k, v, mx.array(indices), **given) * mx.array(do)).sum()  # noqa: E731
     grads = mx.grad(loss, argnums=(0, 1, 2))(*(mx.array(x) for x in (q, k, v)))
-    for got, want in zip(grads, sparse_attention_backward_reference(q, k, v, do, indices, softcap=2.0)):
+    for got, want in zip(grads, sparse_attention_backward_reference(q, k, v, do, indices, **options)):
         assert relative_l2(np.array(got), want) < 2e-4
+
+
+def arrays_as(options: dict, convert) -> dict:
+    """`options` with its numpy arrays converted (to a framework's arrays)."""
+    return {name: convert(x) if isinstance(x, np.ndarray) else x for name, x in options.items()}
 
 
 def test_mlx_patch_routes_gemma2(rng, monkeypatch):

@@ -227,14 +227,14 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
 RAISES = """
     TypeError: q, k or v is not an array numpy can read (or the three are not one kind), they
         differ in dtype, or the dtype is not float32, float16 or bfloat16; scale or softcap is
-        not a real number, return_lse not a bool, a window side not an int; a mask neither boolean nor
-        float; sinks not float.
+        not a real number, return_lse not a bool, a window side not an int; a mask neither
+        boolean nor float; sinks or alibi_slopes not float.
     ValueError: q, k, v are not 4-d or their shapes disagree (B, D, Hkv, C), Hq is not a
         multiple of Hkv, D or Dv is outside 1..576 or a size reaches `2**31`; scale is not
-        finite or too large; softcap is not finite or not above 0; causal or layout is not one of the values above; window is not
-        a (left, right) pair or a side is below -1; the mask does not broadcast to
-        (B, Hq, R, C); sinks is not (Hq,); deterministic is not False, True, "run_to_run" or
-        "batch_invariant".
+        finite or too large; softcap is not finite or not above 0; causal or layout is not one
+        of the values above; window is not a (left, right) pair or a side is below -1; the
+        mask does not broadcast to (B, Hq, R, C); sinks is not (Hq,); alibi_slopes is not
+        (Hq,) or (B, Hq); deterministic is not False, True, "run_to_run" or "batch_invariant".
 """
 
 ATTENTION = Op(

@@ -11,8 +11,8 @@ import numpy as np
 from .. import codegen, reference
 from ..runtime.devices import tuning_facts
 from .arguments import causal_mode, is_empty
-from .attention import (CAUSAL, GRADIENT_OF, K, LAYOUT, LSE, MASK, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS,
-                        SOFTCAP, V, WINDOW, Validated, validate)
+from .attention import (ALIBI_SLOPES, CAUSAL, GRADIENT_OF, K, LAYOUT, LSE, MASK, OUTPUT, Q, RAISES, RETURN_LSE, SCALE,
+                        SINKS, SOFTCAP, V, WINDOW, Validated, validate)
 from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
 from .block_mask import BITS, PAIRS, BlockMask, check_lists
 from .declaration import Arg, Call, Op
@@ -92,7 +92,8 @@ def _prepare_forward(call: Call, device):
     block_mask = as_block_mask(call.block_mask)
     checked = _with_lists(validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale,
                                    causal=call.causal, window=call.window, layout=call.layout,
-                                   return_lse=call.return_lse, softcap=call.softcap), block_mask)
+                                   return_lse=call.return_lse, softcap=call.softcap,
+                                   alibi_slopes=call.alibi_slopes), block_mask)
     p = checked.problem
     if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_forward(p, call.op.array_names, checked)
@@ -104,7 +105,7 @@ def _prepare_forward(call: Call, device):
 def _prepare_backward(call: Call, device):
     backward = validate_backward((call.q, call.k, call.v, call.o, call.lse, call.do, call.mask, call.sinks),
                                  scale=call.scale, causal=call.causal, window=call.window, layout=call.layout,
-                                 softcap=call.softcap)
+                                 softcap=call.softcap, alibi_slopes=call.alibi_slopes)
     block_mask = as_block_mask(call.block_mask)
     forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), block_mask)
     problem = replace(backward.problem, forward=forward.problem)
@@ -132,8 +133,8 @@ BLOCK_RAISES = RAISES + """
 BLOCK_SPARSE_ATTENTION = Op(
     "block_sparse_attention",
     "Attention over the key blocks `block_mask` lists for each query block.",
-    arguments=(Q, K, V, BLOCK_MASK, SCALE, BLOCK_CAUSAL, BLOCK_RULE_MASK, BLOCK_WINDOW, SINKS, SOFTCAP, LAYOUT,
-               RETURN_LSE),
+    arguments=(Q, K, V, BLOCK_MASK, SCALE, BLOCK_CAUSAL, BLOCK_RULE_MASK, BLOCK_WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES,
+               LAYOUT, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
     resolve=_with_rule,
@@ -144,10 +145,11 @@ BLOCK_SPARSE_ATTENTION = Op(
     Query (b, h, r) sees key c iff c lies in a block its query block lists, and either the
     block is in the full lists, or it is in the partial lists and causal, window and a
     boolean `mask` allow (r, c) exactly as in `attention`. The logit is attention's: scale *
-    q . k, capped with softcap, then an additive `mask` added wherever (r, c) is visited. A block listed twice (in one list, or in both) is
-    visited twice (its keys count twice in the softmax), as in FlexAttention. The other
-    arguments are `attention`'s (shapes, dtypes, GQA, D and Dv). The lists' contents are
-    checked on every call.
+    q . k, capped with softcap, less ALiBi's slope[h] * |r + C - R - c| with alibi_slopes,
+    then an additive `mask` added wherever (r, c) is visited. A block listed twice (in one
+    list, or in both) is visited twice (its keys count twice in the softmax), as in
+    FlexAttention. The other arguments are `attention`'s (shapes, dtypes, GQA, D and Dv).
+    The lists' contents are checked on every call.
     """,
     returns="""
     As `attention`: the output o, (B, Hq, R, Dv) ("bshd": (B, R, Hq, Dv)) of q's kind and
@@ -180,7 +182,7 @@ BLOCK_SPARSE_ATTENTION_BACKWARD = Op(
     "block_sparse_attention_backward",
     "Gradients of `block_sparse_attention`, as `attention_backward` returns them.",
     arguments=(Q, K, V, O, LSE_IN, DO, BLOCK_MASK, SCALE, BLOCK_CAUSAL, BLOCK_RULE_MASK, BLOCK_WINDOW, SINKS, SOFTCAP,
-               LAYOUT),
+               ALIBI_SLOPES, LAYOUT),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
     resolve=_with_rule,

@@ -10,8 +10,8 @@ from ..codegen.int8.problem import PV_MODES, QK_SCALES
 from ..int8_reference import int8_attention_emulation, int8_quantized_reference
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
-from .attention import (CAUSAL, LAYOUT, LSE, MASK, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW,
-                        Validated, validate)
+from .attention import (ALIBI_SLOPES, CAUSAL, LAYOUT, LSE, MASK, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS, SOFTCAP,
+                        WINDOW, Validated, validate)
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_forward
 from .warm import PreparedCall, prepared_call
@@ -29,8 +29,9 @@ QK_SCALE = Arg("qk_scale", "option", default="token", schema="str", doc="""
 SMOOTH_K = Arg("smooth_k", "option", default=True, schema="bool", doc="""
     quantize K minus its mean over the attended keys (per batch, kv head and channel; see
     "Statistics" below). The results are those of the unshifted logits: each row's shift
-    scale * q . mean(k) (float q) is added back before the softmax (before softcap, which
-    caps the unshifted score), so lse and the sinks are those of the unshifted logits.""")
+    scale * q . mean(k) (float q) is added back before the softmax (before softcap and
+    ALiBi: the cap takes the unshifted score), so lse and the sinks are those of the
+    unshifted logits.""")
 PV = Arg("pv", "option", default="int8", schema="str", doc="""
     "int8": V minus its per-channel mean over the attended keys is int8 with one scale per
     channel (the mean comes back with the real keys' probability mass, not the sink's); P is
@@ -51,10 +52,10 @@ def int8_options(qk_scale, smooth_k, pv) -> dict:
 
 
 def _checked(call: Call, *, scale=None, causal=False, mask=None, window=None, sinks=None, softcap=None,
-             return_lse=False) -> tuple[Validated, dict]:
+             alibi_slopes=None, return_lse=False) -> tuple[Validated, dict]:
     options = int8_options(call.qk_scale, call.smooth_k, call.pv)
     checked = validate((call.q, call.k, call.v, mask, sinks), scale=scale, causal=causal, window=window,
-                       layout=call.layout, return_lse=return_lse, softcap=softcap,
+                       layout=call.layout, return_lse=return_lse, softcap=softcap, alibi_slopes=alibi_slopes,
                        quantized_refusal=QUANTIZED_REFUSAL)
     return checked, options
 
@@ -63,7 +64,8 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     """The first call of a signature: every check, then the problem's pass, prepared; and
     this call's inputs."""
     checked, options = _checked(call, scale=call.scale, causal=call.causal, mask=call.mask, window=call.window,
-                                sinks=call.sinks, softcap=call.softcap, return_lse=call.return_lse)
+                                sinks=call.sinks, softcap=call.softcap, alibi_slopes=call.alibi_slopes,
+                                return_lse=call.return_lse)
     p = checked.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_forward(p, call.op.array_names, checked)
@@ -75,8 +77,8 @@ INT8_ATTENTION = Op(
     "int8_attention",
     "Softmax attention with q, k (and v) quantized to int8 on the device and both products\n"
     "computed in exact integer arithmetic: for GPUs with int8 matrix units.",
-    arguments=(Q, FLOAT_K, FLOAT_V, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, LAYOUT, RETURN_LSE, QK_SCALE,
-               SMOOTH_K, PV),
+    arguments=(Q, FLOAT_K, FLOAT_V, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, LAYOUT, RETURN_LSE,
+               QK_SCALE, SMOOTH_K, PV),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=int8_attention_emulation,
@@ -84,10 +86,10 @@ INT8_ATTENTION = Op(
                 "and the lse int8_attention returns (return_lse=True)",
     details="""
     Takes float inputs and returns float outputs exactly like `attention` (same arguments,
-    shapes, layouts, masks, window, sinks, softcap, GQA, dtypes float32 / float16 / bfloat16,
-    arrays of q's kind; k and v are float arrays, not QuantizedTensors); the quantization is
-    internal, in one pass of kernels (quantizers, then attention) whose int8 values, scales
-    and means stay in device memory. D (and Dv) are 1..256.
+    shapes, layouts, masks, window, sinks, softcap, alibi_slopes, GQA, dtypes float32 /
+    float16 / bfloat16, arrays of q's kind; k and v are float arrays, not QuantizedTensors);
+    the quantization is internal, in one pass of kernels (quantizers, then attention) whose
+    int8 values, scales and means stay in device memory. D (and Dv) are 1..256.
 
     Exactness: int8 values are exact in half, and every product sum is an integer below
     `2**24` in magnitude (`D * 127**2` for Q K^T, `64 * 127**2` for P V per block), so float32

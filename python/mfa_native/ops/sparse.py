@@ -11,8 +11,8 @@ from .. import codegen, reference
 from ..codegen import TokenLists, physical
 from ..runtime.devices import tuning_facts
 from . import arguments as check
-from .attention import (GRADIENT_OF, K, LAYOUT, LSE, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS, SOFTCAP, Validated,
-                        validate)
+from .attention import (ALIBI_SLOPES, GRADIENT_OF, K, LAYOUT, LSE, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS, SOFTCAP,
+                        Validated, validate)
 from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
 from .declaration import Arg, Call, Op
 from .empty import empty_backward, empty_forward
@@ -34,7 +34,8 @@ SPARSE_V = Arg("v", "array", leading=True, grad=True, keyword=False, doc="""
 def _prepare_forward(call: Call, device):
     shared = _shared_latent(call.k, call.v)
     checked = _with_lists(validate((call.q, call.k, call.v, None, call.sinks), scale=call.scale, causal=False,
-                                   window=None, layout=call.layout, return_lse=call.return_lse, softcap=call.softcap),
+                                   window=None, layout=call.layout, return_lse=call.return_lse, softcap=call.softcap,
+                                   alibi_slopes=call.alibi_slopes),
                           call.indices, call.topk_length, shared)
     p = checked.problem
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
@@ -46,7 +47,7 @@ def _prepare_forward(call: Call, device):
 def _prepare_backward(call: Call, device):
     backward = validate_backward((call.q, call.k, call.v, call.o, call.lse, call.do, None, call.sinks),
                                  scale=call.scale, causal=False, window=None, layout=call.layout,
-                                 softcap=call.softcap)
+                                 softcap=call.softcap, alibi_slopes=call.alibi_slopes)
     forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), call.indices,
                           call.topk_length, False)
     problem = replace(backward.problem, forward=forward.problem)
@@ -67,7 +68,7 @@ SPARSE_RAISES = RAISES + """
 SPARSE_ATTENTION = Op(
     "sparse_attention",
     "Attention of each query row over exactly the keys its list names.",
-    arguments=(Q, K, SPARSE_V, INDICES, SCALE, SINKS, SOFTCAP, TOPK_LENGTH, LAYOUT, RETURN_LSE),
+    arguments=(Q, K, SPARSE_V, INDICES, SCALE, SINKS, SOFTCAP, ALIBI_SLOPES, TOPK_LENGTH, LAYOUT, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
     key=lambda values: (_shared_latent(values["k"], values["v"]),),
@@ -75,11 +76,12 @@ SPARSE_ATTENTION = Op(
     backward="sparse_attention_backward",
     gradients=GRADIENT_OF,
     details="""
-    q, k, scale, sinks, softcap, layout and return_lse are as in `attention` ("bhsd": (B,
-    Hq, R, D), (B, Hkv, C, D), (B, Hkv, C, Dv); "bshd" swaps the sequence and head axes), one
-    float dtype, GQA, strides in place. There is no causal, window or mask: a row attends
-    exactly the keys its list names (a gather, then dense attention over them, softcap
-    capping each listed key's scaled score).
+    q, k, scale, sinks, softcap, alibi_slopes, layout and return_lse are as in `attention`
+    ("bhsd": (B, Hq, R, D), (B, Hkv, C, D), (B, Hkv, C, Dv); "bshd" swaps the sequence and
+    head axes), one float dtype, GQA, strides in place. There is no causal, window or mask: a
+    row attends exactly the keys its list names (a gather, then dense attention over them,
+    softcap capping each listed key's scaled score; ALiBi's distance |r + C - R - j| counts
+    from query row r to the listed key's index j in k).
     """,
     returns="""
     As `attention`: the output o of q's kind, dtype and layout, (B, Hq, R, Dv), and with
@@ -105,7 +107,7 @@ sparse_attention = SPARSE_ATTENTION.function
 SPARSE_ATTENTION_BACKWARD = Op(
     "sparse_attention_backward",
     "Exact gradients of `sparse_attention`: (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks.",
-    arguments=(Q, K, SPARSE_V, INDICES, O, LSE_IN, DO, SCALE, SINKS, SOFTCAP, TOPK_LENGTH, LAYOUT),
+    arguments=(Q, K, SPARSE_V, INDICES, O, LSE_IN, DO, SCALE, SINKS, SOFTCAP, ALIBI_SLOPES, TOPK_LENGTH, LAYOUT),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
     reference=reference.sparse_attention_backward_reference,

@@ -9,9 +9,10 @@ visible range's first block starts at a multiple of P_BLOCK). Per block:
 
   1. allowed keys and the additive mask (masking.bias_over_keys);
   2. S = Q K^T in exact integers (int8_products), then the logits S * q_scale * k_scale,
-     times scale * log2(e), through the score transforms (softcap), plus the mask; with
-     smooth_k the row's shift q . mean(k) is left out here (it is the same for every key of
-     the row, see _shift), unless a score transform needs the true score (_shift_in_scores);
+     times scale * log2(e), through the score transforms (softcap, ALiBi), plus the mask;
+     with smooth_k the row's shift q . mean(k) is left out here (it is the same for every
+     key of the row, see _shift), unless a score transform needs the true score
+     (_shift_in_scores);
   3. pv="float": the dense kernel's online softmax and O += P V (V in its dtype, P float32);
      pv="int8": P quantized against the block's own maximum logit, round(127 * exp2(s -
      block_max)) in 0..127, its integers summed into the denominator, the block's P V in
@@ -34,6 +35,7 @@ from ..attention.forward import BUILTINS, Normalized
 from ..attention.forward import summary as dense_summary
 from ..attention.masking import bias_over_keys, key_range, mask_row_pointer
 from ..attention.rows import query_rows_geometry, row_index
+from ..attention.scores import Element, buffers, element, setup
 from ..attention.softmax import logits, online_softmax
 from ..kernel.msl import MSL_TYPES, float_literal, loop
 from ..kernel.plan import GridAxis, LaunchPlan
@@ -61,7 +63,7 @@ def launch_plan(x: Int8Descriptor) -> LaunchPlan:
     values = ("v_int8", "v_scale", "v_mean") if x.pv == "int8" else ()
     flags = flag_operands(x) if x.pv == "float" else []
     ops = (int8_operands.reads(x, *queries, "k_int8", "k_scale", *values) + flags
-           + operands.reads(d, *(("v",) if x.pv == "float" else ()), "mask")
+           + operands.reads(d, *(("v",) if x.pv == "float" else ()), "mask", *buffers(d.scores))
            + Normalized.results(d) + operands.sizes(d))
     grid = (GridAxis(Extent(1, ("R",)), d.query_rows), GridAxis(Extent(1, ("Hq",))), GridAxis(Normalized.grid_z))
     return LaunchPlan(KERNEL_NAME, tuple(ops), grid, 32 * d.simdgroups, d.sizes)
@@ -114,7 +116,8 @@ def _scores(x: Int8Descriptor, end: str) -> list[str]:
     lines += loop(f"int j = 0; j < {KEY_TILES}; ++j", loop("int e = 0; e < 2; ++e", [
         f"const float key_scale = key_scales[min(kb + j * 8 + int(tc) + e, {end} - 1)];",
         "p_tile[j].thread_elements()[e] = p_tile[j].thread_elements()[e] * (row_scale * key_scale)"
-        + (" + row_shift;  // the true score: the score transforms are not shift-invariant" if shifted else ";"),
+        + (" + row_shift;  // the true score, for the score transforms (softcap is not shift-invariant)"
+           if shifted else ";"),
     ]))
     return lines
 
@@ -145,7 +148,7 @@ def _float_values(x: Int8Descriptor, end: str) -> list[str]:
     """pv="float": the dense kernel's online softmax and O += P V, V's rows of keys no query
     attends read as 0 (their P is 0, and a NaN there must not make 0 * NaN)."""
     d = x.attention
-    lines = online_softmax(d, KEY_TILES) + ["", "// O += P V."]
+    lines = online_softmax(d, KEY_TILES, at=_element(x)) + ["", "// O += P V."]
     kept = "key_attended" if limits_keys(x) else None
     return lines + accumulate("o_tile", weights="p_tile", count=KEY_TILES, rhs=HeadTensor.of("v", d.v, d.value_dim),
                               rhs_tile="v_tile", rhs_comment="rows are keys, columns are value dims", position="key",
@@ -159,7 +162,7 @@ def _int8_values(x: Int8Descriptor, end: str) -> list[str]:
     mass = _keys_mass(x)
     lines = ["", "// P against the block's own maximum logit: integers 0..127, the maximum itself 127.",
              "float block_max = MASKED;"]
-    lines += logits(d, KEY_TILES, "p_tile", ["block_max = max_nan(block_max, s[i]);"])
+    lines += logits(d, KEY_TILES, "p_tile", ["block_max = max_nan(block_max, s[i]);"], at=_element(x))
     lines += ["block_max = max_nan(block_max, simd_shuffle_xor(block_max, 1));",
               "block_max = max_nan(block_max, simd_shuffle_xor(block_max, 8));",
               f"{INT8_TILE} p_int8[{KEY_TILES}];",
@@ -191,6 +194,11 @@ def _int8_values(x: Int8Descriptor, end: str) -> list[str]:
         f"o_tile[t].thread_elements()[{e}] = o_tile[t].thread_elements()[{e}] * correction"
         f" + unit * pv_int[t].thread_elements()[{e}];" for e in (0, 1)])
     return lines
+
+
+def _element(x: Int8Descriptor) -> Element:
+    """Where the lane's element of the block lies, for the score transforms (ALiBi)."""
+    return element(x.attention, "int(row)", "kb + j * 8 + int(tc) + e")
 
 
 def _restore_values(x: Int8Descriptor) -> list[str]:
@@ -233,5 +241,6 @@ def generate_int8(x: Int8Descriptor) -> KernelSource:
         state.append("float l_keys = 0.0f;  // l without the sink's share")
     state += zeroed("o_tile", tiles(d.value_dim), "O, unnormalized")
     finish = (_restore_values(x) if x.pv == "int8" else []) + _shift(x, "+") + Normalized.store(d)
-    body = _geometry(x) + key_range(d.rules) + align + _q_tiles(x) + state + _key_steps(x, "key_end") + finish
+    body = (_geometry(x) + key_range(d.rules) + align + _q_tiles(x) + state + setup(d) + _key_steps(x, "key_end")
+            + finish)
     return assemble(launch_plan(x), summary=_summary(x), builtins=BUILTINS, body=body)

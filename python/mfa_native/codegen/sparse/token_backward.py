@@ -22,6 +22,7 @@ from ..attention import operands
 from ..attention.descriptor import BackwardDescriptor
 from ..attention.forward import BUILTINS
 from ..attention.rows import row_index
+from ..attention.scores import buffers, setup
 from ..attention.softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
 from ..kernel.msl import BUILTINS_THREAD, MSL_TYPES, float_literal, indent, loop
 from ..kernel.plan import GridAxis, LaunchPlan
@@ -30,7 +31,7 @@ from ..kernel.source import KernelSource, assemble
 from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, cached_rows, element_offset, scores,
                             tiles, zeroed)
 from ..kernel.stores import store_rows
-from .token_forward import slot_bias, slot_geometry
+from .token_forward import slot_bias, slot_element, slot_geometry
 
 DQ_KERNEL_NAME = "sparse_backward_dq"
 TRANSPOSE_KERNEL_NAME = "sparse_transpose_lists"
@@ -39,7 +40,7 @@ REREAD = "re-read: the rows do not stay in registers at this head dimension"
 
 
 def dq_plan(d: BackwardDescriptor) -> LaunchPlan:
-    ops = (operands.reads(d, *INPUTS, "o", "indices", "topk_length", "sinks")
+    ops = (operands.reads(d, *INPUTS, "o", "indices", "topk_length", "sinks", *buffers(d.scores))
            + operands.writes(d, "dq", "p_slots", "ds_slots", *(["sink_grad"] if d.sinks else [])) + operands.sizes(d))
     grid = (GridAxis(Extent(1, ("R",))), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
     return LaunchPlan(DQ_KERNEL_NAME, tuple(ops), grid, 32 * (d.query_rows // 8), d.sizes)
@@ -85,7 +86,7 @@ def _dq_steps(d: BackwardDescriptor) -> list[str]:
                    rhs_tile="k_tile", rhs_comment="K^T of the listed keys", position="key", first="kb",
                    positions=listed, reread=REREAD)
     body += ["", "// P = exp2(S * scale * log2(e) - lse2): the forward's probabilities."]
-    body += logits(d, count, "p_tile", keep_slopes=True) + probabilities(count, "p_tile", "lse2")
+    body += logits(d, count, "p_tile", keep_slopes=True, at=slot_element(d)) + probabilities(count, "p_tile", "lse2")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
     body += scores("dp_tile", count=count, lhs=Rows(dout, "h", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=v,
                    rhs_tile="v_tile", rhs_comment="V^T of the listed keys", position="key", first="kb",
@@ -121,7 +122,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     body += cached_rows([(label, f"{name}_tile", _heads(d, name, width)) for label, name, width, kept in
                          (("Q", "q", d.head_dim, d.cache_q), ("dO", "dout", d.value_dim, d.cache_dout)) if kept],
                         "h", " of the 8 heads")
-    body += _delta(d)
+    body += _delta(d) + setup(d)
     body += ["", "// dQ / scale, accumulated over the listed keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
     body += _dq_steps(d)
     store = [f"device {t}* dq_row = dq + ({element_offset(d.dq, ('ulong(b)', 0), ('ulong(h)', 1), ('ulong(r)', 2))});"]

@@ -8,7 +8,7 @@ listed K (and V) rows in threadgroup memory, each row read from device memory on
 every simdgroup's products read the stage; when v is a view of k (MLA's shared latent),
 one staged row serves both. A slot past the count, or whose entry is outside 0..C-1, is
 skipped and reads nothing. The online softmax, its NaN rules and the finish are the dense
-forward kernel's.
+forward kernel's; the score transforms see query row r and the listed key's index in k.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ..attention import operands
 from ..attention.descriptor import KernelDescriptor
 from ..attention.forward import BUILTINS
 from ..attention.rows import row_index, stages_apart
+from ..attention.scores import Element, buffers, element, setup
 from ..attention.softmax import online_softmax, sink_state, stored_lse
 from ..kernel.msl import MSL_TYPES, indent, loop, offset
 from ..kernel.plan import GridAxis, LaunchPlan
@@ -34,7 +35,7 @@ SPARSE_KERNEL_NAME = "sparse_attention_forward"
 
 
 def sparse_plan(d: KernelDescriptor) -> LaunchPlan:
-    ops = (operands.reads(d, "q", "k", "v", "indices", "topk_length")
+    ops = (operands.reads(d, "q", "k", "v", "indices", "topk_length", *buffers(d.scores))
            + operands.writes(d, "o", *(["lse"] if d.return_lse else [])) + operands.reads(d, "sinks")
            + operands.sizes(d))
     grid = (GridAxis(Extent(1, ("R",))), GridAxis(Extent(1, ("Hkv",))), GridAxis(Extent(1, ("B",))))
@@ -63,10 +64,25 @@ def slot_geometry(d: KernelDescriptor) -> list[str]:
     return lines
 
 
+SLOT = "kb + j * 8 + int(tc) + e"   # the list slot of the lane's element (j, e) of a step's tiles
+
+
+def listed_key(slot: str) -> str:
+    """The entry of the row's list at `slot` (clamped to the count: a slot past it reads the last)."""
+    return f"listed[min({slot}, count - 1)]"
+
+
+def slot_element(d) -> Element:
+    """Where the lane's element lies, for the score transforms: query row r, and the listed key's
+    index in k (an entry naming no key reads as key C - 1, so no position overflows: its element
+    is MASKED whatever the transforms make of it)."""
+    return element(d, "int(r)", f"int(min(uint({listed_key(SLOT)}), C - 1))")
+
+
 def slot_bias(count: int) -> list[str]:
     """s = 0 for the lane's slots that name a key (slot < count, entry in 0..C-1), else MASKED."""
-    body = ["const int slot = kb + j * 8 + int(tc) + e;",
-            "const int entry = listed[min(slot, count - 1)];",
+    body = [f"const int slot = {SLOT};",
+            f"const int entry = {listed_key('slot')};",
             "s[j * 2 + e] = slot < count && uint(entry) < C ? 0.0f : MASKED;"]
     return ["// Which of the lane's slots name a key (entries < 0 or >= C are skipped).", f"float s[{2 * count}];"] \
         + loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", body))
@@ -104,7 +120,7 @@ def _slot_steps(d: KernelDescriptor) -> list[str]:
     body += scores("p_tile", count=key_tiles, lhs=Rows(q, "h", "q_tile" if d.cache_q else None, "q_i"), rhs=k,
                    rhs_tile="k_tile", rhs_comment="K^T of the listed keys", position="key", first="0",
                    positions=positions, reread="re-read: Q does not stay in registers at this head dimension")
-    body += online_softmax(d, key_tiles)
+    body += online_softmax(d, key_tiles, at=slot_element(d))
     if fills[1]:
         body += ["", "// The step's V rows, staged over its K rows."] + fills[1]
     body += ["", "// O += P V over the staged rows."]
@@ -136,7 +152,8 @@ def generate_sparse(d: KernelDescriptor) -> KernelSource:
     state = ["", "// Online softmax state of the lane's row (log2 domain) and its output accumulator."]
     state += sink_state() if d.sinks else ["float m = MASKED;", "float l = 0.0f;"]
     state += zeroed("o_tile", tiles(d.value_dim), "O, unnormalized")
-    body = slot_geometry(d) + staging.declare(staged_tensors(d), d.keys.stage_rows, d.dtype, str(32 * d.simdgroups)) + q_cache + state + _slot_steps(d) + _store(d)
+    body = (slot_geometry(d) + staging.declare(staged_tensors(d), d.keys.stage_rows, d.dtype, str(32 * d.simdgroups))
+            + q_cache + state + setup(d) + _slot_steps(d) + _store(d))
     summary = [f"{d.dtype}, D = {d.head_dim}, Dv = {d.value_dim}, {d.gqa_ratio} query heads per kv head as tile rows",
                f"sparse-indexed: token lists{' with topk_length' if d.keys.lengths else ''}, "
                f"sinks {'yes' if d.sinks else 'no'}, lse {'yes' if d.return_lse else 'no'}",
