@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import relative_l2
 from test_softcap import (check_attention, check_block_sparse, check_int8, check_sparse, check_sparse_adapters,
-                          check_split_decode, check_varlen, inputs)
+                          check_split_decode, check_varlen, inputs, sparse_and_int8_calls)
 
 import mfa_native
 from mfa_native.int8_reference import int8_attention_emulation
@@ -118,13 +118,7 @@ def test_int8_attention(rng, smooth_k, pv, per_batch):
 
 def test_the_sparse_and_int8_ops_refuse_bad_slopes(rng):
     """attention's checks (validate), before anything runs: per-batch tables count the batch."""
-    q, k, v = inputs(rng, [(2, 2, 16, 16)] * 3, "float32")
-    indices = rng.integers(0, 16, size=(2, 1, 16, 4), dtype=np.int32)
-    block_mask = mfa_native.BlockMask.from_mask(causal=True, R=16, C=16, block_size=8, device="cpu")
-    calls = [lambda s: mfa_native.block_sparse_attention(q, k, v, block_mask, alibi_slopes=s, device="cpu"),
-             lambda s: mfa_native.sparse_attention(q, k, v, indices, alibi_slopes=s, device="cpu"),
-             lambda s: mfa_native.int8_attention(q, k, v, alibi_slopes=s, device="cpu")]
-    for call in calls:
+    for call in sparse_and_int8_calls(rng, 2, "alibi_slopes"):
         for bad, error in ((np.ones(3, np.float32), ValueError), (np.ones((3, 2), np.float32), ValueError),
                            (np.ones(2, np.int32), TypeError)):
             with pytest.raises(error, match="alibi_slopes must"):

@@ -261,15 +261,20 @@ def check_int8(q, k, v, *, smooth_k: bool, pv: str, **options) -> np.ndarray:
     return want_o
 
 
+def sparse_and_int8_calls(rng, batch: int, argument: str) -> list:
+    """block_sparse_attention, sparse_attention and int8_attention on random inputs, each a
+    function of `argument`'s value."""
+    q, k, v = inputs(rng, [(batch, 2, 16, 16)] * 3, "float32")
+    indices = rng.integers(0, 16, size=(batch, 1, 16, 4), dtype=np.int32)
+    block_mask = mfa_native.BlockMask.from_mask(causal=True, R=16, C=16, block_size=8, device="cpu")
+    return [lambda x: mfa_native.block_sparse_attention(q, k, v, block_mask, device="cpu", **{argument: x}),
+            lambda x: mfa_native.sparse_attention(q, k, v, indices, device="cpu", **{argument: x}),
+            lambda x: mfa_native.int8_attention(q, k, v, device="cpu", **{argument: x})]
+
+
 def test_the_sparse_and_int8_ops_refuse_bad_caps(rng):
     """The same checks as attention's (validate), before anything runs."""
-    q, k, v = inputs(rng, [(1, 2, 16, 16)] * 3, "float32")
-    indices = rng.integers(0, 16, size=(1, 1, 16, 4), dtype=np.int32)
-    block_mask = mfa_native.BlockMask.from_mask(causal=True, R=16, C=16, block_size=8, device="cpu")
-    calls = [lambda cap: mfa_native.block_sparse_attention(q, k, v, block_mask, softcap=cap, device="cpu"),
-             lambda cap: mfa_native.sparse_attention(q, k, v, indices, softcap=cap, device="cpu"),
-             lambda cap: mfa_native.int8_attention(q, k, v, softcap=cap, device="cpu")]
-    for call in calls:
+    for call in sparse_and_int8_calls(rng, 1, "softcap"):
         for cap, error in ((0.0, ValueError), (float("nan"), ValueError), ("5", TypeError)):
             with pytest.raises(error, match="softcap"):
                 call(cap)
