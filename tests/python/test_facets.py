@@ -153,3 +153,55 @@ def test_a_new_score_transform_runs_in_the_forward_and_backward_kernels(rng):
         want = attention_reference(bshd["q"][b:b + 1], bshd["k"][b:b + 1, :n], bshd["v"][b:b + 1, :n], causal=True,
                                    scale=2 / np.sqrt(D), layout="bshd")
         np.testing.assert_allclose(out[b:b + 1], want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_new_score_transform_runs_in_every_op(rng, monkeypatch):
+    """The toy transform in every op that computes scores, reached through the one place the ops
+    build their chain (ops/attention.py's score_transforms, patched to append it; each op's warm
+    calls patched empty so no call of another test answers): every op equals its float64
+    reference at twice the scale, forward, and backward where the op has one."""
+    from mfa_native.int8_reference import int8_attention_emulation
+    from mfa_native.ops import attention as attention_op
+    from mfa_native.ops.declaration import OPS
+    from mfa_native.reference import (attention_varlen_reference, attention_with_kvcache_reference,
+                                      block_sparse_attention_backward_reference, block_sparse_attention_reference,
+                                      sparse_attention_backward_reference, sparse_attention_reference)
+
+    chain = attention_op.score_transforms
+    monkeypatch.setattr(attention_op, "score_transforms", lambda *a: chain(*a) + (Doubled(),))
+    for op in OPS.values():
+        monkeypatch.setattr(op, "calls", type(op.calls)())
+    b, h, r, c, d = 2, 2, 11, 21, 24
+    q, k, v, do = (rng.standard_normal(s).astype(np.float32) for s in ((b, h, r, d), (b, h, c, d), (b, h, c, d),
+                                                                        (b, h, r, d)))
+    twice = dict(scale=2 / np.sqrt(d))
+    o, lse = mfa_native.attention(q, k, v, causal=True, return_lse=True, device="cpu")
+    np.testing.assert_allclose(o, attention_reference(q, k, v, causal=True, **twice), atol=2e-5)
+    for got, want in zip(mfa_native.attention_backward(q, k, v, o, lse, do, causal=True, device="cpu"),
+                         attention_backward_reference(q, k, v, do, causal=True, **twice)):
+        np.testing.assert_allclose(got, want, atol=2e-4)
+    cu = np.array([0, 4, 11], np.int32)
+    packed = [x[0].transpose(1, 0, 2).copy() for x in (q, k[:, :, :r], v[:, :, :r])]
+    np.testing.assert_allclose(mfa_native.attention_varlen(*packed, cu, cu, causal=True, device="cpu"),
+                               attention_varlen_reference(*packed, cu, cu, causal=True, **twice), atol=2e-5)
+    bshd = [x.transpose(0, 2, 1, 3).copy() for x in (q, k, v)]
+    lengths = np.array([c, 9], np.int32)
+    np.testing.assert_allclose(
+        mfa_native.attention_with_kvcache(bshd[0], bshd[1], bshd[2], cache_seqlens=lengths, causal=True, device="cpu"),
+        attention_with_kvcache_reference(*bshd, lengths, causal=True, **twice), atol=2e-5)
+    block_mask = mfa_native.BlockMask.from_mask(causal=True, R=r, C=c, block_size=8, device="cpu")
+    o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, device="cpu")
+    np.testing.assert_allclose(o, block_sparse_attention_reference(q, k, v, block_mask, causal=True, **twice),
+                               atol=2e-5)
+    for got, want in zip(mfa_native.block_sparse_attention_backward(q, k, v, o, lse, do, block_mask, device="cpu"),
+                         block_sparse_attention_backward_reference(q, k, v, do, block_mask, causal=True, **twice)):
+        np.testing.assert_allclose(got, want, atol=2e-4)
+    indices = rng.integers(0, c, size=(b, 1, r, 6), dtype=np.int32)
+    o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu")
+    np.testing.assert_allclose(o, sparse_attention_reference(q, k, v, indices, **twice), atol=2e-5)
+    for got, want in zip(mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, do, device="cpu"),
+                         sparse_attention_backward_reference(q, k, v, do, indices, **twice)):
+        np.testing.assert_allclose(got, want, atol=2e-4)
+    half = [x.astype(np.float16) for x in (q, k, v)]
+    np.testing.assert_allclose(mfa_native.int8_attention(*half, causal=True, device="cpu"),
+                               int8_attention_emulation(*half, causal=True, **twice), atol=2e-3)
