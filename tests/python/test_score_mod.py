@@ -128,12 +128,21 @@ def test_an_operation_outside_the_vocabulary_is_an_error_naming_it(rng):
         flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + table[h].sum(), enable_gqa=True)
 
 
-def test_a_captured_tensor_that_requires_grad_is_refused(rng):
-    """No silent missing gradient: a learnable bias is refused until its gradient is computed."""
+def test_a_learnable_bias_gets_its_gradient(rng):
+    """A captured table that requires grad (per head and relative position, under a causal
+    block mask) gets the gradient float64 autograd gives it; q, k, v theirs as before."""
+    table = torch.from_numpy(rng.standard_normal((HQ, R + C)).astype(np.float32)).requires_grad_()
+    score_mod = lambda s, b, h, i, j: s + table[h, i - j + C]   # noqa: E731
+    block_mask = flex.create_block_mask(causal, None, None, R, C, device="cpu", BLOCK_SIZE=8)
     q, k, v = inputs(rng)
-    bias = torch.zeros(HQ, requires_grad=True)
-    with pytest.raises(NotImplementedError, match="requires grad"):
-        flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + bias[h], enable_gqa=True)
+    out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True)
+    do = torch.from_numpy(rng.standard_normal(out.shape).astype(np.float32))
+    grads = torch.autograd.grad(out, (q, k, v, table), do)
+    table64 = table.detach().double().requires_grad_()
+    leaves, expected, _ = reference(q, k, v, lambda s, b, h, i, j: s + table64[h, i - j + C], causal)
+    assert relative_l2(out.detach(), expected.detach()) < 1e-5
+    for got, want in zip(grads, torch.autograd.grad(expected, (*leaves, table64), do.double())):
+        assert relative_l2(got, want) < 1e-4
 
 
 def test_the_expression_is_a_kernel_fact_and_the_op_takes_its_text(rng):

@@ -21,6 +21,7 @@ from ..ops.block_sparse import BLOCK_SPARSE_ATTENTION
 from ..ops.flex_bits import as_block_mask, everything
 from .library import torch_function
 from .score_mod import trace
+from .score_mod_gradients import with_captured_gradients
 
 _block_sparse_attention = torch_function(BLOCK_SPARSE_ATTENTION)
 
@@ -46,7 +47,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             reads of captured tensors indexed at every axis by b, h, q_idx, kv_idx
             expressions (a negative index counts from the end; an index outside the tensor
             makes that score NaN). It computes in float32; a result of -inf removes the key.
-            The captured tensors get no gradient (NotImplementedError if one requires grad).
+            A captured float tensor that requires grad (a learnable bias) gets its gradient,
+            the sum of dS over the elements that read it, recomputed densely with torch ops
+            (B x Hq x R x C float32) in the backward.
         block_mask: FlexAttention's BlockMask (create_block_mask, BlockMask.from_kv_blocks),
             a mfa_native.BlockMask, or None for every key.
         scale: the logit scale; None: 1 / sqrt(D).
@@ -62,7 +65,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             output and -inf lse for a row with no allowed key).
 
     Raises:
-        NotImplementedError: return_aux (not computed); a tensor score_mod reads requires grad.
+        NotImplementedError: return_aux (not computed).
         ValueError: a score_mod that cannot be traced or uses an operation outside its
             vocabulary (naming it); head counts that differ without enable_gqa; a block mask made for other
             lengths (its seq_lengths); any argument `mfa_native.block_sparse_attention`
@@ -96,8 +99,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         raise ValueError(f"query has {query.size(1)} heads and key {key.size(1)}: pass enable_gqa=True for GQA")
     converted = everything() if block_mask is None else as_block_mask(block_mask)
     text, tensors = (None, []) if score_mod is None else trace(score_mod)
-    if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
-        raise NotImplementedError("score_mod reads a tensor that requires grad: mfa_native computes no gradient for "
-                                  "captured tensors yet; capture it detached")
-    return _block_sparse_attention(query, key, value, converted, scale=scale, return_lse=return_lse,
-                                   score_mod=text, score_mod_tensors=tensors)
+    learnable = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    results = _block_sparse_attention(query, key, value, converted, scale=scale, return_lse=return_lse or learnable,
+                                      score_mod=text, score_mod_tensors=[t.detach() for t in tensors])
+    if not learnable:
+        return results
+    out, lse = results
+    out = with_captured_gradients(out, lse, score_mod, converted, tensors, query, key, value, scale)
+    return (out, lse) if return_lse else out
