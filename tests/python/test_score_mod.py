@@ -166,3 +166,24 @@ def test_the_expression_is_a_kernel_fact_and_the_op_takes_its_text(rng):
     assert dict(attention_template(problem).valid_for)["scores"] == [f"score_mod {text}; tensor 0: float [4, 48]"]
     with pytest.raises(ValueError, match="reads tensors"):
         mfa_native.block_sparse_attention(q, k, v, everything(), score_mod=text, device="cpu")
+
+
+def test_attention_and_its_backward_take_a_traced_score_mod(rng):
+    """mfa_native.attention (lower-right causal) and attention_backward with a traced text and its
+    tensors (a per-head relative bias and softcap) against float64 autograd of the expression."""
+    import mfa_native
+    from mfa_native.torch.score_mod import trace
+
+    table = torch.from_numpy(rng.standard_normal((HQ, R + C)).astype(np.float32))
+    score_mod = lambda s, b, h, i, j: 5.0 * torch.tanh(s / 5.0) + table[h, i - j + C]   # noqa: E731
+    text, tensors = trace(score_mod)
+    q, k, v = (x.numpy() for x in inputs(rng, requires_grad=False))
+    do = rng.standard_normal((B, HQ, R, D)).astype(np.float32)
+    options = dict(causal=True, score_mod=text, score_mod_tensors=[t.numpy() for t in tensors], device="cpu")
+    out, lse = mfa_native.attention(q, k, v, return_lse=True, **options)
+    grads = mfa_native.attention_backward(q, k, v, out, lse, do, **options)
+    leaves, expected, expected_lse = reference(*(torch.from_numpy(x) for x in (q, k, v)), score_mod,
+                                               lambda b, h, i, j: j <= i + C - R)
+    assert relative_l2(out, expected.detach()) < 1e-5 and relative_l2(lse, expected_lse.detach()) < 1e-5
+    for got, want in zip(grads, torch.autograd.grad(expected, leaves, torch.from_numpy(do).double())):
+        assert relative_l2(got, want) < 1e-4

@@ -17,7 +17,7 @@ from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
 from .block_mask import BITS, PAIRS, BlockMask, check_lists
 from .declaration import Arg, Call, Op
 from .flex_bits import as_block_mask
-from .score_mod import SCORE_MOD, SCORE_MOD_TENSORS, with_score_mod
+from .score_mod import SCORE_MOD, SCORE_MOD_RAISES, SCORE_MOD_TENSORS, with_score_mod
 from .empty import empty_backward, empty_forward
 from .warm import prepared_call
 
@@ -123,7 +123,7 @@ def _bindings(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple("dout" if n == "do" else n for n in names)
 
 
-BLOCK_RAISES = RAISES + """
+BLOCK_RAISES = RAISES + SCORE_MOD_RAISES + """
     TypeError: block_mask is neither a BlockMask nor a torch FlexAttention BlockMask.
     ValueError: the block mask does not fit the problem (its counts, indices or leading axes,
         or its shape, against B, Hq, R and C), or causal, window or mask contradict the rule of

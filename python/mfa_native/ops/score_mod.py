@@ -10,8 +10,8 @@ import numpy as np
 
 from ..codegen.attention.score_mod import ScoreMod, tensor_buffer
 from . import arguments as check
-from .attention import Validated
 from .declaration import Arg
+from .warm import Checked
 
 SCORE_MOD = Arg("score_mod", "option", default=None, schema="str?", doc="""
     a traced FlexAttention score_mod, the text of its expression (`mfa_native.torch.flex_attention`
@@ -24,6 +24,13 @@ SCORE_MOD_TENSORS = Arg("score_mod_tensors", "arrays", default=(), doc="""
     int32 for integer and boolean ones, at most 2**31 elements each; integers within int32). A
     read outside a tensor's axis (after torch's counting of negative indices from the end)
     makes that score NaN. Not differentiated.""")
+SCORE_MOD_RAISES = """
+    TypeError: score_mod is not a str; a score_mod_tensors entry is not a float, integer or
+        boolean array.
+    ValueError: score_mod is not an expression's text, or the tensors it reads are not those
+        given (their count, their axes); a score_mod_tensors entry is empty, too large, or
+        holds integers outside int32's range.
+"""
 
 
 def stored(tensor, index: int) -> np.ndarray:
@@ -38,9 +45,10 @@ def stored(tensor, index: int) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int32)
 
 
-def with_score_mod(checked: Validated, text: str | None, tensors) -> tuple[Validated, tuple[str, ...]]:
-    """`checked` with the score_mod (None: none) last in its problem's score chain and its
-    tensors bound; and the names of those pass inputs, in argument order."""
+def with_score_mod(checked: Checked, text: str | None, tensors) -> tuple[Checked, tuple[str, ...]]:
+    """`checked` (ops/attention.py's Validated) with the score_mod (None: none) last in its
+    problem's score chain and its tensors bound; and the names of those pass inputs, in
+    argument order."""
     tensors = tuple(tensors or ())
     if text is None:
         if tensors:
@@ -57,5 +65,5 @@ def with_score_mod(checked: Validated, text: str | None, tensors) -> tuple[Valid
     names = tuple(tensor_buffer(i) for i in range(len(arrays)))
     converts = {name: (lambda t, i=i: stored(t, i)) for i, name in enumerate(names)}
     problem = replace(checked.problem, scores=checked.problem.scores + (transform,))
-    return (Validated(problem, {**checked.bound, **dict(zip(names, arrays))}, {**checked.converts, **converts},
+    return (type(checked)(problem, {**checked.bound, **dict(zip(names, arrays))}, {**checked.converts, **converts},
                       checked.sources), names)
