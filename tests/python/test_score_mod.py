@@ -71,8 +71,8 @@ def reference(q, k, v, score_mod, mask_mod=None):
 
 
 def inputs(rng, requires_grad=True):
-    return tuple(torch.from_numpy(rng.standard_normal((B, heads, n, D)).astype(np.float32)).requires_grad_(requires_grad)
-                 for heads, n in ((HQ, R), (HKV, C), (HKV, C)))
+    shapes = ((B, HQ, R, D), (B, HKV, C, D), (B, HKV, C, D))
+    return tuple(torch.from_numpy(rng.standard_normal(s).astype(np.float32)).requires_grad_(requires_grad) for s in shapes)
 
 
 @pytest.mark.parametrize("name", ["relative_position", "alibi", "softcap", "head_bias", "t5", "document_bias"])
@@ -93,6 +93,29 @@ def test_flex_attention_score_mods_forward_and_backward(rng, name):
     do = torch.from_numpy(rng.standard_normal(out.shape).astype(np.float32))
     grads = torch.autograd.grad(out, (q, k, v), do)
     for got, want in zip(grads, torch.autograd.grad(expected, leaves, do.double())):
+        assert relative_l2(got, want) < 1e-4
+
+
+def test_the_vocabulary_forward_and_backward(rng):
+    """One score_mod using the rest of the vocabulary (sigmoid, exp, sqrt, minimum, maximum,
+    clamp, powers, integer floor division and remainder, floor and ceil of index floats, logic,
+    a boolean table) against float64 autograd of the same expression."""
+    keep = torch.from_numpy(rng.random(C) > 0.2)
+    def score_mod(s, b, h, i, j):
+        near = ((i - j) // 3 == 0) | ((i + j) % 4 == 1) & ~(h == 1)
+        spread = s * 3.0
+        shifted = torch.minimum(torch.maximum(spread, 2.0 * torch.sigmoid(spread) ** 2 - 0.5),
+                                torch.sqrt(torch.exp(spread * 0.5) + 1.0))   # each branch taken somewhere
+        positions = torch.floor((i - j).float() / 3.0) * 0.1 + torch.ceil(j.float() / 5.0) * 0.05
+        capped = torch.clamp(shifted, min=-0.3, max=2.0) + positions + (s - 1.0).abs() * 0.1
+        return torch.where(near & keep[j], capped, -s * 0.5)
+
+    q, k, v = inputs(rng)
+    out = flex_attention(q, k, v, score_mod=score_mod, enable_gqa=True)
+    leaves, expected, _ = reference(q, k, v, score_mod)
+    assert relative_l2(out.detach(), expected.detach()) < 1e-5
+    do = torch.from_numpy(rng.standard_normal(out.shape).astype(np.float32))
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(expected, leaves, do.double())):
         assert relative_l2(got, want) < 1e-4
 
 
@@ -158,7 +181,8 @@ def test_the_expression_is_a_kernel_fact_and_the_op_takes_its_text(rng):
     q, k, v = (x.numpy() for x in inputs(rng, requires_grad=False))
     out = mfa_native.block_sparse_attention(q, k, v, everything(), score_mod=text,
                                             score_mod_tensors=[tensors[0].numpy()], device="cpu")
-    expected = reference(*(torch.from_numpy(x) for x in (q, k, v)), lambda s, b, h, i, j: s + table.double()[h, i - j + C])
+    table64 = table.double()
+    expected = reference(*(torch.from_numpy(x) for x in (q, k, v)), lambda s, b, h, i, j: s + table64[h, i - j + C])
     assert relative_l2(out, expected[1].detach()) < 1e-5
     from mfa_native.codegen.attention.score_mod import ScoreMod
     from mfa_native.codegen import AttentionProblem

@@ -76,8 +76,6 @@ def trace(score_mod) -> tuple[str, list[torch.Tensor]]:
     example = (torch.zeros(1), *(torch.zeros(1, dtype=torch.int32) for _ in range(4)))
     try:
         graph = make_fx(score_mod)(*example).graph
-    except ValueError:
-        raise
     except Exception as error:   # data-dependent Python control flow, a wrong signature, ...
         raise ValueError(f"score_mod could not be traced ({type(error).__name__}: {error}): it must compute with "
                          "torch operations on its arguments, without Python branches on their values") from error

@@ -84,7 +84,8 @@ class ScoreMod(ScoreTransform):
         return lines, f"{result} * LOG2E", slopes[-1] or "0.0f"
 
     def describe(self) -> str:
-        return f"score_mod {self.text}" + "".join(f"; tensor {i}: {d} {list(s)}" for i, (d, s) in enumerate(self.tensors))
+        tensors = (f"; tensor {i}: {dtype} {list(shape)}" for i, (dtype, shape) in enumerate(self.tensors))
+        return f"score_mod {self.text}" + "".join(tensors)
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -158,7 +159,7 @@ def _operation(op: str, dtype: str, operand_type: str, a: str, b: str | None) ->
 def _read(t: Term, value: str, values: list[str], tensors, name: str) -> list[str]:
     """A read of captured tensor t.value at the terms `t.args`: in range after torch's negative
     wrap, else the element's score is NaN (`name`_ok false)."""
-    dtype, shape = tensors[t.value]
+    shape = tensors[t.value][1]
     lines, inside, offset = [], [], []
     for axis, (index, size, stride) in enumerate(zip(t.args, shape, _contiguous(shape))):
         wrapped = f"{value}_i{axis}"
@@ -166,7 +167,7 @@ def _read(t: Term, value: str, values: list[str], tensors, name: str) -> list[st
         inside.append(f"uint({wrapped}) < {size}u")
         offset.append(f"{wrapped} * {stride}")
     lines += [f"const bool {value}_in = {' && '.join(inside) or 'true'};", f"{name}_ok = {name}_ok && {value}_in;",
-              f"const {MSL[dtype]} {value} = {tensor_buffer(t.value)}[{value}_in ? {' + '.join(offset) or '0'} : 0];"]
+              f"const {MSL[t.dtype]} {value} = {tensor_buffer(t.value)}[{value}_in ? {' + '.join(offset) or '0'} : 0];"]
     return lines
 
 
