@@ -151,12 +151,17 @@ def test_an_operation_outside_the_vocabulary_is_an_error_naming_it(rng):
         flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + table[h].sum(), enable_gqa=True)
 
 
-def test_a_learnable_bias_gets_its_gradient(rng):
+@pytest.mark.parametrize("masks", ["torch", "from_mask"])
+def test_a_learnable_bias_gets_its_gradient(rng, masks):
     """A captured table that requires grad (per head and relative position, under a causal
-    block mask) gets the gradient float64 autograd gives it; q, k, v theirs as before."""
+    block mask: torch's, or mfa_native's from_mask whose rule applies in partial blocks) gets
+    the gradient float64 autograd gives it; q, k, v theirs as before."""
+    import mfa_native
+
     table = torch.from_numpy(rng.standard_normal((HQ, R + C)).astype(np.float32)).requires_grad_()
     score_mod = lambda s, b, h, i, j: s + table[h, i - j + C]   # noqa: E731
-    block_mask = flex.create_block_mask(causal, None, None, R, C, device="cpu", BLOCK_SIZE=8)
+    block_mask = flex.create_block_mask(causal, None, None, R, C, device="cpu", BLOCK_SIZE=8) if masks == "torch" \
+        else mfa_native.BlockMask.from_mask(causal="upper_left", R=R, C=C, block_size=8, device="cpu")
     q, k, v = inputs(rng)
     out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True)
     do = torch.from_numpy(rng.standard_normal(out.shape).astype(np.float32))

@@ -6,7 +6,8 @@ modified score. `with_captured_gradients` ties the output to the captured tensor
 require grad through `_CapturedGradients`, whose backward recomputes, densely with torch ops
 (B x Hq x R x C float32, on the host's side of the call), the modified scores with the user's
 score_mod (so torch's autograd differentiates the reads), P from the kernels' lse and the
-block mask's visit counts, and dS', and sums it into the tensors with autograd.grad.
+block mask's visit counts (its from_mask rule applied in partial blocks, as the kernels do),
+and dS', and sums it into the tensors with autograd.grad.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ class _CapturedGradients(torch.autograd.Function):
         b, h, i, j = torch.meshgrid(*(torch.arange(n, device=scores.device) for n in scores.shape), indexing="ij")
         with torch.enable_grad():
             modified = score_mod(scores, b, h, i, j)
-        visits = block_sparse_bias(block_mask, np.zeros((*scores.shape[:3], 1)), np.zeros((1, 1, scores.size(3), 1)))
+        rule = getattr(block_mask, "rule", None)   # from_mask's, which the kernels apply in partial blocks
+        rules = {} if rule is None else {"causal": rule.causal, "window": rule.window, "mask": rule.mask}
+        visits = block_sparse_bias(block_mask, np.zeros((*scores.shape[:3], 1)), np.zeros((1, 1, scores.size(3), 1)),
+                                   **rules)
         logits = modified.detach() + torch.from_numpy(visits).float().to(scores.device)
         rows = torch.where(lse.isinf(), 0.0, lse)[..., None]
         p = torch.where(lse[..., None] == -math.inf, 0.0, torch.exp(logits - rows))
