@@ -236,3 +236,31 @@ def test_mlx_arrays_take_the_traced_form(rng):
     dq = mx.grad(lambda x: (mfa_native.mlx.attention(x, mx.array(k), mx.array(v), **options) ** 2).sum())(mx.array(q))
     (want,) = torch.autograd.grad((expected ** 2).sum(), leaves[0])
     assert relative_l2(np.array(dq), want) < 1e-4
+
+
+def test_varlen_positions_are_the_sequences_own(rng):
+    """attention_varlen (+ backward): b is the sequence's index and q_idx, kv_idx count from its
+    first query and key: each sequence equals the reference of its slices with b = its index."""
+    import mfa_native
+    from mfa_native.torch.score_mod import trace
+
+    table = torch.from_numpy(rng.standard_normal((3, HQ, 64)).astype(np.float32))
+    score_mod = lambda s, b, h, i, j: s + table[b, h, i - j + 32] + 0.01 * (i + 2 * j)   # noqa: E731
+    text, tensors = trace(score_mod)
+    cu_q, cu_k = np.array([0, 7, 20, 29], np.int32), np.array([0, 12, 22, 40], np.int32)
+    q = rng.standard_normal((29, HQ, D)).astype(np.float32)
+    k, v = (rng.standard_normal((40, HKV, D)).astype(np.float32) for _ in range(2))
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    options = dict(causal=True, score_mod=text, score_mod_tensors=[tensors[0].numpy()], device="cpu")
+    out, lse = mfa_native.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **options)
+    grads = mfa_native.attention_varlen_backward(q, k, v, out, lse, do, cu_q, cu_k, **options)
+    for n in range(3):
+        rows, keys = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
+        R_, C_ = rows.stop - rows.start, keys.stop - keys.start
+        sliced = [torch.from_numpy(x[part]).permute(1, 0, 2)[None] for x, part in ((q, rows), (k, keys), (v, keys))]
+        leaves, expected, _ = reference(*sliced, lambda s, b, h, i, j: score_mod(s, b + n, h, i, j),
+                                        lambda b, h, i, j: j <= i + C_ - R_)
+        assert relative_l2(out[rows], expected.detach()[0].permute(1, 0, 2)) < 1e-5
+        want = torch.autograd.grad(expected, leaves, torch.from_numpy(do[rows]).permute(1, 0, 2)[None].double())
+        for got, w, part in zip(grads, want, (rows, keys, keys)):
+            assert relative_l2(got[part], w[0].permute(1, 0, 2)) < 1e-4

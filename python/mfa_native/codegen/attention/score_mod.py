@@ -112,7 +112,7 @@ def _constant(value) -> str:
 def _value(t: Term, values: list[str], terms, x: str, at: Element) -> str:
     """The MSL expression of term `t`, its operands the MSL names `values` of the terms before it."""
     positions = {"score": f"({x} * LN2)", "b": f"int({at.batch})", "h": f"int({at.head})",
-                 "q_idx": f"int({at.query})", "kv_idx": f"int({at.key})"}
+                 "q_idx": f"(int({at.query}) - {at.first_query})", "kv_idx": f"(int({at.key}) - {at.first_key})"}
     if t.op in positions:
         return positions[t.op]
     if t.op == "const":
