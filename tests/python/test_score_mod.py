@@ -264,3 +264,29 @@ def test_varlen_positions_are_the_sequences_own(rng):
         want = torch.autograd.grad(expected, leaves, torch.from_numpy(do[rows]).permute(1, 0, 2)[None].double())
         for got, w, part in zip(grads, want, (rows, keys, keys)):
             assert relative_l2(got[part], w[0].permute(1, 0, 2)) < 1e-4
+
+
+def test_kvcache_positions_are_the_caches(rng):
+    """attention_with_kvcache appending Rn = R rows (split-KV decode included, R = 1): kv_idx is
+    the key's position in the cache, q_idx the cache length before the call + the query's row."""
+    import mfa_native
+    from mfa_native.torch.score_mod import trace
+
+    table = torch.from_numpy(rng.standard_normal((HQ, 900)).astype(np.float32))
+    score_mod = lambda s, b, h, i, j: s + table[h, i - j + 520] - 0.002 * j + 0.01 * b   # noqa: E731
+    text, tensors = trace(score_mod)
+    for rows, capacity in ((5, 48), (1, 512)):
+        lengths = np.array([300, 17, 0][:B], np.int32) if capacity == 512 else np.array([11, 30][:B], np.int32)
+        q = rng.standard_normal((B, rows, HQ, D)).astype(np.float32)
+        k_cache, v_cache = (rng.standard_normal((B, capacity, HKV, D)).astype(np.float32) for _ in range(2))
+        k_new, v_new = (rng.standard_normal((B, rows, HKV, D)).astype(np.float32) for _ in range(2))
+        out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k_new, v=v_new,
+                                                causal=True, score_mod=text, score_mod_tensors=[tensors[0].numpy()],
+                                                device="cpu")
+        for b, n in enumerate(lengths):
+            keys = n + rows   # the cache after the append holds the new rows at n..n + rows - 1
+            sliced = [torch.from_numpy(x[b:b + 1]).permute(0, 2, 1, 3)
+                      for x in (q, k_cache[:, :keys], v_cache[:, :keys])]
+            _, expected, _ = reference(*sliced, lambda s, bb, h, i, j: score_mod(s, bb + b, h, i + n, j),
+                                       lambda bb, h, i, j: j <= i + n)
+            assert relative_l2(out[b:b + 1], expected.detach().permute(0, 2, 1, 3)) < 1e-5
