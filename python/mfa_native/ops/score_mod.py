@@ -14,11 +14,12 @@ from .declaration import Arg
 from .warm import Checked
 
 SCORE_MOD = Arg("score_mod", "option", default=None, schema="str?", doc="""
-    a traced FlexAttention score_mod, the text of its expression (`mfa_native.torch.flex_attention`
-    traces a torch callable into it): each scaled score s of query q_idx, key kv_idx, head h,
-    batch b becomes score_mod(s, b, h, q_idx, kv_idx) after softcap and ALiBi, before masks
-    and sinks; computed in float32, its derivative in the backward derived from the
-    expression. None: none.""")
+    a traced FlexAttention score_mod: its expression's text, as `mfa_native.torch.score_mod.trace`
+    gives it (with the tensors it reads; `mfa_native.torch.flex_attention` traces a callable
+    itself). Each scaled score s of query q_idx, key kv_idx, head h, batch b becomes
+    score_mod(s, b, h, q_idx, kv_idx) after softcap and ALiBi, before masks and sinks (q_idx,
+    kv_idx: positions in the sequence; b: the batch or packed sequence), computed in float32;
+    the backward uses its derivative, derived from the expression. None: none.""")
 SCORE_MOD_TENSORS = Arg("score_mod_tensors", "arrays", default=(), doc="""
     the tensors score_mod reads, in the order its text numbers them (read as float32, or
     int32 for integer and boolean ones, at most 2**31 elements each; integers within int32). A
