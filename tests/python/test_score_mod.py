@@ -71,8 +71,10 @@ def reference(q, k, v, score_mod, mask_mod=None):
 
 
 def inputs(rng, requires_grad=True):
+    """Fresh q, k, v (float32 torch tensors), q (B, HQ, R, D), k and v (B, HKV, C, D)."""
     shapes = ((B, HQ, R, D), (B, HKV, C, D), (B, HKV, C, D))
-    return tuple(torch.from_numpy(rng.standard_normal(s).astype(np.float32)).requires_grad_(requires_grad) for s in shapes)
+    return tuple(torch.from_numpy(rng.standard_normal(s).astype(np.float32)).requires_grad_(requires_grad)
+                 for s in shapes)
 
 
 @pytest.mark.parametrize("name", ["relative_position", "alibi", "softcap", "head_bias", "t5", "document_bias"])
@@ -146,6 +148,8 @@ def test_an_operation_outside_the_vocabulary_is_an_error_naming_it(rng):
         flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: torch.sin(s), enable_gqa=True)
     with pytest.raises(ValueError, match="could not be traced"):
         flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s if s > 0 else -s, enable_gqa=True)
+    with pytest.raises(ValueError, match="aten.bitwise_and"):   # integers' bits: not in the vocabulary
+        flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + (i & j), enable_gqa=True)
     with pytest.raises(ValueError, match="index every axis"):
         table = torch.ones(HQ, 4)
         flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + table[h].sum(), enable_gqa=True)

@@ -28,6 +28,8 @@ _DIRECT = {
     aten.logical_and: "and", aten.logical_or: "or", aten.logical_not: "not", aten.bitwise_and: "and",
     aten.bitwise_or: "or", aten.bitwise_not: "not", aten.where: "where",
 }
+_BITWISE = (aten.bitwise_and, aten.bitwise_or, aten.bitwise_not)   # the logic of booleans only
+
 # Shape bookkeeping on the one-element tensors, and copies: the value passes through.
 _SAME = (aten.view, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze, aten.expand, aten.alias,
          aten.clone, aten.detach, aten.lift_fresh_copy, aten.contiguous)
@@ -113,6 +115,8 @@ def _translate(node, nodes: dict, expression: _Expression):
         return expression.add("const", value=float(value) if _floating(node) else value)
     if packet is aten._to_copy:
         dtype = kwargs.get("dtype")
+        if dtype is None:   # a device or layout move: the value passes through
+            return nodes[args[0]]
         kind = "to_bool" if dtype is torch.bool else "to_float" if dtype.is_floating_point else "to_int"
         return expression.add(kind, (operand(args[0]),))
     if packet is aten.clamp:
@@ -128,7 +132,8 @@ def _translate(node, nodes: dict, expression: _Expression):
         for _ in range(args[1] - 1):
             power = expression.add("mul", (power, base))
         return power
-    if packet in _DIRECT and kwargs.get("alpha", 1) == 1 and kwargs.get("rounding_mode") in (None, "floor"):
+    logical = packet not in _BITWISE or all(expression.terms[operand(a)].dtype == "bool" for a in args)
+    if packet in _DIRECT and logical and kwargs.get("alpha", 1) == 1 and kwargs.get("rounding_mode") in (None, "floor"):
         op = "floordiv" if kwargs.get("rounding_mode") == "floor" else _DIRECT[packet]
         return expression.add(op, tuple(operand(a) for a in args))
     raise ValueError(f"score_mod uses {node.target}, which mfa_native cannot compile: the vocabulary is "
