@@ -349,7 +349,8 @@ def _write_rows(cache, at: tuple[mx.array, mx.array], new: mx.array) -> None:
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v=None, block_table=None,
                            rotary_cos=None, rotary_sin=None, rotary_seqlens=None, rotary_interleaved=True, scale=None,
                            causal=False, window=None, sinks=None, softcap=None, alibi_slopes=None, q_descale=None,
-                           k_descale=None, v_descale=None, return_lse=False, deterministic=False):
+                           k_descale=None, v_descale=None, return_lse=False, deterministic=False, score_mod_tensors=(),
+                           score_mod=None):
     """`mfa_native.attention_with_kvcache` on MLX arrays, appending with MLX's own in-place update.
 
     MLX arrays are read-only to the pass, so the append is MLX's indexed assignment: after
@@ -389,6 +390,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
         v_descale: likewise.
         return_lse: also return the lse.
         deterministic: False, True or "batch_invariant", as in `mfa_native.attention_with_kvcache`.
+        score_mod_tensors: the arrays score_mod reads, as in `mfa_native.attention_with_kvcache`.
+        score_mod: a traced score_mod's text, as in `mfa_native.attention_with_kvcache`.
 
     Returns:
         The output (B, R, Hq, Dv), q's dtype; with return_lse=True the tuple (output, lse),
@@ -431,7 +434,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
                   block_table=block_table, rotary_cos=None, rotary_sin=None, rotary_seqlens=None,
                   rotary_interleaved=rotary_interleaved, scale=scale, causal=causal, window=window, sinks=sinks,
                   softcap=softcap, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
-                  v_descale=v_descale, return_lse=return_lse, deterministic=deterministic, device=None)
+                  v_descale=v_descale, return_lse=return_lse, deterministic=deterministic,
+                  score_mod_tensors=score_mod_tensors, score_mod=score_mod, device=None)
     if k is not None or v is not None:
         views = {name: _host(x, name) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                                                        ("cache_seqlens", cache_seqlens), ("k", k), ("v", v),

@@ -96,8 +96,8 @@ def test_the_torch_schema_comes_from_the_declaration():
     from mfa_native.torch.library import schema
 
     assert schema(ATTENTION) == ("(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? sinks, Tensor? alibi_slopes, "
-                                 "float? scale, str causal, int[]? window, float? softcap, str layout, "
-                                 "str deterministic) -> (Tensor, Tensor)")
+                                 "Tensor[] score_mod_tensors, float? scale, str causal, int[]? window, float? softcap, "
+                                 "str? score_mod, str layout, str deterministic) -> (Tensor, Tensor)")
     assert schema(OPS["attention_backward"]).startswith("(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
                                                         "Tensor do, Tensor? mask, Tensor? sinks,")
 

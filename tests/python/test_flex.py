@@ -203,7 +203,8 @@ def test_a_block_aligned_mask_needs_no_bits(rng):
 
 def test_the_drop_in_takes_flex_attentions_signature_and_positions():
     """Every parameter of torch's flex_attention, in its position, kind and default; score_mod
-    and return_aux raise naming themselves; kernel_options are accepted (they change no result)."""
+    in its position is computed (test_score_mod.py tests it), return_aux raises naming itself;
+    kernel_options are accepted (they change no result)."""
     import inspect
 
     from mfa_native.torch import flex_attention
@@ -215,7 +216,7 @@ def test_the_drop_in_takes_flex_attentions_signature_and_positions():
     q = torch.randn(1, 2, 16, 8)
     positional = flex_attention(q, q, q, None, None, 0.5, False, False, {"BLOCK_M": 16})
     assert torch.equal(positional, flex_attention(q, q, q, scale=0.5))
-    with pytest.raises(NotImplementedError, match="^score_mod"):
-        flex_attention(q, q, q, lambda score, b, h, i, j: score)
+    doubled = flex_attention(q, q, q, lambda score, b, h, i, j: score * 2)
+    assert torch.allclose(doubled, flex_attention(q, q, q, scale=2 / 8 ** 0.5), atol=1e-6)
     with pytest.raises(NotImplementedError, match="^return_aux"):
         flex_attention(q, q, q, return_aux=object())

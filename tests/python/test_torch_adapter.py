@@ -10,6 +10,7 @@ from conftest import relative_l2
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 mt = pytest.importorskip("mfa_native.torch")
+from mfa_native.torch.score_mod import trace  # noqa: E402
 
 
 def _tensors(rng, *shapes, dtype=torch.float32):
@@ -61,13 +62,15 @@ def test_opcheck(rng, sinks):
     s = torch.randn(4, requires_grad=True) if sinks else None
     mask = torch.from_numpy(rng.random((8, 12)) > 0.3)
     slopes = torch.rand(4)
-    arguments = (q, k, v, mask, s, slopes, 0.3, "upper_left", None, 5.0, "bhsd", "run_to_run")
-    torch.library.opcheck(torch.ops.mfa_native.attention.default, arguments)
-    o, lse = torch.ops.mfa_native.attention(*arguments)
+    table = torch.randn(4, 20)   # a score_mod's captured tensor: the schema's Tensor[]
+    text, tensors = trace(lambda score, b, h, i, j: score + table[h, i - j + 12])
+    options = (0.3, "upper_left", None, 5.0, text, "bhsd")   # the backward's; the forward's end with deterministic
+    torch.library.opcheck(torch.ops.mfa_native.attention.default,
+                          (q, k, v, mask, s, slopes, tensors, *options, "run_to_run"))
+    o, lse = torch.ops.mfa_native.attention(q, k, v, mask, s, slopes, tensors, *options, "run_to_run")
     do = torch.randn_like(o)
     plain = (x if x is None else x.detach() for x in (q, k, v, o, lse, do, mask, s, slopes))  # no double backward
-    torch.library.opcheck(torch.ops.mfa_native.attention_backward.default,
-                          (*plain, 0.3, "upper_left", None, 5.0, "bhsd"))
+    torch.library.opcheck(torch.ops.mfa_native.attention_backward.default, (*plain, tensors, *options))
 
 
 class _Block(torch.nn.Module):

@@ -16,6 +16,7 @@ from . import arguments as check
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_forward
 from .float8_cache import float8_format, stored_bytes
+from .score_mod import SCORE_MOD, SCORE_MOD_RAISES, SCORE_MOD_TENSORS, with_score_mod
 from .warm import Checked, Convert, PreparedCall, prepared_call, same_memory
 
 # The arguments the attention family shares, each documented once.
@@ -215,12 +216,14 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     checked = validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale, causal=call.causal,
                        window=call.window, layout=call.layout, return_lse=call.return_lse, softcap=call.softcap,
                        alibi_slopes=call.alibi_slopes, quantized_refusal=None)
-    p = checked.problem = with_determinism(checked.problem, call.deterministic)
+    checked.problem = with_determinism(checked.problem, call.deterministic)
+    checked, tensors = with_score_mod(checked, call.score_mod, call.score_mod_tensors)
+    p, names = checked.problem, call.op.array_names + tensors
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        return empty_forward(p, call.op.array_names, checked)
+        return empty_forward(p, names, checked)
     facts = tuning_facts(device)
     description = codegen.attention_pass(p, family=facts.family, parallel_threadgroups=facts.parallel_threadgroups)
-    return prepared_call(description, device, checked, call.op.array_names, call.results)
+    return prepared_call(description, device, checked, names, call.results)
 
 
 # The errors of the attention family's shared arguments (validate), each naming the argument.
@@ -240,7 +243,8 @@ RAISES = """
 ATTENTION = Op(
     "attention",
     "Softmax attention, fused: softmax(scale * q k^T + mask) v, computed blockwise on the device.",
-    arguments=(Q, K, V, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, LAYOUT, RETURN_LSE, DETERMINISTIC),
+    arguments=(Q, K, V, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, SCORE_MOD_TENSORS, SCORE_MOD,
+               LAYOUT, RETURN_LSE, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_reference,
@@ -258,7 +262,7 @@ ATTENTION = Op(
     dtype and layout: (B, Hq, R, Dv), or (B, R, Hq, Dv) for "bshd". With return_lse=True the
     tuple (o, lse). A row with no allowed key (and no sink) gives output 0 and lse -inf.
     """,
-    raises=RAISES,
+    raises=RAISES + SCORE_MOD_RAISES,
     example="""
     import numpy as np
     import mfa_native

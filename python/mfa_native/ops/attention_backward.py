@@ -14,6 +14,7 @@ from .attention import (ALIBI_SLOPES, CAUSAL, K, LAYOUT, MASK, Q, RAISES, SCALE,
                         validate)
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_backward
+from .score_mod import SCORE_MOD, SCORE_MOD_RAISES, SCORE_MOD_TENSORS, with_score_mod
 from .warm import PreparedCall, prepared_call, same_memory
 
 O = Arg("o", "array", keyword=False, doc="""
@@ -63,23 +64,28 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
     checked = validate_backward((call.q, call.k, call.v, call.o, call.lse, call.do, call.mask, call.sinks),
                                 scale=call.scale, causal=call.causal, window=call.window, layout=call.layout,
                                 softcap=call.softcap, alibi_slopes=call.alibi_slopes)
-    p = checked.problem.forward
+    forward, tensors = with_score_mod(Validated(checked.problem.forward, checked.bound, checked.converts),
+                                      call.score_mod, call.score_mod_tensors)
+    checked = Validated(replace(checked.problem, forward=forward.problem), forward.bound, forward.converts)
+    p, names = checked.problem.forward, BINDINGS + tensors
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        return empty_backward(p, BINDINGS, checked)
+        return empty_backward(p, names, checked)
     description = codegen.attention_backward_pass(checked.problem, family=tuning_facts(device).family)
-    return prepared_call(description, device, checked, BINDINGS, call.results)
+    return prepared_call(description, device, checked, names, call.results)
 
 
 ATTENTION_BACKWARD = Op(
     "attention_backward",
     "Gradients of `attention` with respect to q, k, v (and sinks), given the gradient of its output.",
-    arguments=(Q, K, V, O, LSE_IN, DO, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, LAYOUT),
+    arguments=(Q, K, V, O, LSE_IN, DO, SCALE, CAUSAL, MASK, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, SCORE_MOD_TENSORS,
+               SCORE_MOD, LAYOUT),
     outputs=GRADIENTS,
     prepare=_prepare,
     reference=reference.attention_backward_reference,
     no_backward="attention_backward has no second derivative",
     details="""
-    q, k, v, scale, causal, mask, window, sinks, softcap, alibi_slopes and layout are exactly as passed to
+    q, k, v, scale, causal, mask, window, sinks, softcap, alibi_slopes, score_mod,
+    score_mod_tensors and layout are exactly as passed to
     `attention` (same semantics, shapes, dtypes and strides); q, k and v are one kind
     (numpy, torch or MLX), the other arrays numpy or that kind. The kernels use no atomics:
     two runs give the same bits. Accumulation runs in float32.
@@ -90,7 +96,7 @@ ATTENTION_BACKWARD = Op(
     that share each kv head. The mask gets no gradient. Rows with no allowed key contribute
     nothing.
     """,
-    raises=RAISES + """
+    raises=RAISES + SCORE_MOD_RAISES + """
     TypeError: k or v is a QuantizedTensor (a quantized cache has no gradient); o or do has
         not q's dtype, lse is not float32.
     ValueError: o or do is not attention's output shape, lse not (B, Hq, R).

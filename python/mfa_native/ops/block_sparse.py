@@ -17,6 +17,7 @@ from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
 from .block_mask import BITS, PAIRS, BlockMask, check_lists
 from .declaration import Arg, Call, Op
 from .flex_bits import as_block_mask
+from .score_mod import SCORE_MOD, SCORE_MOD_RAISES, SCORE_MOD_TENSORS, with_score_mod
 from .empty import empty_backward, empty_forward
 from .warm import prepared_call
 
@@ -94,12 +95,12 @@ def _prepare_forward(call: Call, device):
                                    causal=call.causal, window=call.window, layout=call.layout,
                                    return_lse=call.return_lse, softcap=call.softcap,
                                    alibi_slopes=call.alibi_slopes), block_mask)
-    p = checked.problem
+    checked, tensors = with_score_mod(checked, call.score_mod, call.score_mod_tensors)
+    p, names = checked.problem, call.op.array_names + tensors
     if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        return empty_forward(p, call.op.array_names, checked)
+        return empty_forward(p, names, checked)
     description = codegen.attention_pass(p, family=tuning_facts(device).family)
-    return prepared_call(description, device, checked, call.op.array_names, call.results,
-                         _list_check(block_mask, p, call.op.array_names))
+    return prepared_call(description, device, checked, names, call.results, _list_check(block_mask, p, names))
 
 
 def _prepare_backward(call: Call, device):
@@ -108,9 +109,10 @@ def _prepare_backward(call: Call, device):
                                  softcap=call.softcap, alibi_slopes=call.alibi_slopes)
     block_mask = as_block_mask(call.block_mask)
     forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), block_mask)
+    forward, tensors = with_score_mod(forward, call.score_mod, call.score_mod_tensors)
     problem = replace(backward.problem, forward=forward.problem)
     p = problem.forward
-    names = _bindings(call.op.array_names)
+    names = _bindings(call.op.array_names) + tensors
     if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_backward(p, names, forward)
     description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
@@ -123,7 +125,7 @@ def _bindings(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple("dout" if n == "do" else n for n in names)
 
 
-BLOCK_RAISES = RAISES + """
+BLOCK_RAISES = RAISES + SCORE_MOD_RAISES + """
     TypeError: block_mask is neither a BlockMask nor a torch FlexAttention BlockMask.
     ValueError: the block mask does not fit the problem (its counts, indices or leading axes,
         or its shape, against B, Hq, R and C), or causal, window or mask contradict the rule of
@@ -134,7 +136,7 @@ BLOCK_SPARSE_ATTENTION = Op(
     "block_sparse_attention",
     "Attention over the key blocks `block_mask` lists for each query block.",
     arguments=(Q, K, V, BLOCK_MASK, SCALE, BLOCK_CAUSAL, BLOCK_RULE_MASK, BLOCK_WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES,
-               LAYOUT, RETURN_LSE),
+               SCORE_MOD_TENSORS, SCORE_MOD, LAYOUT, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
     resolve=_with_rule,
@@ -182,7 +184,7 @@ BLOCK_SPARSE_ATTENTION_BACKWARD = Op(
     "block_sparse_attention_backward",
     "Gradients of `block_sparse_attention`, as `attention_backward` returns them.",
     arguments=(Q, K, V, O, LSE_IN, DO, BLOCK_MASK, SCALE, BLOCK_CAUSAL, BLOCK_RULE_MASK, BLOCK_WINDOW, SINKS, SOFTCAP,
-               ALIBI_SLOPES, LAYOUT),
+               ALIBI_SLOPES, SCORE_MOD_TENSORS, SCORE_MOD, LAYOUT),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
     resolve=_with_rule,

@@ -41,6 +41,7 @@ from .declaration import Arg, Call, Op
 from .empty import empty_forward
 from .pages import as_rows, block_table_form, check_pages_read, page_rows
 from .float8_cache import checked_descales, descale_rows, float8_format, stored_bytes
+from .score_mod import SCORE_MOD, SCORE_MOD_TENSORS, with_score_mod
 from .warm import prepared_call
 
 NEW_ROWS = {"k_new": "k", "v_new": "v"}   # the pass buffers of the appended rows, and their arguments
@@ -299,8 +300,9 @@ def _prepare(call: Call, device):
     if cache.paged:
         checked.bound["block_table"] = np.ascontiguousarray(call.block_table)
         checked.converts["block_table"] = np.ascontiguousarray
-    names = call.op.array_names
-    at = {name: names.index(name) for name in names}
+    checked, tensors = with_score_mod(checked, call.score_mod, call.score_mod_tensors)
+    p, names = checked.problem, call.op.array_names + tensors
+    at = {name: names.index(name) for name in call.op.array_names}
     empty = check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len)
     if empty and rotary is not None:
         raise ValueError("rotary_cos with an empty problem (no queries or heads): the rotation runs on the "
@@ -320,7 +322,7 @@ def _prepare(call: Call, device):
             cache.append_on_host(values["k_cache"], values["v_cache"], values["cache_seqlens"], values["k"],
                                  values["v"], values["block_table"])
 
-    check_contents([call.values[name] for name in names])
+    check_contents([call.values[name] for name in call.op.array_names])
     if empty:
         prepared, inputs = empty_forward(p, names, checked)
     else:
@@ -335,7 +337,8 @@ ATTENTION_WITH_KVCACHE = Op(
     "attention_with_kvcache",
     "Attention of new queries over a KV cache (flash-attn's flash_attn_with_kvcache), appending k and v to it.",
     arguments=(Q, K_CACHE, V_CACHE, CACHE_SEQLENS, K_NEW, V_NEW, BLOCK_TABLE, *rotation.ARGUMENTS, SCALE, CAUSAL,
-               WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, RETURN_LSE, DETERMINISTIC),
+               WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, RETURN_LSE, SCORE_MOD_TENSORS,
+               SCORE_MOD, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
     reference=reference.attention_with_kvcache_reference,
@@ -346,7 +349,9 @@ ATTENTION_WITH_KVCACHE = Op(
     and v, the new rows are written into k_cache and v_cache first (on the device, in the
     same pass), then attended; with rotary_cos and rotary_sin, q and the new k are turned
     first, in the same pass, and the cache holds the turned keys. Every check runs first, on
-    every call, so nothing is written on an error.
+    every call, so nothing is written on an error. A score_mod sees kv_idx as the key's
+    position in the cache and q_idx as the query's: its row + the attended length - R (the
+    cache length before the call + its row when the call appends its R rows).
     """,
     returns="""
     The output o (B, R, Hq, Dv) of q's kind and dtype; with return_lse=True the tuple
@@ -366,7 +371,8 @@ ATTENTION_WITH_KVCACHE = Op(
         or rotary_seqlens without rotary_cos; rotary_seqlens not int32 (B,) or negative; a
         descale not float32 (B, Hkv) or a single factor, or given for a cache that is not
         float8 (q_descale: a k_cache); an MPS cache
-        the append cannot write in place; any other argument `attention` refuses.
+        the append cannot write in place; any other argument `attention` refuses (score_mod
+        and score_mod_tensors included).
     """,
     example="""
     import numpy as np

@@ -26,6 +26,7 @@ from .attention import (ALIBI_SLOPES, CAUSAL, DETERMINISTIC, GRADIENT_OF, RETURN
 from .attention_backward import GRADIENTS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
+from .score_mod import SCORE_MOD, SCORE_MOD_TENSORS, with_score_mod
 from .varlen_keys import SequenceKeys, check_cu, check_hint, cu_form
 from .warm import prepared_call, same_memory
 
@@ -150,7 +151,8 @@ def _prepare_forward(call: Call, device):
     hints = (_hint(call.max_seqlen_q, "max_seqlen_q"), _hint(call.max_seqlen_k, "max_seqlen_k"))
     checked, keys = validate_varlen(call, return_lse=call.return_lse, hints=hints, packing=True)
     checked.problem = with_determinism(checked.problem, call.deterministic)
-    p, names = checked.problem, call.op.array_names
+    checked, tensors = with_score_mod(checked, call.score_mod, call.score_mod_tensors)
+    p, names = checked.problem, call.op.array_names + tensors
     contents = _contents_check(names, keys, p.q_len, hints)
     if check.is_empty(1, p.q_heads, p.q_len, p.kv_len):
         def outputs(inputs):
@@ -196,6 +198,7 @@ def _prepare_backward(call: Call, device):
     _forward_only(call)
     hints = (_hint(call.max_seqlen_q, "max_seqlen_q"), _hint(call.max_seqlen_k, "max_seqlen_k"))
     forward, keys = validate_varlen(call, return_lse=False, hints=hints)
+    forward, tensors = with_score_mod(forward, call.score_mod, call.score_mod_tensors)
     p = forward.problem
     bound, converts = dict(forward.bound), dict(forward.converts)
     dtype, shape = bound["q"].dtype, (p.q_len, p.q_heads, p.value_dim)
@@ -207,7 +210,7 @@ def _prepare_backward(call: Call, device):
         if same_memory(raw, bound[name]):
             converts[name] = None
     checked = Validated(p, bound, converts, forward.sources)
-    names = tuple("dout" if n == "do" else n for n in call.op.array_names)
+    names = tuple("dout" if n == "do" else n for n in call.op.array_names) + tensors
     if check.is_empty(1, p.q_heads, p.q_len, p.kv_len):
         def outputs(inputs):
             grads = [filled(s, inputs[0].dtype, 0) for s in ((p.q_len, p.q_heads, p.head_dim),
@@ -230,7 +233,7 @@ ATTENTION_VARLEN = Op(
     "attention_varlen",
     "Attention over packed sequences (flash-attn's varlen): each sequence's queries attend its own keys.",
     arguments=(VQ, VK, VV, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, SOFTCAP, ALIBI_SLOPES, RETURN_LSE,
-               BLOCK_TABLE, SEQUSED_K, DETERMINISTIC),
+               BLOCK_TABLE, SEQUSED_K, SCORE_MOD_TENSORS, SCORE_MOD, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
     reference=reference.attention_varlen_reference,
@@ -246,7 +249,8 @@ ATTENTION_VARLEN = Op(
     seqused_k keys. block_table and seqused_k are forward only, as in flash-attn: a gradient
     asked of such a call raises NotImplementedError. cu_seqlens, seqused_k and block_table are
     checked on every call, before any kernel runs (their contents are not part of the
-    signature a warm call reuses).
+    signature a warm call reuses). A score_mod sees b as the sequence's index and q_idx,
+    kv_idx as positions inside the sequence (from its first query, its first key).
     """,
     returns="""
     The output o (total_q, Hq, Dv), of q's kind and dtype; with return_lse=True the tuple
@@ -264,7 +268,8 @@ ATTENTION_VARLEN = Op(
         sequence's rows; block_table not int32 (B, max_blocks), a sequence's keys beyond
         max_blocks * page_size, or an entry outside k's pages for a page that is read; pages
         not whole rows apart, overlapping, or laid out unlike k's in v; a max_seqlen hint
-        below the longest sequence; any other argument `attention` refuses.
+        below the longest sequence; any other argument `attention` refuses (score_mod and
+        score_mod_tensors included).
     """,
     example="""
     import numpy as np
@@ -285,7 +290,7 @@ ATTENTION_VARLEN_BACKWARD = Op(
     "attention_varlen_backward",
     "Gradients of `attention_varlen` with respect to q, k, v (and sinks), given the gradient of its output.",
     arguments=(VQ, VK, VV, VO, VLSE, VDO, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, SOFTCAP,
-               ALIBI_SLOPES, BLOCK_TABLE, SEQUSED_K),
+               ALIBI_SLOPES, BLOCK_TABLE, SEQUSED_K, SCORE_MOD_TENSORS, SCORE_MOD),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
     reference=reference.attention_varlen_backward_reference,

@@ -47,6 +47,8 @@ def schema_arguments(op: Op) -> list[tuple[str, str]]:
     for a in op.arguments:
         if a.kind == "array":
             tensors.append((a.name, "Tensor" if a.default is not None else "Tensor?"))
+        elif a.kind == "arrays" and not a.leading:
+            tensors.append((a.name, "Tensor[]"))
         elif a.kind == "lists" and a.rebuild is not None:
             tensors += [(name, "Tensor?") for name in a.names]
             options += list(a.parts)
@@ -113,20 +115,26 @@ def _register_autograd(op: Op, registered, names: list[str]) -> None:
 
     def setup_context(ctx, inputs, output) -> None:
         values = dict(zip(names, inputs))
-        ctx.save_for_backward(*(values[n] for n in tensors), *output)
+        ctx.counts = {n: len(values[n]) for n in tensors if isinstance(values[n], (list, tuple))}
+        ctx.save_for_backward(*(x for n in tensors for x in items(values[n])), *output)
         ctx.options = {n: v for n, v in values.items() if n not in tensors}
         ctx.mark_non_differentiable(*(out for name, out in zip(outputs, output) if f"d{name}" not in backward_names))
 
     def gradient(ctx, *grads):
-        saved = ctx.saved_tensors
-        values = {**dict(zip(tensors, saved)), **dict(zip(outputs, saved[len(tensors):])), **ctx.options}
+        saved = iter(ctx.saved_tensors)
+        values = {n: [next(saved) for _ in range(ctx.counts[n])] if n in ctx.counts else next(saved)
+                  for n in tensors}
+        values.update({**dict(zip(outputs, saved)), **ctx.options})
         values.update({f"d{name}": g for name, g in zip(outputs, grads)})
         for index, name in enumerate(names):
-            if ctx.needs_input_grad[index] and name not in op.gradients:
+            if any(items(ctx.needs_input_grad[index])) and name not in op.gradients:   # a Tensor[]'s: a list
                 raise NotImplementedError(f"{op.name} gives {name} no gradient; pass {name}.detach()")
         results = dict(zip((o.name for o in backward_op.outputs), backward(*(values[n] for n in backward_names))))
         grads_in = []
         for name in names:
+            if name in ctx.counts:   # a Tensor[] gets a list (of no gradients)
+                grads_in.append([None] * ctx.counts[name])
+                continue
             g = results.get(op.gradients.get(name)) if values.get(name) is not None else None
             grads_in.append(None if g is None else g.to(values[name].dtype))
         return tuple(grads_in)
@@ -226,11 +234,16 @@ def torch_call(op: Op, values: dict):
         value = values[name]
         if name in converts:
             return converts[name](value)
-        if kinds[name].startswith("Tensor") and isinstance(value, np.ndarray):   # numpy beside q's tensors
+        if kinds[name] == "Tensor[]":   # a list of arrays, each as a Tensor argument
+            return [argument_of(f"{name}[{i}]", x, "Tensor") for i, x in enumerate(items(value))]
+        return argument_of(name, value, kinds[name])
+
+    def argument_of(name: str, value, kind: str):
+        if kind.startswith("Tensor") and isinstance(value, np.ndarray):   # numpy beside q's tensors
             return _tensor_of(value).to(like.device)
-        if kinds[name].startswith("Tensor") and not isinstance(value, torch.Tensor) and \
-                not (value is None and kinds[name].endswith("?")):   # the dispatcher's would be a RuntimeError
-            raise TypeError(f"{name} must be a torch tensor{' or None' if kinds[name].endswith('?') else ''}, "
+        if kind.startswith("Tensor") and not isinstance(value, torch.Tensor) and \
+                not (value is None and kind.endswith("?")):   # the dispatcher's would be a RuntimeError
+            raise TypeError(f"{name} must be a torch tensor{' or None' if kind.endswith('?') else ''}, "
                             f"got {type(value).__name__}")
         return value
 

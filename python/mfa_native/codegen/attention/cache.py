@@ -94,6 +94,7 @@ class CacheFacts(KeyWalk):
 
     bounds = CACHE_BOUNDS
     catalog = CATALOG
+    queries_end_the_sequence = True
 
     @property
     def key_lists(self) -> tuple[str, ...]:

@@ -39,13 +39,17 @@ class Element:
     """Where an element lies, as MSL expressions a transform may read: its `query` and `key`
     (ints, the kernel's global positions), `diagonal` (an int: key j lines up with query
     j - diagonal, the sequences' last query with their last key), its head `h` and `batch`
-    (uints)."""
+    (uints), and where its sequence's position 0 lies among the kernel's queries and keys
+    (`first_query`, `first_key`: ints; a packed sequence's start, or for queries that end the
+    sequence -diagonal), so that query - first_query is the query's position in its sequence."""
 
     query: str
     key: str
     diagonal: str
     batch: str = "b"
     head: str = "h"
+    first_query: str = "0"
+    first_key: str = "0"
 
 
 class ScoreTransform(ABC):
@@ -160,7 +164,10 @@ def element(d, query: str, key: str) -> Element:
     """The positions of an element of a kernel of descriptor `d` whose query and key are the
     MSL ints `query` and `key`."""
     bounds = d.keys.bounds
-    return Element(query, key, f"(int({bounds.k_end}) - int({bounds.q_end}))", d.keys.batch_index)
+    diagonal = f"(int({bounds.k_end}) - int({bounds.q_end}))"
+    first_query = f"(-{diagonal})" if d.keys.queries_end_the_sequence else f"int({bounds.q_begin})"
+    return Element(query, key, diagonal, d.keys.batch_index, first_query=first_query,
+                   first_key=f"int({bounds.k_begin})")
 
 
 def buffers(transforms: Sequence[ScoreTransform]) -> dict[str, tuple[str, str]]:

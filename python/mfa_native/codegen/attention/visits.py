@@ -95,6 +95,10 @@ class KeyWalk:
     batches: str = "B"
     """The runtime size counting those batches (a per-batch table's rows)."""
 
+    queries_end_the_sequence: bool = False
+    """Whether a sequence's queries are its last positions (a KV cache's call: query r is at
+    cache length - R + r), not its first; where a score_mod's q_idx counts from."""
+
     rebinds: dict[str, str] = {}
     """Pass inputs the caller's arrays bind under another name: buffer -> name. The case's own
     kernels read the array there and write the buffer, which the other kernels read as usual
