@@ -16,6 +16,7 @@ from .attention import (ALIBI_SLOPES, GRADIENT_OF, K, LAYOUT, LSE, OUTPUT, Q, RA
 from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
 from .declaration import Arg, Call, Op
 from .empty import empty_backward, empty_forward
+from .score_mod import SCORE_MOD, SCORE_MOD_RAISES, SCORE_MOD_TENSORS, with_score_mod
 from .warm import prepared_call, same_memory
 
 INDICES = Arg("indices", "array", keyword=False, doc="""
@@ -37,11 +38,12 @@ def _prepare_forward(call: Call, device):
                                    window=None, layout=call.layout, return_lse=call.return_lse, softcap=call.softcap,
                                    alibi_slopes=call.alibi_slopes),
                           call.indices, call.topk_length, shared)
-    p = checked.problem
+    checked, tensors = with_score_mod(checked, call.score_mod, call.score_mod_tensors)
+    p, names = checked.problem, call.op.array_names + tensors
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
-        return empty_forward(p, call.op.array_names, checked)
+        return empty_forward(p, names, checked)
     description = codegen.attention_pass(p, family=tuning_facts(device).family)
-    return prepared_call(description, device, checked, call.op.array_names, call.results)
+    return prepared_call(description, device, checked, names, call.results)
 
 
 def _prepare_backward(call: Call, device):
@@ -50,16 +52,17 @@ def _prepare_backward(call: Call, device):
                                  softcap=call.softcap, alibi_slopes=call.alibi_slopes)
     forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), call.indices,
                           call.topk_length, False)
+    forward, tensors = with_score_mod(forward, call.score_mod, call.score_mod_tensors)
     problem = replace(backward.problem, forward=forward.problem)
     p = problem.forward
-    names = tuple("dout" if n == "do" else n for n in call.op.array_names)
+    names = tuple("dout" if n == "do" else n for n in call.op.array_names) + tensors
     if check.is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_backward(p, names, forward)
     description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
     return prepared_call(description, device, forward, names, call.results)
 
 
-SPARSE_RAISES = RAISES + """
+SPARSE_RAISES = RAISES + SCORE_MOD_RAISES + """
     TypeError: indices or topk_length is not int32.
     ValueError: indices is not (B, Hkv or 1, R, topk) ("bshd": (B, R, Hkv or 1, topk)),
         topk_length not (B, R) or negative.
@@ -68,7 +71,8 @@ SPARSE_RAISES = RAISES + """
 SPARSE_ATTENTION = Op(
     "sparse_attention",
     "Attention of each query row over exactly the keys its list names.",
-    arguments=(Q, K, SPARSE_V, INDICES, SCALE, SINKS, SOFTCAP, ALIBI_SLOPES, TOPK_LENGTH, LAYOUT, RETURN_LSE),
+    arguments=(Q, K, SPARSE_V, INDICES, SCALE, SINKS, SOFTCAP, ALIBI_SLOPES, SCORE_MOD_TENSORS, SCORE_MOD, TOPK_LENGTH,
+               LAYOUT, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
     key=lambda values: (_shared_latent(values["k"], values["v"]),),
@@ -107,7 +111,8 @@ sparse_attention = SPARSE_ATTENTION.function
 SPARSE_ATTENTION_BACKWARD = Op(
     "sparse_attention_backward",
     "Exact gradients of `sparse_attention`: (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks.",
-    arguments=(Q, K, SPARSE_V, INDICES, O, LSE_IN, DO, SCALE, SINKS, SOFTCAP, ALIBI_SLOPES, TOPK_LENGTH, LAYOUT),
+    arguments=(Q, K, SPARSE_V, INDICES, O, LSE_IN, DO, SCALE, SINKS, SOFTCAP, ALIBI_SLOPES, SCORE_MOD_TENSORS,
+               SCORE_MOD, TOPK_LENGTH, LAYOUT),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
     reference=reference.sparse_attention_backward_reference,
