@@ -321,3 +321,45 @@ def test_sparse_indexed_kv_idx_is_the_listed_keys_index(rng):
     grads = mfa_native.sparse_attention_backward(*arrays, lists, out, lse, do, **options)
     for got, want in zip(grads, torch.autograd.grad(expected, leaves, torch.from_numpy(do).double())):
         assert relative_l2(got, want) < 1e-4
+
+
+def test_a_score_mod_is_traced_once_while_what_it_sees_stays(rng, monkeypatch):
+    """flex_attention traces a plain function once (its captured tensors' values are read at
+    each call), again when a global or closure value it reads is rebound, and on every call
+    when it sees an object whose attributes it may read (no fingerprint can cover those)."""
+    from mfa_native.torch import score_mod_cache
+    from mfa_native.torch.score_mod import trace
+
+    traces = []
+    monkeypatch.setattr(score_mod_cache, "trace", lambda fn: traces.append(fn) or trace(fn))
+    q, k, v = inputs(rng, requires_grad=False)
+    bias = torch.zeros(HQ)
+    scale = [0.5]
+
+    def shifted(s, b, h, i, j):
+        return s * scale[0] + bias[h] * (i - j) * 0.1
+
+    def call(fn):
+        out = flex_attention(q, k, v, score_mod=fn, enable_gqa=True)
+        assert relative_l2(out, reference(q, k, v, fn)[1].detach()) < 1e-5   # what fn computes now
+        return out
+
+    first = call(shifted)
+    bias += 1.0   # in place: the same tensor, its new values read at the call
+    assert relative_l2(call(shifted), first) > 0.01 and len(traces) == 1
+    scale[0] = 2.0   # a value the function sees rebound: traced again
+    call(shifted)
+    assert len(traces) == 2
+
+    class Holder:
+        table = torch.zeros(HQ)
+
+    holder = Holder()
+
+    def from_object(s, b, h, i, j):
+        return s + holder.table[h] * (i - j)
+
+    call(from_object)
+    holder.table = torch.ones(HQ)   # rebound on an object: no fingerprint sees it, so every call traces
+    call(from_object)
+    assert len(traces) == 4
