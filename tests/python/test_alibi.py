@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import relative_l2
 from test_softcap import (check_attention, check_block_sparse, check_int8, check_sparse, check_sparse_adapters,
-                          check_split_decode, check_varlen, inputs, sparse_and_int8_calls)
+                          check_split_decode, check_varlen, inputs, layout_inputs, sparse_and_int8_calls)
 
 import mfa_native
 from mfa_native.int8_reference import int8_attention_emulation
@@ -72,8 +72,7 @@ def test_block_sparse_forward_and_backward(rng, dtype, layout, per_batch):
     """A BlockMask from_mask (causal and a window: full, partial and left-out blocks; fewer
     queries than keys, so the distance counts from the diagonal C - R), GQA, sinks, softcap."""
     B, Hq, Hkv, R, C, D = 2, 4, 2, 24, 40, 32
-    shape = (lambda h, n: (B, h, n, D)) if layout == "bhsd" else (lambda h, n: (B, n, h, D))
-    q, k, v, do = inputs(rng, [shape(Hq, R), shape(Hkv, C), shape(Hkv, C), shape(Hq, R)], dtype, spread=1.5)
+    q, k, v, do = layout_inputs(rng, (B, Hq, Hkv, R, C, D), layout, dtype, spread=1.5)
     block_mask = mfa_native.BlockMask.from_mask(causal=True, window=(20, -1), R=R, C=C, block_size=8, device="cpu")
     rule = dict(causal=True, window=(20, -1))
     options = dict(alibi_slopes=slopes(rng, B, Hq) if per_batch else slopes(rng, Hq), softcap=4.0, layout=layout,
@@ -89,8 +88,7 @@ def test_sparse_forward_and_backward(rng, dtype, layout, per_batch):
     query row r's distance to a listed key is |r + C - R - j|, j the key's index in k (not its
     slot in the list)."""
     B, Hq, Hkv, R, C, D = 2, 4, 2, 9, 30, 32
-    shape = (lambda h, n: (B, h, n, D)) if layout == "bhsd" else (lambda h, n: (B, n, h, D))
-    q, k, v, do = inputs(rng, [shape(Hq, R), shape(Hkv, C), shape(Hkv, C), shape(Hq, R)], dtype, spread=1.5)
+    q, k, v, do = layout_inputs(rng, (B, Hq, Hkv, R, C, D), layout, dtype, spread=1.5)
     indices = rng.integers(-3, C + 3, size=(B, 1, R, 12) if layout == "bhsd" else (B, R, 1, 12), dtype=np.int32)
     indices[..., 1] = indices[..., 0]   # every row lists a key twice (or skips an entry twice)
     options = dict(alibi_slopes=slopes(rng, B, Hq) if per_batch else slopes(rng, Hq), layout=layout,

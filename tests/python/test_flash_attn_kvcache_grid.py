@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from mfa_native.reference import attention_reference, rotary_reference
+from test_varlen import cu_of
+from test_varlen_paged import low_precision_attention
 
 torch = pytest.importorskip("torch")
 from mfa_native.torch import flash_attn_with_kvcache  # noqa: E402
@@ -72,24 +74,6 @@ def case_id(case: dict) -> str:
     return "-".join(f"{k}={v}" for k, v in case.items() if v not in (False, None))
 
 
-def in_dtype(q, k, v, keys_valid, scale, causal, window):
-    """PyTorch computing in the low dtype (flash-attn's `upcast=False` reference): per batch."""
-    out = []
-    for b in range(q.shape[0]):
-        kb, vb = k[b, keys_valid[b]], v[b, keys_valid[b]]
-        scores = torch.einsum("qhd,khd->hqk", q[b] * scale, kb)
-        sq, sk = scores.shape[1:]
-        row, col = torch.arange(sq)[:, None] + sk - sq, torch.arange(sk)[None, :]
-        allowed = torch.ones(sq, sk, dtype=torch.bool)
-        if causal:
-            allowed &= col <= row
-        if window is not None:
-            allowed &= (col >= row - window[0]) & (col <= row + window[1])
-        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
-        out.append(torch.einsum("hqk,khd->qhd", probs, vb))
-    return torch.stack(out)
-
-
 def run(case: dict) -> None:
     torch.manual_seed(0)
     dtype = getattr(torch, case["dtype"])
@@ -129,13 +113,14 @@ def run(case: dict) -> None:
         for b in range(BATCH):
             k_ref[b, lengths[b]:lengths[b] + new], v_ref[b, lengths[b]:lengths[b] + new] = turned[b], v[b].double().numpy()
     valid = [slice(int(start[b]), int(lengths[b]) + new) for b in range(BATCH)]
-    ratio = HEADS // heads_k
     reference = np.concatenate([attention_reference(q_ref[b:b + 1], k_ref[b:b + 1, valid[b]], v_ref[b:b + 1, valid[b]],
                                                     layout="bshd", causal=case["causal"], window=window)
                                 for b in range(BATCH)])
-    low = in_dtype(torch.from_numpy(q_ref).to(dtype), *(torch.from_numpy(x).to(dtype).repeat_interleave(ratio, 2)
-                                                        for x in (k_ref, v_ref)),
-                   valid, D ** -0.5, case["causal"], window).double().numpy()
+    # The baseline of flash-attn's tolerance: the batches as packed sequences, in the low dtype.
+    packed = [torch.from_numpy(np.concatenate([x[b, valid[b]] for b in range(BATCH)])).to(dtype) for x in (k_ref, v_ref)]
+    low = low_precision_attention(torch, torch.from_numpy(q_ref.reshape(-1, HEADS, D)).to(dtype), *packed,
+                                  cu_of([seqlen_q] * BATCH), cu_of([s.stop - s.start for s in valid]), case["causal"],
+                                  window).double().numpy().reshape(q_ref.shape)
     # The call, on flash-attn's layout of the caches.
     if block is None:
         k_cache, v_cache, table = k_rows.clone(), v_rows.clone(), None

@@ -58,6 +58,13 @@ def test_attention_forward_and_backward(rng, dtype, options):
     assert relative_l2(uncapped, want_o) > 0.1   # the cap changed the result: these scores reach it
 
 
+def layout_inputs(rng, sizes: tuple, layout: str, dtype: str, spread: float = 4.0):
+    """q, k, v, do for sizes (B, Hq, Hkv, R, C, D) in `layout` ("bhsd" or "bshd")."""
+    B, Hq, Hkv, R, C, D = sizes
+    shape = (lambda h, n: (B, h, n, D)) if layout == "bhsd" else (lambda h, n: (B, n, h, D))
+    return inputs(rng, [shape(Hq, R), shape(Hkv, C), shape(Hkv, C), shape(Hq, R)], dtype, spread)
+
+
 def check_attention(q, k, v, do, dtype: str, **options) -> np.ndarray:
     """attention and its backward against the float64 reference, within `dtype`'s tolerances;
     the reference's output."""
@@ -189,8 +196,7 @@ def test_mlx_gradients(rng):
 def test_block_sparse_forward_and_backward(rng, dtype, layout):
     """A BlockMask from_mask (causal and a window: full, partial and left-out blocks), GQA, sinks."""
     B, Hq, Hkv, R, C, D = 1, 4, 2, 24, 40, 32
-    shape = (lambda h, n: (B, h, n, D)) if layout == "bhsd" else (lambda h, n: (B, n, h, D))
-    q, k, v, do = inputs(rng, [shape(Hq, R), shape(Hkv, C), shape(Hkv, C), shape(Hq, R)], dtype)
+    q, k, v, do = layout_inputs(rng, (B, Hq, Hkv, R, C, D), layout, dtype)
     block_mask = mfa_native.BlockMask.from_mask(causal=True, window=(20, -1), R=R, C=C, block_size=8, device="cpu")
     rule = dict(causal=True, window=(20, -1))
     options = dict(softcap=3.0, layout=layout, sinks=rng.standard_normal(Hq).astype(np.float32))
@@ -217,8 +223,7 @@ def check_block_sparse(q, k, v, do, block_mask, rule: dict, dtype: str, **option
 def test_sparse_forward_and_backward(rng, dtype, layout):
     """Token lists shared by the kv heads, entries out of range, duplicates, topk_length, sinks."""
     B, Hq, Hkv, R, C, D = 2, 4, 2, 9, 30, 32
-    shape = (lambda h, n: (B, h, n, D)) if layout == "bhsd" else (lambda h, n: (B, n, h, D))
-    q, k, v, do = inputs(rng, [shape(Hq, R), shape(Hkv, C), shape(Hkv, C), shape(Hq, R)], dtype)
+    q, k, v, do = layout_inputs(rng, (B, Hq, Hkv, R, C, D), layout, dtype)
     indices = rng.integers(-3, C + 3, size=(B, 1, R, 12) if layout == "bhsd" else (B, R, 1, 12), dtype=np.int32)
     options = dict(softcap=2.5, layout=layout, sinks=rng.standard_normal(Hq).astype(np.float32),
                    topk_length=rng.integers(0, 14, size=(B, R), dtype=np.int32))

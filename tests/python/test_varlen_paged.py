@@ -9,18 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import relative_l2
-from ml_dtypes import bfloat16
+from test_varlen import DTYPES, TOLERANCE, cu_of
 
 import mfa_native
 from mfa_native.reference import allowed_keys, attention_varlen_reference
-
-DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16}
-TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
-
-
-def cu_of(lengths) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-
 
 def empty_pages(layout: str, blocks: int, page: int, heads: int, width: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     """k and v pages (blocks, page, heads, width) as views of NaN-filled memory laid out as

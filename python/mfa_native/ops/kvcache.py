@@ -9,15 +9,16 @@ as the pass's "inout" buffers, and quantize them on the way for a quantized cach
 cache over each batch's attended length (codegen/attention/cache.py). Every check of the call
 runs first, on every call, so nothing is written on an error. With rotary tables, rotation
 kernels (codegen/attention/rotary.py) turn q and the new k first in the same pass
-(ops/rotary.py). An empty problem (no kernel runs) appends plain rows on the host. The caches must be memory the pass can bind writable
-in place: numpy arrays, torch CPU tensors, or contiguous torch MPS tensors (bound through
+(ops/rotary.py). An empty problem (no kernel runs) appends plain rows on the host. The caches
+must be memory the pass can bind writable in place: numpy arrays, torch CPU tensors, or contiguous torch MPS tensors (bound through
 DLPack, so the device append writes them; with an append, a non-contiguous MPS cache is a
 ValueError: given_kind checks the arguments declared `written_with`). For MLX caches,
 `mfa_native.mlx.attention_with_kvcache` appends with MLX's own in-place update, then calls
 this without an append. Inference only.
 
 A paged cache is bound as its pages' rows (ops/pages.py: any page size, any layout whose pages
-are whole rows apart, read in place), shared by every batch (batch stride 0). A paged QuantizedTensor cache has
+are whole rows apart, read in place), shared by every batch (batch stride 0). A paged
+QuantizedTensor cache has
 the pages' layout in every field: data (num_blocks, page_size, Hkv, D * bits / 32 words or
 D / 32 blocks) and affine scales and biases (num_blocks, page_size, Hkv, D / group_size).
 """
