@@ -14,7 +14,9 @@
 // What a bundle entry fixes and what stays a runtime value: an entry's kernels
 // bake the dtype, D, Dv (1..576), the GQA ratio Hq / Hkv, causal, the mask kind
 // and its element type, whether it takes a window, sinks, the layout, the
-// scale and the GPU family (the device's tile table); batch, head counts,
+// scale, the score transforms (the softcap, whether ALiBi slopes are per head or
+// per batch, a score_mod's text and its tensors' shapes and element types) and
+// the GPU family (the device's tile table); batch, head counts,
 // sequence lengths and the views' strides are runtime values, so one entry
 // serves every length and view. An entry with a window ("window=yes") serves
 // every window: its sides are runtime values too (and it serves calls without
@@ -85,6 +87,16 @@ struct AttentionOptions {
   std::optional<TensorView> mask;
   std::optional<TensorView> sinks;                              // float32 (Hq,): one extra logit per head
   Layout layout = Layout::bhsd;
+  // Score transforms, applied in this order to each scaled score s after the scale and before
+  // the mask and sinks (an entry bakes them: the spec's "softcap", "alibi", "score_mod").
+  // softcap c > 0: s -> c * tanh(s / c) (flash-attn's; Gemma 2).
+  std::optional<float> softcap;
+  // float32 (Hq,) or (B, Hq), any strides: s -> s - slope * |i + C - R - j| for query i, key j.
+  std::optional<TensorView> alibi_slopes;
+  // A traced FlexAttention score_mod's text (mfa_native.torch.score_mod.trace; empty: none)
+  // and the tensors it reads, in the order the text numbers them: float32 or int32, any strides.
+  std::string score_mod;
+  std::vector<TensorView> score_mod_tensors;
 };
 
 // A damaged, truncated or future-version bundle file (or one this build cannot read).

@@ -45,8 +45,14 @@ std::optional<TensorView> view_of(const std::optional<ViewSpec>& spec) {
 AttentionOptions options_of(std::optional<float> scale, const std::string& causal,
                             std::optional<std::pair<std::int64_t, std::int64_t>> window,
                             const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks,
-                            const std::string& layout) {
+                            const std::string& layout, std::optional<float> softcap,
+                            const std::optional<ViewSpec>& alibi_slopes, const std::string& score_mod,
+                            const std::vector<ViewSpec>& score_mod_tensors) {
   AttentionOptions o;
+  o.softcap = softcap;
+  o.alibi_slopes = view_of(alibi_slopes);
+  o.score_mod = score_mod;
+  for (const ViewSpec& t : score_mod_tensors) o.score_mod_tensors.push_back(view_of(t));
   o.scale = scale;
   if (causal == "none") o.causal = Causal::none;
   else if (causal == "lower_right") o.causal = Causal::lower_right;
@@ -106,25 +112,32 @@ void bind_bundle(nb::module_& m) {
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
            const ViewSpec& out, const std::optional<ViewSpec>& lse, std::optional<float> scale,
            const std::string& causal, std::optional<std::pair<std::int64_t, std::int64_t>> window,
-           const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout) {
+           const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout,
+           std::optional<float> softcap, const std::optional<ViewSpec>& alibi_slopes, const std::string& score_mod,
+           const std::vector<ViewSpec>& score_mod_tensors) {
           const Device device = Device::get(device_kind_from_string(kind));
-          const AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout);
+          const AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout, softcap, alibi_slopes,
+                                                      score_mod, score_mod_tensors);
           const std::optional<TensorView> rows = view_of(lse);
           nb::gil_scoped_release release;
           attention(device, bundle, view_of(q), view_of(k), view_of(v), view_of(out), options, rows ? &*rows : nullptr);
         },
         "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "scale"_a = nb::none(),
         "causal"_a = "none", "window"_a = nb::none(), "mask"_a = nb::none(), "sinks"_a = nb::none(),
-        "layout"_a = "bhsd", "Test hook: mfa::attention on views of caller memory.");
+        "layout"_a = "bhsd", "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(), "score_mod"_a = "",
+        "score_mod_tensors"_a = std::vector<ViewSpec>(), "Test hook: mfa::attention on views of caller memory.");
 
   m.def("_bundle_attention_backward",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
            const ViewSpec& o, const ViewSpec& lse, const ViewSpec& dout, const ViewSpec& dq, const ViewSpec& dk,
            const ViewSpec& dv, const std::optional<ViewSpec>& dsinks, std::optional<float> scale,
            const std::string& causal, std::optional<std::pair<std::int64_t, std::int64_t>> window,
-           const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout) {
+           const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout,
+           std::optional<float> softcap, const std::optional<ViewSpec>& alibi_slopes, const std::string& score_mod,
+           const std::vector<ViewSpec>& score_mod_tensors) {
           const Device device = Device::get(device_kind_from_string(kind));
-          const AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout);
+          const AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout, softcap, alibi_slopes,
+                                                      score_mod, score_mod_tensors);
           const std::optional<TensorView> ds = view_of(dsinks);
           nb::gil_scoped_release release;
           attention_backward(device, bundle, view_of(q), view_of(k), view_of(v), view_of(o), view_of(lse),
@@ -132,7 +145,8 @@ void bind_bundle(nb::module_& m) {
         },
         "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a,
         "dsinks"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = "none", "window"_a = nb::none(),
-        "mask"_a = nb::none(), "sinks"_a = nb::none(), "layout"_a = "bhsd",
+        "mask"_a = nb::none(), "sinks"_a = nb::none(), "layout"_a = "bhsd", "softcap"_a = nb::none(),
+        "alibi_slopes"_a = nb::none(), "score_mod"_a = "", "score_mod_tensors"_a = std::vector<ViewSpec>(),
         "Test hook: mfa::attention_backward on views of caller memory.");
 }
 

@@ -35,6 +35,10 @@ BundleFacts facts_of(const Problem& p, const std::string& family, bool backward)
   f.sinks = p.sinks;
   f.layout = attention_args::layout_name(p.layout);
   f.effective_scale = p.scale;
+  if (p.softcap) f.softcap = *p.softcap;
+  f.alibi = p.alibi;
+  f.score_mod = p.score_mod;
+  f.score_mod_tensors = p.score_mod_tensors;
   f.family = family;
   f.backward = backward;
   return f;
@@ -48,6 +52,8 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.gqa_ratio == want.gqa_ratio && e.causal == want.causal && e.mask == want.mask &&
          (e.mask != "additive" || e.mask_dtype == want.mask_dtype) && window &&
          e.sinks == want.sinks && e.layout == want.layout && float(e.effective_scale) == float(want.effective_scale) &&
+         e.softcap.has_value() == want.softcap.has_value() && (!e.softcap || float(*e.softcap) == float(*want.softcap)) &&
+         e.alibi == want.alibi && e.score_mod == want.score_mod && e.score_mod_tensors == want.score_mod_tensors &&
          e.family == want.family && (!want.backward || e.backward);
 }
 
@@ -189,6 +195,16 @@ struct PassViews {
     const Checked& kept = views[name] = std::move(view);
     if (reads != view_packing::Reads::contiguous) strided[name] = &kept;
   }
+  // What the score transforms read: the ALiBi slopes and a score_mod's tensors, contiguous.
+  void add_scores(const Device& device, const AttentionOptions& options) {
+    using attention_args::checked;
+    if (options.alibi_slopes)
+      add(device, "alibi_slopes", checked(*options.alibi_slopes, "alibi_slopes"), view_packing::Reads::contiguous);
+    for (std::size_t i = 0; i < options.score_mod_tensors.size(); ++i)
+      add(device, "score_mod_" + std::to_string(i),
+          checked(options.score_mod_tensors[i], "score_mod_tensors[" + std::to_string(i) + "]"),
+          view_packing::Reads::contiguous);
+  }
   void add_mask(const Device& device, const TensorView& mask, const Problem& p) {
     Checked given = attention_args::checked(mask, "mask");
     view_packing::make_addressable(device, given, view_packing::Reads::strided_broadcast);
@@ -227,6 +243,7 @@ void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, co
   views.add(device, "v", checked(v, "v"), view_packing::Reads::strided);
   if (options.mask) views.add_mask(device, *options.mask, p);
   if (options.sinks) views.add(device, "sinks", checked(*options.sinks, "sinks"), view_packing::Reads::contiguous);
+  views.add_scores(device, options);
   const SizeEnv sizes = sizes_of(p, device, entry, views.strided);
   const EvaluatedPass pass = evaluate(template_for(entry.forward, sizes, entry.line), sizes);
   std::map<std::string, Bound> arrays = {{"o", {&o}}};
@@ -267,6 +284,7 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
   views.add(device, "lse", std::move(clse), view_packing::Reads::contiguous);
   if (options.mask) views.add_mask(device, *options.mask, p);
   if (options.sinks) views.add(device, "sinks", checked(*options.sinks, "sinks"), view_packing::Reads::contiguous);
+  views.add_scores(device, options);
   const SizeEnv sizes = sizes_of(p, device, entry, views.strided);
   const EvaluatedPass pass = evaluate(template_for(entry.backward, sizes, entry.line), sizes);
   std::map<std::string, Bound> arrays = {{"dq", {&cdq}}, {"dk", {&cdk}}, {"dv", {&cdv}}};

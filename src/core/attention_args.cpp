@@ -172,7 +172,40 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
     checked(s, "sinks");
     p.sinks = true;
   }
+  score_transforms(options, p);
   return p;
+}
+
+void score_transforms(const AttentionOptions& options, Problem& p) {
+  if (options.softcap) {
+    const float cap = *options.softcap;
+    if (!(std::isfinite(cap) && cap > 0))
+      throw ArgumentError("softcap must be finite and above 0 (None: no cap), got " + std::to_string(cap));
+    p.softcap = cap;
+  }
+  if (options.alibi_slopes) {
+    const TensorView& s = *options.alibi_slopes;
+    if (s.dtype != DType::float32)
+      throw TypeError(std::string("alibi_slopes must be float32, got dtype ") + dtype_name(s.dtype));
+    if (s.shape != std::vector<std::int64_t>{p.Hq} && s.shape != std::vector<std::int64_t>{p.B, p.Hq})
+      throw ArgumentError("alibi_slopes must have shape (Hq,) = (" + std::to_string(p.Hq) + ",) or (B, Hq) = (" +
+                          std::to_string(p.B) + ", " + std::to_string(p.Hq) + "), got " + text_of(s.shape));
+    checked(s, "alibi_slopes");
+    p.alibi = s.shape.size() == 1 ? "per_head" : "per_batch";
+  }
+  if (options.score_mod.empty() && !options.score_mod_tensors.empty())
+    throw ArgumentError("score_mod_tensors given without a score_mod");
+  p.score_mod = options.score_mod;
+  for (std::size_t i = 0; i < options.score_mod_tensors.size(); ++i) {
+    const TensorView& t = options.score_mod_tensors[i];
+    const std::string name = "score_mod_tensors[" + std::to_string(i) + "]";
+    if (t.dtype != DType::float32 && t.dtype != DType::int32)
+      throw TypeError(name + " must be float32 or int32 (as the kernels read it), got dtype " + dtype_name(t.dtype));
+    const Checked c = checked(t, name);
+    if (c.elements == 0 || c.elements > kMaxIndex)
+      throw ArgumentError(name + " has " + std::to_string(c.elements) + " elements (1 to 2**31 - 1 are read)");
+    p.score_mod_tensors.push_back({t.dtype == DType::float32 ? "float" : "int", t.shape});
+  }
 }
 
 Checked mask_view(const TensorView& mask, const Problem& p) {

@@ -37,6 +37,13 @@ struct Checked {
 // while the view has elements). Negative strides are allowed: such a view is packed.
 Checked checked(const TensorView& view, const std::string& name);
 
+// A tensor a score_mod reads, as an entry bakes it: "float" (float32) or "int" (int32), and its shape.
+struct ScoreModTensor {
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  bool operator==(const ScoreModTensor& other) const { return dtype == other.dtype && shape == other.shape; }
+};
+
 // What a call's arguments make: the problem an entry must serve.
 struct Problem {
   std::int64_t B = 0, Hq = 0, Hkv = 0, R = 0, C = 0, D = 0, Dv = 0;
@@ -48,6 +55,10 @@ struct Problem {
   std::string mask_dtype;        // "", "bool", float dtype name
   bool sinks = false;
   float scale = 0;               // the scale the kernels must bake
+  std::optional<float> softcap;
+  std::string alibi = "none";    // none, per_head, per_batch
+  std::string score_mod;         // its text ("": none)
+  std::vector<ScoreModTensor> score_mod_tensors;
   bool empty() const { return B * Hq * R * C == 0; }
 };
 
@@ -58,9 +69,12 @@ const char* causal_name(Causal causal);
 // `values` in logical (batch, head, sequence, feature) order from memory order, and back.
 std::vector<std::int64_t> physical(std::vector<std::int64_t> values, Layout layout);
 
-// Every check of attention's q, k, v and options (mask, sinks, window, scale).
+// Every check of attention's q, k, v and options (mask, sinks, window, scale, score transforms).
 Problem forward_problem(const TensorView& q, const TensorView& k, const TensorView& v,
                         const AttentionOptions& options);
+
+// The score transforms of `options` (softcap, alibi_slopes, score_mod and its tensors), checked, into `p`.
+void score_transforms(const AttentionOptions& options, Problem& p);
 
 // An output view: `name` must have `dtype` (TypeError), `shape` (ArgumentError) and be contiguous.
 Checked output(const TensorView& view, const std::string& name, DType dtype, const std::vector<std::int64_t>& shape,

@@ -48,6 +48,19 @@ BundleFacts facts_of(const json::Value& f) {
   facts.layout = f.at("layout").as_string("layout");
   const json::Value& scale = f.at("scale");
   if (!scale.is_null()) facts.scale = scale.as_double("scale");
+  const json::Value& softcap = f.at("softcap");
+  if (!softcap.is_null()) facts.softcap = softcap.as_double("softcap");
+  facts.alibi = f.at("alibi").as_string("alibi");
+  const json::Value& score_mod = f.at("score_mod");
+  if (!score_mod.is_null()) {
+    facts.score_mod = score_mod.at("text").as_string("score_mod text");
+    for (const json::Value& t : score_mod.at("tensors").as_array("score_mod tensors")) {
+      attention_args::ScoreModTensor tensor{t.at("dtype").as_string("score_mod tensor dtype"), {}};
+      for (const json::Value& n : t.at("shape").as_array("score_mod tensor shape"))
+        tensor.shape.push_back(n.as_int("score_mod tensor shape"));
+      facts.score_mod_tensors.push_back(std::move(tensor));
+    }
+  }
   facts.family = f.at("family").as_string("family");
   facts.backward = f.at("backward").as_bool("backward");
   return facts;
@@ -96,9 +109,17 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
     scale = text;
   }
   const std::string mask = f.mask == "additive" ? "additive:" + f.mask_dtype : f.mask;
+  std::string scores;  // writer.py's scores_text
+  if (f.softcap) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", *f.softcap);
+    scores += std::string(" softcap=") + text;
+  }
+  if (f.alibi != "none") scores += " alibi=" + f.alibi;
+  if (!f.score_mod.empty()) scores += " score_mod=" + sha256_hex(f.score_mod).substr(0, 12);
   return "attention " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
          " gqa=" + std::to_string(f.gqa_ratio) + " causal=" + f.causal + " mask=" + mask + " window=" + window +
-         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + " scale=" + scale + " family=" + f.family +
+         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + " scale=" + scale + scores + " family=" + f.family +
          " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
 }
 

@@ -9,12 +9,13 @@
 #include <utility>
 #include <vector>
 
+#include "attention_args.hpp"
 #include "mfa/attention.hpp"
 #include "pass_template.hpp"
 
 namespace mfa {
 
-constexpr std::uint32_t kBundleFormatVersion = 2;
+constexpr std::uint32_t kBundleFormatVersion = 3;
 
 struct BundleFacts {
   std::string dtype;       // float32, float16, bfloat16
@@ -27,6 +28,10 @@ struct BundleFacts {
   std::string layout;      // bhsd, bshd
   std::optional<double> scale;  // as the spec gave it (none: 1/sqrt(D))
   double effective_scale = 0;   // what the kernels bake (the templates' valid_for scale)
+  std::optional<double> softcap;  // the score transforms: a cap (none: no cap),
+  std::string alibi = "none";     // none, per_head or per_batch slopes,
+  std::string score_mod;          // a score_mod's text ("": none) and its tensors
+  std::vector<attention_args::ScoreModTensor> score_mod_tensors;
   std::string family;
   bool backward = false;
 };

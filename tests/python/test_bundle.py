@@ -13,7 +13,7 @@ import pytest
 
 from mfa_native import codegen
 from mfa_native.bundle import BundleError, entries_of
-from mfa_native.bundle.file import HEADER_BYTES, pack, unpack
+from mfa_native.bundle.file import FORMAT_VERSION, HEADER_BYTES, pack, unpack
 from mfa_native.bundle.writer import backward_templates, choose, forward_templates, problem
 
 SMALL = {"op": "attention", "dtype": ["float32"], "head_dim": [16], "causal": ["lower_right"], "mask": ["none"],
@@ -34,12 +34,13 @@ def test_format_round_trip_and_refusals():
         unpack(bytes(damaged))
     with pytest.raises(BundleError, match="magic"):
         unpack(b"X" + data[1:])
-    future = data[:8] + struct.pack("<I", 3) + data[12:]
+    future = data[:8] + struct.pack("<I", FORMAT_VERSION + 1) + data[12:]
     with pytest.raises(BundleError, match="newer"):
         unpack(future)
-    earlier = data[:8] + struct.pack("<I", 1) + data[12:]   # format 1 baked windows and strides
-    with pytest.raises(BundleError, match="write the bundle again"):
-        unpack(earlier)
+    for version in (1, 2):   # format 1 baked windows and strides; 2 had no score transforms
+        earlier = data[:8] + struct.pack("<I", version) + data[12:]
+        with pytest.raises(BundleError, match="write the bundle again"):
+            unpack(earlier)
     assert len(data) == HEADER_BYTES + len(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode())
 
 

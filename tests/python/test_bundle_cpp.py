@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import mfa_native
 from mfa_native import _core, reference
 from mfa_native.bundle import entries_of, metallib
-from mfa_native.bundle.file import pack, unpack
+from mfa_native.bundle.file import FORMAT_VERSION, pack, unpack
 from mfa_native.bundle.writer import build_payload
 from mfa_native.runtime import expressions
 from mfa_native.runtime.templates import PassTemplate, evaluate
@@ -131,7 +131,7 @@ def test_reader_refuses_damaged_truncated_and_future_bundles(payload):
     damaged = bytearray(data)
     damaged[len(data) // 2] ^= 0x20
     cases = {"sha256": bytes(damaged), "truncated": data[:-7], "shorter than": data[:20], "magic": b"?" + data[1:],
-             "newer": data[:8] + struct.pack("<I", 7) + data[12:], "earlier": data[:8] + struct.pack("<I", 1) + data[12:],
+             "newer": data[:8] + struct.pack("<I", 7) + data[12:], "earlier": data[:8] + struct.pack("<I", 2) + data[12:],
              "empty": b""}
     for message, bad in cases.items():
         with pytest.raises(RuntimeError, match={"empty": "shorter than", "earlier": "write the bundle again"}.get(message, message)):
@@ -143,7 +143,7 @@ def test_reader_refuses_damaged_truncated_and_future_bundles(payload):
             _core._Bundle.from_bytes(pack(body))
     body = b"[" * 100000
     import hashlib
-    header = struct.pack("<8sIIQ32s", b"MFABNDL\0", 2, 0, len(body), hashlib.sha256(body).digest())
+    header = struct.pack("<8sIIQ32s", b"MFABNDL\0", FORMAT_VERSION, 0, len(body), hashlib.sha256(body).digest())
     with pytest.raises(RuntimeError, match="nesting"):
         _core._Bundle.from_bytes(header + body)
     with pytest.raises(RuntimeError, match="cannot open"):

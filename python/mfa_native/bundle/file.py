@@ -1,4 +1,4 @@
-"""The bundle file format, version 2 (src/core/bundle.cpp reads the same bytes).
+"""The bundle file format, version 3 (src/core/bundle.cpp reads the same bytes).
 
     offset  size  field
     0       8     magic b"MFABNDL\\0"
@@ -8,8 +8,9 @@
     24      32    sha256 of the payload
     56      n     the payload: UTF-8 JSON (see writer.py)
 
-A reader refuses a wrong magic, a version other than its own (version 1, before runtime windows
-and strides, is refused with a request to write the bundle again), a length that disagrees with the
+A reader refuses a wrong magic, a version other than its own (earlier ones are refused with a
+request to write the bundle again: version 1 baked windows and strides, version 2 predates score
+transforms), a length that disagrees with the
 file's, and a checksum that does not match, before it parses anything.
 """
 
@@ -20,7 +21,7 @@ import json
 import struct
 
 MAGIC = b"MFABNDL\0"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _HEADER = struct.Struct("<8sIIQ32s")
 HEADER_BYTES = _HEADER.size
 

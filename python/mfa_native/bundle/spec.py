@@ -11,6 +11,13 @@ GPU tile tables, FAMILIES) take all of theirs. The keys without a finite set of 
 are these: head_dim is required; value_dim omitted or null is head_dim; gqa_ratio
 omitted is [1]; scale omitted is [null] (1/sqrt(D)); window omitted is [false].
 
+The score transforms are the model's formula, so each omitted is none: `softcap` a list of
+caps (null: none; a number above 0), `alibi` of "none", "per_head" (slopes (Hq,)) and
+"per_batch" (slopes (B, Hq)), `score_mod` of null or a traced score_mod, {"text": its
+expression's text (mfa_native.torch.score_mod.trace), "tensors": [{"dtype": "float" or
+"int", "shape": [...]}, ...] (the captured tensors as the kernels read them: float32 or
+int32, contiguous, of these shapes)}. The slopes and the tensors are a call's arguments.
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -30,17 +37,20 @@ import numbers
 from dataclasses import dataclass
 
 from ..codegen import FAMILIES, MAX_HEAD_DIM
+from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.attention.problem import CAUSAL, DTYPES, LAYOUTS, MASKS
 
 KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
-        "layout", "scale", "family", "backward")
+        "layout", "scale", "softcap", "alibi", "score_mod", "family", "backward")
+ALIBI = ("none", "per_head", "per_batch")
+ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
 
 @dataclass(frozen=True)
 class EntryFacts:
     """One entry: the facts its kernels bake. mask_dtype is None without a mask ("bool" for
     a bool mask), window whether its kernels take a window (any, at run time), scale None for
-    1/sqrt(head_dim)."""
+    1/sqrt(head_dim); softcap, alibi and score_mod the score transforms (spec keys)."""
 
     dtype: str
     head_dim: int
@@ -55,12 +65,18 @@ class EntryFacts:
     scale: float | None
     family: str
     backward: bool
+    softcap: float | None = None
+    alibi: str = "none"
+    score_mod: ScoreModFacts | None = None
 
     def to_json(self) -> dict:
+        score_mod = None if self.score_mod is None else {
+            "text": self.score_mod[0], "tensors": [{"dtype": d, "shape": list(s)} for d, s in self.score_mod[1]]}
         return {"dtype": self.dtype, "head_dim": self.head_dim, "value_dim": self.value_dim,
                 "gqa_ratio": self.gqa_ratio, "causal": self.causal, "mask": self.mask, "mask_dtype": self.mask_dtype,
-                "window": self.window, "sinks": self.sinks,
-                "layout": self.layout, "scale": self.scale, "family": self.family, "backward": self.backward}
+                "window": self.window, "sinks": self.sinks, "layout": self.layout, "scale": self.scale,
+                "softcap": self.softcap, "alibi": self.alibi, "score_mod": score_mod,
+                "family": self.family, "backward": self.backward}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -101,6 +117,38 @@ def _scales(values: list, where: str) -> list[float | None]:
     return [None if v is None else float(v) for v in values]
 
 
+def _softcaps(values: list, where: str) -> list[float | None]:
+    for value in values:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                  or not (math.isfinite(value) and value > 0)):
+            raise ValueError(f"{where}: 'softcap' values must be null (no cap) or finite numbers above 0, got {value!r}")
+    return [None if v is None else float(v) for v in values]
+
+
+def _score_mods(values: list, where: str) -> list[ScoreModFacts | None]:
+    """Each score_mod as (text, ((dtype, shape), ...)), checked as a kernel would take it."""
+    facts = []
+    for value in values:
+        if value is None:
+            facts.append(None)
+            continue
+        tensors = value.get("tensors", []) if isinstance(value, dict) else None
+        if not (isinstance(value, dict) and isinstance(value.get("text"), str) and isinstance(tensors, list)
+                and set(value) <= {"text", "tensors"}
+                and all(isinstance(t, dict) and t.get("dtype") in ("float", "int") and isinstance(t.get("shape"), list)
+                        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in t["shape"])
+                        for t in tensors)):
+            raise ValueError(f'{where}: \'score_mod\' values are null or {{"text": str, "tensors": [{{"dtype": "float" '
+                             f'or "int", "shape": [positive ints]}}, ...]}}, got {value!r}')
+        fact = (value["text"], tuple((t["dtype"], tuple(t["shape"])) for t in tensors))
+        try:
+            ScoreMod(*fact)
+        except ValueError as error:
+            raise ValueError(f"{where}: 'score_mod' {error}") from None
+        facts.append(fact)
+    return facts
+
+
 def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if not isinstance(family, dict):
         raise ValueError(f"{where} must be an object, got {family!r}")
@@ -126,19 +174,23 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     sinks = _bools(_list(family, "sinks", [False, True], where), "sinks", where)
     layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
     scales = _scales(_list(family, "scale", [None], where), where)
+    softcaps = _softcaps(_list(family, "softcap", [None], where), where)
+    alibis = _choices(_list(family, "alibi", ["none"], where), ALIBI, "alibi", where)
+    score_mods = _score_mods(_list(family, "score_mod", [None], where), where)
     families = _choices(_list(family, "family", list(FAMILIES), where), FAMILIES, "family", where)
     backward = family.get("backward", False)
     if not isinstance(backward, bool):
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
     entries = []
-    for dtype, d, ratio, causal, mask, window, sink, layout, scale, gpu in itertools.product(
-            dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, scales, families):
+    for dtype, d, ratio, causal, mask, window, sink, layout, scale, cap, alibi, score_mod, gpu in itertools.product(
+            dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, scales, softcaps, alibis, score_mods,
+            families):
         for dv in (value_dims or [d]):
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
                 entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          scale, gpu, backward))
+                                          scale, gpu, backward, cap, alibi, score_mod))
     return entries
 
 

@@ -17,12 +17,15 @@ objects (runtime/templates.py); facts are EntryFacts.to_json's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict
 from typing import Callable
 
 from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, attention_backward_template,
                        attention_template, packs_plain_heads)
+from ..codegen.attention.score_mod import ScoreMod
+from ..ops.attention import score_transforms
 from ..runtime.templates import SCHEMA_VERSION
 from .spec import EntryFacts
 
@@ -54,7 +57,14 @@ def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads
         value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal,
         runtime_window=facts.window, runtime_strides=True,
         mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
-        scale=facts.scale, return_lse=True)
+        scale=facts.scale, return_lse=True, scores=scores(facts))
+
+
+def scores(facts: EntryFacts) -> tuple:
+    """The entry's chain of score transforms, as the ops build it (softcap, ALiBi, score_mod)."""
+    alibi_per_batch = None if facts.alibi == "none" else facts.alibi == "per_batch"
+    return score_transforms(facts.softcap, alibi_per_batch) + (() if facts.score_mod is None
+                                                                else (ScoreMod(*facts.score_mod),))
 
 
 def _unique(templates) -> list[dict]:
@@ -88,8 +98,18 @@ def entry_line(facts: dict, forward: int, backward: int) -> str:
     scale = "default" if facts["scale"] is None else f"{facts['scale']:.9g}"
     return (f"attention {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
             f"causal={facts['causal']} mask={mask} window={'yes' if facts['window'] else 'no'} sinks={'yes' if facts['sinks'] else 'no'} "
-            f"layout={facts['layout']} scale={scale} family={facts['family']} "
+            f"layout={facts['layout']} scale={scale}{scores_text(facts)} family={facts['family']} "
             f"templates={forward}+{backward}")
+
+
+def scores_text(facts: dict) -> str:
+    """An entry line's score transforms: " softcap=30 alibi=per_head score_mod=<the first 12 hex
+    digits of its text's sha256>", each only when the entry has it."""
+    text = "" if facts["softcap"] is None else f" softcap={facts['softcap']:.9g}"
+    text += "" if facts["alibi"] == "none" else f" alibi={facts['alibi']}"
+    if facts["score_mod"] is not None:
+        text += f" score_mod={hashlib.sha256(facts['score_mod']['text'].encode()).hexdigest()[:12]}"
+    return text
 
 
 def build_payload(entries: list[EntryFacts], progress: Callable[[str], None] | None = None) -> dict:

@@ -1,0 +1,150 @@
+"""Score transforms in bundles: an entry bakes its softcap, ALiBi kind and score_mod (text and
+tensor shapes), and mfa::attention / attention_backward run them from C++ with Python's bits
+on the cpu backend, take the slopes and the score_mod's tensors as call arguments, and refuse
+a call whose transforms no entry bakes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mfa_native
+from mfa_native import _core, reference
+from mfa_native.bundle import entries_of
+from mfa_native.bundle.file import pack
+from mfa_native.bundle.writer import build_payload, entry_line
+
+from conftest import poison, relative_l2
+from test_bundle_cpp import view
+
+# score + bias[h] * (q_idx - kv_idx) where doc[kv_idx] == doc[q_idx], else score - 1 (a document bias):
+# mfa_native.torch.score_mod.trace's text of that function, with bias (4,) float and doc (20,) int.
+DOCUMENT_BIAS = ("float score(); int b(); int h(); int q_idx(); int kv_idx(); int read[0](4); int read[0](3); "
+                 "bool eq(5,6); float read[1](2); int sub(3,4); float mul(8,9); float add(0,10); "
+                 "float const[1.0](); float sub(0,12); float where(7,11,13)")
+SCORE_MOD = {"text": DOCUMENT_BIAS, "tensors": [{"dtype": "int", "shape": [20]}, {"dtype": "float", "shape": [4]}]}
+BASE = {"op": "attention", "dtype": ["float32"], "mask": ["none"], "window": [False], "family": ["apple9"],
+        "backward": True}
+FAMILIES = [
+    {**BASE, "head_dim": [16], "gqa_ratio": [2], "causal": ["lower_right"], "sinks": [False], "layout": ["bhsd"],
+     "softcap": [2.0], "alibi": ["per_batch"]},
+    {**BASE, "head_dim": [8], "causal": ["none"], "sinks": [True], "layout": ["bshd"], "alibi": ["per_head"],
+     "score_mod": [SCORE_MOD]},
+]
+
+
+@pytest.fixture(scope="module")
+def payload():
+    return build_payload(entries_of({"families": FAMILIES}))
+
+
+@pytest.fixture(scope="module")
+def bundle(payload):
+    return _core._Bundle.from_bytes(pack(payload))
+
+
+def _score_mod_tensors(rng):
+    return [np.sort(rng.integers(0, 4, 20)).astype(np.int32), rng.standard_normal(4).astype(np.float32)]
+
+
+def _capped_problem(rng):
+    """Family 0: B 2, GQA 2, causal, softcap 2 and per-batch slopes."""
+    q = rng.standard_normal((2, 4, 7, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 11, 16)).astype(np.float32) for _ in "kv")
+    return q, k, v, dict(causal="lower_right", softcap=2.0, alibi_slopes=rng.uniform(0.1, 1, (2, 4)).astype(np.float32))
+
+
+def _score_mod_problem(rng):
+    """Family 1: bshd, sinks, per-head slopes and the document bias."""
+    q = rng.standard_normal((1, 9, 2, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 13, 2, 8)).astype(np.float32) for _ in "kv")
+    return q, k, v, dict(layout="bshd", sinks=rng.standard_normal(2).astype(np.float32),
+                         alibi_slopes=rng.uniform(0.1, 1, 2).astype(np.float32), score_mod=DOCUMENT_BIAS,
+                         score_mod_tensors=_score_mod_tensors(rng))
+
+
+def _cpp(options: dict) -> dict:
+    """Python's keyword arguments as the test hooks take them (views of the arrays)."""
+    converted = {name: view(value) if isinstance(value, np.ndarray) else value for name, value in options.items()}
+    converted["score_mod_tensors"] = [view(t) for t in options.get("score_mod_tensors", [])]
+    return converted
+
+
+@pytest.mark.parametrize("make", [_capped_problem, _score_mod_problem], ids=["softcap-alibi", "score_mod"])
+def test_score_transforms_run_from_a_bundle_with_pythons_bits(bundle, make, rng):
+    q, k, v, options = make(rng)
+    o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **options)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), view(rows), **_cpp(options))
+    assert out.tobytes() == o.tobytes() and rows.tobytes() == lse.tobytes()
+    plain = {name: value for name, value in options.items() if name in ("causal", "layout", "sinks")}
+    assert relative_l2(o, mfa_native.attention(q, k, v, device="cpu", **plain)) > 0.05   # the transforms matter
+    if "score_mod" not in options:   # the float64 reference knows softcap and ALiBi (test_score_mod checks the rest)
+        assert relative_l2(out, reference.attention_reference(q, k, v, causal=True, softcap=2.0,
+                                                              alibi_slopes=options["alibi_slopes"])) < 1e-5
+
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    grads = mfa_native.attention_backward(q, k, v, o, lse, do, device="cpu", **options)
+    mine = [poison(x.shape, x.dtype) for x in grads]
+    dsinks = view(mine[3]) if "sinks" in options else None
+    _core._bundle_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse), view(do),
+                                     *map(view, mine[:3]), dsinks, **_cpp(options))
+    for ours, theirs in zip(mine, grads):
+        assert ours.tobytes() == theirs.tobytes()
+
+
+def test_entry_lines_name_the_transforms(bundle, payload):
+    lines = bundle.entries()
+    assert lines == [entry_line(r["facts"], len(r["forward"]), len(r["backward"])) for r in payload["entries"]]
+    assert " softcap=2 alibi=per_batch family=" in lines[0]
+    assert " alibi=per_head score_mod=" in lines[1] and "softcap" not in lines[1]
+
+
+def _refused(bundle, q, k, v, options, match):
+    out = poison((*q.shape[:3], v.shape[-1]), np.float32)
+    before = out.tobytes()
+    with pytest.raises(ValueError, match=match):
+        _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), **_cpp(options))
+    assert out.tobytes() == before
+
+
+def test_a_call_whose_transforms_no_entry_bakes_is_refused(bundle, rng):
+    q, k, v, options = _capped_problem(rng)
+    for change, shown in (({"softcap": 3.0}, "softcap=3 alibi=per_batch"), ({"softcap": None}, "scale=default alibi"),
+                          ({"alibi_slopes": options["alibi_slopes"][0]}, "softcap=2 alibi=per_head"),
+                          ({"alibi_slopes": None}, "softcap=2 family")):
+        _refused(bundle, q, k, v, {**options, **change}, f"no entry for attention .*{shown}")
+    q, k, v, options = _score_mod_problem(rng)
+    other = DOCUMENT_BIAS.replace("float const[1.0]", "float const[2.0]")
+    wider = [options["score_mod_tensors"][0], rng.standard_normal(5).astype(np.float32)]
+    for change in ({"score_mod": other}, {"score_mod_tensors": wider}, {"score_mod": "", "score_mod_tensors": []}):
+        _refused(bundle, q, k, v, {**options, **change}, "no entry for attention")
+
+
+def test_bad_transform_arguments_are_refused_as_python_refuses_them(bundle, rng):
+    q, k, v, options = _capped_problem(rng)
+    for change in ({"alibi_slopes": options["alibi_slopes"][:, :3].copy()}, {"softcap": -1.0}):
+        with pytest.raises(ValueError) as python:
+            mfa_native.attention(q, k, v, device="cpu", **{**options, **change})
+        prefix = str(python.value).split(", got")[0]
+        _refused(bundle, q, k, v, {**options, **change}, "^" + prefix.replace("(", r"\(").replace(")", r"\)"))
+    with pytest.raises(TypeError, match="alibi_slopes must be float32, got dtype float16"):
+        _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(np.empty_like(q[..., :16])),
+                                **_cpp({**options, "alibi_slopes": options["alibi_slopes"].astype(np.float16)}))
+    q, k, v, options = _score_mod_problem(rng)
+    _refused(bundle, q, k, v, {**options, "score_mod": ""}, "score_mod_tensors given without a score_mod")
+    with pytest.raises(TypeError, match=r"score_mod_tensors\[0\] must be float32 or int32"):
+        tensors = [options["score_mod_tensors"][0].astype(np.float16), options["score_mod_tensors"][1]]
+        _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(np.empty_like(q)),
+                                **_cpp({**options, "score_mod_tensors": tensors}))
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("softcap", [0], "'softcap' values must be null"),
+    ("alibi", ["sideways"], "'alibi' value 'sideways' is not one of"),
+    ("score_mod", [{"text": DOCUMENT_BIAS}], "'score_mod' score_mod: the expression reads tensors"),
+    ("score_mod", ["x + 1"], "'score_mod' values are null or"),
+])
+def test_spec_errors_name_the_transform(key, value, message):
+    with pytest.raises(ValueError, match=message):
+        entries_of({"families": [{**FAMILIES[0], key: value}]})
