@@ -1,7 +1,7 @@
 """flash-attn's dense functions by its names (mfa_native.torch.flash_attn_func, _kvpacked_func,
 _qkvpacked_func, and the varlen packed forms): flash-attn's signatures and defaults, its (B, S, H, D) layout, bottom-right
-causal and window_size, GQA, and gradients (through the packed tensors' views too), against the
-float64 reference; what it has and mfa_native does not is refused by name."""
+causal and window_size, GQA, test_flash_attn_output's softcap (0.0: none; 50.0) and ALiBi slopes,
+and gradients (through the packed tensors' views too), against the float64 reference; what it has and mfa_native does not is refused by name."""
 
 from __future__ import annotations
 
@@ -50,6 +50,10 @@ CASES = [  # (packing, B, Sq, Sk, Hq, Hkv, D, options)
     ("kv", 2, 5, 14, 4, 2, 16, dict(causal=True, window_size=(4, -1))),
     ("qkv", 1, 10, 10, 2, 2, 8, dict(causal=True)),
     ("qkv", 2, 7, 7, 3, 3, 16, dict(softmax_scale=0.5, deterministic=True)),
+    # test_flash_attn_output's softcap (0.0, 50.0) and alibi (slopes rand * 0.3, (B, Hq))
+    ("none", 2, 8, 12, 4, 2, 16, dict(causal=True, softcap=50.0, alibi=True)),
+    ("kv", 1, 9, 9, 2, 1, 32, dict(window_size=(3, 3), softcap=0.0, alibi=True)),
+    ("qkv", 2, 6, 6, 2, 2, 8, dict(softcap=50.0, softmax_scale=8.0)),   # scores past the cap
 ]
 
 
@@ -63,6 +67,9 @@ def _window(options):
 def test_results_and_gradients_equal_the_reference(rng, case, dtype):
     packing, B, Sq, Sk, Hq, Hkv, D, options = case
     tensor_dtype = getattr(torch, dtype)
+    alibi = options.get("alibi", False)
+    slopes = torch.rand(B, Hq, generator=torch.Generator().manual_seed(1)) * 0.3 if alibi else None
+    options = {k: x for k, x in options.items() if k != "alibi"} | ({"alibi_slopes": slopes} if alibi else {})
 
     def fresh(*shape):
         return torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(tensor_dtype).requires_grad_()
@@ -81,7 +88,8 @@ def test_results_and_gradients_equal_the_reference(rng, case, dtype):
         out = flash_attn_func(q_t, k_t, v_t, **options)
         q, k, v = (x.detach().float().numpy() for x in (q_t, k_t, v_t))
     reference = dict(scale=options.get("softmax_scale"), causal=options.get("causal", False),
-                     window=_window(options), layout="bshd")
+                     window=_window(options), layout="bshd", softcap=options.get("softcap") or None,
+                     alibi_slopes=None if slopes is None else slopes.numpy())
     tolerance = 1e-5 if dtype == "float32" else 1e-2
     assert out.dtype == tensor_dtype and out.shape == (B, Sq, Hq, D)
     assert relative_l2(out.detach().float().numpy(), attention_reference(q, k, v, **reference)) <= tolerance

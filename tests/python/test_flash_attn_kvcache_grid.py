@@ -1,7 +1,7 @@
 """flash-attn 2's `test_flash_attn_kvcache` grid, run through `mfa_native.torch.flash_attn_with_kvcache`:
 its parameters (cache_batch_idx, cache_leftpad, paged block sizes, rotary fraction 0 / 0.5 / 1
-interleaved or not, new rows as many as the queries or fewer, causal, local, MHA / MQA / GQA,
-float16 and bfloat16), its skips, its random lengths, and its tolerance: the output's largest
+interleaved or not, new rows as many as the queries or fewer, causal, local, ALiBi slopes
+(rand * 0.3 per batch and head), MHA / MQA / GQA, float16 and bfloat16), its skips, its random lengths, and its tolerance: the output's largest
 error against a float64 reference at most twice that of PyTorch computing in the same dtype
 (plus 1e-5); the appended v rows exact, and k's too unless turned, then within a unit in the last
 place of the reference's turned rows rounded to the dtype (flash-attn: 1e-3 against its own
@@ -36,6 +36,7 @@ GRID = dict(
     seqlen_new_eq_seqlen_q=[True, False],
     causal=[False, True],
     local=[False, True],
+    alibi=[False, True],
     new_kv=[False, True],
     mha_type=["mha", "mqa", "gqa"],
     dtype=["float16", "bfloat16"],
@@ -94,6 +95,7 @@ def run(case: dict) -> None:
     start = torch.tensor([int(torch.randint(0, int(n), ())) if n > 0 else 0 for n in lengths], dtype=torch.int32) \
         if case["has_leftpad"] else torch.zeros(BATCH, dtype=torch.int32)
     index = torch.randperm(rows_cache)[:BATCH].to(torch.int32) if case["has_batch_idx"] else torch.arange(BATCH)
+    slopes = torch.rand(BATCH, HEADS) * 0.3 if case["alibi"] else None
     cos = sin = None
     if rotary_dim:
         angle = torch.rand(seqlen_k, rotary_dim // 2) * 2 * math.pi
@@ -114,13 +116,14 @@ def run(case: dict) -> None:
             k_ref[b, lengths[b]:lengths[b] + new], v_ref[b, lengths[b]:lengths[b] + new] = turned[b], v[b].double().numpy()
     valid = [slice(int(start[b]), int(lengths[b]) + new) for b in range(BATCH)]
     reference = np.concatenate([attention_reference(q_ref[b:b + 1], k_ref[b:b + 1, valid[b]], v_ref[b:b + 1, valid[b]],
-                                                    layout="bshd", causal=case["causal"], window=window)
+                                                    layout="bshd", causal=case["causal"], window=window,
+                                                    alibi_slopes=None if slopes is None else slopes[b].numpy())
                                 for b in range(BATCH)])
     # The baseline of flash-attn's tolerance: the batches as packed sequences, in the low dtype.
     packed = [torch.from_numpy(np.concatenate([x[b, valid[b]] for b in range(BATCH)])).to(dtype) for x in (k_ref, v_ref)]
     low = low_precision_attention(torch, torch.from_numpy(q_ref.reshape(-1, HEADS, D)).to(dtype), *packed,
                                   cu_of([seqlen_q] * BATCH), cu_of([s.stop - s.start for s in valid]), case["causal"],
-                                  window).double().numpy().reshape(q_ref.shape)
+                                  window, slopes).double().numpy().reshape(q_ref.shape)
     # The call, on flash-attn's layout of the caches.
     if block is None:
         k_cache, v_cache, table = k_rows.clone(), v_rows.clone(), None
@@ -136,7 +139,7 @@ def run(case: dict) -> None:
     out = flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=v, rotary_cos=cos, rotary_sin=sin,
                                   cache_seqlens=lengths, cache_batch_idx=index.to(torch.int32) if case["has_batch_idx"]
                                   else None, cache_leftpad=start if case["has_leftpad"] else None, block_table=table,
-                                  causal=case["causal"], window_size=window or (-1, -1),
+                                  causal=case["causal"], window_size=window or (-1, -1), alibi_slopes=slopes,
                                   rotary_interleaved=case["rotary_interleaved"])
     error = np.abs(out.double().numpy() - reference).max()
     assert error <= 2 * np.abs(low - reference).max() + 1e-5, (error, np.abs(low - reference).max())

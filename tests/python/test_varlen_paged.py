@@ -169,15 +169,20 @@ def test_no_gradient_of_a_paged_call(rng):
         out.sum().backward()
 
 
-def low_precision_attention(torch, q, k, v, cu_q, cu_k, causal, window):
+def low_precision_attention(torch, q, k, v, cu_q, cu_k, causal, window, alibi_slopes=None):
     """flash-attn's `attention_ref(..., upcast=False)` per sequence: products and softmax in the
-    inputs' dtype (torch tensors), the baseline of its tolerance."""
+    inputs' dtype (torch tensors), the baseline of its tolerance; with `alibi_slopes` ((sequences,
+    H) float32) its ALiBi bias, computed in float32 as flash-attn's is."""
     out = torch.zeros_like(q)
     for s in range(len(cu_q) - 1):
         rows, keys = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
         qs, ks, vs = (x.transpose(0, 1) for x in (q[rows], k[keys], v[keys]))   # (H, S, D)
         ks, vs = (x.repeat_interleave(q.shape[1] // k.shape[1], 0) for x in (ks, vs))
         scores = (qs / qs.shape[-1] ** 0.5) @ ks.transpose(1, 2)
+        if alibi_slopes is not None:
+            R, C = scores.shape[1:]
+            distance = (torch.arange(R)[:, None] + C - R - torch.arange(C)).abs()
+            scores = (scores.float() - alibi_slopes[s][:, None, None] * distance).to(q.dtype)
         allowed = torch.from_numpy(allowed_keys(qs.shape[1], ks.shape[1], causal, window))
         weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
         out[rows] = (weights @ vs).transpose(0, 1)
