@@ -193,7 +193,7 @@ def low_precision_attention(torch, q, k, v, cu_q, cu_k, causal, window, alibi_sl
 def test_torch_flash_attn_varlen_func_with_block_table(rng, dtype):
     """flash-attn's test_flash_attn_varlen_causal with paged_kv_block_size, adapted: random
     lengths (queries at most the keys: chunked prefill), a shuffled block table, causal and a
-    window, GQA; flash-attn's own tolerance (max error at most twice a low-precision PyTorch
+    window, ALiBi (flash-attn's rand * 0.3 slopes), GQA; flash-attn's own tolerance (max error at most twice a low-precision PyTorch
     computation's, plus 1e-5) and relative L2 against float64."""
     torch = pytest.importorskip("torch")
     from mfa_native.torch import flash_attn_varlen_func
@@ -204,13 +204,15 @@ def test_torch_flash_attn_varlen_func_with_block_table(rng, dtype):
                                                          dtype=dtype)
     t = {name: torch.from_numpy(x.view(np.int16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(x)
          for name, x in dict(q=q, k=k, v=v, k_pages=k_pages, v_pages=v_pages).items()}
-    for window in ((-1, -1), (7, 3)):
+    for window, slopes in (((-1, -1), None), ((7, 3), None), ((-1, -1), torch.rand(4, 6) * 0.3)):
         out = flash_attn_varlen_func(t["q"], t["k_pages"], t["v_pages"], torch.from_numpy(cu_q), torch.from_numpy(cu_k),
                                      int(lengths_q.max()), int(lengths_k.max()), causal=True, window_size=window,
-                                     block_table=torch.from_numpy(table)).float().numpy()
+                                     alibi_slopes=slopes, block_table=torch.from_numpy(table)).float().numpy()
         options = dict(causal=True, window=None if window == (-1, -1) else window)
-        expected = attention_varlen_reference(q, k, v, cu_q, cu_k, **options)
-        baseline = low_precision_attention(torch, t["q"], t["k"], t["v"], cu_q, cu_k, **options).float().numpy()
+        expected = attention_varlen_reference(q, k, v, cu_q, cu_k, **options,
+                                              alibi_slopes=None if slopes is None else slopes.numpy())
+        baseline = low_precision_attention(torch, t["q"], t["k"], t["v"], cu_q, cu_k, **options,
+                                           alibi_slopes=slopes).float().numpy()
         assert np.abs(out - expected).max() <= 2 * np.abs(baseline - expected).max() + 1e-5
         assert relative_l2(out, expected) < TOLERANCE[dtype]
 
