@@ -14,9 +14,9 @@
 // What a bundle entry fixes and what stays a runtime value: an entry's kernels
 // bake the dtype, D, Dv (1..576), the GQA ratio Hq / Hkv, causal, the mask kind
 // and its element type, whether it takes a window, sinks, the layout, the
-// scale, the score transforms (the softcap, whether ALiBi slopes are per head or
+// score transforms (the softcap, whether ALiBi slopes are per head or
 // per batch, a score_mod's text and its tensors' shapes and element types) and
-// the GPU family (the device's tile table); batch, head counts,
+// the GPU family (the device's tile table); the scale, batch, head counts,
 // sequence lengths and the views' strides are runtime values, so one entry
 // serves every length and view. An entry with a window ("window=yes") serves
 // every window: its sides are runtime values too (and it serves calls without
@@ -77,7 +77,7 @@ enum class Causal { none, lower_right, upper_left };
 enum class Layout { bhsd, bshd };
 
 struct AttentionOptions {
-  std::optional<float> scale;                                   // default 1/sqrt(D)
+  std::optional<double> scale;                                  // default 1/sqrt(D); a runtime value
   Causal causal = Causal::none;
   // (left, right): key j is allowed for query i iff -left <= j - (i + C - R) <= right;
   // -1 leaves a side unbounded (a side >= C or >= R is unbounded too).
@@ -90,7 +90,7 @@ struct AttentionOptions {
   // Score transforms, applied in this order to each scaled score s after the scale and before
   // the mask and sinks (an entry bakes them: the spec's "softcap", "alibi", "score_mod").
   // softcap c > 0: s -> c * tanh(s / c) (flash-attn's; Gemma 2).
-  std::optional<float> softcap;
+  std::optional<double> softcap;
   // float32 (Hq,) or (B, Hq), any strides: s -> s - slope * |i + C - R - j| for query i, key j.
   std::optional<TensorView> alibi_slopes;
   // A traced FlexAttention score_mod's text (mfa_native.torch.score_mod.trace; empty: none)

@@ -42,10 +42,10 @@ std::optional<TensorView> view_of(const std::optional<ViewSpec>& spec) {
   return view_of(*spec);
 }
 
-AttentionOptions options_of(std::optional<float> scale, const std::string& causal,
+AttentionOptions options_of(std::optional<double> scale, const std::string& causal,
                             std::optional<std::pair<std::int64_t, std::int64_t>> window,
                             const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks,
-                            const std::string& layout, std::optional<float> softcap,
+                            const std::string& layout, std::optional<double> softcap,
                             const std::optional<ViewSpec>& alibi_slopes, const std::string& score_mod,
                             const std::vector<ViewSpec>& score_mod_tensors) {
   AttentionOptions o;
@@ -110,10 +110,10 @@ void bind_bundle(nb::module_& m) {
 
   m.def("_bundle_attention",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
-           const ViewSpec& out, const std::optional<ViewSpec>& lse, std::optional<float> scale,
+           const ViewSpec& out, const std::optional<ViewSpec>& lse, std::optional<double> scale,
            const std::string& causal, std::optional<std::pair<std::int64_t, std::int64_t>> window,
            const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout,
-           std::optional<float> softcap, const std::optional<ViewSpec>& alibi_slopes, const std::string& score_mod,
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes, const std::string& score_mod,
            const std::vector<ViewSpec>& score_mod_tensors) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout, softcap, alibi_slopes,
@@ -130,10 +130,10 @@ void bind_bundle(nb::module_& m) {
   m.def("_bundle_attention_backward",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
            const ViewSpec& o, const ViewSpec& lse, const ViewSpec& dout, const ViewSpec& dq, const ViewSpec& dk,
-           const ViewSpec& dv, const std::optional<ViewSpec>& dsinks, std::optional<float> scale,
+           const ViewSpec& dv, const std::optional<ViewSpec>& dsinks, std::optional<double> scale,
            const std::string& causal, std::optional<std::pair<std::int64_t, std::int64_t>> window,
            const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout,
-           std::optional<float> softcap, const std::optional<ViewSpec>& alibi_slopes, const std::string& score_mod,
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes, const std::string& score_mod,
            const std::vector<ViewSpec>& score_mod_tensors) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout, softcap, alibi_slopes,

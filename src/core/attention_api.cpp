@@ -25,6 +25,8 @@ using attention_args::Checked;
 using attention_args::Problem;
 using attention_args::shape_text;
 
+constexpr double kLog2e = 1.4426950408889634;  // numpy's log2(e), a double
+
 BundleFacts facts_of(const Problem& p, const std::string& family, bool backward) {
   BundleFacts f;
   f.dtype = attention_args::dtype_name(p.dtype);
@@ -34,7 +36,6 @@ BundleFacts facts_of(const Problem& p, const std::string& family, bool backward)
   f.window = p.window.has_value();
   f.sinks = p.sinks;
   f.layout = attention_args::layout_name(p.layout);
-  f.effective_scale = p.scale;
   if (p.softcap) f.softcap = *p.softcap;
   f.alibi = p.alibi;
   f.score_mod = p.score_mod;
@@ -51,42 +52,49 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
   return e.dtype == want.dtype && e.head_dim == want.head_dim && e.value_dim == want.value_dim &&
          e.gqa_ratio == want.gqa_ratio && e.causal == want.causal && e.mask == want.mask &&
          (e.mask != "additive" || e.mask_dtype == want.mask_dtype) && window &&
-         e.sinks == want.sinks && e.layout == want.layout && float(e.effective_scale) == float(want.effective_scale) &&
+         e.sinks == want.sinks && e.layout == want.layout &&
          e.softcap.has_value() == want.softcap.has_value() && (!e.softcap || float(*e.softcap) == float(*want.softcap)) &&
          e.alibi == want.alibi && e.score_mod == want.score_mod && e.score_mod_tensors == want.score_mod_tensors &&
          e.family == want.family && (!want.backward || e.backward);
 }
 
-[[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want, float scale, bool given_scale) {
-  BundleFacts shown = want;
-  if (given_scale) shown.scale = double(scale);
-  std::string line = entry_line(shown, 0, 0);
+[[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {
+  std::string line = entry_line(want, 0, 0);
   line = line.substr(0, line.rfind(" templates="));
   std::string message = std::string("the bundle holds no entry for ") + (want.backward ? "attention_backward of " : "") +
-                        line + (given_scale ? "" : " (scale 1/sqrt(D))") + "; it holds:";
+                        line + "; it holds:";
   const std::vector<std::string> entries = bundle.entries();
   for (const std::string& entry : entries) message += "\n  " + entry;
   if (entries.empty()) message += " nothing";
   throw NoBundleEntryError(message);
 }
 
-const BundleEntry& entry_for(const Bundle& bundle, const Device& device, const Problem& p,
-                             const AttentionOptions& options, bool backward) {
+const BundleEntry& entry_for(const Bundle& bundle, const Device& device, const Problem& p, bool backward) {
   const BundleFacts want = facts_of(p, device.tuning().family, backward);
   for (bool any_window : {false, true})  // an entry without a window first: it skips the window's arithmetic
     for (const BundleEntry& entry : bundle.contents().entries)
       if (serves(entry.facts, want, any_window)) return entry;
-  no_entry(bundle, want, p.scale, options.scale.has_value());
+  no_entry(bundle, want);
+}
+
+// The bits of `value` rounded to float32, as a runtime size (a uint32 word).
+std::int64_t float32_bits(double value) {
+  const float rounded = float(value);
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &rounded, sizeof bits);
+  return bits;
 }
 
 // The runtime sizes of a call: lengths and counts, the device's parallel
 // threadgroups, a window entry's sides (descriptor.py's window_values: an
 // unbounded side is C on the left, R on the right), and the strides of the
-// views the kernels read (descriptor.py's stride names, logical axis order).
+// views the kernels read (descriptor.py's stride names, logical axis order),
+// and the float32 bits of the scale and of scale * log2(e) (attention/scale.py).
 SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entry,
                  const std::map<std::string, const Checked*>& strided) {
   SizeEnv sizes = {{"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"R", p.R}, {"C", p.C},
-                   {"P", std::int64_t(device.tuning().parallel_threadgroups)}};
+                   {"P", std::int64_t(device.tuning().parallel_threadgroups)},
+                   {"scale_bits", float32_bits(p.scale)}, {"scale_log2e_bits", float32_bits(p.scale * kLog2e)}};
   if (entry.facts.window) {
     if (p.R + p.C > attention_args::kMaxIndex)
       throw ArgumentError("R + C (query and key lengths, " + std::to_string(p.R) + " + " + std::to_string(p.C) +
@@ -236,7 +244,7 @@ void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, co
     }
     return;
   }
-  const BundleEntry& entry = entry_for(bundle, device, p, options, false);
+  const BundleEntry& entry = entry_for(bundle, device, p, false);
   PassViews views;
   views.add(device, "q", checked(q, "q"), view_packing::Reads::strided);
   views.add(device, "k", checked(k, "k"), view_packing::Reads::strided);
@@ -274,7 +282,7 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
     if (cds) zero(*cds);
     return;
   }
-  const BundleEntry& entry = entry_for(bundle, device, p, options, true);
+  const BundleEntry& entry = entry_for(bundle, device, p, true);
   PassViews views;
   views.add(device, "q", checked(q, "q"), view_packing::Reads::strided);
   views.add(device, "k", checked(k, "k"), view_packing::Reads::strided);

@@ -133,14 +133,14 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
   checked(q, "q"), checked(k, "k"), checked(v, "v");
 
   if (options.scale) {
-    const float s = *options.scale;
+    const double s = *options.scale;
     if (!std::isfinite(s)) throw ArgumentError("scale must be finite, got " + std::to_string(s));
     if (std::fabs(double(s)) > kMaxScale)
       throw ArgumentError("scale is " + std::to_string(s) + "; the kernels take scale * log2(e) in float32, so "
                           "|scale| must be at most " + std::to_string(kMaxScale));
     p.scale = s;
   } else {
-    p.scale = float(1.0 / std::sqrt(double(p.D)));
+    p.scale = 1.0 / std::sqrt(double(p.D));
   }
   p.causal = options.causal;
   if (options.window) {
@@ -178,7 +178,7 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
 
 void score_transforms(const AttentionOptions& options, Problem& p) {
   if (options.softcap) {
-    const float cap = *options.softcap;
+    const double cap = *options.softcap;
     if (!(std::isfinite(cap) && cap > 0))
       throw ArgumentError("softcap must be finite and above 0 (None: no cap), got " + std::to_string(cap));
     p.softcap = cap;

@@ -54,8 +54,8 @@ struct Problem {
   std::string mask = "none";     // none, bool, additive
   std::string mask_dtype;        // "", "bool", float dtype name
   bool sinks = false;
-  float scale = 0;               // the scale the kernels must bake
-  std::optional<float> softcap;
+  double scale = 0;              // the softmax scale (the kernels read its float32 bits and scale * log2(e)'s)
+  std::optional<double> softcap;
   std::string alibi = "none";    // none, per_head, per_batch
   std::string score_mod;         // its text ("": none)
   std::vector<ScoreModTensor> score_mod_tensors;

@@ -46,8 +46,6 @@ BundleFacts facts_of(const json::Value& f) {
   facts.window = f.at("window").as_bool("window");
   facts.sinks = f.at("sinks").as_bool("sinks");
   facts.layout = f.at("layout").as_string("layout");
-  const json::Value& scale = f.at("scale");
-  if (!scale.is_null()) facts.scale = scale.as_double("scale");
   const json::Value& softcap = f.at("softcap");
   if (!softcap.is_null()) facts.softcap = softcap.as_double("softcap");
   facts.alibi = f.at("alibi").as_string("alibi");
@@ -88,9 +86,6 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     entry.forward = templates_of(record.at("forward"), "forward");
     entry.backward = templates_of(record.at("backward"), "backward");
     if (entry.forward.empty()) throw BundleError("a bundle entry has no forward template");
-    const json::Value* scale = entry.forward.front().fact("scale");
-    if (!scale) throw BundleError("a bundle template does not record its scale");
-    entry.facts.effective_scale = scale->as_double("scale");
     entry.line = entry_line(entry.facts, entry.forward.size(), entry.backward.size());
     contents->entries.push_back(std::move(entry));
   }
@@ -102,12 +97,6 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
 
 std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
   const std::string window = f.window ? "yes" : "no";
-  std::string scale = "default";
-  if (f.scale) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.9g", *f.scale);
-    scale = text;
-  }
   const std::string mask = f.mask == "additive" ? "additive:" + f.mask_dtype : f.mask;
   std::string scores;  // writer.py's scores_text
   if (f.softcap) {
@@ -119,7 +108,7 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (!f.score_mod.empty()) scores += " score_mod=" + sha256_hex(f.score_mod).substr(0, 12);
   return "attention " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
          " gqa=" + std::to_string(f.gqa_ratio) + " causal=" + f.causal + " mask=" + mask + " window=" + window +
-         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + " scale=" + scale + scores + " family=" + f.family +
+         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + scores + " family=" + f.family +
          " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
 }
 

@@ -26,8 +26,6 @@ struct BundleFacts {
   bool window = false;     // its kernels take the window's sides at run time (every window)
   bool sinks = false;
   std::string layout;      // bhsd, bshd
-  std::optional<double> scale;  // as the spec gave it (none: 1/sqrt(D))
-  double effective_scale = 0;   // what the kernels bake (the templates' valid_for scale)
   std::optional<double> softcap;  // the score transforms: a cap (none: no cap),
   std::string alibi = "none";     // none, per_head or per_batch slopes,
   std::string score_mod;          // a score_mod's text ("": none) and its tensors

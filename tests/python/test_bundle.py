@@ -61,6 +61,7 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
     ({"op": "attention", "head_dim": [8], "window": [[128, 0]]}, "'window' values must be true or false"),
     ({"op": "attention", "head_dim": [600]}, "1..576"),
     ({"op": "attention", "head_dim": [8], "colour": ["red"]}, "unknown keys"),
+    ({"op": "attention", "head_dim": [8], "scale": [0.3]}, "'scale' is not a key: every entry takes the scale"),
     ({"op": "attention", "head_dim": [8], "causal": ["sideways"]}, "not one of"),
 ])
 def test_spec_errors_name_the_key(family, message):
@@ -70,7 +71,7 @@ def test_spec_errors_name_the_key(family, message):
 
 @pytest.mark.parametrize("facts", entries_of({"families": [
     SMALL, {**SMALL, "causal": ["none"], "sinks": [False], "mask": ["additive"], "mask_dtype": ["float16"],
-            "window": [True], "gqa_ratio": [2], "layout": ["bshd"], "dtype": ["float16"], "scale": [0.3]}]}))
+            "window": [True], "gqa_ratio": [2], "layout": ["bshd"], "dtype": ["float16"]}]}))
 def test_entry_templates_are_codegens_for_every_length(facts):
     """For lengths across every tile choice (and decode shapes that split), the entry's first
     template whose guards hold is the template codegen generates for that call."""
@@ -95,7 +96,7 @@ def test_cli_writes_and_lists(tmp_path):
     subprocess.run(run + ["-o", str(out), "--spec", str(spec), "--quiet"], check=True)
     listed = subprocess.run(run + ["--list", str(out)], check=True, capture_output=True, text=True).stdout
     assert listed.splitlines() == ["attention float32 D=16 Dv=16 gqa=1 causal=lower_right mask=none window=no "
-                                   "sinks=yes layout=bhsd scale=default family=apple9 templates=4+4"]
+                                   "sinks=yes layout=bhsd family=apple9 templates=4+4"]
     out.write_bytes(out.read_bytes()[:-5])
     failed = subprocess.run(run + ["--list", str(out)], capture_output=True, text=True)
     assert failed.returncode == 1 and "truncated" in failed.stderr

@@ -36,7 +36,7 @@ FAMILIES = [
     {**BASE, "dtype": ["float32"], "head_dim": [8], "causal": ["upper_left"], "mask": ["bool"], "sinks": [False],
      "window": [True], "layout": ["bshd"]},
     {**BASE, "dtype": ["float32"], "head_dim": [16], "value_dim": [8], "causal": ["none"], "mask": ["additive"],
-     "mask_dtype": ["float32"], "sinks": [False], "layout": ["bhsd"], "scale": [0.3]},
+     "mask_dtype": ["float32"], "sinks": [False], "layout": ["bhsd"]},
     {**BASE, "dtype": ["float16"], "head_dim": [8], "causal": ["none"], "mask": ["none"], "sinks": [False],
      "layout": ["bhsd"], "backward": False},
     {**BASE, "dtype": ["float32"], "head_dim": [8], "causal": ["lower_right"], "mask": ["none"], "sinks": [False],
@@ -157,18 +157,18 @@ def test_entries_are_the_cli_lines(bundle, payload):
 
 
 # Attention: C++ against Python, bit for bit, on the cpu backend.
-CASES = [  # (family index, B, Hkv, R, C, kwargs)
+CASES = [  # (family index, B, Hkv, R, C, kwargs); every entry serves every scale
     (0, 1, 1, 5, 37, {}),
-    (0, 1, 1, 1, 600, {}),            # decode: the split-KV pair (P = 4 on the cpu device)
-    (0, 2, 2, 20, 9, {}),
+    (0, 1, 1, 1, 600, {"scale": 0.171}),   # decode: the split-KV pair (P = 4 on the cpu device)
+    (0, 2, 2, 20, 9, {"scale": -0.4}),
     (1, 2, 1, 13, 21, {}),
-    (2, 1, 2, 9, 17, {}),
+    (2, 1, 2, 9, 17, {"scale": 0.3}),
     (3, 1, 1, 12, 30, {}),
     (WIDE, 1, 1, 3, 5, {}),
 ]
 
 
-def _inputs(rng, facts, B, Hkv, R, C):
+def _inputs(rng, facts, B, Hkv, R, C, scale=None):
     dtype = DTYPES[facts["dtype"][0]]
     layout = facts["layout"][0]
     D, Dv = facts["head_dim"][0], facts.get("value_dim", facts["head_dim"])[0]
@@ -178,7 +178,7 @@ def _inputs(rng, facts, B, Hkv, R, C):
         shape = (B, h, s, d) if layout == "bhsd" else (B, s, h, d)
         return rng.standard_normal(shape).astype(dtype)
 
-    kwargs = dict(causal=facts["causal"][0], layout=layout, scale=facts.get("scale", [None])[0])
+    kwargs = dict(causal=facts["causal"][0], layout=layout, scale=scale)
     kwargs["window"] = (3, -1) if facts.get("window", [False])[0] else None
     mask = facts["mask"][0]
     kwargs["mask"] = (rng.random((B, Hq, R, C)) > 0.3 if mask == "bool" else
@@ -235,9 +235,9 @@ def test_damaged_or_orphan_metallibs_are_bundle_errors(payload):
 def _check_against_python(bundle, case, rng):
     """mfa::attention (and, where the entry has it, attention_backward) on `bundle` against
     Python's on the same inputs: bit for bit, and within the dtype's tolerance of float64."""
-    index, B, Hkv, R, C, _ = case
+    index, B, Hkv, R, C, options = case
     facts = FAMILIES[index]
-    q, k, v, kwargs = _inputs(rng, facts, B, Hkv, R, C)
+    q, k, v, kwargs = _inputs(rng, facts, B, Hkv, R, C, **options)
     o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **kwargs)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
     _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), view(rows), **_cpp_options(kwargs))
@@ -274,8 +274,6 @@ def test_a_problem_the_bundle_lacks_lists_its_entries(bundle, rng):
         _call(bundle, q, q, q, out)
     assert all(line in str(error.value) for line in bundle.entries())
     k = rng.standard_normal((1, 1, 4, 16)).astype(np.float32)
-    with pytest.raises(ValueError, match="scale=0.5"):
-        _call(bundle, q, k, k, out, causal="lower_right", sinks=view(np.zeros(2, np.float32)), scale=0.5)
     q16, k16 = q.astype(np.float16), k.astype(np.float16)
     with pytest.raises(ValueError, match="no entry for attention_backward"):
         o = np.zeros((1, 2, 4, 16), np.float16)

@@ -110,7 +110,7 @@ def _refused(bundle, q, k, v, options, match):
 
 def test_a_call_whose_transforms_no_entry_bakes_is_refused(bundle, rng):
     q, k, v, options = _capped_problem(rng)
-    for change, shown in (({"softcap": 3.0}, "softcap=3 alibi=per_batch"), ({"softcap": None}, "scale=default alibi"),
+    for change, shown in (({"softcap": 3.0}, "softcap=3 alibi=per_batch"), ({"softcap": None}, "layout=bhsd alibi"),
                           ({"alibi_slopes": options["alibi_slopes"][0]}, "softcap=2 alibi=per_head"),
                           ({"alibi_slopes": None}, "softcap=2 family")):
         _refused(bundle, q, k, v, {**options, **change}, f"no entry for attention .*{shown}")

@@ -9,7 +9,8 @@ Every list is crossed with the others. An omitted key takes every value it can: 
 causal, mask, mask_dtype (an additive mask's element type), sinks, layout and family (the
 GPU tile tables, FAMILIES) take all of theirs. The keys without a finite set of values
 are these: head_dim is required; value_dim omitted or null is head_dim; gqa_ratio
-omitted is [1]; scale omitted is [null] (1/sqrt(D)); window omitted is [false].
+omitted is [1]; window omitted is [false]. The scale is no key: every entry's kernels read it
+at run time (its float32 bits), so one entry serves every scale.
 
 The score transforms are the model's formula, so each omitted is none: `softcap` a list of
 caps (null: none; a number above 0), `alibi` of "none", "per_head" (slopes (Hq,)) and
@@ -41,7 +42,7 @@ from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.attention.problem import CAUSAL, DTYPES, LAYOUTS, MASKS
 
 KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
-        "layout", "scale", "softcap", "alibi", "score_mod", "family", "backward")
+        "layout", "softcap", "alibi", "score_mod", "family", "backward")
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -49,8 +50,8 @@ ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kerne
 @dataclass(frozen=True)
 class EntryFacts:
     """One entry: the facts its kernels bake. mask_dtype is None without a mask ("bool" for
-    a bool mask), window whether its kernels take a window (any, at run time), scale None for
-    1/sqrt(head_dim); softcap, alibi and score_mod the score transforms (spec keys)."""
+    a bool mask), window whether its kernels take a window (any, at run time); softcap, alibi
+    and score_mod the score transforms (spec keys)."""
 
     dtype: str
     head_dim: int
@@ -62,7 +63,6 @@ class EntryFacts:
     window: bool
     sinks: bool
     layout: str
-    scale: float | None
     family: str
     backward: bool
     softcap: float | None = None
@@ -74,7 +74,7 @@ class EntryFacts:
             "text": self.score_mod[0], "tensors": [{"dtype": d, "shape": list(s)} for d, s in self.score_mod[1]]}
         return {"dtype": self.dtype, "head_dim": self.head_dim, "value_dim": self.value_dim,
                 "gqa_ratio": self.gqa_ratio, "causal": self.causal, "mask": self.mask, "mask_dtype": self.mask_dtype,
-                "window": self.window, "sinks": self.sinks, "layout": self.layout, "scale": self.scale,
+                "window": self.window, "sinks": self.sinks, "layout": self.layout,
                 "softcap": self.softcap, "alibi": self.alibi, "score_mod": score_mod,
                 "family": self.family, "backward": self.backward}
 
@@ -107,14 +107,6 @@ def _bools(values: list, key: str, where: str) -> list[bool]:
         if not isinstance(value, bool):
             raise ValueError(f"{where}: {key!r} values must be true or false, got {value!r}")
     return values
-
-
-def _scales(values: list, where: str) -> list[float | None]:
-    for value in values:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                                  or not math.isfinite(value)):
-            raise ValueError(f"{where}: 'scale' values must be null (1/sqrt(D)) or finite numbers, got {value!r}")
-    return [None if v is None else float(v) for v in values]
 
 
 def _softcaps(values: list, where: str) -> list[float | None]:
@@ -152,6 +144,8 @@ def _score_mods(values: list, where: str) -> list[ScoreModFacts | None]:
 def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if not isinstance(family, dict):
         raise ValueError(f"{where} must be an object, got {family!r}")
+    if "scale" in family:
+        raise ValueError(f"{where}: 'scale' is not a key: every entry takes the scale at run time (a call's scale)")
     unknown = sorted(set(family) - set(KEYS))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; a family has {list(KEYS)}")
@@ -173,7 +167,6 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     windows = _bools(_list(family, "window", [False], where), "window", where)
     sinks = _bools(_list(family, "sinks", [False, True], where), "sinks", where)
     layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
-    scales = _scales(_list(family, "scale", [None], where), where)
     softcaps = _softcaps(_list(family, "softcap", [None], where), where)
     alibis = _choices(_list(family, "alibi", ["none"], where), ALIBI, "alibi", where)
     score_mods = _score_mods(_list(family, "score_mod", [None], where), where)
@@ -183,14 +176,13 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
     entries = []
-    for dtype, d, ratio, causal, mask, window, sink, layout, scale, cap, alibi, score_mod, gpu in itertools.product(
-            dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, scales, softcaps, alibis, score_mods,
-            families):
+    for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
+            dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
         for dv in (value_dims or [d]):
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
                 entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          scale, gpu, backward, cap, alibi, score_mod))
+                                          gpu, backward, cap, alibi, score_mod))
     return entries
 
 

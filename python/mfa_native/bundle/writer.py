@@ -1,12 +1,13 @@
 """Generates the payload of a bundle: each entry's facts and its pass templates.
 
-An entry's kernels bake its facts (dtype, head dims, GQA ratio, masking, layout, scale, GPU
-family); its templates keep B, Hq, Hkv, R and C (and the device's parallel threadgroups P)
-symbolic, and so the inputs' strides and, for a window entry, the window's sides
-(AttentionProblem.runtime_strides / runtime_window). Codegen still picks tiles by the lengths (fewer query rows for short R, the
-split-KV pair for decode), each choice a template whose guards say for which sizes it was
-made, so an entry holds one template per choice: those generated at lengths that reach
-every choice, each kept once. A reader takes the first template whose guards hold, the one
+An entry's kernels bake its facts (dtype, head dims, GQA ratio, masking, layout, score
+transforms, GPU family); its templates keep B, Hq, Hkv, R and C (and the device's parallel
+threadgroups P) symbolic, and so the inputs' strides, the scale and, for a window entry, the
+window's sides (AttentionProblem.runtime_strides / runtime_scale / runtime_window). Codegen
+still picks tiles by the lengths (fewer query rows for short R, the split-KV pair for
+decode), each choice a template whose guards say for which sizes it was made, so an entry
+holds one template per choice: those generated at lengths that reach every choice, each
+kept once. A reader takes the first template whose guards hold, the one
 codegen would have generated for the call.
 
 Payload (JSON): {"format": "mfa_native.bundle", "template_schema": 1, "generator": ...,
@@ -50,14 +51,14 @@ def query_lengths(facts: EntryFacts) -> list[int]:
 
 
 def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads: int = 1) -> AttentionProblem:
-    """The contiguous problem of `facts` with these lengths, batch and kv heads (strides, and
-    the window's sides with facts.window, as runtime sizes; the window unbounded)."""
+    """The contiguous problem of `facts` with these lengths, batch and kv heads (strides, the
+    scale and, with facts.window, the window's sides as runtime sizes; the window unbounded)."""
     return AttentionProblem(
         batch=batch, q_heads=facts.gqa_ratio * kv_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=facts.head_dim,
         value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal,
-        runtime_window=facts.window, runtime_strides=True,
+        runtime_window=facts.window, runtime_strides=True, runtime_scale=True,
         mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
-        scale=facts.scale, return_lse=True, scores=scores(facts))
+        return_lse=True, scores=scores(facts))
 
 
 def scores(facts: EntryFacts) -> tuple:
@@ -95,10 +96,9 @@ def backward_templates(facts: EntryFacts) -> list[dict]:
 def entry_line(facts: dict, forward: int, backward: int) -> str:
     """One readable line per entry (the C++ Bundle::entries() prints the same)."""
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
-    scale = "default" if facts["scale"] is None else f"{facts['scale']:.9g}"
     return (f"attention {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
             f"causal={facts['causal']} mask={mask} window={'yes' if facts['window'] else 'no'} sinks={'yes' if facts['sinks'] else 'no'} "
-            f"layout={facts['layout']} scale={scale}{scores_text(facts)} family={facts['family']} "
+            f"layout={facts['layout']}{scores_text(facts)} family={facts['family']} "
             f"templates={forward}+{backward}")
 
 

@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "SPEC declares, for include/mfa/attention.hpp's mfa::attention (no Python at run time). SPEC is JSON: "
         '{"families": [{"op": "attention", "dtype": [...], "head_dim": [...], "value_dim": [...] or null, '
         '"gqa_ratio": [...], "causal": [...], "mask": [...], "mask_dtype": [...], "window": [false, true], '
-        '"sinks": [...], "layout": [...], "scale": [null, ...], "family": [...], "backward": true}]}; '
+        '"sinks": [...], "layout": [...], "softcap": [null, ...], "alibi": [...], "score_mod": [...], '
+        '"family": [...], "backward": true}]}; '
         "every list is crossed with the others and an omitted key takes every value it can "
         "(head_dim is required; see mfa_native/bundle/spec.py).")
     parser.add_argument("-o", "--output", metavar="FILE", help="the bundle file to write")

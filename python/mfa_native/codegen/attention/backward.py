@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..kernel.msl import MSL_TYPES, float_literal, indent, loop, offset
+from ..kernel.msl import MSL_TYPES, indent, loop, offset
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
@@ -195,7 +195,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     body += setup(d) + d.keys.keys(d, lambda rules, begin, end: _dq_key_steps(d, rules, begin, end))
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dq_row = dq_head + {offset('ulong(row)', d.dq.strides[2])};"]
-    store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale),
+    store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=d.scale,
                         element=_accumulators(d)["dq"].element, vector="dq" in d.vector_pairs)
     body += ["", "// dQ = scale * dS K.", f"if (row < {d.keys.bounds.q_end}) {{"] + indent(store) + ["}"]
     return _kernel(d, dq_plan(d), body)
@@ -291,7 +291,7 @@ def generate_dkdv(d: BackwardDescriptor) -> KernelSource:
     body += _query_heads(d)
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dk_row = dk_head + {offset('ulong(key_row)', d.dk.strides[2])};"]
-    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale),
+    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=d.scale,
                         element=acc["dk"].element, vector="dk" in d.vector_pairs)
     store += [f"device {t}* dv_row = dv_head + {offset('ulong(key_row)', d.dv.strides[2])};"]
     store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t, element=acc["dv"].element,

@@ -9,17 +9,16 @@ batch and head counts) share one kernel.
 
 Strides become `OperandLayout`s (kernel/layouts.py): dense strides stay symbolic,
 e.g. `R * 64`, so a contiguous tensor of another length reuses the kernel. With
-`bake_lengths`, the sizes themselves are literals too. A problem's `runtime_window` and
-`runtime_strides` make the window's sides and the inputs' strides runtime sizes as well
-(WINDOW_SIZE_NAMES, `stride_names`). The facets of the problem
+`bake_lengths`, the sizes themselves are literals too. A problem's `runtime_window`,
+`runtime_strides` and `runtime_scale` make the window's sides, the inputs' strides and the
+scale runtime sizes as well (WINDOW_SIZE_NAMES, `stride_names`, SCALE_SIZE_NAMES: the float32
+bits of the scale and of scale * log2(e), which the kernels read with as_type<float>). The facets of the problem
 (keys, storage, rows) describe themselves: their kernel-side facts are fields here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
 
 from ..kernel.layouts import (OperandLayout, contiguous_strides, memory_order, operand_layout, runtime_layout,
                               stride_names)
@@ -33,6 +32,7 @@ from .pairs import vector_pairs
 from .problem import AttentionBackwardProblem, AttentionProblem
 from .visits import KeyWalk
 from .rows import shrunk, stage_rows, stages_blocks
+from .scale import SCALE_SIZE_DOCS, SCALE_SIZE_NAMES, scale_sizes, scale_terms
 
 # The runtime sizes, by their names in the generated MSL; split-KV kernels add
 # S (key/value splits) and Cs (keys per split), the key-visit case its own (KeyVisit.size_docs).
@@ -46,7 +46,10 @@ SIZE_DOCS.update({"window_left": "window's left side (C when unbounded)",
 SIZE_DOCS.update({name: f"{name.split('_')[0]}'s {name.split('_')[1]} stride (elements)"
                   for operand in STRIDED_INPUTS for name in stride_names(operand)})
 SIZE_DOCS.update({name: f"mask's {name.split('_')[1]} stride (elements)" for name in stride_names("mask", MASK_AXES)})
-VIEW_SIZE_NAMES = frozenset(name for name in SIZE_DOCS if name.startswith("window_") or name.endswith("_stride"))
+SIZE_DOCS.update(SCALE_SIZE_DOCS)
+# The sizes a call's views and options give (rather than its lengths and counts).
+VIEW_SIZE_NAMES = frozenset(name for name in SIZE_DOCS
+                            if name.startswith("window_") or name.endswith("_stride") or name in SCALE_SIZE_NAMES)
 SIZE_NAMES = ("B", "Hq", "Hkv", "R", "C")
 SPLIT_SIZE_NAMES = ("S", "Cs")
 SIZES_STRUCT = "AttentionSizes"
@@ -67,7 +70,7 @@ class AttentionFacts:
     v: OperandLayout
     rules: MaskRules
     sinks: bool
-    scale_log2e: float      # softmax scale * log2(e), as the float32 the kernels use
+    scale_log2e: str        # MSL: softmax scale * log2(e), a float32 literal or read from the runtime sizes
     scores: tuple           # the score transforms (scores.py), in order
     family: str
     sizes: RuntimeSizes     # the runtime sizes the kernels read (or their literals)
@@ -113,7 +116,7 @@ class BackwardDescriptor(AttentionFacts):
     dq: OperandLayout       # the gradients, allocated contiguous in the problem's layout
     dk: OperandLayout
     dv: OperandLayout
-    scale: float            # softmax scale, as the float32 the kernels use (dQ and dK carry it)
+    scale: str              # MSL: the softmax scale (dQ and dK carry it), a float32 literal or a runtime size
     query_rows: int         # dQ kernel: query rows per threadgroup
     key_block: int          # dQ kernel: keys per step
     key_rows: int           # dK/dV kernel: keys per threadgroup
@@ -148,7 +151,10 @@ def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) ->
             sizes.update(zip(stride_names(name), strides[:3]))
         if p.mask != "none":
             sizes.update(zip(stride_names("mask", MASK_AXES), p.mask_strides))
+    if p.runtime_scale:
+        sizes.update(scale_sizes(p))
     return sizes
+
 
 
 def backward_sizes(problem: AttentionBackwardProblem) -> dict[str, int]:
@@ -220,7 +226,7 @@ def _facts(p: AttentionProblem, family: str, sizes: dict[str, int], bake_lengths
                  q=layouts.of("q", p.q_strides, "q"), k=layouts.of("k", p.k_strides, "k"),
                  v=layouts.of("v", p.v_strides, "v"),
                  rules=layouts.rules, sinks=p.sinks,
-                 scale_log2e=float(np.float32(p.softmax_scale * np.log2(np.e))), scores=p.scores, family=family,
+                 scale_log2e=scale_terms(p)[1], scores=p.scores, family=family,
                  sizes=RuntimeSizes(SIZES_STRUCT, tuple((name, SIZE_DOCS.get(name) or p.keys.size_docs[name])
                                                         for name in sizes),
                                     tuple(sizes.items()) if bake_lengths else None),
@@ -273,7 +279,7 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
     return BackwardDescriptor(
         **facts,
         **given,
-        scale=float(np.float32(p.softmax_scale)),
+        scale=scale_terms(p)[0],
         query_rows=query_rows,
         key_block=stage_rows(p, width, row.key_block) if stage_kv else row.key_block,
         key_rows=key_rows,

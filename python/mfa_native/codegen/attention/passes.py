@@ -88,7 +88,8 @@ def valid_for(p: AttentionProblem, family: str) -> dict[str, object]:
     """The facts a template of `p` was generated for (its kernels bake them)."""
     return dict(dtype=p.dtype, layout=p.layout, head_dim=p.head_dim, value_dim=p.value_dim, gqa_ratio=p.gqa_ratio,
                 causal=p.causal, window="runtime" if p.runtime_window else None if p.window is None else list(p.window),
-                mask=p.mask, mask_dtype=p.mask_dtype, sinks=p.sinks, scale=p.softmax_scale, return_lse=p.return_lse,
+                mask=p.mask, mask_dtype=p.mask_dtype, sinks=p.sinks,
+                scale="runtime" if p.runtime_scale else p.softmax_scale, return_lse=p.return_lse,
                 scores=[t.describe() for t in p.scores],
                 keys=KEY_VISITS.name_of(p.keys), k_storage=STORAGES.name_of(p.k_storage),
                 v_storage=STORAGES.name_of(p.v_storage), family=family,

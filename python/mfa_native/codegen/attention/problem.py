@@ -69,6 +69,7 @@ class AttentionProblem:
     v_storage: Storage = PLAIN
     runtime_window: bool = False           # the window's sides are runtime sizes (every window, one kernel)
     runtime_strides: bool = False          # the inputs' strides are runtime sizes (every view, one kernel)
+    runtime_scale: bool = False            # the scale is a runtime value (its float32 bits as sizes: every scale)
     batch_invariant: bool = False          # deterministic="batch_invariant": a row's bits never depend on the call
     # The arrays (pass names: q, k, v, o, dout, dq, dk, dv) whose first element is aligned to two
     # elements, so even element indexes hold aligned vector pairs (tables.py's vector_access). The

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..kernel.msl import float_literal, loop
+from ..kernel.msl import loop
 from ..kernel.accumulators import Accumulator
 from .scores import Element, chain, has_slope
 
@@ -42,7 +42,7 @@ def logits(d, count: int, scores_tile: str, also: Sequence[str] = (), keep_slope
     being `d`'s chain of score transforms (scores.py; none: the identity) at the element's
     positions `at`, then `also`. With `keep_slopes` (the backward's), score_slope[i] = T's
     derivative, for `gradient_of_scores`. Reads s (from `bias`)."""
-    scaled = f"{scores_tile}[j].thread_elements()[e] * {float_literal(d.scale_log2e)}"
+    scaled = f"{scores_tile}[j].thread_elements()[e] * {d.scale_log2e}"
     if not d.scores:
         return loop(f"int j = 0; j < {count}; ++j", loop("int e = 0; e < 2; ++e", [
             "const int i = j * 2 + e;", f"s[i] = s[i] != MASKED ? {scaled} + s[i] : MASKED;", *also]))

@@ -137,7 +137,7 @@ def _shift(x: Int8Descriptor, sign: str) -> list[str]:
     when the scores carry the shift (_shift_in_scores)."""
     if not x.smooth_k or _shift_in_scores(x):
         return []
-    shift = f"row_shift * {float_literal(x.attention.scale_log2e)}"
+    shift = f"row_shift * {x.attention.scale_log2e}"
     if sign == "-":
         return [f"m -= {shift};  // the sink, against the keys' logits without the row's shift"] if x.attention.sinks \
             else []

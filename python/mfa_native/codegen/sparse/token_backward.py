@@ -24,7 +24,7 @@ from ..attention.forward import BUILTINS
 from ..attention.rows import row_index
 from ..attention.scores import buffers, setup
 from ..attention.softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
-from ..kernel.msl import BUILTINS_THREAD, MSL_TYPES, float_literal, indent, loop
+from ..kernel.msl import BUILTINS_THREAD, MSL_TYPES, indent, loop
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
@@ -126,7 +126,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
     body += ["", "// dQ / scale, accumulated over the listed keys."] + zeroed("dq_tile", tiles(d.head_dim), "dQ / scale")
     body += _dq_steps(d)
     store = [f"device {t}* dq_row = dq + ({element_offset(d.dq, ('ulong(b)', 0), ('ulong(h)', 1), ('ulong(r)', 2))});"]
-    store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=float_literal(d.scale))
+    store += store_rows("dq_row", "dq_tile", d.head_dim, cast=t, factor=d.scale)
     body += ["", "// dQ = scale * dS K.", f"if (head_slot < {d.gqa_ratio}) {{"] + indent(store) + ["}"]
     return assemble(dq_plan(d), summary=_summary(d, "sparse-indexed dQ, heads as tile rows; stores P and dS"),
                     builtins=BUILTINS, body=body)

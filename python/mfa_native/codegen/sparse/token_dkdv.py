@@ -25,7 +25,7 @@ from ..attention import operands
 from ..attention.descriptor import BackwardDescriptor
 from ..attention.forward import BUILTINS
 from ..attention.rows import row_index
-from ..kernel.msl import MSL_TYPES, float_literal, indent, loop
+from ..kernel.msl import MSL_TYPES, indent, loop
 from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
@@ -131,7 +131,7 @@ def _store(d: BackwardDescriptor) -> list[str]:
     t = MSL_TYPES[d.dtype]
     store = [f"device {t}* dk_row = dk + ({_row_offset(d.dk)});"]
     dk, dv = _accumulators(d)
-    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=float_literal(d.scale), element=dk.element)
+    store += store_rows("dk_row", "dk_tile", d.head_dim, cast=t, factor=d.scale, element=dk.element)
     store += [f"device {t}* dv_row = dv + ({_row_offset(d.dv)});"]
     store += store_rows("dv_row", "dv_tile", d.value_dim, cast=t, element=dv.element)
     return ["", "// dK = scale * sum dS q, dV = sum P dO.", "if (key_row < C) {"] + indent(store) + ["}"]
