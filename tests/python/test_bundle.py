@@ -17,7 +17,8 @@ from mfa_native.bundle.file import FORMAT_VERSION, HEADER_BYTES, pack, unpack
 from mfa_native.bundle.writer import backward_templates, choose, forward_templates, problem
 
 SMALL = {"op": "attention", "dtype": ["float32"], "head_dim": [16], "causal": ["lower_right"], "mask": ["none"],
-         "sinks": [True], "layout": ["bhsd"], "family": ["apple9"], "backward": True}
+         "window": [False], "sinks": [True], "layout": ["bhsd"], "family": ["apple9"],
+         "backward": True}
 
 
 def test_format_round_trip_and_refusals():
@@ -47,9 +48,9 @@ def test_format_round_trip_and_refusals():
 def test_spec_crosses_lists_and_fills_omitted_keys():
     entries = entries_of({"families": [{"op": "attention", "head_dim": [64], "dtype": ["float16"],
                                         "family": ["apple9"]}]})
-    # causal 3 x mask (none, bool, additive x 3 dtypes) x sinks 2 x layout 2
-    assert len(entries) == 3 * 5 * 2 * 2
-    assert {e.value_dim for e in entries} == {64} and {e.window for e in entries} == {False}
+    # causal 3 x mask (none, bool, additive x 3 dtypes) x window 2 x sinks 2 x layout 2
+    assert len(entries) == 3 * 5 * 2 * 2 * 2
+    assert {e.value_dim for e in entries} == {64} and {e.window for e in entries} == {False, True}
     assert {e.mask_dtype for e in entries if e.mask == "additive"} == {"float32", "float16", "bfloat16"}
     assert len(entries_of({"families": [{"op": "attention", "head_dim": [64], "dtype": ["float16"]}]})) == \
         4 * len(entries)   # every GPU family

@@ -29,7 +29,7 @@ from mfa_native.runtime.templates import PassTemplate, evaluate
 from conftest import poison
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-BASE = {"op": "attention", "family": ["apple9"], "backward": True}
+BASE = {"op": "attention", "family": ["apple9"], "window": [False], "backward": True}
 FAMILIES = [
     {**BASE, "dtype": ["float32"], "head_dim": [16], "gqa_ratio": [2], "causal": ["lower_right"], "mask": ["none"],
      "sinks": [True], "layout": ["bhsd"]},
@@ -385,6 +385,17 @@ def test_runtime_windows_match_python(bundle, window, rng):
     B, H, R, C, D = 2, 2, 9, 13, 8
     q, k, v, _ = _strided_views(rng, B, H, H, R, C, D)
     _both_ways(bundle, q, k, v, rng, causal="lower_right", window=window)
+
+
+def test_a_spec_that_omits_window_serves_calls_with_and_without_one(rng):
+    family = {**FAMILIES[WINDOWED]}
+    del family["window"]
+    entries = entries_of({"families": [family]})
+    assert [e.window for e in entries] == [False, True]
+    bundle = _core._Bundle.from_bytes(pack(build_payload(entries)))
+    q, k, v, _ = _strided_views(rng, 1, 2, 2, 9, 13, 8)
+    for window in (None, (3, 1)):
+        _both_ways(bundle, q, k, v, rng, causal="lower_right", window=window)
 
 
 def test_strided_and_packed_views_match_python(bundle, rng):

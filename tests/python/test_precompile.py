@@ -20,7 +20,7 @@ from mfa_native import progress
 from mfa_native.runtime import compiling
 
 SPEC = {"families": [{"op": "attention", "dtype": ["float32"], "head_dim": [16], "causal": ["none"],
-                      "mask": ["none"], "sinks": [False], "layout": ["bhsd"], "family": ["apple9"]}]}
+                      "mask": ["none"], "window": [False], "sinks": [False], "layout": ["bhsd"], "family": ["apple9"]}]}
 CALLS = [
     {"op": "attention", "q": {"shape": [1, 2, 24, 16], "dtype": "float16"},
      "k": {"shape": [1, 2, 40, 16], "dtype": "float16"}, "v": {"shape": [1, 2, 40, 16], "dtype": "float16"},

@@ -50,7 +50,7 @@ def _stderr(arguments: list[str], terminal: bool, cwd) -> str:
 def _spec(tmp_path) -> str:
     path = tmp_path / "spec.json"
     path.write_text(json.dumps({"families": [{"op": "attention", "head_dim": [32, 64], "dtype": ["float16"],
-                                              "causal": ["lower_right"], "mask": ["none"]}]}))
+                                              "causal": ["lower_right"], "mask": ["none"], "window": [False]}]}))
     return str(path)
 
 

@@ -6,11 +6,11 @@
                    "layout": ["bhsd"], "backward": true}]}
 
 Every list is crossed with the others. An omitted key takes every value it can: dtype,
-causal, mask, mask_dtype (an additive mask's element type), sinks, layout and family (the
-GPU tile tables, FAMILIES) take all of theirs. The keys without a finite set of values
+causal, mask, mask_dtype (an additive mask's element type), window, sinks, layout and family
+(the GPU tile tables, FAMILIES) take all of theirs. The keys without a finite set of values
 are these: head_dim is required; value_dim omitted or null is head_dim; gqa_ratio
-omitted is [1]; window omitted is [false]. The scale is no key: every entry's kernels read it
-at run time (its float32 bits), so one entry serves every scale.
+omitted is [1]. The scale is no key: every entry's kernels read it at run time (its float32
+bits), so one entry serves every scale.
 
 The score transforms are the model's formula, so each omitted is none: `softcap` a list of
 caps (null: none; a number above 0), `alibi` of "none", "per_head" (slopes (Hq,)) and
@@ -164,7 +164,7 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     causals = _choices(_list(family, "causal", list(CAUSAL), where), CAUSAL, "causal", where)
     masks = _choices(_list(family, "mask", list(MASKS), where), MASKS, "mask", where)
     mask_dtypes = _choices(_list(family, "mask_dtype", list(DTYPES), where), DTYPES, "mask_dtype", where)
-    windows = _bools(_list(family, "window", [False], where), "window", where)
+    windows = _bools(_list(family, "window", [False, True], where), "window", where)
     sinks = _bools(_list(family, "sinks", [False, True], where), "sinks", where)
     layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
     softcaps = _softcaps(_list(family, "softcap", [None], where), where)
