@@ -11,11 +11,10 @@ import pytest
 import mfa_native
 from mfa_native import _core, reference
 from mfa_native.bundle import entries_of
-from mfa_native.bundle.file import pack
 from mfa_native.bundle.writer import build_payload, entry_line
 
 from conftest import poison, relative_l2
-from test_bundle_cpp import view
+from test_bundle_cpp import bundle, view  # noqa: F401 (bundle: the fixture, over this module's payload)
 
 # score + bias[h] * (q_idx - kv_idx) where doc[kv_idx] == doc[q_idx], else score - 1 (a document bias):
 # mfa_native.torch.score_mod.trace's text of that function, with bias (4,) float and doc (20,) int.
@@ -36,11 +35,6 @@ FAMILIES = [
 @pytest.fixture(scope="module")
 def payload():
     return build_payload(entries_of({"families": FAMILIES}))
-
-
-@pytest.fixture(scope="module")
-def bundle(payload):
-    return _core._Bundle.from_bytes(pack(payload))
 
 
 def _score_mod_tensors(rng):
