@@ -26,6 +26,9 @@
  * options, the bundle entry) before anything runs: a refused call writes none of
  * its outputs. (Only a failure while running, MFA_DISPATCH_ERROR, comes after.)
  *
+ * Running: mfa_call_run runs a call to completion on a device; on Apple GPUs
+ * mfa_call_encode_metal encodes it into the caller's command buffer instead.
+ *
  * Thread safety: devices and bundles may be used from several threads at once;
  * a call handle by one thread at a time. mfa_last_error is per thread.
  *
@@ -125,6 +128,22 @@ mfa_status mfa_call_set_int_pair(mfa_call* call, const char* name, int64_t first
 mfa_status mfa_call_set_none(mfa_call* call, const char* name);
 mfa_status mfa_call_run(mfa_call* call, const mfa_device* device);
 void mfa_call_free(mfa_call* call);
+
+/* Metal: the call encoded into the caller's command buffer (an app's own queue, a
+ * PyTorch MPS or MLX stream), as mfa::metal::attention does it (include/mfa/metal.hpp,
+ * docs/metal.md): `command_buffer` is an id<MTLCommandBuffer> of the metal device's GPU
+ * (passed as (__bridge void*)), not committed, with no encoder open; the op gets one
+ * compute encoder of its own and runs when the caller commits. *done (free it with
+ * mfa_event_free) becomes ready once the command buffer completed and the outputs mfa
+ * staged were copied back; every view stays alive, inputs unchanged and outputs untouched,
+ * until then. The call's checks come first, as in mfa_call_run. Builds without the Metal
+ * backend (all but macOS) return MFA_UNAVAILABLE_ERROR. */
+typedef struct mfa_event mfa_event;
+mfa_status mfa_call_encode_metal(mfa_call* call, const mfa_device* device, void* command_buffer, mfa_event** done);
+/* Blocks until the event is ready: MFA_OK, or MFA_DISPATCH_ERROR if the command buffer failed. */
+mfa_status mfa_event_wait(mfa_event* event);
+bool mfa_event_ready(const mfa_event* event);
+void mfa_event_free(mfa_event* event);
 
 #ifdef __cplusplus
 }

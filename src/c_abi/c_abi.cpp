@@ -4,7 +4,9 @@
 // (call_table.hpp) as they are set.
 #include "mfa/mfa.h"
 
+#include <chrono>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <new>
@@ -31,6 +33,10 @@ struct mfa_call {
   mfa::Bundle bundle;
   const mfa::c_abi::Op* op;
   std::map<std::string, mfa::c_abi::Value> values;
+};
+
+struct mfa_event {
+  std::shared_future<void> done;
 };
 
 namespace {
@@ -117,6 +123,14 @@ const mfa::c_abi::Param& param_for(const mfa_call* call, const char* name, Kind 
                          mfa::c_abi::setter_name(kind));
   }
   return *p;
+}
+
+// TypeError listing the required arguments the call lacks (Python's missing arguments).
+void check_required(const mfa_call& call) {
+  std::string missing;
+  for (const mfa::c_abi::Param& p : call.op->params)
+    if (p.required && !call.values.count(p.name)) missing += (missing.empty() ? "'" : ", '") + std::string(p.name) + "'";
+  if (!missing.empty()) throw mfa::TypeError(std::string(call.op->name) + "() missing required arguments " + missing);
 }
 
 // Checks and stores one argument: an option's value is tried on scratch options first,
@@ -270,14 +284,39 @@ mfa_status mfa_call_run(mfa_call* call, const mfa_device* device) {
   return guarded([&] {
     need(call, "call");
     need(device, "device");
-    std::string missing;
-    for (const mfa::c_abi::Param& p : call->op->params)
-      if (p.required && !call->values.count(p.name)) missing += (missing.empty() ? "'" : ", '") + std::string(p.name) + "'";
-    if (!missing.empty()) throw mfa::TypeError(std::string(call->op->name) + "() missing required arguments " + missing);
+    check_required(*call);
     call->op->run(device->device, call->bundle, mfa::c_abi::Given(*call->op, call->values));
   });
 }
 
 void mfa_call_free(mfa_call* call) { delete call; }
+
+mfa_status mfa_call_encode_metal(mfa_call* call, const mfa_device* device, void* command_buffer, mfa_event** done) {
+  return guarded([&] {
+    need(call, "call");
+    need(device, "device");
+    need(done, "done");
+    check_required(*call);
+    if (!call->op->encode_metal)
+      throw mfa::UnavailableError("mfa_call_encode_metal: this build has no Metal backend (macOS builds have it)");
+    auto event = std::make_unique<mfa_event>();
+    event->done = call->op->encode_metal(device->device, call->bundle, mfa::c_abi::Given(*call->op, call->values),
+                                         command_buffer);
+    hand_out(std::move(event), done);
+  });
+}
+
+mfa_status mfa_event_wait(mfa_event* event) {
+  return guarded([&] {
+    need(event, "event");
+    event->done.get();
+  });
+}
+
+bool mfa_event_ready(const mfa_event* event) {
+  return event && event->done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+void mfa_event_free(mfa_event* event) { delete event; }
 
 }  // extern "C"

@@ -2,6 +2,9 @@
 #include "call_table.hpp"
 
 #include "mfa/errors.hpp"
+#ifdef MFA_HAVE_METAL
+#include "mfa/metal.hpp"
+#endif
 
 namespace mfa::c_abi {
 
@@ -63,18 +66,35 @@ void run_attention_backward(const Device& device, const Bundle& bundle, const Gi
                      g.optional_tensor("dsinks"));
 }
 
+#ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_attention(const Device& device, const Bundle& bundle, const Given& g,
+                                          void* command_buffer) {
+  return metal::attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"), g.options(),
+                          g.optional_tensor("lse"), command_buffer);
+}
+
+std::shared_future<void> encode_attention_backward(const Device& device, const Bundle& bundle, const Given& g,
+                                                   void* command_buffer) {
+  return metal::attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"),
+                                   g.tensor("lse"), g.tensor("dout"), g.tensor("dq"), g.tensor("dk"), g.tensor("dv"),
+                                   g.options(), g.optional_tensor("dsinks"), command_buffer);
+}
+#else
+constexpr std::nullptr_t encode_attention = nullptr, encode_attention_backward = nullptr;
+#endif
+
 const std::vector<Op>& ops() {
   static const std::vector<Op> table = {
       {"attention",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
                      {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr}}),
-       run_attention},
+       run_attention, encode_attention},
       {"attention_backward",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
                      {"o", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}, {"dout", kTensor, true, nullptr},
                      {"dq", kTensor, true, nullptr}, {"dk", kTensor, true, nullptr}, {"dv", kTensor, true, nullptr},
                      {"dsinks", kTensor, false, nullptr}}),
-       run_attention_backward},
+       run_attention_backward, encode_attention_backward},
   };
   return table;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <string>
 #include <utility>
@@ -53,6 +54,10 @@ struct Op {
   const char* name;
   std::vector<Param> params;
   void (*run)(const Device& device, const Bundle& bundle, const Given& given);
+  // The op encoded into a caller's id<MTLCommandBuffer> (include/mfa/metal.hpp);
+  // nullptr where this build has no Metal backend.
+  std::shared_future<void> (*encode_metal)(const Device& device, const Bundle& bundle, const Given& given,
+                                           void* command_buffer);
 
   const Param* param(const std::string& name) const;
 };

@@ -195,6 +195,17 @@ int main(int argc, char** argv) {
          "a backward output's dtype");
   OK(mfa_call_set_tensor(backward, "dv", &vdv));
 
+  mfa_event* event = NULL;
+#ifndef __APPLE__
+  expect(mfa_call_encode_metal(call, device, NULL, &event), MFA_UNAVAILABLE_ERROR, "this build has no Metal backend",
+         "Metal's entry point without Metal");
+  CHECK(event == NULL && !mfa_event_ready(event), "a refused encoding handed out an event");
+#endif
+  OK(mfa_call_set_none(call, "q"));
+  expect(mfa_call_encode_metal(call, device, NULL, &event), MFA_TYPE_ERROR, "attention() missing required arguments 'q'",
+         "a missing argument, encoding");
+  OK(mfa_call_set_tensor(call, "q", &vq));
+
   mfa_bundle* broken = NULL;
   expect(mfa_bundle_from_memory("not a bundle", 12, &broken), MFA_BUNDLE_ERROR, "", "a damaged bundle");
   expect(mfa_bundle_load("/nonexistent/attention.mfab", &broken), MFA_BUNDLE_ERROR,
