@@ -166,6 +166,14 @@ int main(int argc, char** argv) {
          "attention_backward() got an unexpected keyword argument 'out'", "attention's argument in the backward");
   expect(mfa_call_set_int(call, "scale", 1), MFA_TYPE_ERROR,
          "attention's scale is set with mfa_call_set_float, not mfa_call_set_int", "the wrong setter");
+  expect(mfa_call_set_tensors(call, "q", &vq, 1), MFA_TYPE_ERROR,
+         "attention's q is set with mfa_call_set_tensor, not mfa_call_set_tensors", "a list for a tensor");
+  expect(mfa_call_set_string(call, "causal", NULL), MFA_ARGUMENT_ERROR, "value is NULL", "a NULL string");
+  expect(mfa_call_set_float(NULL, "scale", 1.0), MFA_ARGUMENT_ERROR, "call is NULL", "a NULL call");
+  mfa_tensor_view odd = vq;
+  odd.dtype = (mfa_dtype)42;
+  expect(mfa_call_set_tensor(call, "q", &odd), MFA_TYPE_ERROR, "q has dtype 42, which is no mfa_dtype",
+         "a dtype outside mfa_dtype");
   expect(mfa_call_set_string(call, "causal", "yes"), MFA_ARGUMENT_ERROR,
          "causal must be False, True, 'lower_right' or 'upper_left' (or 'none'), got 'yes'", "a bad causal");
   expect(mfa_call_set_string(call, "layout", "sbhd"), MFA_ARGUMENT_ERROR, "layout must be 'bhsd' or 'bshd', got 'sbhd'",
