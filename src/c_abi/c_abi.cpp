@@ -5,6 +5,7 @@
 #include "mfa/mfa.h"
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <map>
@@ -96,14 +97,25 @@ void hand_out(std::unique_ptr<Handle> handle, Handle** out) {
   *out = handle.release();
 }
 
+// A C enum's value as C passed it: in C++, reading an enum object that holds a value
+// outside its enumerators' range is undefined, so the bytes are read as an int.
+template <class Enum>
+int code_of(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "a C enum is int-sized");
+  int code;
+  std::memcpy(&code, &value, sizeof code);
+  return code;
+}
+
 mfa::TensorView view_of(const mfa_tensor_view& v, const std::string& name) {
-  if (v.dtype < MFA_FLOAT32 || v.dtype > MFA_INT32)
-    throw mfa::TypeError(name + " has dtype " + std::to_string(int(v.dtype)) + ", which is no mfa_dtype");
+  const int dtype = code_of(v.dtype);
+  if (dtype < MFA_FLOAT32 || dtype > MFA_INT32)
+    throw mfa::TypeError(name + " has dtype " + std::to_string(dtype) + ", which is no mfa_dtype");
   if (v.ndim < 0) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim));
   if (v.ndim > 0 && !v.shape) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim) + " but no shape");
   static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
                                            mfa::DType::bool8, mfa::DType::int32};
-  mfa::TensorView view{v.data, kDTypes[v.dtype], {}, {}};
+  mfa::TensorView view{v.data, kDTypes[dtype], {}, {}};
   if (v.ndim > 0) view.shape.assign(v.shape, v.shape + v.ndim);
   if (v.ndim > 0 && v.strides) view.strides.assign(v.strides, v.strides + v.ndim);
   return view;
@@ -154,7 +166,7 @@ extern "C" {
 const char* mfa_last_error(void) { return last_error.c_str(); }
 
 const char* mfa_status_name(mfa_status status) {
-  switch (status) {
+  switch (code_of(status)) {
     case MFA_OK: return "MFA_OK";
     case MFA_ERROR: return "MFA_ERROR";
     case MFA_ARGUMENT_ERROR: return "MFA_ARGUMENT_ERROR";
