@@ -16,9 +16,11 @@
  * set by name, with Python's names and values (mfa_native.attention's q, k, v,
  * mask, sinks, scale, causal, window, layout; attention_backward's o, lse, dout
  * and outputs dq, dk, dv, dsinks; attention's outputs out and lse). New ops and
- * arguments need no new functions here. Semantics, shapes, layouts and error
- * messages are Python's; on the cpu backend the results are bit-identical to
- * the C++ API's (the same code runs) and so to Python's.
+ * arguments need no new functions here. Giving attention's lse is Python's
+ * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
+ * the rules for views (strides read in place, outputs contiguous) and bundle
+ * entries include/mfa/attention.hpp's; on the cpu backend the results are
+ * bit-identical to the C++ API's (the same code runs) and so to Python's.
  *
  * Errors: every function that can fail returns an mfa_status; on anything but
  * MFA_OK, mfa_last_error() holds the message (Python's, naming the argument at
@@ -54,7 +56,8 @@ typedef enum mfa_status {
   MFA_ARGUMENT_ERROR = 2,         /* a bad value (Python: ValueError) */
   MFA_TYPE_ERROR = 3,             /* a wrong type or dtype, an unknown argument name, a wrong
                                      setter for an argument, a missing argument (Python: TypeError) */
-  MFA_UNAVAILABLE_ERROR = 4,      /* a device kind this machine lacks */
+  MFA_UNAVAILABLE_ERROR = 4,      /* a device kind this machine lacks; Metal entry points
+                                     in a build without Metal */
   MFA_COMPILE_ERROR = 5,          /* kernel source failed to compile */
   MFA_DISPATCH_ERROR = 6,         /* a dispatch failed while running */
   MFA_BUNDLE_ERROR = 7,           /* a damaged, truncated or future-version bundle */
@@ -140,7 +143,8 @@ void mfa_call_free(mfa_call* call);
  * backend (all but macOS) return MFA_UNAVAILABLE_ERROR. */
 typedef struct mfa_event mfa_event;
 mfa_status mfa_call_encode_metal(mfa_call* call, const mfa_device* device, void* command_buffer, mfa_event** done);
-/* Blocks until the event is ready: MFA_OK, or MFA_DISPATCH_ERROR if the command buffer failed. */
+/* Blocks until the event is ready: MFA_OK, or MFA_DISPATCH_ERROR if the command buffer failed
+ * (a command buffer never committed never completes: commit it first). */
 mfa_status mfa_event_wait(mfa_event* event);
 bool mfa_event_ready(const mfa_event* event);
 void mfa_event_free(mfa_event* event);
