@@ -2,22 +2,37 @@
 #include "cpp_reference.h"
 
 #include <cstdio>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "mfa/attention.hpp"
 
 namespace {
 
-mfa::TensorView view(const float* data, std::vector<std::int64_t> shape) {
-  return mfa::TensorView{const_cast<float*>(data), mfa::DType::float32, std::move(shape), {}};
+mfa::TensorView view(const mfa_tensor_view& v) {
+  static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
+                                           mfa::DType::bool8, mfa::DType::int32};
+  mfa::TensorView t{v.data, kDTypes[v.dtype], std::vector<std::int64_t>(v.shape, v.shape + v.ndim), {}};
+  if (v.strides) t.strides.assign(v.strides, v.strides + v.ndim);
+  return t;
 }
 
-mfa::AttentionOptions options_of(const reference_problem& p, const float* sinks) {
+std::optional<mfa::TensorView> optional_view(const mfa_tensor_view* v) {
+  return v ? std::optional<mfa::TensorView>(view(*v)) : std::nullopt;
+}
+
+mfa::AttentionOptions options_of(const reference_options& r) {
   mfa::AttentionOptions options;
-  options.scale = float(p.scale);
-  options.causal = p.causal ? mfa::Causal::lower_right : mfa::Causal::none;
-  options.window = std::make_pair(p.window_left, p.window_right);
-  options.sinks = view(sinks, {p.Hq});
+  if (r.has_scale) options.scale = float(r.scale);
+  const std::string causal = r.causal;
+  options.causal = causal == "lower_right" ? mfa::Causal::lower_right
+                   : causal == "upper_left" ? mfa::Causal::upper_left
+                                            : mfa::Causal::none;
+  if (r.has_window) options.window = std::make_pair(r.window_left, r.window_right);
+  options.mask = optional_view(r.mask);
+  options.sinks = optional_view(r.sinks);
+  options.layout = std::string(r.layout) == "bshd" ? mfa::Layout::bshd : mfa::Layout::bhsd;
   return options;
 }
 
@@ -34,26 +49,25 @@ int reported(Body&& body, char* error, std::size_t error_size) {
 
 }  // namespace
 
-extern "C" int cpp_attention(const char* bundle, const reference_problem* p, const float* q, const float* k,
-                             const float* v, const float* sinks, float* out, float* lse, char* error,
-                             std::size_t error_size) {
+extern "C" int cpp_attention(const char* bundle, const reference_options* options, const mfa_tensor_view* q,
+                             const mfa_tensor_view* k, const mfa_tensor_view* v, const mfa_tensor_view* out,
+                             const mfa_tensor_view* lse, char* error, std::size_t error_size) {
   return reported([&] {
-    const mfa::TensorView rows = view(lse, {p->B, p->Hq, p->R});
-    mfa::attention(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(q, {p->B, p->Hq, p->R, p->D}),
-                   view(k, {p->B, p->Hkv, p->C, p->D}), view(v, {p->B, p->Hkv, p->C, p->D}),
-                   view(out, {p->B, p->Hq, p->R, p->D}), options_of(*p, sinks), &rows);
+    const std::optional<mfa::TensorView> rows = optional_view(lse);
+    mfa::attention(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
+                   view(*out), options_of(*options), rows ? &*rows : nullptr);
   }, error, error_size);
 }
 
-extern "C" int cpp_attention_backward(const char* bundle, const reference_problem* p, const float* q, const float* k,
-                                      const float* v, const float* sinks, const float* o, const float* lse,
-                                      const float* dout, float* dq, float* dk, float* dv, float* dsinks, char* error,
-                                      std::size_t error_size) {
+extern "C" int cpp_attention_backward(const char* bundle, const reference_options* options, const mfa_tensor_view* q,
+                                      const mfa_tensor_view* k, const mfa_tensor_view* v, const mfa_tensor_view* o,
+                                      const mfa_tensor_view* lse, const mfa_tensor_view* dout,
+                                      const mfa_tensor_view* dq, const mfa_tensor_view* dk, const mfa_tensor_view* dv,
+                                      const mfa_tensor_view* dsinks, char* error, std::size_t error_size) {
   return reported([&] {
-    const std::vector<std::int64_t> qs{p->B, p->Hq, p->R, p->D}, ks{p->B, p->Hkv, p->C, p->D};
-    const mfa::TensorView grad_sinks = view(dsinks, {p->Hq});
-    mfa::attention_backward(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(q, qs), view(k, ks),
-                            view(v, ks), view(o, qs), view(lse, {p->B, p->Hq, p->R}), view(dout, qs), view(dq, qs),
-                            view(dk, ks), view(dv, ks), options_of(*p, sinks), &grad_sinks);
+    const std::optional<mfa::TensorView> grad_sinks = optional_view(dsinks);
+    mfa::attention_backward(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
+                            view(*o), view(*lse), view(*dout), view(*dq), view(*dk), view(*dv), options_of(*options),
+                            grad_sinks ? &*grad_sinks : nullptr);
   }, error, error_size);
 }

@@ -63,12 +63,69 @@ static void expect(mfa_status status, mfa_status want, const char* text, const c
 
 #define OK(call) CHECK((call) == MFA_OK, "%s", mfa_last_error())
 
+/* The second bundle family: bshd, upper-left causal, a boolean mask broadcast from (R, C),
+ * the default scale, no window or sinks, and q read through strides (padded rows). */
+static void masked_bshd(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 2, R = 21, C = 13, H = 3, D = 16, PAD = 5 };
+  const int64_t q_shape[] = {B, R, H, D}, q_strides[] = {R * H * (D + PAD), H * (D + PAD), D + PAD, 1};
+  const int64_t k_shape[] = {B, C, H, D}, rows_shape[] = {B, H, R}, mask_shape[] = {R, C};
+  const size_t nq = B * R * H * D, nk = B * C * H * D, nrows = B * H * R;
+  float *q = random_floats(B * R * H * (D + PAD)), *k = random_floats(nk), *v = random_floats(nk);
+  float* dout = random_floats(nq);
+  unsigned char mask[R * C];
+  for (size_t i = 0; i < sizeof mask; ++i) mask[i] = uniform() < 0.5f;
+  float *out = poisoned(nq), *lse = poisoned(nrows), *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk);
+  float *ref[5] = {poisoned(nq), poisoned(nrows), poisoned(nq), poisoned(nk), poisoned(nk)};
+  mfa_tensor_view vq = {q, MFA_FLOAT32, 4, q_shape, q_strides}, vmask = {mask, MFA_BOOL, 2, mask_shape, NULL};
+  mfa_tensor_view vk = view(k, 4, k_shape), vv = view(v, 4, k_shape), vdout = view(dout, 4, q_shape);
+  mfa_tensor_view vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape), vdq = view(dq, 4, q_shape);
+  mfa_tensor_view vdk = view(dk, 4, k_shape), vdv = view(dv, 4, k_shape);
+  mfa_tensor_view rout = view(ref[0], 4, q_shape), rlse = view(ref[1], 3, rows_shape), rdq = view(ref[2], 4, q_shape);
+  mfa_tensor_view rdk = view(ref[3], 4, k_shape), rdv = view(ref[4], 4, k_shape);
+  const char* names[] = {"q", "k", "v", "mask", "out", "lse", "o", "dout", "dq", "dk", "dv"};
+  const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vmask, &vout, &vlse, &vout, &vdout, &vdq, &vdk, &vdv};
+  mfa_call *call = NULL, *backward = NULL;
+  OK(mfa_call_new(bundle, "attention", &call));
+  OK(mfa_call_new(bundle, "attention_backward", &backward));
+  for (size_t i = 0; i < sizeof names / sizeof *names; ++i) {
+    const char* name = names[i];
+    if (i < 6) OK(mfa_call_set_tensor(call, name, views[i]));
+    if (i < 4 || i > 4) OK(mfa_call_set_tensor(backward, name, views[i]));
+  }
+  mfa_call* both[] = {call, backward};
+  for (int i = 0; i < 2; ++i) {
+    OK(mfa_call_set_string(both[i], "causal", "upper_left"));
+    OK(mfa_call_set_string(both[i], "layout", "bshd"));
+  }
+  OK(mfa_call_run(call, device));
+  OK(mfa_call_run(backward, device));
+  char error[4096] = "";
+  const reference_options options = {0, 0.0, "upper_left", 0, 0, 0, &vmask, NULL, "bshd"};
+  CHECK(cpp_attention(path, &options, &vq, &vk, &vv, &rout, &rlse, error, sizeof error) == 0, "%s", error);
+  CHECK(cpp_attention_backward(path, &options, &vq, &vk, &vv, &vout, &vlse, &vdout, &rdq, &rdk, &rdv, NULL, error,
+                               sizeof error) == 0, "%s", error);
+  const float* got[5] = {out, lse, dq, dk, dv};
+  const size_t sizes[5] = {nq, nrows, nq, nk, nk};
+  const char* outputs[5] = {"out", "lse", "dq", "dk", "dv"};
+  for (int i = 0; i < 5; ++i) {
+    CHECK(any_nonzero(got[i], sizes[i]), "bshd %s: nothing written", outputs[i]);
+    CHECK(memcmp(got[i], ref[i], sizes[i] * sizeof(float)) == 0, "bshd %s differs from the C++ API's", outputs[i]);
+    free(ref[i]);
+  }
+  mfa_call_free(call);
+  mfa_call_free(backward);
+  float* buffers[] = {q, k, v, dout, out, lse, dq, dk, dv};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s BUNDLE\n", argv[0]);
     return 2;
   }
-  const reference_problem p = {2, 4, 2, 19, 27, 16, 0.25, 1, 7, -1};
+  /* B, Hq, Hkv, R, C, D: grouped-query heads, lower-right causal, a window, sinks, scale given. */
+  const struct { int64_t B, Hq, Hkv, R, C, D; double scale; int64_t window_left, window_right; } p = {
+      2, 4, 2, 19, 27, 16, 0.25, 7, -1};
   const size_t nq = (size_t)(p.B * p.Hq * p.R * p.D), nk = (size_t)(p.B * p.Hkv * p.C * p.D);
   const size_t nrows = (size_t)(p.B * p.Hq * p.R), nh = (size_t)p.Hq;
   const int64_t q_shape[] = {p.B, p.Hq, p.R, p.D}, k_shape[] = {p.B, p.Hkv, p.C, p.D};
@@ -102,7 +159,10 @@ int main(int argc, char** argv) {
   OK(mfa_call_set_string(call, "layout", "bhsd"));
   OK(mfa_call_run(call, device));
   char error[4096] = "";
-  CHECK(cpp_attention(argv[1], &p, q, k, v, sinks, cpp_out, cpp_lse, error, sizeof error) == 0, "%s", error);
+  const reference_options options = {1, p.scale, "lower_right", 1, p.window_left, p.window_right, NULL, &vsinks,
+                                     "bhsd"};
+  mfa_tensor_view vcpp_out = view(cpp_out, 4, q_shape), vcpp_lse = view(cpp_lse, 3, rows_shape);
+  CHECK(cpp_attention(argv[1], &options, &vq, &vk, &vv, &vcpp_out, &vcpp_lse, error, sizeof error) == 0, "%s", error);
   CHECK(any_nonzero(out, nq) && any_nonzero(lse, nrows), "the C ABI wrote nothing");
   CHECK(memcmp(out, cpp_out, nq * sizeof *out) == 0, "out differs from the C++ API's");
   CHECK(memcmp(lse, cpp_lse, nrows * sizeof *lse) == 0, "lse differs from the C++ API's");
@@ -129,14 +189,17 @@ int main(int argc, char** argv) {
   OK(mfa_call_set_string(backward, "causal", "lower_right"));
   OK(mfa_call_set_int_pair(backward, "window", p.window_left, p.window_right));
   OK(mfa_call_run(backward, device));
-  CHECK(cpp_attention_backward(argv[1], &p, q, k, v, sinks, out, lse, dout, cpp_dq, cpp_dk, cpp_dv, cpp_dsinks, error,
-                               sizeof error) == 0, "%s", error);
+  mfa_tensor_view vcpp_dq = view(cpp_dq, 4, q_shape), vcpp_dk = view(cpp_dk, 4, k_shape);
+  mfa_tensor_view vcpp_dv = view(cpp_dv, 4, k_shape), vcpp_dsinks = view(cpp_dsinks, 1, heads_shape);
+  CHECK(cpp_attention_backward(argv[1], &options, &vq, &vk, &vv, &vout, &vlse, &vdout, &vcpp_dq, &vcpp_dk, &vcpp_dv,
+                               &vcpp_dsinks, error, sizeof error) == 0, "%s", error);
   CHECK(any_nonzero(dq, nq) && any_nonzero(dk, nk) && any_nonzero(dv, nk) && any_nonzero(dsinks, nh),
         "the C ABI's backward wrote nothing");
   CHECK(memcmp(dq, cpp_dq, nq * sizeof *dq) == 0, "dq differs from the C++ API's");
   CHECK(memcmp(dk, cpp_dk, nk * sizeof *dk) == 0, "dk differs from the C++ API's");
   CHECK(memcmp(dv, cpp_dv, nk * sizeof *dv) == 0, "dv differs from the C++ API's");
   CHECK(memcmp(dsinks, cpp_dsinks, nh * sizeof *dsinks) == 0, "dsinks differs from the C++ API's");
+  masked_bshd(argv[1], device, bundle);
   if (!failures) printf("attention and attention_backward through the C ABI: the C++ API's bits\n");
 
   /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
