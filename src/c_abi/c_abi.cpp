@@ -130,19 +130,26 @@ const mfa::c_abi::Param& param_for(const mfa_call* call, const char* name, Kind 
   if (!(p->kinds & mfa::c_abi::bit(kind))) {
     std::string takes;
     for (Kind k : {Kind::tensor, Kind::tensors, Kind::real, Kind::integer, Kind::boolean, Kind::text, Kind::int_pair})
-      if (p->kinds & mfa::c_abi::bit(k)) takes += (takes.empty() ? "" : " or ") + std::string(mfa::c_abi::setter_name(k));
+      if (p->kinds & mfa::c_abi::bit(k))
+        takes += (takes.empty() ? "" : " or ") + std::string(mfa::c_abi::setter_name(k));
     throw mfa::TypeError(std::string(call->op->name) + "'s " + name + " is set with " + takes + ", not " +
                          mfa::c_abi::setter_name(kind));
   }
   return *p;
 }
 
-// TypeError listing the required arguments the call lacks (Python's missing arguments).
+// TypeError listing the required arguments the call lacks, in Python's words:
+// "attention() missing 2 required arguments: 'q' and 'out'" ('a', 'b', and 'c' for three).
 void check_required(const mfa_call& call) {
-  std::string missing;
+  std::vector<std::string> missing;
   for (const mfa::c_abi::Param& p : call.op->params)
-    if (p.required && !call.values.count(p.name)) missing += (missing.empty() ? "'" : ", '") + std::string(p.name) + "'";
-  if (!missing.empty()) throw mfa::TypeError(std::string(call.op->name) + "() missing required arguments " + missing);
+    if (p.required && !call.values.count(p.name)) missing.push_back("'" + std::string(p.name) + "'");
+  if (missing.empty()) return;
+  std::string list;
+  for (std::size_t i = 0; i < missing.size(); ++i)
+    list += (i == 0 ? "" : i + 1 < missing.size() ? ", " : missing.size() == 2 ? " and " : ", and ") + missing[i];
+  throw mfa::TypeError(std::string(call.op->name) + "() missing " + std::to_string(missing.size()) +
+                       " required argument" + (missing.size() == 1 ? "" : "s") + ": " + list);
 }
 
 // Checks and stores one argument: an option's value is tried on scratch options first,
@@ -253,7 +260,8 @@ mfa_status mfa_call_set_tensors(mfa_call* call, const char* name, const mfa_tens
   return set(call, name, Kind::tensors, [&] {
     if (count) need(views, "views");
     std::vector<mfa::TensorView> list;
-    for (size_t i = 0; i < count; ++i) list.push_back(view_of(views[i], std::string(name) + "[" + std::to_string(i) + "]"));
+    for (size_t i = 0; i < count; ++i)
+      list.push_back(view_of(views[i], std::string(name) + "[" + std::to_string(i) + "]"));
     return Value(std::move(list));
   });
 }

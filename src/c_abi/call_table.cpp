@@ -24,10 +24,13 @@ void causal(const Value& value, AttentionOptions& o) {
   if (text == "none") o.causal = Causal::none;
   else if (text == "lower_right") o.causal = Causal::lower_right;
   else if (text == "upper_left") o.causal = Causal::upper_left;
-  else throw ArgumentError("causal must be False, True, 'lower_right' or 'upper_left' (or 'none'), got " + quoted(text));
+  else
+    throw ArgumentError("causal must be False, True, 'lower_right' or 'upper_left' (or 'none'), got " + quoted(text));
 }
 
-void window(const Value& value, AttentionOptions& o) { o.window = std::get<std::pair<std::int64_t, std::int64_t>>(value); }
+void window(const Value& value, AttentionOptions& o) {
+  o.window = std::get<std::pair<std::int64_t, std::int64_t>>(value);
+}
 void mask(const Value& value, AttentionOptions& o) { o.mask = std::get<TensorView>(value); }
 void sinks(const Value& value, AttentionOptions& o) { o.sinks = std::get<TensorView>(value); }
 
@@ -116,7 +119,7 @@ const char* setter_name(Kind kind) {
 
 const TensorView& Given::tensor(const std::string& name) const {
   const TensorView* view = optional_tensor(name);
-  if (!view) throw TypeError(std::string(op_.name) + "() missing required argument " + quoted(name));
+  if (!view) throw TypeError(std::string(op_.name) + "() missing 1 required argument: " + quoted(name));
   return *view;
 }
 

@@ -255,9 +255,16 @@ int main(int argc, char** argv) {
   OK(mfa_call_set_bool(call, "causal", 1));
 
   OK(mfa_call_set_none(call, "out"));
-  expect(mfa_call_run(call, device), MFA_TYPE_ERROR, "attention() missing required arguments 'out'",
+  expect(mfa_call_run(call, device), MFA_TYPE_ERROR, "attention() missing 1 required argument: 'out'",
          "a missing output");
   OK(mfa_call_set_tensor(call, "out", &vfresh));
+  mfa_call* bare = NULL;
+  OK(mfa_call_new(bundle, "attention_backward", &bare));
+  OK(mfa_call_set_tensor(bare, "k", &vk));
+  expect(mfa_call_run(bare, device), MFA_TYPE_ERROR,
+         "attention_backward() missing 8 required arguments: 'q', 'v', 'o', 'lse', 'dout', 'dq', 'dk', and 'dv'",
+         "missing arguments");
+  mfa_call_free(bare);
 
   mfa_tensor_view half_dv = vdv;
   half_dv.dtype = MFA_FLOAT16;
@@ -273,8 +280,8 @@ int main(int argc, char** argv) {
   CHECK(event == NULL && !mfa_event_ready(event), "a refused encoding handed out an event");
 #endif
   OK(mfa_call_set_none(call, "q"));
-  expect(mfa_call_encode_metal(call, device, NULL, &event), MFA_TYPE_ERROR, "attention() missing required arguments 'q'",
-         "a missing argument, encoding");
+  expect(mfa_call_encode_metal(call, device, NULL, &event), MFA_TYPE_ERROR,
+         "attention() missing 1 required argument: 'q'", "a missing argument, encoding");
   OK(mfa_call_set_tensor(call, "q", &vq));
 
   mfa_bundle* broken = NULL;
