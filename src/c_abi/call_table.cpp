@@ -13,7 +13,10 @@ namespace {
 std::string quoted(const std::string& text) { return "'" + text + "'"; }
 
 // Option rows' conversions: Python's values (ops/arguments.py) and messages.
-void scale(const Value& value, AttentionOptions& o) { o.scale = float(std::get<double>(value)); }
+// Python's float, converted to the type AttentionOptions::scale holds.
+void scale(const Value& value, AttentionOptions& o) {
+  o.scale = decltype(o.scale)::value_type(std::get<double>(value));
+}
 
 void causal(const Value& value, AttentionOptions& o) {
   if (const bool* b = std::get_if<bool>(&value)) {

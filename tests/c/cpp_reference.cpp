@@ -24,7 +24,7 @@ std::optional<mfa::TensorView> optional_view(const mfa_tensor_view* v) {
 
 mfa::AttentionOptions options_of(const reference_options& r) {
   mfa::AttentionOptions options;
-  if (r.has_scale) options.scale = float(r.scale);
+  if (r.has_scale) options.scale = decltype(options.scale)::value_type(r.scale);
   const std::string causal = r.causal;
   options.causal = causal == "lower_right" ? mfa::Causal::lower_right
                    : causal == "upper_left" ? mfa::Causal::upper_left
