@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compile-checks everything that must build on macOS against real macOS SDK
 # headers, on a machine without a Mac (clang, no linking):
-#   1. the Objective-C++ Metal backend, src/metal/*.mm (with -Werror);
+#   1. the Objective-C++ Metal backend, src/metal/*.mm, and the C ABI's Metal
+#      path, src/c_abi/ (with -Werror);
 #   2. C++ units the cpu backend translates from generated kernels, against
 #      Apple's libc++ (this is how an ambiguity between the shim's math and
 #      libc++'s global float overloads was found).
@@ -13,6 +14,8 @@ sdk="${1:?usage: scripts/check-macos-sdk.sh <SDK folder or hexops/xcode-framewor
 check="${OBJCXX_CHECK:-scripts/objcxx-check.sh}"
 
 bash "$check" -q --werror "$sdk" src/metal/*.mm -- -Iinclude -Isrc
+# The C ABI as a Metal build compiles it (mfa_call_encode_metal's path).
+bash "$check" -q --werror "$sdk" src/c_abi/*.cpp include/mfa/mfa.h -- -Iinclude -Isrc -DMFA_HAVE_METAL
 
 # Translate a spread of kernels into a scratch cache, then check each unit.
 cache="$(mktemp -d)"

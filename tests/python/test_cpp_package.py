@@ -1,5 +1,5 @@
-"""The CMake package C++ embedders use: the C++ guide's attention project and
-examples/cpp/attention.cpp build with find_package(mfa_native) against the *installed*
+"""The CMake package C++ embedders use: the C++ guide's attention projects (C++, and C through
+the C ABI) and examples/cpp/attention.cpp build with find_package(mfa_native) against the *installed*
 package (the wheel's, or a standalone `cmake --install` of this tree into a temporary prefix
 when mfa_native runs from a source tree), and compute attention from a bundle the CLI wrote."""
 
@@ -38,12 +38,22 @@ def package_dir(tmp_path_factory) -> str:
     return str(work / "prefix" / "lib" / "cmake" / "mfa_native")
 
 
+def _guide_section(title: str) -> str:
+    text = (ROOT / "docs" / "guides" / "cpp.md").read_text().split("## " + title + "\n", 1)[1]
+    return text.split("\n## ", 1)[0]
+
+
 def _guide_project() -> tuple[str, str, dict]:
-    section = (ROOT / "docs" / "guides" / "cpp.md").read_text().split("## Attention from C++: bundles", 1)[1]
+    section = _guide_section("Attention from C++: bundles")
     cmake = re.search(r"```cmake\n(.*?)```", section, re.S)[1]
     cpp = re.search(r"```cpp\n(.*?)```", section, re.S)[1]
     spec = json.loads(re.search(r"<<'JSON'\n(.*?)JSON\n", section, re.S)[1])
     return cmake, cpp, spec
+
+
+def _guide_c_project() -> tuple[str, str]:
+    section = _guide_section("Attention from C: the C ABI")
+    return re.search(r"```cmake\n(.*?)```", section, re.S)[1], re.search(r"```c\n(.*?)```", section, re.S)[1]
 
 
 def _build(source: Path, package: str) -> Path:
@@ -59,13 +69,20 @@ def _bundle(spec: dict, path: Path) -> None:
     _run([sys.executable, "-m", "mfa_native", "bundle", "-o", str(path), "--spec", str(spec_file), "--quiet"])
 
 
-def test_guide_project_builds_and_matches_python(package_dir, tmp_path):
+@pytest.mark.parametrize("language", ["C++", "C"])
+def test_guide_project_builds_and_matches_python(package_dir, tmp_path, language):
+    """The C++ project, and the C one through include/mfa/mfa.h, print Python's numbers."""
     cmake, cpp, spec = _guide_project()
+    if language == "C":
+        cmake, c = _guide_c_project()
+        (tmp_path / "main.c").write_text(c)
+    else:
+        (tmp_path / "main.cpp").write_text(cpp)
     (tmp_path / "CMakeLists.txt").write_text(cmake)
-    (tmp_path / "main.cpp").write_text(cpp)
     build = _build(tmp_path, package_dir)
     _bundle(spec, tmp_path / "attention.mfab")
-    out = _run([str(build / "attention_app"), str(tmp_path / "attention.mfab")], cwd=tmp_path,
+    app = "attention_c" if language == "C" else "attention_app"
+    out = _run([str(build / app), str(tmp_path / "attention.mfab")], cwd=tmp_path,
                env={"MFA_NATIVE_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
     o0, lse0 = (float(x) for x in re.search(r"out\[0\] = (\S+), lse\[0\] = (\S+)", out).groups())
     B, H, R, C, D = 1, 2, 10, 20, 32

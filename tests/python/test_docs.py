@@ -217,12 +217,15 @@ def test_files_the_docs_name_exist():
     assert "../shared" not in README
 
 
-def test_the_readme_cpp_excerpt_is_lines_of_the_built_project():
-    """The README's C++ example is lines of the C++ guide's project, which
-    tests/python/test_cpp_package.py builds and runs: not a sketch that could drift."""
-    excerpt = re.search(r"```cpp\n(.*?)```", README, re.S)[1].splitlines()
-    guide = (GUIDES / "cpp.md").read_text().split("## Attention from C++: bundles", 1)[1]
-    built = {line.strip() for line in re.search(r"```cpp\n(.*?)```", guide, re.S)[1].splitlines()}
+@pytest.mark.parametrize("lang, section", [("cpp", "Attention from C++: bundles"),
+                                           ("c", "Attention from C: the C ABI")])
+def test_the_readme_cpp_excerpt_is_lines_of_the_built_project(lang, section):
+    """The README's C++ and C examples are lines of the C++ guide's projects (C++, and C
+    through the C ABI), which tests/python/test_cpp_package.py builds and runs: not sketches
+    that could drift."""
+    excerpt = re.search(rf"```{lang}\n(.*?)```", README, re.S)[1].splitlines()
+    guide = (GUIDES / "cpp.md").read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    built = {line.strip() for line in re.search(rf"```{lang}\n(.*?)```", guide, re.S)[1].splitlines()}
     assert excerpt and [line for line in excerpt if line.strip() not in built] == []
 
 

@@ -1,0 +1,161 @@
+// The C ABI's op tables: one row per argument, Python's names and values.
+#include "call_table.hpp"
+
+#include "mfa/errors.hpp"
+#ifdef MFA_HAVE_METAL
+#include "mfa/metal.hpp"
+#endif
+
+namespace mfa::c_abi {
+
+namespace {
+
+std::string quoted(const std::string& text) { return "'" + text + "'"; }
+
+// Option rows' conversions: Python's values (ops/arguments.py) and messages.
+// Python's float, converted to the type AttentionOptions::scale holds.
+void scale(const Value& value, AttentionOptions& o) {
+  o.scale = decltype(o.scale)::value_type(std::get<double>(value));
+}
+
+void causal(const Value& value, AttentionOptions& o) {
+  if (const bool* b = std::get_if<bool>(&value)) {
+    o.causal = *b ? Causal::lower_right : Causal::none;
+    return;
+  }
+  const std::string& text = std::get<std::string>(value);
+  if (text == "none") o.causal = Causal::none;
+  else if (text == "lower_right") o.causal = Causal::lower_right;
+  else if (text == "upper_left") o.causal = Causal::upper_left;
+  else
+    throw ArgumentError("causal must be False, True, 'lower_right' or 'upper_left' (or 'none'), got " + quoted(text));
+}
+
+void window(const Value& value, AttentionOptions& o) {
+  o.window = std::get<std::pair<std::int64_t, std::int64_t>>(value);
+}
+void mask(const Value& value, AttentionOptions& o) { o.mask = std::get<TensorView>(value); }
+void sinks(const Value& value, AttentionOptions& o) { o.sinks = std::get<TensorView>(value); }
+
+void layout(const Value& value, AttentionOptions& o) {
+  const std::string& text = std::get<std::string>(value);
+  if (text == "bhsd") o.layout = Layout::bhsd;
+  else if (text == "bshd") o.layout = Layout::bshd;
+  else throw ArgumentError("layout must be 'bhsd' or 'bshd', got " + quoted(text));
+}
+
+constexpr unsigned kTensor = bit(Kind::tensor);
+
+// The options attention and attention_backward share (Python's ops/attention.py).
+const std::vector<Param> kAttentionOptions = {
+    {"scale", bit(Kind::real), false, scale},
+    {"causal", bit(Kind::text) | bit(Kind::boolean), false, causal},
+    {"window", bit(Kind::int_pair), false, window},
+    {"mask", kTensor, false, mask},
+    {"sinks", kTensor, false, sinks},
+    {"layout", bit(Kind::text), false, layout},
+};
+
+std::vector<Param> with_options(std::vector<Param> arrays) {
+  arrays.insert(arrays.end(), kAttentionOptions.begin(), kAttentionOptions.end());
+  return arrays;
+}
+
+void run_attention(const Device& device, const Bundle& bundle, const Given& g) {
+  attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"), g.options(),
+            g.optional_tensor("lse"));
+}
+
+void run_attention_backward(const Device& device, const Bundle& bundle, const Given& g) {
+  attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"), g.tensor("lse"),
+                     g.tensor("dout"), g.tensor("dq"), g.tensor("dk"), g.tensor("dv"), g.options(),
+                     g.optional_tensor("dsinks"));
+}
+
+#ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_attention(const Device& device, const Bundle& bundle, const Given& g,
+                                          void* command_buffer) {
+  return metal::attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"), g.options(),
+                          g.optional_tensor("lse"), command_buffer);
+}
+
+std::shared_future<void> encode_attention_backward(const Device& device, const Bundle& bundle, const Given& g,
+                                                   void* command_buffer) {
+  return metal::attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"),
+                                   g.tensor("lse"), g.tensor("dout"), g.tensor("dq"), g.tensor("dk"), g.tensor("dv"),
+                                   g.options(), g.optional_tensor("dsinks"), command_buffer);
+}
+#else
+constexpr std::nullptr_t encode_attention = nullptr, encode_attention_backward = nullptr;
+#endif
+
+const std::vector<Op>& ops() {
+  static const std::vector<Op> table = {
+      {"attention",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr}}),
+       run_attention, encode_attention},
+      {"attention_backward",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"o", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}, {"dout", kTensor, true, nullptr},
+                     {"dq", kTensor, true, nullptr}, {"dk", kTensor, true, nullptr}, {"dv", kTensor, true, nullptr},
+                     {"dsinks", kTensor, false, nullptr}}),
+       run_attention_backward, encode_attention_backward},
+  };
+  return table;
+}
+
+}  // namespace
+
+const char* setter_name(Kind kind) {
+  switch (kind) {
+    case Kind::tensor: return "mfa_call_set_tensor";
+    case Kind::tensors: return "mfa_call_set_tensors";
+    case Kind::real: return "mfa_call_set_float";
+    case Kind::integer: return "mfa_call_set_int";
+    case Kind::boolean: return "mfa_call_set_bool";
+    case Kind::text: return "mfa_call_set_string";
+    case Kind::int_pair: return "mfa_call_set_int_pair";
+  }
+  return "?";
+}
+
+const TensorView& Given::tensor(const std::string& name) const {
+  const TensorView* view = optional_tensor(name);
+  if (!view) throw TypeError(std::string(op_.name) + "() missing 1 required argument: " + quoted(name));
+  return *view;
+}
+
+const TensorView* Given::optional_tensor(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? nullptr : std::get_if<TensorView>(&it->second);
+}
+
+AttentionOptions Given::options() const {
+  AttentionOptions options;
+  for (const Param& p : op_.params) {
+    auto it = values_.find(p.name);
+    if (p.option && it != values_.end()) p.option(it->second, options);
+  }
+  return options;
+}
+
+const Param* Op::param(const std::string& wanted) const {
+  for (const Param& p : params)
+    if (wanted == p.name) return &p;
+  return nullptr;
+}
+
+const Op* find_op(const std::string& name) {
+  for (const Op& op : ops())
+    if (name == op.name) return &op;
+  return nullptr;
+}
+
+std::string op_names() {
+  std::string names;
+  for (const Op& op : ops()) names += (names.empty() ? "" : ", ") + std::string(op.name);
+  return names;
+}
+
+}  // namespace mfa::c_abi

@@ -1,0 +1,73 @@
+// The C++ API's side of the C ABI's test: see cpp_reference.h.
+#include "cpp_reference.h"
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mfa/attention.hpp"
+
+namespace {
+
+mfa::TensorView view(const mfa_tensor_view& v) {
+  static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
+                                           mfa::DType::bool8, mfa::DType::int32};
+  mfa::TensorView t{v.data, kDTypes[v.dtype], std::vector<std::int64_t>(v.shape, v.shape + v.ndim), {}};
+  if (v.strides) t.strides.assign(v.strides, v.strides + v.ndim);
+  return t;
+}
+
+std::optional<mfa::TensorView> optional_view(const mfa_tensor_view* v) {
+  return v ? std::optional<mfa::TensorView>(view(*v)) : std::nullopt;
+}
+
+mfa::AttentionOptions options_of(const reference_options& r) {
+  mfa::AttentionOptions options;
+  if (r.has_scale) options.scale = decltype(options.scale)::value_type(r.scale);
+  const std::string causal = r.causal;
+  options.causal = causal == "lower_right" ? mfa::Causal::lower_right
+                   : causal == "upper_left" ? mfa::Causal::upper_left
+                                            : mfa::Causal::none;
+  if (r.has_window) options.window = std::make_pair(r.window_left, r.window_right);
+  options.mask = optional_view(r.mask);
+  options.sinks = optional_view(r.sinks);
+  options.layout = std::string(r.layout) == "bshd" ? mfa::Layout::bshd : mfa::Layout::bhsd;
+  return options;
+}
+
+template <class Body>
+int reported(Body&& body, char* error, std::size_t error_size) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, error_size, "%s", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+extern "C" int cpp_attention(const char* bundle, const reference_options* options, const mfa_tensor_view* q,
+                             const mfa_tensor_view* k, const mfa_tensor_view* v, const mfa_tensor_view* out,
+                             const mfa_tensor_view* lse, char* error, std::size_t error_size) {
+  return reported([&] {
+    const std::optional<mfa::TensorView> rows = optional_view(lse);
+    mfa::attention(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
+                   view(*out), options_of(*options), rows ? &*rows : nullptr);
+  }, error, error_size);
+}
+
+extern "C" int cpp_attention_backward(const char* bundle, const reference_options* options, const mfa_tensor_view* q,
+                                      const mfa_tensor_view* k, const mfa_tensor_view* v, const mfa_tensor_view* o,
+                                      const mfa_tensor_view* lse, const mfa_tensor_view* dout,
+                                      const mfa_tensor_view* dq, const mfa_tensor_view* dk, const mfa_tensor_view* dv,
+                                      const mfa_tensor_view* dsinks, char* error, std::size_t error_size) {
+  return reported([&] {
+    const std::optional<mfa::TensorView> grad_sinks = optional_view(dsinks);
+    mfa::attention_backward(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
+                            view(*o), view(*lse), view(*dout), view(*dq), view(*dk), view(*dv), options_of(*options),
+                            grad_sinks ? &*grad_sinks : nullptr);
+  }, error, error_size);
+}

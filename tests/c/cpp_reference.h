@@ -1,0 +1,41 @@
+/* The C++ API's results for the C ABI's test (cpp_reference.cpp): mfa::attention and
+ * attention_backward called directly, on a bundle and device of their own, on the same
+ * views (mfa.h's structs, converted here on their own) and options the test sets by name
+ * through the C ABI. Each returns 0, or 1 with the exception's message in `error`. */
+#ifndef MFA_TEST_CPP_REFERENCE_H
+#define MFA_TEST_CPP_REFERENCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mfa/mfa.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct reference_options {
+  int has_scale;
+  double scale;
+  const char* causal; /* "none", "lower_right", "upper_left" */
+  int has_window;
+  int64_t window_left, window_right;
+  const mfa_tensor_view* mask;  /* NULL: none */
+  const mfa_tensor_view* sinks; /* NULL: none */
+  const char* layout;           /* "bhsd", "bshd" */
+} reference_options;
+
+int cpp_attention(const char* bundle, const reference_options* options, const mfa_tensor_view* q,
+                  const mfa_tensor_view* k, const mfa_tensor_view* v, const mfa_tensor_view* out,
+                  const mfa_tensor_view* lse, char* error, size_t error_size);
+int cpp_attention_backward(const char* bundle, const reference_options* options, const mfa_tensor_view* q,
+                           const mfa_tensor_view* k, const mfa_tensor_view* v, const mfa_tensor_view* o,
+                           const mfa_tensor_view* lse, const mfa_tensor_view* dout, const mfa_tensor_view* dq,
+                           const mfa_tensor_view* dk, const mfa_tensor_view* dv, const mfa_tensor_view* dsinks,
+                           char* error, size_t error_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,311 @@
+/* The C ABI (include/mfa/mfa.h) from C99: attention and attention_backward set up
+ * by argument names on random inputs give the C++ API's results bit for bit
+ * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
+ * calls return their code with Python's message before writing anything.
+ *   usage: test_c_abi BUNDLE   (written from tests/c/c_abi_spec.json) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpp_reference.h"
+#include "mfa/mfa.h"
+
+static int failures = 0;
+
+#define CHECK(condition, ...)                                   \
+  do {                                                          \
+    if (!(condition)) {                                         \
+      ++failures;                                               \
+      fprintf(stderr, "%s:%d: FAILED %s: ", __FILE__, __LINE__, #condition); \
+      fprintf(stderr, __VA_ARGS__);                             \
+      fprintf(stderr, "\n");                                    \
+    }                                                           \
+  } while (0)
+
+/* xorshift32: the same inputs on every machine; values in [-1, 1), none zero. */
+static uint32_t state = 2463534242u;
+static float uniform(void) {
+  state ^= state << 13, state ^= state >> 17, state ^= state << 5;
+  return (float)((state >> 8) | 1u) / 8388608.0f - 1.0f;
+}
+
+static float* random_floats(size_t n) {
+  float* x = malloc(n * sizeof *x);
+  for (size_t i = 0; i < n; ++i) x[i] = uniform();
+  return x;
+}
+
+/* A NaN payload no kernel writes: an output still holding it was not written. */
+static float* poisoned(size_t n) {
+  float* x = malloc(n * sizeof *x);
+  memset(x, 0x7f, n * sizeof *x);
+  return x;
+}
+
+static int any_nonzero(const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (x[i] != 0.0f && !isnan(x[i])) return 1;
+  return 0;
+}
+
+static mfa_tensor_view view(float* data, int32_t ndim, const int64_t* shape) {
+  mfa_tensor_view v = {data, MFA_FLOAT32, ndim, shape, NULL};
+  return v;
+}
+
+/* Expects `status` to be `want` with `text` in the message. */
+static void expect(mfa_status status, mfa_status want, const char* text, const char* what) {
+  CHECK(status == want, "%s: got %s (%s), want %s", what, mfa_status_name(status), mfa_last_error(),
+        mfa_status_name(want));
+  CHECK(strstr(mfa_last_error(), text) != NULL, "%s: message '%s' lacks '%s'", what, mfa_last_error(), text);
+}
+
+#define OK(call) CHECK((call) == MFA_OK, "%s", mfa_last_error())
+
+/* The second bundle family: bshd, upper-left causal, a boolean mask broadcast from (R, C),
+ * the default scale, no window or sinks, and q read through strides (padded rows). */
+static void masked_bshd(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 2, R = 21, C = 13, H = 3, D = 16, PAD = 5 };
+  const int64_t q_shape[] = {B, R, H, D}, q_strides[] = {R * H * (D + PAD), H * (D + PAD), D + PAD, 1};
+  const int64_t k_shape[] = {B, C, H, D}, rows_shape[] = {B, H, R}, mask_shape[] = {R, C};
+  const size_t nq = B * R * H * D, nk = B * C * H * D, nrows = B * H * R;
+  float *q = random_floats(B * R * H * (D + PAD)), *k = random_floats(nk), *v = random_floats(nk);
+  float* dout = random_floats(nq);
+  unsigned char mask[R * C];
+  for (size_t i = 0; i < sizeof mask; ++i) mask[i] = uniform() < 0.5f;
+  float *out = poisoned(nq), *lse = poisoned(nrows), *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk);
+  float *ref[5] = {poisoned(nq), poisoned(nrows), poisoned(nq), poisoned(nk), poisoned(nk)};
+  mfa_tensor_view vq = {q, MFA_FLOAT32, 4, q_shape, q_strides}, vmask = {mask, MFA_BOOL, 2, mask_shape, NULL};
+  mfa_tensor_view vk = view(k, 4, k_shape), vv = view(v, 4, k_shape), vdout = view(dout, 4, q_shape);
+  mfa_tensor_view vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape), vdq = view(dq, 4, q_shape);
+  mfa_tensor_view vdk = view(dk, 4, k_shape), vdv = view(dv, 4, k_shape);
+  mfa_tensor_view rout = view(ref[0], 4, q_shape), rlse = view(ref[1], 3, rows_shape), rdq = view(ref[2], 4, q_shape);
+  mfa_tensor_view rdk = view(ref[3], 4, k_shape), rdv = view(ref[4], 4, k_shape);
+  const char* names[] = {"q", "k", "v", "mask", "out", "lse", "o", "dout", "dq", "dk", "dv"};
+  const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vmask, &vout, &vlse, &vout, &vdout, &vdq, &vdk, &vdv};
+  mfa_call *call = NULL, *backward = NULL;
+  OK(mfa_call_new(bundle, "attention", &call));
+  OK(mfa_call_new(bundle, "attention_backward", &backward));
+  for (size_t i = 0; i < sizeof names / sizeof *names; ++i) {
+    const char* name = names[i];
+    if (i < 6) OK(mfa_call_set_tensor(call, name, views[i]));
+    if (i < 4 || i > 4) OK(mfa_call_set_tensor(backward, name, views[i]));
+  }
+  mfa_call* both[] = {call, backward};
+  for (int i = 0; i < 2; ++i) {
+    OK(mfa_call_set_string(both[i], "causal", "upper_left"));
+    OK(mfa_call_set_string(both[i], "layout", "bshd"));
+  }
+  OK(mfa_call_run(call, device));
+  OK(mfa_call_run(backward, device));
+  char error[4096] = "";
+  const reference_options options = {0, 0.0, "upper_left", 0, 0, 0, &vmask, NULL, "bshd"};
+  CHECK(cpp_attention(path, &options, &vq, &vk, &vv, &rout, &rlse, error, sizeof error) == 0, "%s", error);
+  CHECK(cpp_attention_backward(path, &options, &vq, &vk, &vv, &vout, &vlse, &vdout, &rdq, &rdk, &rdv, NULL, error,
+                               sizeof error) == 0, "%s", error);
+  const float* got[5] = {out, lse, dq, dk, dv};
+  const size_t sizes[5] = {nq, nrows, nq, nk, nk};
+  const char* outputs[5] = {"out", "lse", "dq", "dk", "dv"};
+  for (int i = 0; i < 5; ++i) {
+    CHECK(any_nonzero(got[i], sizes[i]), "bshd %s: nothing written", outputs[i]);
+    CHECK(memcmp(got[i], ref[i], sizes[i] * sizeof(float)) == 0, "bshd %s differs from the C++ API's", outputs[i]);
+    free(ref[i]);
+  }
+  mfa_call_free(call);
+  mfa_call_free(backward);
+  float* buffers[] = {q, k, v, dout, out, lse, dq, dk, dv};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s BUNDLE\n", argv[0]);
+    return 2;
+  }
+  /* B, Hq, Hkv, R, C, D: grouped-query heads, lower-right causal, a window, sinks, scale given. */
+  const struct { int64_t B, Hq, Hkv, R, C, D; double scale; int64_t window_left, window_right; } p = {
+      2, 4, 2, 19, 27, 16, 0.25, 7, -1};
+  const size_t nq = (size_t)(p.B * p.Hq * p.R * p.D), nk = (size_t)(p.B * p.Hkv * p.C * p.D);
+  const size_t nrows = (size_t)(p.B * p.Hq * p.R), nh = (size_t)p.Hq;
+  const int64_t q_shape[] = {p.B, p.Hq, p.R, p.D}, k_shape[] = {p.B, p.Hkv, p.C, p.D};
+  const int64_t rows_shape[] = {p.B, p.Hq, p.R}, heads_shape[] = {p.Hq};
+  float *q = random_floats(nq), *k = random_floats(nk), *v = random_floats(nk), *sinks = random_floats(nh);
+  float* dout = random_floats(nq);
+
+  mfa_device* device = NULL;
+  mfa_bundle* bundle = NULL;
+  OK(mfa_device_default(&device));
+  OK(mfa_bundle_load(argv[1], &bundle));
+  if (!device || !bundle) return 1;
+  printf("C ABI on %s, bundle of %zu entries: %s\n", mfa_device_name(device), mfa_bundle_entry_count(bundle),
+         mfa_bundle_entry(bundle, 0));
+
+  /* Forward: the C ABI by names, then the C++ API on the same inputs. */
+  float *out = poisoned(nq), *lse = poisoned(nrows), *cpp_out = poisoned(nq), *cpp_lse = poisoned(nrows);
+  mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, k_shape), vv = view(v, 4, k_shape);
+  mfa_tensor_view vsinks = view(sinks, 1, heads_shape), vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape);
+  mfa_call* call = NULL;
+  OK(mfa_call_new(bundle, "attention", &call));
+  OK(mfa_call_set_tensor(call, "q", &vq));
+  OK(mfa_call_set_tensor(call, "k", &vk));
+  OK(mfa_call_set_tensor(call, "v", &vv));
+  OK(mfa_call_set_tensor(call, "out", &vout));
+  OK(mfa_call_set_tensor(call, "lse", &vlse));
+  OK(mfa_call_set_tensor(call, "sinks", &vsinks));
+  OK(mfa_call_set_float(call, "scale", p.scale));
+  OK(mfa_call_set_bool(call, "causal", 1)); /* Python's causal=True: lower_right */
+  OK(mfa_call_set_int_pair(call, "window", p.window_left, p.window_right));
+  OK(mfa_call_set_string(call, "layout", "bhsd"));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  const reference_options options = {1, p.scale, "lower_right", 1, p.window_left, p.window_right, NULL, &vsinks,
+                                     "bhsd"};
+  mfa_tensor_view vcpp_out = view(cpp_out, 4, q_shape), vcpp_lse = view(cpp_lse, 3, rows_shape);
+  CHECK(cpp_attention(argv[1], &options, &vq, &vk, &vv, &vcpp_out, &vcpp_lse, error, sizeof error) == 0, "%s", error);
+  CHECK(any_nonzero(out, nq) && any_nonzero(lse, nrows), "the C ABI wrote nothing");
+  CHECK(memcmp(out, cpp_out, nq * sizeof *out) == 0, "out differs from the C++ API's");
+  CHECK(memcmp(lse, cpp_lse, nrows * sizeof *lse) == 0, "lse differs from the C++ API's");
+  /* causal by Python's string: the same call, the same bits. */
+  float* again = poisoned(nq);
+  mfa_tensor_view vagain = view(again, 4, q_shape);
+  OK(mfa_call_set_string(call, "causal", "lower_right"));
+  OK(mfa_call_set_tensor(call, "out", &vagain));
+  OK(mfa_call_run(call, device));
+  CHECK(memcmp(again, out, nq * sizeof *out) == 0, "causal='lower_right' differs from causal=True");
+  OK(mfa_call_set_tensor(call, "out", &vout));
+
+  /* Backward. */
+  float *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk), *dsinks = poisoned(nh);
+  float *cpp_dq = poisoned(nq), *cpp_dk = poisoned(nk), *cpp_dv = poisoned(nk), *cpp_dsinks = poisoned(nh);
+  mfa_tensor_view vdout = view(dout, 4, q_shape), vdq = view(dq, 4, q_shape), vdk = view(dk, 4, k_shape);
+  mfa_tensor_view vdv = view(dv, 4, k_shape), vdsinks = view(dsinks, 1, heads_shape);
+  mfa_call* backward = NULL;
+  OK(mfa_call_new(bundle, "attention_backward", &backward));
+  const char* names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "sinks", "dsinks"};
+  const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vout, &vlse, &vdout, &vdq, &vdk, &vdv, &vsinks, &vdsinks};
+  for (size_t i = 0; i < sizeof names / sizeof *names; ++i) OK(mfa_call_set_tensor(backward, names[i], views[i]));
+  OK(mfa_call_set_float(backward, "scale", p.scale));
+  OK(mfa_call_set_string(backward, "causal", "lower_right"));
+  OK(mfa_call_set_int_pair(backward, "window", p.window_left, p.window_right));
+  OK(mfa_call_run(backward, device));
+  mfa_tensor_view vcpp_dq = view(cpp_dq, 4, q_shape), vcpp_dk = view(cpp_dk, 4, k_shape);
+  mfa_tensor_view vcpp_dv = view(cpp_dv, 4, k_shape), vcpp_dsinks = view(cpp_dsinks, 1, heads_shape);
+  CHECK(cpp_attention_backward(argv[1], &options, &vq, &vk, &vv, &vout, &vlse, &vdout, &vcpp_dq, &vcpp_dk, &vcpp_dv,
+                               &vcpp_dsinks, error, sizeof error) == 0, "%s", error);
+  CHECK(any_nonzero(dq, nq) && any_nonzero(dk, nk) && any_nonzero(dv, nk) && any_nonzero(dsinks, nh),
+        "the C ABI's backward wrote nothing");
+  CHECK(memcmp(dq, cpp_dq, nq * sizeof *dq) == 0, "dq differs from the C++ API's");
+  CHECK(memcmp(dk, cpp_dk, nk * sizeof *dk) == 0, "dk differs from the C++ API's");
+  CHECK(memcmp(dv, cpp_dv, nk * sizeof *dv) == 0, "dv differs from the C++ API's");
+  CHECK(memcmp(dsinks, cpp_dsinks, nh * sizeof *dsinks) == 0, "dsinks differs from the C++ API's");
+  masked_bshd(argv[1], device, bundle);
+  if (!failures) printf("attention and attention_backward through the C ABI: the C++ API's bits\n");
+
+  /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
+  float *fresh = poisoned(nq), *fresh_rows = poisoned(nrows), *fresh_dq = poisoned(nq);
+  float *untouched = poisoned(nq), *untouched_rows = poisoned(nrows), *untouched_dq = poisoned(nq);
+  mfa_tensor_view vfresh = view(fresh, 4, q_shape), vfresh_rows = view(fresh_rows, 3, rows_shape);
+  mfa_tensor_view vfresh_dq = view(fresh_dq, 4, q_shape);
+  OK(mfa_call_set_tensor(call, "out", &vfresh));
+  OK(mfa_call_set_tensor(call, "lse", &vfresh_rows));
+  OK(mfa_call_set_tensor(backward, "dq", &vfresh_dq));
+
+  mfa_tensor_view half_k = vk;
+  half_k.dtype = MFA_FLOAT16;
+  OK(mfa_call_set_tensor(call, "k", &half_k));
+  expect(mfa_call_run(call, device), MFA_TYPE_ERROR, "k has dtype float16 but q has float32", "a wrong dtype");
+  OK(mfa_call_set_tensor(call, "k", &vk));
+
+  const int64_t short_shape[] = {p.B, p.Hq, p.R - 1, p.D};
+  mfa_tensor_view short_out = view(fresh, 4, short_shape);
+  OK(mfa_call_set_tensor(call, "out", &short_out));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR, "out must have shape", "a wrong shape");
+  OK(mfa_call_set_tensor(call, "out", &vfresh));
+
+  expect(mfa_call_set_float(call, "scal", 0.5), MFA_TYPE_ERROR,
+         "attention() got an unexpected keyword argument 'scal'", "an unknown argument");
+  expect(mfa_call_set_tensor(backward, "out", &vfresh), MFA_TYPE_ERROR,
+         "attention_backward() got an unexpected keyword argument 'out'", "attention's argument in the backward");
+  expect(mfa_call_set_int(call, "scale", 1), MFA_TYPE_ERROR,
+         "attention's scale is set with mfa_call_set_float, not mfa_call_set_int", "the wrong setter");
+  expect(mfa_call_set_tensors(call, "q", &vq, 1), MFA_TYPE_ERROR,
+         "attention's q is set with mfa_call_set_tensor, not mfa_call_set_tensors", "a list for a tensor");
+  expect(mfa_call_set_string(call, "causal", NULL), MFA_ARGUMENT_ERROR, "value is NULL", "a NULL string");
+  expect(mfa_call_set_float(NULL, "scale", 1.0), MFA_ARGUMENT_ERROR, "call is NULL", "a NULL call");
+  mfa_tensor_view odd = vq;
+  odd.dtype = (mfa_dtype)42;
+  expect(mfa_call_set_tensor(call, "q", &odd), MFA_TYPE_ERROR, "q has dtype 42, which is no mfa_dtype",
+         "a dtype outside mfa_dtype");
+  expect(mfa_call_set_string(call, "causal", "yes"), MFA_ARGUMENT_ERROR,
+         "causal must be False, True, 'lower_right' or 'upper_left' (or 'none'), got 'yes'", "a bad causal");
+  expect(mfa_call_set_string(call, "layout", "sbhd"), MFA_ARGUMENT_ERROR, "layout must be 'bhsd' or 'bshd', got 'sbhd'",
+         "a bad layout");
+  mfa_call* unknown = NULL;
+  expect(mfa_call_new(bundle, "attention_forward", &unknown), MFA_ARGUMENT_ERROR,
+         "no op named 'attention_forward'; the C ABI runs attention, attention_backward", "an unknown op");
+  CHECK(unknown == NULL, "a refused call was handed out");
+
+  OK(mfa_call_set_string(call, "causal", "upper_left"));
+  expect(mfa_call_run(call, device), MFA_NO_BUNDLE_ENTRY_ERROR,
+         "the bundle holds no entry for attention float32 D=16 Dv=16 gqa=2 causal=upper_left", "a missing entry");
+  CHECK(strstr(mfa_last_error(), mfa_bundle_entry(bundle, 0)) != NULL, "the message lists the bundle's entries");
+  OK(mfa_call_set_none(call, "causal")); /* the default: no causal mask, which the bundle lacks too */
+  expect(mfa_call_run(call, device), MFA_NO_BUNDLE_ENTRY_ERROR, "causal=none", "the default causal");
+  OK(mfa_call_set_bool(call, "causal", 1));
+
+  OK(mfa_call_set_none(call, "out"));
+  expect(mfa_call_run(call, device), MFA_TYPE_ERROR, "attention() missing 1 required argument: 'out'",
+         "a missing output");
+  OK(mfa_call_set_tensor(call, "out", &vfresh));
+  mfa_call* bare = NULL;
+  OK(mfa_call_new(bundle, "attention_backward", &bare));
+  OK(mfa_call_set_tensor(bare, "k", &vk));
+  expect(mfa_call_run(bare, device), MFA_TYPE_ERROR,
+         "attention_backward() missing 8 required arguments: 'q', 'v', 'o', 'lse', 'dout', 'dq', 'dk', and 'dv'",
+         "missing arguments");
+  mfa_call_free(bare);
+
+  mfa_tensor_view half_dv = vdv;
+  half_dv.dtype = MFA_FLOAT16;
+  OK(mfa_call_set_tensor(backward, "dv", &half_dv));
+  expect(mfa_call_run(backward, device), MFA_TYPE_ERROR, "dv has dtype float16 but must be float32",
+         "a backward output's dtype");
+  OK(mfa_call_set_tensor(backward, "dv", &vdv));
+
+  mfa_event* event = NULL;
+#ifndef __APPLE__
+  expect(mfa_call_encode_metal(call, device, NULL, &event), MFA_UNAVAILABLE_ERROR, "this build has no Metal backend",
+         "Metal's entry point without Metal");
+  CHECK(event == NULL && !mfa_event_ready(event), "a refused encoding handed out an event");
+#endif
+  OK(mfa_call_set_none(call, "q"));
+  expect(mfa_call_encode_metal(call, device, NULL, &event), MFA_TYPE_ERROR,
+         "attention() missing 1 required argument: 'q'", "a missing argument, encoding");
+  OK(mfa_call_set_tensor(call, "q", &vq));
+
+  mfa_bundle* broken = NULL;
+  expect(mfa_bundle_from_memory("not a bundle", 12, &broken), MFA_BUNDLE_ERROR, "", "a damaged bundle");
+  expect(mfa_bundle_load("/nonexistent/attention.mfab", &broken), MFA_BUNDLE_ERROR,
+         "cannot open bundle '/nonexistent/attention.mfab'", "a missing file");
+  CHECK(broken == NULL, "a refused bundle was handed out");
+
+  CHECK(memcmp(fresh, untouched, nq * sizeof *fresh) == 0, "a refused call wrote out");
+  CHECK(memcmp(fresh_rows, untouched_rows, nrows * sizeof *fresh_rows) == 0, "a refused call wrote lse");
+  CHECK(memcmp(fresh_dq, untouched_dq, nq * sizeof *fresh_dq) == 0, "a refused call wrote dq");
+
+  /* The arguments fixed, the same call runs and writes. */
+  OK(mfa_call_run(call, device));
+  CHECK(memcmp(fresh, out, nq * sizeof *out) == 0, "the corrected call differs");
+  if (!failures) printf("bad calls: the right codes and messages, nothing written\n");
+
+  mfa_call_free(backward);
+  mfa_call_free(call);
+  mfa_bundle_free(bundle);
+  mfa_device_free(device);
+  float* buffers[] = {q, k, v, sinks, dout, out, lse, cpp_out, cpp_lse, again, dq, dk, dv, dsinks, cpp_dq, cpp_dk,
+                      cpp_dv, cpp_dsinks, fresh, fresh_rows, fresh_dq, untouched, untouched_rows, untouched_dq};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+  printf("%s\n", failures ? "FAILED" : "passed");
+  return failures ? 1 : 0;
+}
