@@ -13,10 +13,7 @@ namespace {
 std::string quoted(const std::string& text) { return "'" + text + "'"; }
 
 // Option rows' conversions: Python's values (ops/arguments.py) and messages.
-// Python's float, converted to the type AttentionOptions::scale holds.
-void scale(const Value& value, AttentionOptions& o) {
-  o.scale = decltype(o.scale)::value_type(std::get<double>(value));
-}
+void scale(const Value& value, AttentionOptions& o) { o.scale = std::get<double>(value); }
 
 void causal(const Value& value, AttentionOptions& o) {
   if (const bool* b = std::get_if<bool>(&value)) {
@@ -44,6 +41,13 @@ void layout(const Value& value, AttentionOptions& o) {
   else throw ArgumentError("layout must be 'bhsd' or 'bshd', got " + quoted(text));
 }
 
+void softcap(const Value& value, AttentionOptions& o) { o.softcap = std::get<double>(value); }
+void alibi_slopes(const Value& value, AttentionOptions& o) { o.alibi_slopes = std::get<TensorView>(value); }
+void score_mod(const Value& value, AttentionOptions& o) { o.score_mod = std::get<std::string>(value); }
+void score_mod_tensors(const Value& value, AttentionOptions& o) {
+  o.score_mod_tensors = std::get<std::vector<TensorView>>(value);
+}
+
 constexpr unsigned kTensor = bit(Kind::tensor);
 
 // The options attention and attention_backward share (Python's ops/attention.py).
@@ -54,6 +58,10 @@ const std::vector<Param> kAttentionOptions = {
     {"mask", kTensor, false, mask},
     {"sinks", kTensor, false, sinks},
     {"layout", bit(Kind::text), false, layout},
+    {"softcap", bit(Kind::real), false, softcap},
+    {"alibi_slopes", kTensor, false, alibi_slopes},
+    {"score_mod", bit(Kind::text), false, score_mod},
+    {"score_mod_tensors", bit(Kind::tensors), false, score_mod_tensors},
 };
 
 std::vector<Param> with_options(std::vector<Param> arrays) {

@@ -24,7 +24,7 @@ std::optional<mfa::TensorView> optional_view(const mfa_tensor_view* v) {
 
 mfa::AttentionOptions options_of(const reference_options& r) {
   mfa::AttentionOptions options;
-  if (r.has_scale) options.scale = decltype(options.scale)::value_type(r.scale);
+  if (r.has_scale) options.scale = r.scale;
   const std::string causal = r.causal;
   options.causal = causal == "lower_right" ? mfa::Causal::lower_right
                    : causal == "upper_left" ? mfa::Causal::upper_left
@@ -33,6 +33,8 @@ mfa::AttentionOptions options_of(const reference_options& r) {
   options.mask = optional_view(r.mask);
   options.sinks = optional_view(r.sinks);
   options.layout = std::string(r.layout) == "bshd" ? mfa::Layout::bshd : mfa::Layout::bhsd;
+  if (r.has_softcap) options.softcap = r.softcap;
+  options.alibi_slopes = optional_view(r.alibi_slopes);
   return options;
 }
 

@@ -23,6 +23,9 @@ typedef struct reference_options {
   const mfa_tensor_view* mask;  /* NULL: none */
   const mfa_tensor_view* sinks; /* NULL: none */
   const char* layout;           /* "bhsd", "bshd" */
+  int has_softcap;
+  double softcap;
+  const mfa_tensor_view* alibi_slopes; /* NULL: none */
 } reference_options;
 
 int cpp_attention(const char* bundle, const reference_options* options, const mfa_tensor_view* q,

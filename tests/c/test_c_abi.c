@@ -64,14 +64,17 @@ static void expect(mfa_status status, mfa_status want, const char* text, const c
 #define OK(call) CHECK((call) == MFA_OK, "%s", mfa_last_error())
 
 /* The second bundle family: bshd, upper-left causal, a boolean mask broadcast from (R, C),
- * the default scale, no window or sinks, and q read through strides (padded rows). */
+ * the default scale, no window or sinks, softcap 2 and per-head ALiBi slopes, and q read
+ * through strides (padded rows). */
 static void masked_bshd(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
   enum { B = 2, R = 21, C = 13, H = 3, D = 16, PAD = 5 };
   const int64_t q_shape[] = {B, R, H, D}, q_strides[] = {R * H * (D + PAD), H * (D + PAD), D + PAD, 1};
   const int64_t k_shape[] = {B, C, H, D}, rows_shape[] = {B, H, R}, mask_shape[] = {R, C};
   const size_t nq = B * R * H * D, nk = B * C * H * D, nrows = B * H * R;
   float *q = random_floats(B * R * H * (D + PAD)), *k = random_floats(nk), *v = random_floats(nk);
-  float* dout = random_floats(nq);
+  float *dout = random_floats(nq), *slopes = random_floats(H);
+  const int64_t heads_shape[] = {H};
+  const mfa_tensor_view vslopes = view(slopes, 1, heads_shape);
   unsigned char mask[R * C];
   for (size_t i = 0; i < sizeof mask; ++i) mask[i] = uniform() < 0.5f;
   float *out = poisoned(nq), *lse = poisoned(nrows), *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk);
@@ -96,11 +99,13 @@ static void masked_bshd(const char* path, const mfa_device* device, const mfa_bu
   for (int i = 0; i < 2; ++i) {
     OK(mfa_call_set_string(both[i], "causal", "upper_left"));
     OK(mfa_call_set_string(both[i], "layout", "bshd"));
+    OK(mfa_call_set_float(both[i], "softcap", 2.0));
+    OK(mfa_call_set_tensor(both[i], "alibi_slopes", &vslopes));
   }
   OK(mfa_call_run(call, device));
   OK(mfa_call_run(backward, device));
   char error[4096] = "";
-  const reference_options options = {0, 0.0, "upper_left", 0, 0, 0, &vmask, NULL, "bshd"};
+  const reference_options options = {0, 0.0, "upper_left", 0, 0, 0, &vmask, NULL, "bshd", 1, 2.0, &vslopes};
   CHECK(cpp_attention(path, &options, &vq, &vk, &vv, &rout, &rlse, error, sizeof error) == 0, "%s", error);
   CHECK(cpp_attention_backward(path, &options, &vq, &vk, &vv, &vout, &vlse, &vdout, &rdq, &rdk, &rdv, NULL, error,
                                sizeof error) == 0, "%s", error);
@@ -114,7 +119,7 @@ static void masked_bshd(const char* path, const mfa_device* device, const mfa_bu
   }
   mfa_call_free(call);
   mfa_call_free(backward);
-  float* buffers[] = {q, k, v, dout, out, lse, dq, dk, dv};
+  float* buffers[] = {q, k, v, dout, slopes, out, lse, dq, dk, dv};
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
@@ -160,7 +165,7 @@ int main(int argc, char** argv) {
   OK(mfa_call_run(call, device));
   char error[4096] = "";
   const reference_options options = {1, p.scale, "lower_right", 1, p.window_left, p.window_right, NULL, &vsinks,
-                                     "bhsd"};
+                                     "bhsd", 0, 0.0, NULL};
   mfa_tensor_view vcpp_out = view(cpp_out, 4, q_shape), vcpp_lse = view(cpp_lse, 3, rows_shape);
   CHECK(cpp_attention(argv[1], &options, &vq, &vk, &vv, &vcpp_out, &vcpp_lse, error, sizeof error) == 0, "%s", error);
   CHECK(any_nonzero(out, nq) && any_nonzero(lse, nrows), "the C ABI wrote nothing");
