@@ -1,22 +1,25 @@
 """FlashInfer's logits_soft_cap cases through mfa_native's ops (issue "Score transforms"):
 flashinfer-ai/flashinfer's tests/test_logits_cap.py (single_decode_with_kv_cache,
 single_prefill_with_kv_cache) and the logits_soft_cap grids of tests/test_batch_decode_kernels.py
-(BatchDecodeWithPagedKVCacheWrapper, one stacked K/V tensor or a tuple) and
-test_batch_prefill_kernels.py (BatchPrefillWithRaggedKVCacheWrapper, causal beside its custom mask).
+(BatchDecodeWithPagedKVCacheWrapper, one stacked K/V tensor or a tuple; split over threadgroups
+too) and test_batch_prefill_kernels.py (BatchPrefillWithRaggedKVCacheWrapper, causal beside its
+custom mask).
 
-FlashInfer's conventions: the scale 1/sqrt(D) comes before the cap c * tanh(s / c), and a cap of
-0.0 is no cap (`softcap=None`); causal lines the last query up with the last key (qo_len <=
-kv_len); tensors are NHD (seq, heads, dim), unbatched for the single_* calls (`attention`'s
-"bshd" with a batch of 1); paged caches are kv_indptr, kv_indices and kv_last_page_len over NHD
-or HND pages, contiguous or strided, float16 or float8; GQA as theirs (4 kv heads, 4 or 32 query
-heads). Each case is held to FlashInfer's tolerance (torch.testing.assert_close's rtol = atol)
-and to a relative L2 error against a float64 reference written from FlashInfer's
-attention_logits_soft_cap_torch. Their randn inputs give scaled scores of a few units, which a
-cap of 30 or 50 barely moves, so here q and k are scaled by sqrt(cap): the scores reach the cap
-and a wrong cap fails (test_a_wrong_cap_fails).
+FlashInfer's conventions: the scale 1/sqrt(D) comes before the cap c * tanh(s / c), and a cap of 0.0
+is no cap (`softcap=None`); causal lines the last query up with the last key (qo_len <= kv_len);
+tensors are NHD (seq, heads, dim), unbatched for the single_* calls (`attention`'s "bshd" with a
+batch of 1); paged caches are kv_indptr, kv_indices and kv_last_page_len over NHD or HND pages,
+contiguous or strided, float16 or float8; GQA as theirs (4 kv heads, 4 or 32 query heads). Each case
+is held to FlashInfer's tolerance (torch.testing.assert_close's rtol = atol) and to a relative L2
+error against a float64 reference written from FlashInfer's attention_logits_soft_cap_torch. Their
+randn inputs give scaled scores of about 1, where a cap of 30 or 50 moves a 729-key decode's output
+by about 3e-3 or 1e-3 (their tolerance: 1e-3), so here q and k are scaled by sqrt(cap): the scores
+reach the cap and a wrong cap fails (test_a_wrong_cap_fails).
 
-The default run takes every value of every parameter at least once; the exhaustive marks run
-cross products (without the sizes that take seconds each on the cpu backend). Not here:
+The default run takes every value of every parameter at least once. The exhaustive ones run cross
+products: the single grids without the sizes that take seconds on the cpu backend (33001 and 31111
+keys, 987 queries, 32 heads in prefill), the batch decode grid's storage parameters at one size, the
+ragged prefill grid at head_dim 128 (with lse). Outputs are poisoned (conftest). Not here:
 pos_encoding_mode "ROPE_LLAMA" (FlashInfer turns the cached keys at their positions inside its
 kernels; the KV-cache call turns only appended rows) and "ALIBI" (with a cap FlashInfer adds the
 bias to s / c inside the tanh; mfa_native's ALiBi, flash-attn's, comes after the cap)."""
@@ -31,6 +34,8 @@ import pytest
 from conftest import relative_l2
 
 import mfa_native
+from mfa_native import codegen
+from mfa_native.runtime.devices import tuned_as
 
 SOFT_CAPS = [1.0, 30.0, 50.0]   # test_logits_cap.py's; the batch tests' are 0.0 and 30.0
 KV_DTYPES = {"float16": np.float16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
@@ -48,16 +53,16 @@ def flashinfer_reference(q, k, v, logits_soft_cap: float, causal: bool = False):
     scores scaled by 1/sqrt(D), then capped; query head h reads kv head h // (Hq // Hkv); causal
     keeps key j for query i when j <= i + kv_len - qo_len. The output (qo_len, Hq, D) and the
     natural-log lse (Hq, qo_len)."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    k, v = (np.repeat(x, q.shape[1] // x.shape[1], axis=1) for x in (k, v))
-    s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(q.shape[-1])
+    q, k, v = (np.ascontiguousarray(np.asarray(x, np.float64).transpose(1, 0, 2)) for x in (q, k, v))   # (H, seq, D)
+    k, v = (np.repeat(x, q.shape[0] // x.shape[0], axis=0) for x in (k, v))
+    s = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
     if logits_soft_cap > 0:
         s = logits_soft_cap * np.tanh(s / logits_soft_cap)
     if causal:
-        qo_len, kv_len = q.shape[0], k.shape[0]
+        qo_len, kv_len = q.shape[1], k.shape[1]
         s = np.where(np.arange(kv_len) <= np.arange(qo_len)[:, None] + kv_len - qo_len, s, -np.inf)
     lse = np.logaddexp.reduce(s, axis=-1)
-    return np.einsum("hqk,khd->qhd", np.exp(s - lse[..., None]), v), lse
+    return (np.exp(s - lse[..., None]) @ v).transpose(1, 0, 2), lse
 
 
 def assert_close(got, want, tolerance: float) -> None:
@@ -69,13 +74,14 @@ def assert_close(got, want, tolerance: float) -> None:
 
 
 def spread_of(logits_soft_cap: float) -> float:
-    """The scale of q and k whose scaled scores q . k / sqrt(D) have a spread of the cap (their
-    randn where there is none or it is 1)."""
+    """The scale of q and k that gives their scaled scores q . k / sqrt(D) a standard deviation
+    of the cap (1: FlashInfer's randn, with no cap or a cap of 1)."""
     return max(logits_soft_cap, 1.0) ** 0.5
 
 
 def randn(rng, shape, dtype, spread: float = 1.0) -> np.ndarray:
-    return (rng.standard_normal(shape) * spread).astype(dtype)
+    """Standard normal values times `spread`, in `dtype`."""
+    return (rng.standard_normal(shape, np.float32) * np.float32(spread)).astype(dtype)
 
 
 def outputs(result, return_lse: bool):
@@ -127,7 +133,7 @@ def test_single_decode_grid(rng, seq_len, num_heads, head_dim, soft_cap):
 
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("q_len, kv_len, num_heads, head_dim, soft_cap",
-                         list(itertools.product([1, 17, 81], [1, 17, 81, 987], [4, 32], [128, 256], SOFT_CAPS)))
+                         list(itertools.product([1, 17, 81], [1, 17, 81, 987], [4, 8], [128, 256], SOFT_CAPS)))
 def test_single_prefill_grid(rng, q_len, kv_len, num_heads, head_dim, soft_cap):
     check_single(rng, q_len, kv_len, num_heads, head_dim, soft_cap, tolerance=1e-2)
 
@@ -160,11 +166,12 @@ def flashinfer_sequence(pages, kv_indptr, kv_indices, kv_last_page_len, b: int) 
 
 
 def kv_memory(shape, dtype, contiguous: bool) -> np.ndarray:
-    """An empty array of `shape`; not contiguous, a view of memory twice as long on every axis
-    after the first (FlashInfer's contiguous_kv=False: a 2 before each axis, index 1 of it)."""
+    """A NaN-filled array of `shape`; not contiguous, a view of memory twice as long on every
+    axis after the first, NaN between its rows (FlashInfer's contiguous_kv=False: a 2 before
+    each axis, index 1 of it)."""
     if contiguous:
-        return np.empty(shape, dtype)
-    padded = np.empty((shape[0], *(n for size in shape[1:] for n in (2, size))), dtype)
+        return np.full(shape, np.nan, dtype)
+    padded = np.full((shape[0], *(n for size in shape[1:] for n in (2, size))), np.nan, dtype)
     return padded[(slice(None), *(1, slice(None)) * (len(shape) - 1))]
 
 
@@ -222,6 +229,15 @@ def test_batch_decode_with_paged_kv_cache(rng, batch_size, kv_len, page_size, nu
                        return_lse, kv_dtype, contiguous_kv, stacked)
 
 
+def test_batch_decode_split_over_threadgroups(rng):
+    """FlashInfer splits a long decode's keys over thread blocks; the KV-cache call does on a
+    device tuned as 64 parallel threadgroups (an M-series GPU's size; the cpu device's 4 never
+    split): a 512-key case, read from strided float8 HND pages by the partial and combine kernels."""
+    with tuned_as(mfa_native.default_device(), parallel_threadgroups=64), mfa_native.profile() as prof:
+        check_batch_decode(rng, 12, 512, 16, 32, 128, "HND", 30.0, True, "float8_e4m3fn", False, False)
+    assert [r.kernel for r in prof.records] == [codegen.PARTIAL_KERNEL_NAME, codegen.COMBINE_KERNEL_NAME]
+
+
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("page_size, kv_layout, logits_soft_cap, kv_dtype, contiguous_kv, stacked", list(
     itertools.product([1, 8, 16], ["HND", "NHD"], [0.0, 30.0], list(KV_DTYPES), [True, False], [True, False])))
@@ -265,10 +281,10 @@ def test_batch_prefill_with_ragged_kv_cache_custom_mask(rng, batch_size, kv_len,
 
 
 @pytest.mark.exhaustive
-@pytest.mark.parametrize("batch_size, kv_len, qo_len, num_qo_heads, head_dim, logits_soft_cap", list(
-    itertools.product([12, 17], [54, 97], [37, 17], [4, 32], [128, 256], [0.0, 30.0])))
-def test_batch_prefill_grid(rng, batch_size, kv_len, qo_len, num_qo_heads, head_dim, logits_soft_cap):
-    check_ragged_prefill(rng, batch_size, kv_len, qo_len, num_qo_heads, head_dim, logits_soft_cap, True)
+@pytest.mark.parametrize("batch_size, kv_len, qo_len, num_qo_heads, logits_soft_cap", list(
+    itertools.product([12, 17], [54, 97], [37, 17], [4, 32], [0.0, 30.0])))
+def test_batch_prefill_grid(rng, batch_size, kv_len, qo_len, num_qo_heads, logits_soft_cap):
+    check_ragged_prefill(rng, batch_size, kv_len, qo_len, num_qo_heads, 128, logits_soft_cap, True)
 
 
 def test_a_wrong_cap_fails(rng):
