@@ -274,7 +274,7 @@ def check_ragged_prefill(rng, batch_size, kv_len, qo_len, num_qo_heads, head_dim
 
 # every value of test_batch_prefill_with_ragged_kv_cache_custom_mask's grid
 @pytest.mark.parametrize("batch_size, kv_len, qo_len, num_qo_heads, head_dim, logits_soft_cap, return_lse", [
-    (12, 54, 37, 4, 128, 30.0, True), (17, 97, 17, 32, 256, 0.0, False)])
+    (12, 54, 37, 32, 128, 30.0, True), (17, 97, 17, 4, 256, 0.0, False)])
 def test_batch_prefill_with_ragged_kv_cache_custom_mask(rng, batch_size, kv_len, qo_len, num_qo_heads, head_dim,
                                                         logits_soft_cap, return_lse):
     check_ragged_prefill(rng, batch_size, kv_len, qo_len, num_qo_heads, head_dim, logits_soft_cap, return_lse)
