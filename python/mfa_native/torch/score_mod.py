@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..codegen.attention.score_expression import ARGUMENTS, Term, expression_text, term
+from ..codegen.attention.score_expression import ARGUMENTS, Builder
 
 aten = torch.ops.aten
 
@@ -35,16 +35,8 @@ _SAME = (aten.view, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueez
          aten.clone, aten.detach, aten.lift_fresh_copy, aten.contiguous)
 
 
-class _Expression:
-    """The terms being built, and the captured tensors they read."""
-
-    def __init__(self) -> None:
-        self.terms: list[Term] = []
-        self.tensors: list[torch.Tensor] = []
-
-    def add(self, op: str, args=(), value=None) -> int:
-        self.terms.append(term(op, tuple(args), tuple(self.terms[a].dtype for a in args), value))
-        return len(self.terms) - 1
+class _Expression(Builder):
+    """The terms being built from a torch.fx graph, and the captured tensors they read."""
 
     def operand(self, value, nodes: dict) -> int:
         """The term of an operation's operand: a traced node's, or a constant's."""
@@ -59,17 +51,8 @@ class _Expression:
 
     def read(self, tensor: torch.Tensor, indices: list[int]) -> int:
         """A read of captured `tensor` (the same tensor, one buffer) at the index terms."""
-        if len(indices) != tensor.dim():
-            raise ValueError(f"score_mod: a captured tensor of shape {tuple(tensor.shape)} is indexed by "
-                             f"{len(indices)} index(es): index every axis with b, h, q_idx, kv_idx expressions")
-        if any(self.terms[i].dtype == "float" for i in indices):
-            raise ValueError("score_mod: a captured tensor is indexed by a float expression: cast it to an integer")
-        number = next((i for i, t in enumerate(self.tensors) if t is tensor), len(self.tensors))
-        if number == len(self.tensors):
-            self.tensors.append(tensor)
         dtype = "float" if tensor.is_floating_point() else "bool" if tensor.dtype == torch.bool else "int"
-        self.terms.append(Term("read", tuple(indices), dtype, number))
-        return len(self.terms) - 1
+        return super().read(tensor, tuple(tensor.shape), dtype, indices)
 
 
 def trace(score_mod) -> tuple[str, list[torch.Tensor]]:
@@ -92,10 +75,8 @@ def trace(score_mod) -> tuple[str, list[torch.Tensor]]:
             nodes[node] = _translate(node, nodes, expression)
         elif node.op == "output":
             (result,) = node.args
-            last = expression.operand(result, nodes)
-            if last != len(expression.terms) - 1:   # the result is an earlier term: repeat it last
-                expression.add("add", (last, expression.add("const", value=0)))
-    return expression_text(tuple(expression.terms)), expression.tensors
+            text = expression.text(expression.operand(result, nodes))
+    return text, expression.tensors
 
 
 def _translate(node, nodes: dict, expression: _Expression):

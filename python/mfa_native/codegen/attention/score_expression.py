@@ -77,6 +77,40 @@ def expression_text(terms: tuple[Term, ...]) -> str:
                      for t in terms)
 
 
+class Builder:
+    """The terms a tracer builds (torch/score_mod.py, mlx_score_mod.py), and the captured
+    tensors they read, each once, by identity."""
+
+    def __init__(self) -> None:
+        self.terms: list[Term] = []
+        self.tensors: list = []
+
+    def add(self, op: str, args=(), value=None) -> int:
+        """Appends `op` on the terms `args` (or a constant `value`); its index."""
+        self.terms.append(term(op, tuple(args), tuple(self.terms[a].dtype for a in args), value))
+        return len(self.terms) - 1
+
+    def read(self, tensor, shape: tuple[int, ...], dtype: str, indices: list[int]) -> int:
+        """A read of captured `tensor` (of `shape`; its elements' dtype "float", "int" or
+        "bool") at the index terms; ValueError unless every axis is indexed by an integer."""
+        if len(indices) != len(shape):
+            raise ValueError(f"score_mod: a captured tensor of shape {tuple(shape)} is indexed by "
+                             f"{len(indices)} index(es): index every axis with b, h, q_idx, kv_idx expressions")
+        if any(self.terms[i].dtype == "float" for i in indices):
+            raise ValueError("score_mod: a captured tensor is indexed by a float expression: cast it to an integer")
+        number = next((i for i, t in enumerate(self.tensors) if t is tensor), len(self.tensors))
+        if number == len(self.tensors):
+            self.tensors.append(tensor)
+        self.terms.append(Term("read", tuple(indices), dtype, number))
+        return len(self.terms) - 1
+
+    def text(self, result: int) -> str:
+        """The canonical text with term `result` last (an earlier term repeated, plus 0)."""
+        if result != len(self.terms) - 1:
+            self.add("add", (result, self.add("const", value=0)))
+        return expression_text(tuple(self.terms))
+
+
 _TERM = re.compile(r"(float|int|bool) (\w+)(?:\[([^\]]*)\])?\(([\d,]*)\)")
 
 
