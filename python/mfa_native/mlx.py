@@ -79,7 +79,7 @@ def with_traced_score_mod(values: dict) -> dict:
     if values.get("score_mod_tensors"):
         raise ValueError("score_mod_tensors is given with a score_mod function: tracing the function finds the "
                          "arrays it reads")
-    text, arrays = mlx_score_mod.trace(score_mod)
+    text, arrays = mlx_score_mod.TRACES.traced(score_mod)
     return {**values, "score_mod": text, "score_mod_tensors": tuple(arrays)}
 
 

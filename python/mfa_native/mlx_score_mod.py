@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from .codegen.attention.score_expression import ARGUMENTS, Builder
+from .score_mod_traces import TraceCache
 
 _INTEGERS = (mx.int8, mx.int16, mx.int32, mx.int64, mx.uint8, mx.uint16, mx.uint32, mx.uint64)
 _UNARY = {"abs": "abs", "exp": "exp", "log": "log", "tanh": "tanh", "sigmoid": "sigmoid", "sqrt": "sqrt",
@@ -201,3 +202,7 @@ def _with_stand_ins(function: types.FunctionType, builder: Builder, copies: dict
     copy.__kwdefaults__ = {k: replaced(d) for k, d in (function.__kwdefaults__ or {}).items()} or None
     copies[function] = copy
     return copy
+
+
+TRACES = TraceCache(trace, mx.array)
+"""The traces kept per plain function (score_mod_traces.py)."""

@@ -327,11 +327,10 @@ def test_a_score_mod_is_traced_once_while_what_it_sees_stays(rng, monkeypatch):
     """flex_attention traces a plain function once (its captured tensors' values are read at
     each call), again when a global or closure value it reads is rebound, and on every call
     when it sees an object whose attributes it may read (no fingerprint can cover those)."""
-    from mfa_native.torch import score_mod_cache
-    from mfa_native.torch.score_mod import trace
+    from mfa_native.torch.score_mod import TRACES, trace
 
     traces = []
-    monkeypatch.setattr(score_mod_cache, "trace", lambda fn: traces.append(fn) or trace(fn))
+    monkeypatch.setattr(TRACES, "trace", lambda fn: traces.append(fn) or trace(fn))
     q, k, v = inputs(rng, requires_grad=False)
     bias = torch.zeros(HQ)
     scale = [0.5]

@@ -129,3 +129,24 @@ def test_tracing_leaves_the_function_as_it_was():
     trace(score_mod)
     result = score_mod(mx.array(0.5), mx.array(0), mx.array(2), mx.array(0), mx.array(0))
     assert abs(float(result) - (math.tanh(0.5) + 3.0)) < 1e-6
+
+
+def test_a_function_is_traced_once_while_what_it_sees_stays(rng, monkeypatch):
+    """As torch's (test_score_mod): the captured array's values are read at each call; a
+    rebound value it sees traces again."""
+    from mfa_native import mlx_score_mod
+    traces = []
+    monkeypatch.setattr(mlx_score_mod.TRACES, "trace", lambda fn: traces.append(fn) or trace(fn))
+    q = mx.array(rng.standard_normal((1, HQ, R, 16)).astype(np.float32))
+    bias, scale = mx.zeros((HQ,)), [0.5]
+
+    def shifted(s, b, h, i, j):
+        return s * scale[0] + bias[h] * (i - j) * 0.1
+
+    first = mm.attention(q, q, q, score_mod=shifted, return_lse=True)[1]
+    bias[:] = 1.0   # in place: the same array, its new values read at the call
+    second = mm.attention(q, q, q, score_mod=shifted, return_lse=True)[1]
+    assert relative_l2(np.array(second), np.array(first)) > 0.01 and len(traces) == 1
+    scale[0] = 2.0
+    mm.attention(q, q, q, score_mod=shifted)
+    assert len(traces) == 2

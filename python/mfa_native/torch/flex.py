@@ -5,7 +5,7 @@ The block mask is FlexAttention's own (create_block_mask, BlockMask.from_kv_bloc
 key), converted once per mask object (`BlockMask.from_torch`: the lists, and its mask_mod as
 bits of the partial blocks), or a mfa_native.BlockMask. A score_mod is traced (torch/score_mod.py)
 into an expression the kernels compile and the tensors it reads, once per function while what
-it sees stays the same (torch/score_mod_cache.py), else on every call. The gradients come from
+it sees stays the same (score_mod_traces.py), else on every call. The gradients come from
 `block_sparse_attention_backward`, through the op's torch custom op (torch/library.py).
 
 FlexAttention's conventions: q, k, v are (B, H, L, D); scale defaults to 1 / sqrt(D); q heads
@@ -21,7 +21,7 @@ import torch
 from ..ops.block_sparse import BLOCK_SPARSE_ATTENTION
 from ..ops.flex_bits import as_block_mask, everything
 from .library import torch_function
-from .score_mod_cache import traced
+from .score_mod import TRACES
 from .score_mod_gradients import with_captured_gradients
 
 _block_sparse_attention = torch_function(BLOCK_SPARSE_ATTENTION)
@@ -99,7 +99,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if query.size(1) != key.size(1) and not enable_gqa:
         raise ValueError(f"query has {query.size(1)} heads and key {key.size(1)}: pass enable_gqa=True for GQA")
     converted = everything() if block_mask is None else as_block_mask(block_mask)
-    text, tensors = (None, []) if score_mod is None else traced(score_mod)
+    text, tensors = (None, []) if score_mod is None else TRACES.traced(score_mod)
     learnable = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     results = _block_sparse_attention(query, key, value, converted, scale=scale, return_lse=return_lse or learnable,
                                       score_mod=text, score_mod_tensors=[t.detach() for t in tensors])

@@ -15,6 +15,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..codegen.attention.score_expression import ARGUMENTS, Builder
+from ..score_mod_traces import TraceCache
 
 aten = torch.ops.aten
 
@@ -126,3 +127,7 @@ def _translate(node, nodes: dict, expression: _Expression):
 def _floating(node) -> bool:
     value = node.meta.get("val")
     return value is not None and value.is_floating_point()
+
+
+TRACES = TraceCache(trace, torch.Tensor)
+"""The traces kept per plain function (score_mod_traces.py)."""
