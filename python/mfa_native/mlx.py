@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Sequence
 import mlx.core as mx
 import numpy as np
 
-from . import mlx_score_mod, reference
+from . import reference
 from .context.mlx_ring import ring_attention, sharded_decode  # noqa: F401 - public here
 from .ops.attention import ATTENTION
 from .ops.block_sparse import BLOCK_SPARSE_ATTENTION
@@ -60,7 +60,7 @@ def mlx_function(op: Op, example: str = ""):
     def function(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return mlx_call(op, op.resolved(with_traced_score_mod({**bound.arguments, "device": None})))
+        return mlx_call(op, op.resolved({**bound.arguments, "device": None}))
 
     function.__name__ = function.__qualname__ = op.name
     function.__signature__ = signature
@@ -68,19 +68,6 @@ def mlx_function(op: Op, example: str = ""):
         summary=f"`mfa_native.{op.name}` on MLX arrays, {'differentiable' if op.backward else 'without a backward'}.",
         notes=_mlx_notes(op), raises=_mlx_raises(op), example=example)
     return function
-
-
-def with_traced_score_mod(values: dict) -> dict:
-    """`values` with a score_mod given as an MLX function traced (mlx_score_mod.py) into its
-    text, and the arrays it reads as score_mod_tensors."""
-    score_mod = values.get("score_mod")
-    if score_mod is None or isinstance(score_mod, str):
-        return values
-    if values.get("score_mod_tensors"):
-        raise ValueError("score_mod_tensors is given with a score_mod function: tracing the function finds the "
-                         "arrays it reads")
-    text, arrays = mlx_score_mod.TRACES.traced(score_mod)
-    return {**values, "score_mod": text, "score_mod_tensors": tuple(arrays)}
 
 
 def _mlx_notes(op: Op) -> str:
@@ -94,15 +81,12 @@ def _mlx_notes(op: Op) -> str:
                     + (", an additive (float) mask its own (computed with MLX ops, only when asked)"
                        if op.name in _KEY_RULES else "")
                     + "; outputs the backward takes no cotangent of (lse) come back through mx.stop_gradient.")
-    traced = (" score_mod may be an MLX function `(score, b, h, q_idx, kv_idx) -> score`, traced once per call "
-              "into its text (the arrays it captured are read as score_mod_tensors, not differentiated)."
-              if "score_mod" in op.option_names else "")
     return textwrap.fill(
         f"The same op as `mfa_native.{op.name}`, with its arguments (less device) and results, as an "
         f"mx.custom_function. {autograd} It runs eagerly: its arguments are evaluated (mx.eval) and read in "
         "place; the kernels run on mfa_native's default device (Metal on a Mac, the cpu backend elsewhere) and "
         "have finished when the call returns, writing into arrays MLX allocated. The argument descriptions "
-        f"below are the op's.{traced}", 92)
+        "below are the op's.", 92)
 
 
 def _mlx_raises(op: Op) -> str:
@@ -453,7 +437,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, k=None, v
                   softcap=softcap, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
                   v_descale=v_descale, return_lse=return_lse, deterministic=deterministic,
                   score_mod_tensors=score_mod_tensors, score_mod=score_mod, device=None)
-    values = with_traced_score_mod(values)   # before the append writes anything
+    values = ATTENTION_WITH_KVCACHE.resolved(values)   # a score_mod function traced before the append writes
     if k is not None or v is not None:
         views = {name: _host(x, name) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                                                        ("cache_seqlens", cache_seqlens), ("k", k), ("v", v),

@@ -362,3 +362,21 @@ def test_a_score_mod_is_traced_once_while_what_it_sees_stays(rng, monkeypatch):
     holder.table = torch.ones(HQ)   # rebound on an object: no fingerprint sees it, so every call traces
     call(from_object)
     assert len(traces) == 4
+
+
+def test_the_plain_ops_trace_a_torch_function(rng):
+    """mfa_native.attention (and mfa_native.torch.attention, differentiable) on torch tensors
+    take the function itself, traced as flex_attention traces it: the same bits."""
+    import mfa_native
+    import mfa_native.torch as mt
+    score_mod = score_mods(rng)["t5"]
+    q, k, v = inputs(rng, requires_grad=False)
+    want = flex_attention(q, k, v, score_mod=score_mod, enable_gqa=True)
+    assert torch.equal(mfa_native.attention(q, k, v, score_mod=score_mod), want)
+    leaf = q.clone().requires_grad_()
+    out = mt.attention(leaf, k, v, score_mod=score_mod)
+    assert torch.equal(out.detach(), want)
+    do = torch.from_numpy(rng.standard_normal(out.shape).astype(np.float32))
+    (dq,) = torch.autograd.grad(out, leaf, do)
+    leaves, expected, _ = reference(q, k, v, score_mod)
+    assert relative_l2(dq, torch.autograd.grad(expected, leaves[0], do.double())[0]) < 1e-4

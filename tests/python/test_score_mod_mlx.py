@@ -150,3 +150,16 @@ def test_a_function_is_traced_once_while_what_it_sees_stays(rng, monkeypatch):
     scale[0] = 2.0
     mm.attention(q, q, q, score_mod=shifted)
     assert len(traces) == 2
+
+
+def test_the_plain_ops_trace_a_function_by_qs_framework(rng):
+    """mfa_native.attention on MLX arrays traces an MLX function; on numpy arrays a function is
+    refused (no framework to trace it), its text is taken."""
+    score_mod = mlx_score_mods(captured(rng))["alibi"]
+    q = rng.standard_normal((1, HQ, R, 16)).astype(np.float32)
+    text, arrays = trace(score_mod)
+    want = mfa_native.attention(q, q, q, score_mod=text, score_mod_tensors=[np.array(a) for a in arrays])
+    assert np.array(mfa_native.attention(mx.array(q), mx.array(q), mx.array(q), score_mod=score_mod)).tobytes() \
+        == want.tobytes()
+    with pytest.raises(TypeError, match="score_mod is a function, which is traced by the framework of q's"):
+        mfa_native.attention(q, q, q, score_mod=score_mod)

@@ -63,6 +63,9 @@ class Arg:
     parts: tuple[tuple[str, str], ...] = ()
     take_apart: Callable[[Any], dict] | None = None
     rebuild: Callable[[dict], Any] | None = None
+    # A form of its value that stands for others (a score_mod function: its text and tensors),
+    # turned into them before anything else: values -> values (Op.resolved).
+    resolve: Callable[[dict], dict] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -139,6 +142,7 @@ class Op:
         self.array_names = tuple(n for a in self.arguments for n in ((a.name,) if a.kind == "array" else a.names))
         self.option_names = tuple(a.name for a in self.arguments if a.kind == "option")
         self._simple = all(a.kind in ("array", "option") for a in self.arguments)
+        self._resolves = tuple(a.resolve for a in self.arguments if a.resolve is not None)
         self.function = self._function()
 
     # -- calls ------------------------------------------------------------------------------
@@ -153,8 +157,11 @@ class Op:
         return prepared.run(inputs)
 
     def resolved(self, values: dict[str, Any]) -> dict[str, Any]:
-        """The arguments by name with those a value carries filled in (`resolve`), as every entry
-        point (the public function, the framework adapters, precompile) takes them first."""
+        """The arguments by name with those a value carries filled in (each argument's `resolve`,
+        then the op's), as every entry point (the public function, the framework adapters,
+        precompile) takes them first."""
+        for resolve in self._resolves:
+            values = resolve(values)
         return values if self.resolve is None else self.resolve(values)
 
     def precompile(self, values: dict[str, Any]) -> None:
@@ -248,14 +255,14 @@ class Op:
         fast = " and ".join(f"(type({a.name}) is _ndarray" + (f" or _host_quantized({a.name}))" if a.quantized else ")")
                             for a in leading) or "True"
         values = "{" + ", ".join(f"'{p.name}': {p.name}" for p in params) + "}"
-        if self.resolve is not None:
+        if self.resolve is not None or self._resolves:
             values = f"_resolve({values})"
         source = (f"def {self.name}({', '.join(text)}):\n"
                   f"    if {fast}:\n"
                   f"        return _op.numpy_call({values})\n"
                   f"    return _given_kind(_op, {values})\n")
         namespace = {"_op": self, "_ndarray": np.ndarray, "_host_quantized": _host_quantized,
-                     "_given_kind": given_kind.call, "_resolve": self.resolve, **defaults}
+                     "_given_kind": given_kind.call, "_resolve": self.resolved, **defaults}
         exec(compile(source, f"<mfa_native.{self.name}>", "exec"), namespace)
         function = namespace[self.name]
         function.__doc__ = self.docstring()

@@ -42,6 +42,7 @@ class Framework:
     name: str
     module: str  # the module whose presence in sys.modules means its arrays may be passed
     adapter: str  # the mfa_native module that registers the framework's `Differentiating` on import
+    score_mods: str  # the mfa_native module whose TRACES traces a score_mod function written with the framework
     wraps_host = False  # whether `over` makes its arrays over numpy memory with no copy
 
     def may_differentiate(self, arrays: Iterable[Any]) -> bool:
@@ -78,7 +79,7 @@ class Framework:
 class Torch(Framework):
     """torch.Tensor on the CPU or MPS (requires_grad is fine: the views are of the detached tensor)."""
 
-    name, module, adapter = "torch", "torch", "mfa_native.torch.library"
+    name, module, adapter, score_mods = "torch", "torch", "mfa_native.torch.library", "mfa_native.torch.score_mod"
     wraps_host = True
 
     def may_differentiate(self, arrays: Iterable[Any]) -> bool:
@@ -134,7 +135,7 @@ class Mlx(Framework):
     """mlx.core.array: evaluated (mx.eval waits for MLX's stream), then read through the buffer
     protocol (MLX's memory is unified, on a Mac too)."""
 
-    name, module, adapter = "mlx", "mlx.core", "mfa_native.mlx"
+    name, module, adapter, score_mods = "mlx", "mlx.core", "mfa_native.mlx", "mfa_native.mlx_score_mod"
 
     def may_differentiate(self, arrays: Iterable[Any]) -> bool:
         return True   # an MLX transformation gives no sign of itself
@@ -212,6 +213,12 @@ def adapter(framework: Framework) -> Differentiating:
     if framework.name not in _ADAPTERS:
         importlib.import_module(framework.adapter)
     return _ADAPTERS[framework.name]
+
+
+def trace_score_mod(framework: Framework, score_mod: Callable) -> tuple[str, list]:
+    """The text and captured arrays of a score_mod function written with `framework`, by its
+    tracer (kept per function while what it sees stays the same)."""
+    return importlib.import_module(framework.score_mods).TRACES.traced(score_mod)
 
 
 def framework_of(x: Any) -> Framework | None:
