@@ -15,7 +15,7 @@
  * A call is an op by name ("attention", "attention_backward") and its arguments
  * set by name, with Python's names and values (mfa_native.attention's q, k, v,
  * mask, sinks, scale, causal, window, layout, softcap, alibi_slopes, score_mod
- * and score_mod_tensors (a score_mod's text); attention_backward's o, lse, dout
+ * and score_mod_tensors (a score_mod's text); attention_backward's o, lse, do
  * and outputs dq, dk, dv, dsinks; attention's outputs out and lse). New ops and
  * arguments need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,

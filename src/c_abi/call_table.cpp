@@ -76,7 +76,7 @@ void run_attention(const Device& device, const Bundle& bundle, const Given& g) {
 
 void run_attention_backward(const Device& device, const Bundle& bundle, const Given& g) {
   attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"), g.tensor("lse"),
-                     g.tensor("dout"), g.tensor("dq"), g.tensor("dk"), g.tensor("dv"), g.options(),
+                     g.tensor("do"), g.tensor("dq"), g.tensor("dk"), g.tensor("dv"), g.options(),
                      g.optional_tensor("dsinks"));
 }
 
@@ -90,7 +90,7 @@ std::shared_future<void> encode_attention(const Device& device, const Bundle& bu
 std::shared_future<void> encode_attention_backward(const Device& device, const Bundle& bundle, const Given& g,
                                                    void* command_buffer) {
   return metal::attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"),
-                                   g.tensor("lse"), g.tensor("dout"), g.tensor("dq"), g.tensor("dk"), g.tensor("dv"),
+                                   g.tensor("lse"), g.tensor("do"), g.tensor("dq"), g.tensor("dk"), g.tensor("dv"),
                                    g.options(), g.optional_tensor("dsinks"), command_buffer);
 }
 #else
@@ -105,7 +105,7 @@ const std::vector<Op>& ops() {
        run_attention, encode_attention},
       {"attention_backward",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
-                     {"o", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}, {"dout", kTensor, true, nullptr},
+                     {"o", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}, {"do", kTensor, true, nullptr},
                      {"dq", kTensor, true, nullptr}, {"dk", kTensor, true, nullptr}, {"dv", kTensor, true, nullptr},
                      {"dsinks", kTensor, false, nullptr}}),
        run_attention_backward, encode_attention_backward},

@@ -266,7 +266,7 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
               const AttentionOptions& options, const TensorView* dsinks) {
   using namespace attention_args;
   const Problem p = forward_problem(q, k, v, options);
-  Checked co = like_output(o, "o", p), cdout = like_output(dout, "dout", p), clse = lse_input(lse, p);
+  Checked co = like_output(o, "o", p), cdout = like_output(dout, "do", p), clse = lse_input(lse, p);
   const std::string names = p.layout == Layout::bhsd ? "B, H, S, D" : "B, S, H, D";
   const Checked cdq = output(dq, "dq", p.dtype, q.shape, names + " of q");
   const Checked cdk = output(dk, "dk", p.dtype, k.shape, names + " of k");

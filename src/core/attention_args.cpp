@@ -1,6 +1,8 @@
 #include "attention_args.hpp"
 
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 namespace mfa {
@@ -30,6 +32,24 @@ bool is_float(DType d) { return d == DType::float32 || d == DType::float16 || d 
 std::string axes(Layout layout) { return layout == Layout::bhsd ? "B, Hq, R, D" : "B, R, Hq, D"; }
 
 std::string text_of(const std::vector<std::int64_t>& values) { return shape_text(values); }
+
+// A double as Python's repr prints it: the shortest text that reads back, "1.5", "2.0", "1e+39", "inf".
+std::string python_float(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+  std::string out(text, end);
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
+}
+
+// Python's format(value, ".<digits>g").
+std::string general_float(double value, int digits) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.*g", digits, value);
+  return text;
+}
 
 }  // namespace
 
@@ -94,7 +114,7 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
   Problem p;
   p.layout = options.layout;
   if (!is_float(q.dtype))
-    throw TypeError(std::string("q must be float32, float16 or bfloat16, got ") + dtype_name(q.dtype));
+    throw TypeError(std::string("q must be float32, float16 or bfloat16 (ml_dtypes), got ") + dtype_name(q.dtype));
   for (const auto& [x, name] : {std::pair<const TensorView*, const char*>{&k, "k"}, {&v, "v"}})
     if (x->dtype != q.dtype)
       throw TypeError(std::string(name) + " has dtype " + dtype_name(x->dtype) + " but q has " + dtype_name(q.dtype) +
@@ -134,10 +154,10 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
 
   if (options.scale) {
     const double s = *options.scale;
-    if (!std::isfinite(s)) throw ArgumentError("scale must be finite, got " + std::to_string(s));
+    if (!std::isfinite(s)) throw ArgumentError("scale must be finite, got " + python_float(s));
     if (std::fabs(double(s)) > kMaxScale)
-      throw ArgumentError("scale is " + std::to_string(s) + "; the kernels take scale * log2(e) in float32, so "
-                          "|scale| must be at most " + std::to_string(kMaxScale));
+      throw ArgumentError("scale is " + python_float(s) + "; the kernels take scale * log2(e) in float32, so "
+                          "|scale| must be at most " + general_float(kMaxScale, 4));
     p.scale = s;
   } else {
     p.scale = 1.0 / std::sqrt(double(p.D));
@@ -159,7 +179,7 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
     if (d == DType::bool8) p.mask = "bool", p.mask_dtype = "bool";
     else if (is_float(d)) p.mask = "additive", p.mask_dtype = dtype_name(d);
     else
-      throw TypeError(std::string("mask must be boolean (bool8, true = attend) or float (additive), got dtype ") +
+      throw TypeError(std::string("mask must be boolean (True = attend) or float (additive), got dtype ") +
                       dtype_name(d));
     mask_view(*options.mask, p);
   }
@@ -180,7 +200,7 @@ void score_transforms(const AttentionOptions& options, Problem& p) {
   if (options.softcap) {
     const double cap = *options.softcap;
     if (!(std::isfinite(cap) && cap > 0))
-      throw ArgumentError("softcap must be finite and above 0 (None: no cap), got " + std::to_string(cap));
+      throw ArgumentError("softcap must be finite and above 0 (None: no cap), got " + python_float(cap));
     p.softcap = cap;
   }
   if (options.alibi_slopes) {
@@ -269,7 +289,8 @@ Checked like_output(const TensorView& view, const std::string& name, const Probl
 Checked lse_input(const TensorView& view, const Problem& p) {
   const std::vector<std::int64_t> rows = {p.B, p.Hq, p.R};
   if (view.dtype != DType::float32)
-    throw TypeError(std::string("lse must be float32, as attention returns it, got ") + dtype_name(view.dtype));
+    throw TypeError(std::string("lse must be float32, as attention(..., return_lse=True) returns it, got ") +
+                    dtype_name(view.dtype));
   if (view.shape != rows)
     throw ArgumentError("lse must have shape (B, Hq, R) = " + text_of(rows) + ", got " + text_of(view.shape));
   return checked(view, "lse");

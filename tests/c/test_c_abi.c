@@ -85,7 +85,7 @@ static void masked_bshd(const char* path, const mfa_device* device, const mfa_bu
   mfa_tensor_view vdk = view(dk, 4, k_shape), vdv = view(dv, 4, k_shape);
   mfa_tensor_view rout = view(ref[0], 4, q_shape), rlse = view(ref[1], 3, rows_shape), rdq = view(ref[2], 4, q_shape);
   mfa_tensor_view rdk = view(ref[3], 4, k_shape), rdv = view(ref[4], 4, k_shape);
-  const char* names[] = {"q", "k", "v", "mask", "out", "lse", "o", "dout", "dq", "dk", "dv"};
+  const char* names[] = {"q", "k", "v", "mask", "out", "lse", "o", "do", "dq", "dk", "dv"};
   const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vmask, &vout, &vlse, &vout, &vdout, &vdq, &vdk, &vdv};
   mfa_call *call = NULL, *backward = NULL;
   OK(mfa_call_new(bundle, "attention", &call));
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
   mfa_tensor_view vdv = view(dv, 4, k_shape), vdsinks = view(dsinks, 1, heads_shape);
   mfa_call* backward = NULL;
   OK(mfa_call_new(bundle, "attention_backward", &backward));
-  const char* names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "sinks", "dsinks"};
+  const char* names[] = {"q", "k", "v", "o", "lse", "do", "dq", "dk", "dv", "sinks", "dsinks"};
   const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vout, &vlse, &vdout, &vdq, &vdk, &vdv, &vsinks, &vdsinks};
   for (size_t i = 0; i < sizeof names / sizeof *names; ++i) OK(mfa_call_set_tensor(backward, names[i], views[i]));
   OK(mfa_call_set_float(backward, "scale", p.scale));
@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
   OK(mfa_call_new(bundle, "attention_backward", &bare));
   OK(mfa_call_set_tensor(bare, "k", &vk));
   expect(mfa_call_run(bare, device), MFA_TYPE_ERROR,
-         "attention_backward() missing 8 required arguments: 'q', 'v', 'o', 'lse', 'dout', 'dq', 'dk', and 'dv'",
+         "attention_backward() missing 8 required arguments: 'q', 'v', 'o', 'lse', 'do', 'dq', 'dk', and 'dv'",
          "missing arguments");
   mfa_call_free(bare);
 
