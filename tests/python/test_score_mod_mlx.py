@@ -163,3 +163,17 @@ def test_the_plain_ops_trace_a_function_by_qs_framework(rng):
         == want.tobytes()
     with pytest.raises(TypeError, match="score_mod is a function, which is traced by the framework of q's"):
         mfa_native.attention(q, q, q, score_mod=score_mod)
+
+
+def test_a_gradient_of_a_captured_array_is_an_error_not_zeros(rng):
+    """MLX would give the arrays a score_mod reads a zero gradient (they are no inputs of the
+    custom function): asking for it raises, in the function form and the text form; q's
+    gradient is unaffected."""
+    q = mx.array(rng.standard_normal((1, 2, 8, 16)).astype(np.float32))
+    text = trace(lambda s, b, h, i, j: s + PAIR[h] * (i - j))[0]
+    forms = {"function": lambda bias: dict(score_mod=lambda s, b, h, i, j: s + bias[h] * (i - j)),
+             "text": lambda bias: dict(score_mod=text, score_mod_tensors=[bias])}
+    for form in forms.values():
+        with pytest.raises(NotImplementedError, match="attention gives score_mod_tensors no gradient"):
+            mx.grad(lambda bias: mm.attention(q, q, q, **form(bias)).sum())(PAIR)
+        assert np.isfinite(np.array(mx.grad(lambda q_: mm.attention(q_, q, q, **form(PAIR)).sum())(q))).all()
