@@ -104,8 +104,8 @@ def mlx_call(op: Op, values: dict):
     Its primals are the MLX arrays among the op's differentiable arguments; an additive (floating) mask of an op with
     a mask rule below is a primal too, its gradient computed lazily with MLX ops (so it costs
     nothing unless asked for). The fields of a QuantizedTensor argument (quantized k, v) and
-    the floating MLX arrays of a list argument (score_mod_tensors) are primals too, each through
-    `_constant`: a constant of the call, whose gradient asked raises NotImplementedError. The vjp runs the backward op, its
+    the other floating MLX arrays (alibi_slopes, score_mod_tensors' items) are primals too, each
+    through `_constant`: a constant of the call, whose gradient asked raises NotImplementedError. The vjp runs the backward op, its
     arguments found by name as torch/library.py finds them: forward arguments (a
     QuantizedTensor dequantized to q's dtype), outputs, and `d` + an output's name for its
     cotangent. Outputs the backward takes no cotangent of (lse) come back through
@@ -119,7 +119,8 @@ def mlx_call(op: Op, values: dict):
     quantized = quantized_values(op, values)
     constants = [(name, field) for name, x in quantized.items()
                  for field, array in x.fields().items() if isinstance(array, mx.array)]
-    listed = [(a.name, i) for a in op.arguments if a.kind == "arrays" and not a.grad
+    kinds = {a.name: a.kind for a in op.arguments}
+    listed = [(a.name, i) for a in op.arguments if a.kind in ("array", "arrays") and a.name not in given
               for i, x in enumerate(items(values[a.name])) if _floating(x)]
     everything = Call(op, {**values, **selectors}).results   # what the forward computes
     everything = (everything,) if isinstance(everything, str) else everything
@@ -132,6 +133,7 @@ def mlx_call(op: Op, values: dict):
         lists = {name: list(items(values[name])) for name, _ in listed}
         for (name, i), p in zip(listed, primals[len(given) + len(constants):]):
             lists[name][i] = p
+        lists = {name: x if kinds[name] == "arrays" else x[0] for name, x in lists.items()}
         return {**values, **dict(zip(given, primals)), **lists,
                 **{name: quantized[name].with_fields(**fields) for name, fields in replaced.items()}}
 
@@ -160,8 +162,8 @@ def mlx_call(op: Op, values: dict):
                                   f"{op.name}: {name}.{field} is a field of a QuantizedTensor, a constant with no "
                                   "gradient; differentiate with respect to its dequantize() instead")
                         for name, field in constants]
-    constant_primals += [_constant(items(values[name])[i], f"{op.name} gives {name} no gradient (constants of "
-                                   "the call)") for name, i in listed]
+    constant_primals += [_constant(items(values[name])[i], f"{op.name} gives {name} no gradient (a constant "
+                                   "of the call)") for name, i in listed]
     outputs = dict(zip(everything, forward(*[values[n] for n in given], *constant_primals)))
     outputs = {name: mx.stop_gradient(o) if backward_op is not None and f"d{name}" not in backward_names else o
                for name, o in outputs.items()}

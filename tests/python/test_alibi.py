@@ -160,3 +160,23 @@ def test_flash_attn_drop_ins(rng):
     out = flash_attn_with_kvcache(q.detach(), k_cache, v_cache, *new, cache_seqlens=lengths, causal=True,
                                   alibi_slopes=table)
     assert relative_l2(out.numpy(), want) < 2e-5
+
+
+def test_a_gradient_of_the_slopes_is_an_error_in_mlx_and_torch(rng):
+    """The slopes get no gradient: asking for one raises (MLX would give zeros), while q's
+    gradient through the same call is computed."""
+    mx = pytest.importorskip("mlx.core")
+    import mfa_native.mlx as mm
+    q = mx.array(inputs(rng, [(1, 2, 8, 16)], "float32")[0])
+    slopes = mx.array([0.25, 0.5])
+    with pytest.raises(NotImplementedError, match="attention gives alibi_slopes no gradient"):
+        mx.grad(lambda s: mm.attention(q, q, q, alibi_slopes=s).sum())(slopes)
+    dq = mx.grad(lambda x: (mm.attention(x, q, q, alibi_slopes=slopes) ** 2).sum())(q)
+    want = attention_backward_reference(*(np.array(q),) * 3, 2 * attention_reference(
+        *(np.array(q),) * 3, alibi_slopes=np.array(slopes)), alibi_slopes=np.array(slopes))[0]
+    assert relative_l2(np.array(dq), want) < 1e-4
+    torch = pytest.importorskip("torch")
+    import mfa_native.torch as mt
+    t = torch.from_numpy(np.array(q))
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        mt.attention(t, t, t, alibi_slopes=torch.tensor([0.25, 0.5], requires_grad=True)).sum().backward()
