@@ -101,15 +101,16 @@ def _mlx_raises(op: Op) -> str:
 def mlx_call(op: Op, values: dict):
     """A call of `op` (every argument by name) as an mx.custom_function, so that MLX sees it.
 
-    Its primals are the MLX arrays among the op's differentiable arguments; an additive (floating) mask of an op with
-    a mask rule below is a primal too, its gradient computed lazily with MLX ops (so it costs
-    nothing unless asked for). The fields of a QuantizedTensor argument (quantized k, v) and
-    the other floating MLX arrays (alibi_slopes, score_mod_tensors' items) are primals too, each
-    through `_constant`: a constant of the call, whose gradient asked raises NotImplementedError. The vjp runs the backward op, its
-    arguments found by name as torch/library.py finds them: forward arguments (a
-    QuantizedTensor dequantized to q's dtype), outputs, and `d` + an output's name for its
-    cotangent. Outputs the backward takes no cotangent of (lse) come back through
-    mx.stop_gradient. An op without a backward runs as `_without_gradient` says."""
+    Its primals are the MLX arrays among the op's differentiable arguments; an additive
+    (floating) mask of an op with a mask rule below is a primal too, its gradient computed
+    lazily with MLX ops (so it costs nothing unless asked for). The fields of a QuantizedTensor
+    argument (quantized k, v) and the other floating MLX arrays (alibi_slopes, score_mod_tensors'
+    items) are primals too, each through `_constant`: a constant of the call, whose gradient
+    asked raises NotImplementedError. The vjp runs the backward op, its arguments found by name
+    as torch/library.py finds them: forward arguments (a QuantizedTensor dequantized to q's
+    dtype), outputs, and `d` + an output's name for its cotangent. Outputs the backward takes
+    no cotangent of (lse) come back through mx.stop_gradient. An op without a backward runs as
+    `_without_gradient` says."""
     if op.backward is None:
         return _without_gradient(op, values)
     backward_op = op.backward_op

@@ -6,8 +6,9 @@ stand-ins: its five arguments are `Traced` values whose Python operators and met
 terms, and, in a copy of the function, the names its code reads that hold `mlx.core` (or
 `mlx`) hold a stand-in whose functions (mx.where, mx.tanh, ...) append terms too, the MLX
 arrays it captured (a closure cell, a global) become `Captured` stand-ins whose indexing
-appends a read, and the Python functions it calls (helpers) are copied the same way. What falls outside the vocabulary (another mx function, a cast to a 16-bit
-float, Python branching on a value) is a ValueError naming it.
+appends a read, and the Python functions it calls (helpers) are copied the same way. What
+falls outside the vocabulary (another mx function, a cast to a 16-bit float, Python
+branching on a value) is a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ _OPERATORS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floor
 _COMPARISONS = {"lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
 for _name, _op in {**_OPERATORS, **_COMPARISONS}.items():
     setattr(Traced, f"__{_name}__", lambda self, other, op=_op: self.apply(op, other))
-for _name, _op in _OPERATORS.items():   # a number on the left: the order matters where the operation does not commute
+for _name, _op in _OPERATORS.items():   # a number on the left: the order matters where it does not commute
     setattr(Traced, f"__r{_name}__",
             lambda self, other, op=_op: self.apply(op, other, reverse=op in ("sub", "div", "floordiv", "mod")))
 for _name in ("abs", "exp", "log", "sqrt"):

@@ -53,7 +53,8 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.gqa_ratio == want.gqa_ratio && e.causal == want.causal && e.mask == want.mask &&
          (e.mask != "additive" || e.mask_dtype == want.mask_dtype) && window &&
          e.sinks == want.sinks && e.layout == want.layout &&
-         e.softcap.has_value() == want.softcap.has_value() && (!e.softcap || float(*e.softcap) == float(*want.softcap)) &&
+         e.softcap.has_value() == want.softcap.has_value() &&
+         (!e.softcap || float(*e.softcap) == float(*want.softcap)) &&
          e.alibi == want.alibi && e.score_mod == want.score_mod && e.score_mod_tensors == want.score_mod_tensors &&
          e.family == want.family && (!want.backward || e.backward);
 }

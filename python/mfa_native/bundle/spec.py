@@ -113,7 +113,8 @@ def _softcaps(values: list, where: str) -> list[float | None]:
     for value in values:
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
                                   or not (math.isfinite(value) and value > 0)):
-            raise ValueError(f"{where}: 'softcap' values must be null (no cap) or finite numbers above 0, got {value!r}")
+            raise ValueError(f"{where}: 'softcap' values must be null (no cap) or finite numbers above 0, "
+                             f"got {value!r}")
     return [None if v is None else float(v) for v in values]
 
 
