@@ -338,7 +338,9 @@ void KernelCompiler::write_shim() {
   std::error_code error;
   fs::create_directories(temporary, error);
   for (const ShimFile& file : shim_files_) {
-    std::ofstream(temporary + "/" + file.name, std::ios::binary) << file.text;
+    const fs::path path = fs::path(temporary) / file.name;
+    fs::create_directories(path.parent_path(), error);
+    std::ofstream(path, std::ios::binary) << file.text;
   }
   if (fs::exists(shim_dir_, error)) {
     if (shim_dir_matches(shim_dir_, shim_files_)) {  // another process just wrote it: keep theirs

@@ -54,7 +54,7 @@ struct HostCompiler {
 };
 
 struct ShimFile {
-  std::string name;  // file name inside the include directory
+  std::string name;  // path inside the include directory (a/b.h in a subdirectory)
   std::string text;
 };
 
