@@ -1,0 +1,133 @@
+// metal::cooperative_tensor: a tensor op's result spread over the threads of
+// its execution scope, each thread owning some elements in its own storage.
+// Part of the shim's MetalPerformancePrimitives.
+//
+// Which thread owns which element is implementation defined in Metal (Apple
+// has not published it, and it has changed between OS releases). The shim
+// draws it per compile from MFA_SHIM_LAYOUT_SEED (the kernel compiler passes
+// MFA_NATIVE_SHIM_LAYOUT_SEED, default 0), so a kernel that assumes one
+// layout (reads slot i of thread t as a fixed element) fails for some seed.
+// Kernels find an element with is_valid_element(i) and
+// get_multidimensional_index(i), and move whole tensors with load / store.
+// A new cooperative tensor holds 0xFF bytes (NaN in every float format).
+#pragma once
+
+#ifndef MFA_SHIM_LAYOUT_SEED
+#error "MFA_SHIM_LAYOUT_SEED is defined by the cpu backend's kernel compiler for tensor-op kernels"
+#endif
+
+namespace mfa_shim {
+
+constexpr unsigned long long greatest_common_divisor(unsigned long long a, unsigned long long b) {
+  return b == 0 ? a : greatest_common_divisor(b, a % b);
+}
+
+// The seeded distribution of a Rows x Columns matrix over `Threads` threads.
+// Slot `slot` of thread `owner` is global slot g = owner * capacity + slot;
+// the seed permutes global slots (g -> (multiplier * g + shift) mod slots),
+// may add an invalid padding slot per thread, and picks row- or column-major
+// numbering of the elements. Seed 0 is the plain layout: thread t owns
+// elements t * capacity ... in row-major order.
+template <int Rows, int Columns, unsigned Threads>
+struct seeded_layout {
+  static constexpr unsigned long long seed = MFA_SHIM_LAYOUT_SEED;
+  static constexpr unsigned elements = unsigned(Rows) * unsigned(Columns);
+  static constexpr unsigned capacity = (elements + Threads - 1) / Threads + unsigned((seed >> 1) & 1);
+  static constexpr unsigned long long slots = (unsigned long long)capacity * Threads;
+  static constexpr bool column_major = (seed & 1) != 0;
+
+  static constexpr unsigned long long coprime_multiplier() {
+    unsigned long long candidate = seed == 0 ? 1 : (seed * 2654435761ull) % slots;
+    if (candidate == 0) candidate = 1;
+    while (greatest_common_divisor(candidate, slots) != 1) ++candidate;
+    return candidate;
+  }
+  static constexpr unsigned long long multiplier = coprime_multiplier();
+  static constexpr unsigned long long shift = (seed * 40503ull) % slots;
+
+  // The element (row-major or column-major number) in a slot; >= elements when the slot holds none.
+  static constexpr unsigned element(unsigned owner, unsigned slot) {
+    return unsigned((multiplier * ((unsigned long long)owner * capacity + slot) + shift) % slots);
+  }
+  static constexpr bool is_valid(unsigned owner, unsigned slot) { return element(owner, slot) < elements; }
+  static constexpr int row(unsigned element) {
+    return int(column_major ? element % unsigned(Rows) : element / unsigned(Columns));
+  }
+  static constexpr int column(unsigned element) {
+    return int(column_major ? element / unsigned(Rows) : element % unsigned(Columns));
+  }
+};
+
+}  // namespace mfa_shim
+
+namespace metal {
+
+// Extents are (columns, rows), as a tensor's. `Layout` is a
+// mfa_shim::seeded_layout; the element type is the op's destination type.
+template <class ElementType, class Extents, class Layout>
+class cooperative_tensor {
+ public:
+  using element_type = ElementType;
+  using value_type = ElementType;
+  using extents_type = Extents;
+  using index_type = typename Extents::index_type;
+  using thread_index_type = ushort;
+
+  // For the thread that makes it: its index among the op's threads.
+  explicit cooperative_tensor(unsigned participant) : participant_(participant) {
+    std::memset(static_cast<void*>(elements_), 0xFF, sizeof elements_);
+  }
+
+  static constexpr thread_index_type get_capacity() { return Layout::capacity; }
+  bool is_valid_element(thread_index_type i) const { return i < Layout::capacity && Layout::is_valid(participant_, i); }
+  // (column, row) of slot i; (0, 0) for a slot that holds no element.
+  array<index_type, 2> get_multidimensional_index(thread_index_type i) const {
+    if (!is_valid_element(i)) return {{0, 0}};
+    const unsigned e = Layout::element(participant_, i);
+    return {{index_type(Layout::column(e)), index_type(Layout::row(e))}};
+  }
+
+  ElementType& operator[](thread_index_type i) { return elements_[checked(i)]; }
+  const ElementType& operator[](thread_index_type i) const { return elements_[checked(i)]; }
+
+  // Every element inside `source`'s extents from it; the others become 0.
+  template <class Tensor>
+  void load(const Tensor& source, mfa_shim::call_site at = mfa_shim::call_site()) {
+    for (thread_index_type i = 0; i < Layout::capacity; ++i) {
+      if (!is_valid_element(i)) continue;
+      const array<index_type, 2> index = get_multidimensional_index(i);
+      elements_[i] = mfa_shim::tensor_access::contains(source, index[0], index[1])
+                         ? static_cast<ElementType>(mfa_shim::tensor_access::element(source, index[0], index[1], at))
+                         : ElementType(0);
+    }
+  }
+  // Every element inside `destination`'s extents to it; the others are dropped.
+  template <class Tensor>
+  void store(const Tensor& destination, mfa_shim::call_site at = mfa_shim::call_site()) const {
+    using Stored = typename Tensor::value_type;
+    for (thread_index_type i = 0; i < Layout::capacity; ++i) {
+      if (!is_valid_element(i)) continue;
+      const array<index_type, 2> index = get_multidimensional_index(i);
+      if (!mfa_shim::tensor_access::contains(destination, index[0], index[1])) continue;
+      mfa_shim::tensor_access::element(destination, index[0], index[1], at) = static_cast<Stored>(elements_[i]);
+    }
+  }
+
+ private:
+  thread_index_type checked(thread_index_type i) const {
+    if constexpr (mfa_shim::bounds_checked) {
+      if (i >= Layout::capacity) {
+        char message[160];
+        std::snprintf(message, sizeof message, "cooperative tensor index %u is out of bounds: its capacity is %u",
+                      unsigned(i), Layout::capacity);
+        mfa_shim::fail(mfa_abi::current_thread, message);
+      }
+    }
+    return i;
+  }
+
+  ElementType elements_[Layout::capacity];
+  unsigned participant_;
+};
+
+}  // namespace metal
