@@ -1,0 +1,400 @@
+// Metal 4 tensor ops on the cpu device: MSL kernels written as MLX's and
+// llama.cpp's are (tensor views, mpp::tensor_ops::matmul2d, cooperative
+// tensors) against float64 or exact integer references. ctest runs this file
+// under three cooperative-tensor layout seeds (MFA_NATIVE_SHIM_LAYOUT_SEED
+// unset, 1 and 6; tests/cpp/CMakeLists.txt), so no result may depend on one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mfa/command_batch.hpp"
+#include "mfa/device.hpp"
+#include "mfa/errors.hpp"
+
+namespace {
+
+std::uint64_t layout_seed() {
+  const char* text = std::getenv("MFA_NATIVE_SHIM_LAYOUT_SEED");
+  return text ? std::stoull(text) : 0;
+}
+
+std::string substitute(std::string text, const std::string& placeholder, const std::string& value) {
+  for (std::size_t at = text.find(placeholder); at != std::string::npos; at = text.find(placeholder, at)) {
+    text.replace(at, placeholder.size(), value);
+  }
+  return text;
+}
+
+// A host matrix of one MSL element type: bytes for the kernel, doubles for the reference.
+struct Matrix {
+  std::string type;  // "float", "half", "bfloat", "char", "int"
+  std::vector<unsigned char> bytes;
+  std::vector<double> values;
+
+  Matrix(const std::string& element_type, std::size_t count)
+      : type(element_type), bytes(count * element_bytes(element_type), 0xff), values(count) {}
+
+  static std::size_t element_bytes(const std::string& type) {
+    return type == "char" ? 1 : type == "half" || type == "bfloat" ? 2 : 4;
+  }
+  // Stores `value` rounded to the element type.
+  void set(std::size_t i, double value) {
+    unsigned char* p = bytes.data() + i * element_bytes(type);
+    if (type == "float") {
+      const float v = float(value);
+      std::memcpy(p, &v, 4);
+      values[i] = v;
+    } else if (type == "half") {
+      const _Float16 v = _Float16(value);
+      std::memcpy(p, &v, 2);
+      values[i] = double(v);
+    } else if (type == "bfloat") {
+      const float f = float(value);
+      std::uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      const std::uint16_t raw = std::uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+      std::memcpy(p, &raw, 2);
+      const std::uint32_t back = std::uint32_t(raw) << 16;
+      float rounded;
+      std::memcpy(&rounded, &back, 4);
+      values[i] = rounded;
+    } else if (type == "char") {
+      const std::int8_t v = std::int8_t(value);
+      std::memcpy(p, &v, 1);
+      values[i] = v;
+    } else {
+      const std::int32_t v = std::int32_t(value);
+      std::memcpy(p, &v, 4);
+      values[i] = v;
+    }
+  }
+  double get(std::size_t i) const {
+    const unsigned char* p = bytes.data() + i * element_bytes(type);
+    if (type == "float") {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    std::int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+};
+
+double relative_l2(const Matrix& out, const std::vector<double>& expected) {
+  double error = 0, norm = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    error += (out.get(i) - expected[i]) * (out.get(i) - expected[i]);
+    norm += expected[i] * expected[i];
+  }
+  return std::sqrt(error / norm);
+}
+
+class TensorOps : public ::testing::Test {
+ protected:
+  TensorOps() : random_(std::random_device{}()) {}
+
+  // A rows x columns matrix of `type`, random (integers in [-128, 127] for char).
+  Matrix random_matrix(const std::string& type, std::size_t rows, std::size_t columns) {
+    Matrix m(type, rows * columns);
+    for (std::size_t i = 0; i < rows * columns; ++i) {
+      m.set(i, type == "char" ? double(std::uniform_int_distribution<int>(-128, 127)(random_))
+                              : std::normal_distribution<double>()(random_));
+    }
+    return m;
+  }
+  std::vector<double> random_vector(std::size_t n) {
+    std::vector<double> v(n);
+    for (double& x : v) x = float(std::normal_distribution<double>()(random_));
+    return v;
+  }
+
+  std::shared_ptr<const mfa::Pipeline> pipeline(const std::string& source, const std::string& name,
+                                                bool bounds_check = false, const std::string& sanitize = "",
+                                                std::vector<std::pair<std::string, std::string>> macros = {}) {
+    mfa::CompileOptions options;
+    options.bounds_check = bounds_check;
+    options.sanitize = sanitize;
+    options.macros = std::move(macros);
+    return device_.pipeline(source, name, {}, options);
+  }
+
+  mfa::DispatchStats run(const std::shared_ptr<const mfa::Pipeline>& pipeline, std::uint32_t threads,
+                         const std::function<void(mfa::CommandBatch::DispatchRef&)>& bind) {
+    mfa::CommandBatch batch(device_);
+    mfa::CommandBatch::DispatchRef dispatch = batch.dispatch(pipeline, {1}, {threads});
+    bind(dispatch);
+    return batch.run().at(0);
+  }
+
+  std::string failure_of(const std::shared_ptr<const mfa::Pipeline>& pipeline, std::uint32_t threads,
+                         const std::function<void(mfa::CommandBatch::DispatchRef&)>& bind) {
+    try {
+      run(pipeline, threads, bind);
+    } catch (const mfa::DispatchError& e) {
+      return e.what();
+    }
+    return "no error";
+  }
+
+  mfa::Device device_ = mfa::Device::get(mfa::DeviceKind::cpu);
+  std::mt19937 random_;
+};
+
+// C = A * B into a device tensor, as llama.cpp's kernel_mul_mm makes its
+// views: dynamic extents, K read from A's extents (dynamic_extent).
+const char* kDeviceGemm = R"(
+#include <metal_stdlib>
+#include <metal_tensor>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+
+kernel void device_gemm(device const $T* a [[buffer(0)]],
+                        device const $T* b [[buffer(1)]],
+                        device float* c [[buffer(2)]],
+                        constant int& k [[buffer(3)]]) {
+  auto tA = tensor(a, dextents<int32_t, 2>(k, 32));
+  auto tB = tensor(b, dextents<int32_t, 2>(16, k), array<int, 2>({1, 16}));
+  auto tC = tensor(c, dextents<int32_t, 2>(16, 32));
+  mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(32, 16, static_cast<int>(dynamic_extent)),
+                            execution_simdgroups<4>> mm;
+  mm.run(tA, tB, tC);
+}
+)";
+
+std::vector<double> product(const std::vector<double>& a, const std::vector<double>& b, int m, int n, int k,
+                            bool a_transposed = false, bool b_transposed = false) {
+  std::vector<double> c(std::size_t(m) * n, 0.0);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      for (int l = 0; l < k; ++l) {
+        c[i * n + j] += a[a_transposed ? l * m + i : i * k + l] * b[b_transposed ? j * k + l : l * n + j];
+      }
+    }
+  }
+  return c;
+}
+
+TEST_F(TensorOps, DeviceTensorGemmOfHalfBfloatAndFloatAccumulatesInFloat) {
+  constexpr int m = 32, n = 16, k = 24;
+  for (const char* type : {"half", "bfloat", "float"}) {
+    SCOPED_TRACE(type);
+    Matrix a = random_matrix(type, m, k), b = random_matrix(type, k, n), c("float", m * n);
+    const mfa::DispatchStats stats =
+        run(pipeline(substitute(kDeviceGemm, "$T", type), "device_gemm"), 128, [&](mfa::CommandBatch::DispatchRef& d) {
+          d.host(0, a.bytes.data(), a.bytes.size(), false);
+          d.host(1, b.bytes.data(), b.bytes.size(), false);
+          d.host(2, c.bytes.data(), c.bytes.size(), true);
+          d.bytes(3, &k, sizeof k);
+        });
+    EXPECT_LT(relative_l2(c, product(a.values, b.values, m, n, k)), 1e-6);
+    // The traffic counters count a run as the 8x8x8 MMAs it issues, once per scope,
+    // and each operand and destination element once.
+    EXPECT_EQ(stats.simdgroup_matrix_ops.value(), std::uint64_t((m / 8) * (n / 8) * (k / 8)));
+    const std::vector<mfa::BufferTraffic>& traffic = stats.traffic.value();
+    EXPECT_EQ(traffic.at(0).bytes_read, a.bytes.size());
+    EXPECT_EQ(traffic.at(1).bytes_read, b.bytes.size());
+    EXPECT_EQ(traffic.at(2).bytes_written, c.bytes.size());
+    EXPECT_EQ(traffic.at(2).bytes_read, 0u);
+  }
+}
+
+TEST_F(TensorOps, OperandReadsOutsideTheirBufferFailTheBoundsCheck) {
+  constexpr int k = 24;
+  Matrix a = random_matrix("float", 31, k), b = random_matrix("float", k, 16), c("float", 32 * 16);
+  const std::string message = failure_of(
+      pipeline(substitute(kDeviceGemm, "$T", "float"), "device_gemm", true), 128,
+      [&](mfa::CommandBatch::DispatchRef& d) {
+        d.host(0, a.bytes.data(), a.bytes.size(), false);  // one row short of the 32 x k tensor
+        d.host(1, b.bytes.data(), b.bytes.size(), false);
+        d.host(2, c.bytes.data(), c.bytes.size(), true);
+        d.bytes(3, &k, sizeof k);
+      });
+  EXPECT_NE(message.find("out-of-bounds access to buffer(0)"), std::string::npos) << message;
+}
+
+// MLX-style staging: transposed operands in threadgroup memory, static
+// slices per K step, multiply_accumulate into a cooperative tensor, each
+// element then scaled by its row through get_multidimensional_index.
+const char* kStagedGemm = R"(
+#include <metal_stdlib>
+#include <metal_tensor>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+
+kernel void staged_gemm(device const float* a_t [[buffer(0)]],
+                        device const float* b_t [[buffer(1)]],
+                        device const float* row_scale [[buffer(2)]],
+                        device float* c [[buffer(3)]],
+                        uint tid [[thread_index_in_threadgroup]]) {
+  threadgroup float a_tile[32 * 32];
+  threadgroup float b_tile[16 * 32];
+  for (uint i = tid; i < 32 * 32; i += 64) a_tile[i] = a_t[i];
+  for (uint i = tid; i < 16 * 32; i += 64) b_tile[i] = b_t[i];
+#ifndef MISSING_BARRIER
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+#endif
+  auto tA = tensor(a_tile, extents<int32_t, 32, 32>());
+  auto tB = tensor(b_tile, extents<int32_t, 32, 16>());
+  constexpr auto desc = mpp::tensor_ops::matmul2d_descriptor(
+      32, 16, 8, true, true, false, mpp::tensor_ops::matmul2d_descriptor::mode::multiply_accumulate);
+  mpp::tensor_ops::matmul2d<desc, execution_simdgroups<2>> mm;
+  auto cT = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  for (uint16_t i = 0; i < cT.get_capacity(); ++i) {
+    if (cT.is_valid_element(i)) cT[i] = 0.0f;
+  }
+  for (int k0 = 0; k0 < 32; k0 += 8) {
+    auto a = tA.static_slice<32, 8>(0, k0);
+    auto b = tB.static_slice<8, 16>(k0, 0);
+    mm.run(a, b, cT);
+  }
+  for (uint16_t i = 0; i < cT.get_capacity(); ++i) {
+    if (cT.is_valid_element(i)) {
+      auto index = cT.get_multidimensional_index(i);
+      cT[i] *= row_scale[index[1]];
+    }
+  }
+  auto tC = tensor(c, dextents<int32_t, 2>(16, 32));
+  cT.store(tC);
+}
+)";
+
+TEST_F(TensorOps, ThreadgroupSlicesAccumulateTransposedOperandsIntoAScaledCooperativeTensor) {
+  constexpr int m = 32, n = 16, k = 32;
+  Matrix a_t = random_matrix("float", k, m), b_t = random_matrix("float", n, k), c("float", m * n);
+  Matrix scale = random_matrix("float", m, 1);
+  run(pipeline(kStagedGemm, "staged_gemm"), 64, [&](mfa::CommandBatch::DispatchRef& d) {
+    d.host(0, a_t.bytes.data(), a_t.bytes.size(), false);
+    d.host(1, b_t.bytes.data(), b_t.bytes.size(), false);
+    d.host(2, scale.bytes.data(), scale.bytes.size(), false);
+    d.host(3, c.bytes.data(), c.bytes.size(), true);
+  });
+  std::vector<double> expected = product(a_t.values, b_t.values, m, n, k, true, true);
+  for (int i = 0; i < m * n; ++i) expected[i] *= scale.values[i / n];
+  EXPECT_LT(relative_l2(c, expected), 1e-6);
+}
+
+TEST_F(TensorOps, RunningOnAThreadgroupTileBeforeItsBarrierIsARace) {
+  Matrix a_t = random_matrix("float", 32, 32), b_t = random_matrix("float", 16, 32), c("float", 32 * 16);
+  Matrix scale = random_matrix("float", 32, 1);
+  const std::string message = failure_of(
+      pipeline(kStagedGemm, "staged_gemm", false, "race", {{"MISSING_BARRIER", "1"}}), 64,
+      [&](mfa::CommandBatch::DispatchRef& d) {
+        d.host(0, a_t.bytes.data(), a_t.bytes.size(), false);
+        d.host(1, b_t.bytes.data(), b_t.bytes.size(), false);
+        d.host(2, scale.bytes.data(), scale.bytes.size(), false);
+        d.host(3, c.bytes.data(), c.bytes.size(), true);
+      });
+  EXPECT_NE(message.find("race"), std::string::npos) << message;
+}
+
+// int8 operands, int32 accumulation, one simdgroup (execution_simdgroup).
+const char* kInt8Gemm = R"(
+#include <metal_stdlib>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+
+kernel void int8_gemm(device const char* a [[buffer(0)]],
+                      device const char* b [[buffer(1)]],
+                      device int* c [[buffer(2)]]) {
+  auto tA = tensor(a, extents<int32_t, 64, 16>());
+  auto tB = tensor(b, extents<int32_t, 16, 64>());
+  auto tC = tensor(c, extents<int32_t, 16, 16>());
+  mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(16, 16, 64), execution_simdgroup> mm;
+  auto cT = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), int>();
+  mm.run(tA, tB, cT);
+  cT.store(tC);
+}
+)";
+
+TEST_F(TensorOps, Int8ProductsAccumulateExactlyInInt32) {
+  constexpr int m = 16, n = 16, k = 64;
+  Matrix a = random_matrix("char", m, k), b = random_matrix("char", k, n), c("int", m * n);
+  run(pipeline(kInt8Gemm, "int8_gemm"), 32, [&](mfa::CommandBatch::DispatchRef& d) {
+    d.host(0, a.bytes.data(), a.bytes.size(), false);
+    d.host(1, b.bytes.data(), b.bytes.size(), false);
+    d.host(2, c.bytes.data(), c.bytes.size(), true);
+  });
+  const std::vector<double> expected = product(a.values, b.values, m, n, k);
+  for (int i = 0; i < m * n; ++i) ASSERT_EQ(c.get(i), expected[i]) << "element " << i;
+}
+
+// Reads a cooperative tensor's storage by lane, as if lane l held elements
+// 2l and 2l + 1 of the 8x8 result: right for seed 0's layout only.
+const char* kAssumesLayout = R"(
+#include <metal_stdlib>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+
+kernel void assumes_layout(device const float* a [[buffer(0)]],
+                           device const float* b [[buffer(1)]],
+                           device float* c [[buffer(2)]],
+                           uint lane [[thread_index_in_simdgroup]]) {
+  auto tA = tensor(a, extents<int32_t, 8, 8>());
+  auto tB = tensor(b, extents<int32_t, 8, 8>());
+  mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(8, 8, 8), execution_simdgroup> mm;
+  auto cT = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  mm.run(tA, tB, cT);
+  c[2 * lane] = cT[0];
+  c[2 * lane + 1] = cT[1];
+}
+)";
+
+TEST_F(TensorOps, AKernelThatAssumesTheLayoutIsWrongUnderOtherSeeds) {
+  Matrix a = random_matrix("float", 8, 8), b = random_matrix("float", 8, 8), c("float", 64);
+  run(pipeline(kAssumesLayout, "assumes_layout"), 32, [&](mfa::CommandBatch::DispatchRef& d) {
+    d.host(0, a.bytes.data(), a.bytes.size(), false);
+    d.host(1, b.bytes.data(), b.bytes.size(), false);
+    d.host(2, c.bytes.data(), c.bytes.size(), true);
+  });
+  const double error = relative_l2(c, product(a.values, b.values, 8, 8, 8));
+  if (layout_seed() == 0) {
+    EXPECT_LT(error, 1e-6);
+  } else {
+    EXPECT_FALSE(error < 1e-3) << "seed " << layout_seed() << " gave the layout the kernel assumes";
+  }
+}
+
+// Threads that skip run, or reach it at different places, fail the dispatch.
+const char* kPartialRun = R"(
+#include <metal_stdlib>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+
+kernel void partial_run(device const float* a [[buffer(0)]],
+                        device float* c [[buffer(1)]],
+                        uint tid [[thread_index_in_threadgroup]]) {
+  auto tA = tensor(a, extents<int32_t, 8, 8>());
+  auto tC = tensor(c, extents<int32_t, 8, 8>());
+  mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(8, 8, 8), execution_simdgroups<$N>> mm;
+  if (tid < 40) {
+    mm.run(tA, tA, tC);
+  } else if ($OTHERS_RUN) {
+    mm.run(tA, tA, tC);
+  }
+}
+)";
+
+TEST_F(TensorOps, AMissingOrDivergentParticipantIsADispatchError) {
+  std::vector<float> a(64, 1.0f), c(64, 0.0f);
+  auto bind = [&](mfa::CommandBatch::DispatchRef& d) {
+    d.host(0, a.data(), a.size() * 4, false);
+    d.host(1, c.data(), c.size() * 4, true);
+  };
+  const std::string missing =
+      failure_of(pipeline(substitute(substitute(kPartialRun, "$N", "2"), "$OTHERS_RUN", "false"), "partial_run"), 64, bind);
+  EXPECT_NE(missing.find("matmul2d::run"), std::string::npos) << missing;
+  const std::string divergent =
+      failure_of(pipeline(substitute(substitute(kPartialRun, "$N", "1"), "$OTHERS_RUN", "true"), "partial_run"), 64, bind);
+  EXPECT_NE(divergent.find("matmul2d::run"), std::string::npos) << divergent;
+}
+
+}  // namespace
