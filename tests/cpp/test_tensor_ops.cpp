@@ -128,9 +128,10 @@ class TensorOps : public ::testing::Test {
   }
 
   mfa::DispatchStats run(const std::shared_ptr<const mfa::Pipeline>& pipeline, std::uint32_t threads,
-                         const std::function<void(mfa::CommandBatch::DispatchRef&)>& bind) {
+                         const std::function<void(mfa::CommandBatch::DispatchRef&)>& bind,
+                         mfa::Size3 groups = {1}) {
     mfa::CommandBatch batch(device_);
-    mfa::CommandBatch::DispatchRef dispatch = batch.dispatch(pipeline, {1}, {threads});
+    mfa::CommandBatch::DispatchRef dispatch = batch.dispatch(pipeline, groups, {threads});
     bind(dispatch);
     return batch.run().at(0);
   }
@@ -219,6 +220,49 @@ TEST_F(TensorOps, OperandReadsOutsideTheirBufferFailTheBoundsCheck) {
         d.bytes(3, &k, sizeof k);
       });
   EXPECT_NE(message.find("out-of-bounds access to buffer(0)"), std::string::npos) << message;
+}
+
+// llama.cpp's edge tiles: each threadgroup slices its 16 x 16 tile out of
+// ragged matrices (B stored transposed, K dynamic); the operands read 0
+// past their extents and the store drops what falls outside C.
+const char* kEdgeTiles = R"(
+#include <metal_stdlib>
+#include <metal_tensor>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+using namespace mpp::tensor_ops;
+
+kernel void edge_tiles(device const half* a [[buffer(0)]],
+                       device const half* b_t [[buffer(1)]],
+                       device float* c [[buffer(2)]],
+                       constant int3& shape [[buffer(3)]],
+                       uint2 group [[threadgroup_position_in_grid]]) {
+  auto tA = tensor(a, dextents<int32_t, 2>(shape.z, shape.x));
+  auto tB = tensor(b_t, dextents<int32_t, 2>(shape.z, shape.y));
+  auto tC = tensor(c, dextents<int32_t, 2>(shape.y, shape.x));
+  matmul2d<matmul2d_descriptor(16, 16, static_cast<int>(dynamic_extent), false, true, true), execution_simdgroups<2>> mm;
+  auto mA = tA.slice(0, group.y * 16);
+  auto mB = tB.slice(0, group.x * 16);
+  auto cT = mm.get_destination_cooperative_tensor<decltype(mA), decltype(mB), float>();
+  mm.run(mA, mB, cT);
+  cT.store(tC.slice(group.x * 16, group.y * 16));
+}
+)";
+
+TEST_F(TensorOps, RaggedTilesSliceReadZerosPastTheirExtentsAndStoreOnlyInside) {
+  const int m = 37, n = 21, k = 19;
+  Matrix a = random_matrix("half", m, k), b_t = random_matrix("half", n, k), c("float", m * n);
+  const int shape[4] = {m, n, k, 0};
+  run(
+      pipeline(kEdgeTiles, "edge_tiles", /*bounds_check=*/true), 64,
+      [&](mfa::CommandBatch::DispatchRef& d) {
+        d.host(0, a.bytes.data(), a.bytes.size(), false);
+        d.host(1, b_t.bytes.data(), b_t.bytes.size(), false);
+        d.host(2, c.bytes.data(), c.bytes.size(), true);
+        d.bytes(3, shape, sizeof shape);
+      },
+      {(n + 15) / 16, (m + 15) / 16});
+  EXPECT_LT(relative_l2(c, product(a.values, b_t.values, m, n, k, false, true)), 1e-6);
 }
 
 // MLX-style staging: transposed operands in threadgroup memory, static
