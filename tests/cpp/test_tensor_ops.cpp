@@ -407,6 +407,33 @@ TEST_F(TensorOps, AKernelThatAssumesTheLayoutIsWrongUnderOtherSeeds) {
   }
 }
 
+// Reads one slot past a cooperative tensor's capacity.
+const char* kPastCapacity = R"(
+#include <metal_stdlib>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+
+kernel void past_capacity(device const float* a [[buffer(0)]],
+                          device float* c [[buffer(1)]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  auto tA = tensor(a, extents<int32_t, 8, 8>());
+  mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(8, 8), execution_simdgroup> mm;
+  auto cT = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tA), float>();
+  mm.run(tA, tA, cT);
+  c[lane] = cT[cT.get_capacity()];
+}
+)";
+
+TEST_F(TensorOps, ACooperativeTensorIndexPastItsCapacityFailsTheBoundsCheck) {
+  std::vector<float> a(64, 1.0f), c(32, 0.0f);
+  const std::string message =
+      failure_of(pipeline(kPastCapacity, "past_capacity", true), 32, [&](mfa::CommandBatch::DispatchRef& d) {
+        d.host(0, a.data(), a.size() * 4, false);
+        d.host(1, c.data(), c.size() * 4, true);
+      });
+  EXPECT_NE(message.find("cooperative tensor index"), std::string::npos) << message;
+}
+
 // Threads that skip run, or reach it at different places, fail the dispatch.
 const char* kPartialRun = R"(
 #include <metal_stdlib>

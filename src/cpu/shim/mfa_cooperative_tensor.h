@@ -58,6 +58,14 @@ struct seeded_layout {
   }
 };
 
+// Makes cooperative tensors: tensor ops' get_*_cooperative_tensor, never kernels.
+struct cooperative_tensor_maker {
+  template <class CooperativeTensor>
+  static CooperativeTensor make(unsigned participant) {
+    return CooperativeTensor(participant);
+  }
+};
+
 }  // namespace mfa_shim
 
 namespace metal {
@@ -72,11 +80,6 @@ class cooperative_tensor {
   using extents_type = Extents;
   using index_type = typename Extents::index_type;
   using thread_index_type = ushort;
-
-  // For the thread that makes it: its index among the op's threads.
-  explicit cooperative_tensor(unsigned participant) : participant_(participant) {
-    std::memset(static_cast<void*>(elements_), 0xFF, sizeof elements_);
-  }
 
   static constexpr thread_index_type get_capacity() { return Layout::capacity; }
   bool is_valid_element(thread_index_type i) const { return i < Layout::capacity && Layout::is_valid(participant_, i); }
@@ -114,6 +117,13 @@ class cooperative_tensor {
   }
 
  private:
+  friend struct mfa_shim::cooperative_tensor_maker;
+
+  // For the thread that makes it: its index among the op's threads.
+  explicit cooperative_tensor(unsigned participant) : participant_(participant) {
+    std::memset(static_cast<void*>(elements_), 0xFF, sizeof elements_);
+  }
+
   thread_index_type checked(thread_index_type i) const {
     if constexpr (mfa_shim::bounds_checked) {
       if (i >= Layout::capacity) {

@@ -149,8 +149,8 @@ class matmul2d {
   template <class LeftOperand, class RightOperand, class ElementType, class CoordType = int>
   cooperative_tensor_destination_t<LeftOperand, RightOperand, ElementType, CoordType>
   get_destination_cooperative_tensor() const {
-    return cooperative_tensor_destination_t<LeftOperand, RightOperand, ElementType, CoordType>(
-        scope_threads::participant());
+    return mfa_shim::cooperative_tensor_maker::make<
+        cooperative_tensor_destination_t<LeftOperand, RightOperand, ElementType, CoordType>>(scope_threads::participant());
   }
 
   template <class Left, class Right, class Destination>

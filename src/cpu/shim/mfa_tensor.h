@@ -181,11 +181,6 @@ class tensor {
   strides_type strides_;
 };
 
-template <class Pointer, class Extents>
-tensor(Pointer, Extents) -> tensor<Pointer, Extents, tensor_inline>;
-template <class Pointer, class Extents, class S, size_t N>
-tensor(Pointer, Extents, array<S, N>) -> tensor<Pointer, Extents, tensor_inline>;
-
 }  // namespace metal
 
 namespace mfa_shim {
