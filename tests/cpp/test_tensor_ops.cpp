@@ -200,6 +200,7 @@ TEST_F(TensorOps, DeviceTensorGemmOfHalfBfloatAndFloatAccumulatesInFloat) {
     // The traffic counters count a run as the 8x8x8 MMAs it issues, once per scope,
     // and each operand and destination element once.
     EXPECT_EQ(stats.simdgroup_matrix_ops.value(), std::uint64_t((m / 8) * (n / 8) * (k / 8)));
+    EXPECT_EQ(stats.barriers.value(), 1u);  // four simdgroups meet as at a barrier
     const std::vector<mfa::BufferTraffic>& traffic = stats.traffic.value();
     EXPECT_EQ(traffic.at(0).bytes_read, a.bytes.size());
     EXPECT_EQ(traffic.at(1).bytes_read, b.bytes.size());

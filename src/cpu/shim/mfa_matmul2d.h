@@ -4,11 +4,11 @@
 //
 // - execution_simdgroups<1> (execution_simdgroup): the 32 lanes of the
 //   caller's simdgroup, each simdgroup on its own. execution_simdgroups<N>,
-//   N > 1: the whole threadgroup, which must have exactly N simdgroups. Every
-//   thread of the scope must call run at the same place: a missing or
-//   diverging thread fails the dispatch as a barrier does. run does not order
-//   memory: write operands, threadgroup_barrier, then run (the race detector
-//   sees the difference).
+//   N > 1: the whole threadgroup, which must have exactly N simdgroups (its
+//   meeting counts in Counters::barriers). Every thread of the scope must
+//   call run at the same place: a missing or diverging thread fails the
+//   dispatch as a barrier does. run does not order memory: write operands,
+//   threadgroup_barrier, then run (the race detector sees the difference).
 // - Operands are tensors (mfa_tensor.h); the destination is a tensor or the
 //   op's destination cooperative tensor (mfa_cooperative_tensor.h). An
 //   operand element outside its tensor's extents reads as 0; a destination
