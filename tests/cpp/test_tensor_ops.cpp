@@ -372,6 +372,52 @@ TEST_F(TensorOps, Int8ProductsAccumulateExactlyInInt32) {
   for (int i = 0; i < m * n; ++i) ASSERT_EQ(c.get(i), expected[i]) << "element " << i;
 }
 
+// Cooperative-tensor operands, as a single simdgroup fills them: the left one
+// element by element through get_multidimensional_index, the right one
+// (transposed) with load; two multiply_accumulate runs.
+const char* kCooperativeOperands = R"(
+#include <metal_stdlib>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+
+kernel void cooperative_operands(device const half* a [[buffer(0)]],
+                                 device const half* b_t [[buffer(1)]],
+                                 device float* c [[buffer(2)]]) {
+  constexpr auto desc = mpp::tensor_ops::matmul2d_descriptor(
+      16, 16, 16, false, true, false, mpp::tensor_ops::matmul2d_descriptor::mode::multiply_accumulate);
+  mpp::tensor_ops::matmul2d<desc, execution_simdgroup> mm;
+  auto ct_a = mm.get_left_input_cooperative_tensor<half, half, float>();
+  auto ct_b = mm.get_right_input_cooperative_tensor<half, half, float>();
+  auto ct_c = mm.get_destination_cooperative_tensor<decltype(ct_a), decltype(ct_b), float>();
+  for (uint16_t i = 0; i < ct_a.get_capacity(); ++i) {
+    if (!ct_a.is_valid_element(i)) continue;
+    auto index = ct_a.get_multidimensional_index(i);
+    ct_a[i] = a[index[1] * 16 + index[0]];
+  }
+  ct_b.load(tensor(b_t, extents<int32_t, 16, 16>()));
+  for (uint16_t i = 0; i < ct_c.get_capacity(); ++i) {
+    if (ct_c.is_valid_element(i)) ct_c[i] = 0.0f;
+  }
+  mm.run(ct_a, ct_b, ct_c);
+  mm.run(ct_a, ct_b, ct_c);
+  ct_c.store(tensor(c, extents<int32_t, 16, 16>()));
+}
+)";
+
+TEST_F(TensorOps, CooperativeTensorOperandsFilledThroughTheirIndicesMultiply) {
+  Matrix a = random_matrix("half", 16, 16), b_t = random_matrix("half", 16, 16), c("float", 256);
+  const mfa::DispatchStats stats =
+      run(pipeline(kCooperativeOperands, "cooperative_operands"), 32, [&](mfa::CommandBatch::DispatchRef& d) {
+        d.host(0, a.bytes.data(), a.bytes.size(), false);
+        d.host(1, b_t.bytes.data(), b_t.bytes.size(), false);
+        d.host(2, c.bytes.data(), c.bytes.size(), true);
+      });
+  std::vector<double> expected = product(a.values, b_t.values, 16, 16, 16, false, true);
+  for (double& e : expected) e *= 2;
+  EXPECT_LT(relative_l2(c, expected), 1e-6);
+  EXPECT_EQ(stats.simdgroup_matrix_ops.value(), 2u * 2 * 2 * 2);
+}
+
 // Reads a cooperative tensor's storage by lane, as if lane l held elements
 // 2l and 2l + 1 of the 8x8 result: right for seed 0's layout only.
 const char* kAssumesLayout = R"(

@@ -30,6 +30,8 @@ constexpr unsigned long long greatest_common_divisor(unsigned long long a, unsig
 // elements t * capacity ... in row-major order.
 template <int Rows, int Columns, unsigned Threads>
 struct seeded_layout {
+  static constexpr int rows = Rows;
+  static constexpr int columns = Columns;
   static constexpr unsigned long long seed = MFA_SHIM_LAYOUT_SEED;
   static constexpr unsigned elements = unsigned(Rows) * unsigned(Columns);
   static constexpr unsigned capacity = (elements + Threads - 1) / Threads + unsigned((seed >> 1) & 1);
@@ -78,6 +80,7 @@ class cooperative_tensor {
   using element_type = ElementType;
   using value_type = ElementType;
   using extents_type = Extents;
+  using layout_type = Layout;
   using index_type = typename Extents::index_type;
   using thread_index_type = ushort;
 
@@ -141,3 +144,12 @@ class cooperative_tensor {
 };
 
 }  // namespace metal
+
+namespace mfa_shim {
+
+template <class T>
+inline constexpr bool is_cooperative_tensor_v = false;
+template <class ElementType, class Extents, class Layout>
+inline constexpr bool is_cooperative_tensor_v<metal::cooperative_tensor<ElementType, Extents, Layout>> = true;
+
+}  // namespace mfa_shim

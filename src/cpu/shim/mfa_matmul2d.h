@@ -9,14 +9,17 @@
 //   call run at the same place: a missing or diverging thread fails the
 //   dispatch as a barrier does. run does not order memory: write operands,
 //   threadgroup_barrier, then run (the race detector sees the difference).
-// - Operands are tensors (mfa_tensor.h); the destination is a tensor or the
-//   op's destination cooperative tensor (mfa_cooperative_tensor.h). An
+// - Operands are tensors (mfa_tensor.h) or, with execution_simdgroup and a
+//   static K, the op's input cooperative tensors; the destination is a tensor
+//   or the op's destination cooperative tensor (mfa_cooperative_tensor.h). An
 //   operand element outside its tensor's extents reads as 0; a destination
 //   element outside them is not written. K is the descriptor's, or with
 //   dynamic_extent the left operand's.
-// - Each thread reads a share of the operand elements through their pointers
-//   (counted once per run, bounds checked, recorded for the race detector),
-//   then computes the destination elements it owns in the seeded layout.
+// - Each thread reads a share of the tensor operands' elements through their
+//   pointers (counted once per run, bounds checked, recorded for the race
+//   detector), then computes the destination elements it owns in the seeded
+//   layout. With cooperative-tensor operands one lane gathers them from the
+//   32 lanes and computes every lane's destination elements.
 // - Products and sums are float (half, bfloat, float operands) or int32
 //   (char/uchar operands, int destination), in order of k: exact for
 //   integers. relaxed_precision changes nothing here.
@@ -108,6 +111,38 @@ void sweep_operand(const Tensor& t, bool transposed, long rows, long columns, un
   }
 }
 
+// The stored shape of an operand whose other dimension is `outer` (M or N):
+// `outer_first` for M x K (a left operand) and N x K (a transposed right one).
+constexpr int stored_rows(bool outer_first, int outer, int k) { return outer_first ? outer : k; }
+constexpr int stored_columns(bool outer_first, int outer, int k) { return outer_first ? k : outer; }
+
+// The 32 lanes' elements of a cooperative-tensor operand, as the stored
+// matrix (rows and columns of its layout).
+template <class Accumulator, class Layout>
+struct gathered_operand {
+  static_assert(Layout::rows * Layout::columns <= 64 * 64,
+                "matmul2d: cooperative-tensor operands have at most 64 x 64 elements on the cpu backend");
+  Accumulator values[Layout::rows][Layout::columns] = {};
+};
+
+// Fills `gathered` from the cooperative tensor each lane brings (lane l's at `operand(l)`).
+template <class Accumulator, class Layout, class LaneOperand>
+void gather_operand(gathered_operand<Accumulator, Layout>& gathered, LaneOperand operand) {
+  for (unsigned lane = 0; lane < mfa_abi::kSimdWidth; ++lane) {
+    for (unsigned slot = 0; slot < Layout::capacity; ++slot) {
+      if (!Layout::is_valid(lane, slot)) continue;
+      const unsigned e = Layout::element(lane, slot);
+      gathered.values[Layout::row(e)][Layout::column(e)] = static_cast<Accumulator>((*operand(lane))[slot]);
+    }
+  }
+}
+
+template <class Accumulator, class Layout>
+Accumulator operand_value(const gathered_operand<Accumulator, Layout>& gathered, bool transposed, long row,
+                          long column) {
+  return transposed ? gathered.values[column][row] : gathered.values[row][column];
+}
+
 }  // namespace mfa_shim
 
 namespace mpp {
@@ -137,9 +172,39 @@ class matmul2d {
   using layout = mfa_shim::seeded_layout<Descriptor.m, Descriptor.n, scope_threads::threads>;
   static_assert(Descriptor.m > 0 && Descriptor.n > 0, "matmul2d_descriptor: M and N are positive");
 
+  template <class Element, class CoordType, bool OuterFirst, int Outer>
+  using input_cooperative_tensor = metal::cooperative_tensor<
+      Element,
+      metal::extents<CoordType, size_t(mfa_shim::stored_columns(OuterFirst, Outer, Descriptor.k)),
+                     size_t(mfa_shim::stored_rows(OuterFirst, Outer, Descriptor.k))>,
+      mfa_shim::seeded_layout<mfa_shim::stored_rows(OuterFirst, Outer, Descriptor.k),
+                              mfa_shim::stored_columns(OuterFirst, Outer, Descriptor.k), scope_threads::threads>>;
+
  public:
   static constexpr matmul2d_descriptor descriptor = Descriptor;
   using scope = Scope;
+
+  // Cooperative-tensor operands hold the matrix as a tensor would store it
+  // (K x M for a transposed left operand), for execution_simdgroup only.
+  template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
+  using cooperative_tensor_left_input_t =
+      input_cooperative_tensor<LeftElementType, CoordType, !Descriptor.transpose_left, Descriptor.m>;
+
+  template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
+  cooperative_tensor_left_input_t<LeftElementType, RightElementType, ElementType, CoordType>
+  get_left_input_cooperative_tensor() const {
+    return make_operand<cooperative_tensor_left_input_t<LeftElementType, RightElementType, ElementType, CoordType>>();
+  }
+
+  template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
+  using cooperative_tensor_right_input_t =
+      input_cooperative_tensor<RightElementType, CoordType, Descriptor.transpose_right, Descriptor.n>;
+
+  template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
+  cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>
+  get_right_input_cooperative_tensor() const {
+    return make_operand<cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>>();
+  }
 
   template <class LeftOperand, class RightOperand, class ElementType, class CoordType = int>
   using cooperative_tensor_destination_t =
@@ -155,40 +220,125 @@ class matmul2d {
 
   template <class Left, class Right, class Destination>
   void run(Left& left, Right& right, Destination& destination, mfa_shim::call_site at = mfa_shim::call_site()) const {
-    static_assert(mfa_shim::is_tensor_v<Left> && mfa_shim::is_tensor_v<Right>,
-                  "matmul2d::run on the cpu backend takes tensors as operands (cooperative-tensor operands "
-                  "are not supported)");
+    static_assert((mfa_shim::is_tensor_v<Left> || mfa_shim::is_cooperative_tensor_v<Left>) &&
+                      (mfa_shim::is_tensor_v<Right> || mfa_shim::is_cooperative_tensor_v<Right>),
+                  "matmul2d::run: the operands are tensors or the op's input cooperative tensors");
     using Element = typename Destination::value_type;
-    mfa_shim::check_element_types<typename Left::value_type, typename Right::value_type, Element>();
-    const long m = Descriptor.m, n = Descriptor.n;
-    const long k = Descriptor.k != static_cast<int>(metal::dynamic_extent)
-                       ? Descriptor.k
-                       : mfa_shim::tensor_access::extent(left, Descriptor.transpose_left ? 1 : 0);
-    const unsigned participant = scope_threads::participant();
-    const unsigned threads = scope_threads::threads;
-    mfa_shim::sweep_operand(left, Descriptor.transpose_left, m, k, participant, threads, at);
-    mfa_shim::sweep_operand(right, Descriptor.transpose_right, k, n, participant, threads, at);
-    scope_threads::meet("matmul2d::run", at);
-
     using Accumulator = mfa_shim::accumulator_t<Element>;
-    for (unsigned slot = 0; slot < layout::capacity; ++slot) {
-      if (!layout::is_valid(participant, slot)) continue;
-      const unsigned e = layout::element(participant, slot);
-      const long row = layout::row(e), column = layout::column(e);
-      Accumulator sum = 0;
-      for (long i = 0; i < k; ++i) {
-        sum += mfa_shim::operand_value<Accumulator>(left, Descriptor.transpose_left, row, i) *
-               mfa_shim::operand_value<Accumulator>(right, Descriptor.transpose_right, i, column);
+    mfa_shim::check_element_types<typename Left::value_type, typename Right::value_type, Element>();
+    const long k = reduction_length(left);
+    const unsigned participant = scope_threads::participant();
+    sweep(left, Descriptor.transpose_left, Descriptor.m, k, participant, at);
+    sweep(right, Descriptor.transpose_right, k, Descriptor.n, participant, at);
+
+    if constexpr (mfa_shim::is_cooperative_tensor_v<Left> || mfa_shim::is_cooperative_tensor_v<Right>) {
+      run_on_one_lane<Accumulator>(left, right, destination, k, at);
+    } else {
+      scope_threads::meet("matmul2d::run", at);
+      for (unsigned slot = 0; slot < layout::capacity; ++slot) {
+        if (!layout::is_valid(participant, slot)) continue;
+        const unsigned e = layout::element(participant, slot);
+        accumulate(destination, slot, layout::column(e), layout::row(e),
+                   product<Accumulator>(left, right, layout::row(e), layout::column(e), k), at);
       }
-      accumulate(destination, slot, column, row, sum, at);
     }
     if (participant == 0) {
       const auto blocks = [](long extent) { return uint64_t((extent + 7) / 8); };
-      mfa_abi::current_thread->group->counters->simdgroup_matrix_ops += blocks(m) * blocks(n) * blocks(k);
+      mfa_abi::current_thread->group->counters->simdgroup_matrix_ops +=
+          blocks(Descriptor.m) * blocks(Descriptor.n) * blocks(k);
     }
   }
 
  private:
+  template <class CooperativeTensor>
+  static CooperativeTensor make_operand() {
+    static_assert(scope_threads::threads == mfa_abi::kSimdWidth,
+                  "matmul2d: cooperative-tensor operands need execution_simdgroup on the cpu backend");
+    static_assert(Descriptor.k != static_cast<int>(metal::dynamic_extent),
+                  "matmul2d: cooperative-tensor operands need a static K in the descriptor");
+    return mfa_shim::cooperative_tensor_maker::make<CooperativeTensor>(scope_threads::participant());
+  }
+
+  // K: the descriptor's, or with dynamic_extent the left tensor's.
+  template <class Left>
+  static long reduction_length(const Left& left) {
+    if constexpr (mfa_shim::is_tensor_v<Left>) {
+      if (Descriptor.k == static_cast<int>(metal::dynamic_extent)) {
+        return mfa_shim::tensor_access::extent(left, Descriptor.transpose_left ? 1 : 0);
+      }
+    }
+    return Descriptor.k;
+  }
+
+  template <class Operand>
+  static void sweep(const Operand& operand, bool transposed, long rows, long columns, unsigned participant,
+                    const mfa_shim::call_site& at) {
+    if constexpr (mfa_shim::is_tensor_v<Operand>) {
+      mfa_shim::sweep_operand(operand, transposed, rows, columns, participant, scope_threads::threads, at);
+    }
+  }
+
+  // Destination element (row, column): left row * right column over k.
+  template <class Accumulator, class Left, class Right>
+  static Accumulator product(const Left& left, const Right& right, long row, long column, long k) {
+    Accumulator sum = 0;
+    for (long i = 0; i < k; ++i) {
+      sum += mfa_shim::operand_value<Accumulator>(left, Descriptor.transpose_left, row, i) *
+             mfa_shim::operand_value<Accumulator>(right, Descriptor.transpose_right, i, column);
+    }
+    return sum;
+  }
+
+  // The operand as the computing lane reads it: a tensor as it is (every lane
+  // brings the same view), a cooperative tensor gathered from the 32 lanes.
+  template <class Accumulator, class Operand, class LaneOperand>
+  static decltype(auto) lane_view(const Operand& own, LaneOperand lane_operand) {
+    if constexpr (mfa_shim::is_cooperative_tensor_v<Operand>) {
+      mfa_shim::gathered_operand<Accumulator, typename Operand::layout_type> gathered;
+      mfa_shim::gather_operand(gathered, lane_operand);
+      return gathered;
+    } else {
+      return (own);
+    }
+  }
+
+  // With cooperative-tensor operands (execution_simdgroup): the simdgroup
+  // meets, and one lane computes every lane's destination elements.
+  template <class Accumulator, class Left, class Right, class Destination>
+  static void run_on_one_lane(Left& left, Right& right, Destination& destination, long k,
+                              const mfa_shim::call_site& at) {
+    struct lane_operands {
+      Left* left;
+      Right* right;
+      Destination* destination;
+    };
+    mfa_abi::ThreadState* const state = mfa_abi::current_thread;
+    mfa_shim::write_slot(state->simd->in[state->thread_index_in_simdgroup], lane_operands{&left, &right, &destination});
+    mfa_shim::synchronize_simdgroup("matmul2d::run", at, /*full=*/1, [&](mfa_abi::SimdGroup& simd, mfa_abi::ThreadState*) {
+      const auto operands_of = [&simd](unsigned lane) { return mfa_shim::read_slot<lane_operands>(simd.in[lane]); };
+      decltype(auto) left_values = lane_view<Accumulator>(left, [&](unsigned lane) { return operands_of(lane).left; });
+      decltype(auto) right_values =
+          lane_view<Accumulator>(right, [&](unsigned lane) { return operands_of(lane).right; });
+      if constexpr (mfa_shim::is_cooperative_tensor_v<Destination>) {
+        for (unsigned lane = 0; lane < mfa_abi::kSimdWidth; ++lane) {
+          Destination& lane_destination = *operands_of(lane).destination;
+          for (unsigned slot = 0; slot < layout::capacity; ++slot) {
+            if (!layout::is_valid(lane, slot)) continue;
+            const unsigned e = layout::element(lane, slot);
+            accumulate(lane_destination, slot, layout::column(e), layout::row(e),
+                       product<Accumulator>(left_values, right_values, layout::row(e), layout::column(e), k), at);
+          }
+        }
+      } else {
+        for (long row = 0; row < Descriptor.m; ++row) {
+          for (long column = 0; column < Descriptor.n; ++column) {
+            accumulate(destination, 0, column, row, product<Accumulator>(left_values, right_values, row, column, k), at);
+          }
+        }
+      }
+    });
+  }
+
   static constexpr bool accumulates = Descriptor.matmul_mode == matmul2d_descriptor::mode::multiply_accumulate;
 
   template <class Element, class Extents, class Layout, class Accumulator>
