@@ -5,6 +5,7 @@
 // unset, 1 and 6; tests/cpp/CMakeLists.txt), so no result may depend on one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -416,6 +417,61 @@ TEST_F(TensorOps, CooperativeTensorOperandsFilledThroughTheirIndicesMultiply) {
   for (double& e : expected) e *= 2;
   EXPECT_LT(relative_l2(c, expected), 1e-6);
   EXPECT_EQ(stats.simdgroup_matrix_ops.value(), 2u * 2 * 2 * 2);
+}
+
+// Row maxima and sums and column sums of a destination cooperative tensor,
+// into the op's reduction cooperative tensors, stored through tensors.
+const char* kReductions = R"(
+#include <metal_stdlib>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+using namespace mpp::tensor_ops;
+
+kernel void reductions(device const float* a [[buffer(0)]],
+                       device const float* b_t [[buffer(1)]],
+                       device float* row_max [[buffer(2)]],
+                       device float* row_sum [[buffer(3)]],
+                       device float* column_sum [[buffer(4)]]) {
+  auto tA = tensor(a, extents<int32_t, 16, 16>());
+  auto tB = tensor(b_t, extents<int32_t, 16, 32>());
+  matmul2d<matmul2d_descriptor(16, 32, 16, false, true), execution_simdgroup> mm;
+  auto S = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  mm.run(tA, tB, S);
+  auto maxima = mm.get_row_reduction_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  auto sums = mm.get_row_reduction_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  auto columns = mm.get_column_reduction_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  reduce_rows(S, maxima, reduction_operation::max, reduction_operation_identity<float>::max_identity);
+  reduce_rows(S, sums);
+  reduce_columns(S, columns, reduction_operation::sum, 0.0f);
+  maxima.store(tensor(row_max, extents<int32_t, 1, 16>()));
+  sums.store(tensor(row_sum, extents<int32_t, 1, 16>()));
+  columns.store(tensor(column_sum, extents<int32_t, 32, 1>()));
+}
+)";
+
+TEST_F(TensorOps, ReduceRowsAndColumnsFoldADestinationCooperativeTensor) {
+  constexpr int m = 16, n = 32, k = 16;
+  Matrix a = random_matrix("float", m, k), b_t = random_matrix("float", n, k);
+  Matrix maxima("float", m), sums("float", m), columns("float", n);
+  run(pipeline(kReductions, "reductions"), 32, [&](mfa::CommandBatch::DispatchRef& d) {
+    d.host(0, a.bytes.data(), a.bytes.size(), false);
+    d.host(1, b_t.bytes.data(), b_t.bytes.size(), false);
+    d.host(2, maxima.bytes.data(), maxima.bytes.size(), true);
+    d.host(3, sums.bytes.data(), sums.bytes.size(), true);
+    d.host(4, columns.bytes.data(), columns.bytes.size(), true);
+  });
+  const std::vector<double> s = product(a.values, b_t.values, m, n, k, false, true);
+  std::vector<double> expected_max(m, -INFINITY), expected_sum(m, 0.0), expected_columns(n, 0.0);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      expected_max[i] = std::max(expected_max[i], s[i * n + j]);
+      expected_sum[i] += s[i * n + j];
+      expected_columns[j] += s[i * n + j];
+    }
+  }
+  EXPECT_LT(relative_l2(maxima, expected_max), 1e-6);
+  EXPECT_LT(relative_l2(sums, expected_sum), 1e-5);
+  EXPECT_LT(relative_l2(columns, expected_columns), 1e-5);
 }
 
 // Reads a cooperative tensor's storage by lane, as if lane l held elements

@@ -32,6 +32,7 @@ template <int Rows, int Columns, unsigned Threads>
 struct seeded_layout {
   static constexpr int rows = Rows;
   static constexpr int columns = Columns;
+  static constexpr unsigned threads = Threads;
   static constexpr unsigned long long seed = MFA_SHIM_LAYOUT_SEED;
   static constexpr unsigned elements = unsigned(Rows) * unsigned(Columns);
   static constexpr unsigned capacity = (elements + Threads - 1) / Threads + unsigned((seed >> 1) & 1);

@@ -218,6 +218,33 @@ class matmul2d {
         cooperative_tensor_destination_t<LeftOperand, RightOperand, ElementType, CoordType>>(scope_threads::participant());
   }
 
+  // One element per row (column) of the destination, for reduce_rows (reduce_columns).
+  template <class LeftOperand, class RightOperand, class ElementType, class CoordType = int>
+  using cooperative_tensor_row_reduction_destination_t =
+      metal::cooperative_tensor<ElementType, metal::extents<CoordType, 1, size_t(Descriptor.m)>,
+                                mfa_shim::seeded_layout<Descriptor.m, 1, scope_threads::threads>>;
+
+  template <class LeftOperand, class RightOperand, class ElementType, class CoordType = int>
+  cooperative_tensor_row_reduction_destination_t<LeftOperand, RightOperand, ElementType, CoordType>
+  get_row_reduction_destination_cooperative_tensor() const {
+    return mfa_shim::cooperative_tensor_maker::make<
+        cooperative_tensor_row_reduction_destination_t<LeftOperand, RightOperand, ElementType, CoordType>>(
+        scope_threads::participant());
+  }
+
+  template <class LeftOperand, class RightOperand, class ElementType, class CoordType = int>
+  using cooperative_tensor_column_reduction_destination_t =
+      metal::cooperative_tensor<ElementType, metal::extents<CoordType, size_t(Descriptor.n), 1>,
+                                mfa_shim::seeded_layout<1, Descriptor.n, scope_threads::threads>>;
+
+  template <class LeftOperand, class RightOperand, class ElementType, class CoordType = int>
+  cooperative_tensor_column_reduction_destination_t<LeftOperand, RightOperand, ElementType, CoordType>
+  get_column_reduction_destination_cooperative_tensor() const {
+    return mfa_shim::cooperative_tensor_maker::make<
+        cooperative_tensor_column_reduction_destination_t<LeftOperand, RightOperand, ElementType, CoordType>>(
+        scope_threads::participant());
+  }
+
   template <class Left, class Right, class Destination>
   void run(Left& left, Right& right, Destination& destination, mfa_shim::call_site at = mfa_shim::call_site()) const {
     static_assert((mfa_shim::is_tensor_v<Left> || mfa_shim::is_cooperative_tensor_v<Left>) &&
