@@ -419,6 +419,50 @@ TEST_F(TensorOps, CooperativeTensorOperandsFilledThroughTheirIndicesMultiply) {
   EXPECT_EQ(stats.simdgroup_matrix_ops.value(), 2u * 2 * 2 * 2);
 }
 
+// Attention's two products, as public MPP kernels chain them: S = Q K^T into
+// a cooperative tensor, scaled in place, converted into the left operand of
+// O = P V.
+const char* kChained = R"(
+#include <metal_stdlib>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+using namespace mpp::tensor_ops;
+
+kernel void chained(device const half* q [[buffer(0)]],
+                    device const half* keys [[buffer(1)]],
+                    device const half* values [[buffer(2)]],
+                    device float* o [[buffer(3)]]) {
+  auto tQ = tensor(q, extents<int32_t, 16, 16>());
+  auto tK = tensor(keys, extents<int32_t, 16, 32>());
+  auto tV = tensor(values, extents<int32_t, 16, 32>());
+  matmul2d<matmul2d_descriptor(16, 32, 16, false, true, true), execution_simdgroup> mmS;
+  matmul2d<matmul2d_descriptor(16, 16, 32, false, false, true), execution_simdgroup> mmO;
+  auto S = mmS.get_destination_cooperative_tensor<decltype(tQ), decltype(tK), float>();
+  mmS.run(tQ, tK, S);
+  for (uint16_t i = 0; i < S.get_capacity(); ++i) {
+    if (S.is_valid_element(i)) S[i] *= 0.5f;
+  }
+  auto P = mmO.get_left_input_cooperative_tensor<float, half, float>(S);
+  auto O = mmO.get_destination_cooperative_tensor<decltype(P), decltype(tV), float>();
+  mmO.run(P, tV, O);
+  O.store(tensor(o, extents<int32_t, 16, 16>()));
+}
+)";
+
+TEST_F(TensorOps, ADestinationConvertsIntoTheNextProductsLeftOperand) {
+  Matrix q = random_matrix("half", 16, 16), keys = random_matrix("half", 32, 16);
+  Matrix values = random_matrix("half", 32, 16), o("float", 256);
+  run(pipeline(kChained, "chained"), 32, [&](mfa::CommandBatch::DispatchRef& d) {
+    d.host(0, q.bytes.data(), q.bytes.size(), false);
+    d.host(1, keys.bytes.data(), keys.bytes.size(), false);
+    d.host(2, values.bytes.data(), values.bytes.size(), false);
+    d.host(3, o.bytes.data(), o.bytes.size(), true);
+  });
+  std::vector<double> s = product(q.values, keys.values, 16, 32, 16, false, true);
+  for (double& x : s) x *= 0.5;
+  EXPECT_LT(relative_l2(o, product(s, values.values, 16, 16, 32)), 1e-6);
+}
+
 // Row maxima and sums and column sums of a destination cooperative tensor,
 // into the op's reduction cooperative tensors, stored through tensors.
 const char* kReductions = R"(

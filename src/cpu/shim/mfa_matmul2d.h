@@ -143,6 +143,38 @@ Accumulator operand_value(const gathered_operand<Accumulator, Layout>& gathered,
   return transposed ? gathered.values[column][row] : gathered.values[row][column];
 }
 
+// Each lane's `target` gets the elements of the lanes' `source` that its
+// layout gives it: one cooperative tensor redistributed as another of the
+// same shape, a collective of the simdgroup.
+template <class Target, class Source>
+void redistribute(const char* op, const Source& source, Target& target, const call_site& at) {
+  using SourceLayout = typename Source::layout_type;
+  using TargetLayout = typename Target::layout_type;
+  static_assert(SourceLayout::threads == mfa_abi::kSimdWidth && TargetLayout::threads == mfa_abi::kSimdWidth,
+                "matmul2d: cooperative tensors convert within execution_simdgroup ops on the cpu backend");
+  static_assert(SourceLayout::rows == TargetLayout::rows && SourceLayout::columns == TargetLayout::columns,
+                "matmul2d: a cooperative tensor converts into one of the same rows and columns");
+  struct lane_operands {
+    const Source* source;
+    Target* target;
+  };
+  mfa_abi::ThreadState* const state = mfa_abi::current_thread;
+  write_slot(state->simd->in[state->thread_index_in_simdgroup], lane_operands{&source, &target});
+  synchronize_simdgroup(op, at, /*full=*/1, [](mfa_abi::SimdGroup& simd, mfa_abi::ThreadState*) {
+    using Element = typename Target::value_type;
+    gathered_operand<Element, SourceLayout> gathered;
+    gather_operand(gathered, [&simd](unsigned lane) { return read_slot<lane_operands>(simd.in[lane]).source; });
+    for (unsigned lane = 0; lane < mfa_abi::kSimdWidth; ++lane) {
+      Target& lane_target = *read_slot<lane_operands>(simd.in[lane]).target;
+      for (unsigned slot = 0; slot < TargetLayout::capacity; ++slot) {
+        if (!TargetLayout::is_valid(lane, slot)) continue;
+        const unsigned e = TargetLayout::element(lane, slot);
+        lane_target[slot] = gathered.values[TargetLayout::row(e)][TargetLayout::column(e)];
+      }
+    }
+  });
+}
+
 }  // namespace mfa_shim
 
 namespace mpp {
@@ -196,6 +228,17 @@ class matmul2d {
     return make_operand<cooperative_tensor_left_input_t<LeftElementType, RightElementType, ElementType, CoordType>>();
   }
 
+  // `source` (another op's destination, say) as this op's left operand.
+  template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int,
+            class SourceElement, class SourceExtents, class SourceLayout>
+  cooperative_tensor_left_input_t<LeftElementType, RightElementType, ElementType, CoordType>
+  get_left_input_cooperative_tensor(const metal::cooperative_tensor<SourceElement, SourceExtents, SourceLayout>& source,
+                                    mfa_shim::call_site at = mfa_shim::call_site()) const {
+    auto target = get_left_input_cooperative_tensor<LeftElementType, RightElementType, ElementType, CoordType>();
+    mfa_shim::redistribute("get_left_input_cooperative_tensor", source, target, at);
+    return target;
+  }
+
   template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
   using cooperative_tensor_right_input_t =
       input_cooperative_tensor<RightElementType, CoordType, Descriptor.transpose_right, Descriptor.n>;
@@ -204,6 +247,17 @@ class matmul2d {
   cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>
   get_right_input_cooperative_tensor() const {
     return make_operand<cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>>();
+  }
+
+  // `source` (another op's destination, say) as this op's right operand.
+  template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int,
+            class SourceElement, class SourceExtents, class SourceLayout>
+  cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>
+  get_right_input_cooperative_tensor(const metal::cooperative_tensor<SourceElement, SourceExtents, SourceLayout>& source,
+                                     mfa_shim::call_site at = mfa_shim::call_site()) const {
+    auto target = get_right_input_cooperative_tensor<LeftElementType, RightElementType, ElementType, CoordType>();
+    mfa_shim::redistribute("get_right_input_cooperative_tensor", source, target, at);
+    return target;
   }
 
   template <class LeftOperand, class RightOperand, class ElementType, class CoordType = int>
