@@ -116,63 +116,10 @@ void sweep_operand(const Tensor& t, bool transposed, long rows, long columns, un
 constexpr int stored_rows(bool outer_first, int outer, int k) { return outer_first ? outer : k; }
 constexpr int stored_columns(bool outer_first, int outer, int k) { return outer_first ? k : outer; }
 
-// The 32 lanes' elements of a cooperative-tensor operand, as the stored
-// matrix (rows and columns of its layout).
 template <class Accumulator, class Layout>
-struct gathered_operand {
-  static_assert(Layout::rows * Layout::columns <= 64 * 64,
-                "matmul2d: cooperative-tensor operands have at most 64 x 64 elements on the cpu backend");
-  Accumulator values[Layout::rows][Layout::columns] = {};
-};
-
-// Fills `gathered` from the cooperative tensor each lane brings (lane l's at `operand(l)`).
-template <class Accumulator, class Layout, class LaneOperand>
-void gather_operand(gathered_operand<Accumulator, Layout>& gathered, LaneOperand operand) {
-  for (unsigned lane = 0; lane < mfa_abi::kSimdWidth; ++lane) {
-    for (unsigned slot = 0; slot < Layout::capacity; ++slot) {
-      if (!Layout::is_valid(lane, slot)) continue;
-      const unsigned e = Layout::element(lane, slot);
-      gathered.values[Layout::row(e)][Layout::column(e)] = static_cast<Accumulator>((*operand(lane))[slot]);
-    }
-  }
-}
-
-template <class Accumulator, class Layout>
-Accumulator operand_value(const gathered_operand<Accumulator, Layout>& gathered, bool transposed, long row,
+Accumulator operand_value(const gathered_matrix<Accumulator, Layout>& gathered, bool transposed, long row,
                           long column) {
   return transposed ? gathered.values[column][row] : gathered.values[row][column];
-}
-
-// Each lane's `target` gets the elements of the lanes' `source` that its
-// layout gives it: one cooperative tensor redistributed as another of the
-// same shape, a collective of the simdgroup.
-template <class Target, class Source>
-void redistribute(const char* op, const Source& source, Target& target, const call_site& at) {
-  using SourceLayout = typename Source::layout_type;
-  using TargetLayout = typename Target::layout_type;
-  static_assert(SourceLayout::threads == mfa_abi::kSimdWidth && TargetLayout::threads == mfa_abi::kSimdWidth,
-                "matmul2d: cooperative tensors convert within execution_simdgroup ops on the cpu backend");
-  static_assert(SourceLayout::rows == TargetLayout::rows && SourceLayout::columns == TargetLayout::columns,
-                "matmul2d: a cooperative tensor converts into one of the same rows and columns");
-  struct lane_operands {
-    const Source* source;
-    Target* target;
-  };
-  mfa_abi::ThreadState* const state = mfa_abi::current_thread;
-  write_slot(state->simd->in[state->thread_index_in_simdgroup], lane_operands{&source, &target});
-  synchronize_simdgroup(op, at, /*full=*/1, [](mfa_abi::SimdGroup& simd, mfa_abi::ThreadState*) {
-    using Element = typename Target::value_type;
-    gathered_operand<Element, SourceLayout> gathered;
-    gather_operand(gathered, [&simd](unsigned lane) { return read_slot<lane_operands>(simd.in[lane]).source; });
-    for (unsigned lane = 0; lane < mfa_abi::kSimdWidth; ++lane) {
-      Target& lane_target = *read_slot<lane_operands>(simd.in[lane]).target;
-      for (unsigned slot = 0; slot < TargetLayout::capacity; ++slot) {
-        if (!TargetLayout::is_valid(lane, slot)) continue;
-        const unsigned e = TargetLayout::element(lane, slot);
-        lane_target[slot] = gathered.values[TargetLayout::row(e)][TargetLayout::column(e)];
-      }
-    }
-  });
 }
 
 }  // namespace mfa_shim
@@ -375,8 +322,8 @@ class matmul2d {
   template <class Accumulator, class Operand, class LaneOperand>
   static decltype(auto) lane_view(const Operand& own, LaneOperand lane_operand) {
     if constexpr (mfa_shim::is_cooperative_tensor_v<Operand>) {
-      mfa_shim::gathered_operand<Accumulator, typename Operand::layout_type> gathered;
-      mfa_shim::gather_operand(gathered, lane_operand);
+      mfa_shim::gathered_matrix<Accumulator, typename Operand::layout_type> gathered;
+      mfa_shim::gather_matrix(gathered, lane_operand);
       return gathered;
     } else {
       return (own);

@@ -60,15 +60,9 @@ void reduce_matrix(const char* op_name, Source& source, Destination& destination
   mfa_abi::ThreadState* const state = mfa_abi::current_thread;
   write_slot(state->simd->in[state->thread_index_in_simdgroup], lane_operands{&source, &destination});
   synchronize_simdgroup(op_name, at, /*full=*/1, [&](mfa_abi::SimdGroup& simd, mfa_abi::ThreadState*) {
-    ElementType values[rows][columns] = {};
-    for (unsigned lane = 0; lane < mfa_abi::kSimdWidth; ++lane) {
-      const Source& lane_source = *read_slot<lane_operands>(simd.in[lane]).source;
-      for (unsigned slot = 0; slot < SourceLayout::capacity; ++slot) {
-        if (!SourceLayout::is_valid(lane, slot)) continue;
-        const unsigned e = SourceLayout::element(lane, slot);
-        values[SourceLayout::row(e)][SourceLayout::column(e)] = lane_source[slot];
-      }
-    }
+    gathered_matrix<ElementType, SourceLayout> gathered;
+    gather_matrix(gathered, [&simd](unsigned lane) { return read_slot<lane_operands>(simd.in[lane]).source; });
+    const auto& values = gathered.values;
     ElementType folded[results];
     for (int i = 0; i < results; ++i) {
       folded[i] = identity;

@@ -8,5 +8,6 @@
 #include <metal_tensor>
 
 #include "mfa_cooperative_tensor.h"
+#include "mfa_cooperative_exchange.h"
 #include "mfa_matmul2d.h"
 #include "mfa_tensor_reductions.h"
