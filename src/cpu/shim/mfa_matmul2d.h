@@ -151,13 +151,16 @@ class matmul2d {
   using layout = mfa_shim::seeded_layout<Descriptor.m, Descriptor.n, scope_threads::threads>;
   static_assert(Descriptor.m > 0 && Descriptor.n > 0, "matmul2d_descriptor: M and N are positive");
 
-  template <class Element, class CoordType, bool OuterFirst, int Outer>
+  template <bool OuterFirst, int Outer>
+  using input_layout = mfa_shim::seeded_layout<mfa_shim::stored_rows(OuterFirst, Outer, Descriptor.k),
+                                               mfa_shim::stored_columns(OuterFirst, Outer, Descriptor.k),
+                                               scope_threads::threads>;
+  using left_input_layout = input_layout<!Descriptor.transpose_left, Descriptor.m>;
+  using right_input_layout = input_layout<Descriptor.transpose_right, Descriptor.n>;
+
+  template <class Element, class CoordType, class Layout>
   using input_cooperative_tensor = metal::cooperative_tensor<
-      Element,
-      metal::extents<CoordType, size_t(mfa_shim::stored_columns(OuterFirst, Outer, Descriptor.k)),
-                     size_t(mfa_shim::stored_rows(OuterFirst, Outer, Descriptor.k))>,
-      mfa_shim::seeded_layout<mfa_shim::stored_rows(OuterFirst, Outer, Descriptor.k),
-                              mfa_shim::stored_columns(OuterFirst, Outer, Descriptor.k), scope_threads::threads>>;
+      Element, metal::extents<CoordType, size_t(Layout::columns), size_t(Layout::rows)>, Layout>;
 
  public:
   static constexpr matmul2d_descriptor descriptor = Descriptor;
@@ -167,7 +170,7 @@ class matmul2d {
   // (K x M for a transposed left operand), for execution_simdgroup only.
   template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
   using cooperative_tensor_left_input_t =
-      input_cooperative_tensor<LeftElementType, CoordType, !Descriptor.transpose_left, Descriptor.m>;
+      input_cooperative_tensor<LeftElementType, CoordType, left_input_layout>;
 
   template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
   cooperative_tensor_left_input_t<LeftElementType, RightElementType, ElementType, CoordType>
@@ -188,7 +191,7 @@ class matmul2d {
 
   template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
   using cooperative_tensor_right_input_t =
-      input_cooperative_tensor<RightElementType, CoordType, Descriptor.transpose_right, Descriptor.n>;
+      input_cooperative_tensor<RightElementType, CoordType, right_input_layout>;
 
   template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
   cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>
@@ -251,6 +254,8 @@ class matmul2d {
     static_assert((mfa_shim::is_tensor_v<Left> || mfa_shim::is_cooperative_tensor_v<Left>) &&
                       (mfa_shim::is_tensor_v<Right> || mfa_shim::is_cooperative_tensor_v<Right>),
                   "matmul2d::run: the operands are tensors or the op's input cooperative tensors");
+    check_cooperative_operand<Left, left_input_layout>();
+    check_cooperative_operand<Right, right_input_layout>();
     using Element = typename Destination::value_type;
     using Accumulator = mfa_shim::accumulator_t<Element>;
     mfa_shim::check_element_types<typename Left::value_type, typename Right::value_type, Element>();
@@ -278,12 +283,27 @@ class matmul2d {
   }
 
  private:
-  template <class CooperativeTensor>
-  static CooperativeTensor make_operand() {
+  static constexpr void check_cooperative_operands_allowed() {
     static_assert(scope_threads::threads == mfa_abi::kSimdWidth,
                   "matmul2d: cooperative-tensor operands need execution_simdgroup on the cpu backend");
     static_assert(Descriptor.k != static_cast<int>(metal::dynamic_extent),
                   "matmul2d: cooperative-tensor operands need a static K in the descriptor");
+  }
+
+  // A cooperative-tensor operand must be this op's (get_*_input_cooperative_tensor).
+  template <class Operand, class ExpectedLayout>
+  static constexpr void check_cooperative_operand() {
+    if constexpr (mfa_shim::is_cooperative_tensor_v<Operand>) {
+      check_cooperative_operands_allowed();
+      static_assert(std::is_same_v<typename Operand::layout_type, ExpectedLayout>,
+                    "matmul2d::run: a cooperative-tensor operand is this op's input cooperative tensor "
+                    "(convert others with get_left_input_ / get_right_input_cooperative_tensor(source))");
+    }
+  }
+
+  template <class CooperativeTensor>
+  static CooperativeTensor make_operand() {
+    check_cooperative_operands_allowed();
     return mfa_shim::cooperative_tensor_maker::make<CooperativeTensor>(scope_threads::participant());
   }
 
@@ -331,7 +351,8 @@ class matmul2d {
   }
 
   // With cooperative-tensor operands (execution_simdgroup): the simdgroup
-  // meets, and one lane computes every lane's destination elements.
+  // meets, and one lane computes every lane's destination elements (and
+  // writes all of a tensor destination).
   template <class Accumulator, class Left, class Right, class Destination>
   static void run_on_one_lane(Left& left, Right& right, Destination& destination, long k,
                               const mfa_shim::call_site& at) {
