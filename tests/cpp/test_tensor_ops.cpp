@@ -518,6 +518,87 @@ TEST_F(TensorOps, ReduceRowsAndColumnsFoldADestinationCooperativeTensor) {
   EXPECT_LT(relative_l2(columns, expected_columns), 1e-5);
 }
 
+// Subtracts each row's maximum from S: through map_iterator when the row
+// reduction's layout holds each thread's rows (is_iterator_compatible), else
+// through threadgroup memory and get_multidimensional_index, as Apple's
+// header says to fall back. MAP_ONLY skips the check.
+const char* kRowBroadcast = R"(
+#include <metal_stdlib>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace metal;
+using namespace mpp::tensor_ops;
+#ifndef MAP_ONLY
+#define MAP_ONLY false
+#endif
+
+kernel void row_broadcast(device const float* a [[buffer(0)]],
+                          device const float* b_t [[buffer(1)]],
+                          device float* c [[buffer(2)]],
+                          device int* compatible [[buffer(3)]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  auto tA = tensor(a, extents<int32_t, 16, 16>());
+  auto tB = tensor(b_t, extents<int32_t, 16, 32>());
+  matmul2d<matmul2d_descriptor(16, 32, 16, false, true), execution_simdgroup> mm;
+  auto S = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  mm.run(tA, tB, S);
+  auto R = mm.get_row_reduction_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  reduce_rows(S, R, reduction_operation::max, reduction_operation_identity<float>::max_identity);
+  threadgroup float row_max[16];
+  const bool mapped = is_iterator_compatible(S, R);
+  if (lane == 0) compatible[0] = mapped;
+  if (mapped || MAP_ONLY) {
+    for (auto it = S.begin(); it != S.end(); ++it) {
+      if (S.is_valid_element(ushort(it - S.begin()))) *it -= *R.map_iterator(it);
+    }
+  } else {
+    R.store(tensor(row_max, extents<int32_t, 1, 16>()));
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint16_t i = 0; i < S.get_capacity(); ++i) {
+      if (S.is_valid_element(i)) S[i] -= row_max[S.get_multidimensional_index(i)[1]];
+    }
+  }
+  // Another destination of the op has S's layout: its elements map one to one.
+  auto product = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  mm.run(tA, tB, product);
+  const bool same_layout = is_iterator_compatible(product, S);
+  if (lane == 0) compatible[1] = same_layout;
+  if (same_layout) {
+    for (auto it = product.begin(); it != product.end(); ++it) {
+      if (product.is_valid_element(ushort(it - product.begin()))) *S.map_iterator(it) += *it;
+    }
+  }
+  S.store(tensor(c, extents<int32_t, 32, 16>()));
+}
+)";
+
+TEST_F(TensorOps, RowValuesReachTheirElementsThroughMapIteratorOrTheFallback) {
+  constexpr int m = 16, n = 32, k = 16;
+  Matrix a = random_matrix("float", m, k), b_t = random_matrix("float", n, k), c("float", m * n);
+  std::vector<std::int32_t> compatible(2, -1);
+  auto bind = [&](mfa::CommandBatch::DispatchRef& d) {
+    d.host(0, a.bytes.data(), a.bytes.size(), false);
+    d.host(1, b_t.bytes.data(), b_t.bytes.size(), false);
+    d.host(2, c.bytes.data(), c.bytes.size(), true);
+    d.host(3, compatible.data(), compatible.size() * 4, true);
+  };
+  const std::vector<double> s = product(a.values, b_t.values, m, n, k, false, true);
+  std::vector<double> expected(s.size());
+  for (int i = 0; i < m; ++i) {
+    const double row_max = *std::max_element(s.begin() + i * n, s.begin() + (i + 1) * n);
+    for (int j = 0; j < n; ++j) expected[i * n + j] = 2 * s[i * n + j] - row_max;
+  }
+  run(pipeline(kRowBroadcast, "row_broadcast", true), 32, bind);
+  EXPECT_LT(relative_l2(c, expected), 1e-6);
+  EXPECT_EQ(compatible[1], 1);
+  // Mapping without the check reaches end() where this thread holds no such row.
+  const std::string message = failure_of(pipeline(kRowBroadcast, "row_broadcast", true, "", {{"MAP_ONLY", "1"}}), 32, bind);
+  if (compatible[0] == 1) {
+    EXPECT_EQ(message, "no error");
+  } else {
+    EXPECT_NE(message.find("cooperative tensor index"), std::string::npos) << message;
+  }
+}
+
 // Reads a cooperative tensor's storage by lane, as if lane l held elements
 // 2l and 2l + 1 of the 8x8 result: right for seed 0's layout only.
 const char* kAssumesLayout = R"(

@@ -8,13 +8,22 @@
 // MFA_NATIVE_SHIM_LAYOUT_SEED, default 0), so a kernel that assumes one
 // layout (reads slot i of thread t as a fixed element) fails for some seed.
 // Kernels find an element with is_valid_element(i) and
-// get_multidimensional_index(i), and move whole tensors with load / store.
-// A new cooperative tensor holds 0xFF bytes (NaN in every float format).
+// get_multidimensional_index(i), move whole tensors with load / store, and
+// reach another cooperative tensor's matching element with map_iterator
+// where mpp::tensor_ops::is_iterator_compatible says every thread holds it
+// (layouts of different shapes, a row reduction's and its matrix's, say,
+// are drawn independently and rarely are). A new cooperative tensor holds
+// 0xFF bytes (NaN in every float format).
 #pragma once
 
 #ifndef MFA_SHIM_LAYOUT_SEED
 #error "MFA_SHIM_LAYOUT_SEED is defined by the cpu backend's kernel compiler for tensor-op kernels"
 #endif
+
+namespace metal {
+template <class ElementType, class Extents, class Layout>
+class cooperative_tensor;
+}  // namespace metal
 
 namespace mfa_shim {
 
@@ -61,6 +70,61 @@ struct seeded_layout {
   }
 };
 
+// The slot of `owner` in Layout holding what slot `other_slot` of `owner`
+// holds in OtherLayout, projected onto Layout's shape (a row reduction keeps
+// the row); Layout::capacity when there is none.
+template <class Layout, class OtherLayout>
+constexpr unsigned mapped_slot(unsigned owner, unsigned other_slot) {
+  static_assert(Layout::threads == OtherLayout::threads &&
+                    (Layout::rows == OtherLayout::rows || Layout::rows == 1) &&
+                    (Layout::columns == OtherLayout::columns || Layout::columns == 1),
+                "map_iterator: cooperative tensors of one scope, the other's elements projecting onto this one's shape");
+  if (other_slot >= OtherLayout::capacity || !OtherLayout::is_valid(owner, other_slot)) return Layout::capacity;
+  const unsigned other_element = OtherLayout::element(owner, other_slot);
+  const unsigned row = Layout::rows == 1 ? 0 : unsigned(OtherLayout::row(other_element));
+  const unsigned column = Layout::columns == 1 ? 0 : unsigned(OtherLayout::column(other_element));
+  const unsigned element =
+      Layout::column_major ? column * unsigned(Layout::rows) + row : row * unsigned(Layout::columns) + column;
+  for (unsigned slot = 0; slot < Layout::capacity; ++slot) {
+    if (Layout::element(owner, slot) == element) return slot;
+  }
+  return Layout::capacity;
+}
+
+// Slot `slot` of one thread's cooperative tensor (`Tensor` may be const):
+// begin() is slot 0, end() slot get_capacity(), and map_iterator finds the
+// matching slot of another cooperative tensor of the same thread.
+template <class Tensor>
+class cooperative_iterator {
+ public:
+  cooperative_iterator(Tensor& tensor, unsigned slot) : tensor_(&tensor), slot_(slot) {}
+
+  decltype(auto) operator*() const { return (*tensor_)[static_cast<ushort>(slot_)]; }
+  cooperative_iterator& operator++() {
+    ++slot_;
+    return *this;
+  }
+  cooperative_iterator operator++(int) {
+    const cooperative_iterator before = *this;
+    ++slot_;
+    return before;
+  }
+  cooperative_iterator operator+(int n) const { return cooperative_iterator(*tensor_, slot_ + n); }
+  int operator-(const cooperative_iterator& other) const { return int(slot_) - int(other.slot_); }
+  bool operator==(const cooperative_iterator& other) const { return tensor_ == other.tensor_ && slot_ == other.slot_; }
+  bool operator!=(const cooperative_iterator& other) const { return !(*this == other); }
+
+ private:
+  template <class, class, class>
+  friend class metal::cooperative_tensor;
+
+  Tensor& tensor() const { return *tensor_; }
+  unsigned slot() const { return slot_; }
+
+  Tensor* tensor_;
+  unsigned slot_;
+};
+
 // Makes cooperative tensors: tensor ops' get_*_cooperative_tensor, never kernels.
 struct cooperative_tensor_maker {
   template <class CooperativeTensor>
@@ -97,6 +161,26 @@ class cooperative_tensor {
   ElementType& operator[](thread_index_type i) { return elements_[checked(i)]; }
   const ElementType& operator[](thread_index_type i) const { return elements_[checked(i)]; }
 
+  using iterator = mfa_shim::cooperative_iterator<cooperative_tensor>;
+  using const_iterator = mfa_shim::cooperative_iterator<const cooperative_tensor>;
+  iterator begin() { return iterator(*this, 0); }
+  iterator end() { return iterator(*this, Layout::capacity); }
+  const_iterator begin() const { return const_iterator(*this, 0); }
+  const_iterator end() const { return const_iterator(*this, Layout::capacity); }
+
+  // The slot of this thread holding the element that `it` (into another
+  // cooperative tensor of this thread) holds, projected onto this tensor's
+  // shape (a row reduction's row, say); end() when this thread holds none of
+  // it: the layouts are not compatible (mpp::tensor_ops::is_iterator_compatible).
+  template <class OtherIterator>
+  iterator map_iterator(OtherIterator it) {
+    return iterator(*this, mapped_slot(it));
+  }
+  template <class OtherIterator>
+  const_iterator map_iterator(OtherIterator it) const {
+    return const_iterator(*this, mapped_slot(it));
+  }
+
   // Every element inside `source`'s extents from it; the others become 0.
   template <class Tensor>
   void load(const Tensor& source, mfa_shim::call_site at = mfa_shim::call_site()) {
@@ -128,6 +212,12 @@ class cooperative_tensor {
     std::memset(static_cast<void*>(elements_), 0xFF, sizeof elements_);
   }
 
+  template <class OtherIterator>
+  unsigned mapped_slot(const OtherIterator& it) const {
+    using OtherLayout = typename std::remove_cv_t<std::remove_reference_t<decltype(it.tensor())>>::layout_type;
+    return mfa_shim::mapped_slot<Layout, OtherLayout>(participant_, it.slot());
+  }
+
   thread_index_type checked(thread_index_type i) const {
     if constexpr (mfa_shim::bounds_checked) {
       if (i >= Layout::capacity) {
@@ -154,3 +244,26 @@ template <class ElementType, class Extents, class Layout>
 inline constexpr bool is_cooperative_tensor_v<metal::cooperative_tensor<ElementType, Extents, Layout>> = true;
 
 }  // namespace mfa_shim
+
+namespace mpp {
+namespace tensor_ops {
+
+// Whether map_iterator from `source`'s elements finds every one in
+// `destination`, on every thread of the scope (the same for all of them).
+template <class SrcElementType, class DstElementType, class SrcExtents, class DstExtents, class SrcLayout,
+          class DstLayout>
+bool is_iterator_compatible(const metal::cooperative_tensor<SrcElementType, SrcExtents, SrcLayout>&,
+                            const metal::cooperative_tensor<DstElementType, DstExtents, DstLayout>&) {
+  for (unsigned owner = 0; owner < SrcLayout::threads; ++owner) {
+    for (unsigned slot = 0; slot < SrcLayout::capacity; ++slot) {
+      if (SrcLayout::is_valid(owner, slot) &&
+          mfa_shim::mapped_slot<DstLayout, SrcLayout>(owner, slot) == DstLayout::capacity) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace tensor_ops
+}  // namespace mpp
