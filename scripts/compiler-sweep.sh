@@ -3,7 +3,8 @@
 # the translator must work with each g++ >= 12 and clang++ >= 16 (the kernel
 # compiler is chosen at run time, MFA_NATIVE_CXX). For each compiler: the C++
 # suites that compile kernels through the whole shim (SIMD-group functions,
-# matrices, atomics, casts, the race detector, array bounds), then a small set
+# matrices, atomics, casts, the race detector, array bounds, Metal 4 tensor
+# ops as C++20 under three layout seeds), then a small set
 # of representative kernels (the sample GEMM in three element types, attention
 # forward and backward, sparse-indexed and block-sparse passes, the Kernel API
 # tests, views that forbid vector pairs) plain, under the race detector and with bounds
@@ -53,7 +54,7 @@ fi
 [ ${#compilers[@]} -ge 2 ] || echo "compiler-sweep: warning: only ${compilers[*]} found"
 echo "compiler-sweep: ${compilers[*]}"
 
-cpp_suites='^(SimdKernelTest|RaceCheckTest|ArrayBoundsTest)\.'
+cpp_suites='^(SimdKernelTest|RaceCheckTest|ArrayBoundsTest|TensorOps)\.'
 kernels=(
   tests/python/test_racecheck.py::test_a_gemm_through_threadgroup_tiles_is_race_free
   tests/python/test_racecheck.py::test_the_environment_checks_every_kernel

@@ -1,6 +1,7 @@
-# Writes every file of SHIM_DIR into OUTPUT as a C++ raw string, so the cpu
-# backend can lay the shim headers out next to the kernels it compiles.
-file(GLOB files RELATIVE ${SHIM_DIR} ${SHIM_DIR}/*)
+# Writes every file of SHIM_DIR and its subdirectories into OUTPUT as a C++ raw
+# string named by its path (MetalPerformancePrimitives/MetalPerformancePrimitives.h),
+# so the cpu backend can lay the shim headers out next to the kernels it compiles.
+file(GLOB_RECURSE files RELATIVE ${SHIM_DIR} ${SHIM_DIR}/*)
 list(SORT files)
 set(body "")
 set(count 0)

@@ -82,6 +82,16 @@ std::vector<std::string> compile_flags(const HostCompiler& compiler) {
   return flags;
 }
 
+// Metal 4 tensor-op kernels (<metal_tensor>, MetalPerformancePrimitives) compile as C++20:
+// matmul2d takes its descriptor as a class-type template argument. The later -std wins over
+// compile_flags' -std=c++17. They also get the layout seed of their cooperative tensors.
+std::vector<std::string> tensor_op_flags(const std::string& cpp_source, std::uint64_t layout_seed) {
+  const bool uses_tensor_ops = cpp_source.find("<metal_tensor>") != std::string::npos ||
+                               cpp_source.find("MetalPerformancePrimitives/") != std::string::npos;
+  if (!uses_tensor_ops) return {};
+  return {"-std=c++20", "-DMFA_SHIM_LAYOUT_SEED=" + std::to_string(layout_seed)};
+}
+
 std::string hash_shim(const std::vector<ShimFile>& files) {
   std::string all;
   for (const ShimFile& file : files) {
@@ -189,6 +199,22 @@ std::vector<ShimFile> embedded_shim_files() {
   return files;
 }
 
+std::uint64_t default_layout_seed() {
+  const std::string text = environment("MFA_NATIVE_SHIM_LAYOUT_SEED");
+  if (text.empty()) return 0;
+  std::size_t used = 0;
+  unsigned long long seed = 0;
+  try {
+    seed = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text[0] == '-') {
+    throw ArgumentError("MFA_NATIVE_SHIM_LAYOUT_SEED=" + text + " is not a non-negative integer");
+  }
+  return seed;
+}
+
 std::string precompiled_headers_directory(const std::string& cache_dir) { return cache_dir + "/pch"; }
 
 std::string default_cache_dir() {
@@ -206,6 +232,7 @@ KernelCompiler::KernelCompiler(Config config)
       cache_dir_(std::move(config.cache_dir)),
       kernels_dir_(kernels_directory(cache_dir_)),
       max_bytes_(config.max_bytes),
+      layout_seed_(config.layout_seed),
       shim_files_(std::move(config.shim_files)),
       shim_hash_(hash_shim(shim_files_)),
       shim_dir_(cache_dir_ + "/shim-" + shim_hash_.substr(0, 16)),
@@ -214,7 +241,8 @@ KernelCompiler::KernelCompiler(Config config)
 
 KernelCompiler& KernelCompiler::shared() {
   static KernelCompiler compiler(
-      Config{HostCompiler::find(), default_cache_dir(), embedded_shim_files(), default_cache_max_bytes()});
+      Config{HostCompiler::find(), default_cache_dir(), embedded_shim_files(), default_cache_max_bytes(),
+             default_layout_seed()});
   return compiler;
 }
 
@@ -228,10 +256,12 @@ CompilerStats KernelCompiler::stats() const {
 std::shared_ptr<const KernelBinary> KernelCompiler::compile(const std::string& cpp_source,
                                                             const std::string& kernel_name,
                                                             const std::vector<std::string>& extra_flags) {
+  std::vector<std::string> unit_flags = tensor_op_flags(cpp_source, layout_seed_);
+  unit_flags.insert(unit_flags.end(), extra_flags.begin(), extra_flags.end());
   // Everything that changes the binary is in the key.
   std::string build_key = "mfa kernel ABI " + std::to_string(mfa_abi::kVersion) + "\n" + host_.identity + "\n";
   for (const std::string& flag : flags_) build_key += flag + "\n";
-  for (const std::string& flag : extra_flags) build_key += flag + "\n";
+  for (const std::string& flag : unit_flags) build_key += flag + "\n";
   build_key += shim_hash_ + "\n";
   std::string stem = kernels_dir_ + "/" + sha256_hex(build_key + cpp_source);
 
@@ -243,7 +273,7 @@ std::shared_ptr<const KernelBinary> KernelCompiler::compile(const std::string& c
   std::error_code error;
   fs::create_directories(kernels_dir_, error);
   if (error) throw Error("cannot create the kernel cache " + kernels_dir_ + ": " + error.message());
-  return build(cpp_source, kernel_name, extra_flags, build_key, stem);
+  return build(cpp_source, kernel_name, unit_flags, build_key, stem);
 }
 
 std::shared_ptr<const KernelBinary> KernelCompiler::load_cached(const std::string& library,
@@ -338,7 +368,9 @@ void KernelCompiler::write_shim() {
   std::error_code error;
   fs::create_directories(temporary, error);
   for (const ShimFile& file : shim_files_) {
-    std::ofstream(temporary + "/" + file.name, std::ios::binary) << file.text;
+    const fs::path path = fs::path(temporary) / file.name;
+    fs::create_directories(path.parent_path(), error);
+    std::ofstream(path, std::ios::binary) << file.text;
   }
   if (fs::exists(shim_dir_, error)) {
     if (shim_dir_matches(shim_dir_, shim_files_)) {  // another process just wrote it: keep theirs

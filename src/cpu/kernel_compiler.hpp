@@ -54,7 +54,7 @@ struct HostCompiler {
 };
 
 struct ShimFile {
-  std::string name;  // file name inside the include directory
+  std::string name;  // path inside the include directory (a/b.h in a subdirectory)
   std::string text;
 };
 
@@ -63,6 +63,11 @@ std::vector<ShimFile> embedded_shim_files();
 
 // MFA_NATIVE_CACHE_DIR, else $XDG_CACHE_HOME/mfa_native, else ~/.cache/mfa_native.
 std::string default_cache_dir();
+
+// MFA_NATIVE_SHIM_LAYOUT_SEED (a non-negative integer), else 0: the seed from which
+// tensor-op kernels draw their cooperative tensors' layout (mfa_cooperative_tensor.h).
+// Throws ArgumentError for anything else.
+std::uint64_t default_layout_seed();
 
 // "<cache_dir>/pch": the precompiled headers (precompiled_header.hpp).
 std::string precompiled_headers_directory(const std::string& cache_dir);
@@ -83,13 +88,14 @@ class KernelCompiler {
     std::string cache_dir;
     std::vector<ShimFile> shim_files;  // laid out under <cache_dir>/shim-<hash>/ for -I
     std::uint64_t max_bytes = kDefaultCacheMaxBytes;  // of the kernels directory (kernel_cache.hpp)
+    std::uint64_t layout_seed = 0;  // tensor-op kernels' MFA_SHIM_LAYOUT_SEED (part of the key)
   };
 
   explicit KernelCompiler(Config config);
 
   // The process-wide compiler: HostCompiler::find(), default_cache_dir(),
-  // the embedded shim and default_cache_max_bytes(). Throws UnavailableError
-  // when there is no compiler.
+  // the embedded shim, default_cache_max_bytes() and default_layout_seed().
+  // Throws UnavailableError when there is no compiler.
   static KernelCompiler& shared();
 
   // Compiles (or loads from the disk cache) `cpp_source`, a translation unit
@@ -98,6 +104,8 @@ class KernelCompiler {
   // one source, in threads or processes, are safe (one of them wins). A build
   // then evicts least recently used entries past Config::max_bytes.
   // `extra_flags` (e.g. -fsanitize=address) follow the usual flags and are keyed.
+  // A unit that includes <metal_tensor> or MetalPerformancePrimitives compiles
+  // as C++20 with -DMFA_SHIM_LAYOUT_SEED=<Config::layout_seed>, also keyed.
   std::shared_ptr<const KernelBinary> compile(const std::string& cpp_source, const std::string& kernel_name,
                                               const std::vector<std::string>& extra_flags = {});
 
@@ -121,6 +129,7 @@ class KernelCompiler {
   std::string cache_dir_;
   std::string kernels_dir_;
   std::uint64_t max_bytes_;
+  std::uint64_t layout_seed_;
   std::vector<ShimFile> shim_files_;
   std::string shim_hash_;
   std::string shim_dir_;

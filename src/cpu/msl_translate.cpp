@@ -203,6 +203,30 @@ class Rewriter {
   std::vector<Edit> edits_;
 };
 
+// The `#include <...>` lines of the MSL text (<metal_tensor>, MetalPerformancePrimitives).
+// The text goes inside namespace metal, so their shim headers are included ahead of it,
+// at global scope; the text's own #include lines then do nothing (#pragma once).
+std::string library_includes(std::string_view source) {
+  std::string includes;
+  for (std::size_t start = 0; start < source.size();) {
+    std::size_t end = source.find('\n', start);
+    if (end == std::string_view::npos) end = source.size();
+    std::string_view line = source.substr(start, end - start);
+    line.remove_prefix(std::min(line.find_first_not_of(" \t"), line.size()));
+    constexpr std::string_view kInclude = "#include";
+    if (line.substr(0, kInclude.size()) == kInclude) {
+      std::string_view name = line.substr(kInclude.size());
+      name.remove_prefix(std::min(name.find_first_not_of(" \t"), name.size()));
+      const std::size_t close = name.find('>');
+      if (!name.empty() && name[0] == '<' && close != std::string_view::npos) {
+        includes += "#include " + std::string(name.substr(0, close + 1)) + "\n";
+      }
+    }
+    start = end + 1;
+  }
+  return includes;
+}
+
 class Translator {
  public:
   Translator(const std::string& source, const FunctionInfo& function,
@@ -214,7 +238,8 @@ class Translator {
         kernel_(find_kernel(function.name)),
         rewriter_(source) {}
 
-  std::string run() {
+  // `includes`: the library_includes of the source.
+  std::string run(const std::string& includes) {
     for (const KernelSyntax& other : program_.kernels) {
       if (&other != &kernel_) rewriter_.replace(tokens_, other.declaration, "");
     }
@@ -237,7 +262,7 @@ class Translator {
     // The race detector: threadgroup pointers record their accesses (mfa_threadgroup_ptr.h).
     const std::string checks = std::string(options_.bounds_check ? "#define MFA_SHIM_BOUNDS_CHECK 1\n" : "") +
                                (options_.race_check ? "#define MFA_SHIM_RACE_CHECK 1\n" : "");
-    return checks + kPrelude + "namespace metal {\n" + ("#line 1 \"" + options_.metal_path + "\"\n") + text + glue() +
+    return checks + includes + kPrelude + "namespace metal {\n" + ("#line 1 \"" + options_.metal_path + "\"\n") + text + glue() +
            "}  // namespace metal\n";
   }
 
@@ -882,7 +907,7 @@ class Translator {
 std::string translate_msl(const std::string& source, const FunctionInfo& function,
                           const std::map<int, ConstantValue>& constants,
                           const TranslateOptions& options) {
-  return Translator(source, function, constants, options).run();
+  return Translator(source, function, constants, options).run(library_includes(source));
 }
 
 }  // namespace mfa::cpu

@@ -6,7 +6,7 @@
 namespace mfa::cpu {
 
 struct EmbeddedFile {
-  const char* name;  // file name inside the shim include directory
+  const char* name;  // path inside the shim include directory (a/b.h in a subdirectory)
   const char* text;
 };
 

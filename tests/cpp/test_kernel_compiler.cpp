@@ -290,6 +290,53 @@ TEST_F(KernelCompilerTest, FlagsKeepIeeeSemanticsAndUseTheHostsFmaAndF16c) {
 #endif
 }
 
+// A tensor-op unit is built once per layout seed, and a build under one seed
+// is never loaded under another; other units do not depend on the seed.
+TEST_F(KernelCompilerTest, TensorOpUnitsAreKeyedByTheLayoutSeed) {
+  const std::string plain = translate(kAffine, "affine", {{0, 1.0}});
+  const std::string tensor_ops = "// a unit that includes <metal_tensor>\n" + plain;
+  KernelCompiler::Config seeded = config();
+  std::vector<std::uint64_t> compiles;
+  for (std::uint64_t seed : {1, 2, 1}) {
+    seeded.layout_seed = seed;
+    KernelCompiler compiler(seeded);
+    compiler.compile(tensor_ops, "affine");
+    compiler.compile(plain, "affine");
+    compiles.push_back(compiler.stats().compiles);
+  }
+  EXPECT_EQ(compiles, (std::vector<std::uint64_t>{2, 1, 0}));
+  EXPECT_EQ(cache_files(".so").size(), 3u);
+}
+
+TEST_F(KernelCompilerTest, ShimFilesInSubdirectoriesAreLaidOutThere) {
+  std::vector<ShimFile> shim = stub_shim();
+  shim.push_back({"Framework/Framework.h", "#pragma once\n"});
+  KernelCompiler compiler(config(shim));
+  compiler.compile(translate(kAffine, "affine", {{0, 1.0}}), "affine");
+  int found = 0;
+  for (const auto& entry : fs::directory_iterator(cache_dir_)) {
+    if (entry.path().filename().string().rfind("shim-", 0) == 0) {
+      found += read_text(entry.path() / "Framework" / "Framework.h") == "#pragma once\n";
+    }
+  }
+  EXPECT_EQ(found, 1);
+}
+
+TEST(LayoutSeed, ComesFromTheEnvironmentAsANonNegativeInteger) {
+  {
+    ScopedEnvironment unset("MFA_NATIVE_SHIM_LAYOUT_SEED", nullptr);
+    EXPECT_EQ(mfa::cpu::default_layout_seed(), 0u);
+  }
+  {
+    ScopedEnvironment seed("MFA_NATIVE_SHIM_LAYOUT_SEED", "6");
+    EXPECT_EQ(mfa::cpu::default_layout_seed(), 6u);
+  }
+  for (const char* bad : {"-1", "two", "3x"}) {
+    ScopedEnvironment seed("MFA_NATIVE_SHIM_LAYOUT_SEED", bad);
+    EXPECT_THROW(mfa::cpu::default_layout_seed(), mfa::ArgumentError) << bad;
+  }
+}
+
 TEST_F(KernelCompilerTest, ASecondCompilerLoadsFromDiskWithoutCompiling) {
   const std::string unit = translate(kAffine, "affine", {{0, 1.25}});
   {

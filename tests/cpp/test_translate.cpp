@@ -99,6 +99,24 @@ TEST(Translate, StartsWithTheShimThenKeepsEveryLineInPlace) {
   EXPECT_EQ(lines[12], "  y[gid.x] = x[gid.x] * p.scale + half(1.5f) + row[0] + total;");
 }
 
+// The text goes inside namespace metal: the Metal library headers it
+// includes are included ahead of it too, at global scope.
+TEST(Translate, LibraryIncludesComeAheadOfTheText) {
+  const std::string source =
+      "#include <metal_stdlib>\n"
+      "  #include  <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\n"
+      "#include \"local.h\"\n"
+      "kernel void k(device float* x [[buffer(0)]]) { x[0] = 1; }\n";
+  const std::string unit = translate(source, "k");
+  EXPECT_EQ(unit.rfind("#include <metal_stdlib>\n#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\n"
+                       "#include <metal_stdlib>\n",
+                       0),
+            0u)
+      << unit;
+  EXPECT_FALSE(contains(unit.substr(0, unit.find("namespace metal {")), "local.h"));
+  EXPECT_EQ(metal_lines(unit)[1], split_lines(source)[1]);  // the text keeps its line
+}
+
 TEST(Translate, GlueBindsEveryArgumentFromTheThreadState) {
   std::string unit = translate(kKernel, "scale");
   std::string glue = glue_of(unit);
