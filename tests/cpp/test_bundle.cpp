@@ -19,7 +19,7 @@
 
 namespace {
 
-std::string bundle_bytes(const std::string& payload, std::uint32_t version = 2) {
+std::string bundle_bytes(const std::string& payload, std::uint32_t version = mfa::kBundleFormatVersion) {
   std::string out("MFABNDL\0", 8);
   for (int i = 0; i < 4; ++i) out += char((version >> (8 * i)) & 0xFF);
   out += std::string(4, '\0');
@@ -70,7 +70,8 @@ TEST(Bundle, RefusesDamagedTruncatedAndFutureBytes) {
   EXPECT_TRUE(mfa::Bundle::from_memory(good.data(), good.size()).entries().empty());
   std::string damaged = good;
   damaged[damaged.size() - 3] ^= 1;
-  const std::string future = bundle_bytes(kEmpty, 3), earlier = bundle_bytes(kEmpty, 1);
+  const std::string future = bundle_bytes(kEmpty, mfa::kBundleFormatVersion + 1),
+                    earlier = bundle_bytes(kEmpty, mfa::kBundleFormatVersion - 1);
   const std::string cases[] = {damaged, good.substr(0, good.size() - 1), good.substr(0, 30), "X" + good.substr(1),
                                future, earlier, bundle_bytes("{\"format\": 3}"), bundle_bytes("[[[[")};
   for (const std::string& bad : cases) EXPECT_THROW(mfa::Bundle::from_memory(bad.data(), bad.size()), mfa::BundleError);
@@ -130,12 +131,13 @@ namespace {
 std::string bundle_with_metallibs(const std::string& source, const std::string& metallibs) {
   const std::string facts =
       R"({"dtype":"float32","head_dim":8,"value_dim":8,"gqa_ratio":1,"causal":"none","mask":"none",)"
-      R"("mask_dtype":null,"window":false,"sinks":false,"layout":"bhsd","scale":null,"family":"apple9",)"
+      R"("mask_dtype":null,"window":false,"sinks":false,"layout":"bhsd","softcap":null,"alibi":"none",)"
+      R"("score_mod":null,"family":"apple9",)"
       R"("backward":false})";
   const std::string kernel = R"({"entry":"k","source":")" + source +
                              R"(","threadgroups":["1","1","1"],"threads_per_threadgroup":[1,1,1],"buffers":[]})";
   const std::string forward = R"({"schema":1,"name":"t","sizes":[],"derived":[],"guards":[],)"
-                              R"("valid_for":[["scale",0.5]],"kernels":[)" + kernel + R"(],"buffers":[]})";
+                              R"("valid_for":[["scale","runtime"]],"kernels":[)" + kernel + R"(],"buffers":[]})";
   return bundle_bytes(R"({"format":"mfa_native.bundle","template_schema":1,"entries":[{"op":"attention","facts":)" +
                       facts + R"(,"forward":[)" + forward + R"(],"backward":[]}],"metallibs":)" + metallibs + "}");
 }
