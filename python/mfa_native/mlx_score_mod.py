@@ -18,8 +18,8 @@ import types
 import mlx.core as mx
 import numpy as np
 
-from .codegen.attention.score_expression import ARGUMENTS, Builder
-from .score_mod_traces import TraceCache
+from .codegen.attention.score_expression import ARGUMENTS, Builder, Untraceable
+from .score_mod_traces import TraceCache, names
 
 _INTEGERS = (mx.int8, mx.int16, mx.int32, mx.int64, mx.uint8, mx.uint16, mx.uint32, mx.uint64)
 _UNARY = {"abs": "abs", "exp": "exp", "log": "log", "tanh": "tanh", "sigmoid": "sigmoid", "sqrt": "sqrt",
@@ -121,7 +121,7 @@ def _term(builder: Builder, value) -> int:
 
 
 def _refuse(what: str):
-    raise ValueError(f"score_mod uses {what}, which mfa_native cannot compile: the vocabulary is arithmetic, "
+    raise Untraceable(f"score_mod uses {what}, which mfa_native cannot compile: the vocabulary is arithmetic, "
                      "comparisons, logic, mx.where, exp, log, tanh, sigmoid, sqrt, abs, minimum, maximum, floor, "
                      "ceil, clip, small integer powers, casts, and captured arrays indexed by b, h, q_idx and kv_idx "
                      "expressions")
@@ -146,12 +146,15 @@ class _StandIn:
             return lambda c, x, y: Traced(self._builder, self._builder.add(
                 "where", tuple(_term(self._builder, v) for v in (c, x, y))))
         if name == "square":
-            return lambda x: Traced(self._builder, _term(self._builder, x)).apply("mul", x)
+            return lambda x: Traced(self._builder, _term(self._builder, x)).square()
         if name == "clip":
             return self._clip
         if name == "array":
             return lambda value, dtype=None: value if dtype is None else Traced(
                 self._builder, _term(self._builder, value)).astype(dtype)
+        value = getattr(mx, name, None)
+        if isinstance(value, (int, float)):   # mx.inf, mx.pi, mx.e
+            return value
         return _refuse(f"mx.{name}")
 
     def _clip(self, x, a_min=None, a_max=None) -> Traced:
@@ -169,9 +172,9 @@ def trace(score_mod) -> tuple[str, list[mx.array]]:
         raise TypeError(f"score_mod must be a Python function, got {type(score_mod).__name__}")
     try:
         result = _with_stand_ins(score_mod, builder, {})(*arguments)
-    except Exception as error:   # ours name the score_mod; else real mx met a stand-in, a wrong signature, ...
-        if isinstance(error, ValueError) and str(error).startswith("score_mod"):
-            raise
+    except Untraceable:
+        raise
+    except Exception as error:   # real mx met a stand-in, a wrong signature, ...
         raise ValueError(f"score_mod could not be traced ({type(error).__name__}: {error}): it must compute with "
                          "mlx.core functions and operators on its arguments, named in its own code") from error
     return builder.text(_term(builder, result)), list(builder.tensors)
@@ -183,6 +186,9 @@ def _with_stand_ins(function: types.FunctionType, builder: Builder, copies: dict
     import mlx
     if function in copies:
         return copies[function]
+    scope, cells = dict(function.__globals__), tuple(types.CellType() for _ in function.__closure__ or ())
+    copy = types.FunctionType(function.__code__, scope, function.__name__, None, cells)
+    copies[function] = copy   # before the functions it names, which may name it
 
     def replaced(value):
         if value is mx:
@@ -195,13 +201,11 @@ def _with_stand_ins(function: types.FunctionType, builder: Builder, copies: dict
             return _with_stand_ins(value, builder, copies)
         return value
 
-    code = function.__code__
-    names = {name: replaced(function.__globals__[name]) for name in code.co_names if name in function.__globals__}
-    cells = tuple(types.CellType(replaced(cell.cell_contents)) for cell in function.__closure__ or ())
-    defaults = None if function.__defaults__ is None else tuple(replaced(d) for d in function.__defaults__)
-    copy = types.FunctionType(code, {**function.__globals__, **names}, function.__name__, defaults, cells)
+    scope.update({name: replaced(scope[name]) for name in names(function.__code__) if name in scope})
+    for cell, original in zip(cells, function.__closure__ or ()):
+        cell.cell_contents = replaced(original.cell_contents)
+    copy.__defaults__ = None if function.__defaults__ is None else tuple(replaced(d) for d in function.__defaults__)
     copy.__kwdefaults__ = {k: replaced(d) for k, d in (function.__kwdefaults__ or {}).items()} or None
-    copies[function] = copy
     return copy
 
 

@@ -26,13 +26,13 @@ class _Unknown(Exception):
     """Something a function sees that no fingerprint can stand for."""
 
 
-def _names(code: types.CodeType) -> set[str]:
+def names(code: types.CodeType) -> set[str]:
     """The names a code object and the code objects it holds (nested functions) look up."""
-    names = set(code.co_names)
+    found = set(code.co_names)
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
-            names |= _names(constant)
-    return names
+            found |= names(constant)
+    return found
 
 
 class TraceCache:
@@ -80,5 +80,5 @@ class TraceCache:
         scope = function.__globals__
         return (id(function.__code__), self._print(function.__defaults__, seen, depth),
                 tuple(self._print(cell.cell_contents, seen, depth) for cell in function.__closure__ or ()),
-                tuple((name, self._print(scope[name], seen, depth)) for name in sorted(_names(function.__code__))
+                tuple((name, self._print(scope[name], seen, depth)) for name in sorted(names(function.__code__))
                       if name in scope))

@@ -1,8 +1,8 @@
 #include "attention_args.hpp"
 
-#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 namespace mfa {
@@ -33,22 +33,25 @@ std::string axes(Layout layout) { return layout == Layout::bhsd ? "B, Hq, R, D" 
 
 std::string text_of(const std::vector<std::int64_t>& values) { return shape_text(values); }
 
-// A double as Python's repr prints it: the shortest text that reads back, "1.5", "2.0", "1e+39", "inf".
-std::string python_float(double value) {
-  if (std::isnan(value)) return "nan";
-  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
-  char text[32];
-  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
-  std::string out(text, end);
-  if (out.find_first_of(".e") == std::string::npos) out += ".0";
-  return out;
-}
-
 // Python's format(value, ".<digits>g").
 std::string general_float(double value, int digits) {
   char text[32];
   std::snprintf(text, sizeof text, "%.*g", digits, value);
   return text;
+}
+
+// A double as Python's repr prints it: the shortest text that reads back, "1.5", "2.0", "1e+39", "inf"
+// (snprintf, since Apple's libc++ lacks floating-point to_chars before macOS 13.3).
+std::string python_float(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  std::string out;
+  for (int digits = 1; digits <= 17; ++digits) {
+    out = general_float(value, digits);
+    if (std::strtod(out.c_str(), nullptr) == value) break;
+  }
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
 }
 
 }  // namespace
@@ -155,7 +158,7 @@ Problem forward_problem(const TensorView& q, const TensorView& k, const TensorVi
   if (options.scale) {
     const double s = *options.scale;
     if (!std::isfinite(s)) throw ArgumentError("scale must be finite, got " + python_float(s));
-    if (std::fabs(double(s)) > kMaxScale)
+    if (std::fabs(s) > kMaxScale)
       throw ArgumentError("scale is " + python_float(s) + "; the kernels take scale * log2(e) in float32, so "
                           "|scale| must be at most " + general_float(kMaxScale, 4));
     p.scale = s;

@@ -39,7 +39,7 @@ static float* random_floats(size_t n) {
 /* A NaN payload no kernel writes: an output still holding it was not written. */
 static float* poisoned(size_t n) {
   float* x = malloc(n * sizeof *x);
-  memset(x, 0x7f, n * sizeof *x);
+  memset(x, 0xff, n * sizeof *x);
   return x;
 }
 

@@ -187,10 +187,15 @@ def _inputs(rng, facts, B, Hkv, R, C, scale=None):
     return shaped(Hq, R, D), shaped(Hkv, C, D), shaped(Hkv, C, Dv), kwargs
 
 
-def _cpp_options(kwargs):
-    return dict(scale=kwargs["scale"], causal=kwargs["causal"], window=kwargs["window"], layout=kwargs["layout"],
-                mask=None if kwargs["mask"] is None else view(kwargs["mask"]),
-                sinks=None if kwargs["sinks"] is None else view(kwargs["sinks"]))
+def cpp_options(options: dict) -> dict:
+    """Python's keyword arguments as the C++ hooks take them: arrays as views (score_mod_tensors
+    each), causal=True as "lower_right"."""
+    converted = {name: view(value) if isinstance(value, np.ndarray) else value for name, value in options.items()}
+    if "score_mod_tensors" in options:
+        converted["score_mod_tensors"] = [view(t) for t in options["score_mod_tensors"]]
+    if options.get("causal") is True:
+        converted["causal"] = "lower_right"
+    return converted
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"family{c[0]}-R{c[3]}-C{c[4]}" for c in CASES])
@@ -240,10 +245,10 @@ def _check_against_python(bundle, case, rng):
     q, k, v, kwargs = _inputs(rng, facts, B, Hkv, R, C, **options)
     o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **kwargs)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
-    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), view(rows), **_cpp_options(kwargs))
+    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), view(rows), **cpp_options(kwargs))
     assert out.tobytes() == o.tobytes() and rows.tobytes() == lse.tobytes()
     out_only = poison(o.shape, o.dtype)   # without lse: an intermediate takes it, the output is the same
-    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out_only), **_cpp_options(kwargs))
+    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out_only), **cpp_options(kwargs))
     assert out_only.tobytes() == o.tobytes()
     expected = reference.attention_reference(q, k, v, **{**kwargs, "causal": kwargs["causal"] != "none" and
                                                         kwargs["causal"]})
@@ -257,7 +262,7 @@ def _check_against_python(bundle, case, rng):
     mine = [poison(x.shape, x.dtype) for x in grads]
     dsinks = view(mine[3]) if kwargs["sinks"] is not None else None
     _core._bundle_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse), view(do),
-                                     view(mine[0]), view(mine[1]), view(mine[2]), dsinks, **_cpp_options(kwargs))
+                                     view(mine[0]), view(mine[1]), view(mine[2]), dsinks, **cpp_options(kwargs))
     for ours, theirs in zip(mine, grads):
         assert ours.tobytes() == theirs.tobytes()
 

@@ -12,7 +12,8 @@ import pytest
 import mfa_native
 from mfa_native import _core
 
-from test_bundle_cpp import bundle, payload, view  # noqa: F401 (the fixtures)
+from conftest import poison
+from test_bundle_cpp import bundle, cpp_options, payload, view  # noqa: F401 (the fixtures)
 
 B, HQ, HKV, R, C, D = 1, 2, 1, 4, 6, 16   # FAMILIES[0]: float32, D 16, GQA 2, lower right, sinks
 
@@ -21,15 +22,6 @@ def _arrays(rng):
     q = rng.standard_normal((B, HQ, R, D)).astype(np.float32)
     k, v = (rng.standard_normal((B, HKV, C, D)).astype(np.float32) for _ in "kv")
     return dict(q=q, k=k, v=v)
-
-
-def _cpp_options(options: dict) -> dict:
-    converted = {name: view(value) if isinstance(value, np.ndarray) else value for name, value in options.items()}
-    if "score_mod_tensors" in options:
-        converted["score_mod_tensors"] = [view(t) for t in options["score_mod_tensors"]]
-    if options.get("causal") is True:
-        converted["causal"] = "lower_right"
-    return converted
 
 
 FORWARD_CASES = {   # what changes from a good call: arrays, then options
@@ -71,10 +63,12 @@ def test_forward_refusals_are_pythons(bundle, case, rng):
     arrays.update({name: change(arrays) for name, change in changes.items()})
     options = {"causal": True, **options}
     python = _outcome(lambda: mfa_native.attention(**arrays, **options, device="cpu"))
-    out = np.zeros((*arrays["q"].shape[:3], arrays["v"].shape[-1]), np.float32)
+    out = poison((*arrays["q"].shape[:3], arrays["v"].shape[-1]), np.float32)
+    before = out.tobytes()
     cpp = _outcome(lambda: _core._bundle_attention("cpu", bundle, *(view(arrays[n]) for n in "qkv"), view(out),
-                                                   **_cpp_options(options)))
+                                                   **cpp_options(options)))
     assert python is not None and cpp == python
+    assert out.tobytes() == before   # refused before anything is written
 
 
 BACKWARD_CASES = {
@@ -94,8 +88,10 @@ def test_backward_refusals_are_pythons(bundle, case, rng):
     name, change = BACKWARD_CASES[case]
     given[name] = change(given[name])
     python = _outcome(lambda: mfa_native.attention_backward(**arrays, **given, causal=True, device="cpu"))
-    grads = [np.zeros_like(arrays[n]) for n in "qkv"]
+    grads = [poison(arrays[n].shape, np.float32) for n in "qkv"]
+    before = [g.tobytes() for g in grads]
     cpp = _outcome(lambda: _core._bundle_attention_backward(
         "cpu", bundle, *(view(arrays[n]) for n in "qkv"), view(given["o"]), view(given["lse"]), view(given["do"]),
         *map(view, grads), causal="lower_right"))
     assert python is not None and cpp == python
+    assert [g.tobytes() for g in grads] == before   # refused before anything is written

@@ -14,7 +14,7 @@ from mfa_native.bundle import entries_of
 from mfa_native.bundle.writer import build_payload, entry_line
 
 from conftest import poison, relative_l2
-from test_bundle_cpp import bundle, view  # noqa: F401 (bundle: the fixture, over this module's payload)
+from test_bundle_cpp import bundle, cpp_options, view  # noqa: F401 (bundle: the fixture, over this payload)
 
 # score + bias[h] * (q_idx - kv_idx) where doc[kv_idx] == doc[q_idx], else score - 1 (a document bias):
 # mfa_native.torch.score_mod.trace's text of that function, with bias (4,) float and doc (20,) int.
@@ -57,19 +57,12 @@ def _score_mod_problem(rng):
                          score_mod_tensors=_score_mod_tensors(rng))
 
 
-def _cpp(options: dict) -> dict:
-    """Python's keyword arguments as the test hooks take them (views of the arrays)."""
-    converted = {name: view(value) if isinstance(value, np.ndarray) else value for name, value in options.items()}
-    converted["score_mod_tensors"] = [view(t) for t in options.get("score_mod_tensors", [])]
-    return converted
-
-
 @pytest.mark.parametrize("make", [_capped_problem, _score_mod_problem], ids=["softcap-alibi", "score_mod"])
 def test_score_transforms_run_from_a_bundle_with_pythons_bits(bundle, make, rng):
     q, k, v, options = make(rng)
     o, lse = mfa_native.attention(q, k, v, return_lse=True, device="cpu", **options)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
-    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), view(rows), **_cpp(options))
+    _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), view(rows), **cpp_options(options))
     assert out.tobytes() == o.tobytes() and rows.tobytes() == lse.tobytes()
     plain = {name: value for name, value in options.items() if name in ("causal", "layout", "sinks")}
     assert relative_l2(o, mfa_native.attention(q, k, v, device="cpu", **plain)) > 0.05   # the transforms matter
@@ -82,7 +75,7 @@ def test_score_transforms_run_from_a_bundle_with_pythons_bits(bundle, make, rng)
     mine = [poison(x.shape, x.dtype) for x in grads]
     dsinks = view(mine[3]) if "sinks" in options else None
     _core._bundle_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse), view(do),
-                                     *map(view, mine[:3]), dsinks, **_cpp(options))
+                                     *map(view, mine[:3]), dsinks, **cpp_options(options))
     for ours, theirs in zip(mine, grads):
         assert ours.tobytes() == theirs.tobytes()
 
@@ -94,11 +87,11 @@ def test_entry_lines_name_the_transforms(bundle, payload):
     assert " alibi=per_head score_mod=" in lines[1] and "softcap" not in lines[1]
 
 
-def _refused(bundle, q, k, v, options, match):
+def _refused(bundle, q, k, v, options, match, error=ValueError):
     out = poison((*q.shape[:3], v.shape[-1]), np.float32)
     before = out.tobytes()
-    with pytest.raises(ValueError, match=match):
-        _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), **_cpp(options))
+    with pytest.raises(error, match=match):
+        _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(out), **cpp_options(options))
     assert out.tobytes() == before
 
 
@@ -122,19 +115,17 @@ def test_bad_transform_arguments_are_refused_as_python_refuses_them(bundle, rng)
             mfa_native.attention(q, k, v, device="cpu", **{**options, **change})
         prefix = str(python.value).split(", got")[0]
         _refused(bundle, q, k, v, {**options, **change}, "^" + prefix.replace("(", r"\(").replace(")", r"\)"))
-    with pytest.raises(TypeError, match="alibi_slopes must be float32, got dtype float16"):
-        _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(np.empty_like(q[..., :16])),
-                                **_cpp({**options, "alibi_slopes": options["alibi_slopes"].astype(np.float16)}))
+    _refused(bundle, q, k, v, {**options, "alibi_slopes": options["alibi_slopes"].astype(np.float16)},
+             "alibi_slopes must be float32, got dtype float16", TypeError)
     q, k, v, options = _score_mod_problem(rng)
     _refused(bundle, q, k, v, {**options, "score_mod": ""}, "score_mod_tensors given without a score_mod")
-    with pytest.raises(TypeError, match=r"score_mod_tensors\[0\] must be float32 or int32"):
-        tensors = [options["score_mod_tensors"][0].astype(np.float16), options["score_mod_tensors"][1]]
-        _core._bundle_attention("cpu", bundle, view(q), view(k), view(v), view(np.empty_like(q)),
-                                **_cpp({**options, "score_mod_tensors": tensors}))
+    tensors = [options["score_mod_tensors"][0].astype(np.float16), options["score_mod_tensors"][1]]
+    _refused(bundle, q, k, v, {**options, "score_mod_tensors": tensors},
+             r"score_mod_tensors\[0\] must be float32 or int32", TypeError)
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("softcap", [0], "'softcap' values must be null"),
+    ("softcap", [0], "'softcap' values: softcap must be finite and above 0"),
     ("alibi", ["sideways"], "'alibi' value 'sideways' is not one of"),
     ("score_mod", [{"text": DOCUMENT_BIAS}], "'score_mod' score_mod: the expression reads tensors"),
     ("score_mod", ["x + 1"], "'score_mod' values are null or"),

@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
-import numbers
 from dataclasses import dataclass
 
 from ..codegen import FAMILIES, MAX_HEAD_DIM
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.attention.problem import CAUSAL, DTYPES, LAYOUTS, MASKS
+from ..ops.arguments import softcap_value
 
 KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
         "layout", "softcap", "alibi", "score_mod", "family", "backward")
@@ -110,12 +109,11 @@ def _bools(values: list, key: str, where: str) -> list[bool]:
 
 
 def _softcaps(values: list, where: str) -> list[float | None]:
-    for value in values:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                                  or not (math.isfinite(value) and value > 0)):
-            raise ValueError(f"{where}: 'softcap' values must be null (no cap) or finite numbers above 0, "
-                             f"got {value!r}")
-    return [None if v is None else float(v) for v in values]
+    """Each cap as the ops check it (ops/arguments.softcap_value)."""
+    try:
+        return [softcap_value(v) for v in values]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: 'softcap' values: {error}") from None
 
 
 def _score_mods(values: list, where: str) -> list[ScoreModFacts | None]:

@@ -142,7 +142,9 @@ class Op:
         self.array_names = tuple(n for a in self.arguments for n in ((a.name,) if a.kind == "array" else a.names))
         self.option_names = tuple(a.name for a in self.arguments if a.kind == "option")
         self._simple = all(a.kind in ("array", "option") for a in self.arguments)
-        self._resolves = tuple(a.resolve for a in self.arguments if a.resolve is not None)
+        # Each argument's resolve, then the op's (`resolved`).
+        self._resolves = tuple(a.resolve for a in self.arguments if a.resolve is not None) + \
+            ((self.resolve,) if self.resolve is not None else ())
         self.function = self._function()
 
     # -- calls ------------------------------------------------------------------------------
@@ -162,7 +164,7 @@ class Op:
         precompile) takes them first."""
         for resolve in self._resolves:
             values = resolve(values)
-        return values if self.resolve is None else self.resolve(values)
+        return values
 
     def precompile(self, values: dict[str, Any]) -> None:
         """Prepares a call with every argument by name (defaults filled in) without running it:
@@ -255,7 +257,7 @@ class Op:
         fast = " and ".join(f"(type({a.name}) is _ndarray" + (f" or _host_quantized({a.name}))" if a.quantized else ")")
                             for a in leading) or "True"
         values = "{" + ", ".join(f"'{p.name}': {p.name}" for p in params) + "}"
-        if self.resolve is not None or self._resolves:
+        if self._resolves:
             values = f"_resolve({values})"
         source = (f"def {self.name}({', '.join(text)}):\n"
                   f"    if {fast}:\n"

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..codegen.attention.score_mod import ScoreMod, tensor_buffer
 from ..runtime.frameworks import framework_of, trace_score_mod
+from .given_kind import items
 from . import arguments as check
 from .declaration import Arg
 from .warm import Checked
@@ -19,14 +20,14 @@ def traced_score_mod(values: dict) -> dict:
     """`values` with a score_mod function traced into its text and the arrays it captured, by
     the tracer of q's array kind (torch tensors: torch's; MLX arrays: MLX's)."""
     score_mod = values["score_mod"]
-    if score_mod is None or isinstance(score_mod, str) or not callable(score_mod):
+    if not callable(score_mod):
         return values
     framework = framework_of(values["q"])
     if framework is None:
         raise TypeError("score_mod is a function, which is traced by the framework of q's arrays (torch "
                         "tensors or MLX arrays); with numpy arrays pass its text and tensors "
                         "(mfa_native.torch.score_mod.trace)")
-    if values["score_mod_tensors"]:
+    if items(values["score_mod_tensors"]):
         raise ValueError("score_mod_tensors is given with a score_mod function: tracing the function finds the "
                          "arrays it reads")
     text, arrays = trace_score_mod(framework, score_mod)

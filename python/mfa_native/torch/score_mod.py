@@ -44,16 +44,16 @@ class _Expression(Builder):
         if isinstance(value, torch.fx.Node):
             found = nodes[value]
             if isinstance(found, torch.Tensor):
-                return self.read(found, [])
+                return self.read_tensor(found, [])
             return found
         if isinstance(value, (bool, int, float)):
             return self.add("const", value=value)
         raise ValueError(f"score_mod: an operand {value!r} is neither a traced value nor a number")
 
-    def read(self, tensor: torch.Tensor, indices: list[int]) -> int:
+    def read_tensor(self, tensor: torch.Tensor, indices: list[int]) -> int:
         """A read of captured `tensor` (the same tensor, one buffer) at the index terms."""
         dtype = "float" if tensor.is_floating_point() else "bool" if tensor.dtype == torch.bool else "int"
-        return super().read(tensor, tuple(tensor.shape), dtype, indices)
+        return self.read(tensor, tuple(tensor.shape), dtype, indices)
 
 
 def trace(score_mod) -> tuple[str, list[torch.Tensor]]:
@@ -90,7 +90,7 @@ def _translate(node, nodes: dict, expression: _Expression):
         tensor, indices = nodes[args[0]], args[1]
         if not isinstance(tensor, torch.Tensor) or any(i is None for i in indices):
             raise ValueError("score_mod: only captured tensors are indexed, at every axis, by index expressions")
-        return expression.read(tensor, [operand(i) for i in indices])
+        return expression.read_tensor(tensor, [operand(i) for i in indices])
     if packet in (aten.scalar_tensor, aten.full_like, aten.zeros_like, aten.ones_like):
         value = {aten.zeros_like: 0, aten.ones_like: 1}.get(packet, args[-1] if packet is not aten.scalar_tensor
                                                           else args[0])

@@ -156,7 +156,6 @@ def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) ->
     return sizes
 
 
-
 def backward_sizes(problem: AttentionBackwardProblem) -> dict[str, int]:
     """sizes_of the forward problem, and with runtime strides those of o and dout."""
     sizes = sizes_of(problem.forward)

@@ -77,6 +77,10 @@ def expression_text(terms: tuple[Term, ...]) -> str:
                      for t in terms)
 
 
+class Untraceable(ValueError):
+    """What a score_mod tracer cannot compile (a ValueError naming it)."""
+
+
 class Builder:
     """The terms a tracer builds (torch/score_mod.py, mlx_score_mod.py), and the captured
     tensors they read, each once, by identity."""
@@ -94,10 +98,10 @@ class Builder:
         """A read of captured `tensor` (of `shape`; its elements' dtype "float", "int" or
         "bool") at the index terms; ValueError unless every axis is indexed by an integer."""
         if len(indices) != len(shape):
-            raise ValueError(f"score_mod: a captured tensor of shape {tuple(shape)} is indexed by "
+            raise Untraceable(f"score_mod: a captured tensor of shape {tuple(shape)} is indexed by "
                              f"{len(indices)} index(es): index every axis with b, h, q_idx, kv_idx expressions")
         if any(self.terms[i].dtype == "float" for i in indices):
-            raise ValueError("score_mod: a captured tensor is indexed by a float expression: cast it to an integer")
+            raise Untraceable("score_mod: a captured tensor is indexed by a float expression: cast it to an integer")
         number = next((i for i, t in enumerate(self.tensors) if t is tensor), len(self.tensors))
         if number == len(self.tensors):
             self.tensors.append(tensor)
