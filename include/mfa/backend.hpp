@@ -83,6 +83,10 @@ struct TuningFacts {
   // count ("Apple M3 Max, 40 GPU cores"; the name alone where the registry has
   // no count); cpu, "cpu". Stable across runs and processes.
   std::string model;
+  // Whether code generation may write Metal 4 tensor-op kernels (<metal_tensor>,
+  // MetalPerformancePrimitives) for the device: Metal, an Apple10 GPU (M5) on macOS 26.2 or
+  // later; cpu, only when MFA_NATIVE_TENSOR_OPS=on. MFA_NATIVE_TENSOR_OPS=off makes it false.
+  bool tensor_ops = false;
 };
 
 class Backend {

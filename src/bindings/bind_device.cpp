@@ -100,13 +100,18 @@ void bind_device(nb::module_& m) {
       .def("argument_size", [](const Pipeline& p, int index) { return p.backend().argument_size(index); },
            "index"_a, "sizeof the type [[buffer(index)]] points or refers to; 0 when unknown");
 
-  nb::class_<TuningFacts>(m, "TuningFacts", "What code generation tunes for: tile-table family and parallel width.")
+  nb::class_<TuningFacts>(m, "TuningFacts",
+                          "What code generation tunes for: tile-table family, parallel width and tensor ops.")
       .def_ro("family", &TuningFacts::family, "tile-table family, 'apple7' .. 'apple10'")
       .def_ro("parallel_threadgroups", &TuningFacts::parallel_threadgroups, "threadgroups the device runs at once")
       .def_ro("model", &TuningFacts::model, "the device model tuned tables are kept per, e.g. 'Apple M3 Max, 40 GPU cores'")
+      .def_ro("tensor_ops", &TuningFacts::tensor_ops,
+              "whether codegen may write Metal 4 tensor-op kernels: an M5 on macOS 26.2 or later "
+              "(the cpu device: MFA_NATIVE_TENSOR_OPS=on)")
       .def("__repr__", [](const TuningFacts& t) {
         return "<TuningFacts family='" + t.family + "' parallel_threadgroups=" +
-               std::to_string(t.parallel_threadgroups) + " model='" + t.model + "'>";
+               std::to_string(t.parallel_threadgroups) + " model='" + t.model +
+               "' tensor_ops=" + (t.tensor_ops ? "True" : "False") + ">";
       });
 
   // The docstrings are the API reference's (mkdocstrings renders them; Google style, Markdown).

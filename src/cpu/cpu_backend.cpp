@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/backends.hpp"
+#include "core/tensor_ops.hpp"
 #include "executor.hpp"
 #include "kernel_compiler.hpp"
 #include "mfa/errors.hpp"
@@ -147,7 +148,9 @@ class CpuBackend final : public Backend {
   }
 
   TuningFacts tuning() const override {
-    return {kTuningFamily, kThreadgroupsPerWorker * cpu::Executor::shared().workers(), "cpu"};
+    // MFA_NATIVE_TENSOR_OPS=on has code generation write what an M5 runs; the family stays.
+    return {kTuningFamily, kThreadgroupsPerWorker * cpu::Executor::shared().workers(), "cpu",
+            cpu_tensor_ops(tensor_ops_setting())};
   }
 
   std::shared_ptr<BackendLibrary> compile_library(const std::string& source, const CompileOptions& options) override {

@@ -37,6 +37,11 @@ MFA_METAL_AVAILABILITY std::optional<std::uint32_t> gpu_core_count(id<MTLDevice>
   return [static_cast<NSNumber*>(count) unsignedIntValue];
 }
 
+MacosVersion running_macos() {
+  const NSOperatingSystemVersion os = NSProcessInfo.processInfo.operatingSystemVersion;
+  return {static_cast<int>(os.majorVersion), static_cast<int>(os.minorVersion), static_cast<int>(os.patchVersion)};
+}
+
 }  // namespace
 
 DeviceFacts read_device_facts(id<MTLDevice> device) {
@@ -49,6 +54,8 @@ DeviceFacts read_device_facts(id<MTLDevice> device) {
   facts.limits.max_threads_per_threadgroup = static_cast<std::uint32_t>(device.maxThreadsPerThreadgroup.width);
   facts.limits.max_threadgroup_memory = device.maxThreadgroupMemoryLength;
   facts.recommended_working_set = device.recommendedMaxWorkingSetSize;
+  facts.macos = running_macos();
+  facts.tensor_ops = metal_tensor_ops(facts.gpu_family == "apple10", facts.macos, tensor_ops_setting());
   return facts;
 }
 

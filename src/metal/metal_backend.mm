@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/backends.hpp"
+#include "core/tensor_ops.hpp"
 #include "mfa/errors.hpp"
 #include "mfa/pipeline.hpp"
 #include "metal/dispatch_timer.h"
@@ -38,13 +39,14 @@ MetalBackend::MetalBackend(id<MTLDevice> device, id<MTLCommandQueue> queue, Devi
     : device_(device),
       queue_(queue),
       facts_(std::move(facts)),
-      archive_(PipelineArchive::open(device)),
+      archive_(PipelineArchive::open(device, facts_.macos)),
       page_size_(static_cast<std::size_t>(::sysconf(_SC_PAGESIZE))) {}
 
 std::vector<std::pair<std::string, std::string>> MetalBackend::properties() const {
   return {{"gpu_family", facts_.gpu_family},
           {"architecture", facts_.architecture},
           {"gpu_cores", facts_.gpu_cores ? std::to_string(*facts_.gpu_cores) : "unknown"},
+          {"macos", facts_.macos.text()},
           {"metal_language", language_version_name()},
           {"recommended_working_set_mib", std::to_string(facts_.recommended_working_set >> 20)},
           {"page_size", std::to_string(page_size_)},
@@ -55,16 +57,25 @@ TuningFacts MetalBackend::tuning() const {
   // Families are cumulative: a GPU newer than Apple10 supports Apple10 and reports "apple10".
   const std::string model =
       facts_.gpu_cores ? facts_.name + ", " + std::to_string(*facts_.gpu_cores) + " GPU cores" : facts_.name;
-  return {facts_.gpu_family, kThreadgroupsPerCore * facts_.gpu_cores.value_or(kAssumedGpuCores), model};
+  return {facts_.gpu_family, kThreadgroupsPerCore * facts_.gpu_cores.value_or(kAssumedGpuCores), model,
+          facts_.tensor_ops};
 }
 
 std::shared_ptr<BackendLibrary> MetalBackend::compile_library(const std::string& source,
                                                               const CompileOptions& options) {
-  return with_autorelease_pool([&] { return compile_msl(device_, source, options); });
+  const bool tensor_op_kernel = uses_tensor_ops(source);
+  if (tensor_op_kernel && !facts_.tensor_ops)
+    refuse_tensor_op_kernel(facts_.name + " (" + facts_.gpu_family + ", macOS " + facts_.macos.text() + ")",
+                            tensor_ops_setting());
+  return with_autorelease_pool([&] { return compile_msl(device_, source, options, tensor_op_kernel); });
 }
 
-std::shared_ptr<BackendLibrary> MetalBackend::load_library(const std::string&, const std::vector<unsigned char>& binary,
-                                                           const CompileOptions&) {
+std::shared_ptr<BackendLibrary> MetalBackend::load_library(const std::string& source,
+                                                           const std::vector<unsigned char>& binary,
+                                                           const CompileOptions& options) {
+  // A tensor-op kernel's cooperative-tensor ABI follows the deployment target its
+  // .metallib was built for, which a bundle does not record: compile it here instead.
+  if (uses_tensor_ops(source)) return compile_library(source, options);
   return with_autorelease_pool([&] { return load_metallib(device_, binary); });
 }
 

@@ -22,8 +22,11 @@ MFA_METAL_AVAILABILITY std::string language_version_name();
 
 // Throws CompileError carrying Metal's compiler log; ArgumentError for source
 // or options that are not valid UTF-8 or ask for an MSL version this OS lacks.
+// A `tensor_op_kernel` (core/tensor_ops.hpp uses_tensor_ops) compiles as MSL
+// 4.0 for macOS 26.2, whose cooperative-tensor ABI it needs; the caller has
+// checked that the device runs tensor ops.
 MFA_METAL_AVAILABILITY std::shared_ptr<MetalLibrary> compile_msl(id<MTLDevice> device, const std::string& source,
-                                                                     const CompileOptions& options);
+                                                                 const CompileOptions& options, bool tensor_op_kernel);
 
 // The library in `metallib` (the bytes of a .metallib file: a bundle's
 // `--metallib`), loaded with no compiling. Throws CompileError carrying

@@ -16,13 +16,30 @@ struct LanguageVersion {
   const char* name;
 };
 
+// Metal numbers MSL versions (major << 16) + minor. Written as numbers, the
+// versions older SDKs do not name (3.2 before macOS 15, 4.0 before macOS 26)
+// compile against every SDK, so the SDK check sees both sides of each
+// @available below.
+constexpr MTLLanguageVersion language_version(unsigned major, unsigned minor) {
+  return static_cast<MTLLanguageVersion>((major << 16) + minor);
+}
+
+// The only MSL version a tensor-op kernel compiles as: <metal_tensor> and
+// MetalPerformancePrimitives exist from 4.0 on.
+constexpr LanguageVersion kTensorOpsLanguage = {language_version(4, 0), "4.0"};
+
+// MTLCompileOptions has no deployment target (up to the macOS 27 SDK); the
+// run-time compiler takes its defaults from the SDK the process was linked
+// against. MetalPerformancePrimitives picks its cooperative-tensor ABI by the
+// compiler's minimum-OS macro (the macOS 26.2 ABI from 260200 on), so a
+// tensor-op kernel names its target the way -mmacosx-version-min=26.2 would.
+constexpr const char* kMinimumMacosMacros[] = {"__ENVIRONMENT_OS_VERSION_MIN_REQUIRED__",
+                                               "__ENVIRONMENT_MAC_OS_X_VERSION_MIN_REQUIRED__"};
+constexpr const char* kTensorOpsMinimumMacos = "260200";
+
 MFA_METAL_AVAILABILITY LanguageVersion newest_language_version() {
-#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 260000
-  if (@available(macOS 26.0, *)) return {MTLLanguageVersion4_0, "4.0"};
-#endif
-#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
-  if (@available(macOS 15.0, *)) return {MTLLanguageVersion3_2, "3.2"};
-#endif
+  if (@available(macOS 26.0, *)) return {language_version(4, 0), "4.0"};
+  if (@available(macOS 15.0, *)) return {language_version(3, 2), "3.2"};
   return {MTLLanguageVersion3_1, "3.1"};
 }
 
@@ -39,16 +56,18 @@ std::optional<NSUInteger> parse_language_version(const std::string& text) {
 }
 
 // CompileOptions::language_version is the oldest MSL the source needs; the
-// library is compiled with the newest the OS has, which must not be older.
-MFA_METAL_AVAILABILITY LanguageVersion checked_language_version(const std::string& requested) {
+// library is compiled with the newest the OS has (a tensor-op kernel: 4.0),
+// which must not be older.
+MFA_METAL_AVAILABILITY LanguageVersion checked_language_version(const std::string& requested, bool tensor_op_kernel) {
   const std::optional<NSUInteger> version = parse_language_version(requested);
   if (!version)
     throw ArgumentError("CompileOptions.language_version must look like \"3.1\", got \"" + requested + "\"");
-  const LanguageVersion newest = newest_language_version();
-  if (*version > newest.value)
-    throw ArgumentError("the source asks for MSL " + requested + ", but this macOS compiles MSL " + newest.name +
-                        " at most");
-  return newest;
+  const LanguageVersion chosen = tensor_op_kernel ? kTensorOpsLanguage : newest_language_version();
+  if (*version > chosen.value)
+    throw ArgumentError("the source asks for MSL " + requested + ", but " +
+                        (tensor_op_kernel ? "tensor-op kernels compile as" : "this macOS compiles") + " MSL " +
+                        chosen.name + " at most");
+  return chosen;
 }
 
 // fast_math=false: IEEE-safe arithmetic and precise math functions (kernels
@@ -67,7 +86,9 @@ MFA_METAL_AVAILABILITY void set_math_mode(MTLCompileOptions* options, bool fast_
 #endif
 }
 
-MFA_METAL_AVAILABILITY NSDictionary<NSString*, NSObject*>* preprocessor_macros(const CompileOptions& options) {
+// The caller's macros, and for a tensor-op kernel its minimum macOS (set last, so it wins).
+MFA_METAL_AVAILABILITY NSDictionary<NSString*, NSObject*>* preprocessor_macros(const CompileOptions& options,
+                                                                             bool tensor_op_kernel) {
   NSMutableDictionary<NSString*, NSObject*>* macros = [NSMutableDictionary dictionary];
   for (const auto& [name, value] : options.macros) {
     NSString* ns_name = to_ns_string(name);
@@ -76,16 +97,18 @@ MFA_METAL_AVAILABILITY NSDictionary<NSString*, NSObject*>* preprocessor_macros(c
       throw ArgumentError("CompileOptions.macros: macro '" + name + "' needs a non-empty UTF-8 name and a UTF-8 value");
     macros[ns_name] = ns_value;
   }
+  if (tensor_op_kernel)
+    for (const char* name : kMinimumMacosMacros) macros[@(name)] = @(kTensorOpsMinimumMacos);
   return macros;
 }
 
 // Nothing is left to MTLCompileOptions' defaults, which differ between OS releases.
 MFA_METAL_AVAILABILITY MTLCompileOptions* make_compile_options(const CompileOptions& options,
-                                                               const LanguageVersion& version) {
+                                                               const LanguageVersion& version, bool tensor_op_kernel) {
   MTLCompileOptions* compile = [MTLCompileOptions new];
   compile.languageVersion = version.value;
   set_math_mode(compile, options.fast_math);
-  compile.preprocessorMacros = preprocessor_macros(options);
+  compile.preprocessorMacros = preprocessor_macros(options, tensor_op_kernel);
   compile.libraryType = MTLLibraryTypeExecutable;
   compile.optimizationLevel = MTLLibraryOptimizationLevelDefault;
   compile.preserveInvariance = NO;
@@ -128,13 +151,13 @@ MFA_METAL_AVAILABILITY id<MTLFunction> specialize(const MetalLibrary& library, c
 std::string language_version_name() { return newest_language_version().name; }
 
 std::shared_ptr<MetalLibrary> compile_msl(id<MTLDevice> device, const std::string& source,
-                                              const CompileOptions& options) {
+                                          const CompileOptions& options, bool tensor_op_kernel) {
   NSString* text = to_ns_string(source);
   if (!text) throw ArgumentError("the MSL source is not valid UTF-8");
-  const LanguageVersion version = checked_language_version(options.language_version);
+  const LanguageVersion version = checked_language_version(options.language_version, tensor_op_kernel);
   NSError* error = nil;
   id<MTLLibrary> library = [device newLibraryWithSource:text
-                                                options:make_compile_options(options, version)
+                                                options:make_compile_options(options, version, tensor_op_kernel)
                                                   error:&error];
   if (!library)
     throw CompileError(std::string("Metal could not compile the library (MSL ") + version.name + ")",

@@ -10,17 +10,19 @@
 #include <string>
 #include <utility>
 
+#include "core/tensor_ops.hpp"
 #include "metal/objc_util.h"
 
 namespace mfa::metal {
 
 class MFA_METAL_AVAILABILITY PipelineArchive {
  public:
-  // The archive for this device and OS under the user cache directory
-  // ($MFA_NATIVE_CACHE_DIR/metal, else ~/Library/Caches/mfa_native/metal).
+  // The archive for this device and macOS release (major.minor.patch: a
+  // pipeline compiled on 26.0 is never loaded on 26.2) under the user cache
+  // directory ($MFA_NATIVE_CACHE_DIR/metal, else ~/Library/Caches/mfa_native/metal).
   // nullptr when MFA_NATIVE_METAL_ARCHIVE=0 or no archive can be made there.
   // A file Metal cannot load (corrupt, truncated) is deleted and started afresh.
-  static std::unique_ptr<PipelineArchive> open(id<MTLDevice> device);
+  static std::unique_ptr<PipelineArchive> open(id<MTLDevice> device, const MacosVersion& macos);
 
   // The pipeline from the archive, or nil when the archive does not hold it.
   id<MTLComputePipelineState> find(MTLComputePipelineDescriptor* descriptor, MTLPipelineOption options,

@@ -28,10 +28,8 @@ fs::path cache_directory() {
 }
 
 // One archive per GPU and OS release: GPU binaries are valid for exactly those.
-std::string archive_file_name(id<MTLDevice> device) {
-  const NSOperatingSystemVersion os = NSProcessInfo.processInfo.operatingSystemVersion;
-  std::string name = "pipelines-" + to_std_string(device.name) + "-macos" + std::to_string(os.majorVersion) + "." +
-                     std::to_string(os.minorVersion) + "." + std::to_string(os.patchVersion) + ".metalar";
+std::string archive_file_name(id<MTLDevice> device, const MacosVersion& macos) {
+  std::string name = "pipelines-" + to_std_string(device.name) + "-macos" + macos.text() + ".metalar";
   for (char& c : name)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
   return name;
@@ -48,14 +46,14 @@ MFA_METAL_AVAILABILITY id<MTLBinaryArchive> load_archive(id<MTLDevice> device, N
 
 }  // namespace
 
-std::unique_ptr<PipelineArchive> PipelineArchive::open(id<MTLDevice> device) {
+std::unique_ptr<PipelineArchive> PipelineArchive::open(id<MTLDevice> device, const MacosVersion& macos) {
   if (archive_switched_off()) return nullptr;
   const fs::path directory = cache_directory();
   if (directory.empty()) return nullptr;
   std::error_code failed;
   fs::create_directories(directory, failed);
   if (failed) return nullptr;
-  const fs::path path = directory / archive_file_name(device);
+  const fs::path path = directory / archive_file_name(device, macos);
 
   id<MTLBinaryArchive> archive = nil;
   if (fs::exists(path, failed)) {

@@ -57,6 +57,23 @@ def test_metal_device_reports_an_apple_gpu():
     assert METAL.name
 
 
+def test_metal_device_reports_tensor_ops_on_an_m5_with_macos_26_2():
+    """Metal 4 tensor ops: an Apple10 GPU on macOS 26.2 or later, unless MFA_NATIVE_TENSOR_OPS=off."""
+    properties = METAL.properties
+    macos = tuple(int(part) for part in properties["macos"].split("."))
+    expected = (properties["gpu_family"] == "apple10" and macos >= (26, 2, 0)
+                and os.environ.get("MFA_NATIVE_TENSOR_OPS") != "off")
+    assert METAL.tuning.tensor_ops is expected and tuning_facts(METAL).tensor_ops is expected
+
+
+def test_metal_refuses_a_tensor_op_kernel_where_it_has_no_tensor_ops():
+    if METAL.tuning.tensor_ops:
+        pytest.skip("this Metal device runs tensor ops")
+    source = "#include <metal_stdlib>\n#include <metal_tensor>\nkernel void k(device float* x [[buffer(0)]]) {}\n"
+    with pytest.raises(ValueError, match="uses Metal 4 tensor ops.*does not run"):
+        METAL.library(source)
+
+
 SIMD_AND_THREADGROUP = """
 #include <metal_stdlib>
 using namespace metal;

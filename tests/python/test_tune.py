@@ -159,7 +159,7 @@ class _FakeDevice:
     """What tuning_facts reads of a device: its backend's tuning facts."""
 
     def __init__(self, model: str) -> None:
-        self.tuning = SimpleNamespace(family=FAMILY, parallel_threadgroups=40, model=model)
+        self.tuning = SimpleNamespace(family=FAMILY, parallel_threadgroups=40, model=model, tensor_ops=False)
 
 
 def test_two_devices_of_one_family_keep_tables_of_their_own(tuning_dir):

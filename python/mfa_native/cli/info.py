@@ -26,9 +26,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ndevice {device.kind}: {device.name}")
         for key, value in device.limits.items():
             print(f"  {key}: {value}")
-        family = tuning_facts(device).family
-        print(f"  tile table: {tuned.source(family)}")
-        print(f"  tuned table: {tuned.location(family)}")
+        facts = tuning_facts(device)
+        print(f"  tile table: {tuned.source(facts.family)}")
+        print(f"  tuned table: {tuned.location(facts.family)}")
+        print(f"  tensor ops: {facts.tensor_ops}")
         try:
             properties = device.properties
         except mfa_native.DeviceUnavailableError as error:

@@ -68,13 +68,16 @@ def resolve_device(device: Device | str | None) -> Device:
 
 @dataclass(frozen=True)
 class TuningFacts:
-    """What codegen tunes for: the family name codegen takes, and about how many threadgroups
-    the device runs at once (decode splits the keys to fill it). A device's family carries its
-    tuned table (`apple9@Apple-M3-Max-40-GPU-cores`: codegen/kernel/tuned.py device_family), so
-    lookups for it read that device's table and no other."""
+    """What codegen tunes for: the family name codegen takes, about how many threadgroups
+    the device runs at once (decode splits the keys to fill it), and whether it may write Metal 4
+    tensor-op kernels for the device (`tensor_ops`: an M5 on macOS 26.2 or later, unless
+    MFA_NATIVE_TENSOR_OPS=off; the cpu device only with MFA_NATIVE_TENSOR_OPS=on). A device's
+    family carries its tuned table (`apple9@Apple-M3-Max-40-GPU-cores`: codegen/kernel/tuned.py
+    device_family), so lookups for it read that device's table and no other."""
 
     family: str
     parallel_threadgroups: int
+    tensor_ops: bool
 
 
 _tuning: dict[Device, TuningFacts] = {}
@@ -91,7 +94,7 @@ def tuning_facts(device: Device) -> TuningFacts:
     if facts is None:
         reported = device.tuning
         facts = _tuning[device] = TuningFacts(tuned.device_family(reported.family, reported.model),
-                                              reported.parallel_threadgroups)
+                                              reported.parallel_threadgroups, reported.tensor_ops)
     return facts
 
 
