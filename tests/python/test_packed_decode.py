@@ -1,5 +1,5 @@
 """GQA decode with float K/V packs the query heads of a kv head as the rows of the tiles
-(rows.PACKED_HEADS, chosen by kernel/tables.PACKING): each K/V row is read once per kv head
+(rows.PACKED_HEADS, chosen by kernel/packing.PACKING): each K/V row is read once per kv head
 and each key tile costs ceil(R * ratio / 8) row tiles, in the one-pass and the split-KV
 kernels, with every dense feature. Outputs are poisoned (conftest), so a row the packed
 kernel never stores fails."""

@@ -40,7 +40,7 @@ MAX_SPLIT_ROWS = 32                # decode rows that may split (the packed face
 
 def query_lengths(facts: EntryFacts) -> list[int]:
     """R values that reach every rows choice: LENGTHS, and where GQA heads pack as tile rows
-    (tables.PACKING: the threadgroup takes the R * ratio pairs rounded up to whole 8-row tiles),
+    (packing.PACKING: the threadgroup takes the R * ratio pairs rounded up to whole 8-row tiles),
     the first R of every 8 pairs up to the packing bound, and the first R past it."""
     ratio = facts.gqa_ratio
     lengths = set(LENGTHS)

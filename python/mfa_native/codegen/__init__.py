@@ -37,7 +37,7 @@ from .int8.problem import Int8Problem
 from .int8.products import check_exact as check_int8_exact
 from .kernel.layouts import contiguous_strides, physical
 from .kernel.plan import GridAxis, LaunchPlan, Operand
-from .kernel.tables import PACKING, packs_plain_heads
+from .kernel.packing import PACKING, packs_plain_heads
 from .kernel.sizes import Extent, RuntimeSizes
 from .kernel.source import KernelSource
 from .kernel.tables import CPU_FAMILY, FAMILIES, MAX_HEAD_DIM

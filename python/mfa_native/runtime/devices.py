@@ -8,6 +8,7 @@ from typing import Iterator
 
 from .. import _core
 from ..codegen.kernel import tuned
+from ..codegen.kernel.tables import table_family
 
 Device = _core.Device
 
@@ -89,11 +90,13 @@ def forget_tuning() -> None:
 
 
 def tuning_facts(device: Device) -> TuningFacts:
-    """The typed tuning facts the device's backend reports, read once per device."""
+    """The typed tuning facts the device's backend reports, read once per device; its family is
+    the one whose tables it runs (tables.table_family: apple10's tensor-op rows only with tensor ops)."""
     facts = _tuning.get(device)
     if facts is None:
         reported = device.tuning
-        facts = _tuning[device] = TuningFacts(tuned.device_family(reported.family, reported.model),
+        family = table_family(reported.family, reported.tensor_ops)
+        facts = _tuning[device] = TuningFacts(tuned.device_family(family, reported.model),
                                               reported.parallel_threadgroups, reported.tensor_ops)
     return facts
 

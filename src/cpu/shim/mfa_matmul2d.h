@@ -14,7 +14,8 @@
 //   or the op's destination cooperative tensor (mfa_cooperative_tensor.h). An
 //   operand element outside its tensor's extents reads as 0; a destination
 //   element outside them is not written. K is the descriptor's, or with
-//   dynamic_extent the left operand's.
+//   dynamic_length_v<int> (Apple's spelling of a K read from the operands)
+//   the left operand's.
 // - Each thread reads a share of the tensor operands' elements through their
 //   pointers (counted once per run, bounds checked, recorded for the race
 //   detector), then computes the destination elements it owns in the seeded
@@ -127,6 +128,10 @@ Accumulator operand_value(const gathered_matrix<Accumulator, Layout>& gathered, 
 namespace mpp {
 namespace tensor_ops {
 
+// A descriptor's K taken from the left operand's extents (MPPTensorOpsTypes.h).
+template <class T>
+inline constexpr T dynamic_length_v = static_cast<T>(metal::dynamic_extent);
+
 struct matmul2d_descriptor {
   enum class mode {
     multiply,
@@ -138,7 +143,7 @@ struct matmul2d_descriptor {
   bool relaxed_precision;
   mode matmul_mode;
 
-  constexpr matmul2d_descriptor(int m_, int n_, int k_ = static_cast<int>(metal::dynamic_extent),
+  constexpr matmul2d_descriptor(int m_, int n_, int k_ = dynamic_length_v<int>,
                                 bool transpose_left_ = false, bool transpose_right_ = false,
                                 bool relaxed_precision_ = false, mode matmul_mode_ = mode::multiply)
       : m(m_), n(n_), k(k_), transpose_left(transpose_left_), transpose_right(transpose_right_),
@@ -286,7 +291,7 @@ class matmul2d {
   static constexpr void check_cooperative_operands_allowed() {
     static_assert(scope_threads::threads == mfa_abi::kSimdWidth,
                   "matmul2d: cooperative-tensor operands need execution_simdgroup on the cpu backend");
-    static_assert(Descriptor.k != static_cast<int>(metal::dynamic_extent),
+    static_assert(Descriptor.k != dynamic_length_v<int>,
                   "matmul2d: cooperative-tensor operands need a static K in the descriptor");
   }
 
@@ -307,11 +312,11 @@ class matmul2d {
     return mfa_shim::cooperative_tensor_maker::make<CooperativeTensor>(scope_threads::participant());
   }
 
-  // K: the descriptor's, or with dynamic_extent the left tensor's.
+  // K: the descriptor's, or with dynamic_length_v the left tensor's.
   template <class Left>
   static long reduction_length(const Left& left) {
     if constexpr (mfa_shim::is_tensor_v<Left>) {
-      if (Descriptor.k == static_cast<int>(metal::dynamic_extent)) {
+      if (Descriptor.k == dynamic_length_v<int>) {
         return mfa_shim::tensor_access::extent(left, Descriptor.transpose_left ? 1 : 0);
       }
     }

@@ -10,10 +10,10 @@ batch and head counts) share one kernel.
 Strides become `OperandLayout`s (kernel/layouts.py): dense strides stay symbolic,
 e.g. `R * 64`, so a contiguous tensor of another length reuses the kernel. With
 `bake_lengths`, the sizes themselves are literals too. A problem's `runtime_window`,
-`runtime_strides` and `runtime_scale` make the window's sides, the inputs' strides and the
-scale runtime sizes as well (WINDOW_SIZE_NAMES, `stride_names`, SCALE_SIZE_NAMES: the float32
-bits of the scale and of scale * log2(e), which the kernels read with as_type<float>). The facets of the problem
-(keys, storage, rows) describe themselves: their kernel-side facts are fields here.
+`runtime_strides` and `runtime_scale` make the window's sides, the inputs' strides and the scale
+runtime sizes as well (WINDOW_SIZE_NAMES, `stride_names`, SCALE_SIZE_NAMES: the float32 bits of the
+scale and of scale * log2(e), read with as_type<float>). The facets of the problem (keys, storage,
+rows, products) describe themselves: their kernel-side facts are fields here.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..kernel.layouts import (OperandLayout, contiguous_strides, memory_order, operand_layout, runtime_layout,
                               stride_names)
+from ..kernel.products import SIMDGROUP_MATRIX
 from ..kernel.sizes import Extent, RuntimeSizes
 from ..kernel import tuned
 from ..storage.facet import StorageFacts
@@ -101,6 +102,7 @@ class KernelDescriptor(AttentionFacts):
     weight_tile_type: str = "float"  # of P and V in O += P V (tables.py, p16)
     vector_pairs: frozenset[str] = frozenset()  # operands whose row pairs are vector accesses (vector_access)
     split_keys: int = 0     # batch-invariant mode: keys per split, merged in order (invariance.py); 0: off
+    products: str = SIMDGROUP_MATRIX  # how the products are computed (kernel/products.py; the rows facet's choice)
 
     @property
     def simdgroups(self) -> int:
@@ -250,11 +252,11 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     partial = OperandLayout((Extent(0), Extent(0), Extent(Dv), Extent(1)))   # rows of Dv floats
     pairs = vector_pairs(p, row.vector_access, {"q": (facts["q"], D), "k": (facts["k"], D), "v": (facts["v"], Dv),
                                                 "o": (o, Dv), "o_partial": (partial, Dv)})
-    key_block = rows.key_block(p, family)
-    return KernelDescriptor(**facts, o=o, return_lse=p.return_lse,
+    key_block, products = rows.key_block(p, family), rows.products(p, family)
+    return KernelDescriptor(**facts, o=o, return_lse=p.return_lse, products=products,
                             query_rows=rows.query_rows(p, family), key_block=key_block,
                             split_keys=invariance.split_keys(key_block) if p.batch_invariant else 0,
-                            cache_q=row.cache_q, rows=rows, o_block=0 if rows.packed else row.o_block,
+                            cache_q=row.cache_q and products == SIMDGROUP_MATRIX, rows=rows, o_block=0 if rows.packed else row.o_block,
                             tile_type=operand_tile_type(p.dtype, family, row.tiles16),
                             weight_tile_type=operand_tile_type(p.dtype, family, row.p16),
                             stage_kv=rows.packed or rows.stages(p, family), vector_pairs=pairs)

@@ -38,13 +38,15 @@ from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.accumulators import Accumulator
-from ..kernel.tiles import HeadTensor, Rows, accumulate, block_loop, head_pointer, in_registers, scores, tiles, zeroed
+from ..kernel.products import TENSOR_OPS
+from ..kernel.tiles import HeadTensor, block_loop, head_pointer, in_registers, zeroed
 from ..kernel.stores import store_rows
 from ..storage import staging
 from ..storage.staging import StagedTensor
 from . import invariance, operands, staged_steps
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
+from .forward_products import scores_step, values_step, views
 from .pairs import pair_type
 from .rows import row_index, stages_apart, threadgroup_span
 from .scores import buffers, describe as describe_scores, element, setup
@@ -173,7 +175,7 @@ def _geometry(d: KernelDescriptor, finish) -> list[str]:
     lines += d.keys.prologue()
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
-    return lines + staged_steps.declare(_staged(d), d.key_block, d.dtype, d.simdgroups, d.rules.mask)
+    return lines + staged_steps.declare(_staged(d), d.key_block, d.dtype, d.simdgroups, d.rules.mask) + views(d, _tensors(d))
 
 
 def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
@@ -187,19 +189,11 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
                              shared_by=shared_by)
     fills, first, positions = step.fills, step.first, step.positions
     body += fills[0] + ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
-    body += zeroed("p_tile", key_tiles, "scores, then probabilities")
-    body += scores("p_tile", count=key_tiles, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
-                   rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
-                   position="key", first=first, positions=positions,
-                   reread="re-read: Q does not stay in registers at this head dimension")
+    body += zeroed("p_tile", key_tiles, "scores, then probabilities") + scores_step(d, x, first, positions)
     body += online_softmax(d, key_tiles, output(d), at=element(d, "int(row)", "kb + j * 8 + int(tc) + e"))
     if fills[1]:
         body += ["", "// The step's V rows, staged over its K rows."] + fills[1]
-    body += ["", "// O += P V."]
-    body += output(d).blocks(lambda features: accumulate(
-        "o_tile", weights="p_tile", count=key_tiles, rhs=x["v"], rhs_tile="v_tile",
-        rhs_comment="rows are keys, columns are value dims", position="key", first=first, positions=positions,
-        features=features))
+    body += ["", "// O += P V."] + values_step(d, x, first, positions, output(d))
     return block_loop("kb", begin, end, d.key_block, body)
 
 
@@ -234,9 +228,11 @@ def summary(d: KernelDescriptor, finish) -> list[str]:
             f"{d.key_block} keys per block, Q {'in registers' if d.cache_q else 're-read per block'}"
             + (f", O paged through threadgroup memory {d.o_block} features at a time" if d.o_block else "")
             + (", K/V staged in threadgroup memory for every simdgroup" if d.stage_kv and not d.rows.packed else "")
-            + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" else "")
-            + (f", P and V as {d.weight_tile_type} tiles in O += P V" if d.weight_tile_type != "float" else "")
-            + (f"; batch-invariant, splits of {d.split_keys} keys" if d.split_keys else "")]
+            + (f", {d.tile_type} Q and K tiles" if d.tile_type != "float" and d.products != TENSOR_OPS else "")
+            + (f", P and V as {d.weight_tile_type} tiles in O += P V"
+               if d.weight_tile_type != "float" and d.products != TENSOR_OPS else "")
+            + (f"; batch-invariant, splits of {d.split_keys} keys" if d.split_keys else "")
+            + ("; products: Metal 4 tensor ops (matmul2d)" if d.products == TENSOR_OPS else "")]
 
 
 def _kernel(d: KernelDescriptor, finish) -> KernelSource:

@@ -4,7 +4,7 @@ Every attention kernel gives each simdgroup 8 rows. `PER_HEAD`: a threadgroup's 
 queries of one (batch, query head). `PACKED_HEADS`: they are the (query, head) pairs of the
 query heads that read one kv head, staging each step's K/V rows once in threadgroup memory
 for all of them, so a threadgroup reads every K/V byte once per kv head: always for quantized
-K/V, and for plain (float) K/V where the PACKING table (kernel/tables.py) says so, decode and
+K/V, and for plain (float) K/V where the PACKING table (kernel/packing.py) says so, decode and
 speculative-decode verification with grouped queries (`dense_rows`). A case answers how many rows a threadgroup holds and how many keys a step takes
 (from the tile tables), the grid's row and head axes, the MSL that defines a simdgroup's
 rows, and the last query a threadgroup's key range must cover.
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from ..kernel.plan import GridAxis
 from ..kernel.sizes import Extent
-from ..kernel.tables import backward_tile_row, packing_condition, packs_plain_heads, tile_row
+from ..kernel.products import SIMDGROUP_MATRIX, TENSOR_OPS, threadgroup_bytes
+from ..kernel.packing import packing_condition, packs_plain_heads
+from ..kernel.tables import backward_tile_row, tensor_ops, tile_row
 from ..kernel.tiles import lane_layout
 
 STAGE_BYTES = 24 * 1024   # threadgroup memory for staged K/V rows, under the 32 KiB every Apple GPU has
@@ -49,12 +51,15 @@ def staged_width(p, family: str, shared_kv: bool = False) -> int:
     return p.head_dim + p.value_dim
 
 
-def stage_rows(p, width: int, block: int) -> int:
+def stage_rows(p, width: int, block: int, products_rows: int = 0) -> int:
     """Rows staged per step: `block` (a table's key or query block), fewer when rows of `width`
-    features (K's and V's together) would not fit STAGE_BYTES; a multiple of 8, at least 8 (a
-    row too wide for 8 declares more than it may, and its launch says so)."""
-    fits = STAGE_BYTES // (width * ITEM_BYTES[p.dtype]) // 8 * 8
-    return max(8, min(block, fits))
+    features (K's and V's together) would not fit STAGE_BYTES, beside the memory of the
+    tensor-op products of `products_rows` rows if any (products.threadgroup_bytes); a multiple
+    of 8, at least 8 (a row too wide for 8 declares more than it may, and its launch says so)."""
+    item = ITEM_BYTES[p.dtype]
+    fits = [rows for rows in range(8, block + 1, 8)
+            if rows * width * item + threadgroup_bytes(products_rows, rows, item) <= STAGE_BYTES]
+    return max(fits, default=8)
 
 
 def stages_blocks(p, asked: bool, rows: int) -> bool:
@@ -137,10 +142,17 @@ class PerHead:
         return shrunk(PerHead.table_rows(p, family), p.q_len)
 
     @staticmethod
+    def products(p, family: str) -> str:
+        """The forward kernel's products (kernel/products.py): tensor ops where the family's row
+        asks and the threadgroup walks its blocks together (the products read its stage)."""
+        row = tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
+        return TENSOR_OPS if tensor_ops(family, row) and p.keys.uniform_walk else SIMDGROUP_MATRIX
+
+    @staticmethod
     def stages(p, family: str) -> bool:
-        """Whether the forward kernel stages its key blocks (stages_blocks)."""
-        return stages_blocks(p, tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).stage_kv,
-                             PerHead.query_rows(p, family))
+        """Whether the forward kernel stages its key blocks (stages_blocks; always, for tensor ops)."""
+        return (stages_blocks(p, tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).stage_kv,
+                              PerHead.query_rows(p, family)) or PerHead.products(p, family) == TENSOR_OPS)
 
     @staticmethod
     def key_block(p, family: str) -> int:
@@ -149,7 +161,8 @@ class PerHead:
         threadgroups stage or pack (which depends on R) never changes its blocks."""
         block = tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block
         staged = p.batch_invariant or PerHead.stages(p, family)
-        return stage_rows(p, staged_width(p, family), block) if staged else block
+        products_rows = PerHead.query_rows(p, family) if PerHead.products(p, family) == TENSOR_OPS else 0
+        return stage_rows(p, staged_width(p, family), block, products_rows) if staged else block
 
     @staticmethod
     def backward_query_rows(p, family: str) -> int:
@@ -195,6 +208,11 @@ class PackedHeads:
 
     def __init__(self, chosen: bool = False) -> None:
         self.chosen = chosen
+
+    @staticmethod
+    def products(p, family: str) -> str:
+        """simdgroup matrices (tensor-op products of packed rows are not written yet)."""
+        return SIMDGROUP_MATRIX
 
     @staticmethod
     def query_rows(p, family: str) -> int:

@@ -37,7 +37,7 @@ from ..kernel.passes import contiguous
 from ..kernel.plan import GridAxis
 from ..kernel.sizes import Extent
 from .masking import Bounds
-from ..kernel.tables import packs_plain_heads
+from ..kernel.packing import packs_plain_heads
 from ..kernel.tiles import lane_layout
 from .rows import PackedHeads, PerHead, query_rows_geometry
 from .visits import KEY_VISITS, KeyVisit, KeyWalk

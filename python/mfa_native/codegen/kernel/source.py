@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .msl import constants, functions, header, indent, signature, sizes_struct
 from .plan import LaunchPlan
+from .products import libraries
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,6 @@ def assemble(plan: LaunchPlan, *, summary: list[str], builtins: list[str], body:
     behind declarations of the sizes and named constants it uses."""
     text = "\n".join(body)
     declarations = constants(plan.sizes, text)
-    lines = (header(plan, summary) + functions(text) + sizes_struct(plan.sizes) + signature(plan, builtins)
+    lines = (header(plan, summary, libraries(text)) + functions(text) + sizes_struct(plan.sizes) + signature(plan, builtins)
              + ["{"] + indent(declarations + [""] + body) + ["}"])
     return KernelSource("\n".join(lines) + "\n", plan)

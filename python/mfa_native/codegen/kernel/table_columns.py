@@ -25,6 +25,7 @@ FORWARD_COLUMNS: dict[str, tuple] = {
     "p16": (True, False),
     "stage_kv": (True, False),
     "vector_access": (True, False),
+    "tensor_ops": (False, True),   # apple10 only (tables.tensor_ops); elsewhere the same kernel as "no"
 }
 BACKWARD_COLUMNS: dict[str, tuple] = {
     "query_rows": (8, 16, 32),      # dQ kernel

@@ -63,6 +63,23 @@ FORWARD_TEXT = {
               384           16         128       no        yes        32      yes     yes       no           yes
               576            8          32       no        yes        64      yes     yes       no           yes
     """,
+    # apple10 (Apple M5): products as Metal 4 tensor ops (tensor_ops), starting from ccv's published
+    # fused-attention blocks for them (blockR 16 query rows, blockC 64 keys; a staging footprint
+    # past 32 KiB fails rather than slows), O in registers beside the stage and the products' 6 KiB.
+    # Wider heads keep apple9's simdgroup rows until a tensor-op row of theirs fits 32 KiB.
+    # Retune on an M5 (python -m mfa_native tune).
+    ("apple10", "float32"): """
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv  vector_access  tensor_ops
+              256           16          64       no        no          0      no      no      yes           yes         yes
+              384           16         128       no        yes        16      no      no       no           yes          no
+              576            8          32       no        yes        64      no      no       no           yes          no
+    """,
+    ("apple10", "16-bit"): """
+        # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv  vector_access  tensor_ops
+              256           16          64       no        no          0      yes     yes      yes           yes         yes
+              384           16         128       no        yes        32      yes     yes       no           yes          no
+              576            8          32       no        yes        64      yes     yes       no           yes          no
+    """,
 }
 
 # The backward pass (dQ kernel, dK/dV kernel), from the same sources.

@@ -50,6 +50,11 @@ max(D, Dv), is at most `max_head_dim`; the first row that fits wins.
               aligned to two elements: AttentionProblem.aligned, which the ops take from
               the addresses). Else, and for transposed loads (two rows), two scalar
               accesses. Nothing wider fits: a lane's next elements are 8 columns on.
+- tensor_ops: the products are Metal 4 tensor ops (products.py: matmul2d of the whole
+              threadgroup over its rows and the staged block) instead of simdgroup
+              matrices, on families that have them (apple10: Apple M5). The kernel then
+              stages its key blocks (stage_kv) whatever that column says, and keeps Q in
+              device memory (cache_q has no effect). Rows without the column say "no".
 
 The values up to head dimension 384 are metal-flash-attention's published tuning, mapped
 onto these columns (the comment above the tables says how and where they depart from it).
@@ -91,6 +96,7 @@ class TileRow:
     p16: bool
     stage_kv: bool
     vector_access: bool
+    tensor_ops: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,8 +124,11 @@ class BackwardTileRow:
 DOMAINS: dict[type, dict[str, tuple]] = {TileRow: FORWARD_COLUMNS, BackwardTileRow: BACKWARD_COLUMNS}
 DIRECTION_ROWS = {"forward": TileRow, "backward": BackwardTileRow}
 
-# Families that share a table.
+# Families that share a table (the target's, for each table the family has none of).
 _ALIASES = {"apple8": "apple7", "apple10": "apple9"}
+
+# Families whose GPUs multiply with Metal 4 tensor ops (Apple M5 and later): the tensor_ops column.
+_TENSOR_OPS = ("apple10",)
 
 # Families whose GPUs convert bfloat natively (MFA's hasNativeBF16Casting: apple9 and later).
 _NATIVE_BFLOAT = ("apple9", "apple10")
@@ -130,7 +139,7 @@ CPU_FAMILY = "apple9"
 MAX_HEAD_DIM = 576   # DeepSeek's MLA: D 576 (latent 512 + rope 64), Dv 512
 
 
-def _parse(text: str, row_type):
+def parse_rows(text: str, row_type):
     """Rows of whitespace-separated columns in `row_type`'s field order; "yes"/"no" are bools."""
     rows = []
     for line in text.strip().splitlines():
@@ -142,9 +151,9 @@ def _parse(text: str, row_type):
 
 
 TABLES: dict[tuple[str, str], tuple[TileRow, ...]] = {
-    key: _parse(text, TileRow) for key, text in FORWARD_TEXT.items()}
+    key: parse_rows(text, TileRow) for key, text in FORWARD_TEXT.items()}
 BACKWARD_TABLES: dict[tuple[str, str], tuple[BackwardTileRow, ...]] = {
-    key: _parse(text, BackwardTileRow) for key, text in BACKWARD_TEXT.items()}
+    key: parse_rows(text, BackwardTileRow) for key, text in BACKWARD_TEXT.items()}
 FAMILIES = tuple(sorted({family for family, _ in TABLES} | set(_ALIASES)))
 # The tables' precision of each input dtype: MFA's FP32 rows, or its mixed (16-bit) ones.
 PRECISIONS = {"float32": "float32", "float16": "16-bit", "bfloat16": "16-bit"}
@@ -207,6 +216,22 @@ def native_bfloat(family: str) -> bool:
     return _base(family) in _NATIVE_BFLOAT
 
 
+def table_family(gpu_family: str, has_tensor_ops: bool) -> str:
+    """The family whose tables a device of `gpu_family` runs: with Metal 4 tensor ops (an M5 on
+    macOS 26.2 or later; the cpu device under MFA_NATIVE_TENSOR_OPS=on) the first family that
+    has them; without (an M5 before 26.2, or MFA_NATIVE_TENSOR_OPS=off) a tensor-op family falls
+    back to the tables its others alias (apple10: apple9's simdgroup rows)."""
+    if has_tensor_ops:
+        return _TENSOR_OPS[0]
+    return _ALIASES[gpu_family] if gpu_family in _TENSOR_OPS else gpu_family
+
+
+def tensor_ops(family: str, row: TileRow) -> bool:
+    """Whether `row` of `family`'s forward table makes tensor-op products (the tensor_ops column,
+    on a family that has them)."""
+    return row.tensor_ops and _base(family) in _TENSOR_OPS
+
+
 def operand_tile_type(dtype: str, family: str, sixteen: bool) -> str:
     """The MSL element type of the tiles a 16-bit column (tiles16, p16 above) gives a kernel over
     `dtype` inputs when on (`sixteen`): the input's own 16-bit type, or float."""
@@ -223,7 +248,8 @@ def built_in_row(direction: str, family: str, dtype: str, head_dim: int):
     base family's)."""
     family = _base(family)
     tables = TABLES if direction == "forward" else BACKWARD_TABLES
-    for row in tables[(_ALIASES.get(family, family), precision(dtype))]:
+    key = (family, precision(dtype))
+    for row in tables.get(key) or tables[(_ALIASES.get(family, family), key[1])]:
         if head_dim <= row.max_head_dim:
             return row
     raise ValueError(f"head dimension {head_dim} is beyond the largest supported ({MAX_HEAD_DIM})")
@@ -249,37 +275,3 @@ def backward_tile_row(family: str, dtype: str, head_dim: int) -> BackwardTileRow
     """The row of `family`'s backward table for `dtype` inputs and a problem whose larger head
     dimension is `head_dim`."""
     return _row("backward", family, dtype, head_dim)
-
-
-@dataclass(frozen=True)
-class PackingRow:
-    """When plain (float) K/V packs the query heads of a kv head as the rows of the tiles
-    (attention/rows.PACKED_HEADS; quantized K/V always packs): grouped queries, at least
-    `min_gqa_ratio` query heads per kv head, and at most `max_pairs` (query, head) pairs per
-    kv head, so one threadgroup holds every pair and reads each K/V row once."""
-
-    min_gqa_ratio: int
-    max_pairs: int
-
-
-# Decode (R = 1) and speculative-decode verification (R up to 32 at GQA ratio 4, 16 at 8):
-# R * ratio pairs fill ceil(R * ratio / 8) tiles per key tile instead of ratio * ceil(R / 8),
-# and K/V is read once per kv head instead of once per query head. One row for every family
-# (the rows facet is chosen before the family is known); retune on hardware.
-_PACKING_TEXT = """
-    # min_gqa_ratio  max_pairs
-          2            128
-"""
-(PACKING,) = _parse(_PACKING_TEXT, PackingRow)
-
-
-def packs_plain_heads(gqa_ratio: int, q_len: int) -> bool:
-    """Whether PACKING packs a plain-storage problem with this GQA ratio and query length."""
-    return gqa_ratio >= PACKING.min_gqa_ratio and q_len * gqa_ratio <= PACKING.max_pairs
-
-
-def packing_condition(gqa_ratio: int) -> str:
-    """packs_plain_heads(gqa_ratio, R) as a size expression over R (a template's guard)."""
-    if gqa_ratio < PACKING.min_gqa_ratio:
-        return "0"
-    return f"R * {gqa_ratio} <= {PACKING.max_pairs}"

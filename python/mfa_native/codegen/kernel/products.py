@@ -1,0 +1,147 @@
+"""The products facet: how a kernel computes its matrix products.
+
+- `simdgroup_matrix` (every family): each simdgroup multiplies 8x8 tiles it holds
+  lane-locally (tiles.py's `scores` and `accumulate`).
+- `tensor_ops` (apple10, Apple M5 and later, Metal 4): the threadgroup multiplies with
+  MetalPerformancePrimitives' `mpp::tensor_ops::matmul2d`, run by all its simdgroups
+  together, over tensor views of device memory (the threadgroup's own rows) and of the
+  stage its step filled (storage/staging.py: the walked rows, decoded and gathered by the
+  storage and key-visit facets as for the simdgroup path). A product's destination is a
+  cooperative tensor; the kernel touches it only through `store` into threadgroup memory,
+  from where each lane reads the elements its 8x8 tiles hold (tiles.py's lane layout), so
+  the softmax, masking and stores stay as they are. Which element of a cooperative tensor a
+  thread holds is unpublished (and has changed between OS releases); the cpu backend's shim
+  draws it from a seed, and the tests run several seeds.
+
+Both operands of a tensor-op product are the inputs' own type (float, half, bfloat; the
+weights P or dS rounded to it, as the simdgroup path's p16 does); products accumulate in
+float32. relaxed_precision stays off.
+
+Blocks here read simd_index, tr, tc and `tiles` (tiles.block_loop) and define nothing
+outside their braces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layouts import OperandLayout
+from .msl import extent, indent, loop, offset
+
+SIMDGROUP_MATRIX = "simdgroup_matrix"
+TENSOR_OPS = "tensor_ops"
+CASES = (SIMDGROUP_MATRIX, TENSOR_OPS)
+
+# The headers a tensor-op kernel includes beyond metal_stdlib (`libraries`).
+LIBRARIES = ("metal_tensor", "MetalPerformancePrimitives/MetalPerformancePrimitives.h")
+
+BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+OUT = "product_out"          # threadgroup floats: a product's destination, stored for the lanes
+WEIGHTS = "weights_stage"    # threadgroup: the weights (P, dS) as a product's left operand
+CHUNK = 64                   # output features per product of the weights with a staged block
+
+
+def device_rows(name: str, *, head: str, layout: OperandLayout, first: str, count: str, width: int) -> str:
+    """`auto name`: a tensor view of `count` rows (from row `first`) of a head's rows in device
+    memory, `width` features each (extents innermost first: features, then rows)."""
+    at = offset(f"ulong({first})", layout.strides[2])
+    strides = f"array<int32_t, 2>{{int32_t({extent(layout.strides[3])}), int32_t({extent(layout.strides[2])})}}"
+    return (f"auto {name} = tensor({head}{f' + {at}' if at else ''}, "
+            f"dextents<int32_t, 2>({width}, int({count})), {strides});")
+
+
+def staged_rows(name: str, *, stage: str, width: int, rows: int) -> str:
+    """`auto name`: a tensor view of a stage's `rows` rows, `width` features each, packed."""
+    return f"auto {name} = tensor({stage}, extents<int32_t, {width}, {rows}>());"
+
+
+def threadgroup_bytes(rows: int, block: int, operand_bytes: int) -> int:
+    """The threadgroup memory ThreadgroupProducts of `rows` rows and a `block` of staged rows
+    declare (0 without rows: no tensor-op products)."""
+    return rows * max(block, CHUNK) * 4 + rows * block * operand_bytes if rows else 0
+
+
+def libraries(body: str) -> list[str]:
+    """The headers a kernel body needs beyond metal_stdlib: LIBRARIES when its products are tensor ops."""
+    return list(LIBRARIES) if "mpp::tensor_ops::" in body else []
+
+
+@dataclass(frozen=True)
+class ThreadgroupProducts:
+    """The tensor-op products of a threadgroup of `simdgroups` simdgroups, 8 rows each (the
+    products' M), with a step of `block` staged rows; `operand` is the operands' MSL type."""
+
+    simdgroups: int
+    block: int
+    operand: str
+
+    @property
+    def rows(self) -> int:
+        return 8 * self.simdgroups
+
+    def declare(self) -> list[str]:
+        """The threadgroup memory the products use (at the kernel's top level)."""
+        return ["", "// Tensor-op products: each destination is stored here for the lanes' 8x8 tiles,",
+                "// and the weights are the left operand of their products.",
+                f"threadgroup float {OUT}[{self.rows * max(self.block, CHUNK)}];",
+                f"threadgroup {self.operand} {WEIGHTS}[{self.rows * self.block}];"]
+
+    def _run(self, *, n: int, lhs: str, rhs: str, transpose_rhs: bool, pitch: int) -> list[str]:
+        """One matmul2d of the whole threadgroup: OUT (rows x n, rows `pitch` apart) = lhs . rhs
+        (or rhs^T), K the left operand's (dynamic_length_v: a static K must be a multiple of 32
+        since macOS 26.1, ccv's notes say)."""
+        descriptor = (f"mpp::tensor_ops::matmul2d_descriptor({self.rows}, {n}, mpp::tensor_ops::dynamic_length_v<int>, "
+                      f"false, {str(transpose_rhs).lower()}, false, mpp::tensor_ops::matmul2d_descriptor::mode::multiply)")
+        destination = f"tensor({OUT}, extents<int32_t, {n}, {self.rows}>(), array<int32_t, 2>{{1, {pitch}}})"
+        return ["{", *indent([
+            f"mpp::tensor_ops::matmul2d<{descriptor}, execution_simdgroups<{self.simdgroups}>> product;",
+            f"auto out = product.get_destination_cooperative_tensor<decltype({lhs}), decltype({rhs}), float>();",
+            f"product.run({lhs}, {rhs}, out);",
+            f"out.store({destination});  // through the API: no layout assumed"]), "}"]
+
+    @staticmethod
+    def _lane(pitch: int, column: str) -> str:
+        """The lane's element of OUT (rows `pitch` apart) in its simdgroup's row tr at `column`."""
+        return f"{OUT}[(simd_index * 8 + tr) * {pitch} + {column}]"
+
+    def scores(self, result: str, *, lhs: str, rhs: str, count: int) -> list[str]:
+        """result[j] (j < tiles, of `count`) = the lanes' tiles of lhs . rhs^T: lhs the
+        threadgroup's rows, rhs the step's staged rows (tensor views), over lhs's features. The
+        product has the step's tiles * 8 columns (one static shape per count: issued work is the
+        simdgroup path's)."""
+        cases = []
+        for n_tiles in range(1, count + 1):
+            run = self._run(n=n_tiles * 8, lhs=lhs, rhs=rhs, transpose_rhs=True, pitch=self.block)
+            cases += [f"case {n_tiles}:"] + indent(run + ["break;"])
+        read = loop("ushort e = 0; e < 2; ++e",
+                    [f"{result}[j].thread_elements()[e] = {self._lane(self.block, 'j * 8 + tc + e')};"])
+        return (["switch (tiles) {  // the step's keys: a product of as many columns"] + indent(cases) + ["}", BARRIER]
+                + loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(read) + ["}"]) + [BARRIER])
+
+    def stage_weights(self, weights: str, *, count: int) -> list[str]:
+        """The lanes' weight tiles j < tiles (of `count`), rounded to the operand type, as the
+        left operand (`weights_rows`, tiles * 8 columns) of the products `accumulate` runs."""
+        own = f"{WEIGHTS}[(simd_index * 8 + tr) * {self.block} + j * 8 + tc + e]"
+        view = (f"auto weights_rows = tensor({WEIGHTS}, dextents<int32_t, 2>(tiles * 8, {self.rows}), "
+                f"array<int32_t, 2>{{1, {self.block}}});")
+        return (["// The weights as the left operand of the products: the step's tiles."]
+                + loop(f"int j = 0; j < {count}; ++j", ["if (j < tiles) {"] + indent(loop(
+                    "ushort e = 0; e < 2; ++e", [f"{own} = {self.operand}({weights}[j].thread_elements()[e]);"]))
+                    + ["}"])
+                + [BARRIER, view])
+
+    def accumulate(self, result: str, *, rhs: str, features: tuple[int, int]) -> list[str]:
+        """result[t] += weights . rhs for the feature tiles `features` = (first, count) (result[t]
+        holds tile first + t), one product per CHUNK features of the step's staged rows `rhs`
+        over the weights' columns (those `stage_weights` staged)."""
+        first_tile, tile_count = features
+        lines = []
+        for start in range(first_tile * 8, (first_tile + tile_count) * 8, CHUNK):
+            n = min(CHUNK, (first_tile + tile_count) * 8 - start)
+            lines += ["{", f"  auto columns = {rhs}.slice({start}, 0);  // features {start} .. {start + n - 1}"]
+            lines += indent(self._run(n=n, lhs="weights_rows", rhs="columns", transpose_rhs=False, pitch=n) + [BARRIER])
+            column = f"t * 8{f' - {start - first_tile * 8}' if start > first_tile * 8 else ''} + tc + e"
+            add = loop("ushort e = 0; e < 2; ++e", [f"{result}[t].thread_elements()[e] += {self._lane(n, column)};"])
+            tiles_here = f"ushort t = {start // 8 - first_tile}; t < {(start + n) // 8 - first_tile}; ++t"
+            lines += indent(loop(tiles_here, add) + [BARRIER]) + ["}"]
+        return lines

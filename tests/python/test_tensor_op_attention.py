@@ -1,0 +1,150 @@
+"""Attention whose products are Metal 4 tensor ops (family apple10, the tile tables' tensor_ops
+column; codegen/kernel/products.py), run on the cpu backend's shim against the float64
+references: float32, float16, bfloat16, D != Dv, odd widths, causal (both alignments), window,
+bool and additive masks, sinks, GQA, one query row to many, the split-KV partial kernel, a paged
+KV cache, paged O. Outputs start poisoned (conftest).
+
+This process runs under one cooperative-tensor layout (MFA_NATIVE_SHIM_LAYOUT_SEED, default 0);
+`test_every_case_holds_under_other_layouts` reruns the file under seeds 1 and 6, so no kernel
+can depend on which thread holds which element of a product."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import relative_l2
+from test_attention import DTYPES, make_inputs
+from test_head_dims import feature_arguments
+
+import mfa_native
+from mfa_native import codegen
+from mfa_native.codegen.attention.descriptor import describe
+from mfa_native.codegen.kernel.products import TENSOR_OPS
+from mfa_native.codegen.kernel.tables import built_in_row, forced_rows, table_family
+from mfa_native.reference import attention_reference, attention_with_kvcache_reference
+from mfa_native.runtime.devices import tuned_as
+
+FAMILY = "apple10"
+SEED = "MFA_NATIVE_SHIM_LAYOUT_SEED"
+# The tensor-op path's tolerances (relative L2 against float64): the operands are the inputs'
+# type, P rounded to it (as the simdgroup path's p16), products summed in float32.
+TOLERANCE = {"float32": 2e-6, "float16": 1e-3, "bfloat16": 8e-3}
+
+
+@contextmanager
+def apple10(**columns):
+    """The default device runs as an M5 inside the block: apple10's tables, or its tensor-op row
+    with `columns` changed (for every head dimension)."""
+    if not columns:
+        with tuned_as(mfa_native.default_device(), family=FAMILY):
+            yield FAMILY
+        return
+    row = replace(built_in_row("forward", FAMILY, "float16", 64), **columns)
+    with forced_rows(FAMILY, forward=row) as family, tuned_as(mfa_native.default_device(), family=family):
+        yield family
+
+
+def check(q, k, v, **kwargs) -> None:
+    """attention (with lse) against the reference, to the tensor-op path's tolerance."""
+    dtype = {np.dtype(t): name for name, t in DTYPES.items()}[q.dtype]
+    out, lse = mfa_native.attention(q, k, v, return_lse=True, **kwargs)
+    expected, expected_lse = attention_reference(q, k, v, return_lse=True, **kwargs)
+    assert relative_l2(out, expected) < TOLERANCE[dtype]
+    empty = np.isneginf(expected_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), empty)
+    np.testing.assert_allclose(lse[~empty], expected_lse[~empty], rtol=1e-3, atol=1e-3)
+
+
+def products(dtype: str, D: int, Dv: int, Hq: int, Hkv: int, R: int, C: int, family: str = FAMILY) -> str:
+    """The products of the forward kernel of such a problem (grouped queries of few rows pack
+    their heads, whose products stay simdgroup matrices)."""
+    return describe(codegen.AttentionProblem(1, Hq, Hkv, R, C, D, Dv, dtype=dtype), family=family).products
+
+
+# (dtype, D, Dv, Hq, Hkv, R, C, layout, keyword arguments)
+CASES = [
+    ("float16", 64, 64, 2, 2, 40, 70, "bhsd", dict(causal=True)),
+    ("bfloat16", 96, 80, 4, 2, 80, 33, "bshd", dict(causal="upper_left", sinks=True)),
+    ("float32", 33, 17, 2, 1, 90, 90, "bhsd", dict(window=(7, 3), mask="bool")),
+    ("float16", 128, 128, 2, 2, 1, 200, "bhsd", dict(mask="additive")),
+    ("bfloat16", 256, 200, 1, 1, 24, 48, "bshd", dict()),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-D{c[1]}-Dv{c[2]}-R{c[5]}" for c in CASES])
+def test_forward(rng, case):
+    dtype, D, Dv, Hq, Hkv, R, C, layout, kwargs = case
+    assert products(dtype, D, Dv, Hq, Hkv, R, C) == TENSOR_OPS
+    q, k, v = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype, layout=layout)
+    with apple10():
+        check(q, k, v, layout=layout, **feature_arguments(rng, Hq, R, C, kwargs))
+
+
+def test_the_kernels_are_tensor_op_kernels():
+    """apple10's rows up to 256 make tensor-op products, which stage their key blocks; wider
+    heads (and other families) keep simdgroup matrices."""
+    problem = codegen.AttentionProblem(1, 2, 2, 40, 70, 64, 64, dtype="float16")
+    source = codegen.attention_source(problem, family=FAMILY)
+    assert "mpp::tensor_ops::matmul2d<" in source and "#include <metal_tensor>" in source
+    assert "simdgroup_multiply_accumulate" not in source and "k_stage" in source
+    assert "matmul2d" not in codegen.attention_source(problem, family="apple9")
+    wide = codegen.AttentionProblem(1, 1, 1, 8, 8, 512, 512, dtype="float16")
+    assert "matmul2d" not in codegen.attention_source(wide, family=FAMILY)
+
+
+@pytest.mark.parametrize("columns", [dict(query_rows=32, key_block=32), dict(query_rows=8, stage_apart=True),
+                                     dict(o_block=16, key_block=128)], ids=["rows32", "rows8-apart", "paged-o"])
+def test_other_tiles(rng, columns):
+    """Other rows of the tensor-op column: four simdgroups, one (its own product scope), K and V
+    taking turns in the stage, O paged through threadgroup memory."""
+    q, k, v = make_inputs(rng, Hq=2, Hkv=2, R=37, C=150, D=72, Dv=48, dtype="float16")
+    with apple10(**columns) as family:
+        assert products("float16", 72, 48, 2, 2, 37, 150, family) == TENSOR_OPS
+        check(q, k, v, causal=True, sinks=rng.standard_normal(2).astype(np.float32))
+
+
+def test_split_kv_decode_and_a_paged_cache(rng):
+    """The split-KV partial kernel's products are tensor ops too; a paged cache's rows reach them
+    through the stage."""
+    q, k, v = make_inputs(rng, Hq=2, Hkv=2, R=3, C=900, D=64, dtype="bfloat16")
+    with apple10(), tuned_as(mfa_native.default_device(), parallel_threadgroups=64):
+        check(q, k, v, causal=True)
+    B, Hkv, D, page, pages = 2, 2, 64, 16, 12
+    k_cache = rng.standard_normal((pages, page, Hkv, D)).astype(np.float16)
+    v_cache = rng.standard_normal((pages, page, Hkv, D)).astype(np.float16)
+    table = rng.permutation(pages).reshape(B, pages // B).astype(np.int32)
+    lengths = np.array([70, 95], np.int32)
+    q = rng.standard_normal((B, 5, Hkv, D)).astype(np.float16)
+    with apple10():
+        out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=table,
+                                                causal=True)
+    expected = attention_with_kvcache_reference(q, k_cache, v_cache, cache_seqlens=lengths, block_table=table,
+                                                causal=True)
+    assert relative_l2(out, expected) < TOLERANCE["float16"]
+
+
+def test_every_case_holds_under_other_layouts():
+    """This file's cases again under two other cooperative-tensor layouts (the shim's seeds)."""
+    if os.environ.get(SEED, "0") != "0":
+        pytest.skip("this process already runs under another layout")
+    root = Path(__file__).resolve().parents[2]
+    for seed in ("1", "6"):
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                                cwd=root, env=dict(os.environ, **{SEED: seed}), capture_output=True, text=True,
+                                timeout=1200)
+        assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-3000:]
+
+
+def test_a_device_runs_apple10_rows_only_with_tensor_ops():
+    """An M5 before macOS 26.2 (or with MFA_NATIVE_TENSOR_OPS=off) runs apple9's simdgroup rows;
+    any device with tensor ops (the cpu device under MFA_NATIVE_TENSOR_OPS=on) runs apple10's."""
+    assert table_family("apple10", True) == table_family("apple9", True) == FAMILY
+    assert table_family("apple10", False) == "apple9"
+    assert table_family("apple7", False) == "apple7"
