@@ -1,30 +1,22 @@
 """MSL for the attention backward pass, from a BackwardDescriptor: three kernels, no atomics.
+Apple GPUs have no float atomics, so each kernel owns its outputs and P is recomputed in both:
 
-Apple GPUs have no native float atomics, so each kernel owns its outputs
-outright and P is recomputed in both (7 products instead of 5):
+attention_backward_dq, parallel over query blocks (one simdgroup per 8 query rows, walking the
+keys in blocks): D = rowsum(dO o O) per row, stored for the second kernel (with sinks, also the
+row's -p_sink D, which attention_backward_dsinks sums: dsinks.py); then per block of keys
+P = exp2(S * scale * log2(e) + bias - lse2) with S = Q K^T, dP = dO V^T, dS = P o (dP - D),
+dQ += dS K. At the end dQ *= scale.
 
-attention_backward_dq, parallel over query blocks (the forward's shape: one
-simdgroup per 8 query rows, walking the keys in blocks):
-  D = rowsum(dO o O) per row, stored for the second kernel (and, with sinks,
-  the row's share of dsinks, -p_sink D); then per block of keys
-  P = exp2(S * scale * log2(e) + bias - lse2) with S = Q K^T, dP = dO V^T,
-  dS = P o (dP - D), dQ += dS K. At the end dQ *= scale.
+attention_backward_dkdv, parallel over key blocks (one simdgroup per 8 keys, walking the
+queries in blocks), for every query head of its kv head's group, so the group's dK and dV are
+summed in registers: P^T = exp2(S^T ...) with S^T = K Q^T, dV += P^T dO, dP^T = V dO^T,
+dS^T = P^T o (dP^T - D), dK += dS^T Q. At the end dK *= scale.
 
-attention_backward_dkdv, parallel over key blocks (one simdgroup per 8 keys,
-walking the queries in blocks), for every query head of its kv head's group,
-so the group's dK and dV are summed in registers:
-  P^T = exp2(S^T ...) with S^T = K Q^T, dV += P^T dO, dP^T = V dO^T,
-  dS^T = P^T o (dP^T - D), dK += dS^T Q. At the end dK *= scale.
-
-With sinks, attention_backward_dsinks (dsinks.py) then sums the rows' -p_sink D that the
-dQ kernel stored.
-
-lse2 = lse * log2(e) is the log2-domain denominator the forward stored (sink
-included); a row with no key (lse = -inf) gets lse2 = -MASKED, so its P is 0
-and nothing it touches turns NaN. Blocks that causal, window or a mask remove
-are skipped in both kernels, as in the forward (key_range / query_range, and
-the mask's block test in `bias`). Tile loads, products, masking and the
-exp2-domain softmax are the forward's building blocks (blocks.py).
+lse2 = lse * log2(e) is the log2-domain denominator the forward stored (sink included); a row
+with no key (lse = -inf) gets lse2 = -MASKED, so its P is 0 and nothing it touches turns NaN.
+Blocks that causal, window or a mask remove are skipped in both kernels, as in the forward.
+Tile loads, masking and the softmax are the forward's building blocks; the products are the
+descriptor's (kernel/products.py: simdgroup matrices, or tensor ops over tensor_views.py).
 """
 
 from __future__ import annotations
@@ -36,8 +28,8 @@ from ..kernel.plan import GridAxis, LaunchPlan
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.accumulators import Accumulator
-from ..kernel.tiles import (HeadTensor, Positions, Rows, accumulate, block_loop, cached_rows, head_pointer, lane_layout,
-                            scores, tiles, zeroed)
+from ..kernel.products import scores_step, sum_step
+from ..kernel.tiles import HeadTensor, Positions, Rows, block_loop, cached_rows, head_pointer, lane_layout, tiles, zeroed
 from ..kernel.stores import store_rows
 from ..storage.staging import StagedTensor
 from . import backward_summary, operands, staged_steps
@@ -49,6 +41,7 @@ from .pairs import pair_type
 from .rows import query_rows_geometry, row_index, threadgroup_span
 from .scores import buffers, element, setup
 from .softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
+from .tensor_views import backward_products, dkdv_views, dq_views
 
 DQ_KERNEL_NAME = "attention_backward_dq"
 DKDV_KERNEL_NAME = "attention_backward_dkdv"
@@ -131,8 +124,9 @@ def _dq_geometry(d: BackwardDescriptor) -> list[str]:
     ]
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
-    return lines + staged_steps.declare(_staged(d, DQ_KERNEL_NAME), d.key_block, d.dtype, d.query_rows // 8,
-                                        d.rules.mask)
+    staged = _staged(d, DQ_KERNEL_NAME)
+    return (lines + staged_steps.declare(staged, d.key_block, d.dtype, d.query_rows // 8, d.rules.mask)
+            + dq_views(d, staged_steps.read_from_stage(_tensors(d), staged)))
 
 
 def _row_delta(d: BackwardDescriptor) -> list[str]:
@@ -163,22 +157,24 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
     x = staged_steps.read_from_stage(_tensors(d), _staged(d, DQ_KERNEL_NAME))
     body = bias_over_keys(rules, count, end, d.keys.bounds.origin, skip_here=not d.stage_kv)
     step = _step(d, DQ_KERNEL_NAME, rules, "kb", end, d.key_block, d.query_rows)
+    products = backward_products(d, walks_keys=True)
+    where = dict(position="key", first=step.first, positions=step.positions)
     body += step.fills[0] + ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
-    body += scores("p_tile", count=count, lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"),
-                   rhs=x["k"], rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
-                   position="key", first=step.first, positions=step.positions, reread=REREAD)
+    body += scores_step(products, "p_tile", views=("q_rows", "k_rows"), count=count,
+                        lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"), rhs=x["k"],
+                        rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys", reread=REREAD,
+                        **where)
     body += _recomputed_probabilities(d, count, "lse2", "int(row)", "kb + j * 8 + int(tc) + e")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
-    body += scores("dp_tile", count=count,
-                   lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=x["v"],
-                   rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys",
-                   position="key", first=step.first, positions=step.positions, reread=REREAD)
+    body += scores_step(products, "dp_tile", views=("dout_rows", "v_rows"), count=count,
+                        lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=x["v"],
+                        rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys", reread=REREAD,
+                        **where)
     body += gradient_of_scores(count, "delta_row", d.scores)
     body += ["", "// dQ += dS K."]
-    body += _accumulators(d)["dq"].blocks(lambda features: accumulate(
-        "dq_tile", weights="dp_tile", count=count, rhs=x["k"].loading(d.weight_tile_type), rhs_tile="k_tile",
-        rhs_comment="rows are keys, columns are head dims", position="key", first=step.first, positions=step.positions,
-        features=features))
+    body += sum_step(products, "dq_tile", weights="dp_tile", count=count, view="k_rows",
+                     accumulator=_accumulators(d)["dq"], rhs=x["k"].loading(d.weight_tile_type), rhs_tile="k_tile",
+                     rhs_comment="rows are keys, columns are head dims", **where)
     return block_loop("kb", begin, end, d.key_block, body)
 
 
@@ -206,7 +202,7 @@ def generate_dq(d: BackwardDescriptor) -> KernelSource:
 
 
 def _dkdv_geometry(d: BackwardDescriptor) -> list[str]:
-    t = MSL_TYPES[d.dtype]
+    t, staged = MSL_TYPES[d.dtype], _staged(d, DKDV_KERNEL_NAME)
     located, first = d.keys.first("keys", d.key_rows)
     return [
         "// This simdgroup's 8 keys, of one (batch, kv head).",
@@ -222,7 +218,8 @@ def _dkdv_geometry(d: BackwardDescriptor) -> list[str]:
         head_pointer("v", d.v, "h_kv", t, True),
         head_pointer("dk", d.dk, "h_kv", t, False),
         head_pointer("dv", d.dv, "h_kv", t, False),
-    ] + staged_steps.declare(_staged(d, DKDV_KERNEL_NAME), d.query_block, d.dtype, d.key_rows // 8, d.rules.mask)
+    ] + staged_steps.declare(staged, d.query_block, d.dtype, d.key_rows // 8, d.rules.mask) + dkdv_views(
+        d, staged_steps.read_from_stage(_tensors(d), staged))
 
 
 def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
@@ -237,26 +234,28 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
         "delta_q[j * 2 + e] = delta[rows_at + query];",
     ]))
     step = _step(d, DKDV_KERNEL_NAME, rules, "qb", end, d.query_block, d.key_rows)
+    products = backward_products(d, walks_keys=False)
+    where = dict(position="query", first=step.first, positions=step.positions)
     body += step.fills[0] + ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
-    body += scores("p_tile", count=count, lhs=Rows(x["k"], "key_read", "k_tile" if d.cache_k else None, "k_i"),
-                   rhs=x["q"], rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries",
-                   position="query", first=step.first, positions=step.positions, reread=REREAD)
+    body += scores_step(products, "p_tile", views=("k_rows", "q_rows"), count=count,
+                        lhs=Rows(x["k"], "key_read", "k_tile" if d.cache_k else None, "k_i"), rhs=x["q"],
+                        rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries", reread=REREAD,
+                        **where)
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]", "qb + j * 8 + int(tc) + e", "int(key_row)")
     body += ["", "// dV += P^T dO."]
-    body += _accumulators(d)["dv"].blocks(lambda features: accumulate(
-        "dv_tile", weights="p_tile", count=count, rhs=x["dout"].loading(d.weight_tile_type), rhs_tile="dout_tile",
-        rhs_comment="rows are queries, columns are value dims", position="query", first=step.first,
-        positions=step.positions, features=features))
+    body += sum_step(products, "dv_tile", weights="p_tile", count=count, view="dout_rows",
+                     accumulator=_accumulators(d)["dv"], rhs=x["dout"].loading(d.weight_tile_type),
+                     rhs_tile="dout_tile", rhs_comment="rows are queries, columns are value dims", **where)
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
-    body += scores("dp_tile", count=count, lhs=Rows(x["v"], "key_read", "v_tile" if d.cache_v else None, "v_i"),
-                   rhs=x["dout"], rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
-                   position="query", first=step.first, positions=step.positions, reread=REREAD)
+    body += scores_step(products, "dp_tile", views=("v_rows", "dout_rows"), count=count,
+                        lhs=Rows(x["v"], "key_read", "v_tile" if d.cache_v else None, "v_i"), rhs=x["dout"],
+                        rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
+                        reread=REREAD, **where)
     body += gradient_of_scores(count, "delta_q[j * 2 + e]", d.scores)
     body += ["", "// dK += dS^T Q."]
-    body += _accumulators(d)["dk"].blocks(lambda features: accumulate(
-        "dk_tile", weights="dp_tile", count=count, rhs=x["q"].loading(d.weight_tile_type), rhs_tile="q_tile",
-        rhs_comment="rows are queries, columns are head dims", position="query", first=step.first,
-        positions=step.positions, features=features))
+    body += sum_step(products, "dk_tile", weights="dp_tile", count=count, view="q_rows",
+                     accumulator=_accumulators(d)["dk"], rhs=x["q"].loading(d.weight_tile_type), rhs_tile="q_tile",
+                     rhs_comment="rows are queries, columns are head dims", **where)
     return block_loop("qb", begin, end, d.query_block, body)
 
 

@@ -32,7 +32,7 @@ from .masking import MaskRules
 from .pairs import vector_pairs
 from .problem import AttentionBackwardProblem, AttentionProblem
 from .visits import KeyWalk
-from .rows import shrunk, stage_rows, stages_blocks
+from .rows import backward_blocks, shrunk
 from .scale import SCALE_SIZE_DOCS, SCALE_SIZE_NAMES, scale_sizes, scale_terms
 
 # The runtime sizes, by their names in the generated MSL; split-KV kernels add
@@ -135,6 +135,7 @@ class BackwardDescriptor(AttentionFacts):
     stage_q_dout: bool = False  # dK/dV kernel: each query block's Q and dO rows, the same
     weight_tile_type: str = "float"  # of P, dS and K, dO, Q in dQ += dS K, dV += P^T dO, dK += dS^T Q (p16)
     vector_pairs: frozenset[str] = frozenset()  # operands whose row pairs are vector accesses (vector_access)
+    products: str = SIMDGROUP_MATRIX  # how the products are computed (kernel/products.py; rows.backward_blocks)
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:
@@ -269,8 +270,6 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
     facts, layouts = _facts(p, family, backward_sizes(problem), bake_lengths)
     row = backward_tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
     query_rows, key_rows = p.rows.backward_query_rows(p, family), shrunk(row.key_rows, p.kv_len)
-    stage_kv, stage_q_dout = stages_blocks(p, row.stage_kv, query_rows), stages_blocks(p, row.stage_q_dout, key_rows)
-    width = p.head_dim + p.value_dim   # K and V (Q and dO) staged together
     given = dict(o=layouts.of("o", problem.o_strides, "o"), dout=layouts.of("o", problem.dout_strides, "dout"),
                  dq=layouts.of("q"), dk=layouts.of("k"), dv=layouts.of("v"))   # the gradients allocated contiguous
     D, Dv = p.head_dim, p.value_dim
@@ -282,9 +281,7 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         **given,
         scale=scale_terms(p)[0],
         query_rows=query_rows,
-        key_block=stage_rows(p, width, row.key_block) if stage_kv else row.key_block,
         key_rows=key_rows,
-        query_block=stage_rows(p, width, row.query_block) if stage_q_dout else row.query_block,
         cache_q=row.cache_q,
         cache_dout=row.cache_dout,
         cache_k=row.cache_k,
@@ -294,7 +291,6 @@ def describe_backward(problem: AttentionBackwardProblem, *, family: str = CPU_FA
         dv_block=row.dv_block,
         tile_type=operand_tile_type(p.dtype, family, row.tiles16),
         weight_tile_type=operand_tile_type(p.dtype, family, row.p16),
-        stage_kv=stage_kv,
-        stage_q_dout=stage_q_dout,
         vector_pairs=pairs,
+        **backward_blocks(p, family, row, query_rows, key_rows),
     )

@@ -69,6 +69,20 @@ def stages_blocks(p, asked: bool, rows: int) -> bool:
     return asked and rows > 8 and p.keys.uniform_walk
 
 
+def backward_blocks(p, family: str, row, query_rows: int, key_rows: int) -> dict:
+    """The backward kernels' products (kernel/products.py) and staged blocks, from their tile
+    `row`: tensor ops where the family's row asks and the blocks are walked alike by every
+    simdgroup, and then both kernels stage theirs (the products read the stage); the blocks
+    (key_block of the dQ kernel, query_block of the dK/dV kernel) shrink to what the stage holds."""
+    tensor = tensor_ops(family, row) and p.keys.uniform_walk
+    stage_kv = tensor or stages_blocks(p, row.stage_kv, query_rows)
+    stage_q_dout = tensor or stages_blocks(p, row.stage_q_dout, key_rows)
+    width = p.head_dim + p.value_dim   # K and V (Q and dO) staged together
+    return dict(products=TENSOR_OPS if tensor else SIMDGROUP_MATRIX, stage_kv=stage_kv, stage_q_dout=stage_q_dout,
+                key_block=stage_rows(p, width, row.key_block, query_rows * tensor) if stage_kv else row.key_block,
+                query_block=stage_rows(p, width, row.query_block, key_rows * tensor) if stage_q_dout else row.query_block)
+
+
 def threadgroup_span(first: str, rows: int, end: str, staged: bool) -> dict[str, str]:
     """key_range's (or query_range's) `first` and `last` for a `staged` threadgroup of `rows` rows
     whose simdgroup s holds the 8 rows from `first` (q_first, key_first) = the threadgroup's first

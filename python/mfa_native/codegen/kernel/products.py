@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .accumulators import Accumulator
 from .layouts import OperandLayout
 from .msl import extent, indent, loop, offset
+from .tiles import Rows, accumulate, scores, tiles
 
 SIMDGROUP_MATRIX = "simdgroup_matrix"
 TENSOR_OPS = "tensor_ops"
@@ -145,3 +147,29 @@ class ThreadgroupProducts:
             tiles_here = f"ushort t = {start // 8 - first_tile}; t < {(start + n) // 8 - first_tile}; ++t"
             lines += indent(loop(tiles_here, add) + [BARRIER]) + ["}"]
         return lines
+
+    def weighted_sum(self, result: str, *, weights: str, count: int, rhs: str, accumulator: Accumulator) -> list[str]:
+        """`accumulator` (`result`) += weights . rhs: the weights staged, then the products of each
+        of the accumulator's blocks (all its tiles, or its pages in turn), in braces of their own."""
+        body = self.stage_weights(weights, count=count) + accumulator.blocks(
+            lambda features: self.accumulate(result, rhs=rhs, features=features or (0, tiles(accumulator.width))))
+        return ["{"] + indent(body) + ["}"]
+
+
+def scores_step(products: ThreadgroupProducts | None, result: str, *, views: tuple[str, str], count: int,
+                lhs: Rows, **simdgroup) -> list[str]:
+    """result[j] = lhs . rhs^T: tensor-op `products` over the tensor `views` (lhs, rhs), or, with
+    None, tiles.scores with `lhs` and the `simdgroup` arguments."""
+    if products is not None:
+        return products.scores(result, lhs=views[0], rhs=views[1], count=count)
+    return scores(result, count=count, lhs=lhs, **simdgroup)
+
+
+def sum_step(products: ThreadgroupProducts | None, result: str, *, weights: str, count: int, view: str,
+             accumulator: Accumulator, **simdgroup) -> list[str]:
+    """`accumulator` (`result`) += weights . rhs: tensor-op `products` with the rhs tensor `view`,
+    or, with None, tiles.accumulate with the `simdgroup` arguments, per block of the accumulator."""
+    if products is not None:
+        return products.weighted_sum(result, weights=weights, count=count, rhs=view, accumulator=accumulator)
+    return accumulator.blocks(lambda features: accumulate(result, weights=weights, count=count, features=features,
+                                                          **simdgroup))

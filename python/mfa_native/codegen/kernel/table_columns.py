@@ -44,13 +44,14 @@ BACKWARD_COLUMNS: dict[str, tuple] = {
     "stage_kv": (True, False),      # dQ kernel
     "stage_q_dout": (True, False),  # dK/dV kernel
     "vector_access": (True, False),  # both kernels
+    "tensor_ops": (False, True),     # both kernels; apple10 only (tables.tensor_ops)
 }
 # Which kernels read a backward column (the forward's columns all apply to the forward kernels).
 BACKWARD_KERNEL_COLUMNS = {
     "dq": ("query_rows", "key_block", "cache_q", "cache_dout", "dq_block", "tiles16", "p16", "stage_kv",
-           "vector_access"),
+           "vector_access", "tensor_ops"),
     "dkdv": ("key_rows", "query_block", "cache_k", "cache_v", "dk_block", "dv_block", "tiles16", "p16",
-             "stage_q_dout", "vector_access"),
+             "stage_q_dout", "vector_access", "tensor_ops"),
 }
 
 

@@ -128,6 +128,21 @@ BACKWARD_TEXT = {
                  384          16        128         8          128       no          no       no       no        32        32        32      yes   yes        no         no           yes
                  576           8         16         8           16       no          no       no       no        64        64         0      yes   yes        no         no           yes
     """,
+    # apple10: both kernels' products as Metal 4 tensor ops up to head dim 256, their blocks staged
+    # (64 rows, fewer where the stage and the products' memory would pass 24 KiB) and dQ, dK, dV in
+    # registers; wider heads keep apple9's simdgroup rows. Retune on an M5.
+    ("apple10", "float32"): """
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout  vector_access  tensor_ops
+                 256          16         64        16           64       no          no       no       no         0         0         0       no    no       yes        yes           yes         yes
+                 384          16        128         8          128       no          no       no       no        16        16        16       no    no        no         no           yes          no
+                 576           8         16         8           16       no          no       no       no        64        64         0       no    no        no         no           yes          no
+    """,
+    ("apple10", "16-bit"): """
+        # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout  vector_access  tensor_ops
+                 256          16         64        16           64       no          no       no       no         0         0         0      yes   yes       yes        yes           yes         yes
+                 384          16        128         8          128       no          no       no       no        32        32        32      yes   yes        no         no           yes          no
+                 576           8         16         8           16       no          no       no       no        64        64         0      yes   yes        no         no           yes          no
+    """,
 }
 
 # stage_kv / stage_q_dout "yes" on apple7/8 where a threadgroup has several simdgroups and the

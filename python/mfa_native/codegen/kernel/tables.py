@@ -118,6 +118,7 @@ class BackwardTileRow:
     stage_kv: bool     # dQ kernel: each K/V block staged in threadgroup memory (see TileRow)
     stage_q_dout: bool  # dK/dV kernel: each Q/dO block staged, the same
     vector_access: bool  # a lane's two adjacent elements as one vector access (see TileRow)
+    tensor_ops: bool = False  # both kernels: products as Metal 4 tensor ops, blocks staged (see TileRow)
 
 
 # The values each column may take, by row type (table_columns.py): the tuner's candidate space.
@@ -226,9 +227,9 @@ def table_family(gpu_family: str, has_tensor_ops: bool) -> str:
     return _ALIASES[gpu_family] if gpu_family in _TENSOR_OPS else gpu_family
 
 
-def tensor_ops(family: str, row: TileRow) -> bool:
-    """Whether `row` of `family`'s forward table makes tensor-op products (the tensor_ops column,
-    on a family that has them)."""
+def tensor_ops(family: str, row: TileRow | BackwardTileRow) -> bool:
+    """Whether `row` of `family`'s forward or backward table makes tensor-op products (the
+    tensor_ops column, on a family that has them)."""
     return row.tensor_ops and _base(family) in _TENSOR_OPS
 
 
