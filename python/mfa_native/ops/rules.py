@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from ..runtime.expressions import evaluate
 
@@ -178,7 +178,7 @@ class Binding:
             logical[axis] = shape[memory]
         return tuple(logical)
 
-    def _fail(self, error: type, template: str, name: str):
+    def _fail(self, error: type, template: str, name: str) -> NoReturn:
         if "{" + name + ".expected}" in template:
             self._texts[f"{name}.expected"] = shape_text(self.expected(name))
         raise error(self._format(template))
