@@ -6,8 +6,7 @@
 // The views' strides and a window entry's sides are runtime sizes of the
 // template; views the kernels cannot address in place are packed first
 // (view_packing.hpp).
-#include <cmath>
-#include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <map>
