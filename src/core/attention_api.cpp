@@ -1,16 +1,17 @@
-// mfa::attention and attention_backward: check the arguments, find the bundle
-// entry for the problem, take the entry's template whose guards hold for the
-// call's sizes, evaluate it, bind the caller's views by the pass's buffer
-// names and run the pass (or encode it into the caller's batch). The views'
-// strides and a window entry's sides are runtime sizes of the template; views
-// the kernels cannot address in place are packed first (view_packing.hpp).
-#include <cmath>
-#include <cstdio>
+// mfa::attention and attention_backward: check the arguments against the op's
+// declaration (binder.hpp) and attention's options (attention_problem.hpp),
+// find the bundle entry for the problem, take the entry's template whose
+// guards hold for the call's sizes, evaluate it, bind the caller's views by the
+// pass's buffer names and run the pass (or encode it into the caller's batch).
+// The views' strides and a window entry's sides are runtime sizes of the
+// template; views the kernels cannot address in place are packed first
+// (view_packing.hpp).
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <map>
 
-#include "attention_args.hpp"
+#include "binder.hpp"
 #include "bundle.hpp"
 #include "mfa/attention.hpp"
 #include "mfa/prepared_pass.hpp"
@@ -21,21 +22,19 @@ namespace mfa {
 
 namespace {
 
-using attention_args::Checked;
-using attention_args::Problem;
-using attention_args::shape_text;
+using attention_problem::Problem;
 
 constexpr double kLog2e = 1.4426950408889634;  // numpy's log2(e), a double
 
 BundleFacts facts_of(const Problem& p, const std::string& family, bool backward) {
   BundleFacts f;
-  f.dtype = attention_args::dtype_name(p.dtype);
+  f.dtype = to_string(p.dtype);
   f.head_dim = p.D, f.value_dim = p.Dv, f.gqa_ratio = p.Hkv ? p.Hq / p.Hkv : 1;
-  f.causal = attention_args::causal_name(p.causal);
+  f.causal = attention_problem::causal_name(p.causal);
   f.mask = p.mask, f.mask_dtype = p.mask_dtype;
   f.window = p.window.has_value();
   f.sinks = p.sinks;
-  f.layout = attention_args::layout_name(p.layout);
+  f.layout = attention_problem::layout_name(p.layout);
   if (p.softcap) f.softcap = *p.softcap;
   f.alibi = p.alibi;
   f.score_mod = p.score_mod;
@@ -92,12 +91,12 @@ std::int64_t float32_bits(double value) {
 // views the kernels read (descriptor.py's stride names, logical axis order),
 // and the float32 bits of the scale and of scale * log2(e) (attention/scale.py).
 SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entry,
-                 const std::map<std::string, const Checked*>& strided) {
+                 const std::map<std::string, std::vector<std::int64_t>>& strided) {
   SizeEnv sizes = {{"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"R", p.R}, {"C", p.C},
                    {"P", std::int64_t(device.tuning().parallel_threadgroups)},
                    {"scale_bits", float32_bits(p.scale)}, {"scale_log2e_bits", float32_bits(p.scale * kLog2e)}};
   if (entry.facts.window) {
-    if (p.R + p.C > attention_args::kMaxIndex)
+    if (p.R + p.C > attention_problem::kMaxIndex)
       throw ArgumentError("R + C (query and key lengths, " + std::to_string(p.R) + " + " + std::to_string(p.C) +
                           ") must be below 2**31 for a bundle entry serving every window: its kernels compute "
                           "positions up to R + C in 32-bit integers");
@@ -105,12 +104,9 @@ SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entr
     sizes["window_left"] = left == -1 ? p.C : std::min(left, p.C);
     sizes["window_right"] = right == -1 ? p.R : std::min(right, p.R);
   }
-  for (const auto& [name, view] : strided) {
-    const bool mask = name == "mask";
-    const std::vector<std::int64_t> logical = mask ? view->strides : attention_args::physical(view->strides, p.layout);
-    const char* axes[4] = {"batch", "head", "row", "key"};
-    for (std::size_t i = 0; i < (mask ? 4u : 3u); ++i) sizes[name + "_" + axes[i] + "_stride"] = logical[i];
-  }
+  const char* axes[4] = {"batch", "head", "row", "key"};
+  for (const auto& [name, logical] : strided)
+    for (std::size_t i = 0; i < logical.size() && i < 4; ++i) sizes[name + "_" + axes[i] + "_stride"] = logical[i];
   return sizes;
 }
 
@@ -193,113 +189,93 @@ void zero(const Checked& view) {
   if (view.elements) std::memset(view.view->data, 0, std::size_t(view.elements) * dtype_size(view.view->dtype));
 }
 
-// The views a pass reads, made addressable (packed where the kernels cannot read
-// them in place) and bound by name; `strided` are those whose strides are runtime sizes.
+// The arrays a pass binds, by buffer name: the inputs the binder checked, made addressable
+// (packed where the kernels cannot read them in place; a broadcast one read as its target
+// shape), and the outputs (an output not given: scratch memory); `strided` holds the logical
+// strides of those the kernels read with runtime strides (the feature axis, unit, left out).
 struct PassViews {
   std::map<std::string, Checked> views;
-  std::map<std::string, const Checked*> strided;
+  std::map<std::string, Bound> arrays;
+  std::map<std::string, std::vector<std::int64_t>> strided;
 
-  void add(const Device& device, const std::string& name, Checked view, view_packing::Reads reads) {
-    view_packing::make_addressable(device, view, reads);
-    const Checked& kept = views[name] = std::move(view);
-    if (reads != view_packing::Reads::contiguous) strided[name] = &kept;
+  PassViews(const Device& device, const Binder& binder, const AttentionOptions& options) {
+    for (const ArrayRule& rule : binder.declaration().arrays) {
+      if (rule.output) {
+        arrays[rule.buffer] = binder.given(rule.name) ? Bound{&binder.view(rule.name)} : Bound{nullptr, true};
+        continue;
+      }
+      if (!binder.given(rule.name)) continue;
+      Checked view = binder.view(rule.name);
+      view_packing::make_addressable(device, view, rule.reads);
+      if (rule.broadcast) view = broadcast(view, binder.expected(rule.name));
+      add(rule.buffer, std::move(view));
+      if (rule.reads == view_packing::Reads::contiguous) continue;
+      std::vector<std::int64_t> logical = binder.logical(rule, views[rule.buffer].strides);
+      if (rule.reads == view_packing::Reads::strided) logical.pop_back();
+      strided[rule.buffer] = std::move(logical);
+    }
+    for (std::size_t i = 0; i < options.score_mod_tensors.size(); ++i) {  // what a score_mod reads, contiguous
+      Checked view = checked(options.score_mod_tensors[i], "score_mod_tensors[" + std::to_string(i) + "]");
+      view_packing::make_addressable(device, view, view_packing::Reads::contiguous);
+      add("score_mod_" + std::to_string(i), std::move(view));
+    }
   }
-  // What the score transforms read: the ALiBi slopes and a score_mod's tensors, contiguous.
-  void add_scores(const Device& device, const AttentionOptions& options) {
-    using attention_args::checked;
-    if (options.alibi_slopes)
-      add(device, "alibi_slopes", checked(*options.alibi_slopes, "alibi_slopes"), view_packing::Reads::contiguous);
-    for (std::size_t i = 0; i < options.score_mod_tensors.size(); ++i)
-      add(device, "score_mod_" + std::to_string(i),
-          checked(options.score_mod_tensors[i], "score_mod_tensors[" + std::to_string(i) + "]"),
-          view_packing::Reads::contiguous);
-  }
-  void add_mask(const Device& device, const TensorView& mask, const Problem& p) {
-    Checked given = attention_args::checked(mask, "mask");
-    view_packing::make_addressable(device, given, view_packing::Reads::strided_broadcast);
-    strided["mask"] = &(views["mask"] = attention_args::mask_view(given, p));
-  }
-  void bind(std::map<std::string, Bound>& arrays) const {
-    for (const auto& [name, view] : views) arrays[name] = {&view};
-  }
+  void add(const std::string& buffer, Checked view) { arrays[buffer] = {&(views[buffer] = std::move(view))}; }
 };
+
+// The sizes, the entry's template for them, evaluated, and the pass run on the call's views.
+void run(const Device& device, CommandBatch* batch, const Binder& binder, const Problem& p, const BundleEntry& entry,
+         const AttentionOptions& options, bool backward) {
+  const PassViews views(device, binder, options);
+  const SizeEnv sizes = sizes_of(p, device, entry, views.strided);
+  const EvaluatedPass pass = evaluate(template_for(backward ? entry.backward : entry.forward, sizes, entry.line),
+                                      sizes);
+  run_pass(device, batch, pass, views.arrays);
+}
+
+// The call's arrays by their declared names: `arrays`, then the options' (null when not given).
+std::map<std::string, const TensorView*> given(std::map<std::string, const TensorView*> arrays,
+                                               const AttentionOptions& options) {
+  arrays["mask"] = options.mask ? &*options.mask : nullptr;
+  arrays["sinks"] = options.sinks ? &*options.sinks : nullptr;
+  arrays["alibi_slopes"] = options.alibi_slopes ? &*options.alibi_slopes : nullptr;
+  return arrays;
+}
 
 void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
              const TensorView& k, const TensorView& v, const TensorView& out, const AttentionOptions& options,
              const TensorView* lse) {
-  using namespace attention_args;
-  const Problem p = forward_problem(q, k, v, options);
-  const Checked o = output(out, "out", p.dtype, physical({p.B, p.Hq, p.R, p.Dv}, p.layout),
-                           p.layout == Layout::bhsd ? "B, Hq, R, Dv" : "B, R, Hq, Dv");
-  std::optional<Checked> rows;
-  if (lse) rows = output(*lse, "lse", DType::float32, {p.B, p.Hq, p.R}, "B, Hq, R");
-
+  Binder binder(bundle.contents().declaration("attention"), attention_problem::layout_name(options.layout),
+                given({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", lse}}, options));
+  const Problem p = attention_problem::checked_problem(binder, options);
   if (p.empty()) {  // as Python: output 0, lse -inf (the sink's logit with sinks)
-    zero(o);
-    if (rows) {
-      const Checked sinks = options.sinks ? checked(*options.sinks, "sinks") : Checked{};
+    zero(binder.view("out"));
+    if (lse) {
       auto* values = static_cast<float*>(lse->data);
       const auto* sink = options.sinks ? static_cast<const float*>(options.sinks->data) : nullptr;
-      for (std::int64_t i = 0; i < rows->elements; ++i)
-        values[i] = sink ? sink[((i / p.R) % p.Hq) * sinks.strides[0]] : -std::numeric_limits<float>::infinity();
+      const std::int64_t step = options.sinks ? binder.view("sinks").strides[0] : 0;
+      for (std::int64_t i = 0; i < binder.view("lse").elements; ++i)
+        values[i] = sink ? sink[((i / p.R) % p.Hq) * step] : -std::numeric_limits<float>::infinity();
     }
     return;
   }
-  const BundleEntry& entry = entry_for(bundle, device, p, false);
-  PassViews views;
-  views.add(device, "q", checked(q, "q"), view_packing::Reads::strided);
-  views.add(device, "k", checked(k, "k"), view_packing::Reads::strided);
-  views.add(device, "v", checked(v, "v"), view_packing::Reads::strided);
-  if (options.mask) views.add_mask(device, *options.mask, p);
-  if (options.sinks) views.add(device, "sinks", checked(*options.sinks, "sinks"), view_packing::Reads::contiguous);
-  views.add_scores(device, options);
-  const SizeEnv sizes = sizes_of(p, device, entry, views.strided);
-  const EvaluatedPass pass = evaluate(template_for(entry.forward, sizes, entry.line), sizes);
-  std::map<std::string, Bound> arrays = {{"o", {&o}}};
-  arrays["lse"] = rows ? Bound{&*rows} : Bound{nullptr, true};
-  views.bind(arrays);
-  run_pass(device, batch, pass, arrays);
+  run(device, batch, binder, p, entry_for(bundle, device, p, false), options, false);
 }
 
 void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
               const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
               const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
               const AttentionOptions& options, const TensorView* dsinks) {
-  using namespace attention_args;
-  const Problem p = forward_problem(q, k, v, options);
-  Checked co = like_output(o, "o", p), cdout = like_output(dout, "do", p), clse = lse_input(lse, p);
-  const std::string names = p.layout == Layout::bhsd ? "B, H, S, D" : "B, S, H, D";
-  const Checked cdq = output(dq, "dq", p.dtype, q.shape, names + " of q");
-  const Checked cdk = output(dk, "dk", p.dtype, k.shape, names + " of k");
-  const Checked cdv = output(dv, "dv", p.dtype, v.shape, names + " of v");
-  std::optional<Checked> cds;
-  if (dsinks) {
-    if (!options.sinks) throw ArgumentError("dsinks is given but options.sinks is not: there is no sink gradient");
-    cds = output(*dsinks, "dsinks", DType::float32, {p.Hq}, "Hq");
-  }
-
+  Binder binder(bundle.contents().declaration("attention_backward"), attention_problem::layout_name(options.layout),
+                given({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"do", &dout}, {"dq", &dq},
+                       {"dk", &dk}, {"dv", &dv}, {"dsinks", dsinks}}, options));
+  const Problem p = attention_problem::checked_problem(binder, options);
   if (p.empty()) {  // as Python: gradients of zeros
-    zero(cdq), zero(cdk), zero(cdv);
-    if (cds) zero(*cds);
+    for (const char* name : {"dq", "dk", "dv", "dsinks"})
+      if (binder.given(name)) zero(binder.view(name));
     return;
   }
-  const BundleEntry& entry = entry_for(bundle, device, p, true);
-  PassViews views;
-  views.add(device, "q", checked(q, "q"), view_packing::Reads::strided);
-  views.add(device, "k", checked(k, "k"), view_packing::Reads::strided);
-  views.add(device, "v", checked(v, "v"), view_packing::Reads::strided);
-  views.add(device, "o", std::move(co), view_packing::Reads::strided);
-  views.add(device, "dout", std::move(cdout), view_packing::Reads::strided);
-  views.add(device, "lse", std::move(clse), view_packing::Reads::contiguous);
-  if (options.mask) views.add_mask(device, *options.mask, p);
-  if (options.sinks) views.add(device, "sinks", checked(*options.sinks, "sinks"), view_packing::Reads::contiguous);
-  views.add_scores(device, options);
-  const SizeEnv sizes = sizes_of(p, device, entry, views.strided);
-  const EvaluatedPass pass = evaluate(template_for(entry.backward, sizes, entry.line), sizes);
-  std::map<std::string, Bound> arrays = {{"dq", {&cdq}}, {"dk", {&cdk}}, {"dv", {&cdv}}};
-  arrays["dsinks"] = cds ? Bound{&*cds} : Bound{nullptr, true};
-  views.bind(arrays);
-  run_pass(device, batch, pass, arrays);
+  run(device, batch, binder, p, entry_for(bundle, device, p, true), options, true);
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ BundleFacts facts_of(const json::Value& f) {
   if (!score_mod.is_null()) {
     facts.score_mod = score_mod.at("text").as_string("score_mod text");
     for (const json::Value& t : score_mod.at("tensors").as_array("score_mod tensors")) {
-      attention_args::ScoreModTensor tensor{t.at("dtype").as_string("score_mod tensor dtype"), {}};
+      attention_problem::ScoreModTensor tensor{t.at("dtype").as_string("score_mod tensor dtype"), {}};
       for (const json::Value& n : t.at("shape").as_array("score_mod tensor shape"))
         tensor.shape.push_back(n.as_int("score_mod tensor shape"));
       facts.score_mod_tensors.push_back(std::move(tensor));
@@ -79,6 +79,8 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     throw BundleError("bundle templates are schema " + std::to_string(schema) + "; this build reads " +
                       std::to_string(kTemplateSchema));
   auto contents = std::make_shared<Bundle::Contents>();
+  for (const auto& [op, declaration] : payload.at("declarations").as_object("declarations"))
+    contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
     if (record.at("op").as_string("op") != "attention") continue;  // ops a later writer may add
     BundleEntry entry;
@@ -94,6 +96,12 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
 }
 
 }  // namespace
+
+const Declaration& Bundle::Contents::declaration(const std::string& op) const {
+  auto it = declarations.find(op);
+  if (it == declarations.end()) throw BundleError("the bundle carries no declaration of " + op);
+  return it->second;
+}
 
 std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
   const std::string window = f.window ? "yes" : "no";

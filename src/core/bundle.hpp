@@ -1,21 +1,24 @@
-// The parsed payload of a bundle file (python/mfa_native/bundle/): its
+// The parsed payload of a bundle file (python/mfa_native/bundle/): the
+// declarations of the ops it serves (what the binder checks a call by) and its
 // entries, each the facts its kernels bake and its forward and backward pass
 // templates. Read once by Bundle::load / from_memory; immutable afterwards.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "attention_args.hpp"
+#include "attention_problem.hpp"
+#include "declaration.hpp"
 #include "mfa/attention.hpp"
 #include "pass_template.hpp"
 
 namespace mfa {
 
-constexpr std::uint32_t kBundleFormatVersion = 3;
+constexpr std::uint32_t kBundleFormatVersion = 4;
 
 struct BundleFacts {
   std::string dtype;       // float32, float16, bfloat16
@@ -29,7 +32,7 @@ struct BundleFacts {
   std::optional<double> softcap;  // the score transforms: a cap (none: no cap),
   std::string alibi = "none";     // none, per_head or per_batch slopes,
   std::string score_mod;          // a score_mod's text ("": none) and its tensors
-  std::vector<attention_args::ScoreModTensor> score_mod_tensors;
+  std::vector<attention_problem::ScoreModTensor> score_mod_tensors;
   std::string family;
   bool backward = false;
 };
@@ -42,7 +45,11 @@ struct BundleEntry {
 };
 
 struct Bundle::Contents {
+  std::map<std::string, Declaration> declarations;  // by op name
   std::vector<BundleEntry> entries;
+
+  // The declaration of `op`; BundleError when the bundle carries none.
+  const Declaration& declaration(const std::string& op) const;
 };
 
 // Decodes the payload's "metallibs" (sha256 of a kernel source -> its Metal

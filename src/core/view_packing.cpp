@@ -5,12 +5,11 @@
 
 namespace mfa::view_packing {
 
-using attention_args::Checked;
 
 namespace {
 
 std::vector<std::int64_t> normalized_contiguous(const std::vector<std::int64_t>& shape) {
-  std::vector<std::int64_t> strides = attention_args::contiguous(shape);
+  std::vector<std::int64_t> strides = contiguous(shape);
   for (std::size_t i = 0; i < shape.size(); ++i)
     if (shape[i] == 1) strides[i] = 0;
   return strides;
@@ -53,7 +52,7 @@ void make_addressable(const Device& device, Checked& view, Reads reads) {
   for (std::int64_t s : view.strides)
     if (s > std::int64_t(std::numeric_limits<std::uint32_t>::max()))
       throw ArgumentError(view.name + " has " + std::to_string(view.elements) + " elements: its strides " +
-                          attention_args::shape_text(view.strides) +
+                          shape_text(view.strides) +
                           " do not fit the kernels' 32-bit runtime sizes");
 }
 

@@ -8,7 +8,7 @@
 // before the pass.
 #pragma once
 
-#include "attention_args.hpp"
+#include "checked_view.hpp"
 #include "mfa/device.hpp"
 
 namespace mfa::view_packing {
@@ -20,10 +20,10 @@ enum class Reads {
 };
 
 // Whether the kernels address `view` (strides as Checked holds them) in place.
-bool in_place(const attention_args::Checked& view, Reads reads);
+bool in_place(const Checked& view, Reads reads);
 
 // Packs `view` into a contiguous pool buffer unless the kernels address it in
 // place: afterwards view.packed holds the copy and view.strides its strides.
-void make_addressable(const Device& device, attention_args::Checked& view, Reads reads);
+void make_addressable(const Device& device, Checked& view, Reads reads);
 
 }  // namespace mfa::view_packing

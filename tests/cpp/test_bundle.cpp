@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,7 +32,15 @@ std::string bundle_bytes(const std::string& payload, std::uint32_t version = mfa
   return out + payload;
 }
 
-const std::string kEmpty = R"({"format":"mfa_native.bundle","template_schema":1,"entries":[],"metallibs":{}})";
+// The ops' declarations as the writer puts them in a bundle (tests/cpp/declarations.json;
+// tests/python/test_bundle_cpp.py checks it is the writer's current data).
+std::string declarations() {
+  std::ifstream file(MFA_DECLARATIONS_JSON);
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+const std::string kEmpty = R"({"format":"mfa_native.bundle","template_schema":1,"declarations":)" + declarations() +
+                           R"(,"entries":[],"metallibs":{}})";
 
 }  // namespace
 
@@ -138,7 +148,8 @@ std::string bundle_with_metallibs(const std::string& source, const std::string& 
                              R"(","threadgroups":["1","1","1"],"threads_per_threadgroup":[1,1,1],"buffers":[]})";
   const std::string forward = R"({"schema":1,"name":"t","sizes":[],"derived":[],"guards":[],)"
                               R"("valid_for":[["scale","runtime"]],"kernels":[)" + kernel + R"(],"buffers":[]})";
-  return bundle_bytes(R"({"format":"mfa_native.bundle","template_schema":1,"entries":[{"op":"attention","facts":)" +
+  return bundle_bytes(R"({"format":"mfa_native.bundle","template_schema":1,"declarations":{},)"
+                      R"("entries":[{"op":"attention","facts":)" +
                       facts + R"(,"forward":[)" + forward + R"(],"backward":[]}],"metallibs":)" + metallibs + "}");
 }
 

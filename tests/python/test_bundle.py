@@ -38,7 +38,7 @@ def test_format_round_trip_and_refusals():
     future = data[:8] + struct.pack("<I", FORMAT_VERSION + 1) + data[12:]
     with pytest.raises(BundleError, match="newer"):
         unpack(future)
-    for version in (1, 2):   # format 1 baked windows and strides; 2 had no score transforms
+    for version in (1, 2, 3):   # format 1 baked windows and strides; 2 had no score transforms; 3 no declarations
         earlier = data[:8] + struct.pack("<I", version) + data[12:]
         with pytest.raises(BundleError, match="write the bundle again"):
             unpack(earlier)

@@ -11,6 +11,7 @@ import base64
 import json
 import struct
 from dataclasses import asdict
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -22,7 +23,7 @@ import mfa_native
 from mfa_native import _core, reference
 from mfa_native.bundle import entries_of, metallib
 from mfa_native.bundle.file import FORMAT_VERSION, pack, unpack
-from mfa_native.bundle.writer import build_payload
+from mfa_native.bundle.writer import build_payload, declarations
 from mfa_native.runtime import expressions
 from mfa_native.runtime.templates import PassTemplate, evaluate
 
@@ -126,7 +127,8 @@ def test_template_evaluation_matches_python(payload):
 
 
 def test_reader_refuses_damaged_truncated_and_future_bundles(payload):
-    data = pack({"format": "mfa_native.bundle", "template_schema": 1, "entries": payload["entries"][:1]})
+    data = pack({"format": "mfa_native.bundle", "template_schema": 1, "declarations": payload["declarations"],
+                 "entries": payload["entries"][:1]})
     assert len(_core._Bundle.from_bytes(data).entries()) == 1
     damaged = bytearray(data)
     damaged[len(data) // 2] ^= 0x20
@@ -148,6 +150,13 @@ def test_reader_refuses_damaged_truncated_and_future_bundles(payload):
         _core._Bundle.from_bytes(header + body)
     with pytest.raises(RuntimeError, match="cannot open"):
         _core._Bundle.load("/nonexistent/bundle.mfab")
+
+
+def test_cpp_tests_declarations_are_the_writers():
+    """tests/cpp/test_bundle.cpp's bundles carry tests/cpp/declarations.json: the writer's data
+    (regenerate it from mfa_native.bundle.writer.declarations() when a rule changes)."""
+    path = Path(__file__).parents[1] / "cpp" / "declarations.json"
+    assert json.loads(path.read_text()) == declarations()
 
 
 def test_entries_are_the_cli_lines(bundle, payload):
@@ -339,7 +348,7 @@ def test_bad_views_name_the_argument(bundle, rng):
 
 def test_empty_problems_need_no_entry(rng):
     empty_bundle = _core._Bundle.from_bytes(pack({"format": "mfa_native.bundle", "template_schema": 1,
-                                                  "entries": []}))
+                                                  "declarations": declarations(), "entries": []}))
     q = rng.standard_normal((1, 2, 3, 16)).astype(np.float32)
     k = np.zeros((1, 2, 0, 16), np.float32)
     out, lse = poison(q.shape, np.float32), poison((1, 2, 3), np.float32)

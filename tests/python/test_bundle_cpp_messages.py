@@ -45,6 +45,16 @@ FORWARD_CASES = {   # what changes from a good call: arrays, then options
     "sinks shape": ({}, dict(sinks=np.zeros(3, np.float32))),
     "alibi shape": ({}, dict(alibi_slopes=np.zeros(3, np.float32))),
     "score_mod_tensors alone": ({}, dict(score_mod_tensors=[np.zeros(2, np.float32)])),
+    # The declaration's rules (ops/attention_rules.py) the C++ binder reads from the bundle.
+    "v dtype": (dict(v=lambda a: a["v"].astype(np.float16)), {}),
+    "k rank": (dict(k=lambda a: a["k"][0]), {}),
+    "q rank bshd": (dict(q=lambda a: a["q"][0]), dict(layout="bshd")),
+    "v length": (dict(v=lambda a: a["v"][:, :, :4].copy()), {}),
+    "head dim 0": (dict(q=lambda a: a["q"][..., :0].copy(), k=lambda a: a["k"][..., :0].copy()), {}),
+    "mask rank 5": ({}, dict(mask=np.ones((1, 1, 1, R, C), bool))),
+    "mask float broadcast": ({}, dict(mask=np.zeros((HQ + 1, 1, C), np.float32))),
+    "sinks rank": ({}, dict(sinks=np.zeros((1, HQ), np.float32))),
+    "alibi per batch": ({}, dict(alibi_slopes=np.zeros((B + 1, HQ), np.float32))),
 }
 
 
@@ -77,6 +87,8 @@ BACKWARD_CASES = {
     "do shape": ("do", lambda o: o[..., :8].copy()),
     "lse dtype": ("lse", lambda lse: lse.astype(np.float16)),
     "lse shape": ("lse", lambda lse: lse[:, :1].copy()),
+    "do dtype": ("do", lambda o: o.astype(np.float16)),
+    "o rank": ("o", lambda o: o[0]),
 }
 
 

@@ -1,4 +1,4 @@
-"""The bundle file format, version 3 (src/core/bundle.cpp reads the same bytes).
+"""The bundle file format, version 4 (src/core/bundle.cpp reads the same bytes).
 
     offset  size  field
     0       8     magic b"MFABNDL\\0"
@@ -10,7 +10,7 @@
 
 A reader refuses a wrong magic, a version other than its own (earlier ones are refused with a
 request to write the bundle again: version 1 baked windows and strides, version 2 predates score
-transforms), a length that disagrees with the
+transforms, version 3 carries no op declarations for the C++ binder), a length that disagrees with the
 file's, and a checksum that does not match, before it parses anything.
 """
 
@@ -21,7 +21,7 @@ import json
 import struct
 
 MAGIC = b"MFABNDL\0"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 _HEADER = struct.Struct("<8sIIQ32s")
 HEADER_BYTES = _HEADER.size
 

@@ -11,9 +11,11 @@ kept once. A reader takes the first template whose guards hold, the one
 codegen would have generated for the call.
 
 Payload (JSON): {"format": "mfa_native.bundle", "template_schema": 1, "generator": ...,
-"entries": [{"op": "attention", "facts": {...}, "forward": [template, ...],
-"backward": [template, ...]}], "metallibs": {}}. Templates are PassTemplate.to_json's
-objects (runtime/templates.py); facts are EntryFacts.to_json's.
+"declarations": {"attention": {...}, "attention_backward": {...}}, "entries": [{"op": "attention",
+"facts": {...}, "forward": [template, ...], "backward": [template, ...]}], "metallibs": {}}.
+Templates are PassTemplate.to_json's objects (runtime/templates.py); facts are
+EntryFacts.to_json's; declarations are the ops' Op.declaration_data() (ops/rules.py), the
+rules the C++ binder checks a call's arrays by.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, atte
                        attention_template, packs_plain_heads)
 from ..codegen.attention.score_mod import ScoreMod
 from ..ops.attention import score_transforms
+from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION
 from .spec import EntryFacts
 
@@ -36,6 +39,7 @@ LENGTHS = (1, 9, 17, 33, 65, 129, 257)
 NO_SPLIT = (64, 1)                 # (C, P): too few keys to split, whatever the device
 SPLIT = (1 << 15, 1 << 20)         # (C, P): a decode that splits
 MAX_SPLIT_ROWS = 32                # decode rows that may split (the packed facet's bound)
+DECLARED = ("attention", "attention_backward")   # the ops whose declarations a bundle carries
 
 
 def query_lengths(facts: EntryFacts) -> list[int]:
@@ -122,7 +126,12 @@ def build_payload(entries: list[EntryFacts], progress: Callable[[str], None] | N
             progress(entry_line(record["facts"], len(record["forward"]), len(record["backward"])))
     from .. import __version__
     return {"format": "mfa_native.bundle", "template_schema": SCHEMA_VERSION, "generator": f"mfa_native {__version__}",
-            "entries": records, "metallibs": {}}
+            "declarations": declarations(), "entries": records, "metallibs": {}}
+
+
+def declarations() -> dict[str, dict]:
+    """The declaration data of the ops a bundle serves, by name (what the C++ binder reads)."""
+    return {name: OPS[name].declaration_data() for name in DECLARED}
 
 
 def choose(templates: list[dict], sizes: dict[str, int]) -> dict | None:

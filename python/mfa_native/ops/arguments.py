@@ -10,8 +10,8 @@ import numbers
 
 import numpy as np
 
-from ..codegen import MAX_HEAD_DIM, physical
 from ..runtime.arrays import FLOAT_DTYPES
+from .rules import Binding
 
 _CAUSAL = {False: "none", True: "lower_right", "none": "none", "lower_right": "lower_right",
            "upper_left": "upper_left"}
@@ -55,10 +55,6 @@ def flag(value, name: str) -> bool:
     return bool(value)
 
 
-def axes(layout: str) -> str:
-    return "B, Hq, R, D" if layout == "bhsd" else "B, R, Hq, D"
-
-
 def as_array(x, name: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
@@ -69,33 +65,6 @@ def as_array(x, name: str) -> np.ndarray:
             raise TypeError(f"{name} supports DLPack but numpy cannot read it (a CPU array is needed): {error}") \
                 from error
     raise TypeError(f"{name} must be a numpy array or a CPU array supporting DLPack, got {type(x).__name__}")
-
-
-def dimensions(q: np.ndarray, k: np.ndarray, v: np.ndarray, layout: str) -> tuple[int, ...]:
-    """(B, Hq, Hkv, R, C, D, Dv) from shapes that must agree."""
-    for x, name in ((q, "q"), (k, "k"), (v, "v")):
-        if x.ndim != 4:
-            raise ValueError(f"{name} must have 4 dimensions ({axes(layout)}), got shape {x.shape}")
-    B, Hq, R, D = physical(q.shape, layout)
-    kb, Hkv, C, kd = physical(k.shape, layout)
-    vb, vh, vc, Dv = physical(v.shape, layout)
-    if kb != B or vb != B:
-        raise ValueError(f"q, k and v must share the batch size: q {q.shape}, k {k.shape}, v {v.shape}")
-    if kd != D:
-        raise ValueError(f"k's head dimension ({kd}) must match q's ({D}): q {q.shape}, k {k.shape}")
-    if vh != Hkv or vc != C:
-        raise ValueError(f"v must have k's heads and length ({layout}): k {k.shape}, v {v.shape}")
-    if (Hkv == 0 and Hq != 0) or (Hkv and Hq % Hkv):
-        raise ValueError(f"q's head count ({Hq}) must be a multiple of k/v's ({Hkv}) (GQA/MQA)")
-    for name, dim in (("D (q/k head dimension)", D), ("Dv (v head dimension)", Dv)):
-        if not 1 <= dim <= MAX_HEAD_DIM:
-            raise ValueError(f"{name} is {dim}; the kernels support 1..{MAX_HEAD_DIM}")
-    for name, size in (("B (batch)", B), ("Hq (query heads)", Hq), ("Hkv (key/value heads)", Hkv),
-                       ("R (query length)", R), ("C (key length)", C)):
-        if size > MAX_INDEX:
-            raise ValueError(f"{name} is {size}; the kernels index it with 32-bit integers, so it must be "
-                             f"below 2**31")
-    return B, Hq, Hkv, R, C, D, Dv
 
 
 def is_empty(B: int, Hq: int, R: int, C: int) -> bool:
@@ -181,59 +150,36 @@ def element_strides(x: np.ndarray) -> tuple[int, int, int, int]:
     return tuple(s // x.dtype.itemsize for s in x.strides)  # type: ignore[return-value]
 
 
-def mask_array(mask, shape: tuple[int, int, int, int]) -> tuple[np.ndarray, str, str]:
-    """The mask broadcast (stride 0, no copy) to (B, Hq, R, C), its kind and element dtype."""
+def ruled(x, name: str, binding: Binding) -> np.ndarray:
+    """x read as an array, checked against its rule (rules.py) and made bindable as its rule
+    says the kernels read it: strided in place where they can, else a contiguous copy."""
+    x = as_array(x, name)
+    binding.check(name, x.shape, str(x.dtype))
+    return np.ascontiguousarray(x) if binding.rules[name].reads == "contiguous" else bindable(x)
+
+
+def mask_array(mask, binding: Binding) -> tuple[np.ndarray, str, str]:
+    """The mask broadcast (stride 0, no copy) to (B, Hq, R, C), its kind and element dtype;
+    its rule (attention_rules.MASK) checks it, float64 taken as float32."""
     mask = as_array(mask, "mask")
-    if mask.dtype == np.bool_:
-        kind, dtype = "bool", "bool"
-    elif mask.dtype in FLOAT_DTYPES or mask.dtype == np.float64:
-        if mask.dtype == np.float64:
-            mask = mask.astype(np.float32)  # no float64 on the GPU: the mask's own (unbroadcast) size is copied
-        kind, dtype = "additive", FLOAT_DTYPES[mask.dtype]
-    else:
-        raise TypeError(f"mask must be boolean (True = attend) or float (additive), got dtype {mask.dtype}")
-    if mask.ndim > 4:
-        raise ValueError(f"mask of shape {mask.shape} does not broadcast to (B, Hq, R, C) = {shape}")
-    try:
-        mask = np.broadcast_to(mask, shape)
-    except ValueError:
-        raise ValueError(f"mask of shape {mask.shape} does not broadcast to (B, Hq, R, C) = {shape}") from None
-    mask = normalized(mask)
+    if mask.dtype == np.float64:
+        mask = mask.astype(np.float32)  # no float64 on the GPU: the mask's own (unbroadcast) size is copied
+    binding.check("mask", mask.shape, str(mask.dtype))
+    kind, dtype = ("bool", "bool") if mask.dtype == np.bool_ else ("additive", FLOAT_DTYPES[mask.dtype])
+    mask = normalized(np.broadcast_to(mask, binding.expected("mask")))
     if not usable_in_place(mask):
         mask = np.ascontiguousarray(mask)
     return mask, kind, dtype
 
 
-def sinks_array(sinks, q_heads: int) -> np.ndarray:
-    sinks = as_array(sinks, "sinks")
-    if sinks.dtype not in FLOAT_DTYPES and sinks.dtype != np.float64:
-        raise TypeError(f"sinks must be a float array, got dtype {sinks.dtype}")
-    if sinks.shape != (q_heads,):
-        raise ValueError(f"sinks must have shape (Hq,) = ({q_heads},), got {sinks.shape}")
-    return np.ascontiguousarray(sinks, dtype=np.float32)
-
-
-def alibi_slopes_array(slopes, batches: int, q_heads: int) -> np.ndarray:
-    """ALiBi's slopes, (Hq,) or (batches, Hq) floats, as float32 (flash-attn's dtype)."""
-    slopes = as_array(slopes, "alibi_slopes")
-    if slopes.dtype not in FLOAT_DTYPES and slopes.dtype != np.float64:
-        raise TypeError(f"alibi_slopes must be a float array, got dtype {slopes.dtype}")
-    if slopes.shape not in ((q_heads,), (batches, q_heads)):
-        raise ValueError(f"alibi_slopes must have shape (Hq,) = ({q_heads},) or (B, Hq) = ({batches}, {q_heads}), "
-                         f"got {slopes.shape}")
-    return np.ascontiguousarray(slopes, dtype=np.float32)
-
-
-def like_output(x, name: str, dtype: np.dtype, shape: tuple[int, ...], layout: str) -> np.ndarray:
-    """o or do: attention's output shape and q's dtype."""
+def float32_array(x, name: str, binding: Binding) -> tuple[np.ndarray, int]:
+    """sinks or alibi_slopes: any float dtype, as the float32 its rule asks, checked; and the
+    index of the shape it has among its rule's."""
     x = as_array(x, name)
-    if x.dtype != dtype:
-        raise TypeError(f"{name} has dtype {x.dtype} but q has {dtype}; {name} must have q's dtype, "
-                        "like attention's output")
-    if x.shape != shape:
-        dims = axes(layout).replace("D", "Dv")
-        raise ValueError(f"{name} must have attention's output shape ({dims}) = {shape}, got {x.shape}")
-    return bindable(x)
+    if x.dtype not in FLOAT_DTYPES and x.dtype != np.float64:
+        raise TypeError(f"{name} must be a float array, got dtype {x.dtype}")
+    shape = binding.check(name, x.shape, "float32")
+    return np.ascontiguousarray(x, dtype=np.float32), shape
 
 
 def lse_array(lse, shape: tuple[int, int, int]) -> np.ndarray:

@@ -13,14 +13,16 @@ from ..quantized import QuantizedTensor
 from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
+from . import attention_rules as rules
 from .declaration import Arg, Call, Op, Out
+from .rules import Binding
 from .empty import empty_forward
 from .float8_cache import float8_format, stored_bytes
 from .score_mod import SCORE_MOD, SCORE_MOD_RAISES, SCORE_MOD_TENSORS, with_score_mod
 from .warm import Checked, Convert, PreparedCall, prepared_call, same_memory
 
 # The arguments the attention family shares, each documented once.
-Q = Arg("q", "array", leading=True, grad=True, keyword=False, doc="""
+Q = Arg("q", "array", leading=True, grad=True, keyword=False, rule=rules.Q, doc="""
     queries. q, k, v: one kind of array: numpy (or CPU arrays that support DLPack),
     torch tensors (CPU or MPS) or MLX arrays, read in place (no copy); of one dtype:
     float32, float16 or bfloat16 (ml_dtypes.bfloat16 for numpy). With layout "bhsd", q is
@@ -28,28 +30,29 @@ Q = Arg("q", "array", leading=True, grad=True, keyword=False, doc="""
     head axes. Hq must be a multiple of Hkv (query head h reads kv head h // (Hq // Hkv)).
     D and Dv are 1..576. Any non-negative strides with a contiguous last axis are used in
     place, without a copy.""")
-K = Arg("k", "array", leading=True, grad=True, keyword=False, quantized=True, doc="""
+K = Arg("k", "array", leading=True, grad=True, keyword=False, quantized=True, rule=rules.K, doc="""
     keys. k and/or v may be QuantizedTensors (a quantized K/V cache: MLX's affine format,
     GGUF's q8_0, q4_0, q4_1, q5_0 or q5_1, quantized along D; k and v may differ): the kernel reads the stored bytes once per kv
     head and dequantizes them on chip, rounded to q's dtype; the result is attention over
     k.dequantize(), v.dequantize().""")
-V = Arg("v", "array", leading=True, grad=True, keyword=False, quantized=True, doc="values (see q and k).")
+V = Arg("v", "array", leading=True, grad=True, keyword=False, quantized=True, rule=rules.V,
+        doc="values (see q and k).")
 SCALE = Arg("scale", "option", default=None, schema="float?", doc="logit scale; default 1 / sqrt(D).")
 CAUSAL = Arg("causal", "option", default=False, schema="str", to_schema=check.causal_mode, doc="""
     False, True (= "lower_right": the last query lines up with the last key, as in MLX and
     FlashAttention 2.1+) or "upper_left" (query i sees keys j <= i, PyTorch's is_causal).""")
-MASK = Arg("mask", "array", default=None, doc="""
+MASK = Arg("mask", "array", default=None, rule=rules.MASK, doc="""
     boolean (True = attend) or additive float mask, broadcastable to (B, Hq, R, C) whatever
     the layout; broadcast axes are read with stride 0. Additive values of -inf (or <= -1e30)
     remove the key. A numpy array or q's kind.""")
 WINDOW = Arg("window", "option", default=None, schema="int[]?", to_schema=check.window_list, doc="""
     (left, right): key j is allowed for query i iff -left <= j - (i + C - R) <= right; -1
     leaves a side unbounded.""")
-SINKS = Arg("sinks", "array", default=None, grad=True, doc="""
+SINKS = Arg("sinks", "array", default=None, grad=True, rule=rules.SINKS, doc="""
     (Hq,) one extra logit per head in the softmax denominator, with no value. FlashMLA's
     infinite values: -inf is no sink; +inf takes every weight (output 0, lse +inf). A numpy
     array or q's kind.""")
-ALIBI_SLOPES = Arg("alibi_slopes", "array", default=None, doc="""
+ALIBI_SLOPES = Arg("alibi_slopes", "array", default=None, rule=rules.ALIBI_SLOPES, doc="""
     (Hq,) or (B, Hq) floats (stored float32), optional: ALiBi (BLOOM, MPT; flash-attn's
     `alibi_slopes`): query i's score of key j gets -slope[h] * |i + C - R - j| (the diagonal
     `causal=True` uses), after softcap, before masks and sinks. Not differentiated.""")
@@ -81,22 +84,28 @@ def rows_of(values: dict) -> tuple[int, int, int]:
     return (shape[0], shape[1], shape[2]) if values["layout"] == "bhsd" else (shape[0], shape[2], shape[1])
 
 
+# The rules of the family's array arguments, by name (Python checks those of attention's validate).
+FAMILY_RULES = {arg.name: arg.rule for arg in (Q, K, V, MASK, SINKS, ALIBI_SLOPES)}
+
 # Which output of the attention family's backward ops is the gradient of which argument.
 GRADIENT_OF = {"q": "dq", "k": "dk", "v": "dv", "sinks": "dsinks"}
 
 OUTPUT = Out("o", "the output, q's kind, dtype and layout, shape (.., Dv)",
-             fake=lambda a: ((*a["q"].shape[:-1], a["v"].shape[-1]), "q"))
+             fake=lambda a: ((*a["q"].shape[:-1], a["v"].shape[-1]), "q"), rule=rules.OUT)
 LSE = Out("lse", "(B, Hq, R) float32, natural log of the softmax denominator", when="return_lse",
-          fake=lambda a: (rows_of(a), "float32"))
+          fake=lambda a: (rows_of(a), "float32"), rule=rules.LSE_OUT)
 
 
 class Validated(Checked):
-    """One call's arguments, checked: the problem they make, and how they bind (Checked)."""
+    """One call's arguments, checked: the problem they make, how they bind (Checked), and
+    the binding of their sizes (rules.py) that checked them."""
 
     def __init__(self, problem: AttentionProblem, bound: dict[str, np.ndarray],
-                 converts: dict[str, Convert | None], sources: dict[str, str] | None = None) -> None:
+                 converts: dict[str, Convert | None], sources: dict[str, str] | None = None,
+                 binding: Binding | None = None) -> None:
         super().__init__(bound, converts, sources)
         self.problem = problem
+        self.binding = binding
 
 
 def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None, alibi_slopes=None,
@@ -112,18 +121,17 @@ def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None,
     raw = {"q": q, "k": k, "v": v}
     q = check.as_array(q, "q")
     k, v = (x if isinstance(x, QuantizedTensor) else check.as_array(x, name) for name, x in (("k", k), ("v", v)))
-    dtype = check.dtype_of(q, "q")
     for x, name in ((k, "k"), (v, "v")):
         if isinstance(x, QuantizedTensor):
             if quantized_refusal is not None:
                 raise TypeError(f"{name} is a QuantizedTensor: {quantized_refusal}")
             if x.ndim != 4:
                 raise ValueError(f"{name} must have 4 dimensions, got shape {x.shape}")
-        elif float8_format(x) is not None and descales is not None:
-            continue
-        elif x.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; q, k and v must share one dtype")
-    B, Hq, Hkv, R, C, D, Dv = check.dimensions(q, k, v, layout)
+    binding = Binding(FAMILY_RULES, rules.CHECKS, layout, None if batches is None else {"slope_rows": batches})
+    sizes = binding.bind({"q": (q.shape, str(q.dtype)), "k": (k.shape, _stored_dtype(k, descales)),
+                          "v": (v.shape, _stored_dtype(v, descales))})
+    B, Hq, Hkv, R, C, D, Dv = (sizes[name] for name in ("B", "Hq", "Hkv", "R", "C", "D", "Dv"))
+    dtype = FLOAT_DTYPES[q.dtype]
     scale = check.scale_value(scale)
     softcap = check.softcap_value(softcap)
     causal_mode = check.causal_mode(causal)
@@ -143,16 +151,16 @@ def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None,
             bound[name], converts[name] = check.bindable(x), check.bindable
     mask_kind, mask_dtype, mask_strides = "none", None, None
     if mask is not None:
-        bound["mask"], mask_kind, mask_dtype = check.mask_array(mask, (B, Hq, R, C))
+        bound["mask"], mask_kind, mask_dtype = check.mask_array(mask, binding)
         mask_strides = check.element_strides(bound["mask"])
-        converts["mask"] = lambda m: check.mask_array(m, (B, Hq, R, C))[0]
-    if sinks is not None:
-        bound["sinks"] = check.sinks_array(sinks, Hq)
-        converts["sinks"] = lambda s: check.sinks_array(s, Hq)
-    batches = B if batches is None else batches
-    if alibi_slopes is not None:
-        bound["alibi_slopes"] = check.alibi_slopes_array(alibi_slopes, batches, Hq)
-        converts["alibi_slopes"] = lambda s: check.alibi_slopes_array(s, batches, Hq)
+        converts["mask"] = lambda m: check.mask_array(m, binding)[0]
+    alibi_per_batch = None
+    for name, x in (("sinks", sinks), ("alibi_slopes", alibi_slopes)):
+        if x is not None:
+            bound[name], shape = check.float32_array(x, name, binding)
+            converts[name] = lambda s, name=name: check.float32_array(s, name, binding)[0]
+            if name == "alibi_slopes":
+                alibi_per_batch = shape == 1   # its rule's second shape: (B, Hq)
     raw.update(mask=mask, sinks=sinks)
     for name in bound:
         if name in raw and name != "sinks" and same_memory(raw[name], bound[name]):
@@ -166,11 +174,19 @@ def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None,
         v_strides=None if "v" in storage else physical(check.element_strides(bound["v"]), layout),
         causal=causal_mode, window=window, mask=mask_kind, mask_dtype=mask_dtype, mask_strides=mask_strides,
         sinks=sinks is not None, scale=scale, return_lse=return_lse,
-        scores=score_transforms(softcap, None if alibi_slopes is None else bound["alibi_slopes"].ndim == 2),
+        scores=score_transforms(softcap, alibi_per_batch),
         k_storage=storage.get("k", codegen.PLAIN),
         v_storage=storage.get("v", codegen.PLAIN),
         aligned=check.aligned({name: bound[name] for name in ("q", "k", "v") if name not in storage}, ("o",)))
-    return Validated(problem, bound, converts, sources)
+    return Validated(problem, bound, converts, sources, binding)
+
+
+def _stored_dtype(x, descales: dict | None) -> str | None:
+    """The dtype name of k or v its rule checks: None for a QuantizedTensor or a float8 array
+    the op reads with descales (the storage checks its own)."""
+    if isinstance(x, QuantizedTensor) or (float8_format(x) is not None and descales is not None):
+        return None
+    return str(x.dtype)
 
 
 def score_transforms(softcap: float | None, alibi_per_batch: bool | None = None) -> tuple:
@@ -247,6 +263,7 @@ ATTENTION = Op(
                LAYOUT, RETURN_LSE, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
+    checks=rules.CHECKS,
     reference=reference.attention_reference,
     backward="attention_backward",
     gradients=GRADIENT_OF,

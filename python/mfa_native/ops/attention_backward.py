@@ -10,24 +10,28 @@ from .. import codegen, reference
 from ..codegen import AttentionBackwardProblem, physical
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
-from .attention import (ALIBI_SLOPES, CAUSAL, K, LAYOUT, MASK, Q, RAISES, SCALE, SINKS, SOFTCAP, V, WINDOW, Validated,
-                        validate)
+from . import attention_rules as rules
+from .attention import (ALIBI_SLOPES, CAUSAL, FAMILY_RULES, K, LAYOUT, MASK, Q, RAISES, SCALE, SINKS, SOFTCAP, V,
+                        WINDOW, Validated, validate)
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_backward
 from .score_mod import SCORE_MOD, SCORE_MOD_RAISES, SCORE_MOD_TENSORS, with_score_mod
 from .warm import PreparedCall, prepared_call, same_memory
 
-O = Arg("o", "array", keyword=False, doc="""
+O = Arg("o", "array", keyword=False, rule=rules.O, doc="""
     what `attention(..., return_lse=True)` returned: the output (q's dtype and layout, shape
     (.., Dv)); any non-negative strides with a contiguous last axis.""")
-LSE_IN = Arg("lse", "array", keyword=False, doc="the lse it returned, (B, Hq, R) float32.")
-DO = Arg("do", "array", keyword=False, doc="""
+LSE_IN = Arg("lse", "array", keyword=False, rule=rules.LSE_IN, doc="the lse it returned, (B, Hq, R) float32.")
+DO = Arg("do", "array", keyword=False, rule=rules.DO, doc="""
     the gradient of the loss with respect to o, shaped and typed like o (any non-negative
     strides with a contiguous last axis).""")
-GRADIENTS = (Out("dq", "gradient of q, laid out like q", fake=lambda a: (a["q"].shape, "q")),
-             Out("dk", "gradient of k, laid out like k", fake=lambda a: (a["k"].shape, "k")),
-             Out("dv", "gradient of v, laid out like v", fake=lambda a: (a["v"].shape, "v")),
-             Out("dsinks", "(Hq,) float32", when="sinks", fake=lambda a: (a["sinks"].shape, "float32")))
+GRADIENTS = (Out("dq", "gradient of q, laid out like q", fake=lambda a: (a["q"].shape, "q"), rule=rules.DQ),
+             Out("dk", "gradient of k, laid out like k", fake=lambda a: (a["k"].shape, "k"), rule=rules.DK),
+             Out("dv", "gradient of v, laid out like v", fake=lambda a: (a["v"].shape, "v"), rule=rules.DV),
+             Out("dsinks", "(Hq,) float32", when="sinks", fake=lambda a: (a["sinks"].shape, "float32"),
+                 rule=rules.DSINKS))
+# The rules of the backward's array arguments, by name: the forward's and o, do, lse.
+BACKWARD_RULES = {**FAMILY_RULES, **{arg.name: arg.rule for arg in (O, DO, LSE_IN)}}
 # The pass's names of the array arguments, in declaration order (do binds as dout).
 BINDINGS = ("q", "k", "v", "o", "lse", "dout", "mask", "sinks", "alibi_slopes")
 
@@ -40,17 +44,14 @@ def validate_backward(arrays, *, scale, causal, window, layout, softcap=None, al
                        return_lse=False, softcap=softcap, alibi_slopes=alibi_slopes, quantized_refusal="a quantized cache has no gradient; attention_backward "
                        "differentiates attention over float k and v")
     p = forward.problem
-    dtype = forward.bound["q"].dtype
-    shape = physical(p.o_shape, layout)
-    rows = (p.batch, p.q_heads, p.q_len)
+    binding = forward.binding.with_rules(BACKWARD_RULES)
     bound, converts = dict(forward.bound), dict(forward.converts)
-    converts["o"] = lambda x: check.like_output(x, "o", dtype, shape, layout)
-    converts["dout"] = lambda x: check.like_output(x, "do", dtype, shape, layout)
-    converts["lse"] = lambda x: check.lse_array(x, rows)
-    for name, raw in (("o", o), ("dout", do), ("lse", lse)):
-        bound[name] = converts[name](raw)
-        if same_memory(raw, bound[name]):
-            converts[name] = None
+    for name, raw in (("o", o), ("do", do), ("lse", lse)):
+        buffer = BACKWARD_RULES[name].buffer or name
+        converts[buffer] = lambda x, name=name: check.ruled(x, name, binding)
+        bound[buffer] = converts[buffer](raw)
+        if same_memory(raw, bound[buffer]):
+            converts[buffer] = None
     # o is an input here (the forward's output); the gradients are allocated.
     aligned = check.aligned({name: bound[name] for name in ("q", "k", "v", "o", "dout")}, ("dq", "dk", "dv"))
     problem = AttentionBackwardProblem(replace(p, aligned=aligned), o_strides=physical(check.element_strides(bound["o"]), layout),
@@ -81,6 +82,7 @@ ATTENTION_BACKWARD = Op(
                SCORE_MOD, LAYOUT),
     outputs=GRADIENTS,
     prepare=_prepare,
+    checks=rules.CHECKS,
     reference=reference.attention_backward_reference,
     no_backward="attention_backward has no second derivative",
     details="""

@@ -10,9 +10,11 @@ import numpy as np
 from .. import codegen
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
+from .attention_rules import CHECKS, MASK
 from .block_mask import PAIRS, BlockMask, MaskRule, block_size_pair
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
+from .rules import Binding
 from .warm import Checked, PreparedCall, prepared_call, same_memory
 
 LISTS = tuple(name for pair in PAIRS for name in pair)
@@ -51,10 +53,12 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list]:
     q_block, k_block = block_size_pair(call.block_size)
     kind, dtype, strides, bound, converts = "none", None, None, {}, {}
     if call.mask is not None:
-        def convert(m):
-            return check.mask_array(m, (B, H, R, C))[0]
+        binding = Binding({"mask": MASK}, CHECKS, "bhsd", {"B": B, "Hq": H, "R": R, "C": C})
 
-        array, kind, dtype = check.mask_array(call.mask, (B, H, R, C))
+        def convert(m):
+            return check.mask_array(m, binding)[0]
+
+        array, kind, dtype = check.mask_array(call.mask, binding)
         strides, bound["mask"] = check.element_strides(array), array
         converts["mask"] = None if same_memory(call.mask, array) else convert
     rows, cols = -(-R // q_block), -(-C // k_block)

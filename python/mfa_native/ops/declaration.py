@@ -32,6 +32,7 @@ import numpy as np
 from ..quantized import QuantizedTensor
 from ..runtime.devices import forget_tuning, resolve_device
 from . import given_kind
+from .rules import ArrayRule, Checks, checks_data, rule_data
 from .warm import SignatureCache, signature
 
 REQUIRED = inspect.Parameter.empty
@@ -66,6 +67,7 @@ class Arg:
     # A form of its value that stands for others (a score_mod function: its text and tensors),
     # turned into them before anything else: values -> values (Op.resolved).
     resolve: Callable[[dict], dict] | None = None
+    rule: ArrayRule | None = None   # an array's dtypes, shape and messages, as data (rules.py)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -82,6 +84,7 @@ class Out:
     doc: str
     when: str | None = None
     fake: Callable[[dict], tuple[tuple[int, ...], str]] | None = None
+    rule: ArrayRule | None = None   # what a C++ caller's array for it must be (it is written in place)
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ class Op:
     # Arguments a value carries, filled in before anything else (a BlockMask's rule): values -> values.
     resolve: Callable[[dict], dict] | None = None
     takes_device: bool = True
+    checks: Checks | None = None                       # the checks between its arrays' sizes (rules.py)
     on_metal: str | None = None                        # why Metal-resident arrays are refused, if they are
     calls: SignatureCache = field(default_factory=SignatureCache, repr=False)
 
@@ -273,6 +277,16 @@ class Op:
         function.__module__ = "mfa_native"
         function.declaration = self
         return function
+
+    def declaration_data(self) -> dict[str, Any]:
+        """What the C++ core reads of this declaration (a bundle carries it): the rules of its
+        array arguments (optional: default None) and outputs (optional: returned on request),
+        in declaration order, and its size checks."""
+        if self.checks is None:
+            raise ValueError(f"op {self.name!r} declares no checks as data")
+        arrays = [rule_data(a.name, a.rule, "input", a.default is None) for a in self.arguments if a.rule]
+        arrays += [rule_data(o.name, o.rule, "output", o.when is not None) for o in self.outputs if o.rule]
+        return {"op": self.name, "arrays": arrays, **checks_data(self.checks)}
 
     @property
     def backward_op(self) -> Op | None:

@@ -1,0 +1,197 @@
+"""What an op's array arguments must be, as plain data both Python and the C++ core read.
+
+An array argument (or output) declares an `ArrayRule`: its dtype set (or the argument whose
+dtype it has), its shape as size names in logical order (the layout option orders the axes
+of a `layout` rule), whether it binds the sizes or is checked against them, whether it may
+broadcast, whether the op writes it in place, and the messages a call breaking the rule
+gets. An op's `Checks` add what holds between sizes (`Require`: a size expression,
+runtime/expressions.py's grammar, and its message) and sizes derived from others.
+
+Messages are templates: `{q.shape}`, `{q.dtype}`, `{q.axes}` (its size names in the
+layout's order), `{q.expected}` (the shape it must have), `{layout}` and any bound size
+(`{Hq}`, or `{k_D}`: the extent a binding array gave a name). `Binding` runs the checks in
+Python; a bundle carries `Op.declaration_data()` (the same data as JSON) and the C++ binder
+(src/core/binder.cpp) runs them there, so both give the same message for the same call.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from ..runtime.expressions import evaluate
+
+ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
+READS = ("strided", "strided_broadcast", "contiguous")   # how the kernels address it (view_packing.hpp)
+
+
+@dataclass(frozen=True)
+class ArrayRule:
+    """The plain-data checks of one array argument or output (see the module docstring)."""
+
+    dtypes: tuple[str, ...] = ()          # the dtypes allowed (numpy's names); () with dtype_of: that array's
+    dtype_of: str | None = None           # it has this array's dtype
+    shapes: tuple[tuple[str, ...], ...] = ()   # alternatives, each size names / expressions in logical order
+    layout: bool = False                  # the layout option orders its axes (bhsd or bshd)
+    binds: bool = False                   # its extents bind the size names (else they are checked)
+    broadcast: bool = False               # it may broadcast to its shape (size-1 or missing leading axes)
+    written: bool = False                 # the op writes it in place (an output the caller gives)
+    reads: str = "strided"                # how the kernels address it: one of READS
+    called: str | None = None             # its name in the C++ API and C ABI, when not the declaration's
+    buffer: str | None = None             # the pass buffer it binds, when not its name
+    needs: str | None = None              # it may be given only with this argument
+    dtype_error: str = ""
+    rank_error: str = ""                  # binding arrays: a rank other than the shape's
+    shape_error: str = ""
+    needs_error: str = ""
+
+    def __post_init__(self) -> None:
+        if self.reads not in READS:
+            raise ValueError(f"reads must be one of {READS}, got {self.reads!r}")
+
+
+@dataclass(frozen=True)
+class Require:
+    """A size expression that must hold (non-zero) once the binding arrays are bound."""
+
+    check: str
+    message: str
+    error: str = "ValueError"
+
+
+@dataclass(frozen=True)
+class Checks:
+    """An op's checks between sizes: the layouts' axis orders, sizes derived from the bound
+    ones (name, expression; a caller may bind them first), and requirements in order."""
+
+    requires: tuple[Require, ...] = ()
+    derived: tuple[tuple[str, str], ...] = ()
+    layouts: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)})
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """A shape as Python prints a tuple of ints."""
+    return str(tuple(int(n) for n in shape))
+
+
+def rule_data(name: str, rule: ArrayRule, role: str, optional: bool) -> dict[str, Any]:
+    """One array's rule as the JSON a bundle carries, its templates naming it."""
+    called = rule.called or name
+    return {"name": called, "buffer": rule.buffer or name, "role": role, "optional": optional,
+            "dtypes": list(rule.dtypes), "dtype_of": rule.dtype_of, "shapes": [list(s) for s in rule.shapes],
+            "layout": rule.layout, "binds": rule.binds, "broadcast": rule.broadcast, "written": rule.written,
+            "reads": rule.reads, "needs": rule.needs, "dtype_error": rule.dtype_error, "rank_error": rule.rank_error,
+            "shape_error": rule.shape_error, "needs_error": rule.needs_error}
+
+
+def checks_data(checks: Checks) -> dict[str, Any]:
+    """An op's Checks as the JSON a bundle carries."""
+    return {"requires": [{"check": r.check, "message": r.message, "error": r.error} for r in checks.requires],
+            "derived": [list(d) for d in checks.derived],
+            "layouts": {name: list(order) for name, order in checks.layouts.items()}}
+
+
+_FIELD = re.compile(r"\{([A-Za-z0-9_.]+)\}")
+
+
+class Binding:
+    """One call's checks against an op's rules: `bind` the binding arrays (their dtypes, then
+    their ranks and sizes, then the requirements), then `check` each other array given."""
+
+    def __init__(self, rules: dict[str, ArrayRule], checks: Checks, layout: str,
+                 sizes: dict[str, int] | None = None) -> None:
+        self.rules, self.checks, self.layout = rules, checks, layout
+        self.sizes: dict[str, int] = dict(sizes or {})
+        self._texts: dict[str, str] = {"layout": layout}
+
+    def with_rules(self, rules: dict[str, ArrayRule]) -> Binding:
+        """A binding of the same sizes (and the arrays seen) that checks by `rules`."""
+        binding = Binding(rules, self.checks, self.layout, self.sizes)
+        binding._texts.update(self._texts)
+        return binding
+
+    def bind(self, arrays: dict[str, tuple[tuple[int, ...], str | None]]) -> dict[str, int]:
+        """Checks the binding arrays, (shape, dtype name or None: not checked) by name, and
+        the requirements; returns the sizes."""
+        for name, (shape, dtype) in arrays.items():
+            self._note(name, shape, dtype)
+        for name, (shape, dtype) in arrays.items():
+            self._check_dtype(name, dtype)
+        for name, (shape, _) in arrays.items():
+            rule = self.rules[name]
+            names = rule.shapes[0]
+            if len(shape) != len(names):
+                self._fail(ValueError, rule.rank_error, name)
+            for size, extent in zip(names, self._logical(rule, shape)):
+                self.sizes[f"{name}_{size}"] = int(extent)
+                self.sizes.setdefault(size, int(extent))
+        for require in self.checks.requires:
+            if not evaluate(require.check, self.sizes):
+                raise ERRORS[require.error](self._format(require.message))
+        for size, expression in self.checks.derived:
+            self.sizes.setdefault(size, evaluate(expression, self.sizes))
+        return self.sizes
+
+    def check(self, name: str, shape: tuple[int, ...], dtype: str | None) -> int:
+        """Checks an array that does not bind sizes; returns the index of the shape it has."""
+        self._note(name, shape, dtype)
+        self._check_dtype(name, dtype)
+        rule = self.rules[name]
+        for index, names in enumerate(rule.shapes):
+            expected = self.expected(name, index)
+            if shape == expected or (rule.broadcast and _broadcasts(shape, expected)):
+                return index
+        self._fail(ValueError, rule.shape_error, name)
+
+    def expected(self, name: str, index: int = 0) -> tuple[int, ...]:
+        """The shape `name` must have (its `index`th alternative), in memory order."""
+        rule = self.rules[name]
+        logical = tuple(evaluate(size, self.sizes) for size in rule.shapes[index])
+        return self._ordered(rule, logical)
+
+    def _note(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
+        rule = self.rules[name]
+        self._texts.update({f"{name}.shape": shape_text(shape), f"{name}.dtype": str(dtype),
+                            f"{name}.axes": ", ".join(self._ordered(rule, rule.shapes[0]))})
+
+    def _check_dtype(self, name: str, dtype: str | None) -> None:
+        rule = self.rules[name]
+        if dtype is None:
+            return
+        allowed = rule.dtypes or (self._texts[f"{rule.dtype_of}.dtype"],)
+        if dtype not in allowed:
+            self._fail(TypeError, rule.dtype_error, name)
+
+    def _ordered(self, rule: ArrayRule, logical: tuple) -> tuple:
+        """Logical-order values in memory order: memory axis i holds logical axis order[i]."""
+        if not rule.layout:
+            return tuple(logical)
+        return tuple(logical[axis] for axis in self.checks.layouts[self.layout])
+
+    def _logical(self, rule: ArrayRule, shape: tuple) -> tuple:
+        """Memory-order values in logical order."""
+        if not rule.layout:
+            return tuple(shape)
+        logical = [0] * len(shape)
+        for memory, axis in enumerate(self.checks.layouts[self.layout]):
+            logical[axis] = shape[memory]
+        return tuple(logical)
+
+    def _fail(self, error: type, template: str, name: str) -> NoReturn:
+        if "{" + name + ".expected}" in template:
+            self._texts[f"{name}.expected"] = shape_text(self.expected(name))
+        raise error(self._format(template))
+
+    def _format(self, template: str) -> str:
+        def text(match: re.Match) -> str:
+            key = match.group(1)
+            return self._texts[key] if key in self._texts else str(self.sizes[key])
+        return _FIELD.sub(text, template)
+
+
+def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether numpy broadcasts `shape` to `target`."""
+    if len(shape) > len(target):
+        return False
+    return all(n in (1, t) for n, t in zip(shape, target[len(target) - len(shape):]))

@@ -1,0 +1,159 @@
+#include "binder.hpp"
+
+#include <utility>
+
+namespace mfa {
+
+namespace {
+
+// Logical-order `values` in memory order: memory axis i holds logical axis order[i].
+template <typename T>
+std::vector<T> in_memory_order(const std::vector<T>& values, const std::vector<std::size_t>* order) {
+  if (!order) return values;
+  std::vector<T> out;
+  for (std::size_t axis : *order) out.push_back(values[axis]);
+  return out;
+}
+
+std::vector<std::int64_t> in_logical_order(const std::vector<std::int64_t>& memory,
+                                           const std::vector<std::size_t>* order) {
+  if (!order) return memory;
+  std::vector<std::int64_t> out(memory.size());
+  for (std::size_t i = 0; i < memory.size(); ++i) out[(*order)[i]] = memory[i];
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+// Whether numpy broadcasts `shape` to `target`.
+bool broadcasts(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& target) {
+  if (shape.size() > target.size()) return false;
+  const std::size_t offset = target.size() - shape.size();
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] != 1 && shape[i] != target[offset + i]) return false;
+  return true;
+}
+
+}  // namespace
+
+Binder::Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given)
+    : declaration_(declaration), layout_(std::move(layout)), given_(std::move(given)) {
+  if (!declaration_.layouts.count(layout_))
+    throw BundleError("the bundle's declaration of " + declaration_.op + " has no layout " + layout_);
+}
+
+bool Binder::given(const std::string& name) const {
+  auto it = given_.find(name);
+  return it != given_.end() && it->second != nullptr;
+}
+
+void Binder::bind_sizes() {
+  for (const ArrayRule& rule : declaration_.arrays)
+    if (rule.binds) check_dtype(rule);
+  for (const ArrayRule& rule : declaration_.arrays)
+    if (rule.binds) bind(rule);
+  for (const SizeRequirement& requirement : declaration_.requires_) {
+    if (requirement.check.evaluate(sizes_)) continue;
+    if (requirement.type_error) throw TypeError(format(requirement.message));
+    throw ArgumentError(format(requirement.message));
+  }
+  for (const auto& [name, expression] : declaration_.derived) sizes_.emplace(name, expression.evaluate(sizes_));
+}
+
+void Binder::check_others() {
+  for (const ArrayRule& rule : declaration_.arrays) {
+    if (rule.binds || !given(rule.name)) continue;
+    if (!rule.needs.empty() && !given(rule.needs)) throw ArgumentError(rule.needs_error);
+    check_dtype(rule);
+    check_shape(rule);
+  }
+}
+
+void Binder::check_dtype(const ArrayRule& rule) const {
+  if (!given(rule.name)) throw ArgumentError(rule.name + " is required");
+  const std::string dtype = to_string(given_.at(rule.name)->dtype);
+  if (rule.dtypes.empty()) {
+    if (given(rule.dtype_of) && dtype != to_string(given_.at(rule.dtype_of)->dtype))
+      throw TypeError(format(rule.dtype_error));
+    return;
+  }
+  for (const std::string& allowed : rule.dtypes)
+    if (dtype == allowed) return;
+  throw TypeError(format(rule.dtype_error));
+}
+
+void Binder::bind(const ArrayRule& rule) {
+  const TensorView& view = *given_.at(rule.name);
+  if (view.shape.size() != rule.axes.size()) throw ArgumentError(format(rule.rank_error));
+  views_[rule.name] = checked(view, rule.name);
+  const std::vector<std::int64_t> extents = logical(rule, view.shape);
+  for (std::size_t i = 0; i < extents.size(); ++i) {
+    sizes_[rule.name + "_" + rule.axes[i]] = extents[i];
+    sizes_.emplace(rule.axes[i], extents[i]);
+  }
+}
+
+void Binder::check_shape(const ArrayRule& rule) {
+  const TensorView& view = *given_.at(rule.name);
+  for (std::size_t index = 0; index < rule.shapes.size(); ++index) {
+    const std::vector<std::int64_t> target = expected(rule.name, index);
+    if (view.shape != target && !(rule.broadcast && broadcasts(view.shape, target))) continue;
+    const Checked& kept = views_[rule.name] = checked(view, rule.name);
+    shape_index_[rule.name] = index;
+    if (rule.written) require_contiguous(kept);
+    return;
+  }
+  throw ArgumentError(format(rule.shape_error));
+}
+
+std::vector<std::int64_t> Binder::logical(const ArrayRule& rule, const std::vector<std::int64_t>& memory) const {
+  return in_logical_order(memory, order(rule, memory.size()));
+}
+
+std::vector<std::int64_t> Binder::expected(const std::string& name, std::size_t index) const {
+  const ArrayRule& rule = declaration_.rule(name);
+  std::vector<std::int64_t> logical;
+  for (const SizeExpression& dim : rule.shapes.at(index)) logical.push_back(dim.evaluate(sizes_));
+  return in_memory_order(logical, order(rule, logical.size()));
+}
+
+const std::vector<std::size_t>* Binder::order(const ArrayRule& rule, std::size_t rank) const {
+  const std::vector<std::size_t>& axes = declaration_.layouts.at(layout_);
+  return rule.layout && axes.size() == rank ? &axes : nullptr;
+}
+
+std::string Binder::format(const std::string& text) const {
+  std::string out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t open = text.find('{', at), close = text.find('}', open);
+    if (open == std::string::npos || close == std::string::npos) break;
+    out += text.substr(at, open - at) + field(text.substr(open + 1, close - open - 1));
+    at = close + 1;
+  }
+  return out + text.substr(std::min(at, text.size()));
+}
+
+std::string Binder::field(const std::string& key) const {
+  if (key == "layout") return layout_;
+  const std::size_t dot = key.find('.');
+  if (dot == std::string::npos) {
+    auto it = sizes_.find(key);
+    return it == sizes_.end() ? "{" + key + "}" : std::to_string(it->second);
+  }
+  const std::string name = key.substr(0, dot), what = key.substr(dot + 1);
+  if (!given(name)) return "{" + key + "}";
+  const ArrayRule& rule = declaration_.rule(name);
+  const TensorView& view = *given_.at(name);
+  if (what == "shape") return shape_text(view.shape);
+  if (what == "dtype") return to_string(view.dtype);
+  if (what == "axes") return joined(in_memory_order(rule.axes, order(rule, rule.axes.size())));
+  if (what == "expected") return shape_text(expected(name));
+  return "{" + key + "}";
+}
+
+}  // namespace mfa

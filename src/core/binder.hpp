@@ -1,0 +1,59 @@
+// The generic binder: checks one call's arrays against an op's declaration
+// (declaration.hpp) as Python's rules.Binding does, with the declaration's
+// messages, and gives the sizes they bind (the pass templates' B, Hq, ...) and
+// each given array's checked view.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "checked_view.hpp"
+#include "declaration.hpp"
+
+namespace mfa {
+
+class Binder {
+ public:
+  // `given`: the call's arrays by declaration name (null: not given); `layout`: a layout of the declaration's.
+  Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given);
+
+  // The arrays that bind sizes: their dtypes, then their extents (each checked, of the
+  // declared rank), then the declaration's requirements and derived sizes.
+  void bind_sizes();
+  // Every other array given, in declaration order: dtype, shape (or broadcast), and
+  // contiguity when written in place; one given without the argument it needs is refused.
+  void check_others();
+
+  const SizeEnv& sizes() const { return sizes_; }
+  std::int64_t size(const std::string& name) const { return sizes_.at(name); }
+  bool given(const std::string& name) const;
+  // The checked view of a given array, as given (a broadcast one: broadcast(view, expected(name))).
+  const Checked& view(const std::string& name) const { return views_.at(name); }
+  // Which of its rule's shapes a checked array has.
+  std::size_t shape_index(const std::string& name) const { return shape_index_.at(name); }
+  // The shape `name` must have (its rule's shape `index`), in memory order.
+  std::vector<std::int64_t> expected(const std::string& name, std::size_t index = 0) const;
+  // A layout-ordered array's memory-order values (strides) in logical order.
+  std::vector<std::int64_t> logical(const ArrayRule& rule, const std::vector<std::int64_t>& memory) const;
+  const Declaration& declaration() const { return declaration_; }
+
+ private:
+  void check_dtype(const ArrayRule& rule) const;
+  void bind(const ArrayRule& rule);
+  void check_shape(const ArrayRule& rule);
+  // The logical axis of each memory axis of a `rank`-d array of `rule` (null: memory order is logical).
+  const std::vector<std::size_t>* order(const ArrayRule& rule, std::size_t rank) const;
+  // The declaration's message `text` with its fields filled in for this call.
+  std::string format(const std::string& text) const;
+  std::string field(const std::string& key) const;
+
+  const Declaration& declaration_;
+  std::string layout_;
+  std::map<std::string, const TensorView*> given_;
+  SizeEnv sizes_;
+  std::map<std::string, Checked> views_;
+  std::map<std::string, std::size_t> shape_index_;
+};
+
+}  // namespace mfa

@@ -1,0 +1,84 @@
+#include "declaration.hpp"
+
+#include <algorithm>
+
+#include "mfa/attention.hpp"
+
+namespace mfa {
+
+namespace {
+
+std::string optional_text(const json::Value& value, const char* key) {
+  const json::Value& v = value.at(key);
+  return v.is_null() ? std::string() : v.as_string(key);
+}
+
+view_packing::Reads reads_of(const std::string& text) {
+  using view_packing::Reads;
+  if (text == "strided") return Reads::strided;
+  if (text == "strided_broadcast") return Reads::strided_broadcast;
+  if (text == "contiguous") return Reads::contiguous;
+  throw json::JsonError("a declaration's reads must be strided, strided_broadcast or contiguous, got '" + text + "'");
+}
+
+ArrayRule rule_of(const json::Value& a) {
+  ArrayRule r;
+  r.name = a.at("name").as_string("name");
+  r.buffer = a.at("buffer").as_string("buffer");
+  r.output = a.at("role").as_string("role") == "output";
+  r.optional = a.at("optional").as_bool("optional");
+  for (const json::Value& d : a.at("dtypes").as_array("dtypes")) r.dtypes.push_back(d.as_string("dtype"));
+  r.dtype_of = optional_text(a, "dtype_of");
+  for (const json::Value& shape : a.at("shapes").as_array("shapes")) {
+    std::vector<SizeExpression> dims;
+    for (const json::Value& dim : shape.as_array("shape")) dims.emplace_back(dim.as_string("shape size"));
+    r.shapes.push_back(std::move(dims));
+  }
+  if (r.shapes.empty()) throw json::JsonError("the declaration of " + r.name + " has no shape");
+  for (const SizeExpression& dim : r.shapes.front()) r.axes.push_back(dim.text());
+  r.layout = a.at("layout").as_bool("layout");
+  r.binds = a.at("binds").as_bool("binds");
+  r.broadcast = a.at("broadcast").as_bool("broadcast");
+  r.written = a.at("written").as_bool("written");
+  r.reads = reads_of(a.at("reads").as_string("reads"));
+  r.needs = optional_text(a, "needs");
+  r.dtype_error = a.at("dtype_error").as_string("dtype_error");
+  r.rank_error = a.at("rank_error").as_string("rank_error");
+  r.shape_error = a.at("shape_error").as_string("shape_error");
+  r.needs_error = a.at("needs_error").as_string("needs_error");
+  return r;
+}
+
+}  // namespace
+
+const ArrayRule& Declaration::rule(const std::string& name) const {
+  for (const ArrayRule& r : arrays)
+    if (r.name == name) return r;
+  throw BundleError("the bundle's declaration of " + op + " has no array '" + name + "'");
+}
+
+Declaration Declaration::from_json(const json::Value& value) {
+  Declaration d;
+  d.op = value.at("op").as_string("op");
+  for (const json::Value& a : value.at("arrays").as_array("arrays")) d.arrays.push_back(rule_of(a));
+  for (const json::Value& r : value.at("requires").as_array("requires"))
+    d.requires_.push_back({SizeExpression(r.at("check").as_string("check")), r.at("message").as_string("message"),
+                           r.at("error").as_string("error") == "TypeError"});
+  for (const json::Value& pair : value.at("derived").as_array("derived")) {
+    const std::vector<json::Value>& items = pair.as_array("derived size");
+    if (items.size() != 2) throw json::JsonError("a derived size is a (name, expression) pair");
+    d.derived.emplace_back(items[0].as_string("derived name"), SizeExpression(items[1].as_string("derived size")));
+  }
+  for (const auto& [name, order] : value.at("layouts").as_object("layouts")) {
+    std::vector<std::size_t> axes;
+    for (const json::Value& axis : order.as_array("layout")) axes.push_back(std::size_t(axis.as_int("layout axis")));
+    std::vector<std::size_t> sorted = axes;
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t i = 0; i < sorted.size(); ++i)
+      if (sorted[i] != i) throw json::JsonError("layout " + name + " is not an order of its axes");
+    d.layouts[name] = std::move(axes);
+  }
+  return d;
+}
+
+}  // namespace mfa

@@ -1,0 +1,53 @@
+// An op's declaration as the C++ core reads it from a bundle: the plain-data
+// rules of its array arguments and outputs and its size checks, written by
+// python/mfa_native/ops/rules.py (Op.declaration_data). The binder
+// (binder.hpp) checks a call against it; messages are the declaration's
+// templates ({q.shape}, {q.dtype}, {q.axes}, {q.expected}, {layout}, {Hq}).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "json.hpp"
+#include "size_expression.hpp"
+#include "view_packing.hpp"
+
+namespace mfa {
+
+struct ArrayRule {
+  std::string name;     // as the C++ API and the C ABI call it
+  std::string buffer;   // the pass buffer it binds
+  bool output = false;  // an output the caller gives (role "output")
+  bool optional = false;
+  std::vector<std::string> dtypes;  // allowed dtype names; empty: dtype_of's
+  std::string dtype_of;             // "" or the array whose dtype it must have
+  std::vector<std::vector<SizeExpression>> shapes;  // alternatives, logical order
+  std::vector<std::string> axes;    // the first shape's texts (size names), logical order
+  bool layout = false;              // the layout option orders its axes
+  bool binds = false;               // its extents bind the size names
+  bool broadcast = false;
+  bool written = false;             // written in place: it must be contiguous
+  view_packing::Reads reads = view_packing::Reads::strided;  // how the kernels address it
+  std::string needs;                // "" or the argument it may be given only with
+  std::string dtype_error, rank_error, shape_error, needs_error;
+};
+
+struct SizeRequirement {
+  SizeExpression check;
+  std::string message;
+  bool type_error = false;  // TypeError rather than ArgumentError (Python's ValueError)
+};
+
+struct Declaration {
+  std::string op;
+  std::vector<ArrayRule> arrays;                    // declaration order
+  std::vector<SizeRequirement> requires_;           // in order
+  std::vector<std::pair<std::string, SizeExpression>> derived;
+  std::map<std::string, std::vector<std::size_t>> layouts;  // layout -> the logical axis of each memory axis
+
+  const ArrayRule& rule(const std::string& name) const;
+  static Declaration from_json(const json::Value& value);
+};
+
+}  // namespace mfa
