@@ -10,7 +10,9 @@ from test_codegen import UNSUFFIXED_FLOAT, code_of, kernel_of, signature_buffers
 
 from mfa_native import codegen
 from mfa_native.codegen import AttentionBackwardProblem, AttentionProblem, attention_backward_pass, describe_backward
+from mfa_native.codegen.attention.rows import ITEM_BYTES, STAGE_BYTES
 from mfa_native.codegen.kernel.msl import float_literal
+from mfa_native.codegen.kernel.products import threadgroup_bytes
 from mfa_native.codegen.kernel.tables import BACKWARD_TABLES, backward_tile_row
 
 PROBLEMS = [
@@ -134,8 +136,18 @@ def test_backward_tile_tables():
         row = backward_tile_row(family, dtype, 100)
         d = describe_backward(small(head_dim=100, value_dim=64, q_len=4096, kv_len=4096, dtype=dtype), family=family)
         caches = ("cache_q", "cache_dout", "cache_k", "cache_v")
-        assert (d.query_rows, d.key_block, d.key_rows, d.query_block) == \
-            (row.query_rows, row.key_block, row.key_rows, row.query_block)
+        # A staged block is as many of the row's rows as the stage holds (K and V, or Q and dO:
+        # 100 + 64 features), beside the tensor-op products' memory (apple10).
+        item = ITEM_BYTES[dtype]
+
+        def staged(block: int, rows: int) -> int:
+            rows *= row.tensor_ops
+            return max(n for n in range(8, block + 1, 8)
+                       if n * 164 * item + threadgroup_bytes(rows, n, item) <= STAGE_BYTES)
+
+        assert (d.query_rows, d.key_block, d.key_rows, d.query_block) == (
+            row.query_rows, staged(row.key_block, row.query_rows) if d.stage_kv else row.key_block,
+            row.key_rows, staged(row.query_block, row.key_rows) if d.stage_q_dout else row.query_block)
         assert [getattr(d, c) for c in caches] == [getattr(row, c) for c in caches]
     short = describe_backward(small(q_len=3, kv_len=5))
     assert short.query_rows == short.key_rows == 8  # one simdgroup when the sequence is that short

@@ -17,6 +17,7 @@ from mfa_native.codegen import (AttentionProblem, attention_kernel, attention_pa
 from mfa_native.codegen.kernel.msl import float_literal
 from mfa_native.codegen.kernel.tables import TABLES, tile_row
 from mfa_native.codegen.attention.rows import ITEM_BYTES, STAGE_BYTES
+from mfa_native.codegen.kernel.products import threadgroup_bytes
 
 # A floating literal without its suffix: digits with a point or an exponent, not followed by f/h.
 UNSUFFIXED_FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][-+]?\d+)(?![\w.])")
@@ -152,9 +153,12 @@ def test_descriptor_tiles_follow_the_table_and_shrink_for_decode():
         descriptor = describe(small(head_dim=128, value_dim=96, q_len=4096, dtype=dtype), family=family)
         assert (descriptor.query_rows, descriptor.cache_q, descriptor.stage_kv) == \
             (row.query_rows, row.cache_q, row.stage_kv)
-        # Staged (apple7/8), the key block is as many of the row's keys as the stage holds.
-        fits = STAGE_BYTES // ((128 + 96) * ITEM_BYTES[dtype]) // 8 * 8
-        assert descriptor.key_block == (min(row.key_block, fits) if row.stage_kv else row.key_block)
+        # Staged (apple7/8, apple10), the key block is as many of the row's keys as the stage holds,
+        # beside the tensor-op products' memory (apple10).
+        item, products_rows = ITEM_BYTES[dtype], row.query_rows if row.tensor_ops else 0
+        fits = max(n for n in range(8, row.key_block + 1, 8)
+                   if n * (128 + 96) * item + threadgroup_bytes(products_rows, n, item) <= STAGE_BYTES)
+        assert descriptor.key_block == (fits if row.stage_kv else row.key_block)
     decode = attention_kernel(small(q_len=1, kv_len=5000))
     assert decode.plan.threads_per_threadgroup == 32  # one simdgroup: 8 query rows
     assert decode.plan.threadgroups(sizes_of(small(q_len=1, batch=3))) == (1, 2, 3)

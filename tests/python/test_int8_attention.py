@@ -104,7 +104,7 @@ def _case_ids(case) -> str:
     return "-".join(parts) or "plain"
 
 
-def _arguments(rng, case) -> tuple[tuple[np.ndarray, ...], dict]:
+def case_arguments(rng, case) -> tuple[tuple[np.ndarray, ...], dict]:
     """q, k, v and the keyword arguments of one case: fresh masks and sinks of its shape."""
     layout = case.get("layout", "bhsd")
     dims = {"R": 19, "C": 77, **case.get("dims", {})}
@@ -131,7 +131,7 @@ def _arguments(rng, case) -> tuple[tuple[np.ndarray, ...], dict]:
 def test_computes_the_emulated_pipeline(rng, case):
     """Every feature, each case under two of the eight (qk_scale, smooth_k, pv) choices (all
     eight over the cases): output and lse as the numpy emulation's."""
-    (q, k, v), kwargs = _arguments(rng, case)
+    (q, k, v), kwargs = case_arguments(rng, case)
     index = EMULATED.index(case)
     for options in (OPTIONS[index % 8], OPTIONS[(index + 3) % 8]):
         out, lse = mfa_native.int8_attention(q, k, v, return_lse=True, **options, **kwargs)
@@ -175,7 +175,7 @@ def int8_problems(draw):
 @given(int8_problems())
 def test_random_problems_compute_the_emulated_pipeline(problem):
     seed, case, options = problem
-    (q, k, v), kwargs = _arguments(np.random.default_rng(seed), {n: x for n, x in case.items() if x is not None})
+    (q, k, v), kwargs = case_arguments(np.random.default_rng(seed), {n: x for n, x in case.items() if x is not None})
     out, lse = mfa_native.int8_attention(q, k, v, return_lse=True, **options, **kwargs)
     expected, expected_lse = int8_attention_emulation(q, k, v, return_lse=True, **options, **kwargs)
     assert np.linalg.norm(out - expected) <= 1e-4 * np.linalg.norm(expected) + 1e-6
@@ -209,7 +209,7 @@ def test_nan_propagates(rng, where, qk_scale):
 
 
 def test_warm_calls_reuse_the_prepared_pass(rng):
-    (q, k, v), kwargs = _arguments(rng, dict(causal=True, sinks=True))
+    (q, k, v), kwargs = case_arguments(rng, dict(causal=True, sinks=True))
     first = mfa_native.int8_attention(q, k, v, **kwargs)
     with mfa_native.profile() as prof:
         again = mfa_native.int8_attention(q, k, v, **kwargs)

@@ -75,3 +75,16 @@ def test_emit_report_prints_every_alternative(capsys):
     for label, _ in alternatives(built_in_row("forward", FAMILY, "float16", 64)):  # emit's default dtype
         assert f"\n{label:<20} attention_forward" in out
     assert main(["emit", "quantize", "--head-dim", "64", "--report"]) == 2
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_emit_report_shows_apple10s_tensor_op_rows(capsys, backward):
+    """apple10's built-in rows multiply with Metal 4 tensor ops (every kernel of the pass), and
+    the report's tensor_ops=False row is the simdgroup kernel of the same tiles."""
+    assert main(["emit", "attention", "--head-dim", "64", "--family", "apple10", "--report",
+                 *(["--backward"] if backward else [])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    built_in = [line for line in lines if line.startswith("built-in ")]
+    plain = [line for line in lines if line.startswith("tensor_ops=False ")]
+    assert built_in and all(line.endswith(" tensor_ops") for line in built_in)
+    assert len(plain) == len(built_in) and all(line.endswith(" simdgroup_matrix") for line in plain)

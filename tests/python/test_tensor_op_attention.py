@@ -23,14 +23,17 @@ from conftest import relative_l2
 from test_attention import DTYPES, make_inputs
 from test_attention_backward import NAMES, gradient_error, output_gradient
 from test_head_dims import feature_arguments
+from test_int8_attention import case_arguments as int8_arguments
 
 import mfa_native
 from mfa_native import codegen
 from mfa_native.codegen.attention.descriptor import describe, describe_backward
 from mfa_native.codegen.kernel.products import TENSOR_OPS
 from mfa_native.codegen.kernel.tables import built_in_row, forced_rows, table_family
+from mfa_native.int8_reference import int8_attention_emulation
 from mfa_native.reference import attention_backward_reference, attention_reference, attention_with_kvcache_reference
 from mfa_native.runtime.devices import tuned_as
+from mfa_native.work import useful_matrix_ops
 
 FAMILY = "apple10"
 SEED = "MFA_NATIVE_SHIM_LAYOUT_SEED"
@@ -42,15 +45,16 @@ TOLERANCE = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 6e-3}
 
 
 @contextmanager
-def apple10(**columns):
-    """The default device runs as an M5 inside the block: apple10's tables, or its tensor-op row
-    with `columns` changed (for every head dimension)."""
-    if not columns:
+def apple10(forward: dict | None = None, backward: dict | None = None):
+    """The default device runs as an M5 inside the block: apple10's tables, or its tensor-op rows
+    with the `forward` and `backward` columns changed (for every head dimension)."""
+    if forward is None and backward is None:
         with tuned_as(mfa_native.default_device(), family=FAMILY):
             yield FAMILY
         return
-    row = replace(built_in_row("forward", FAMILY, "float16", 64), **columns)
-    with forced_rows(FAMILY, forward=row) as family, tuned_as(mfa_native.default_device(), family=family):
+    rows = {direction: replace(built_in_row(direction, FAMILY, "float16", 64), **columns)
+            for direction, columns in (("forward", forward), ("backward", backward)) if columns is not None}
+    with forced_rows(FAMILY, **rows) as family, tuned_as(mfa_native.default_device(), family=family):
         yield family
 
 
@@ -128,15 +132,31 @@ def test_backward(rng, case):
 
 
 def test_the_kernels_are_tensor_op_kernels():
-    """apple10's rows up to 256 make tensor-op products, which stage their key blocks; wider
-    heads (and other families) keep simdgroup matrices."""
+    """apple10's forward rows make tensor-op products, which stage their key blocks, and so do its
+    backward rows up to head dim 256; wider backward heads and other families keep simdgroup
+    matrices."""
     problem = codegen.AttentionProblem(1, 2, 2, 40, 70, 64, 64, dtype="float16")
     source = codegen.attention_source(problem, family=FAMILY)
     assert "mpp::tensor_ops::matmul2d<" in source and "#include <metal_tensor>" in source
     assert "simdgroup_multiply_accumulate" not in source and "k_stage" in source
     assert "matmul2d" not in codegen.attention_source(problem, family="apple9")
-    wide = codegen.AttentionProblem(1, 1, 1, 8, 8, 512, 512, dtype="float16")
-    assert "matmul2d" not in codegen.attention_source(wide, family=FAMILY)
+    assert products("float16", 576, 512, 1, 1, 8, 8) == TENSOR_OPS
+    assert backward_products("float16", 256, 256, 1, 1, 8, 8) == TENSOR_OPS
+    assert backward_products("float16", 576, 512, 1, 1, 8, 8) != TENSOR_OPS
+
+
+def test_mla_head_dims(rng):
+    """D 576 / Dv 512 (DeepSeek's MLA) through tensor ops: the forward's own row, and the
+    backward's tensor-op row forced (its table keeps simdgroup matrices there)."""
+    q, k, v = make_inputs(rng, Hq=1, Hkv=1, R=12, C=40, D=576, Dv=512, dtype="bfloat16")
+    with apple10():
+        check(q, k, v, causal=True)
+    staged = dict(query_rows=8, key_rows=8, key_block=16, query_block=16, stage_kv=True, stage_q_dout=True)
+    with apple10(backward=staged) as family:
+        problem = codegen.AttentionBackwardProblem(codegen.AttentionProblem(1, 1, 1, 12, 40, 576, 512,
+                                                                            dtype="bfloat16"))
+        assert describe_backward(problem, family=family).products == TENSOR_OPS
+        check_backward(rng, q, k, v, causal=True)
 
 
 @pytest.mark.parametrize("columns", [dict(query_rows=32, key_block=32), dict(query_rows=8, stage_apart=True),
@@ -145,7 +165,7 @@ def test_other_tiles(rng, columns):
     """Other rows of the tensor-op column: four simdgroups, one (its own product scope), K and V
     taking turns in the stage, O paged through threadgroup memory."""
     q, k, v = make_inputs(rng, Hq=2, Hkv=2, R=37, C=150, D=72, Dv=48, dtype="float16")
-    with apple10(**columns) as family:
+    with apple10(forward=columns) as family:
         assert products("float16", 72, 48, 2, 2, 37, 150, family) == TENSOR_OPS
         check(q, k, v, causal=True, sinks=rng.standard_normal(2).astype(np.float32))
 
@@ -188,3 +208,51 @@ def test_a_device_runs_apple10_rows_only_with_tensor_ops():
     assert table_family("apple10", True) == table_family("apple9", True) == FAMILY
     assert table_family("apple10", False) == "apple9"
     assert table_family("apple7", False) == "apple7"
+
+
+def issued_work(q, k, v, backward: bool = False, **kwargs) -> list[int]:
+    """simdgroup_matrix_ops of each dispatch of a forward (and backward) call."""
+    with mfa_native.profile() as prof:
+        out, lse = mfa_native.attention(q, k, v, return_lse=True, **kwargs)
+        if backward:
+            mfa_native.attention_backward(q, k, v, out, lse, out, **kwargs)
+    return [record.simdgroup_matrix_ops for record in prof.records]
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(causal=True), dict(window=(20, 5))], ids=["dense", "causal", "window"])
+def test_issued_work_is_the_staged_simdgroup_paths(rng, kwargs):
+    """A tensor-op kernel issues what a simdgroup kernel staging the same blocks issues, forward
+    and backward (each product as wide as the step's key tiles, K from the operand); without a
+    mask on full tiles that is the useful minimum."""
+    q, k, v = make_inputs(rng, Hq=2, Hkv=2, R=48, C=136, D=40, Dv=24, dtype="float16")
+    tiles = dict(query_rows=16, key_block=64, stage_kv=True, cache_q=False)
+    backward_tiles = dict(query_rows=16, key_rows=16, key_block=64, query_block=64, stage_kv=True,
+                          stage_q_dout=True)
+    counts = {}
+    for tensor in (True, False):
+        with apple10(forward=dict(tiles, tensor_ops=tensor), backward=dict(backward_tiles, tensor_ops=tensor)):
+            counts[tensor] = issued_work(q, k, v, backward=True, **kwargs)
+    assert counts[True] == counts[False]
+    if not kwargs:
+        assert counts[True][0] == useful_matrix_ops(1, 2, 48, 136, 40, 24)
+
+
+INT8_CASES = [(dict(causal=True), dict(qk_scale="token", smooth_k=True, pv="int8")),
+              (dict(dims=dict(Hq=4, Hkv=2, D=72, Dv=40, R=33, C=129), mask="additive", sinks=True),
+               dict(qk_scale="tile", smooth_k=False, pv="int8")),
+              (dict(window=(30, 2), layout="bshd"), dict(qk_scale="token", smooth_k=True, pv="float"))]
+
+
+@pytest.mark.parametrize("case, options", INT8_CASES, ids=["causal", "mask-sinks", "window-pv-float"])
+def test_int8_products_are_exact(rng, case, options):
+    """int8 attention's integer products as tensor ops (int8 operands, int32 sums) give the
+    simdgroup path's bits exactly, and the numpy emulation of the pipeline."""
+    (q, k, v), kwargs = int8_arguments(rng, case)
+    with apple10():
+        out, lse = mfa_native.int8_attention(q, k, v, return_lse=True, **options, **kwargs)
+    with tuned_as(mfa_native.default_device(), family="apple9"):
+        simdgroup_out, simdgroup_lse = mfa_native.int8_attention(q, k, v, return_lse=True, **options, **kwargs)
+    np.testing.assert_array_equal(out, simdgroup_out)
+    np.testing.assert_array_equal(lse, simdgroup_lse)
+    expected = int8_attention_emulation(q, k, v, **options, **kwargs)
+    assert relative_l2(out, expected) <= 1e-4

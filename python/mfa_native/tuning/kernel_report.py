@@ -43,9 +43,10 @@ def lines(problem: AttentionProblem, backward: bool, family: str, progress: Repo
     out = [f"{direction} kernels, {problem.dtype} D {problem.head_dim} Dv {problem.value_dim}, family {family}; "
            "registers: 32-bit per thread, every declared tile and scalar live (an estimate); "
            "bytes/MAC: device bytes per useful multiply-accumulate (modelled: dense unmasked per-head forward); "
-           "accesses: device loads and stores in the kernel's text (of them vector: a lane's pair as one)",
+           "accesses: device loads and stores in the kernel's text (of them vector: a lane's pair as one); "
+           "products: simdgroup_matrix or tensor_ops (Metal 4 matmul2d)",
            f"{'row':<20} {'kernel':<28} {'registers':>9} {'(tiles)':>8} {'tg bytes':>9} {'barriers/block':>14} "
-           f"{'bytes/MAC':>10} {'accesses (vector)':>17}"]
+           f"{'bytes/MAC':>10} {'accesses (vector)':>17} {'products':>16}"]
     rows = list(alternatives(row))
     for index, (label, candidate) in enumerate(rows):
         progress(index, len(rows), label)
@@ -56,7 +57,7 @@ def lines(problem: AttentionProblem, backward: bool, family: str, progress: Repo
             r = report(kernel.entry, kernel.source)
             accesses = f"{r.device_accesses} ({r.vector_accesses})"
             out.append(f"{label:<20} {r.entry:<28} {r.registers:>9} {r.tile_registers:>8} {r.threadgroup_bytes:>9} "
-                       f"{r.barriers_per_block:>14} {per_mac:>10} {accesses:>17}")
+                       f"{r.barriers_per_block:>14} {per_mac:>10} {accesses:>17} {r.products:>16}")
     progress(len(rows), len(rows), "done")
     return out
 

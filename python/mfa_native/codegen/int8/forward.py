@@ -34,11 +34,13 @@ from ..attention import operands
 from ..attention.forward import BUILTINS, Normalized
 from ..attention.forward import summary as dense_summary
 from ..attention.masking import bias_over_keys, key_range, mask_row_pointer
-from ..attention.rows import query_rows_geometry, row_index
+from ..attention.rows import query_rows_geometry, row_index, threadgroup_span
 from ..attention.scores import Element, buffers, element, setup
 from ..attention.softmax import logits, online_softmax
 from ..kernel.msl import MSL_TYPES, float_literal, loop
+from ..kernel.accumulators import Accumulator
 from ..kernel.plan import GridAxis, LaunchPlan
+from ..kernel.products import TENSOR_OPS, ThreadgroupProducts, device_rows
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.tiles import HeadTensor, Positions, accumulate, block_loop, head_pointer, tiles, zeroed
@@ -74,6 +76,19 @@ def _int8_tensor(x: Int8Descriptor, name: str) -> HeadTensor:
     return HeadTensor.of(name, int8_operands.layout(name, x), width)
 
 
+def _products(x: Int8Descriptor) -> ThreadgroupProducts | None:
+    """With tensor ops (the descriptor's products), the integer products of the whole threadgroup:
+    int8 operands, exact int32 sums (None: simdgroup matrices of half tiles, int8_products)."""
+    d = x.attention
+    return ThreadgroupProducts(d.simdgroups, P_BLOCK, "char", "int") if d.products == TENSOR_OPS else None
+
+
+def _rows(x: Int8Descriptor, name: str, first: str, count: str) -> str:
+    """`auto {name}_rows`: a tensor view of `count` rows of int8 tensor `name` from row `first`."""
+    return device_rows(f"{name}_rows", head=f"{name}_int8_head", layout=int8_operands.layout(f"{name}_int8", x),
+                       first=first, count=count, width=_int8_tensor(x, f"{name}_int8").width)
+
+
 def _geometry(x: Int8Descriptor) -> list[str]:
     d = x.attention
     lines = query_rows_geometry(d.query_rows, d.gqa_ratio, Normalized.batch) + [
@@ -94,7 +109,12 @@ def _geometry(x: Int8Descriptor) -> list[str]:
 
 
 def _q_tiles(x: Int8Descriptor) -> list[str]:
-    """The simdgroup's 8 rows of Q as int8 tiles, in registers (half the space of float tiles)."""
+    """The simdgroup's 8 rows of Q as int8 tiles, in registers (half the space of float tiles);
+    with tensor ops, the products' memory and the threadgroup's Q rows in place."""
+    d, products = x.attention, _products(x)
+    if products is not None:
+        first = "q_first - simd_index * 8"
+        return products.declare() + [_rows(x, "q", first, f"clamp(int(R) - int({first}), 0, {d.query_rows})")]
     count = tiles(x.attention.head_dim)
     load = _int8_tensor(x, "q_int8").load_rows("q_tile[i]", "row_read", "i")
     return (["", f"// Q: 8 rows x {x.attention.head_dim} int8 values, held in registers.",
@@ -107,9 +127,14 @@ def _scores(x: Int8Descriptor, end: str) -> list[str]:
     k = _int8_tensor(x, "k_int8")
     lines = ["", "// S = Q K^T in exact integers: int8 tiles, float32 sums below 2**24."]
     lines += zeroed("p_tile", KEY_TILES, "integer scores, then scores, then probabilities")
-    lines += int8_products("p_tile", left="q_tile", inner=tiles(x.attention.head_dim), outer=KEY_TILES,
-                           visible="o < tiles",
-                           load_right=lambda tile: k.load_transposed(tile, "key", "kb + o * 8", Positions(end), "i"))
+    products = _products(x)
+    if products is not None:
+        lines += [_rows(x, "k", "kb", f"{end} - kb")]
+        lines += products.scores("p_tile", lhs="q_rows", rhs="k_rows", count=KEY_TILES)
+    else:
+        lines += int8_products("p_tile", left="q_tile", inner=tiles(x.attention.head_dim), outer=KEY_TILES,
+                               visible="o < tiles", load_right=lambda tile: k.load_transposed(
+                                   tile, "key", "kb + o * 8", Positions(end), "i"))
     shifted = _shift_in_scores(x)
     lines += ["", "// The scores, dequantized" + (" (without the row's shift q . mean(k): see _shift)."
                                                if x.smooth_k and not shifted else ".")]
@@ -187,9 +212,15 @@ def _int8_values(x: Int8Descriptor, end: str) -> list[str]:
     v = _int8_tensor(x, "v_int8")
     lines += ["", "// This block's P V in exact integers (64 * 127 * 127 < 2**24), then scaled into O."]
     lines += zeroed("pv_int", tiles(d.value_dim), "integer P V of this block")
-    lines += int8_products("pv_int", left="p_int8", inner=KEY_TILES, outer=tiles(d.value_dim), visible="i < tiles",
-                           load_right=lambda tile: Positions(end).declare("key", "kb + i * 8 + int(tr)")
-                           + v.load_rows(tile, "key", "o"))
+    products = _products(x)
+    if products is not None:
+        lines += [_rows(x, "v", "kb", f"{end} - kb")]
+        lines += products.weighted_sum("pv_int", weights="p_int8", count=KEY_TILES, rhs="v_rows",
+                                       accumulator=Accumulator("pv_int", d.value_dim))
+    else:
+        lines += int8_products("pv_int", left="p_int8", inner=KEY_TILES, outer=tiles(d.value_dim),
+                               visible="i < tiles", load_right=lambda tile: Positions(end).declare(
+                                   "key", "kb + i * 8 + int(tr)") + v.load_rows(tile, "key", "o"))
     lines += loop(f"ushort t = 0; t < {tiles(d.value_dim)}; ++t", [
         f"o_tile[t].thread_elements()[{e}] = o_tile[t].thread_elements()[{e}] * correction"
         f" + unit * pv_int[t].thread_elements()[{e}];" for e in (0, 1)])
@@ -218,7 +249,9 @@ def _restore_values(x: Int8Descriptor) -> list[str]:
 
 def _key_steps(x: Int8Descriptor, end: str) -> list[str]:
     d = x.attention
-    body = bias_over_keys(d.rules, KEY_TILES, end) + _scores(x, end)
+    # A block a mask removes for the simdgroup's rows is skipped by it, unless the threadgroup's
+    # tensor ops need every simdgroup at each product.
+    body = bias_over_keys(d.rules, KEY_TILES, end, skip_here=_products(x) is None) + _scores(x, end)
     body += _int8_values(x, end) if x.pv == "int8" else _float_values(x, end)
     return block_loop("kb", "key_begin", end, P_BLOCK, body)
 
@@ -227,7 +260,8 @@ def _summary(x: Int8Descriptor) -> list[str]:
     d = x.attention
     dense = dense_summary(d, Normalized)   # the dense kernel's: sizes, then the masking rules, then tiles
     return [f"int8 attention, smooth_k {'yes' if x.smooth_k else 'no'}, pv {x.pv}: {dense[0]}", dense[1],
-            f"tiles ({d.gpu_family}): {d.query_rows} query rows per threadgroup, blocks of {P_BLOCK} keys from key 0"]
+            f"tiles ({d.gpu_family}): {d.query_rows} query rows per threadgroup, blocks of {P_BLOCK} keys from key 0"
+            + ("; integer products: Metal 4 tensor ops (matmul2d, int32 sums)" if _products(x) else "")]
 
 
 @lru_cache(maxsize=128)
@@ -241,6 +275,6 @@ def generate_int8(x: Int8Descriptor) -> KernelSource:
         state.append("float l_keys = 0.0f;  // l without the sink's share")
     state += zeroed("o_tile", tiles(d.value_dim), "O, unnormalized")
     finish = (_restore_values(x) if x.pv == "int8" else []) + _shift(x, "+") + Normalized.store(d)
-    body = (_geometry(x) + key_range(d.rules) + align + _q_tiles(x) + state + setup(d) + _key_steps(x, "key_end")
-            + finish)
+    keys = key_range(d.rules, **threadgroup_span("q_first", d.query_rows, "R", _products(x) is not None))
+    body = _geometry(x) + keys + align + _q_tiles(x) + state + setup(d) + _key_steps(x, "key_end") + finish
     return assemble(launch_plan(x), summary=_summary(x), builtins=BUILTINS, body=body)

@@ -38,7 +38,7 @@ CASES = (SIMDGROUP_MATRIX, TENSOR_OPS)
 LIBRARIES = ("metal_tensor", "MetalPerformancePrimitives/MetalPerformancePrimitives.h")
 
 BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
-OUT = "product_out"          # threadgroup floats: a product's destination, stored for the lanes
+OUT = "product_out"          # threadgroup: a product's destination, stored for the lanes
 WEIGHTS = "weights_stage"    # threadgroup: the weights (P, dS) as a product's left operand
 CHUNK = 64                   # output features per product of the weights with a staged block
 
@@ -71,11 +71,13 @@ def libraries(body: str) -> list[str]:
 @dataclass(frozen=True)
 class ThreadgroupProducts:
     """The tensor-op products of a threadgroup of `simdgroups` simdgroups, 8 rows each (the
-    products' M), with a step of `block` staged rows; `operand` is the operands' MSL type."""
+    products' M), with a step of `block` rows; `operand` is the operands' MSL type, `sums` their
+    products' (float; int for char operands: exact int32 sums, read into the float tiles)."""
 
     simdgroups: int
     block: int
     operand: str
+    sums: str = "float"
 
     @property
     def rows(self) -> int:
@@ -85,7 +87,7 @@ class ThreadgroupProducts:
         """The threadgroup memory the products use (at the kernel's top level)."""
         return ["", "// Tensor-op products: each destination is stored here for the lanes' 8x8 tiles,",
                 "// and the weights are the left operand of their products.",
-                f"threadgroup float {OUT}[{self.rows * max(self.block, CHUNK)}];",
+                f"threadgroup {self.sums} {OUT}[{self.rows * max(self.block, CHUNK)}];",
                 f"threadgroup {self.operand} {WEIGHTS}[{self.rows * self.block}];"]
 
     def _run(self, *, n: int, lhs: str, rhs: str, transpose_rhs: bool, pitch: int) -> list[str]:
@@ -97,7 +99,7 @@ class ThreadgroupProducts:
         destination = f"tensor({OUT}, extents<int32_t, {n}, {self.rows}>(), array<int32_t, 2>{{1, {pitch}}})"
         return ["{", *indent([
             f"mpp::tensor_ops::matmul2d<{descriptor}, execution_simdgroups<{self.simdgroups}>> product;",
-            f"auto out = product.get_destination_cooperative_tensor<decltype({lhs}), decltype({rhs}), float>();",
+            f"auto out = product.get_destination_cooperative_tensor<decltype({lhs}), decltype({rhs}), {self.sums}>();",
             f"product.run({lhs}, {rhs}, out);",
             f"out.store({destination});  // through the API: no layout assumed"]), "}"]
 

@@ -1,11 +1,14 @@
 """A static report of one generated kernel, read from its MSL: registers per thread estimated
-from the declared tiles and scalars, threadgroup memory, barriers inside loops (per block), and
-the device accesses in its text, vector ones (tables.py's vector_access) apart."""
+from the declared tiles and scalars, threadgroup memory, barriers inside loops (per block), the
+device accesses in its text, vector ones (tables.py's vector_access) apart, and how it
+multiplies (products.py: simdgroup matrices or Metal 4 tensor ops)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from .products import SIMDGROUP_MATRIX, TENSOR_OPS, libraries
 
 ELEMENT_BYTES = {"float": 4, "half": 2, "bfloat": 2, "int": 4, "uint": 4, "short": 2, "ushort": 2, "char": 1, "uchar": 1}
 _TILES = re.compile(r"simdgroup_(float|half|bfloat)8x8 \w+(?:\[(\d+)\])?[;\s=]")
@@ -29,6 +32,7 @@ class KernelReport:
     barriers_per_block: int
     device_accesses: int = 0   # places in the text that load or store device memory (p[i] or a vector cast)
     vector_accesses: int = 0   # of them, vector accesses: one per lane's pair of a row tile instead of two
+    products: str = SIMDGROUP_MATRIX   # or TENSOR_OPS: the kernel includes Metal 4's tensor ops
 
 
 def threadgroup_bytes(source: str) -> int:
@@ -65,4 +69,4 @@ def report(entry: str, source: str) -> KernelReport:
     """The static report of the kernel `entry` whose MSL is `source`."""
     tiles, scalars = _tile_registers(source), len(_SCALARS.findall(source))
     return KernelReport(entry, tiles + scalars, tiles, scalars, threadgroup_bytes(source), _barriers_in_loops(source),
-                        *_device_accesses(source))
+                        *_device_accesses(source), products=TENSOR_OPS if libraries(source) else SIMDGROUP_MATRIX)

@@ -65,20 +65,20 @@ FORWARD_TEXT = {
     """,
     # apple10 (Apple M5): products as Metal 4 tensor ops (tensor_ops), starting from ccv's published
     # fused-attention blocks for them (blockR 16 query rows, blockC 64 keys; a staging footprint
-    # past 32 KiB fails rather than slows), O in registers beside the stage and the products' 6 KiB.
-    # Wider heads keep apple9's simdgroup rows until a tensor-op row of theirs fits 32 KiB.
-    # Retune on an M5 (python -m mfa_native tune).
+    # past 32 KiB fails rather than slows). O stays in registers: a page of it would not fit
+    # beside the stage and the products' memory (at D 576 / Dv 512 that is 128 floats a lane,
+    # which the GPU may spill). Retune on an M5 (python -m mfa_native tune).
     ("apple10", "float32"): """
         # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv  vector_access  tensor_ops
               256           16          64       no        no          0      no      no      yes           yes         yes
-              384           16         128       no        yes        16      no      no       no           yes          no
-              576            8          32       no        yes        64      no      no       no           yes          no
+              384           16          64       no        yes         0      no      no      yes           yes         yes
+              576            8          32       no        yes         0      no      no      yes           yes         yes
     """,
     ("apple10", "16-bit"): """
         # max_head_dim  query_rows  key_block  cache_q  stage_apart  o_block  tiles16  p16  stage_kv  vector_access  tensor_ops
               256           16          64       no        no          0      yes     yes      yes           yes         yes
-              384           16         128       no        yes        32      yes     yes       no           yes          no
-              576            8          32       no        yes        64      yes     yes       no           yes          no
+              384           16          64       no        yes         0      yes     yes      yes           yes         yes
+              576            8          32       no        yes         0      yes     yes      yes           yes         yes
     """,
 }
 
@@ -130,7 +130,9 @@ BACKWARD_TEXT = {
     """,
     # apple10: both kernels' products as Metal 4 tensor ops up to head dim 256, their blocks staged
     # (64 rows, fewer where the stage and the products' memory would pass 24 KiB) and dQ, dK, dV in
-    # registers; wider heads keep apple9's simdgroup rows. Retune on an M5.
+    # registers; wider heads keep apple9's simdgroup rows, which page dQ and dK (beside a stage
+    # there is no room for those pages, and in registers they would be 136 tiles a lane at
+    # D 576 / Dv 512). The tensor-op kernels run there too when forced (the tests do). Retune on an M5.
     ("apple10", "float32"): """
         # max_head_dim  query_rows  key_block  key_rows  query_block  cache_q  cache_dout  cache_k  cache_v  dq_block  dk_block  dv_block  tiles16  p16  stage_kv  stage_q_dout  vector_access  tensor_ops
                  256          16         64        16           64       no          no       no       no         0         0         0       no    no       yes        yes           yes         yes
