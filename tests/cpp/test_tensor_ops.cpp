@@ -163,8 +163,8 @@ kernel void device_gemm(device const $T* a [[buffer(0)]],
                         device const $T* b [[buffer(1)]],
                         device float* c [[buffer(2)]],
                         constant int& k [[buffer(3)]]) {
-  auto tA = tensor(a, dextents<int32_t, 2>(k, 32));
-  auto tB = tensor(b, dextents<int32_t, 2>(16, k), array<int, 2>({1, 16}));
+  auto tA = tensor((device $T*)a, dextents<int32_t, 2>(k, 32));
+  auto tB = tensor((device $T*)b, dextents<int32_t, 2>(16, k), array<int, 2>({1, 16}));
   auto tC = tensor(c, dextents<int32_t, 2>(16, 32));
   mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(32, 16, static_cast<int>(dynamic_extent)),
                             execution_simdgroups<4>> mm;
@@ -239,8 +239,8 @@ kernel void edge_tiles(device const half* a [[buffer(0)]],
                        device float* c [[buffer(2)]],
                        constant int3& shape [[buffer(3)]],
                        uint2 group [[threadgroup_position_in_grid]]) {
-  auto tA = tensor(a, dextents<int32_t, 2>(shape.z, shape.x));
-  auto tB = tensor(b_t, dextents<int32_t, 2>(shape.z, shape.y));
+  auto tA = tensor((device half*)a, dextents<int32_t, 2>(shape.z, shape.x));
+  auto tB = tensor((device half*)b_t, dextents<int32_t, 2>(shape.z, shape.y));
   auto tC = tensor(c, dextents<int32_t, 2>(shape.y, shape.x));
   matmul2d<matmul2d_descriptor(16, 16, static_cast<int>(dynamic_extent), false, true, true), execution_simdgroups<2>> mm;
   auto mA = tA.slice(0, group.y * 16);
@@ -351,8 +351,8 @@ using namespace metal;
 kernel void int8_gemm(device const char* a [[buffer(0)]],
                       device const char* b [[buffer(1)]],
                       device int* c [[buffer(2)]]) {
-  auto tA = tensor(a, extents<int32_t, 64, 16>());
-  auto tB = tensor(b, extents<int32_t, 16, 64>());
+  auto tA = tensor((device char*)a, extents<int32_t, 64, 16>());
+  auto tB = tensor((device char*)b, extents<int32_t, 16, 64>());
   auto tC = tensor(c, extents<int32_t, 16, 16>());
   mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(16, 16, 64), execution_simdgroup> mm;
   auto cT = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), int>();
@@ -395,7 +395,7 @@ kernel void cooperative_operands(device const half* a [[buffer(0)]],
     auto index = ct_a.get_multidimensional_index(i);
     ct_a[i] = a[index[1] * 16 + index[0]];
   }
-  ct_b.load(tensor(b_t, extents<int32_t, 16, 16>()));
+  ct_b.load(tensor((device half*)b_t, extents<int32_t, 16, 16>()));
   for (uint16_t i = 0; i < ct_c.get_capacity(); ++i) {
     if (ct_c.is_valid_element(i)) ct_c[i] = 0.0f;
   }
@@ -432,9 +432,9 @@ kernel void chained(device const half* q [[buffer(0)]],
                     device const half* keys [[buffer(1)]],
                     device const half* values [[buffer(2)]],
                     device float* o [[buffer(3)]]) {
-  auto tQ = tensor(q, extents<int32_t, 16, 16>());
-  auto tK = tensor(keys, extents<int32_t, 16, 32>());
-  auto tV = tensor(values, extents<int32_t, 16, 32>());
+  auto tQ = tensor((device half*)q, extents<int32_t, 16, 16>());
+  auto tK = tensor((device half*)keys, extents<int32_t, 16, 32>());
+  auto tV = tensor((device half*)values, extents<int32_t, 16, 32>());
   matmul2d<matmul2d_descriptor(16, 32, 16, false, true, true), execution_simdgroup> mmS;
   matmul2d<matmul2d_descriptor(16, 16, 32, false, false, true), execution_simdgroup> mmO;
   auto S = mmS.get_destination_cooperative_tensor<decltype(tQ), decltype(tK), float>();
@@ -476,8 +476,8 @@ kernel void reductions(device const float* a [[buffer(0)]],
                        device float* row_max [[buffer(2)]],
                        device float* row_sum [[buffer(3)]],
                        device float* column_sum [[buffer(4)]]) {
-  auto tA = tensor(a, extents<int32_t, 16, 16>());
-  auto tB = tensor(b_t, extents<int32_t, 16, 32>());
+  auto tA = tensor((device float*)a, extents<int32_t, 16, 16>());
+  auto tB = tensor((device float*)b_t, extents<int32_t, 16, 32>());
   matmul2d<matmul2d_descriptor(16, 32, 16, false, true), execution_simdgroup> mm;
   auto S = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
   mm.run(tA, tB, S);
@@ -536,8 +536,8 @@ kernel void row_broadcast(device const float* a [[buffer(0)]],
                           device float* c [[buffer(2)]],
                           device int* compatible [[buffer(3)]],
                           uint lane [[thread_index_in_simdgroup]]) {
-  auto tA = tensor(a, extents<int32_t, 16, 16>());
-  auto tB = tensor(b_t, extents<int32_t, 16, 32>());
+  auto tA = tensor((device float*)a, extents<int32_t, 16, 16>());
+  auto tB = tensor((device float*)b_t, extents<int32_t, 16, 32>());
   matmul2d<matmul2d_descriptor(16, 32, 16, false, true), execution_simdgroup> mm;
   auto S = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
   mm.run(tA, tB, S);
@@ -610,8 +610,8 @@ kernel void assumes_layout(device const float* a [[buffer(0)]],
                            device const float* b [[buffer(1)]],
                            device float* c [[buffer(2)]],
                            uint lane [[thread_index_in_simdgroup]]) {
-  auto tA = tensor(a, extents<int32_t, 8, 8>());
-  auto tB = tensor(b, extents<int32_t, 8, 8>());
+  auto tA = tensor((device float*)a, extents<int32_t, 8, 8>());
+  auto tB = tensor((device float*)b, extents<int32_t, 8, 8>());
   mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(8, 8, 8), execution_simdgroup> mm;
   auto cT = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
   mm.run(tA, tB, cT);
@@ -644,7 +644,7 @@ using namespace metal;
 kernel void past_capacity(device const float* a [[buffer(0)]],
                           device float* c [[buffer(1)]],
                           uint lane [[thread_index_in_simdgroup]]) {
-  auto tA = tensor(a, extents<int32_t, 8, 8>());
+  auto tA = tensor((device float*)a, extents<int32_t, 8, 8>());
   mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(8, 8), execution_simdgroup> mm;
   auto cT = mm.get_destination_cooperative_tensor<decltype(tA), decltype(tA), float>();
   mm.run(tA, tA, cT);
@@ -671,7 +671,7 @@ using namespace metal;
 kernel void partial_run(device const float* a [[buffer(0)]],
                         device float* c [[buffer(1)]],
                         uint tid [[thread_index_in_threadgroup]]) {
-  auto tA = tensor(a, extents<int32_t, 8, 8>());
+  auto tA = tensor((device float*)a, extents<int32_t, 8, 8>());
   auto tC = tensor(c, extents<int32_t, 8, 8>());
   mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(8, 8, 8), execution_simdgroups<$N>> mm;
   if (tid < 40) {

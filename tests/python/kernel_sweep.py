@@ -13,8 +13,9 @@ from pathlib import Path
 # Tests whose kernels cover the generators: split-KV decode, sinks (infinite ones too),
 # backward, block and token lists, the Kernel API, quantized storage, head dims past 256 (the
 # K-then-V stage, the tiled sparse dK/dV), per-head kernels staging their blocks (stage_kv,
-# stage_q_dout), packed heads staging the pages of varlen sequences, and one call of every
-# declared op (test_poison: the indexer, the merge, from_mask, the quantizers, int8).
+# stage_q_dout), packed heads staging the pages of varlen sequences, one call of every
+# declared op (test_poison: the indexer, the merge, from_mask, the quantizers, int8), and the
+# Metal 4 tensor-op kernels (forward, backward, packed decode, int8).
 GENERATED_KERNEL_TESTS = [
     "tests/python/test_poison.py",
     "tests/python/test_infinite_sinks.py",
@@ -32,12 +33,17 @@ GENERATED_KERNEL_TESTS = [
     "tests/python/test_quantize.py::test_head_tensors",
     "tests/python/test_stage_kv.py",
     "tests/python/test_varlen_paged.py::test_gqa_sinks_and_the_decode_of_packed_heads",
+    "tests/python/test_tensor_op_attention.py::test_forward",
+    "tests/python/test_tensor_op_attention.py::test_backward",
+    "tests/python/test_tensor_op_attention.py::test_packed_heads_decode",
+    "tests/python/test_tensor_op_attention.py::test_int8_products_are_exact",
 ]
 
 
 # The default run's sample of them (-m exhaustive sweeps them all): a kernel of every family
 # still, one call of every declared op (test_poison), the split-KV pair, staged K/V in the
-# forward and in both backward kernels, head dims past 256, and the Kernel API's own kernels.
+# forward and in both backward kernels, head dims past 256, the Kernel API's own kernels, and
+# tensor-op products (the backward's two kernels).
 SAMPLED_KERNEL_TESTS = [
     "tests/python/test_poison.py",
     "tests/python/test_attention.py::test_split_kv_decode",
@@ -45,6 +51,7 @@ SAMPLED_KERNEL_TESTS = [
     "tests/python/test_stage_kv.py::test_backward_staged",
     "tests/python/test_head_dims.py::test_forward",
     "tests/python/test_kernel.py",
+    "tests/python/test_tensor_op_attention.py::test_backward",
 ]
 
 

@@ -27,7 +27,9 @@ from test_int8_attention import case_arguments as int8_arguments
 
 import mfa_native
 from mfa_native import codegen
+from mfa_native.__main__ import main
 from mfa_native.codegen.attention.descriptor import describe, describe_backward
+from mfa_native.codegen.attention.rows import PACKED_HEADS
 from mfa_native.codegen.kernel.products import TENSOR_OPS
 from mfa_native.codegen.kernel.tables import built_in_row, forced_rows, table_family
 from mfa_native.int8_reference import int8_attention_emulation
@@ -70,8 +72,7 @@ def check(q, k, v, **kwargs) -> None:
 
 
 def products(dtype: str, D: int, Dv: int, Hq: int, Hkv: int, R: int, C: int, family: str = FAMILY) -> str:
-    """The products of the forward kernel of such a problem (grouped queries of few rows pack
-    their heads, whose products stay simdgroup matrices)."""
+    """The products of the forward kernel of such a problem."""
     return describe(codegen.AttentionProblem(1, Hq, Hkv, R, C, D, Dv, dtype=dtype), family=family).products
 
 
@@ -190,16 +191,40 @@ def test_split_kv_decode_and_a_paged_cache(rng):
     assert relative_l2(out, expected) < TOLERANCE["float16"]
 
 
-def test_every_case_holds_under_other_layouts():
-    """This file's cases again under two other cooperative-tensor layouts (the shim's seeds)."""
+def under_other_layouts(*arguments: str) -> None:
+    """pytest `arguments` (this file, node ids, -m) again in child processes under two other
+    cooperative-tensor layouts (the shim's seeds 1 and 6); skipped in such a child."""
     if os.environ.get(SEED, "0") != "0":
         pytest.skip("this process already runs under another layout")
+    if mfa_native.default_device().kind != "cpu":
+        pytest.skip("layouts are the cpu shim's: Metal has its own")
     root = Path(__file__).resolve().parents[2]
     for seed in ("1", "6"):
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments],
                                 cwd=root, env=dict(os.environ, **{SEED: seed}), capture_output=True, text=True,
                                 timeout=1200)
         assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-3000:]
+
+
+def test_the_forward_and_backward_hold_under_other_layouts():
+    """The forward and backward cases again under two other cooperative-tensor layouts."""
+    under_other_layouts(__file__, "-k", "test_forward or test_backward")
+
+
+@pytest.mark.exhaustive
+def test_every_case_holds_under_other_layouts():
+    """Every case of this file, the exhaustive ones too, under two other layouts."""
+    under_other_layouts(__file__, "-m", "not slow")
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_long_queries(rng, dtype):
+    """R = 4096 (256 threadgroups of 16 rows), causal, forward and backward."""
+    q, k, v = make_inputs(rng, Hq=1, Hkv=1, R=4096, C=160, D=64, dtype=dtype)
+    with apple10():
+        check(q, k, v, causal=True)
+        check_backward(rng, q, k, v, causal=True)
 
 
 def test_a_device_runs_apple10_rows_only_with_tensor_ops():
@@ -219,11 +244,15 @@ def issued_work(q, k, v, backward: bool = False, **kwargs) -> list[int]:
     return [record.simdgroup_matrix_ops for record in prof.records]
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(causal=True), dict(window=(20, 5))], ids=["dense", "causal", "window"])
+@pytest.mark.parametrize("kwargs", [pytest.param(dict(), marks=pytest.mark.exhaustive), dict(causal=True),
+                                    pytest.param(dict(window=(20, 5)), marks=pytest.mark.exhaustive)],
+                         ids=["dense", "causal", "window"])
 def test_issued_work_is_the_staged_simdgroup_paths(rng, kwargs):
     """A tensor-op kernel issues what a simdgroup kernel staging the same blocks issues, forward
     and backward (each product as wide as the step's key tiles, K from the operand); without a
     mask on full tiles that is the useful minimum."""
+    if mfa_native.default_device().kind != "cpu":
+        pytest.skip("only the cpu backend counts the work a dispatch issues")
     q, k, v = make_inputs(rng, Hq=2, Hkv=2, R=48, C=136, D=40, Dv=24, dtype="float16")
     tiles = dict(query_rows=16, key_block=64, stage_kv=True, cache_q=False)
     backward_tiles = dict(query_rows=16, key_rows=16, key_block=64, query_block=64, stage_kv=True,
@@ -233,7 +262,7 @@ def test_issued_work_is_the_staged_simdgroup_paths(rng, kwargs):
         with apple10(forward=dict(tiles, tensor_ops=tensor), backward=dict(backward_tiles, tensor_ops=tensor)):
             counts[tensor] = issued_work(q, k, v, backward=True, **kwargs)
     assert counts[True] == counts[False]
-    if not kwargs:
+    if not kwargs:   # full tiles: the staged path's work is the useful minimum
         assert counts[True][0] == useful_matrix_ops(1, 2, 48, 136, 40, 24)
 
 
@@ -244,7 +273,7 @@ INT8_CASES = [(dict(causal=True), dict(qk_scale="token", smooth_k=True, pv="int8
 
 
 @pytest.mark.parametrize("case, options", INT8_CASES, ids=["causal", "mask-sinks", "window-pv-float"])
-def test_int8_products_are_exact(rng, case, options):
+def test_int8_products_are_exact(rng, capsys, case, options):
     """int8 attention's integer products as tensor ops (int8 operands, int32 sums) give the
     simdgroup path's bits exactly, and the numpy emulation of the pipeline."""
     (q, k, v), kwargs = int8_arguments(rng, case)
@@ -256,3 +285,31 @@ def test_int8_products_are_exact(rng, case, options):
     np.testing.assert_array_equal(lse, simdgroup_lse)
     expected = int8_attention_emulation(q, k, v, **options, **kwargs)
     assert relative_l2(out, expected) <= 1e-4
+    emitted = ["emit", "int8-attention", "--head-dim", str(q.shape[-1]), "--pv", options["pv"], "--family", FAMILY]
+    assert main(emitted) == 0 and "mpp::tensor_ops::matmul2d<" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype, Hq, R, quantized", [("float16", 8, 1, False), ("bfloat16", 8, 4, False),
+                                                     ("float16", 4, 1, True)],
+                         ids=["decode", "speculative", "q8_0-cache"])
+def test_packed_heads_decode(rng, capsys, dtype, Hq, R, quantized):
+    """Grouped-query decode packs the (query, head) pairs of a kv head as rows; their Q rows are
+    staged once for the tensor-op products. A q8_0 cache (always packed) decodes into the stage."""
+    q, k, v = make_inputs(rng, Hq=Hq, Hkv=2, R=R, C=300, D=64, Dv=32, dtype=dtype)
+    emitted = ["emit", "attention", "--head-dim", "64", "--value-dim", "32", "--dtype", dtype, "--q-heads", str(Hq),
+               "--kv-heads", "2", "--q-len", str(R), "--kv-len", "300", "--family", FAMILY]
+    assert main(emitted) == 0
+    source = capsys.readouterr().out
+    assert "(query, head) pairs" in source and "mpp::tensor_ops::matmul2d<" in source and "q_pairs" in source
+    # A quantized cache always packs; the storage does not enter the products' choice.
+    assert PACKED_HEADS.products(codegen.AttentionProblem(1, Hq, 2, R, 300, 64, 32, dtype=dtype), FAMILY) == TENSOR_OPS
+    sinks = rng.standard_normal(Hq).astype(np.float32)
+    with apple10():
+        if not quantized:
+            check(q, k, v, causal=True, sinks=sinks)
+            return
+        k_cache, v_cache = (mfa_native.quantize(x, format="q8_0") for x in (k, v))
+        out = mfa_native.attention(q, k_cache, v_cache, sinks=sinks)
+    expected = attention_reference(q, k_cache.dequantize().astype(q.dtype), v_cache.dequantize().astype(q.dtype),
+                                   sinks=sinks)
+    assert relative_l2(out, expected) < TOLERANCE[dtype]

@@ -29,7 +29,7 @@ kernel void tile_gemm(device const T* a [[buffer(0)]], device const T* b [[buffe
   const int m = shape.x, k = shape.y;
   threadgroup T a_tile[32 * 16];
   auto tA = tensor(a_tile, extents<int32_t, 16, 32>());
-  auto tB = tensor(b, dextents<int32_t, 2>(32, k));
+  auto tB = tensor((device T*)b, dextents<int32_t, 2>(32, k));
   auto tC = tensor(c, dextents<int32_t, 2>(32, m));
   matmul2d<matmul2d_descriptor(32, 32, 16, false, false, false, matmul2d_descriptor::mode::multiply_accumulate),
            execution_simdgroups<2>> mm;
@@ -64,3 +64,11 @@ def test_a_staged_tile_gemm_accumulates_in_float(rng, dtype):
     assert relative_l2(c, a.astype(np.float64) @ b.astype(np.float64)) < 1e-6
     # Each run issues 4 x 4 x 2 MMAs of 8x8x8, once per threadgroup.
     assert stats.simdgroup_matrix_ops == ((m + 31) // 32) * (k // 16) * 32
+
+
+def test_an_operand_of_const_elements_is_refused():
+    """MetalPerformancePrimitives refuses tensors of const elements as matmul2d operands, and so
+    does the shim, so a kernel the cpu backend accepts does not fail on a Mac for it."""
+    source = "#define T half\n" + TILE_GEMM.replace("tensor((device T*)b,", "tensor(b,")
+    with pytest.raises(mfa_native.CompileError, match="const elements"):
+        mfa_native.Kernel(source, "tile_gemm", device="cpu")

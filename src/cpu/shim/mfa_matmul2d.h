@@ -75,6 +75,13 @@ struct tensor_op_scope<metal::execution_simdgroups<Simdgroups>> {
   }
 };
 
+// Whether an operand is a tensor of const elements (Metal's matmul2d refuses them).
+template <class Operand, class = void>
+inline constexpr bool const_elements_v = false;
+template <class Operand>
+inline constexpr bool const_elements_v<Operand, std::void_t<typename Operand::element_type>> =
+    std::is_const_v<typename Operand::element_type>;
+
 // The accumulator of a product into Destination elements.
 template <class Destination>
 using accumulator_t = std::conditional_t<std::is_integral_v<Destination>, int32_t, float>;
@@ -259,6 +266,9 @@ class matmul2d {
     static_assert((mfa_shim::is_tensor_v<Left> || mfa_shim::is_cooperative_tensor_v<Left>) &&
                       (mfa_shim::is_tensor_v<Right> || mfa_shim::is_cooperative_tensor_v<Right>),
                   "matmul2d::run: the operands are tensors or the op's input cooperative tensors");
+    static_assert(!mfa_shim::const_elements_v<Left> && !mfa_shim::const_elements_v<Right>,
+                  "matmul2d::run: MetalPerformancePrimitives refuses tensors of const elements; "
+                  "view a non-const pointer (device T*)");
     check_cooperative_operand<Left, left_input_layout>();
     check_cooperative_operand<Right, right_input_layout>();
     using Element = typename Destination::value_type;

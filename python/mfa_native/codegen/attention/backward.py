@@ -41,7 +41,7 @@ from .pairs import pair_type
 from .rows import query_rows_geometry, row_index, threadgroup_span
 from .scores import buffers, element, setup
 from .softmax import gradient_of_scores, logits, lse2, probabilities, sink_probability
-from .tensor_views import backward_products, dkdv_views, dq_views
+from .tensor_views import backward_views
 
 DQ_KERNEL_NAME = "attention_backward_dq"
 DKDV_KERNEL_NAME = "attention_backward_dkdv"
@@ -126,7 +126,7 @@ def _dq_geometry(d: BackwardDescriptor) -> list[str]:
         lines.append(mask_row_pointer(d.rules))
     staged = _staged(d, DQ_KERNEL_NAME)
     return (lines + staged_steps.declare(staged, d.key_block, d.dtype, d.query_rows // 8, d.rules.mask)
-            + dq_views(d, staged_steps.read_from_stage(_tensors(d), staged)))
+            + backward_views(d, staged_steps.read_from_stage(_tensors(d), staged), walks_keys=True).lines)
 
 
 def _row_delta(d: BackwardDescriptor) -> list[str]:
@@ -157,22 +157,22 @@ def _dq_key_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str)
     x = staged_steps.read_from_stage(_tensors(d), _staged(d, DQ_KERNEL_NAME))
     body = bias_over_keys(rules, count, end, d.keys.bounds.origin, skip_here=not d.stage_kv)
     step = _step(d, DQ_KERNEL_NAME, rules, "kb", end, d.key_block, d.query_rows)
-    products = backward_products(d, walks_keys=True)
-    where = dict(position="key", first=step.first, positions=step.positions)
+    views = backward_views(d, x, walks_keys=True)
+    products, where = views.products, dict(position="key", first=step.first, positions=step.positions)
     body += step.fills[0] + ["", "// S = Q K^T."] + zeroed("p_tile", count, "scores, then probabilities")
-    body += scores_step(products, "p_tile", views=("q_rows", "k_rows"), count=count,
+    body += scores_step(products, "p_tile", views=views.pair("q", "k"), count=count,
                         lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"), rhs=x["k"],
                         rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys", reread=REREAD,
                         **where)
     body += _recomputed_probabilities(d, count, "lse2", "int(row)", "kb + j * 8 + int(tc) + e")
     body += ["", "// dP = dO V^T."] + zeroed("dp_tile", count, "dP, then dS")
-    body += scores_step(products, "dp_tile", views=("dout_rows", "v_rows"), count=count,
+    body += scores_step(products, "dp_tile", views=views.pair("dout", "v"), count=count,
                         lhs=Rows(x["dout"], "row_read", "dout_tile" if d.cache_dout else None, "dout_i"), rhs=x["v"],
                         rhs_tile="v_tile", rhs_comment="V^T: rows are value dims, columns are keys", reread=REREAD,
                         **where)
     body += gradient_of_scores(count, "delta_row", d.scores)
     body += ["", "// dQ += dS K."]
-    body += sum_step(products, "dq_tile", weights="dp_tile", count=count, view="k_rows",
+    body += sum_step(products, "dq_tile", weights="dp_tile", count=count, view=views.of("k"),
                      accumulator=_accumulators(d)["dq"], rhs=x["k"].loading(d.weight_tile_type), rhs_tile="k_tile",
                      rhs_comment="rows are keys, columns are head dims", **where)
     return block_loop("kb", begin, end, d.key_block, body)
@@ -218,8 +218,8 @@ def _dkdv_geometry(d: BackwardDescriptor) -> list[str]:
         head_pointer("v", d.v, "h_kv", t, True),
         head_pointer("dk", d.dk, "h_kv", t, False),
         head_pointer("dv", d.dv, "h_kv", t, False),
-    ] + staged_steps.declare(staged, d.query_block, d.dtype, d.key_rows // 8, d.rules.mask) + dkdv_views(
-        d, staged_steps.read_from_stage(_tensors(d), staged))
+    ] + staged_steps.declare(staged, d.query_block, d.dtype, d.key_rows // 8, d.rules.mask) + backward_views(
+        d, staged_steps.read_from_stage(_tensors(d), staged), walks_keys=False).lines
 
 
 def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
@@ -234,26 +234,26 @@ def _query_steps(d: BackwardDescriptor, rules: MaskRules, begin: str, end: str) 
         "delta_q[j * 2 + e] = delta[rows_at + query];",
     ]))
     step = _step(d, DKDV_KERNEL_NAME, rules, "qb", end, d.query_block, d.key_rows)
-    products = backward_products(d, walks_keys=False)
-    where = dict(position="query", first=step.first, positions=step.positions)
+    views = backward_views(d, x, walks_keys=False)
+    products, where = views.products, dict(position="query", first=step.first, positions=step.positions)
     body += step.fills[0] + ["", "// S^T = K Q^T."] + zeroed("p_tile", count, "scores, then probabilities (keys x queries)")
-    body += scores_step(products, "p_tile", views=("k_rows", "q_rows"), count=count,
+    body += scores_step(products, "p_tile", views=views.pair("k", "q"), count=count,
                         lhs=Rows(x["k"], "key_read", "k_tile" if d.cache_k else None, "k_i"), rhs=x["q"],
                         rhs_tile="q_tile", rhs_comment="Q^T: rows are head dims, columns are queries", reread=REREAD,
                         **where)
     body += _recomputed_probabilities(d, count, "lse2[j * 2 + e]", "qb + j * 8 + int(tc) + e", "int(key_row)")
     body += ["", "// dV += P^T dO."]
-    body += sum_step(products, "dv_tile", weights="p_tile", count=count, view="dout_rows",
+    body += sum_step(products, "dv_tile", weights="p_tile", count=count, view=views.of("dout"),
                      accumulator=_accumulators(d)["dv"], rhs=x["dout"].loading(d.weight_tile_type),
                      rhs_tile="dout_tile", rhs_comment="rows are queries, columns are value dims", **where)
     body += ["", "// dP^T = V dO^T."] + zeroed("dp_tile", count, "dP^T, then dS^T")
-    body += scores_step(products, "dp_tile", views=("v_rows", "dout_rows"), count=count,
+    body += scores_step(products, "dp_tile", views=views.pair("v", "dout"), count=count,
                         lhs=Rows(x["v"], "key_read", "v_tile" if d.cache_v else None, "v_i"), rhs=x["dout"],
                         rhs_tile="dout_tile", rhs_comment="dO^T: rows are value dims, columns are queries",
                         reread=REREAD, **where)
     body += gradient_of_scores(count, "delta_q[j * 2 + e]", d.scores)
     body += ["", "// dK += dS^T Q."]
-    body += sum_step(products, "dk_tile", weights="dp_tile", count=count, view="q_rows",
+    body += sum_step(products, "dk_tile", weights="dp_tile", count=count, view=views.of("q"),
                      accumulator=_accumulators(d)["dk"], rhs=x["q"].loading(d.weight_tile_type), rhs_tile="q_tile",
                      rhs_comment="rows are queries, columns are head dims", **where)
     return block_loop("qb", begin, end, d.query_block, body)

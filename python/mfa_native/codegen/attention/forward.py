@@ -46,7 +46,7 @@ from ..storage.staging import StagedTensor
 from . import invariance, operands, staged_steps
 from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
-from .tensor_views import forward_products, forward_views
+from .tensor_views import forward_views
 from .pairs import pair_type
 from .rows import row_index, stages_apart, threadgroup_span
 from .scores import buffers, describe as describe_scores, element, setup
@@ -176,7 +176,7 @@ def _geometry(d: KernelDescriptor, finish) -> list[str]:
     if d.rules.mask != "none":
         lines.append(mask_row_pointer(d.rules))
     return lines + staged_steps.declare(_staged(d), d.key_block, d.dtype, d.simdgroups, d.rules.mask) + forward_views(
-        d, _tensors(d))
+        d, _tensors(d)).lines
 
 
 def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> list[str]:
@@ -190,9 +190,9 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
                              shared_by=shared_by)
     fills, first, positions = step.fills, step.first, step.positions
     body += fills[0] + ["", "// S = Q K^T, 8x8 tiles; tiles past key_end stay 0 and are masked below."]
-    products, where = forward_products(d), dict(position="key", first=first, positions=positions)
+    views, where = forward_views(d, x), dict(position="key", first=first, positions=positions)
     body += zeroed("p_tile", key_tiles, "scores, then probabilities")
-    body += scores_step(products, "p_tile", views=("q_rows", "k_rows"), count=key_tiles,
+    body += scores_step(views.products, "p_tile", views=views.pair("q", "k"), count=key_tiles,
                         lhs=Rows(x["q"], "row_read", "q_tile" if d.cache_q else None, "q_i"), rhs=x["k"],
                         rhs_tile="k_tile", rhs_comment="K^T: rows are head dims, columns are keys",
                         reread="re-read: Q does not stay in registers at this head dimension", **where)
@@ -200,7 +200,8 @@ def _key_steps(d: KernelDescriptor, rules: MaskRules, begin: str, end: str) -> l
     if fills[1]:
         body += ["", "// The step's V rows, staged over its K rows."] + fills[1]
     body += ["", "// O += P V."]
-    body += sum_step(products, "o_tile", weights="p_tile", count=key_tiles, view="v_rows", accumulator=output(d),
+    body += sum_step(views.products, "o_tile", weights="p_tile", count=key_tiles, view=views.of("v"),
+                     accumulator=output(d),
                      rhs=x["v"], rhs_tile="v_tile", rhs_comment="rows are keys, columns are value dims", **where)
     return block_loop("kb", begin, end, d.key_block, body)
 

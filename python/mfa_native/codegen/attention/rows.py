@@ -22,6 +22,7 @@ from ..kernel.tiles import lane_layout
 STAGE_BYTES = 24 * 1024   # threadgroup memory for staged K/V rows, under the 32 KiB every Apple GPU has
 PACKED_ROWS = 128   # (query, head) pairs per packed-heads threadgroup: every head of a kv head, up to MQA's 128
 ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+PAIRS_STAGE_BYTES = 8 * 1024   # packed heads with tensor ops: their pairs' Q rows, within STAGE_BYTES
 
 
 def shrunk(rows: int, length: int) -> int:
@@ -51,22 +52,40 @@ def staged_width(p, family: str, shared_kv: bool = False) -> int:
     return p.head_dim + p.value_dim
 
 
-def stage_rows(p, width: int, block: int, products_rows: int = 0) -> int:
+def stage_rows(p, width: int, block: int, products_rows: int = 0, beside: int = 0) -> int:
     """Rows staged per step: `block` (a table's key or query block), fewer when rows of `width`
     features (K's and V's together) would not fit STAGE_BYTES, beside the memory of the
-    tensor-op products of `products_rows` rows if any (products.threadgroup_bytes); a multiple
-    of 8, at least 8 (a row too wide for 8 declares more than it may, and its launch says so)."""
+    tensor-op products of `products_rows` rows if any (products.threadgroup_bytes) and `beside`
+    bytes more; a multiple of 8, at least 8 (a row too wide for 8 declares more than it may, and
+    its launch says so)."""
     item = ITEM_BYTES[p.dtype]
     fits = [rows for rows in range(8, block + 1, 8)
-            if rows * width * item + threadgroup_bytes(products_rows, rows, item) <= STAGE_BYTES]
+            if rows * width * item + threadgroup_bytes(products_rows, rows, item) + beside <= STAGE_BYTES]
     return max(fits, default=8)
 
 
-def stages_blocks(p, asked: bool, rows: int) -> bool:
+def stages_blocks(p, asked: bool, rows: int, products: str = SIMDGROUP_MATRIX) -> bool:
     """Whether a per-head kernel whose threadgroups hold `rows` rows stages the blocks it walks
     (tile_row stage_kv, backward stage_kv / stage_q_dout: `asked`): when more than one
-    simdgroup shares them and the key-visit facet walks the same blocks for all of them."""
-    return asked and rows > 8 and p.keys.uniform_walk
+    simdgroup shares them and the key-visit facet walks the same blocks for all of them; always
+    when its `products` are tensor ops (they read the stage)."""
+    return products == TENSOR_OPS or (asked and rows > 8 and p.keys.uniform_walk)
+
+
+def tensor_ops_fit(p, width: int, rows: int, beside: int = 0) -> bool:
+    """Whether tensor-op products of `rows` rows fit STAGE_BYTES beside a stage of at least 8
+    rows of `width` features and `beside` bytes more (else the kernel keeps simdgroup matrices)."""
+    item = ITEM_BYTES[p.dtype]
+    return 8 * width * item + threadgroup_bytes(rows, 8, item) + beside <= STAGE_BYTES
+
+
+def uses_tensor_ops(p, family: str, row, rows: int, width: int, beside: int = 0) -> bool:
+    """Whether a kernel of threadgroups of `rows` rows, staging rows of `width` features, makes
+    tensor-op products: where `family`'s `row` asks, every simdgroup walks the same blocks, the
+    memory fits (tensor_ops_fit), and the problem is not batch-invariant (whose bits must not
+    depend on the shape of the threadgroup's products, which Metal does not promise)."""
+    return (tensor_ops(family, row) and p.keys.uniform_walk and not p.batch_invariant
+            and tensor_ops_fit(p, width, rows, beside))
 
 
 def backward_blocks(p, family: str, row, query_rows: int, key_rows: int) -> dict:
@@ -74,11 +93,12 @@ def backward_blocks(p, family: str, row, query_rows: int, key_rows: int) -> dict
     `row`: tensor ops where the family's row asks and the blocks are walked alike by every
     simdgroup, and then both kernels stage theirs (the products read the stage); the blocks
     (key_block of the dQ kernel, query_block of the dK/dV kernel) shrink to what the stage holds."""
-    tensor = tensor_ops(family, row) and p.keys.uniform_walk
-    stage_kv = tensor or stages_blocks(p, row.stage_kv, query_rows)
-    stage_q_dout = tensor or stages_blocks(p, row.stage_q_dout, key_rows)
     width = p.head_dim + p.value_dim   # K and V (Q and dO) staged together
-    return dict(products=TENSOR_OPS if tensor else SIMDGROUP_MATRIX, stage_kv=stage_kv, stage_q_dout=stage_q_dout,
+    tensor = uses_tensor_ops(p, family, row, max(query_rows, key_rows), width)
+    products = TENSOR_OPS if tensor else SIMDGROUP_MATRIX
+    stage_kv = stages_blocks(p, row.stage_kv, query_rows, products)
+    stage_q_dout = stages_blocks(p, row.stage_q_dout, key_rows, products)
+    return dict(products=products, stage_kv=stage_kv, stage_q_dout=stage_q_dout,
                 key_block=stage_rows(p, width, row.key_block, query_rows * tensor) if stage_kv else row.key_block,
                 query_block=stage_rows(p, width, row.query_block, key_rows * tensor) if stage_q_dout else row.query_block)
 
@@ -160,13 +180,14 @@ class PerHead:
         """The forward kernel's products (kernel/products.py): tensor ops where the family's row
         asks and the threadgroup walks its blocks together (the products read its stage)."""
         row = tile_row(family, p.dtype, max(p.head_dim, p.value_dim))
-        return TENSOR_OPS if tensor_ops(family, row) and p.keys.uniform_walk else SIMDGROUP_MATRIX
+        tensor = uses_tensor_ops(p, family, row, PerHead.query_rows(p, family), staged_width(p, family))
+        return TENSOR_OPS if tensor else SIMDGROUP_MATRIX
 
     @staticmethod
     def stages(p, family: str) -> bool:
         """Whether the forward kernel stages its key blocks (stages_blocks; always, for tensor ops)."""
-        return (stages_blocks(p, tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).stage_kv,
-                              PerHead.query_rows(p, family)) or PerHead.products(p, family) == TENSOR_OPS)
+        return stages_blocks(p, tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).stage_kv,
+                             PerHead.query_rows(p, family), PerHead.products(p, family))
 
     @staticmethod
     def key_block(p, family: str) -> int:
@@ -225,8 +246,20 @@ class PackedHeads:
 
     @staticmethod
     def products(p, family: str) -> str:
-        """simdgroup matrices (tensor-op products of packed rows are not written yet)."""
-        return SIMDGROUP_MATRIX
+        """Tensor ops where the family's row asks, the key walk is the same for every pair, and the
+        pairs' Q rows, which a tensor-op product reads from a stage of their own (no strided view
+        holds them), take at most PAIRS_STAGE_BYTES; else simdgroup matrices."""
+        row, rows = tile_row(family, p.dtype, max(p.head_dim, p.value_dim)), PackedHeads.query_rows(p, family)
+        pairs = rows * p.head_dim * ITEM_BYTES[p.dtype]
+        tensor = pairs <= PAIRS_STAGE_BYTES and uses_tensor_ops(p, family, row, rows, staged_width(p, family), pairs)
+        return TENSOR_OPS if tensor else SIMDGROUP_MATRIX
+
+    @staticmethod
+    def pairs_stage_bytes(p, family: str) -> int:
+        """The threadgroup memory of the pairs' Q rows (tensor ops; else 0)."""
+        if PackedHeads.products(p, family) != TENSOR_OPS:
+            return 0
+        return PackedHeads.query_rows(p, family) * p.head_dim * ITEM_BYTES[p.dtype]
 
     @staticmethod
     def query_rows(p, family: str) -> int:
@@ -236,8 +269,11 @@ class PackedHeads:
 
     @staticmethod
     def key_block(p, family: str) -> int:
-        """The staged rows: K's and V's."""
-        return stage_rows(p, staged_width(p, family), tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block)
+        """The staged rows: K's and V's (beside the tensor-op products and the pairs' Q rows)."""
+        block = tile_row(family, p.dtype, max(p.head_dim, p.value_dim)).key_block
+        tensor = PackedHeads.products(p, family) == TENSOR_OPS
+        return stage_rows(p, staged_width(p, family), block, PackedHeads.query_rows(p, family) * tensor,
+                          PackedHeads.pairs_stage_bytes(p, family))
 
     @staticmethod
     def threadgroups_expression(p, family: str) -> str:

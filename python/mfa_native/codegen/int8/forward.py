@@ -40,7 +40,7 @@ from ..attention.softmax import logits, online_softmax
 from ..kernel.msl import MSL_TYPES, float_literal, loop
 from ..kernel.accumulators import Accumulator
 from ..kernel.plan import GridAxis, LaunchPlan
-from ..kernel.products import TENSOR_OPS, ThreadgroupProducts, device_rows
+from ..kernel.products import TENSOR_OPS, RowsView, ThreadgroupProducts, device_rows
 from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.tiles import HeadTensor, Positions, accumulate, block_loop, head_pointer, tiles, zeroed
@@ -83,10 +83,22 @@ def _products(x: Int8Descriptor) -> ThreadgroupProducts | None:
     return ThreadgroupProducts(d.simdgroups, P_BLOCK, "char", "int") if d.products == TENSOR_OPS else None
 
 
-def _rows(x: Int8Descriptor, name: str, first: str, count: str) -> str:
-    """`auto {name}_rows`: a tensor view of `count` rows of int8 tensor `name` from row `first`."""
-    return device_rows(f"{name}_rows", head=f"{name}_int8_head", layout=int8_operands.layout(f"{name}_int8", x),
-                       first=first, count=count, width=_int8_tensor(x, f"{name}_int8").width)
+def _rows(x: Int8Descriptor, name: str, first: str, rows: str) -> tuple[list[str], RowsView]:
+    """The lines that define `{name}_rows` (`rows` rows of int8 tensor `name` from row `first`,
+    in place) and its view."""
+    return device_rows(f"{name}_rows", head=f"{name}_int8_head", element="char", first=first, rows=rows,
+                       layout=int8_operands.layout(f"{name}_int8", x), width=_int8_tensor(x, f"{name}_int8").width)
+
+
+def _q_rows(x: Int8Descriptor) -> tuple[list[str], RowsView]:
+    """The threadgroup's Q rows in place (tensor ops)."""
+    first = "q_first - simd_index * 8"
+    return _rows(x, "q", first, f"clamp(int(R) - int({first}), 0, {x.attention.query_rows})")
+
+
+def _step_rows(x: Int8Descriptor, name: str, end: str) -> tuple[list[str], RowsView]:
+    """The step's rows of int8 K or V (`name`): from key kb, at most a block, below `end`."""
+    return _rows(x, name, "kb", f"min(int({end}) - kb, {P_BLOCK})")
 
 
 def _geometry(x: Int8Descriptor) -> list[str]:
@@ -111,10 +123,9 @@ def _geometry(x: Int8Descriptor) -> list[str]:
 def _q_tiles(x: Int8Descriptor) -> list[str]:
     """The simdgroup's 8 rows of Q as int8 tiles, in registers (half the space of float tiles);
     with tensor ops, the products' memory and the threadgroup's Q rows in place."""
-    d, products = x.attention, _products(x)
+    products = _products(x)
     if products is not None:
-        first = "q_first - simd_index * 8"
-        return products.declare() + [_rows(x, "q", first, f"clamp(int(R) - int({first}), 0, {d.query_rows})")]
+        return products.declare() + _q_rows(x)[0]
     count = tiles(x.attention.head_dim)
     load = _int8_tensor(x, "q_int8").load_rows("q_tile[i]", "row_read", "i")
     return (["", f"// Q: 8 rows x {x.attention.head_dim} int8 values, held in registers.",
@@ -129,8 +140,8 @@ def _scores(x: Int8Descriptor, end: str) -> list[str]:
     lines += zeroed("p_tile", KEY_TILES, "integer scores, then scores, then probabilities")
     products = _products(x)
     if products is not None:
-        lines += [_rows(x, "k", "kb", f"{end} - kb")]
-        lines += products.scores("p_tile", lhs="q_rows", rhs="k_rows", count=KEY_TILES)
+        declared, keys = _step_rows(x, "k", end)
+        lines += declared + products.scores("p_tile", lhs=_q_rows(x)[1], rhs=keys, count=KEY_TILES)
     else:
         lines += int8_products("p_tile", left="q_tile", inner=tiles(x.attention.head_dim), outer=KEY_TILES,
                                visible="o < tiles", load_right=lambda tile: k.load_transposed(
@@ -214,8 +225,8 @@ def _int8_values(x: Int8Descriptor, end: str) -> list[str]:
     lines += zeroed("pv_int", tiles(d.value_dim), "integer P V of this block")
     products = _products(x)
     if products is not None:
-        lines += [_rows(x, "v", "kb", f"{end} - kb")]
-        lines += products.weighted_sum("pv_int", weights="p_int8", count=KEY_TILES, rhs="v_rows",
+        declared, values = _step_rows(x, "v", end)
+        lines += declared + products.weighted_sum("pv_int", weights="p_int8", count=KEY_TILES, rhs=values,
                                        accumulator=Accumulator("pv_int", d.value_dim))
     else:
         lines += int8_products("pv_int", left="p_int8", inner=KEY_TILES, outer=tiles(d.value_dim),

@@ -53,8 +53,10 @@ max(D, Dv), is at most `max_head_dim`; the first row that fits wins.
 - tensor_ops: the products are Metal 4 tensor ops (products.py: matmul2d of the whole
               threadgroup over its rows and the staged block) instead of simdgroup
               matrices, on families that have them (apple10: Apple M5). The kernel then
-              stages its key blocks (stage_kv) whatever that column says, and keeps Q in
-              device memory (cache_q has no effect). Rows without the column say "no".
+              stages its key blocks (stage_kv) whatever that column says, reads Q in place
+              or from a stage (cache_q has no effect), and its operands are the inputs' own
+              type (tiles16 has no effect; the weights are rounded to it, as p16 does).
+              Rows without the column say "no". On other families it has no effect.
 
 The values up to head dimension 384 are metal-flash-attention's published tuning, mapped
 onto these columns (the comment above the tables says how and where they depart from it).
@@ -223,7 +225,7 @@ def table_family(gpu_family: str, has_tensor_ops: bool) -> str:
     has them; without (an M5 before 26.2, or MFA_NATIVE_TENSOR_OPS=off) a tensor-op family falls
     back to the tables its others alias (apple10: apple9's simdgroup rows)."""
     if has_tensor_ops:
-        return _TENSOR_OPS[0]
+        return gpu_family if gpu_family in _TENSOR_OPS else _TENSOR_OPS[0]
     return _ALIASES[gpu_family] if gpu_family in _TENSOR_OPS else gpu_family
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..attention.visits import KEY_VISITS, Kernels, KeyVisit, KeyWalk, Steps
-from ..attention.rows import PackedHeads, stage_rows, staged_width
+from ..attention.rows import stage_rows, staged_width
+from ..kernel.products import SIMDGROUP_MATRIX
 from ..kernel.layouts import OperandLayout, operand_layout
 from ..kernel.tables import tile_row
 from ..kernel.sizes import Extent
@@ -35,7 +36,11 @@ class TokenRows:
     """A threadgroup's rows: the query heads of one kv head, at one query row."""
 
     packed = True
-    products = staticmethod(PackedHeads.products)   # simdgroup matrices, as packed heads
+
+    @staticmethod
+    def products(p, family: str) -> str:
+        """Simdgroup matrices: the token-list kernels have no tensor-op products."""
+        return SIMDGROUP_MATRIX
 
     @staticmethod
     def query_rows(p, family: str) -> int:
