@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import relative_l2
-from test_attention import DTYPES, make_inputs
-from test_attention_backward import NAMES, gradient_error, output_gradient
+from test_attention import make_inputs
+from test_attention import check as check_forward
+from test_attention_backward import check as check_gradients
 from test_head_dims import feature_arguments
 from test_int8_attention import case_arguments as int8_arguments
 
@@ -33,7 +34,7 @@ from mfa_native.codegen.attention.rows import PACKED_HEADS
 from mfa_native.codegen.kernel.products import TENSOR_OPS
 from mfa_native.codegen.kernel.tables import built_in_row, forced_rows, table_family
 from mfa_native.int8_reference import int8_attention_emulation
-from mfa_native.reference import attention_backward_reference, attention_reference, attention_with_kvcache_reference
+from mfa_native.reference import attention_reference, attention_with_kvcache_reference
 from mfa_native.runtime.devices import tuned_as
 from mfa_native.work import useful_matrix_ops
 
@@ -60,20 +61,26 @@ def apple10(forward: dict | None = None, backward: dict | None = None):
         yield family
 
 
-def check(q, k, v, **kwargs) -> None:
-    """attention (with lse) against the reference, to the tensor-op path's tolerance."""
-    dtype = {np.dtype(t): name for name, t in DTYPES.items()}[q.dtype]
-    out, lse = mfa_native.attention(q, k, v, return_lse=True, **kwargs)
-    expected, expected_lse = attention_reference(q, k, v, return_lse=True, **kwargs)
-    assert relative_l2(out, expected) < TOLERANCE[dtype]
-    empty = np.isneginf(expected_lse)
-    np.testing.assert_array_equal(np.isneginf(lse), empty)
-    np.testing.assert_allclose(lse[~empty], expected_lse[~empty], rtol=1e-3, atol=1e-3)
+def check(q, k, v, **kwargs):
+    """attention (with lse) against the reference, to the tensor-op path's tolerances."""
+    return check_forward(q, k, v, tolerances=TOLERANCE, **kwargs)
+
+
+def check_backward(rng, q, k, v, **kwargs):
+    """attention_backward's gradients (dsinks too) against the reference, to the path's tolerances."""
+    return check_gradients(rng, q, k, v, tolerances=TOLERANCE, **kwargs)
 
 
 def products(dtype: str, D: int, Dv: int, Hq: int, Hkv: int, R: int, C: int, family: str = FAMILY) -> str:
     """The products of the forward kernel of such a problem."""
     return describe(codegen.AttentionProblem(1, Hq, Hkv, R, C, D, Dv, dtype=dtype), family=family).products
+
+
+def case_inputs(rng, case) -> tuple[tuple[np.ndarray, ...], dict]:
+    """q, k, v and the keyword arguments (layout, fresh masks and sinks) of a case of CASES."""
+    dtype, D, Dv, Hq, Hkv, R, C, layout, kwargs = case
+    qkv = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype, layout=layout)
+    return qkv, dict(layout=layout, **feature_arguments(rng, Hq, R, C, kwargs))
 
 
 # (dtype, D, Dv, Hq, Hkv, R, C, layout, keyword arguments)
@@ -88,23 +95,10 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-D{c[1]}-Dv{c[2]}-R{c[5]}" for c in CASES])
 def test_forward(rng, case):
-    dtype, D, Dv, Hq, Hkv, R, C, layout, kwargs = case
-    assert products(dtype, D, Dv, Hq, Hkv, R, C) == TENSOR_OPS
-    q, k, v = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype, layout=layout)
+    assert products(*case[:7]) == TENSOR_OPS
+    (q, k, v), kwargs = case_inputs(rng, case)
     with apple10():
-        check(q, k, v, layout=layout, **feature_arguments(rng, Hq, R, C, kwargs))
-
-
-def check_backward(rng, q, k, v, **kwargs) -> None:
-    """attention_backward's gradients (dsinks too) against the reference's, to the path's tolerance."""
-    dtype = {np.dtype(t): name for name, t in DTYPES.items()}[q.dtype]
-    do = output_gradient(rng, q, v)
-    o, lse = mfa_native.attention(q, k, v, return_lse=True, **kwargs)
-    grads = mfa_native.attention_backward(q, k, v, o, lse, do, **kwargs)
-    expected = attention_backward_reference(q, k, v, do, out=o, **kwargs)
-    terms = attention_backward_reference(q, k, v, do, out=np.zeros_like(o), **kwargs)
-    for name, grad, reference, term in zip(NAMES, grads, expected, terms):
-        assert gradient_error(grad, reference, term) < TOLERANCE[dtype], name
+        check(q, k, v, **kwargs)
 
 
 def backward_products(dtype: str, D: int, Dv: int, Hq: int, Hkv: int, R: int, C: int) -> str:
@@ -125,11 +119,10 @@ BACKWARD_CASES = [
 @pytest.mark.parametrize("case", BACKWARD_CASES, ids=[f"{c[0]}-D{c[1]}-Dv{c[2]}" for c in BACKWARD_CASES])
 def test_backward(rng, case):
     """dQ, dK, dV (and dsinks) whose both kernels' products are tensor ops."""
-    dtype, D, Dv, Hq, Hkv, R, C, layout, kwargs = case
-    assert backward_products(dtype, D, Dv, Hq, Hkv, R, C) == TENSOR_OPS
-    q, k, v = make_inputs(rng, Hq=Hq, Hkv=Hkv, R=R, C=C, D=D, Dv=Dv, dtype=dtype, layout=layout)
+    assert backward_products(*case[:7]) == TENSOR_OPS
+    (q, k, v), kwargs = case_inputs(rng, case)
     with apple10():
-        check_backward(rng, q, k, v, layout=layout, **feature_arguments(rng, Hq, R, C, kwargs))
+        check_backward(rng, q, k, v, **kwargs)
 
 
 def test_the_kernels_are_tensor_op_kernels():

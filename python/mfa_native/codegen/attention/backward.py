@@ -29,7 +29,8 @@ from ..kernel.sizes import Extent
 from ..kernel.source import KernelSource, assemble
 from ..kernel.accumulators import Accumulator
 from ..kernel.products import scores_step, sum_step
-from ..kernel.tiles import HeadTensor, Positions, Rows, block_loop, cached_rows, head_pointer, lane_layout, tiles, zeroed
+from ..kernel.tiles import (HeadTensor, Positions, Rows, block_loop, cached_rows, head_pointer, lane_layout, tiles,
+                            zeroed)
 from ..kernel.stores import store_rows
 from ..storage.staging import StagedTensor
 from . import backward_summary, operands, staged_steps

@@ -257,7 +257,8 @@ def describe(problem: AttentionProblem, *, family: str = CPU_FAMILY, bake_length
     return KernelDescriptor(**facts, o=o, return_lse=p.return_lse, products=products,
                             query_rows=rows.query_rows(p, family), key_block=key_block,
                             split_keys=invariance.split_keys(key_block) if p.batch_invariant else 0,
-                            cache_q=row.cache_q and products == SIMDGROUP_MATRIX, rows=rows, o_block=0 if rows.packed else row.o_block,
+                            cache_q=row.cache_q and products == SIMDGROUP_MATRIX, rows=rows,
+                            o_block=0 if rows.packed else row.o_block,
                             tile_type=operand_tile_type(p.dtype, family, row.tiles16),
                             weight_tile_type=operand_tile_type(p.dtype, family, row.p16),
                             stage_kv=rows.packed or rows.stages(p, family), vector_pairs=pairs)

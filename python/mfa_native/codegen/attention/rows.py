@@ -100,7 +100,8 @@ def backward_blocks(p, family: str, row, query_rows: int, key_rows: int) -> dict
     stage_q_dout = stages_blocks(p, row.stage_q_dout, key_rows, products)
     return dict(products=products, stage_kv=stage_kv, stage_q_dout=stage_q_dout,
                 key_block=stage_rows(p, width, row.key_block, query_rows * tensor) if stage_kv else row.key_block,
-                query_block=stage_rows(p, width, row.query_block, key_rows * tensor) if stage_q_dout else row.query_block)
+                query_block=(stage_rows(p, width, row.query_block, key_rows * tensor) if stage_q_dout
+                             else row.query_block))
 
 
 def threadgroup_span(first: str, rows: int, end: str, staged: bool) -> dict[str, str]:

@@ -120,14 +120,15 @@ class ThreadgroupProducts:
         lhs and rhs MSL tensors agreeing on K, which the descriptor takes from them
         (dynamic_length_v: a static K must be a multiple of 32 since macOS 26.1, ccv's notes say)."""
         descriptor = (f"mpp::tensor_ops::matmul2d_descriptor({self.rows}, {n}, mpp::tensor_ops::dynamic_length_v<int>, "
-                      f"false, {str(transpose_rhs).lower()}, false, mpp::tensor_ops::matmul2d_descriptor::mode::multiply)")
+                      f"false, {str(transpose_rhs).lower()}, false, "
+                      "mpp::tensor_ops::matmul2d_descriptor::mode::multiply)")
         return ["{", *indent([
             f"auto left = {lhs};",
             f"auto right = {rhs};",
             f"mpp::tensor_ops::matmul2d<{descriptor}, execution_simdgroups<{self.simdgroups}>> product;",
             f"auto out = product.get_destination_cooperative_tensor<decltype(left), decltype(right), {self.sums}>();",
             "product.run(left, right, out);",
-            f"out.store(tensor({OUT}, dextents<int32_t, 2>({n}, {self.rows})));  // through the API: no layout assumed"]),
+            f"out.store(tensor({OUT}, dextents<int32_t, 2>({n}, {self.rows})));  // by the API: no layout assumed"]),
             "}"]
 
     @staticmethod

@@ -21,6 +21,7 @@ def assemble(plan: LaunchPlan, *, summary: list[str], builtins: list[str], body:
     behind declarations of the sizes and named constants it uses."""
     text = "\n".join(body)
     declarations = constants(plan.sizes, text)
-    lines = (header(plan, summary, libraries(text)) + functions(text) + sizes_struct(plan.sizes) + signature(plan, builtins)
+    lines = (header(plan, summary, libraries(text)) + functions(text) + sizes_struct(plan.sizes)
+             + signature(plan, builtins)
              + ["{"] + indent(declarations + [""] + body) + ["}"])
     return KernelSource("\n".join(lines) + "\n", plan)
