@@ -10,7 +10,7 @@ from test_codegen import UNSUFFIXED_FLOAT, code_of, kernel_of, signature_buffers
 
 from mfa_native import codegen
 from mfa_native.codegen import AttentionBackwardProblem, AttentionProblem, attention_backward_pass, describe_backward
-from mfa_native.codegen.attention.rows import ITEM_BYTES, STAGE_BYTES
+from mfa_native.codegen.attention.stage_sizes import ITEM_BYTES, STAGE_BYTES
 from mfa_native.codegen.kernel.msl import float_literal
 from mfa_native.codegen.kernel.products import threadgroup_bytes
 from mfa_native.codegen.kernel.tables import BACKWARD_TABLES, backward_tile_row

@@ -16,7 +16,7 @@ from mfa_native.codegen import (AttentionProblem, attention_kernel, attention_pa
                                 kv_split, sizes_of)
 from mfa_native.codegen.kernel.msl import float_literal
 from mfa_native.codegen.kernel.tables import TABLES, tile_row
-from mfa_native.codegen.attention.rows import ITEM_BYTES, STAGE_BYTES
+from mfa_native.codegen.attention.stage_sizes import ITEM_BYTES, STAGE_BYTES
 from mfa_native.codegen.kernel.products import threadgroup_bytes
 
 # A floating literal without its suffix: digits with a point or an exponent, not followed by f/h.

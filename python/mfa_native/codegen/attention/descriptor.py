@@ -32,7 +32,8 @@ from .masking import MaskRules
 from .pairs import vector_pairs
 from .problem import AttentionBackwardProblem, AttentionProblem
 from .visits import KeyWalk
-from .rows import backward_blocks, shrunk
+from .rows import shrunk
+from .stage_sizes import backward_blocks
 from .scale import SCALE_SIZE_DOCS, SCALE_SIZE_NAMES, scale_sizes, scale_terms
 
 # The runtime sizes, by their names in the generated MSL; split-KV kernels add
@@ -135,7 +136,7 @@ class BackwardDescriptor(AttentionFacts):
     stage_q_dout: bool = False  # dK/dV kernel: each query block's Q and dO rows, the same
     weight_tile_type: str = "float"  # of P, dS and K, dO, Q in dQ += dS K, dV += P^T dO, dK += dS^T Q (p16)
     vector_pairs: frozenset[str] = frozenset()  # operands whose row pairs are vector accesses (vector_access)
-    products: str = SIMDGROUP_MATRIX  # how the products are computed (kernel/products.py; rows.backward_blocks)
+    products: str = SIMDGROUP_MATRIX  # how the products are computed (kernel/products.py; stage_sizes.backward_blocks)
 
 
 def sizes_of(problem: AttentionProblem, split: tuple[int, int] | None = None) -> dict[str, int]:

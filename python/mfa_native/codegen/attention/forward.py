@@ -48,7 +48,8 @@ from .descriptor import KernelDescriptor
 from .masking import MaskRules, bias_over_keys, key_range, mask_row_pointer
 from .tensor_views import forward_views
 from .pairs import pair_type
-from .rows import row_index, stages_apart, threadgroup_span
+from .rows import row_index, threadgroup_span
+from .stage_sizes import stages_apart
 from .scores import buffers, describe as describe_scores, element, setup
 from .softmax import online_softmax, sink_state, stored_lse
 

@@ -1,6 +1,6 @@
 """A kernel's block steps reading the walked rows from threadgroup memory: what the forward and
 backward kernels share when they stage (packed heads always; per head where the tile table's
-stage_kv / stage_q_dout says so, rows.stages_blocks).
+stage_kv / stage_q_dout says so, stage_sizes.stages_blocks).
 
 Each step, the threadgroup fills the stage with the block's rows (storage/staging.py: one
 barrier before, one after; with a mask, the first barrier takes the simdgroups' SkipVote on the

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .descriptor import KernelDescriptor
 from .keys import DENSE
 from .problem import AttentionProblem
-from .rows import ITEM_BYTES
+from .stage_sizes import ITEM_BYTES
 
 
 def modelled(problem: AttentionProblem) -> bool:

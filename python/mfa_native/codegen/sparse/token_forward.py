@@ -18,7 +18,8 @@ from functools import lru_cache
 from ..attention import operands
 from ..attention.descriptor import KernelDescriptor
 from ..attention.forward import BUILTINS
-from ..attention.rows import row_index, stages_apart
+from ..attention.rows import row_index
+from ..attention.stage_sizes import stages_apart
 from ..attention.scores import Element, buffers, element, setup
 from ..attention.softmax import online_softmax, sink_state, stored_lse
 from ..kernel.msl import MSL_TYPES, indent, loop, offset

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..attention.visits import KEY_VISITS, Kernels, KeyVisit, KeyWalk, Steps
-from ..attention.rows import stage_rows, staged_width
+from ..attention.stage_sizes import stage_rows, staged_width
 from ..kernel.products import SIMDGROUP_MATRIX
 from ..kernel.layouts import OperandLayout, operand_layout
 from ..kernel.tables import tile_row
