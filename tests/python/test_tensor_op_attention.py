@@ -139,16 +139,16 @@ def test_the_kernels_are_tensor_op_kernels():
     assert backward_products("float16", 576, 512, 1, 1, 8, 8) != TENSOR_OPS
 
 
-def test_mla_head_dims(rng):
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.exhaustive)])
+def test_mla_head_dims(rng, dtype):
     """D 576 / Dv 512 (DeepSeek's MLA) through tensor ops: the forward's own row, and the
     backward's tensor-op row forced (its table keeps simdgroup matrices there)."""
-    q, k, v = make_inputs(rng, Hq=1, Hkv=1, R=12, C=40, D=576, Dv=512, dtype="bfloat16")
+    q, k, v = make_inputs(rng, Hq=1, Hkv=1, R=12, C=40, D=576, Dv=512, dtype=dtype)
     with apple10():
         check(q, k, v, causal=True)
     staged = dict(query_rows=8, key_rows=8, key_block=16, query_block=16, stage_kv=True, stage_q_dout=True)
     with apple10(backward=staged) as family:
-        problem = codegen.AttentionBackwardProblem(codegen.AttentionProblem(1, 1, 1, 12, 40, 576, 512,
-                                                                            dtype="bfloat16"))
+        problem = codegen.AttentionBackwardProblem(codegen.AttentionProblem(1, 1, 1, 12, 40, 576, 512, dtype=dtype))
         assert describe_backward(problem, family=family).products == TENSOR_OPS
         check_backward(rng, q, k, v, causal=True)
 
