@@ -152,7 +152,7 @@ class TensorOps : public ::testing::Test {
 };
 
 // C = A * B into a device tensor, as llama.cpp's kernel_mul_mm makes its
-// views: dynamic extents, K read from A's extents (dynamic_extent).
+// views: dynamic extents, K read from A's extents (dynamic_length_v<int>).
 const char* kDeviceGemm = R"(
 #include <metal_stdlib>
 #include <metal_tensor>
@@ -166,7 +166,7 @@ kernel void device_gemm(device const $T* a [[buffer(0)]],
   auto tA = tensor((device $T*)a, dextents<int32_t, 2>(k, 32));
   auto tB = tensor((device $T*)b, dextents<int32_t, 2>(16, k), array<int, 2>({1, 16}));
   auto tC = tensor(c, dextents<int32_t, 2>(16, 32));
-  mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(32, 16, static_cast<int>(dynamic_extent)),
+  mpp::tensor_ops::matmul2d<mpp::tensor_ops::matmul2d_descriptor(32, 16, mpp::tensor_ops::dynamic_length_v<int>),
                             execution_simdgroups<4>> mm;
   mm.run(tA, tB, tC);
 }
@@ -242,7 +242,7 @@ kernel void edge_tiles(device const half* a [[buffer(0)]],
   auto tA = tensor((device half*)a, dextents<int32_t, 2>(shape.z, shape.x));
   auto tB = tensor((device half*)b_t, dextents<int32_t, 2>(shape.z, shape.y));
   auto tC = tensor(c, dextents<int32_t, 2>(shape.y, shape.x));
-  matmul2d<matmul2d_descriptor(16, 16, static_cast<int>(dynamic_extent), false, true, true), execution_simdgroups<2>> mm;
+  matmul2d<matmul2d_descriptor(16, 16, dynamic_length_v<int>, false, true, true), execution_simdgroups<2>> mm;
   auto mA = tA.slice(0, group.y * 16);
   auto mB = tB.slice(0, group.x * 16);
   auto cT = mm.get_destination_cooperative_tensor<decltype(mA), decltype(mB), float>();

@@ -196,9 +196,8 @@ class matmul2d {
   cooperative_tensor_left_input_t<LeftElementType, RightElementType, ElementType, CoordType>
   get_left_input_cooperative_tensor(const metal::cooperative_tensor<SourceElement, SourceExtents, SourceLayout>& source,
                                     mfa_shim::call_site at = mfa_shim::call_site()) const {
-    auto target = get_left_input_cooperative_tensor<LeftElementType, RightElementType, ElementType, CoordType>();
-    mfa_shim::redistribute("get_left_input_cooperative_tensor", source, target, at);
-    return target;
+    return converted("get_left_input_cooperative_tensor", source,
+                     get_left_input_cooperative_tensor<LeftElementType, RightElementType, ElementType, CoordType>(), at);
   }
 
   template <class LeftElementType, class RightElementType, class ElementType, class CoordType = int>
@@ -217,9 +216,8 @@ class matmul2d {
   cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>
   get_right_input_cooperative_tensor(const metal::cooperative_tensor<SourceElement, SourceExtents, SourceLayout>& source,
                                      mfa_shim::call_site at = mfa_shim::call_site()) const {
-    auto target = get_right_input_cooperative_tensor<LeftElementType, RightElementType, ElementType, CoordType>();
-    mfa_shim::redistribute("get_right_input_cooperative_tensor", source, target, at);
-    return target;
+    return converted("get_right_input_cooperative_tensor", source,
+                     get_right_input_cooperative_tensor<LeftElementType, RightElementType, ElementType, CoordType>(), at);
   }
 
   template <class LeftOperand, class RightOperand, class ElementType, class CoordType = int>
@@ -298,6 +296,13 @@ class matmul2d {
   }
 
  private:
+  // `target`, a new operand cooperative tensor of this op, holding `source`'s matrix (a collective).
+  template <class Source, class Target>
+  static Target converted(const char* op, const Source& source, Target target, const mfa_shim::call_site& at) {
+    mfa_shim::redistribute(op, source, target, at);
+    return target;
+  }
+
   static constexpr void check_cooperative_operands_allowed() {
     static_assert(scope_threads::threads == mfa_abi::kSimdWidth,
                   "matmul2d: cooperative-tensor operands need execution_simdgroup on the cpu backend");

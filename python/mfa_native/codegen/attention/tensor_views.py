@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..kernel.msl import MSL_TYPES, loop
-from ..kernel.products import BARRIER, TENSOR_OPS, RowsView, ThreadgroupProducts, device_rows, staged_rows
+from ..kernel.msl import BARRIER, MSL_TYPES, loop
+from ..kernel.products import TENSOR_OPS, RowsView, ThreadgroupProducts, device_rows, staged_rows
 from ..kernel.tiles import HeadTensor, index
 from .descriptor import BackwardDescriptor, KernelDescriptor
 

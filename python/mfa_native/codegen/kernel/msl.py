@@ -18,6 +18,9 @@ MSL_TYPES = MSL_ELEMENTS
 BUILTINS_THREAD = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_threadgroup]]"]
 BUILTINS_LANE = ["uint3 group [[threadgroup_position_in_grid]]", "ushort lane [[thread_index_in_simdgroup]]"]
 
+# Every thread of the threadgroup waits here, and its threadgroup memory writes are seen after.
+BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+
 # Loops over register tiles must unroll, or the tiles spill out of registers.
 UNROLL = "#pragma clang loop unroll(full)"
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from .accumulators import Accumulator
 from .layouts import OperandLayout
-from .msl import extent, indent, loop, offset
+from .msl import BARRIER, extent, indent, loop, offset
 from .tiles import Rows, accumulate, scores, tiles
 
 SIMDGROUP_MATRIX = "simdgroup_matrix"
@@ -40,7 +40,6 @@ TENSOR_OPS = "tensor_ops"
 # The headers a tensor-op kernel includes beyond metal_stdlib (`libraries`).
 LIBRARIES = ("metal_tensor", "MetalPerformancePrimitives/MetalPerformancePrimitives.h")
 
-BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
 OUT = "product_out"          # threadgroup: a product's destination, stored for the lanes
 WEIGHTS = "weights_stage"    # threadgroup: the weights (P, dS) as a product's left operand
 CHUNK = 64                   # output features per product of the weights with a block of rows

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..kernel.msl import BUILTINS_LANE, MSL_TYPES, indent, loop
+from ..kernel.msl import BARRIER, BUILTINS_LANE, MSL_TYPES, indent, loop
 from ..kernel.plan import GridAxis, LaunchPlan, Operand
 from ..kernel.sizes import SIZES_OPERAND, Extent
 from ..kernel.source import KernelSource, assemble
@@ -33,7 +33,6 @@ TOPK_LIMIT = 2048        # the running list's capacity: L = min(topk, C) must fi
 STREAM_THREADS = 256     # 8 simdgroups
 SIMD_KEYS = 32           # keys each simdgroup scores per block
 BLOCK_KEYS = STREAM_THREADS // 32 * SIMD_KEYS   # 256: one entry per thread
-BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
 BUILTINS = [BUILTINS_LANE[0], "ushort simd_index [[simdgroup_index_in_threadgroup]]", BUILTINS_LANE[1]]
 LIST, BLOCK = Run("list_scores", "list_keys"), Run("block_scores", "block_keys")
 RUNS = Extent(1, ("B", "R", "S", "L"))

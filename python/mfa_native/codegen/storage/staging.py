@@ -26,11 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..kernel.layouts import OperandLayout
-from ..kernel.msl import MSL_TYPES, loop
+from ..kernel.msl import BARRIER, MSL_TYPES, loop
 from .facet import StorageFacts
 from .stored import PLAIN
 
-BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
 
 
 @dataclass(frozen=True)
