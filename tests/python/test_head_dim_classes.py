@@ -7,7 +7,8 @@ The forward families (dense forward, split-KV decode, sparse-indexed, block-spar
 the forward table's classes, the backward ones (dense, sparse-indexed and block-sparse
 backward) the backward table's. The default run takes the cpu device's GPU family (apple9)
 and one dtype per precision group (float32; float16 for the 16-bit rows); -m exhaustive adds
-bfloat16 and apple7's tables (run here through tuned_as)."""
+the other families' tables (run here through tuned_as) and bfloat16, in a Latin square
+(`cases`)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,19 @@ def classes(table: list) -> list[int]:
 
 
 def cases(tables: dict, direction: str) -> list:
-    out = []
+    """The default run: the cpu device's family, every class, the first dtype of each precision.
+    -m exhaustive adds the other families, each class in one dtype of its precision (the two
+    16-bit dtypes alternating over the classes, and from one family to the next, so every
+    class runs in both and every family in both), and bfloat16 on every other apple9 class."""
+    out, families = [], sorted({family for family, _ in tables})
     for (family, precision), table in sorted(tables.items()):
-        for d in classes(table):
-            for i, dtype in enumerate(PRECISIONS[precision]):
-                exhaustive = family != CPU_FAMILY or i > 0
+        dtypes = PRECISIONS[precision]
+        for j, d in enumerate(classes(table)):
+            if family == CPU_FAMILY:
+                chosen = [(dtypes[0], False)] + ([(dtypes[1], True)] if len(dtypes) > 1 and j % 2 else [])
+            else:
+                chosen = [(dtypes[(j + families.index(family)) % len(dtypes)], True)]
+            for dtype, exhaustive in chosen:
                 marks = [pytest.mark.exhaustive] if exhaustive else []
                 out.append(pytest.param(family, dtype, d, marks=marks, id=f"{family}-{dtype}-D{d}-{direction}"))
     return out
