@@ -69,6 +69,11 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
     ({"op": "attention_with_kvcache", "head_dim": [64], "page_size": [0]}, "'page_size' values must be null"),
     ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["affine"]}, "'cache' value 'affine' is not one of"),
     ({"op": "attention_with_kvcache", "head_dim": [48], "cache": ["q8_0"]}, "multiples of 32, got 48"),
+    ({"op": "int8_attention", "head_dim": [264]}, "int8_attention's head dimensions are 1..256, got 264"),
+    ({"op": "int8_attention", "head_dim": [64], "score_mod": [None]}, "unknown keys"),
+    ({"op": "int8_attention", "head_dim": [64], "qk_scale": ["row"]}, "'qk_scale' value 'row' is not one of"),
+    ({"op": "int8_attention", "head_dim": [64], "smooth_k": ["yes"]}, "'smooth_k' values must be true or false"),
+    ({"op": "int8_attention", "head_dim": [64], "pv": ["int4"]}, "'pv' value 'int4' is not one of"),
 ])
 def test_spec_errors_name_the_key(family, message):
     with pytest.raises(ValueError, match=message):
