@@ -28,6 +28,11 @@ window, sinks, softcap, alibi and family as attention's, and three keys of its o
 `append` whether a call writes k and v into the cache, omitted both. Rn, the block table's
 width and the page count are runtime values.
 
+An "int8_attention" family (Python's int8_attention: q, k, v quantized to int8 on the device,
+forward only, no score_mod) takes attention's other keys, head dimensions 1..256, and three
+of its own, each omitted every value: `qk_scale` of "token" and "tile", `smooth_k` of true
+and false, `pv` of "int8" and "float".
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -47,6 +52,7 @@ from dataclasses import dataclass
 from ..codegen import FAMILIES, MAX_HEAD_DIM
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.attention.problem import CAUSAL, DTYPES, LAYOUTS, MASKS
+from ..codegen.int8.problem import INT8_MAX_HEAD_DIM, PV_MODES, QK_SCALES
 from ..ops.arguments import softcap_value
 from ..quant_formats import GGUF_BLOCK, GGUF_BLOCKS
 
@@ -56,6 +62,10 @@ KVCACHE = "attention_with_kvcache"
 KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
                 "family", "page_size", "cache", "append")
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
+INT8 = "int8_attention"
+INT8_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
+             "layout", "softcap", "alibi", "family", "qk_scale", "smooth_k", "pv")
+OP_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, INT8: INT8_KEYS}   # each op's spec keys
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -65,7 +75,8 @@ class EntryFacts:
     """One entry: the facts its kernels bake. mask_dtype is None without a mask ("bool" for
     a bool mask), window whether its kernels take a window (any, at run time); softcap, alibi
     and score_mod the score transforms (spec keys); op, and a KV-cache entry's page_size
-    (None: contiguous), cache (its storage) and append."""
+    (None: contiguous), cache (its storage) and append; an int8 entry's qk_scale, smooth_k
+    and pv (Int8Problem's)."""
 
     dtype: str
     head_dim: int
@@ -86,6 +97,9 @@ class EntryFacts:
     page_size: int | None = None
     cache: str = "plain"
     append: bool = False
+    qk_scale: str = "token"
+    smooth_k: bool = True
+    pv: str = "int8"
 
     def to_json(self) -> dict:
         score_mod = None if self.score_mod is None else {
@@ -96,7 +110,8 @@ class EntryFacts:
                 "softcap": self.softcap, "alibi": self.alibi, "score_mod": score_mod,
                 "family": self.family, "backward": self.backward,
                 **({"page_size": self.page_size, "cache": self.cache, "append": self.append} if self.op == KVCACHE
-                   else {})}
+                   else {}),
+                **({"qk_scale": self.qk_scale, "smooth_k": self.smooth_k, "pv": self.pv} if self.op == INT8 else {})}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -167,9 +182,9 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if "scale" in family:
         raise ValueError(f"{where}: 'scale' is not a key: every entry takes the scale at run time (a call's scale)")
     op = family.get("op")
-    if op not in ("attention", KVCACHE):
-        raise ValueError(f"{where}: 'op' must be \"attention\" or \"{KVCACHE}\", got {op!r}")
-    keys = KEYS if op == "attention" else KVCACHE_KEYS
+    if op not in OP_KEYS:
+        raise ValueError(f"{where}: 'op' must be one of {list(OP_KEYS)}, got {op!r}")
+    keys = OP_KEYS[op]
     unknown = sorted(set(family) - set(keys))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; an {op} family has {list(keys)}")
@@ -186,6 +201,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     causals = _choices(_list(family, "causal", list(CAUSAL), where), CAUSAL, "causal", where)
     if op == KVCACHE:   # layout bshd, no mask, forward only: the call's own
         family = {**family, "mask": ["none"], "layout": ["bshd"], "backward": False}
+    if op == INT8:   # forward only, no score_mod
+        family = {**family, "backward": False}
     masks = _choices(_list(family, "mask", list(MASKS), where), MASKS, "mask", where)
     mask_dtypes = _choices(_list(family, "mask_dtype", list(DTYPES), where), DTYPES, "mask_dtype", where)
     windows = _bools(_list(family, "window", [False, True], where), "window", where)
@@ -200,18 +217,19 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
     caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False)]
+    int8s = _int8_keys(family, head_dims, value_dims, where) if op == INT8 else [("token", True, "int8")]
 
     entries = []
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
-        for dv, (page_size, cache, append) in itertools.product(value_dims or [d], caches):
+        for dv, (page_size, cache, append), int8 in itertools.product(value_dims or [d], caches, int8s):
             if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
                 raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
                                  f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
                 entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append))
+                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append, *int8))
     return entries
 
 
@@ -225,6 +243,18 @@ def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool]]:
     caches = _choices(_list(family, "cache", list(CACHES), where), CACHES, "cache", where)
     appends = _bools(_list(family, "append", [False, True], where), "append", where)
     return list(itertools.product(pages, caches, appends))
+
+
+def _int8_keys(family: dict, head_dims: list[int], value_dims: list[int] | None,
+               where: str) -> list[tuple[str, bool, str]]:
+    """An int8 family's (qk_scale, smooth_k, pv) crossed; its head dimensions checked."""
+    for d in head_dims + (value_dims or []):
+        if d > INT8_MAX_HEAD_DIM:
+            raise ValueError(f"{where}: int8_attention's head dimensions are 1..{INT8_MAX_HEAD_DIM}, got {d}")
+    qk_scales = _choices(_list(family, "qk_scale", list(QK_SCALES), where), QK_SCALES, "qk_scale", where)
+    smooth_ks = _bools(_list(family, "smooth_k", [True, False], where), "smooth_k", where)
+    pvs = _choices(_list(family, "pv", list(PV_MODES), where), PV_MODES, "pv", where)
+    return list(itertools.product(qk_scales, smooth_ks, pvs))
 
 
 def entries_of(spec: dict | str) -> list[EntryFacts]:

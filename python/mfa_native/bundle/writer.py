@@ -25,15 +25,15 @@ import json
 from dataclasses import asdict, replace
 from typing import Callable
 
-from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, attention_backward_template,
-                       attention_template, packs_plain_heads)
+from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, Int8Problem,
+                       attention_backward_template, attention_template, int8_attention_template, packs_plain_heads)
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
 from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION
-from .spec import KVCACHE, EntryFacts
+from .spec import INT8, KVCACHE, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
 # (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
@@ -108,9 +108,17 @@ def forward_templates(facts: EntryFacts) -> list[dict]:
     """The forward's templates (lse always stored: a caller that does not want it gets an
     intermediate; the output is the same)."""
     lengths = query_lengths(facts)
+    if facts.op == INT8:   # no split-KV pair: the tiles depend on R alone
+        return _unique(int8_attention_template(int8_problem(facts, problem(facts, r, NO_SPLIT[0])), family=facts.family)
+                       for r in lengths)
     points = [(r, *NO_SPLIT) for r in lengths] + [(r, *SPLIT) for r in lengths if r <= MAX_SPLIT_ROWS]
     return _unique(attention_template(problem(facts, r, c), family=facts.family, parallel_threadgroups=p)
                    for r, c, p in points)
+
+
+def int8_problem(facts: EntryFacts, p: AttentionProblem) -> Int8Problem:
+    """`p` as int8 attention with the entry's quantization choices."""
+    return Int8Problem(p, qk_scale=facts.qk_scale, smooth_k=facts.smooth_k, pv=facts.pv)
 
 
 def backward_templates(facts: EntryFacts) -> list[dict]:
@@ -125,6 +133,8 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     if op == KVCACHE:
         cache = (f" page_size={facts['page_size'] or 'none'} cache={facts['cache']} "
                  f"append={'yes' if facts['append'] else 'no'}")
+    elif op == INT8:
+        cache = f" qk_scale={facts['qk_scale']} smooth_k={'yes' if facts['smooth_k'] else 'no'} pv={facts['pv']}"
     return (f"{op} {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
             f"causal={facts['causal']} mask={mask} window={'yes' if facts['window'] else 'no'} sinks={'yes' if facts['sinks'] else 'no'} "
             f"layout={facts['layout']}{scores_text(facts)}{cache} family={facts['family']} "
