@@ -13,6 +13,7 @@
 #include "core/pass_template.hpp"
 #include "core/size_expression.hpp"
 #include "mfa/attention.hpp"
+#include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
 
 namespace nb = nanobind;
@@ -156,6 +157,29 @@ void bind_bundle(nb::module_& m) {
         "mask"_a = nb::none(), "sinks"_a = nb::none(), "layout"_a = "bhsd", "softcap"_a = nb::none(),
         "alibi_slopes"_a = nb::none(), "score_mod"_a = "", "score_mod_tensors"_a = std::vector<ViewSpec>(),
         "Test hook: mfa::attention_backward on views of caller memory.");
+
+  m.def("_bundle_int8_attention",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& out, const std::optional<ViewSpec>& lse, std::optional<double> scale,
+           const std::string& causal, std::optional<std::pair<std::int64_t, std::int64_t>> window,
+           const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout,
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes, const std::string& qk_scale,
+           bool smooth_k, const std::string& pv) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions a = options_of(scale, causal, window, mask, sinks, layout, softcap, alibi_slopes,
+                                                "", {});
+          Int8AttentionOptions o;
+          o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.mask = a.mask, o.sinks = a.sinks;
+          o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes, o.layout = a.layout;
+          o.qk_scale = qk_scale, o.smooth_k = smooth_k, o.pv = pv;
+          const std::optional<TensorView> rows = view_of(lse);
+          nb::gil_scoped_release release;
+          int8_attention(device, bundle, view_of(q), view_of(k), view_of(v), view_of(out), o, rows ? &*rows : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "scale"_a = nb::none(),
+        "causal"_a = "none", "window"_a = nb::none(), "mask"_a = nb::none(), "sinks"_a = nb::none(),
+        "layout"_a = "bhsd", "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(), "qk_scale"_a = "token",
+        "smooth_k"_a = true, "pv"_a = "int8", "Test hook: mfa::int8_attention on views of caller memory.");
 
   m.def("_bundle_attention_with_kvcache",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k_cache,

@@ -36,7 +36,8 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          (!e.softcap || float(*e.softcap) == float(*want.softcap)) &&
          e.alibi == want.alibi && e.score_mod == want.score_mod && e.score_mod_tensors == want.score_mod_tensors &&
          e.family == want.family && (!want.backward || e.backward) && e.op == want.op &&
-         e.page_size == want.page_size && e.cache == want.cache && e.append == want.append;
+         e.page_size == want.page_size && e.cache == want.cache && e.append == want.append &&
+         e.qk_scale == want.qk_scale && e.smooth_k == want.smooth_k && e.pv == want.pv;
 }
 
 [[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {
@@ -169,6 +170,14 @@ SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entr
   for (const auto& [name, logical] : strided)
     for (std::size_t i = 0; i < logical.size() && i < 4; ++i) sizes[name + "_" + axes[i] + "_stride"] = logical[i];
   return sizes;
+}
+
+void run_entry(const Device& device, CommandBatch* batch, const Bundle& bundle, const BundleFacts& want,
+               const Binder& binder, const Problem& p, const AttentionOptions& options) {
+  const BundleEntry& entry = entry_for(bundle, want);
+  const PassViews views(device, binder, options);
+  run(device, batch, want.backward ? entry.backward : entry.forward, entry.line,
+      sizes_of(p, device, entry, views.strided), views);
 }
 
 void zero(const Checked& view) {

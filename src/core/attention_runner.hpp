@@ -57,6 +57,12 @@ SizeEnv sizes_of(const attention_problem::Problem& p, const Device& device, cons
 void run(const Device& device, CommandBatch* batch, const std::vector<PassTemplate>& templates,
          const std::string& entry_line_text, const SizeEnv& sizes, const PassViews& views);
 
+// The pass of the entry serving `want` (its backward with want.backward) for a call of `p`
+// checked by `binder`, on the call's views: what attention, attention_backward and
+// int8_attention run, each with its own facts.
+void run_entry(const Device& device, CommandBatch* batch, const Bundle& bundle, const BundleFacts& want,
+               const Binder& binder, const attention_problem::Problem& p, const AttentionOptions& options);
+
 // Writes zeros over a contiguous written view.
 void zero(const Checked& view);
 

@@ -34,6 +34,7 @@ std::string hex(const unsigned char* p, std::size_t n) {
 }
 
 constexpr const char* kKVCache = "attention_with_kvcache";
+constexpr const char* kInt8 = "int8_attention";
 
 BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
@@ -70,6 +71,11 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
     facts.cache = f.at("cache").as_string("cache");
     facts.append = f.at("append").as_bool("append");
   }
+  if (op == kInt8) {
+    facts.qk_scale = f.at("qk_scale").as_string("qk_scale");
+    facts.smooth_k = f.at("smooth_k").as_bool("smooth_k");
+    facts.pv = f.at("pv").as_string("pv");
+  }
   return facts;
 }
 
@@ -92,7 +98,7 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
     const std::string op = record.at("op").as_string("op");
-    if (op != "attention" && op != kKVCache) continue;  // ops a later writer may add
+    if (op != "attention" && op != kKVCache && op != kInt8) continue;  // ops a later writer may add
     BundleEntry entry;
     entry.facts = facts_of(op, record.at("facts"));
     entry.forward = templates_of(record.at("forward"), "forward");
@@ -128,6 +134,8 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.op == kKVCache)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " cache=" + f.cache +
             " append=" + (f.append ? "yes" : "no");
+  else if (f.op == kInt8)
+    cache = " qk_scale=" + f.qk_scale + " smooth_k=" + (f.smooth_k ? "yes" : "no") + " pv=" + f.pv;
   return f.op + " " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
          " gqa=" + std::to_string(f.gqa_ratio) + " causal=" + f.causal + " mask=" + mask + " window=" + window +
          " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + scores + cache + " family=" + f.family +

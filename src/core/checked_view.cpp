@@ -72,6 +72,7 @@ Checked broadcast(const Checked& given, const std::vector<std::int64_t>& target)
 }
 
 void require_contiguous(const Checked& view) {
+  if (view.elements == 0) return;  // nothing is written: any strides (numpy gives an empty array 0s) do
   std::vector<std::int64_t> dense = contiguous(view.shape);
   for (std::size_t i = 0; i < view.shape.size(); ++i)
     if (view.shape[i] == 1) dense[i] = 0;
