@@ -15,6 +15,7 @@
 #include "mfa/attention.hpp"
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/merge.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -180,6 +181,21 @@ void bind_bundle(nb::module_& m) {
         "causal"_a = "none", "window"_a = nb::none(), "mask"_a = nb::none(), "sinks"_a = nb::none(),
         "layout"_a = "bhsd", "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(), "qk_scale"_a = "token",
         "smooth_k"_a = true, "pv"_a = "int8", "Test hook: mfa::int8_attention on views of caller memory.");
+
+  m.def("_bundle_merge_attention",
+        [](const std::string& kind, const Bundle& bundle, const std::vector<ViewSpec>& outputs,
+           const std::vector<ViewSpec>& lses, const ViewSpec& out, const ViewSpec& lse, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions a = options_of(std::nullopt, "none", std::nullopt, std::nullopt, std::nullopt, layout,
+                                                std::nullopt, std::nullopt, "", {});
+          std::vector<TensorView> parts, rows;
+          for (const ViewSpec& o : outputs) parts.push_back(view_of(o));
+          for (const ViewSpec& l : lses) rows.push_back(view_of(l));
+          nb::gil_scoped_release release;
+          merge_attention(device, bundle, parts, rows, view_of(out), view_of(lse), a.layout);
+        },
+        "device"_a, "bundle"_a, "outputs"_a, "lses"_a, "out"_a, "lse"_a, "layout"_a = "bhsd",
+        "Test hook: mfa::merge_attention on views of caller memory.");
 
   m.def("_bundle_attention_with_kvcache",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k_cache,

@@ -35,9 +35,18 @@ std::string hex(const unsigned char* p, std::size_t n) {
 
 constexpr const char* kKVCache = "attention_with_kvcache";
 constexpr const char* kInt8 = "int8_attention";
+constexpr const char* kMerge = "merge_attention";
 
 BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
+  if (op == kMerge) {  // spec.py's EntryFacts.to_json: a merge's own facts only
+    facts.op = op;
+    facts.dtype = f.at("dtype").as_string("dtype");
+    facts.value_dim = f.at("value_dim").as_int("value_dim");
+    facts.parts = f.at("parts").as_int("parts");
+    facts.layout = f.at("layout").as_string("layout");
+    return facts;
+  }
   facts.dtype = f.at("dtype").as_string("dtype");
   facts.head_dim = f.at("head_dim").as_int("head_dim");
   facts.value_dim = f.at("value_dim").as_int("value_dim");
@@ -98,7 +107,7 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
     const std::string op = record.at("op").as_string("op");
-    if (op != "attention" && op != kKVCache && op != kInt8) continue;  // ops a later writer may add
+    if (op != "attention" && op != kKVCache && op != kInt8 && op != kMerge) continue;  // ops a later writer may add
     BundleEntry entry;
     entry.facts = facts_of(op, record.at("facts"));
     entry.forward = templates_of(record.at("forward"), "forward");
@@ -120,6 +129,9 @@ const Declaration& Bundle::Contents::declaration(const std::string& op) const {
 }
 
 std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
+  if (f.op == kMerge)
+    return f.op + " " + f.dtype + " Dv=" + std::to_string(f.value_dim) + " parts=" + std::to_string(f.parts) +
+           " layout=" + f.layout + " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
   const std::string window = f.window ? "yes" : "no";
   const std::string mask = f.mask == "additive" ? "additive:" + f.mask_dtype : f.mask;
   std::string scores;  // writer.py's scores_text

@@ -42,6 +42,8 @@ struct BundleFacts {
   std::string qk_scale = "token";  // an int8_attention entry's quantization (Int8Problem's):
   bool smooth_k = true;            // token or tile scales of q and k, K's mean subtracted,
   std::string pv = "int8";         // P and V as int8 or float
+  std::int64_t parts = 0;          // a merge_attention entry's part count (its other facts:
+                                   // dtype, value_dim, layout)
 };
 
 struct BundleEntry {

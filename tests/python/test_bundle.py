@@ -74,6 +74,10 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
     ({"op": "int8_attention", "head_dim": [64], "qk_scale": ["row"]}, "'qk_scale' value 'row' is not one of"),
     ({"op": "int8_attention", "head_dim": [64], "smooth_k": ["yes"]}, "'smooth_k' values must be true or false"),
     ({"op": "int8_attention", "head_dim": [64], "pv": ["int4"]}, "'pv' value 'int4' is not one of"),
+    ({"op": "merge_attention", "value_dim": [64]}, "'parts' is required"),
+    ({"op": "merge_attention", "parts": [2]}, "'value_dim' is required"),
+    ({"op": "merge_attention", "value_dim": [64], "parts": [0]}, "'parts' values must be integers >= 1"),
+    ({"op": "merge_attention", "value_dim": [64], "parts": [2], "head_dim": [64]}, "unknown keys"),
 ])
 def test_spec_errors_name_the_key(family, message):
     with pytest.raises(ValueError, match=message):

@@ -33,6 +33,10 @@ forward only, no score_mod) takes attention's other keys, head dimensions 1..256
 of its own, each omitted every value: `qk_scale` of "token" and "tile", `smooth_k` of true
 and false, `pv` of "int8" and "float".
 
+A "merge_attention" family (Python's merge_attention: the parts' outputs and lse merged) has
+its own keys only: `value_dim` (required), `parts` (required: how many parts a call merges,
+integers >= 1), dtype and layout (omitted: every one). B, Hq and R are runtime values.
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -65,7 +69,9 @@ CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 INT8 = "int8_attention"
 INT8_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
              "layout", "softcap", "alibi", "family", "qk_scale", "smooth_k", "pv")
-OP_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, INT8: INT8_KEYS}   # each op's spec keys
+MERGE = "merge_attention"
+MERGE_KEYS = ("op", "dtype", "value_dim", "parts", "layout")
+OP_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, INT8: INT8_KEYS, MERGE: MERGE_KEYS}   # each op's spec keys
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -76,7 +82,8 @@ class EntryFacts:
     a bool mask), window whether its kernels take a window (any, at run time); softcap, alibi
     and score_mod the score transforms (spec keys); op, and a KV-cache entry's page_size
     (None: contiguous), cache (its storage) and append; an int8 entry's qk_scale, smooth_k
-    and pv (Int8Problem's)."""
+    and pv (Int8Problem's); a merge entry's parts (its dtype, value_dim and layout as
+    attention's, the other facts unused)."""
 
     dtype: str
     head_dim: int
@@ -100,8 +107,11 @@ class EntryFacts:
     qk_scale: str = "token"
     smooth_k: bool = True
     pv: str = "int8"
+    parts: int = 0
 
     def to_json(self) -> dict:
+        if self.op == MERGE:
+            return {"dtype": self.dtype, "value_dim": self.value_dim, "parts": self.parts, "layout": self.layout}
         score_mod = None if self.score_mod is None else {
             "text": self.score_mod[0], "tensors": [{"dtype": d, "shape": list(s)} for d, s in self.score_mod[1]]}
         return {"dtype": self.dtype, "head_dim": self.head_dim, "value_dim": self.value_dim,
@@ -188,6 +198,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     unknown = sorted(set(family) - set(keys))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; an {op} family has {list(keys)}")
+    if op == MERGE:
+        return _merge_entries(family, where)
     if "head_dim" not in family:
         raise ValueError(f"{where}: 'head_dim' is required (a list of head dimensions, e.g. [64, 128])")
     dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
@@ -255,6 +267,22 @@ def _int8_keys(family: dict, head_dims: list[int], value_dims: list[int] | None,
     smooth_ks = _bools(_list(family, "smooth_k", [True, False], where), "smooth_k", where)
     pvs = _choices(_list(family, "pv", list(PV_MODES), where), PV_MODES, "pv", where)
     return list(itertools.product(qk_scales, smooth_ks, pvs))
+
+
+def _merge_entries(family: dict, where: str) -> list[EntryFacts]:
+    """A merge family's entries: dtype x value_dim x parts x layout."""
+    for key in ("value_dim", "parts"):
+        if key not in family:
+            raise ValueError(f"{where}: {key!r} is required by a merge_attention family")
+    dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
+    value_dims = _dims(_list(family, "value_dim", None, where), "value_dim", where)
+    counts = _list(family, "parts", None, where)
+    for n in counts:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{where}: 'parts' values must be integers >= 1, got {n!r}")
+    layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
+    return [EntryFacts(dtype, 0, dv, 1, "none", "none", None, False, False, layout, "", False, op=MERGE, parts=n)
+            for dtype, dv, n, layout in itertools.product(dtypes, value_dims, counts, layouts)]
 
 
 def entries_of(spec: dict | str) -> list[EntryFacts]:

@@ -27,13 +27,14 @@ from typing import Callable
 
 from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, Int8Problem,
                        attention_backward_template, attention_template, int8_attention_template, packs_plain_heads)
+from ..codegen.attention import merge as codegen_merge
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
 from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION
-from .spec import INT8, KVCACHE, EntryFacts
+from .spec import INT8, KVCACHE, MERGE, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
 # (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
@@ -107,6 +108,10 @@ def _unique(templates) -> list[dict]:
 def forward_templates(facts: EntryFacts) -> list[dict]:
     """The forward's templates (lse always stored: a caller that does not want it gets an
     intermediate; the output is the same)."""
+    if facts.op == MERGE:   # one kernel, every size a runtime value
+        descriptor = codegen_merge.describe_merge(dtype=facts.dtype, value_dim=facts.value_dim, parts=facts.parts,
+                                                  layout=facts.layout)
+        return _unique([codegen_merge.merge_template(descriptor)])
     lengths = query_lengths(facts)
     if facts.op == INT8:   # no split-KV pair: the tiles depend on R alone
         return _unique(int8_attention_template(int8_problem(facts, problem(facts, r, NO_SPLIT[0])), family=facts.family)
@@ -128,6 +133,9 @@ def backward_templates(facts: EntryFacts) -> list[dict]:
 
 def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     """One readable line per entry (the C++ Bundle::entries() prints the same)."""
+    if op == MERGE:
+        return (f"{op} {facts['dtype']} Dv={facts['value_dim']} parts={facts['parts']} layout={facts['layout']} "
+                f"templates={forward}+{backward}")
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
     cache = ""
     if op == KVCACHE:
