@@ -11,6 +11,7 @@
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"
+#include "mfa/quantize.hpp"
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/command_batch.hpp"

@@ -16,6 +16,7 @@
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"
+#include "mfa/quantize.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -33,6 +34,7 @@ DType dtype_of(const std::string& name) {
   if (name == "bool") return DType::bool8;
   if (name == "int32") return DType::int32;
   if (name == "uint8") return DType::uint8;
+  if (name == "uint32") return DType::uint32;
   throw TypeError("no TensorView dtype for '" + name + "'");
 }
 
@@ -196,6 +198,19 @@ void bind_bundle(nb::module_& m) {
         },
         "device"_a, "bundle"_a, "outputs"_a, "lses"_a, "out"_a, "lse"_a, "layout"_a = "bhsd",
         "Test hook: mfa::merge_attention on views of caller memory.");
+
+  m.def("_bundle_quantize",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& x, const ViewSpec& data,
+           const std::optional<ViewSpec>& scales, const std::optional<ViewSpec>& biases, const std::string& format,
+           std::optional<std::int64_t> bits, std::optional<std::int64_t> group_size) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const QuantizeOutputs out{view_of(data), view_of(scales), view_of(biases)};
+          nb::gil_scoped_release release;
+          quantize(device, bundle, view_of(x), out, format, bits, group_size);
+        },
+        "device"_a, "bundle"_a, "x"_a, "data"_a, "scales"_a = nb::none(), "biases"_a = nb::none(),
+        "format"_a = "affine", "bits"_a = nb::none(), "group_size"_a = nb::none(),
+        "Test hook: mfa::quantize on views of caller memory.");
 
   m.def("_bundle_attention_with_kvcache",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k_cache,

@@ -37,7 +37,8 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.alibi == want.alibi && e.score_mod == want.score_mod && e.score_mod_tensors == want.score_mod_tensors &&
          e.family == want.family && (!want.backward || e.backward) && e.op == want.op &&
          e.page_size == want.page_size && e.cache == want.cache && e.append == want.append &&
-         e.qk_scale == want.qk_scale && e.smooth_k == want.smooth_k && e.pv == want.pv && e.parts == want.parts;
+         e.qk_scale == want.qk_scale && e.smooth_k == want.smooth_k && e.pv == want.pv && e.parts == want.parts &&
+         e.format == want.format && e.bits == want.bits && e.group_size == want.group_size;
 }
 
 [[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {

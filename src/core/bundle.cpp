@@ -36,6 +36,7 @@ std::string hex(const unsigned char* p, std::size_t n) {
 constexpr const char* kKVCache = "attention_with_kvcache";
 constexpr const char* kInt8 = "int8_attention";
 constexpr const char* kMerge = "merge_attention";
+constexpr const char* kQuantize = "quantize";
 
 BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
@@ -45,6 +46,14 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
     facts.value_dim = f.at("value_dim").as_int("value_dim");
     facts.parts = f.at("parts").as_int("parts");
     facts.layout = f.at("layout").as_string("layout");
+    return facts;
+  }
+  if (op == kQuantize) {  // x's dtype and the format
+    facts.op = op;
+    facts.dtype = f.at("dtype").as_string("dtype");
+    facts.format = f.at("format").as_string("format");
+    facts.bits = f.at("bits").as_int("bits");
+    facts.group_size = f.at("group_size").as_int("group_size");
     return facts;
   }
   facts.dtype = f.at("dtype").as_string("dtype");
@@ -107,7 +116,8 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
     const std::string op = record.at("op").as_string("op");
-    if (op != "attention" && op != kKVCache && op != kInt8 && op != kMerge) continue;  // ops a later writer may add
+    if (op != "attention" && op != kKVCache && op != kInt8 && op != kMerge && op != kQuantize)
+      continue;  // ops a later writer may add
     BundleEntry entry;
     entry.facts = facts_of(op, record.at("facts"));
     entry.forward = templates_of(record.at("forward"), "forward");
@@ -129,6 +139,10 @@ const Declaration& Bundle::Contents::declaration(const std::string& op) const {
 }
 
 std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
+  if (f.op == kQuantize)
+    return f.op + " " + f.dtype + " format=" + f.format + " bits=" + std::to_string(f.bits) +
+           " group_size=" + std::to_string(f.group_size) + " templates=" + std::to_string(forward) + "+" +
+           std::to_string(backward);
   if (f.op == kMerge)
     return f.op + " " + f.dtype + " Dv=" + std::to_string(f.value_dim) + " parts=" + std::to_string(f.parts) +
            " layout=" + f.layout + " templates=" + std::to_string(forward) + "+" + std::to_string(backward);

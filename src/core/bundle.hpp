@@ -44,6 +44,8 @@ struct BundleFacts {
   std::string pv = "int8";         // P and V as int8 or float
   std::int64_t parts = 0;          // a merge_attention entry's part count (its other facts:
                                    // dtype, value_dim, layout)
+  std::string format;              // a quantize entry's format (its dtype x's), bits and
+  std::int64_t bits = 0, group_size = 0;  // group size
 };
 
 struct BundleEntry {

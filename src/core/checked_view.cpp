@@ -10,13 +10,14 @@ const char* to_string(DType dtype) {
     case DType::bool8: return "bool";
     case DType::int32: return "int32";
     case DType::uint8: return "uint8";
+    case DType::uint32: return "uint32";
   }
   return "?";
 }
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::float32: case DType::int32: return 4;
+    case DType::float32: case DType::int32: case DType::uint32: return 4;
     case DType::float16: case DType::bfloat16: return 2;
     case DType::bool8: case DType::uint8: return 1;
   }

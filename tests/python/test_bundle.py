@@ -78,6 +78,10 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
     ({"op": "merge_attention", "parts": [2]}, "'value_dim' is required"),
     ({"op": "merge_attention", "value_dim": [64], "parts": [0]}, "'parts' values must be integers >= 1"),
     ({"op": "merge_attention", "value_dim": [64], "parts": [2], "head_dim": [64]}, "unknown keys"),
+    ({"op": "quantize", "format": ["q3_k"]}, "'format' value 'q3_k' is not one of"),
+    ({"op": "quantize", "bits": [7]}, "'bits' value 7 is not one of"),
+    ({"op": "quantize", "group_size": [16]}, "'group_size' value 16 is not one of"),
+    ({"op": "quantize", "head_dim": [64]}, "unknown keys"),
 ])
 def test_spec_errors_name_the_key(family, message):
     with pytest.raises(ValueError, match=message):

@@ -37,6 +37,10 @@ A "merge_attention" family (Python's merge_attention: the parts' outputs and lse
 its own keys only: `value_dim` (required), `parts` (required: how many parts a call merges,
 integers >= 1), dtype and layout (omitted: every one). B, Hq and R are runtime values.
 
+A "quantize" family (Python's quantize) has `dtype` (x's), `format` ("affine" and GGUF's),
+and for the affine format `bits` and `group_size` (a GGUF format has its own), each omitted
+every value; x's shape is a runtime value.
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -58,7 +62,7 @@ from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.attention.problem import CAUSAL, DTYPES, LAYOUTS, MASKS
 from ..codegen.int8.problem import INT8_MAX_HEAD_DIM, PV_MODES, QK_SCALES
 from ..ops.arguments import softcap_value
-from ..quant_formats import GGUF_BLOCK, GGUF_BLOCKS
+from ..quant_formats import AFFINE_BITS, AFFINE_GROUP_SIZES, FORMATS, GGUF_BLOCK, GGUF_BLOCKS, QuantFormat
 
 KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
         "layout", "softcap", "alibi", "score_mod", "family", "backward")
@@ -71,7 +75,10 @@ INT8_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mas
              "layout", "softcap", "alibi", "family", "qk_scale", "smooth_k", "pv")
 MERGE = "merge_attention"
 MERGE_KEYS = ("op", "dtype", "value_dim", "parts", "layout")
-OP_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, INT8: INT8_KEYS, MERGE: MERGE_KEYS}   # each op's spec keys
+QUANTIZE = "quantize"
+QUANTIZE_KEYS = ("op", "dtype", "format", "bits", "group_size")
+OP_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, INT8: INT8_KEYS, MERGE: MERGE_KEYS,
+           QUANTIZE: QUANTIZE_KEYS}   # each op's spec keys
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -83,7 +90,8 @@ class EntryFacts:
     and score_mod the score transforms (spec keys); op, and a KV-cache entry's page_size
     (None: contiguous), cache (its storage) and append; an int8 entry's qk_scale, smooth_k
     and pv (Int8Problem's); a merge entry's parts (its dtype, value_dim and layout as
-    attention's, the other facts unused)."""
+    attention's, the other facts unused); a quantize entry's format, bits and group_size
+    (QuantFormat's; its dtype x's)."""
 
     dtype: str
     head_dim: int
@@ -108,10 +116,15 @@ class EntryFacts:
     smooth_k: bool = True
     pv: str = "int8"
     parts: int = 0
+    format: str = ""
+    bits: int = 0
+    group_size: int = 0
 
     def to_json(self) -> dict:
         if self.op == MERGE:
             return {"dtype": self.dtype, "value_dim": self.value_dim, "parts": self.parts, "layout": self.layout}
+        if self.op == QUANTIZE:
+            return {"dtype": self.dtype, "format": self.format, "bits": self.bits, "group_size": self.group_size}
         score_mod = None if self.score_mod is None else {
             "text": self.score_mod[0], "tensors": [{"dtype": d, "shape": list(s)} for d, s in self.score_mod[1]]}
         return {"dtype": self.dtype, "head_dim": self.head_dim, "value_dim": self.value_dim,
@@ -200,6 +213,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         raise ValueError(f"{where}: unknown keys {unknown}; an {op} family has {list(keys)}")
     if op == MERGE:
         return _merge_entries(family, where)
+    if op == QUANTIZE:
+        return _quantize_entries(family, where)
     if "head_dim" not in family:
         raise ValueError(f"{where}: 'head_dim' is required (a list of head dimensions, e.g. [64, 128])")
     dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
@@ -283,6 +298,23 @@ def _merge_entries(family: dict, where: str) -> list[EntryFacts]:
     layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
     return [EntryFacts(dtype, 0, dv, 1, "none", "none", None, False, False, layout, "", False, op=MERGE, parts=n)
             for dtype, dv, n, layout in itertools.product(dtypes, value_dims, counts, layouts)]
+
+
+def _quantize_entries(family: dict, where: str) -> list[EntryFacts]:
+    """A quantize family's entries: dtype x format, an affine format x bits x group_size."""
+    dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
+    formats = _choices(_list(family, "format", list(FORMATS), where), FORMATS, "format", where)
+    bits = _choices(_list(family, "bits", list(AFFINE_BITS), where), AFFINE_BITS, "bits", where)
+    group_sizes = _choices(_list(family, "group_size", list(AFFINE_GROUP_SIZES), where), AFFINE_GROUP_SIZES,
+                           "group_size", where)
+    entries = []
+    for dtype, name in itertools.product(dtypes, formats):
+        shapes = itertools.product(bits, group_sizes) if name == "affine" else [(None, None)]
+        for b, g in shapes:
+            f = QuantFormat.of(name, b, g)
+            entries.append(EntryFacts(dtype, 0, 0, 1, "none", "none", None, False, False, "", "", False,
+                                      op=QUANTIZE, format=f.name, bits=f.bits, group_size=f.group_size))
+    return entries
 
 
 def entries_of(spec: dict | str) -> list[EntryFacts]:

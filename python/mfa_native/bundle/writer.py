@@ -29,12 +29,13 @@ from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, Cach
                        attention_backward_template, attention_template, int8_attention_template, packs_plain_heads)
 from ..codegen.attention import merge as codegen_merge
 from ..codegen.attention.score_mod import ScoreMod
+from ..codegen.storage import quantize as codegen_quantize
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
 from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION
-from .spec import INT8, KVCACHE, MERGE, EntryFacts
+from .spec import INT8, KVCACHE, MERGE, QUANTIZE, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
 # (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
@@ -112,6 +113,9 @@ def forward_templates(facts: EntryFacts) -> list[dict]:
         descriptor = codegen_merge.describe_merge(dtype=facts.dtype, value_dim=facts.value_dim, parts=facts.parts,
                                                   layout=facts.layout)
         return _unique([codegen_merge.merge_template(descriptor)])
+    if facts.op == QUANTIZE:   # one kernel, x's groups a runtime size
+        quant = QuantFormat.of(facts.format, facts.bits, facts.group_size)
+        return _unique([codegen_quantize.quantize_template(codegen_quantize.QuantizeDescriptor(facts.dtype, quant))])
     lengths = query_lengths(facts)
     if facts.op == INT8:   # no split-KV pair: the tiles depend on R alone
         return _unique(int8_attention_template(int8_problem(facts, problem(facts, r, NO_SPLIT[0])), family=facts.family)
@@ -133,6 +137,9 @@ def backward_templates(facts: EntryFacts) -> list[dict]:
 
 def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     """One readable line per entry (the C++ Bundle::entries() prints the same)."""
+    if op == QUANTIZE:
+        return (f"{op} {facts['dtype']} format={facts['format']} bits={facts['bits']} "
+                f"group_size={facts['group_size']} templates={forward}+{backward}")
     if op == MERGE:
         return (f"{op} {facts['dtype']} Dv={facts['value_dim']} parts={facts['parts']} layout={facts['layout']} "
                 f"templates={forward}+{backward}")
