@@ -284,6 +284,11 @@ def _int8_keys(family: dict, head_dims: list[int], value_dims: list[int] | None,
     return list(itertools.product(qk_scales, smooth_ks, pvs))
 
 
+# The attention facts of an entry whose op has none (merge_attention, quantize): unused.
+_NO_ATTENTION = dict(head_dim=0, gqa_ratio=1, causal="none", mask="none", mask_dtype=None, window=False, sinks=False,
+                     family="", backward=False)
+
+
 def _merge_entries(family: dict, where: str) -> list[EntryFacts]:
     """A merge family's entries: dtype x value_dim x parts x layout."""
     for key in ("value_dim", "parts"):
@@ -296,7 +301,7 @@ def _merge_entries(family: dict, where: str) -> list[EntryFacts]:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{where}: 'parts' values must be integers >= 1, got {n!r}")
     layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
-    return [EntryFacts(dtype, 0, dv, 1, "none", "none", None, False, False, layout, "", False, op=MERGE, parts=n)
+    return [EntryFacts(**_NO_ATTENTION, dtype=dtype, value_dim=dv, layout=layout, op=MERGE, parts=n)
             for dtype, dv, n, layout in itertools.product(dtypes, value_dims, counts, layouts)]
 
 
@@ -312,8 +317,8 @@ def _quantize_entries(family: dict, where: str) -> list[EntryFacts]:
         shapes = itertools.product(bits, group_sizes) if name == "affine" else [(None, None)]
         for b, g in shapes:
             f = QuantFormat.of(name, b, g)
-            entries.append(EntryFacts(dtype, 0, 0, 1, "none", "none", None, False, False, "", "", False,
-                                      op=QUANTIZE, format=f.name, bits=f.bits, group_size=f.group_size))
+            entries.append(EntryFacts(**_NO_ATTENTION, dtype=dtype, value_dim=0, layout="", op=QUANTIZE,
+                                      format=f.name, bits=f.bits, group_size=f.group_size))
     return entries
 
 
