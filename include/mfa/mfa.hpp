@@ -8,6 +8,7 @@
 #pragma once
 
 #include "mfa/attention.hpp"
+#include "mfa/kvcache.hpp"
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/command_batch.hpp"

@@ -13,6 +13,7 @@
 #include "core/pass_template.hpp"
 #include "core/size_expression.hpp"
 #include "mfa/attention.hpp"
+#include "mfa/kvcache.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -29,6 +30,7 @@ DType dtype_of(const std::string& name) {
   if (name == "bfloat16") return DType::bfloat16;
   if (name == "bool") return DType::bool8;
   if (name == "int32") return DType::int32;
+  if (name == "uint8") return DType::uint8;
   throw TypeError("no TensorView dtype for '" + name + "'");
 }
 
@@ -65,6 +67,12 @@ AttentionOptions options_of(std::optional<double> scale, const std::string& caus
   else if (layout == "bshd") o.layout = Layout::bshd;
   else throw ArgumentError("layout must be bhsd or bshd");
   return o;
+}
+
+// A cache argument: its view, or with a GGUF `format` the view of its blocks (q's `dtype`).
+KVCache cache_of(const ViewSpec& spec, const std::string& format, DType dtype) {
+  if (format.empty()) return view_of(spec);
+  return QuantizedTensor{format, view_of(spec), dtype};
 }
 
 SizeEnv env_of(const std::map<std::string, std::int64_t>& sizes) { return SizeEnv(sizes.begin(), sizes.end()); }
@@ -148,6 +156,39 @@ void bind_bundle(nb::module_& m) {
         "mask"_a = nb::none(), "sinks"_a = nb::none(), "layout"_a = "bhsd", "softcap"_a = nb::none(),
         "alibi_slopes"_a = nb::none(), "score_mod"_a = "", "score_mod_tensors"_a = std::vector<ViewSpec>(),
         "Test hook: mfa::attention_backward on views of caller memory.");
+
+  m.def("_bundle_attention_with_kvcache",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k_cache,
+           const ViewSpec& v_cache, const ViewSpec& out, const std::optional<ViewSpec>& lse,
+           const std::string& cache_format, const std::optional<ViewSpec>& cache_seqlens,
+           const std::optional<ViewSpec>& k, const std::optional<ViewSpec>& v,
+           const std::optional<ViewSpec>& block_table, std::optional<double> scale, const std::string& causal,
+           std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
+                                                alibi_slopes, "", {});
+          const TensorView query = view_of(q), output = view_of(out);
+          const KVCache keys = cache_of(k_cache, cache_format, query.dtype);
+          const KVCache values = cache_of(v_cache, cache_format, query.dtype);
+          const std::optional<TensorView> rows = view_of(lse), lengths = view_of(cache_seqlens), new_k = view_of(k),
+                                          new_v = view_of(v), table = view_of(block_table);
+          KVCacheOptions o;
+          o.cache_seqlens = lengths ? &*lengths : nullptr;
+          o.k = new_k ? &*new_k : nullptr;
+          o.v = new_v ? &*new_v : nullptr;
+          o.block_table = table ? &*table : nullptr;
+          o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
+          o.alibi_slopes = a.alibi_slopes;
+          nb::gil_scoped_release release;
+          attention_with_kvcache(device, bundle, query, keys, values, output, o, rows ? &*rows : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a = nb::none(),
+        "cache_format"_a = "", "cache_seqlens"_a = nb::none(), "k"_a = nb::none(), "v"_a = nb::none(),
+        "block_table"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = "none", "window"_a = nb::none(),
+        "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
+        "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float caches, "
+        "else the GGUF format of both caches' blocks).");
 }
 
 }  // namespace mfa::bindings

@@ -33,7 +33,9 @@ std::string hex(const unsigned char* p, std::size_t n) {
   return out;
 }
 
-BundleFacts facts_of(const json::Value& f) {
+constexpr const char* kKVCache = "attention_with_kvcache";
+
+BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
   facts.dtype = f.at("dtype").as_string("dtype");
   facts.head_dim = f.at("head_dim").as_int("head_dim");
@@ -61,6 +63,13 @@ BundleFacts facts_of(const json::Value& f) {
   }
   facts.family = f.at("family").as_string("family");
   facts.backward = f.at("backward").as_bool("backward");
+  facts.op = op;
+  if (op == kKVCache) {
+    const json::Value& page_size = f.at("page_size");
+    if (!page_size.is_null()) facts.page_size = page_size.as_int("page_size");
+    facts.cache = f.at("cache").as_string("cache");
+    facts.append = f.at("append").as_bool("append");
+  }
   return facts;
 }
 
@@ -82,9 +91,10 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
   for (const auto& [op, declaration] : payload.at("declarations").as_object("declarations"))
     contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
-    if (record.at("op").as_string("op") != "attention") continue;  // ops a later writer may add
+    const std::string op = record.at("op").as_string("op");
+    if (op != "attention" && op != kKVCache) continue;  // ops a later writer may add
     BundleEntry entry;
-    entry.facts = facts_of(record.at("facts"));
+    entry.facts = facts_of(op, record.at("facts"));
     entry.forward = templates_of(record.at("forward"), "forward");
     entry.backward = templates_of(record.at("backward"), "backward");
     if (entry.forward.empty()) throw BundleError("a bundle entry has no forward template");
@@ -114,9 +124,13 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   }
   if (f.alibi != "none") scores += " alibi=" + f.alibi;
   if (!f.score_mod.empty()) scores += " score_mod=" + sha256_hex(f.score_mod).substr(0, 12);
-  return "attention " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
+  std::string cache;  // writer.py's entry_line
+  if (f.op == kKVCache)
+    cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " cache=" + f.cache +
+            " append=" + (f.append ? "yes" : "no");
+  return f.op + " " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
          " gqa=" + std::to_string(f.gqa_ratio) + " causal=" + f.causal + " mask=" + mask + " window=" + window +
-         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + scores + " family=" + f.family +
+         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + scores + cache + " family=" + f.family +
          " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
 }
 

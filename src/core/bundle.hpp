@@ -35,6 +35,10 @@ struct BundleFacts {
   std::vector<attention_problem::ScoreModTensor> score_mod_tensors;
   std::string family;
   bool backward = false;
+  std::string op = "attention";   // or attention_with_kvcache, whose entries also bake:
+  std::int64_t page_size = 0;     // 0: a contiguous cache; else rows a page
+  std::string cache = "plain";    // the cache's storage: plain or a GGUF format
+  bool append = false;            // whether a call writes k and v into the cache
 };
 
 struct BundleEntry {

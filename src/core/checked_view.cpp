@@ -9,6 +9,7 @@ const char* to_string(DType dtype) {
     case DType::bfloat16: return "bfloat16";
     case DType::bool8: return "bool";
     case DType::int32: return "int32";
+    case DType::uint8: return "uint8";
   }
   return "?";
 }
@@ -17,7 +18,7 @@ std::size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::float32: case DType::int32: return 4;
     case DType::float16: case DType::bfloat16: return 2;
-    case DType::bool8: return 1;
+    case DType::bool8: case DType::uint8: return 1;
   }
   return 0;
 }

@@ -64,26 +64,47 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
     ({"op": "attention", "head_dim": [8], "colour": ["red"]}, "unknown keys"),
     ({"op": "attention", "head_dim": [8], "scale": [0.3]}, "'scale' is not a key: every entry takes the scale"),
     ({"op": "attention", "head_dim": [8], "causal": ["sideways"]}, "not one of"),
+    ({"op": "attention", "head_dim": [8], "page_size": [16]}, "unknown keys"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "mask": ["bool"]}, "unknown keys"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "page_size": [0]}, "'page_size' values must be null"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["affine"]}, "'cache' value 'affine' is not one of"),
+    ({"op": "attention_with_kvcache", "head_dim": [48], "cache": ["q8_0"]}, "multiples of 32, got 48"),
 ])
 def test_spec_errors_name_the_key(family, message):
     with pytest.raises(ValueError, match=message):
         entries_of({"families": [family]})
 
 
+def test_a_kvcache_family_crosses_its_cache_keys():
+    entries = entries_of({"families": [{"op": "attention_with_kvcache", "head_dim": [64], "dtype": ["float16"],
+                                        "family": ["apple9"], "causal": ["lower_right"], "window": [False],
+                                        "sinks": [False], "page_size": [None, 16]}]})
+    # page_size 2 x cache (plain and GGUF's 5) x append 2; layout bshd, no mask, forward only
+    assert len(entries) == 2 * 6 * 2
+    assert {(e.layout, e.mask, e.backward, e.op) for e in entries} == {("bshd", "none", False,
+                                                                         "attention_with_kvcache")}
+
+
+KVCACHE = {"op": "attention_with_kvcache", "dtype": ["float32"], "head_dim": [64], "gqa_ratio": [2],
+           "causal": ["lower_right"], "window": [False], "sinks": [False], "family": ["apple9"]}
+
+
 @pytest.mark.parametrize("facts", entries_of({"families": [
     SMALL, {**SMALL, "causal": ["none"], "sinks": [False], "mask": ["additive"], "mask_dtype": ["float16"],
-            "window": [True], "gqa_ratio": [2], "layout": ["bshd"], "dtype": ["float16"]}]}))
+            "window": [True], "gqa_ratio": [2], "layout": ["bshd"], "dtype": ["float16"]},
+    {**KVCACHE, "page_size": [16], "cache": ["q8_0"], "append": [True]},
+    {**KVCACHE, "page_size": [None], "cache": ["plain"], "append": [False]}]}))
 def test_entry_templates_are_codegens_for_every_length(facts):
     """For lengths across every tile choice (and decode shapes that split), the entry's first
     template whose guards hold is the template codegen generates for that call."""
-    forward, backward = forward_templates(facts), backward_templates(facts)
+    forward, backward = forward_templates(facts), backward_templates(facts) if facts.backward else []
     for r in (1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 300):   # packing: R * ratio <= 128
         for c, p in ((1, 4), (5, 4), (64, 4), (700, 4), (4096, 1024), (20000, 1 << 16)):
             p_problem = problem(facts, r, c, batch=2, kv_heads=2)
             sizes = codegen.call_sizes(p_problem, p)
             expected = codegen.attention_template(p_problem, family=facts.family, parallel_threadgroups=p)
             assert choose(forward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, p)
-            if c < 1000:
+            if c < 1000 and facts.backward:
                 expected = codegen.attention_backward_template(codegen.AttentionBackwardProblem(p_problem),
                                                                family=facts.family)
                 assert choose(backward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c)

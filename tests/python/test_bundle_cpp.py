@@ -161,7 +161,7 @@ def test_cpp_tests_declarations_are_the_writers():
 
 def test_entries_are_the_cli_lines(bundle, payload):
     from mfa_native.bundle.writer import entry_line
-    assert bundle.entries() == [entry_line(r["facts"], len(r["forward"]), len(r["backward"]))
+    assert bundle.entries() == [entry_line(r["op"], r["facts"], len(r["forward"]), len(r["backward"]))
                                 for r in payload["entries"]]
 
 

@@ -82,7 +82,7 @@ def test_score_transforms_run_from_a_bundle_with_pythons_bits(bundle, make, rng)
 
 def test_entry_lines_name_the_transforms(bundle, payload):
     lines = bundle.entries()
-    assert lines == [entry_line(r["facts"], len(r["forward"]), len(r["backward"])) for r in payload["entries"]]
+    assert lines == [entry_line(r["op"], r["facts"], len(r["forward"]), len(r["backward"])) for r in payload["entries"]]
     assert " softcap=2 alibi=per_batch family=" in lines[0]
     assert " alibi=per_head score_mod=" in lines[1] and "softcap" not in lines[1]
 

@@ -19,6 +19,15 @@ expression's text (mfa_native.torch.score_mod.trace), "tensors": [{"dtype": "flo
 "int", "shape": [...]}, ...] (the captured tensors as the kernels read them: float32 or
 int32, contiguous, of these shapes)}. The slopes and the tensors are a call's arguments.
 
+An "attention_with_kvcache" family (the KV-cache call, Python's attention_with_kvcache:
+layout bshd, no mask, forward only) takes dtype, head_dim, value_dim, gqa_ratio, causal,
+window, sinks, softcap, alibi and family as attention's, and three keys of its own:
+`page_size` a list of null (a contiguous (B, Cmax, Hkv, D) cache) or page sizes (pages
+(num_blocks, page_size, Hkv, D) and a block table), omitted [null]; `cache` the storage, of
+"plain" (q's dtype) and GGUF's "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", omitted every one;
+`append` whether a call writes k and v into the cache, omitted both. Rn, the block table's
+width and the page count are runtime values.
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -39,9 +48,14 @@ from ..codegen import FAMILIES, MAX_HEAD_DIM
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.attention.problem import CAUSAL, DTYPES, LAYOUTS, MASKS
 from ..ops.arguments import softcap_value
+from ..quant_formats import GGUF_BLOCK, GGUF_BLOCKS
 
 KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
         "layout", "softcap", "alibi", "score_mod", "family", "backward")
+KVCACHE = "attention_with_kvcache"
+KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
+                "family", "page_size", "cache", "append")
+CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -50,7 +64,8 @@ ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kerne
 class EntryFacts:
     """One entry: the facts its kernels bake. mask_dtype is None without a mask ("bool" for
     a bool mask), window whether its kernels take a window (any, at run time); softcap, alibi
-    and score_mod the score transforms (spec keys)."""
+    and score_mod the score transforms (spec keys); op, and a KV-cache entry's page_size
+    (None: contiguous), cache (its storage) and append."""
 
     dtype: str
     head_dim: int
@@ -67,6 +82,10 @@ class EntryFacts:
     softcap: float | None = None
     alibi: str = "none"
     score_mod: ScoreModFacts | None = None
+    op: str = "attention"
+    page_size: int | None = None
+    cache: str = "plain"
+    append: bool = False
 
     def to_json(self) -> dict:
         score_mod = None if self.score_mod is None else {
@@ -75,7 +94,9 @@ class EntryFacts:
                 "gqa_ratio": self.gqa_ratio, "causal": self.causal, "mask": self.mask, "mask_dtype": self.mask_dtype,
                 "window": self.window, "sinks": self.sinks, "layout": self.layout,
                 "softcap": self.softcap, "alibi": self.alibi, "score_mod": score_mod,
-                "family": self.family, "backward": self.backward}
+                "family": self.family, "backward": self.backward,
+                **({"page_size": self.page_size, "cache": self.cache, "append": self.append} if self.op == KVCACHE
+                   else {})}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -145,11 +166,13 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         raise ValueError(f"{where} must be an object, got {family!r}")
     if "scale" in family:
         raise ValueError(f"{where}: 'scale' is not a key: every entry takes the scale at run time (a call's scale)")
-    unknown = sorted(set(family) - set(KEYS))
+    op = family.get("op")
+    if op not in ("attention", KVCACHE):
+        raise ValueError(f"{where}: 'op' must be \"attention\" or \"{KVCACHE}\", got {op!r}")
+    keys = KEYS if op == "attention" else KVCACHE_KEYS
+    unknown = sorted(set(family) - set(keys))
     if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; a family has {list(KEYS)}")
-    if family.get("op") != "attention":
-        raise ValueError(f"{where}: 'op' must be \"attention\" (the only op bundles hold), got {family.get('op')!r}")
+        raise ValueError(f"{where}: unknown keys {unknown}; an {op} family has {list(keys)}")
     if "head_dim" not in family:
         raise ValueError(f"{where}: 'head_dim' is required (a list of head dimensions, e.g. [64, 128])")
     dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
@@ -161,6 +184,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
             raise ValueError(f"{where}: 'gqa_ratio' values must be integers >= 1, got {ratio!r}")
     causals = _choices(_list(family, "causal", list(CAUSAL), where), CAUSAL, "causal", where)
+    if op == KVCACHE:   # layout bshd, no mask, forward only: the call's own
+        family = {**family, "mask": ["none"], "layout": ["bshd"], "backward": False}
     masks = _choices(_list(family, "mask", list(MASKS), where), MASKS, "mask", where)
     mask_dtypes = _choices(_list(family, "mask_dtype", list(DTYPES), where), DTYPES, "mask_dtype", where)
     windows = _bools(_list(family, "window", [False, True], where), "window", where)
@@ -174,15 +199,32 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if not isinstance(backward, bool):
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
+    caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False)]
+
     entries = []
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
-        for dv in (value_dims or [d]):
+        for dv, (page_size, cache, append) in itertools.product(value_dims or [d], caches):
+            if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
+                raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
+                                 f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
                 entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          gpu, backward, cap, alibi, score_mod))
+                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append))
     return entries
+
+
+def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool]]:
+    """A KV-cache family's (page_size, cache, append) crossed."""
+    pages = _list(family, "page_size", [None], where)
+    for page in pages:
+        if page is not None and (isinstance(page, bool) or not isinstance(page, int) or page < 1):
+            raise ValueError(f"{where}: 'page_size' values must be null (a contiguous cache) or integers >= 1, "
+                             f"got {page!r}")
+    caches = _choices(_list(family, "cache", list(CACHES), where), CACHES, "cache", where)
+    appends = _bools(_list(family, "append", [False, True], where), "append", where)
+    return list(itertools.product(pages, caches, appends))
 
 
 def entries_of(spec: dict | str) -> list[EntryFacts]:

@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Callable
 
-from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, attention_backward_template,
+from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, attention_backward_template,
                        attention_template, packs_plain_heads)
 from ..codegen.attention.score_mod import ScoreMod
+from ..codegen.storage.stored import PLAIN, QuantizedStorage
+from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION
-from .spec import EntryFacts
+from .spec import KVCACHE, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
 # (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
@@ -56,13 +58,32 @@ def query_lengths(facts: EntryFacts) -> list[int]:
 
 def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads: int = 1) -> AttentionProblem:
     """The contiguous problem of `facts` with these lengths, batch and kv heads (strides, the
-    scale and, with facts.window, the window's sides as runtime sizes; the window unbounded)."""
-    return AttentionProblem(
+    scale and, with facts.window, the window's sides as runtime sizes; the window unbounded);
+    for a KV-cache entry, its cache read over kv_len rows (`cache_keys`)."""
+    p = AttentionProblem(
         batch=batch, q_heads=facts.gqa_ratio * kv_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=facts.head_dim,
         value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal,
         runtime_window=facts.window, runtime_strides=True, runtime_scale=True,
         mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
         return_lse=True, scores=scores(facts))
+    return cache_keys(p, facts) if facts.op == KVCACHE else p
+
+
+def cache_keys(p: AttentionProblem, facts: EntryFacts) -> AttentionProblem:
+    """`p` reading a KV cache as attention_with_kvcache binds one (ops/kvcache.py): contiguous
+    or pages following each other, appending a row when the entry appends. A quantized
+    cache's fields are laid out contiguous, their rows shared by every batch when paged
+    (stride 0): two batches, so the stride is generated as the literal 0 it is."""
+    page = facts.page_size
+    p = replace(p, batch=2, keys=CacheKeys(int(facts.append), page, -(-p.kv_len // page) if page else None, page))
+    if facts.cache == "plain":
+        return replace(p, k_storage=PLAIN, v_storage=PLAIN)
+    quant = QuantFormat.of(facts.cache)
+
+    def stored(width: int) -> QuantizedStorage:
+        row = quant.data_width(width)
+        return QuantizedStorage(quant, (0 if page else p.kv_len * p.kv_heads * row, row, p.kv_heads * row, 1))
+    return replace(p, k_storage=stored(p.head_dim), v_storage=stored(p.value_dim))
 
 
 def scores(facts: EntryFacts) -> tuple:
@@ -97,12 +118,16 @@ def backward_templates(facts: EntryFacts) -> list[dict]:
                    for r in query_lengths(facts) for c in LENGTHS)
 
 
-def entry_line(facts: dict, forward: int, backward: int) -> str:
+def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     """One readable line per entry (the C++ Bundle::entries() prints the same)."""
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
-    return (f"attention {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
+    cache = ""
+    if op == KVCACHE:
+        cache = (f" page_size={facts['page_size'] or 'none'} cache={facts['cache']} "
+                 f"append={'yes' if facts['append'] else 'no'}")
+    return (f"{op} {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
             f"causal={facts['causal']} mask={mask} window={'yes' if facts['window'] else 'no'} sinks={'yes' if facts['sinks'] else 'no'} "
-            f"layout={facts['layout']}{scores_text(facts)} family={facts['family']} "
+            f"layout={facts['layout']}{scores_text(facts)}{cache} family={facts['family']} "
             f"templates={forward}+{backward}")
 
 
@@ -119,11 +144,11 @@ def scores_text(facts: dict) -> str:
 def build_payload(entries: list[EntryFacts], progress: Callable[[str], None] | None = None) -> dict:
     records = []
     for facts in entries:
-        record = {"op": "attention", "facts": facts.to_json(), "forward": forward_templates(facts),
+        record = {"op": facts.op, "facts": facts.to_json(), "forward": forward_templates(facts),
                   "backward": backward_templates(facts) if facts.backward else []}
         records.append(record)
         if progress:
-            progress(entry_line(record["facts"], len(record["forward"]), len(record["backward"])))
+            progress(entry_line(facts.op, record["facts"], len(record["forward"]), len(record["backward"])))
     from .. import __version__
     return {"format": "mfa_native.bundle", "template_schema": SCHEMA_VERSION, "generator": f"mfa_native {__version__}",
             "declarations": declarations(), "entries": records, "metallibs": {}}

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"bundle: {args.list_file}: {error}", file=sys.stderr)
             return 1
         for record in payload["entries"]:
-            print(entry_line(record["facts"], len(record["forward"]), len(record["backward"])))
+            print(entry_line(record["op"], record["facts"], len(record["forward"]), len(record["backward"])))
         if payload.get("metallibs"):
             print(f"({len(payload['metallibs'])} compiled Metal libraries)")
         return 0

@@ -1,0 +1,84 @@
+// Attention over a KV cache for C++ programs, without Python: Python's
+// mfa_native.attention_with_kvcache (flash-attn's flash_attn_with_kvcache) run
+// from a bundle whose spec has an "attention_with_kvcache" family.
+//
+//   mfa::attention_with_kvcache(device, bundle, q, k_pages, v_pages, out,
+//                               {&seqlens, &k_new, &v_new, &block_table, {}, mfa::Causal::lower_right});
+//
+// Semantics, shapes and messages are Python's: q (B, R, Hq, D) ("bshd"); a
+// contiguous cache (B, Cmax, Hkv, D), or with block_table its pages
+// (num_blocks, page_size, Hkv, D); batch b attends the cache's first
+// cache_seqlens[b] + Rn positions, after k and v (B, Rn, Hkv, D / Dv) are
+// written into the cache IN PLACE at positions cache_seqlens[b] ..
+// cache_seqlens[b] + Rn - 1 (page block_table[b, p / page_size], row
+// p % page_size), quantized on the way for a quantized cache. Every check runs
+// before anything is written. On the cpu backend the results and the appended
+// rows are bit-identical to Python's for the same inputs.
+//
+// What a bundle entry fixes (spec keys): the dtype, D, Dv, the GQA ratio,
+// causal, whether it takes a window, sinks, softcap and ALiBi as for attention,
+// the page size (contiguous or `page_size` rows a page), the cache's storage
+// ("plain" or a GGUF format) and whether the call appends. Batch, heads,
+// lengths, Rn, the block table's width, page counts, the window's sides, the
+// scale and q's strides are runtime values. The caches are read and written in
+// place and must be contiguous (pages following each other).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "mfa/attention.hpp"
+
+namespace mfa {
+
+// A logical float tensor stored quantized along its last axis, in caller memory
+// (Python's QuantizedTensor): `format` is one of GGUF's "q8_0", "q4_0", "q4_1",
+// "q5_0", "q5_1" (blocks of 32 values: a float16 scale, for q4_1/q5_1 a float16
+// minimum, then the integers; 34, 18, 20, 22 or 24 bytes), `data` its uint8
+// blocks, shape[:-1] + (D / 32 * block bytes,), contiguous; `dtype` the logical
+// dtype (q's). A cache of zero bytes holds zeros; the append quantizes new rows
+// on the device as Python's `quantize` does.
+struct QuantizedTensor {
+  std::string format;
+  TensorView data;
+  DType dtype = DType::float32;
+};
+
+// A K or V cache argument: float elements of q's dtype, or quantized.
+struct KVCache {
+  KVCache(const TensorView& values) : plain(values) {}         // NOLINT: implicit, as Python takes either
+  KVCache(const QuantizedTensor& stored) : quantized(stored) {}  // NOLINT
+  std::optional<TensorView> plain;
+  std::optional<QuantizedTensor> quantized;
+};
+
+// attention_with_kvcache's keyword arguments, Python's names and defaults.
+struct KVCacheOptions {
+  // int32 (B,): each batch's valid cache length before this call (not modified). Null:
+  // every batch's is the capacity (Cmax, or max_blocks * page_size); required with k and v.
+  const TensorView* cache_seqlens = nullptr;
+  const TensorView* k = nullptr;            // (B, Rn, Hkv, D) of q's dtype, appended in place
+  const TensorView* v = nullptr;            // (B, Rn, Hkv, Dv), given with k
+  const TensorView* block_table = nullptr;  // int32 (B, max_blocks): the caches are pages
+  std::optional<double> scale;              // default 1/sqrt(D); a runtime value
+  Causal causal = Causal::none;             // lower_right: flash-attn's causal=True
+  std::optional<std::pair<std::int64_t, std::int64_t>> window;  // as AttentionOptions::window
+  std::optional<TensorView> sinks;          // float32 (Hq,)
+  std::optional<double> softcap;
+  std::optional<TensorView> alibi_slopes;   // float32 (Hq,) or (B, Hq)
+};
+
+// out (B, R, Hq, Dv), contiguous, of q's dtype; with `lse` the (B, Hq, R) float32
+// log-sum-exp of each row. Throws TypeError / ArgumentError naming the argument
+// (with Python's message) or NoBundleEntryError before anything is written;
+// DispatchError / CompileError from the device.
+void attention_with_kvcache(const Device& device, const Bundle& bundle, const TensorView& q, const KVCache& k_cache,
+                            const KVCache& v_cache, const TensorView& out, const KVCacheOptions& options = {},
+                            const TensorView* lse = nullptr);
+// The same, encoded into the caller's batch (see attention's).
+void attention_with_kvcache(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const KVCache& k_cache,
+                            const KVCache& v_cache, const TensorView& out, const KVCacheOptions& options = {},
+                            const TensorView* lse = nullptr);
+
+}  // namespace mfa

@@ -1,0 +1,67 @@
+// The attention family's pass runner, shared by the ops whose pass is an
+// attention pass (attention, attention_backward, attention_with_kvcache): the
+// bundle entry a call's facts need, the runtime sizes of its template, the
+// caller's views bound by the pass's buffer names, and the pass run (or encoded
+// into the caller's batch). The views' strides and a window entry's sides are
+// runtime sizes of the template; views the kernels cannot address in place are
+// packed first (view_packing.hpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "attention_problem.hpp"
+#include "binder.hpp"
+#include "bundle.hpp"
+#include "mfa/command_batch.hpp"
+
+namespace mfa::attention_runner {
+
+// The facts of the entry a call of `p` needs on a device of GPU `family` (an attention entry;
+// the KV-cache call sets its own on top).
+BundleFacts facts_of(const attention_problem::Problem& p, const std::string& family, bool backward);
+
+// The bundle's entry serving `want` (NoBundleEntryError listing the bundle's entries otherwise).
+const BundleEntry& entry_for(const Bundle& bundle, const BundleFacts& want);
+
+// One array of the call, by the pass's buffer name.
+struct Bound {
+  const Checked* view = nullptr;       // caller memory
+  bool scratch = false;                // an output the caller did not ask for: pool memory
+};
+
+// The arrays a pass binds, by buffer name: the inputs the binder checked, made addressable
+// (packed where the kernels cannot read them in place; a broadcast one read as its target
+// shape), and the outputs (an output not given: scratch memory); `strided` holds the logical
+// strides of those the kernels read with runtime strides (the feature axis, unit, left out).
+struct PassViews {
+  std::map<std::string, Checked> views;
+  std::map<std::string, Bound> arrays;
+  std::map<std::string, std::vector<std::int64_t>> strided;
+
+  PassViews(const Device& device, const Binder& binder, const AttentionOptions& options);
+  PassViews(const PassViews&) = delete;  // arrays point into views
+  PassViews& operator=(const PassViews&) = delete;
+  // Binds `view` as pass buffer `buffer` (in place of what the binder gave, if anything).
+  void add(const std::string& buffer, Checked view);
+};
+
+// The runtime sizes of a call of `p` (lengths and counts, the device's parallel threadgroups,
+// a window entry's sides, the strided views' strides, the scale's float32 bits).
+SizeEnv sizes_of(const attention_problem::Problem& p, const Device& device, const BundleEntry& entry,
+                 const std::map<std::string, std::vector<std::int64_t>>& strided);
+
+// The first of `templates` whose guards hold for `sizes`, evaluated, run on `views` (or encoded into `batch`).
+void run(const Device& device, CommandBatch* batch, const std::vector<PassTemplate>& templates,
+         const std::string& entry_line_text, const SizeEnv& sizes, const PassViews& views);
+
+// Writes zeros over a contiguous written view.
+void zero(const Checked& view);
+
+// What a forward with nothing to compute (B, Hq, R or C = 0) gives, as Python: out 0, lse -inf
+// (the sink's logit with sinks).
+void write_empty_forward(const Binder& binder, const attention_problem::Problem& p, const AttentionOptions& options);
+
+}  // namespace mfa::attention_runner

@@ -1,0 +1,362 @@
+// mfa::attention_with_kvcache: python/mfa_native/ops/kvcache.py in C++, with its
+// messages, in its order. The cache's checks come first (shapes, the append's
+// arrays, the pages' layout, the block table's form); the caches are then bound
+// as the rows the kernels read (pages.py's as_rows: every page's rows, shared
+// by every batch with stride 0), and q, the rows and the options are checked by
+// attention's declaration and options as Python's validate does; then the
+// contents every call reads (the lengths, the room to append, the pages read);
+// then the entry's pass runs (attention_runner.hpp): the append kernels, then
+// attention.
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "attention_runner.hpp"
+#include "mfa/kvcache.hpp"
+#include "view_packing.hpp"
+
+namespace mfa {
+
+namespace {
+
+using attention_problem::Problem;
+using namespace attention_runner;
+
+// GGUF's block formats: bytes per block of 32 values (quant_formats.py's GGUF_BLOCKS).
+const std::map<std::string, std::int64_t> kBlockBytes = {
+    {"q8_0", 34}, {"q4_0", 18}, {"q4_1", 20}, {"q5_0", 22}, {"q5_1", 24}};
+constexpr std::int64_t kBlockValues = 32;
+
+// One cache argument: what Python reads off it (its logical shape, the arrays it binds).
+struct Cache {
+  std::string name;                 // k_cache or v_cache
+  const KVCache* given = nullptr;
+  std::vector<std::int64_t> shape;  // logical: (B, Cmax, Hkv, D) or (num_blocks, page_size, Hkv, D)
+  const TensorView& stored() const { return given->plain ? *given->plain : given->quantized->data; }
+  std::string field() const { return given->plain ? name : name + ".data"; }
+};
+
+std::string bytes_text(const TensorView& view) {
+  std::vector<std::int64_t> bytes;
+  for (std::int64_t s : checked(view, "").strides) bytes.push_back(s * std::int64_t(dtype_size(view.dtype)));
+  return shape_text(bytes);
+}
+
+Cache cache_of(const KVCache& given, const std::string& name, const std::string& axes) {
+  Cache cache{name, &given, {}};
+  if (given.plain) {
+    cache.shape = given.plain->shape;
+  } else {
+    const QuantizedTensor& q = *given.quantized;
+    const auto block = kBlockBytes.find(q.format);
+    if (block == kBlockBytes.end())
+      throw ArgumentError(name + ".format must be one of q8_0, q4_0, q4_1, q5_0, q5_1 (GGUF's blocks), got '" +
+                          q.format + "'");
+    if (q.data.dtype != DType::uint8)
+      throw TypeError(name + ".data must be uint8 (" + q.format + " blocks), got " + to_string(q.data.dtype));
+    cache.shape = q.data.shape;
+    if (!cache.shape.empty()) {
+      if (cache.shape.back() % block->second)
+        throw ArgumentError(name + ".data's last axis (" + std::to_string(cache.shape.back()) +
+                            " bytes) holds no whole number of " + q.format + " blocks (" +
+                            std::to_string(block->second) + " bytes)");
+      cache.shape.back() = cache.shape.back() / block->second * kBlockValues;
+    }
+  }
+  if (cache.shape.size() != 4)
+    throw ArgumentError(name + " must have 4 dimensions " + axes + ", got shape " + shape_text(cache.shape));
+  return cache;
+}
+
+// pages.py's page_rows: how many rows one page's start is from the next's.
+std::int64_t page_rows(const Cache& cache) {
+  const Checked pages = checked(cache.stored(), cache.field());
+  const std::int64_t blocks = cache.shape[0], page = cache.shape[1];
+  if (blocks <= 1 || page == 1) return page;
+  const std::int64_t between = pages.strides[0], row = pages.strides[1];
+  if (row <= 0 || between % row || between / row < page)
+    throw ArgumentError(cache.field() + "'s pages must be whole rows apart, without overlapping (stride of axis 0 a "
+                        "multiple, at least page_size, of axis 1's), got strides " + bytes_text(cache.stored()));
+  return between / row;
+}
+
+// The value of element `index` of a 1- or 2-d int32 view.
+std::int64_t element(const Checked& view, std::int64_t i, std::int64_t j = 0) {
+  const std::int64_t at = i * view.strides[0] + (view.strides.size() > 1 ? j * view.strides[1] : 0);
+  return static_cast<const std::int32_t*>(view.view->data)[at];
+}
+
+// The call's cache facts and checks (Python's Cache), then its bound views.
+class KVCall {
+ public:
+  KVCall(const Device& device, const Bundle& bundle, const TensorView& q, const KVCache& k_cache,
+         const KVCache& v_cache, const TensorView& out, const KVCacheOptions& o, const TensorView* lse)
+      : device_(device), options_(o) {
+    if (q.shape.size() != 4)
+      throw ArgumentError("q must have 4 dimensions (B, R, Hq, D), got shape " + shape_text(q.shape));
+    check_caches(q, k_cache, v_cache);
+    rows_[0] = rows_view(k_), rows_[1] = rows_view(v_);
+    attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
+    attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
+    attention_.alibi_slopes = o.alibi_slopes;
+    std::map<std::string, const TensorView*> given = {
+        {"q", &q}, {"k", &rows_[0]}, {"v", &rows_[1]}, {"out", &out}, {"lse", lse}, {"mask", nullptr},
+        {"sinks", o.sinks ? &*o.sinks : nullptr}, {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
+    binder_.emplace(bundle.contents().declaration("attention"), "bshd", std::move(given));
+    problem_ = attention_problem::checked_problem(*binder_, attention_);
+    check_contents();
+  }
+
+  void run(CommandBatch* batch, const Bundle& bundle) {
+    if (problem_.empty()) {
+      append_on_host();
+      return write_empty_forward(*binder_, problem_, attention_);
+    }
+    BundleFacts want = facts_of(problem_, device_.tuning().family, false);
+    want.op = "attention_with_kvcache";
+    want.page_size = paged_ ? page_ : 0;
+    want.cache = k_.given->plain ? "plain" : k_.given->quantized->format;
+    want.append = appended_ > 0;
+    if (v_.given->plain.has_value() != k_.given->plain.has_value() ||
+        (v_.given->quantized && v_.given->quantized->format != want.cache))
+      throw ArgumentError("k_cache and v_cache must be stored alike in a bundle call (an entry bakes one cache "
+                          "storage), got " + storage(k_) + " and " + storage(v_));
+    const BundleEntry& entry = entry_for(bundle, want);
+    PassViews views(device_, *binder_, attention_);
+    for (int i = 0; i < 2; ++i)
+      if (const Cache& cache = i ? v_ : k_; cache.given->quantized) views.add(cache.name.substr(0, 1), data_rows(cache));
+    bind_contiguous(views, "cache_seqlens", lengths_);
+    if (paged_) bind_contiguous(views, "block_table", checked(*options_.block_table, "block_table"));
+    if (appended_) {
+      bind_contiguous(views, "k_new", checked(*options_.k, "k"));
+      bind_contiguous(views, "v_new", checked(*options_.v, "v"));
+    }
+    SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
+    sizes["Rn"] = appended_;
+    if (paged_) sizes["Wt"] = width_;
+    attention_runner::run(device_, batch, entry.forward, entry.line, sizes, views);
+  }
+
+ private:
+  static std::string storage(const Cache& cache) {
+    return cache.given->plain ? "plain" : cache.given->quantized->format;
+  }
+
+  void check_caches(const TensorView& q, const KVCache& k_cache, const KVCache& v_cache) {
+    const KVCacheOptions& o = options_;
+    paged_ = o.block_table != nullptr;
+    batch_ = q.shape[0];
+    q_dtype_ = q.dtype;
+    const std::string axes = paged_ ? "(num_blocks, page_size, Hkv, D)" : "(B, Cmax, Hkv, D)";
+    k_ = cache_of(k_cache, "k_cache", axes), v_ = cache_of(v_cache, "v_cache", axes);
+    for (const Cache* cache : {&k_, &v_})
+      if (cache->given->plain && cache->given->plain->dtype != q.dtype)
+        throw TypeError(cache->name + " has dtype " + to_string(cache->given->plain->dtype) + " but q has " +
+                        to_string(q.dtype) + "; q and the caches must share one dtype (float32, float16, "
+                        "bfloat16), or a cache be float8 or a QuantizedTensor");
+    if (!std::equal(k_.shape.begin(), k_.shape.begin() + 3, v_.shape.begin()))
+      throw ArgumentError("v_cache must have k_cache's leading axes: k_cache " + shape_text(k_.shape) + ", v_cache " +
+                          shape_text(v_.shape));
+    if ((o.k == nullptr) != (o.v == nullptr))
+      throw ArgumentError("k and v are appended together: give both or neither");
+    if (o.k) {
+      if (o.k->shape.size() != 4)
+        throw ArgumentError("k must have 4 dimensions (B, Rn, Hkv, D), got shape " + shape_text(o.k->shape));
+      appended_ = o.k->shape[1];
+    }
+    for (const auto& [rows, cache, name] : {std::tuple(o.k, &k_, "k"), std::tuple(o.v, &v_, "v")}) {
+      if (!rows) continue;
+      const std::vector<std::int64_t> want = {batch_, appended_, cache->shape[2], cache->shape[3]};
+      if (rows->shape != want || rows->dtype != q.dtype)
+        throw ArgumentError(std::string(name) + " must be (B, Rn, Hkv, " + (name == std::string("k") ? "D" : "Dv") +
+                            ") = " + shape_text(want) + " of q's dtype " + to_string(q.dtype) + ", got " + shape_text(rows->shape) + " " +
+                            to_string(rows->dtype));
+    }
+    if (paged_) {
+      page_ = k_.shape[1];
+      blocks_ = k_.shape[0];
+      if (page_ == 0)
+        throw ArgumentError("k_cache's page_size (axis 1 of " + axes + ") must be at least 1, got shape " +
+                            shape_text(k_.shape));
+      page_rows_ = page_rows(k_);
+      const std::int64_t v_rows = page_rows(v_);
+      if (v_rows != page_rows_)
+        throw ArgumentError("v_cache's pages must be as many rows apart as k_cache's (" + std::to_string(page_rows_) +
+                            "), got " + std::to_string(v_rows));
+      const TensorView& table = *o.block_table;
+      if (table.dtype != DType::int32 || table.shape.size() != 2 || table.shape[0] != batch_)
+        throw ArgumentError("block_table must be int32 (B, max_blocks) with B = " + std::to_string(batch_) +
+                            ", got " + to_string(table.dtype) + " " + shape_text(table.shape));
+      width_ = table.shape[1];
+      capacity_ = width_ * page_;
+      if (page_rows_ != page_)
+        throw ArgumentError("k_cache's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry "
+                            "reads pages that follow each other (page_size " + std::to_string(page_) + " rows apart)");
+    } else if (k_.shape[0] != batch_) {
+      throw ArgumentError("k_cache must be (B, Cmax, Hkv, D) with q's B = " + std::to_string(batch_) + ", got " +
+                          shape_text(k_.shape));
+    } else {
+      capacity_ = k_.shape[1];
+    }
+  }
+
+  // The cache as the kernels read it: (B, rows, Hkv, D), a paged cache's rows shared by every
+  // batch (stride 0). A quantized cache: its logical rows, contiguous (what the binder checks).
+  TensorView rows_view(const Cache& cache) const {
+    const std::vector<std::int64_t> shape = {batch_, rows(cache), cache.shape[2], cache.shape[3]};
+    // Python checks no dtype of a quantized cache here: the view has q's.
+    if (cache.given->quantized) return TensorView{cache.stored().data, q_dtype_, shape, {}};
+    const Checked pages = checked(cache.stored(), cache.name);
+    const std::int64_t row = cache.shape[1] == 1 ? pages.strides[0] : pages.strides[1];
+    std::vector<std::int64_t> strides = {paged_ ? 0 : pages.strides[0], row, pages.strides[2], pages.strides[3]};
+    return TensorView{cache.stored().data, cache.stored().dtype, shape, strides};
+  }
+
+  std::int64_t rows(const Cache& cache) const {
+    if (!paged_) return cache.shape[1];
+    return cache.shape[0] ? (cache.shape[0] - 1) * page_rows_ + cache.shape[1] : 0;
+  }
+
+  // A quantized cache's blocks as the pass binds them: (B, rows, Hkv, bytes per row), contiguous
+  // or a paged cache's rows shared by every batch (stride 0).
+  Checked data_rows(const Cache& cache) {
+    const TensorView& data = cache.stored();
+    const Checked given = checked(data, cache.field());
+    if (given.strides != contiguous(data.shape) && !std::all_of(data.shape.begin(), data.shape.end(),
+                                                                 [](std::int64_t n) { return n <= 1; }))
+      throw ArgumentError(cache.field() + " must be contiguous in a bundle call (its kernels read the blocks at "
+                          "fixed strides), got strides " + shape_text(given.strides));
+    const std::int64_t bytes = data.shape[3], heads = data.shape[2];
+    TensorView& view = data_rows_[cache.name[0] == 'k' ? 0 : 1];
+    view = TensorView{data.data, DType::uint8, {batch_, rows(cache), heads, bytes},
+                      {paged_ ? 0 : rows(cache) * heads * bytes, heads * bytes, bytes, 1}};
+    return checked(view, cache.field());
+  }
+
+  void bind_contiguous(PassViews& views, const std::string& buffer, Checked view) const {
+    view_packing::make_addressable(device_, view, view_packing::Reads::contiguous);
+    views.add(buffer, std::move(view));
+  }
+
+  // Cache.check: the lengths (the capacity without them), the room to append, the pages read;
+  // on Metal, no append to k and v caches sharing memory.
+  void check_contents() {
+    const KVCacheOptions& o = options_;
+    if (!o.cache_seqlens) {
+      if (appended_)
+        throw ArgumentError("cache_seqlens is required with k and v: it says where the append writes (without it "
+                            "every sequence is the cache's whole capacity, flash-attn's rule)");
+      capacity_lengths_ = TensorView{nullptr, DType::int32, {batch_}, {1}};
+      lengths_ = Checked{&capacity_lengths_, "cache_seqlens", {batch_}, {1}, batch_,
+                         device_.new_buffer(std::size_t(std::max<std::int64_t>(batch_, 1)) * 4)};
+      std::fill_n(static_cast<std::int32_t*>(lengths_.packed.data()), batch_, std::int32_t(capacity_));
+      return;
+    }
+    const TensorView& given = *o.cache_seqlens;
+    if (given.dtype != DType::int32 || given.shape != std::vector<std::int64_t>{batch_})
+      throw ArgumentError("cache_seqlens must be int32 (B,) = (" + std::to_string(batch_) + ",), got " +
+                          to_string(given.dtype) + " " + shape_text(given.shape));
+    lengths_ = checked(given, "cache_seqlens");
+    std::vector<std::int64_t> attended(std::size_t(batch_), 0);
+    std::int64_t lowest = 0, longest = -1;
+    for (std::int64_t b = 0; b < batch_; ++b) {
+      const std::int64_t length = element(lengths_, b);
+      lowest = b ? std::min(lowest, length) : length;
+      attended[b] = length + appended_;
+      if (longest < 0 || attended[b] > attended[longest]) longest = b;
+    }
+    if (batch_ && lowest < 0) throw ArgumentError("cache_seqlens must not be negative, got " + std::to_string(lowest));
+    if (batch_ && attended[longest] > capacity_)
+      throw ArgumentError("cache_seqlens[" + std::to_string(longest) + "] + Rn = " +
+                          std::to_string(element(lengths_, longest)) + " + " + std::to_string(appended_) +
+                          " is beyond the cache's capacity " + std::to_string(capacity_) +
+                          (paged_ ? " (max_blocks * page_size)" : " (Cmax)"));
+    if (paged_) check_pages_read(attended);
+    if (appended_ && device_.kind() == DeviceKind::metal && overlaps(k_, v_))
+      throw ArgumentError("v_cache shares memory with k_cache (one stacked tensor): on Metal an append to them would "
+                          "let one cache's staged copy overwrite the other's new rows; give separate k and v tensors "
+                          "there (the cpu backend takes stacked ones)");
+  }
+
+  // pages.py's check_pages_read: every page holding one of batch b's attended positions is one of k_cache's.
+  void check_pages_read(const std::vector<std::int64_t>& attended) const {
+    const Checked table = checked(*options_.block_table, "block_table");
+    for (std::int64_t b = 0; b < batch_; ++b)
+      for (std::int64_t i = 0; i < width_ && i < (attended[b] + page_ - 1) / page_; ++i)
+        if (const std::int64_t page = element(table, b, i); page < 0 || page >= blocks_)
+          throw ArgumentError("block_table[" + std::to_string(b) + ", " + std::to_string(i) + "] = " +
+                              std::to_string(page) + " is not a page of k_cache (0.." + std::to_string(blocks_ - 1) +
+                              "), and batch " + std::to_string(b) + " reads that page");
+  }
+
+  static bool overlaps(const Cache& a, const Cache& b) {
+    auto range = [](const TensorView& view) {
+      const Checked c = checked(view, "");
+      std::int64_t last = 0;
+      for (std::size_t i = 0; i < c.shape.size(); ++i) last += (c.shape[i] - 1) * c.strides[i];
+      const auto* start = static_cast<const unsigned char*>(view.data);
+      return std::make_pair(start, start + (last + 1) * std::int64_t(dtype_size(view.dtype)));
+    };
+    const auto [a0, a1] = range(a.stored());
+    const auto [b0, b1] = range(b.stored());
+    return a0 < b1 && b0 < a1;
+  }
+
+  // Cache.append_on_host: an empty problem runs no kernel, so plain rows are copied here.
+  void append_on_host() const {
+    if (!appended_) return;
+    for (const Cache* cache : {&k_, &v_})
+      if (cache->given->quantized)
+        throw ArgumentError(cache->name + ": appending to a QuantizedTensor or float8 cache needs a non-empty problem "
+                            "(queries and heads): the append kernels run in the attention pass");
+    const Checked table = paged_ ? checked(*options_.block_table, "block_table") : Checked{};
+    for (int i = 0; i < 2; ++i) {
+      const Cache& cache = i ? v_ : k_;
+      const Checked pages = checked(cache.stored(), cache.name), rows = checked(*(i ? options_.v : options_.k), "k");
+      const std::size_t size = dtype_size(cache.stored().dtype);
+      for (std::int64_t b = 0; b < batch_; ++b)
+        for (std::int64_t r = 0; r < appended_; ++r) {
+          const std::int64_t position = element(lengths_, b) + r;
+          const std::int64_t outer = paged_ ? element(table, b, position / page_) : b;
+          const std::int64_t row = paged_ ? position % page_ : position;
+          for (std::int64_t h = 0; h < cache.shape[2]; ++h)
+            for (std::int64_t d = 0; d < cache.shape[3]; ++d) {
+              const std::int64_t to = outer * pages.strides[0] + row * pages.strides[1] + h * pages.strides[2] +
+                                      d * pages.strides[3];
+              const std::int64_t from = b * rows.strides[0] + r * rows.strides[1] + h * rows.strides[2] +
+                                        d * rows.strides[3];
+              std::memcpy(static_cast<unsigned char*>(cache.stored().data) + to * size,
+                          static_cast<const unsigned char*>(rows.view->data) + from * size, size);
+            }
+        }
+    }
+  }
+
+  const Device& device_;
+  const KVCacheOptions& options_;
+  AttentionOptions attention_;
+  Cache k_, v_;
+  bool paged_ = false;
+  DType q_dtype_ = DType::float32;
+  std::int64_t batch_ = 0, appended_ = 0, page_ = 0, page_rows_ = 0, blocks_ = 0, width_ = 0, capacity_ = 0;
+  TensorView rows_[2], data_rows_[2], capacity_lengths_;
+  Checked lengths_;
+  std::optional<Binder> binder_;
+  Problem problem_;
+};
+
+}  // namespace
+
+void attention_with_kvcache(const Device& device, const Bundle& bundle, const TensorView& q, const KVCache& k_cache,
+                            const KVCache& v_cache, const TensorView& out, const KVCacheOptions& options,
+                            const TensorView* lse) {
+  KVCall(device, bundle, q, k_cache, v_cache, out, options, lse).run(nullptr, bundle);
+}
+
+void attention_with_kvcache(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const KVCache& k_cache,
+                            const KVCache& v_cache, const TensorView& out, const KVCacheOptions& options,
+                            const TensorView* lse) {
+  KVCall(batch.device(), bundle, q, k_cache, v_cache, out, options, lse).run(&batch, bundle);
+}
+
+}  // namespace mfa
