@@ -1,8 +1,9 @@
-// A toy decode engine: a 2-layer transformer with random weights prefills a prompt, then
-// generates 8 tokens greedily, its K/V in a paged q8_0 cache appended in place by one
-// mfa::attention_with_kvcache call per layer per step. examples/cpp/decode_twin.py prints the same line.
+// A toy decode engine on mfa::attention_with_kvcache: a 2-layer GQA transformer with random
+// weights prefills an 11-token prompt, then decodes greedily for 8 steps, its K/V in paged q8_0
+// caches appended in place (one call per layer per step). It prints the 9 tokens it chose and a
+// checksum of every logit; examples/cpp/decode_twin.py is the same engine in numpy.
 //   python -m mfa_native bundle -o decode.mfab --spec examples/cpp/decode_spec.json
-//   usage: decode BUNDLE
+//   usage: decode BUNDLE   (with MFA_NATIVE_DEVICE=cpu it prints the twin's line, bit for bit)
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
