@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <vector>
 
-#include "mfa/kvcache.hpp"
 #include "mfa/mfa.hpp"
 
 namespace {
@@ -112,7 +111,8 @@ int main(int argc, char** argv) {
     for (int step = 0; step <= STEPS; ++step) {  // the prefill, then one token a step
       const std::int64_t rows = std::int64_t(tokens.size());
       Tensor x;
-      for (int t : tokens) x.insert(x.end(), &embedding[std::size_t(t) * DIM], &embedding[std::size_t(t + 1) * DIM]);
+      for (int t : tokens)
+        x.insert(x.end(), embedding.begin() + std::size_t(t) * DIM, embedding.begin() + std::size_t(t + 1) * DIM);
       for (int l = 0; l < LAYERS; ++l) {
         const Layer& w = layers[l];
         const Tensor h = rms_norm(x);
