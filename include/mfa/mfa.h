@@ -18,9 +18,10 @@
  * softcap, alibi_slopes, score_mod and score_mod_tensors (a score_mod's text);
  * attention_backward's o, lse, do and outputs dq, dk, dv, dsinks; attention's
  * outputs out and lse; attention_with_kvcache's q, k_cache, v_cache (tensors, or
- * quantized: mfa_call_set_quantized), cache_seqlens, k, v, block_table, scale,
- * causal, window, sinks, softcap, alibi_slopes, out and lse, its k and v appended
- * to the caches in place). New ops and arguments need no new functions here. Giving attention's lse is Python's
+ * quantized: mfa_call_set_quantized), cache_seqlens, k, v, block_table,
+ * rotary_cos, rotary_sin, rotary_seqlens, rotary_interleaved, scale, causal, window,
+ * sinks, softcap, alibi_slopes, out and lse, its k and v appended to the caches in
+ * place). New ops and arguments need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle
  * entries include/mfa/attention.hpp's; on the cpu backend the results are

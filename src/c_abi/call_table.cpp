@@ -101,6 +101,9 @@ KVCacheOptions kvcache_options(const Given& g) {
   o.cache_seqlens = g.optional_tensor("cache_seqlens");
   o.k = g.optional_tensor("k"), o.v = g.optional_tensor("v");
   o.block_table = g.optional_tensor("block_table");
+  o.rotary_cos = g.optional_tensor("rotary_cos"), o.rotary_sin = g.optional_tensor("rotary_sin");
+  o.rotary_seqlens = g.optional_tensor("rotary_seqlens");
+  o.rotary_interleaved = g.flag("rotary_interleaved", true);
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
   o.alibi_slopes = a.alibi_slopes;
   return o;
@@ -155,7 +158,10 @@ const std::vector<Op>& ops() {
                      {"v_cache", kTensor | bit(Kind::quantized), true, nullptr},
                      {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr},
                      {"cache_seqlens", kTensor, false, nullptr}, {"k", kTensor, false, nullptr},
-                     {"v", kTensor, false, nullptr}, {"block_table", kTensor, false, nullptr}},
+                     {"v", kTensor, false, nullptr}, {"block_table", kTensor, false, nullptr},
+                     {"rotary_cos", kTensor, false, nullptr}, {"rotary_sin", kTensor, false, nullptr},
+                     {"rotary_seqlens", kTensor, false, nullptr},
+                     {"rotary_interleaved", bit(Kind::boolean), false, nullptr}},
                     kKVCacheOptions),
        run_attention_with_kvcache, encode_attention_with_kvcache},
   };
@@ -194,6 +200,11 @@ KVCache Given::cache(const std::string& name, DType dtype) const {
   if (it == values_.end()) throw TypeError(std::string(op_.name) + "() missing 1 required argument: " + quoted(name));
   if (const Quantized* q = std::get_if<Quantized>(&it->second)) return QuantizedTensor{q->format, q->data, dtype};
   return std::get<TensorView>(it->second);
+}
+
+bool Given::flag(const std::string& name, bool otherwise) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? otherwise : std::get<bool>(it->second);
 }
 
 AttentionOptions Given::options() const {

@@ -42,6 +42,8 @@ class Given {
   Given(const Op& op, const std::map<std::string, Value>& values) : op_(op), values_(values) {}
   const TensorView& tensor(const std::string& name) const;   // a required tensor (checked before run)
   const TensorView* optional_tensor(const std::string& name) const;
+  // A boolean argument the op reads itself (not an AttentionOptions field), or `otherwise`.
+  bool flag(const std::string& name, bool otherwise) const;
   // A required cache: a tensor, or a quantized tensor of `dtype` (q's).
   KVCache cache(const std::string& name, DType dtype) const;
   // The op's options: every option row applied to the values given.
@@ -57,7 +59,7 @@ struct Param {
   unsigned kinds;   // bit(kind) per setter the argument takes
   bool required;
   // An option: stores `value` in `options`, throwing as Python does for a bad
-  // value; nullptr for a tensor the op's function takes by name.
+  // value; nullptr for a tensor or flag the op's function takes by name.
   void (*option)(const Value& value, AttentionOptions& options);
 };
 

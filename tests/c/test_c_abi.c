@@ -171,6 +171,11 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
          "cache_seqlens[0] + Rn = 12 + 1 is beyond the cache's capacity 12", "an append past the pages");
   CHECK(memcmp(k_pages, k_copy, npages) == 0 && isnan(out[0]), "a refused append wrote something");
   OK(mfa_call_set_tensor(call, "cache_seqlens", &vlengths));
+  OK(mfa_call_set_tensor(call, "rotary_cos", &vq)); /* the rotary arguments reach the op: */
+  OK(mfa_call_set_bool(call, "rotary_interleaved", 0));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR, "rotary_cos and rotary_sin are given together",
+         "rotary_cos without rotary_sin");
+  OK(mfa_call_set_none(call, "rotary_cos"));
   OK(mfa_call_run(call, device));
   char error[4096] = "";
   CHECK(cpp_attention_with_kvcache(path, "q8_0", &vq, &rkp, &rvp, &vlengths, &vk, &vv, &vtable, &rout, &rlse, error,

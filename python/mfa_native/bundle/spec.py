@@ -26,7 +26,11 @@ window, sinks, softcap, alibi and family as attention's, and three keys of its o
 (num_blocks, page_size, Hkv, D) and a block table), omitted [null]; `cache` the storage, of
 "plain" (q's dtype) and GGUF's "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", omitted every one;
 `append` whether a call writes k and v into the cache, omitted both. Rn, the block table's
-width and the page count are runtime values.
+width and the page count are runtime values. The rotary embedding of an appending call (its
+rotary_cos and rotary_sin) is three keys: `rotary_dim` a list of null (no rotation) or the
+even number of features that turn, omitted [null]; `rotary_interleaved` and
+`rotary_seqlens` (whether calls give rotary_seqlens) lists of bools, each omitted both. An
+entry without an append has no rotation; the tables' length is a runtime value.
 
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
@@ -54,7 +58,8 @@ KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "
         "layout", "softcap", "alibi", "score_mod", "family", "backward")
 KVCACHE = "attention_with_kvcache"
 KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
-                "family", "page_size", "cache", "append")
+                "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
+RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
@@ -86,6 +91,7 @@ class EntryFacts:
     page_size: int | None = None
     cache: str = "plain"
     append: bool = False
+    rotary: RotaryFacts | None = None
 
     def to_json(self) -> dict:
         score_mod = None if self.score_mod is None else {
@@ -95,8 +101,9 @@ class EntryFacts:
                 "window": self.window, "sinks": self.sinks, "layout": self.layout,
                 "softcap": self.softcap, "alibi": self.alibi, "score_mod": score_mod,
                 "family": self.family, "backward": self.backward,
-                **({"page_size": self.page_size, "cache": self.cache, "append": self.append} if self.op == KVCACHE
-                   else {})}
+                **({"page_size": self.page_size, "cache": self.cache, "append": self.append,
+                    "rotary": None if self.rotary is None else dict(zip(("dim", "interleaved", "starts"), self.rotary))}
+                   if self.op == KVCACHE else {})}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -199,24 +206,27 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if not isinstance(backward, bool):
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
-    caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False)]
+    caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False, None)]
 
     entries = []
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
-        for dv, (page_size, cache, append) in itertools.product(value_dims or [d], caches):
+        for dv, (page_size, cache, append, rotary) in itertools.product(value_dims or [d], caches):
             if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
                 raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
                                  f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
+            if rotary is not None and rotary[0] > d:
+                raise ValueError(f"{where}: 'rotary_dim' {rotary[0]} is more than head_dim {d}")
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
                 entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append))
+                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append,
+                                          rotary))
     return entries
 
 
-def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool]]:
-    """A KV-cache family's (page_size, cache, append) crossed."""
+def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, RotaryFacts | None]]:
+    """A KV-cache family's (page_size, cache, append, rotary) crossed; a rotation only with an append."""
     pages = _list(family, "page_size", [None], where)
     for page in pages:
         if page is not None and (isinstance(page, bool) or not isinstance(page, int) or page < 1):
@@ -224,7 +234,17 @@ def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool]]:
                              f"got {page!r}")
     caches = _choices(_list(family, "cache", list(CACHES), where), CACHES, "cache", where)
     appends = _bools(_list(family, "append", [False, True], where), "append", where)
-    return list(itertools.product(pages, caches, appends))
+    dims = _list(family, "rotary_dim", [None], where)
+    for dim in dims:
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2):
+            raise ValueError(f"{where}: 'rotary_dim' values must be null or even integers >= 2, got {dim!r}")
+    interleaved = _bools(_list(family, "rotary_interleaved", [True, False], where), "rotary_interleaved", where)
+    starts = ["rotary_seqlens" if given else "cache_seqlens"
+              for given in _bools(_list(family, "rotary_seqlens", [False, True], where), "rotary_seqlens", where)]
+    rotations = [None] * (None in dims) + [r for r in itertools.product([d for d in dims if d is not None],
+                                                                         interleaved, starts)]
+    return [(page, cache, append, rotary) for page, cache, append, rotary in
+            itertools.product(pages, caches, appends, rotations) if append or rotary is None]
 
 
 def entries_of(spec: dict | str) -> list[EntryFacts]:

@@ -27,6 +27,7 @@ from typing import Callable
 
 from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, attention_backward_template,
                        attention_template, packs_plain_heads)
+from ..codegen.attention.rotary import Rotary
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
 from ..quant_formats import QuantFormat
@@ -75,7 +76,12 @@ def cache_keys(p: AttentionProblem, facts: EntryFacts) -> AttentionProblem:
     cache's fields are laid out contiguous, their rows shared by every batch when paged
     (stride 0): two batches, so the stride is generated as the literal 0 it is."""
     page = facts.page_size
-    p = replace(p, batch=2, keys=CacheKeys(int(facts.append), page, -(-p.kv_len // page) if page else None, page))
+    rotary = None
+    if facts.rotary is not None:   # q's rows turn at consecutive positions with causal or a window (ops/kvcache.py)
+        dim, interleaved, starts = facts.rotary
+        rotary = Rotary(dim, interleaved, facts.causal != "none" or facts.window, starts)
+    p = replace(p, batch=2, keys=CacheKeys(int(facts.append), page, -(-p.kv_len // page) if page else None, page,
+                                           rotary, 1 if rotary else 0))
     if facts.cache == "plain":
         return replace(p, k_storage=PLAIN, v_storage=PLAIN)
     quant = QuantFormat.of(facts.cache)
@@ -125,6 +131,10 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     if op == KVCACHE:
         cache = (f" page_size={facts['page_size'] or 'none'} cache={facts['cache']} "
                  f"append={'yes' if facts['append'] else 'no'}")
+        if facts["rotary"]:
+            rotary = facts["rotary"]
+            cache += (f" rotary_dim={rotary['dim']} rotary_interleaved={'yes' if rotary['interleaved'] else 'no'} "
+                      f"rotary_starts={rotary['starts']}")
     return (f"{op} {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
             f"causal={facts['causal']} mask={mask} window={'yes' if facts['window'] else 'no'} sinks={'yes' if facts['sinks'] else 'no'} "
             f"layout={facts['layout']}{scores_text(facts)}{cache} family={facts['family']} "
