@@ -160,3 +160,18 @@ def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
     with pytest.raises(ValueError, match=r"(?s)no entry for attention_with_kvcache .* page_size=5 .*it holds:\n  "
                                          r"attention_with_kvcache float32"):
         _cpp(bundle, q, caches, args, poison((B, 1, 2 * HKV, D), np.float32), poison((B, 2 * HKV, 1), np.float32))
+
+
+def test_a_rotating_window_entry_serves_no_call_that_turns_q_otherwise():
+    """Without causal, q's rows turn at one position unless a window is given (flash-attn's
+    rule), so an entry baked with a window cannot serve a windowless call that rotates."""
+    family = {**BASE, "dtype": ["float32"], "causal": ["none"], "window": [True], "page_size": [4],
+              "cache": ["q8_0"], "append": [True], "rotary_dim": [16], "rotary_interleaved": [False],
+              "rotary_seqlens": [True]}
+    windowed = _core._Bundle.from_bytes(pack(build_payload(entries_of({"families": [family]}))))
+    rng = np.random.default_rng(5)
+    q, caches, args = _problem(rng, "float32", True, True, 1, 1, dict(rotary=(16, False, True)))
+    args["causal"] = False
+    out, rows = poison((B, 1, 2 * HKV, D), np.float32), poison((B, 2 * HKV, 1), np.float32)
+    with pytest.raises(ValueError, match="no entry for attention_with_kvcache .* causal=none .* window=no"):
+        _cpp(windowed, q, _copies(caches), args, out, rows)
