@@ -18,9 +18,10 @@
 // What a bundle entry fixes (spec keys): the dtype, D, Dv, the GQA ratio,
 // causal, whether it takes a window, sinks, softcap and ALiBi as for attention,
 // the page size (contiguous or `page_size` rows a page), the cache's storage
-// ("plain" or a GGUF format) and whether the call appends. Batch, heads,
-// lengths, Rn, the block table's width, page counts, the window's sides, the
-// scale and q's strides are runtime values. The caches are read and written in
+// ("plain" or a GGUF format), whether the call appends, and its rotation (the
+// rotary dim, interleaved or not, whether rotary_seqlens is given). Batch,
+// heads, lengths, Rn, the block table's width, page counts, the tables'
+// length, the window's sides, the scale and q's strides are runtime values. The caches are read and written in
 // place and must be contiguous (pages following each other).
 #pragma once
 
@@ -61,6 +62,14 @@ struct KVCacheOptions {
   const TensorView* k = nullptr;            // (B, Rn, Hkv, D) of q's dtype, appended in place
   const TensorView* v = nullptr;            // (B, Rn, Hkv, Dv), given with k
   const TensorView* block_table = nullptr;  // int32 (B, max_blocks): the caches are pages
+  // The rotary embedding of q and the appended k (flash-attn's): tables (seqlen_ro,
+  // rotary_dim / 2) of q's dtype, given together and with k and v; row i of batch b turns at
+  // position rotary_seqlens[b] (else cache_seqlens[b]) + i (q's rows all at the start unless
+  // causal or a window); pairs (2j, 2j + 1) when interleaved, else (j, j + rotary_dim / 2).
+  const TensorView* rotary_cos = nullptr;
+  const TensorView* rotary_sin = nullptr;
+  const TensorView* rotary_seqlens = nullptr;  // int32 (B,)
+  bool rotary_interleaved = true;
   std::optional<double> scale;              // default 1/sqrt(D); a runtime value
   Causal causal = Causal::none;             // lower_right: flash-attn's causal=True
   std::optional<std::pair<std::int64_t, std::int64_t>> window;  // as AttentionOptions::window

@@ -20,6 +20,7 @@
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/device.hpp"
+#include "mfa/kvcache.hpp"
 
 namespace mfa::metal {
 
@@ -48,8 +49,10 @@ void encode(const Device& device, std::vector<Dispatch> dispatches, void* comman
 // (not an MTLBuffer).
 Buffer wrap_buffer(const Device& device, void* mtl_buffer, std::size_t byte_offset, std::size_t bytes);
 
-// mfa::attention / attention_backward (include/mfa/attention.hpp: the same
-// checks, entry and pass) encoded into `command_buffer`, an id<MTLCommandBuffer>
+// mfa::attention / attention_backward (include/mfa/attention.hpp) and
+// attention_with_kvcache (include/mfa/kvcache.hpp; the caches it appends to are
+// outputs here: written in place, or staged and copied back) with the same
+// checks, entry and pass, encoded into `command_buffer`, an id<MTLCommandBuffer>
 // of `device`'s GPU that is not committed yet and has no encoder open, without
 // committing it: the pass gets one compute encoder of its own, after the
 // encoders the caller encoded before, and runs when the caller commits.
@@ -85,6 +88,10 @@ std::shared_future<void> attention_backward(const Device& device, const Bundle& 
                                             const TensorView& dk, const TensorView& dv,
                                             const AttentionOptions& options, const TensorView* dsinks,
                                             void* command_buffer);
+std::shared_future<void> attention_with_kvcache(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                const KVCache& k_cache, const KVCache& v_cache,
+                                                const TensorView& out, const KVCacheOptions& options,
+                                                const TensorView* lse, void* command_buffer);
 
 }  // namespace mfa::metal
 
@@ -116,6 +123,15 @@ inline std::shared_future<void> attention_backward(const Device& device, const B
                                                    id<MTLCommandBuffer> command_buffer) {
   return attention_backward(device, bundle, q, k, v, o, lse, dout, dq, dk, dv, options, dsinks,
                             (__bridge void*)command_buffer);
+}
+
+inline std::shared_future<void> attention_with_kvcache(const Device& device, const Bundle& bundle,
+                                                       const TensorView& q, const KVCache& k_cache,
+                                                       const KVCache& v_cache, const TensorView& out,
+                                                       const KVCacheOptions& options, const TensorView* lse,
+                                                       id<MTLCommandBuffer> command_buffer) {
+  return attention_with_kvcache(device, bundle, q, k_cache, v_cache, out, options, lse,
+                                (__bridge void*)command_buffer);
 }
 
 }  // namespace mfa::metal

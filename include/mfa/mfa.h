@@ -12,12 +12,16 @@
  *   if (mfa_call_run(call, device) != MFA_OK) fprintf(stderr, "%s\n", mfa_last_error());
  *   mfa_call_free(call);  mfa_bundle_free(bundle);  mfa_device_free(device);
  *
- * A call is an op by name ("attention", "attention_backward") and its arguments
- * set by name, with Python's names and values (mfa_native.attention's q, k, v,
- * mask, sinks, scale, causal, window, layout, softcap, alibi_slopes, score_mod
- * and score_mod_tensors (a score_mod's text); attention_backward's o, lse, do
- * and outputs dq, dk, dv, dsinks; attention's outputs out and lse). New ops and
- * arguments need no new functions here. Giving attention's lse is Python's
+ * A call is an op by name ("attention", "attention_backward",
+ * "attention_with_kvcache") and its arguments set by name, with Python's names and
+ * values (mfa_native.attention's q, k, v, mask, sinks, scale, causal, window, layout,
+ * softcap, alibi_slopes, score_mod and score_mod_tensors (a score_mod's text);
+ * attention_backward's o, lse, do and outputs dq, dk, dv, dsinks; attention's
+ * outputs out and lse; attention_with_kvcache's q, k_cache, v_cache (tensors, or
+ * quantized: mfa_call_set_quantized), cache_seqlens, k, v, block_table,
+ * rotary_cos, rotary_sin, rotary_seqlens, rotary_interleaved, scale, causal, window,
+ * sinks, softcap, alibi_slopes, out and lse, its k and v appended to the caches in
+ * place). New ops and arguments need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle
  * entries include/mfa/attention.hpp's; on the cpu backend the results are
@@ -73,13 +77,15 @@ const char* mfa_last_error(void);
 /* "MFA_OK", "MFA_ARGUMENT_ERROR", ...; "" for a value that is no status. */
 const char* mfa_status_name(mfa_status status);
 
-/* Element types: as include/mfa/attention.hpp's DType. MFA_BOOL: one byte, 0 or 1. */
+/* Element types: as include/mfa/attention.hpp's DType. MFA_BOOL: one byte, 0 or 1;
+ * MFA_UINT8: bytes (a quantized tensor's blocks). */
 typedef enum mfa_dtype {
   MFA_FLOAT32 = 0,
   MFA_FLOAT16 = 1,
   MFA_BFLOAT16 = 2,
   MFA_BOOL = 3,
-  MFA_INT32 = 4
+  MFA_INT32 = 4,
+  MFA_UINT8 = 5
 } mfa_dtype;
 
 /* A tensor in caller memory. shape and strides (in elements; NULL: contiguous
@@ -129,6 +135,11 @@ mfa_status mfa_call_set_bool(mfa_call* call, const char* name, bool value);
 mfa_status mfa_call_set_string(mfa_call* call, const char* name, const char* value);
 /* A pair of ints, e.g. window (left, right), -1 unbounded. */
 mfa_status mfa_call_set_int_pair(mfa_call* call, const char* name, int64_t first, int64_t second);
+/* A quantized tensor (Python: a QuantizedTensor), e.g. attention_with_kvcache's k_cache:
+ * GGUF's `format` ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1") and its MFA_UINT8 blocks
+ * `data`, shape[:-1] + (bytes per row,) (include/mfa/kvcache.hpp's QuantizedTensor); its
+ * logical dtype is q's. */
+mfa_status mfa_call_set_quantized(mfa_call* call, const char* name, const char* format, const mfa_tensor_view* data);
 mfa_status mfa_call_set_none(mfa_call* call, const char* name);
 mfa_status mfa_call_run(mfa_call* call, const mfa_device* device);
 void mfa_call_free(mfa_call* call);

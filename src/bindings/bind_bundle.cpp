@@ -219,7 +219,9 @@ void bind_bundle(nb::module_& m) {
            const std::optional<ViewSpec>& k, const std::optional<ViewSpec>& v,
            const std::optional<ViewSpec>& block_table, std::optional<double> scale, const std::string& causal,
            std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
-           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes) {
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
+           const std::optional<ViewSpec>& rotary_cos, const std::optional<ViewSpec>& rotary_sin,
+           const std::optional<ViewSpec>& rotary_seqlens, bool rotary_interleaved) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
                                                 alibi_slopes, "", {});
@@ -227,12 +229,18 @@ void bind_bundle(nb::module_& m) {
           const KVCache keys = cache_of(k_cache, cache_format, query.dtype);
           const KVCache values = cache_of(v_cache, cache_format, query.dtype);
           const std::optional<TensorView> rows = view_of(lse), lengths = view_of(cache_seqlens), new_k = view_of(k),
-                                          new_v = view_of(v), table = view_of(block_table);
+                                          new_v = view_of(v), table = view_of(block_table),
+                                          cos = view_of(rotary_cos), sin = view_of(rotary_sin),
+                                          starts = view_of(rotary_seqlens);
           KVCacheOptions o;
           o.cache_seqlens = lengths ? &*lengths : nullptr;
           o.k = new_k ? &*new_k : nullptr;
           o.v = new_v ? &*new_v : nullptr;
           o.block_table = table ? &*table : nullptr;
+          o.rotary_cos = cos ? &*cos : nullptr;
+          o.rotary_sin = sin ? &*sin : nullptr;
+          o.rotary_seqlens = starts ? &*starts : nullptr;
+          o.rotary_interleaved = rotary_interleaved;
           o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
           o.alibi_slopes = a.alibi_slopes;
           nb::gil_scoped_release release;
@@ -242,7 +250,8 @@ void bind_bundle(nb::module_& m) {
         "cache_format"_a = "", "cache_seqlens"_a = nb::none(), "k"_a = nb::none(), "v"_a = nb::none(),
         "block_table"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = "none", "window"_a = nb::none(),
         "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
-        "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float caches, "
+        "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_seqlens"_a = nb::none(),
+        "rotary_interleaved"_a = true, "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float caches, "
         "else the GGUF format of both caches' blocks).");
 }
 

@@ -109,12 +109,12 @@ int code_of(const Enum& value) {
 
 mfa::TensorView view_of(const mfa_tensor_view& v, const std::string& name) {
   const int dtype = code_of(v.dtype);
-  if (dtype < MFA_FLOAT32 || dtype > MFA_INT32)
+  if (dtype < MFA_FLOAT32 || dtype > MFA_UINT8)
     throw mfa::TypeError(name + " has dtype " + std::to_string(dtype) + ", which is no mfa_dtype");
   if (v.ndim < 0) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim));
   if (v.ndim > 0 && !v.shape) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim) + " but no shape");
   static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
-                                           mfa::DType::bool8, mfa::DType::int32};
+                                           mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8};
   mfa::TensorView view{v.data, kDTypes[dtype], {}, {}};
   if (v.ndim > 0) view.shape.assign(v.shape, v.shape + v.ndim);
   if (v.ndim > 0 && v.strides) view.strides.assign(v.strides, v.strides + v.ndim);
@@ -129,7 +129,7 @@ const mfa::c_abi::Param& param_for(const mfa_call* call, const char* name, Kind 
   if (!p) throw mfa::TypeError(std::string(call->op->name) + "() got an unexpected keyword argument '" + name + "'");
   if (!(p->kinds & mfa::c_abi::bit(kind))) {
     std::string takes;
-    for (Kind k : {Kind::tensor, Kind::tensors, Kind::real, Kind::integer, Kind::boolean, Kind::text, Kind::int_pair})
+    for (Kind k : mfa::c_abi::kKinds)
       if (p->kinds & mfa::c_abi::bit(k))
         takes += (takes.empty() ? "" : " or ") + std::string(mfa::c_abi::setter_name(k));
     throw mfa::TypeError(std::string(call->op->name) + "'s " + name + " is set with " + takes + ", not " +
@@ -253,6 +253,14 @@ mfa_status mfa_call_set_tensor(mfa_call* call, const char* name, const mfa_tenso
   return set(call, name, Kind::tensor, [&] {
     need(view, "view");
     return Value(view_of(*view, name));
+  });
+}
+
+mfa_status mfa_call_set_quantized(mfa_call* call, const char* name, const char* format, const mfa_tensor_view* data) {
+  return set(call, name, Kind::quantized, [&] {
+    need(format, "format");
+    need(data, "data");
+    return Value(mfa::c_abi::Quantized{format, view_of(*data, std::string(name) + ".data")});
   });
 }
 

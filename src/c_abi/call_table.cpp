@@ -1,6 +1,8 @@
 // The C ABI's op tables: one row per argument, Python's names and values.
 #include "call_table.hpp"
 
+#include <algorithm>
+
 #include "mfa/errors.hpp"
 #ifdef MFA_HAVE_METAL
 #include "mfa/metal.hpp"
@@ -64,8 +66,20 @@ const std::vector<Param> kAttentionOptions = {
     {"score_mod_tensors", bit(Kind::tensors), false, score_mod_tensors},
 };
 
-std::vector<Param> with_options(std::vector<Param> arrays) {
-  arrays.insert(arrays.end(), kAttentionOptions.begin(), kAttentionOptions.end());
+// The rows of attention's options named `names`.
+std::vector<Param> attention_options(const std::vector<std::string>& names) {
+  std::vector<Param> rows;
+  for (const Param& p : kAttentionOptions)
+    if (std::find(names.begin(), names.end(), p.name) != names.end()) rows.push_back(p);
+  return rows;
+}
+
+// attention_with_kvcache's: attention's but the mask, the layout (bshd) and score_mod.
+const std::vector<Param> kKVCacheOptions =
+    attention_options({"scale", "causal", "window", "sinks", "softcap", "alibi_slopes"});
+
+std::vector<Param> with_options(std::vector<Param> arrays, const std::vector<Param>& options = kAttentionOptions) {
+  arrays.insert(arrays.end(), options.begin(), options.end());
   return arrays;
 }
 
@@ -80,7 +94,35 @@ void run_attention_backward(const Device& device, const Bundle& bundle, const Gi
                      g.optional_tensor("dsinks"));
 }
 
+// The call's KV-cache arguments: its tensors by name and attention's options it takes.
+KVCacheOptions kvcache_options(const Given& g) {
+  const AttentionOptions a = g.options();
+  KVCacheOptions o;
+  o.cache_seqlens = g.optional_tensor("cache_seqlens");
+  o.k = g.optional_tensor("k"), o.v = g.optional_tensor("v");
+  o.block_table = g.optional_tensor("block_table");
+  o.rotary_cos = g.optional_tensor("rotary_cos"), o.rotary_sin = g.optional_tensor("rotary_sin");
+  o.rotary_seqlens = g.optional_tensor("rotary_seqlens");
+  o.rotary_interleaved = g.flag("rotary_interleaved", true);
+  o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
+  o.alibi_slopes = a.alibi_slopes;
+  return o;
+}
+
+void run_attention_with_kvcache(const Device& device, const Bundle& bundle, const Given& g) {
+  const TensorView& q = g.tensor("q");
+  attention_with_kvcache(device, bundle, q, g.cache("k_cache", q.dtype), g.cache("v_cache", q.dtype),
+                         g.tensor("out"), kvcache_options(g), g.optional_tensor("lse"));
+}
+
 #ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_attention_with_kvcache(const Device& device, const Bundle& bundle, const Given& g,
+                                                       void* command_buffer) {
+  const TensorView& q = g.tensor("q");
+  return metal::attention_with_kvcache(device, bundle, q, g.cache("k_cache", q.dtype), g.cache("v_cache", q.dtype),
+                                       g.tensor("out"), kvcache_options(g), g.optional_tensor("lse"), command_buffer);
+}
+
 std::shared_future<void> encode_attention(const Device& device, const Bundle& bundle, const Given& g,
                                           void* command_buffer) {
   return metal::attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"), g.options(),
@@ -94,7 +136,8 @@ std::shared_future<void> encode_attention_backward(const Device& device, const B
                                    g.options(), g.optional_tensor("dsinks"), command_buffer);
 }
 #else
-constexpr std::nullptr_t encode_attention = nullptr, encode_attention_backward = nullptr;
+constexpr std::nullptr_t encode_attention = nullptr, encode_attention_backward = nullptr,
+                         encode_attention_with_kvcache = nullptr;
 #endif
 
 const std::vector<Op>& ops() {
@@ -109,6 +152,18 @@ const std::vector<Op>& ops() {
                      {"dq", kTensor, true, nullptr}, {"dk", kTensor, true, nullptr}, {"dv", kTensor, true, nullptr},
                      {"dsinks", kTensor, false, nullptr}}),
        run_attention_backward, encode_attention_backward},
+      {"attention_with_kvcache",
+       with_options({{"q", kTensor, true, nullptr},
+                     {"k_cache", kTensor | bit(Kind::quantized), true, nullptr},
+                     {"v_cache", kTensor | bit(Kind::quantized), true, nullptr},
+                     {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr},
+                     {"cache_seqlens", kTensor, false, nullptr}, {"k", kTensor, false, nullptr},
+                     {"v", kTensor, false, nullptr}, {"block_table", kTensor, false, nullptr},
+                     {"rotary_cos", kTensor, false, nullptr}, {"rotary_sin", kTensor, false, nullptr},
+                     {"rotary_seqlens", kTensor, false, nullptr},
+                     {"rotary_interleaved", bit(Kind::boolean), false, nullptr}},
+                    kKVCacheOptions),
+       run_attention_with_kvcache, encode_attention_with_kvcache},
   };
   return table;
 }
@@ -124,6 +179,7 @@ const char* setter_name(Kind kind) {
     case Kind::boolean: return "mfa_call_set_bool";
     case Kind::text: return "mfa_call_set_string";
     case Kind::int_pair: return "mfa_call_set_int_pair";
+    case Kind::quantized: return "mfa_call_set_quantized";
   }
   return "?";
 }
@@ -137,6 +193,18 @@ const TensorView& Given::tensor(const std::string& name) const {
 const TensorView* Given::optional_tensor(const std::string& name) const {
   auto it = values_.find(name);
   return it == values_.end() ? nullptr : std::get_if<TensorView>(&it->second);
+}
+
+KVCache Given::cache(const std::string& name, DType dtype) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw TypeError(std::string(op_.name) + "() missing 1 required argument: " + quoted(name));
+  if (const Quantized* q = std::get_if<Quantized>(&it->second)) return QuantizedTensor{q->format, q->data, dtype};
+  return std::get<TensorView>(it->second);
+}
+
+bool Given::flag(const std::string& name, bool otherwise) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? otherwise : std::get<bool>(it->second);
 }
 
 AttentionOptions Given::options() const {

@@ -14,13 +14,22 @@
 #include <vector>
 
 #include "mfa/attention.hpp"
+#include "mfa/kvcache.hpp"
 
 namespace mfa::c_abi {
 
+// A quantized tensor as C gives it: its format and blocks (the logical dtype is q's).
+struct Quantized {
+  std::string format;
+  TensorView data;
+};
+
 // The setter a value came through: Value's alternatives, in this order.
-enum class Kind { tensor, tensors, real, integer, boolean, text, int_pair };
+enum class Kind { tensor, tensors, real, integer, boolean, text, int_pair, quantized };
+constexpr Kind kKinds[] = {Kind::tensor, Kind::tensors, Kind::real,     Kind::integer,
+                           Kind::boolean, Kind::text,  Kind::int_pair, Kind::quantized};
 using Value = std::variant<TensorView, std::vector<TensorView>, double, std::int64_t, bool, std::string,
-                           std::pair<std::int64_t, std::int64_t>>;
+                           std::pair<std::int64_t, std::int64_t>, Quantized>;
 
 constexpr unsigned bit(Kind kind) { return 1u << unsigned(kind); }
 const char* setter_name(Kind kind);  // "mfa_call_set_float", ...
@@ -33,6 +42,10 @@ class Given {
   Given(const Op& op, const std::map<std::string, Value>& values) : op_(op), values_(values) {}
   const TensorView& tensor(const std::string& name) const;   // a required tensor (checked before run)
   const TensorView* optional_tensor(const std::string& name) const;
+  // A boolean argument the op reads itself (not an AttentionOptions field), or `otherwise`.
+  bool flag(const std::string& name, bool otherwise) const;
+  // A required cache: a tensor, or a quantized tensor of `dtype` (q's).
+  KVCache cache(const std::string& name, DType dtype) const;
   // The op's options: every option row applied to the values given.
   AttentionOptions options() const;
 
@@ -46,7 +59,7 @@ struct Param {
   unsigned kinds;   // bit(kind) per setter the argument takes
   bool required;
   // An option: stores `value` in `options`, throwing as Python does for a bad
-  // value; nullptr for a tensor the op's function takes by name.
+  // value; nullptr for a tensor or flag the op's function takes by name.
   void (*option)(const Value& value, AttentionOptions& options);
 };
 

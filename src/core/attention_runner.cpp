@@ -25,9 +25,11 @@ std::int64_t float32_bits(double value) {
 }
 
 // Whether entry `e` serves `want`; `any_window`: a window entry serving a call
-// without a window (its unbounded sides remove no key).
+// without a window (its unbounded sides remove no key; but a rotation turns q's rows at
+// consecutive positions with a window, at one without it and causal: that must not change).
 bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
-  const bool window = any_window ? e.window && !want.window : e.window == want.window;
+  const bool window = any_window ? e.window && !want.window && (!e.rotary_dim || want.causal != "none")
+                                 : e.window == want.window;
   return e.dtype == want.dtype && e.head_dim == want.head_dim && e.value_dim == want.value_dim &&
          e.gqa_ratio == want.gqa_ratio && e.causal == want.causal && e.mask == want.mask &&
          (e.mask != "additive" || e.mask_dtype == want.mask_dtype) && window &&
@@ -37,8 +39,10 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.alibi == want.alibi && e.score_mod == want.score_mod && e.score_mod_tensors == want.score_mod_tensors &&
          e.family == want.family && (!want.backward || e.backward) && e.op == want.op &&
          e.page_size == want.page_size && e.cache == want.cache && e.append == want.append &&
-         e.qk_scale == want.qk_scale && e.smooth_k == want.smooth_k && e.pv == want.pv && e.parts == want.parts &&
-         e.format == want.format && e.bits == want.bits && e.group_size == want.group_size;
+         e.rotary_dim == want.rotary_dim && e.rotary_interleaved == want.rotary_interleaved &&
+         e.rotary_starts == want.rotary_starts && e.qk_scale == want.qk_scale && e.smooth_k == want.smooth_k &&
+         e.pv == want.pv && e.parts == want.parts && e.format == want.format && e.bits == want.bits &&
+         e.group_size == want.group_size;
 }
 
 [[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {

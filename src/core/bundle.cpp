@@ -88,6 +88,11 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
     if (!page_size.is_null()) facts.page_size = page_size.as_int("page_size");
     facts.cache = f.at("cache").as_string("cache");
     facts.append = f.at("append").as_bool("append");
+    if (const json::Value& rotary = f.at("rotary"); !rotary.is_null()) {
+      facts.rotary_dim = rotary.at("dim").as_int("rotary dim");
+      facts.rotary_interleaved = rotary.at("interleaved").as_bool("rotary interleaved");
+      facts.rotary_starts = rotary.at("starts").as_string("rotary starts");
+    }
   }
   if (op == kInt8) {
     facts.qk_scale = f.at("qk_scale").as_string("qk_scale");
@@ -160,7 +165,10 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.op == kKVCache)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " cache=" + f.cache +
             " append=" + (f.append ? "yes" : "no");
-  else if (f.op == kInt8)
+  if (f.rotary_dim)
+    cache += " rotary_dim=" + std::to_string(f.rotary_dim) + " rotary_interleaved=" +
+             (f.rotary_interleaved ? "yes" : "no") + " rotary_starts=" + f.rotary_starts;
+  if (f.op == kInt8)
     cache = " qk_scale=" + f.qk_scale + " smooth_k=" + (f.smooth_k ? "yes" : "no") + " pv=" + f.pv;
   return f.op + " " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
          " gqa=" + std::to_string(f.gqa_ratio) + " causal=" + f.causal + " mask=" + mask + " window=" + window +

@@ -72,12 +72,15 @@ Checked broadcast(const Checked& given, const std::vector<std::int64_t>& target)
   return out;
 }
 
-void require_contiguous(const Checked& view) {
-  if (view.elements == 0) return;  // nothing is written: any strides (numpy gives an empty array 0s) do
+bool is_contiguous(const Checked& view) {
   std::vector<std::int64_t> dense = contiguous(view.shape);
   for (std::size_t i = 0; i < view.shape.size(); ++i)
     if (view.shape[i] == 1) dense[i] = 0;
-  if (view.strides != dense)
+  return view.strides == dense;
+}
+
+void require_contiguous(const Checked& view) {
+  if (view.elements && !is_contiguous(view))  // an empty view is written nowhere: any strides (numpy gives 0s) do
     throw ArgumentError(view.name + " must be contiguous (it is written in place), got strides " +
                         shape_text(view.view->strides));
 }

@@ -104,11 +104,15 @@ class KVCall {
         {"sinks", o.sinks ? &*o.sinks : nullptr}, {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
     binder_.emplace(bundle.contents().declaration("attention"), "bshd", std::move(given));
     problem_ = attention_problem::checked_problem(*binder_, attention_);
+    check_rotary(q);
     check_contents();
   }
 
   void run(CommandBatch* batch, const Bundle& bundle) {
     if (problem_.empty()) {
+      if (rotary_dim_)
+        throw ArgumentError("rotary_cos with an empty problem (no queries or heads): the rotation runs on the device, "
+                            "in the attention pass, which has nothing to compute");
       append_on_host();
       return write_empty_forward(*binder_, problem_, attention_);
     }
@@ -117,6 +121,11 @@ class KVCall {
     want.page_size = paged_ ? page_ : 0;
     want.cache = k_.given->plain ? "plain" : k_.given->quantized->format;
     want.append = appended_ > 0;
+    if (rotary_dim_) {
+      want.rotary_dim = rotary_dim_;
+      want.rotary_interleaved = options_.rotary_interleaved;
+      want.rotary_starts = options_.rotary_seqlens ? "rotary_seqlens" : "cache_seqlens";
+    }
     if (v_.given->plain.has_value() != k_.given->plain.has_value() ||
         (v_.given->quantized && v_.given->quantized->format != want.cache))
       throw ArgumentError("k_cache and v_cache must be stored alike in a bundle call (an entry bakes one cache "
@@ -128,12 +137,14 @@ class KVCall {
     bind_contiguous(views, "cache_seqlens", lengths_);
     if (paged_) bind_contiguous(views, "block_table", checked(*options_.block_table, "block_table"));
     if (appended_) {
-      bind_contiguous(views, "k_new", checked(*options_.k, "k"));
+      bind_contiguous(views, rotary_dim_ ? "k_new_unrotated" : "k_new", checked(*options_.k, "k"));
       bind_contiguous(views, "v_new", checked(*options_.v, "v"));
     }
+    if (rotary_dim_) bind_rotary(views);
     SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
     sizes["Rn"] = appended_;
     if (paged_) sizes["Wt"] = width_;
+    if (rotary_dim_) sizes["Lro"] = options_.rotary_cos->shape[0];
     attention_runner::run(device_, batch, entry.forward, entry.line, sizes, views);
   }
 
@@ -222,8 +233,7 @@ class KVCall {
   Checked data_rows(const Cache& cache) {
     const TensorView& data = cache.stored();
     const Checked given = checked(data, cache.field());
-    if (given.strides != contiguous(data.shape) && !std::all_of(data.shape.begin(), data.shape.end(),
-                                                                 [](std::int64_t n) { return n <= 1; }))
+    if (!is_contiguous(given))
       throw ArgumentError(cache.field() + " must be contiguous in a bundle call (its kernels read the blocks at "
                           "fixed strides), got strides " + shape_text(given.strides));
     const std::int64_t bytes = data.shape[3], heads = data.shape[2];
@@ -236,6 +246,69 @@ class KVCall {
   void bind_contiguous(PassViews& views, const std::string& buffer, Checked view) const {
     view_packing::make_addressable(device_, view, view_packing::Reads::contiguous);
     views.add(buffer, std::move(view));
+  }
+
+  // rotary.rotary_of: the tables given together, with an append, (seqlen_ro, rotary_dim / 2) of q's dtype.
+  void check_rotary(const TensorView& q) {
+    const KVCacheOptions& o = options_;
+    if (!o.rotary_cos && !o.rotary_sin) {
+      if (o.rotary_seqlens) throw ArgumentError("rotary_seqlens is given without rotary_cos and rotary_sin");
+      return;
+    }
+    if (!o.rotary_cos || !o.rotary_sin) throw ArgumentError("rotary_cos and rotary_sin are given together");
+    if (!appended_)
+      throw ArgumentError("rotary_cos needs k and v: the rotary embedding applies to the rows appended "
+                          "(flash-attn's rule)");
+    const TensorView &cos = *o.rotary_cos, &sin = *o.rotary_sin;
+    const std::int64_t D = q.shape[3];
+    if (cos.shape.size() != 2 || cos.shape != sin.shape || !(0 < 2 * cos.shape[1] && 2 * cos.shape[1] <= D))
+      throw ArgumentError("rotary_cos and rotary_sin must both be (seqlen_ro, rotary_dim / 2) with 0 < rotary_dim <= "
+                          "D = " + std::to_string(D) + ", got " + shape_text(cos.shape) + " and " +
+                          shape_text(sin.shape));
+    if (cos.dtype != q.dtype || sin.dtype != q.dtype)
+      throw ArgumentError(std::string("rotary_cos and rotary_sin must have q's dtype ") + to_string(q.dtype) +
+                          ", got " + to_string(cos.dtype) + " and " + to_string(sin.dtype));
+    rotary_dim_ = 2 * cos.shape[1];
+  }
+
+  // rotary.check_positions: every position the rotation reads lies in the tables.
+  void check_rotary_positions(const std::vector<std::int64_t>& lengths) const {
+    if (!rotary_dim_) return;
+    std::vector<std::int64_t> starts = lengths;
+    const char* named = "cache_seqlens";
+    if (const TensorView* given = options_.rotary_seqlens) {
+      named = "rotary_seqlens";
+      if (given->dtype != DType::int32 || given->shape != std::vector<std::int64_t>{batch_})
+        throw ArgumentError("rotary_seqlens must be int32 (B,) = " + shape_text({batch_}) + ", got " +
+                            to_string(given->dtype) + " " + shape_text(given->shape));
+      const Checked view = checked(*given, "rotary_seqlens");
+      for (std::int64_t b = 0; b < batch_; ++b) starts[b] = element(view, b);
+      if (batch_ && *std::min_element(starts.begin(), starts.end()) < 0)
+        throw ArgumentError("rotary_seqlens must not be negative, got " +
+                            std::to_string(*std::min_element(starts.begin(), starts.end())));
+    }
+    if (!batch_) return;
+    const bool per_row = problem_.causal != Causal::none || problem_.window.has_value();
+    const std::int64_t last = *std::max_element(starts.begin(), starts.end()) +
+                              std::max(appended_, per_row ? problem_.R : 1) - 1;
+    const std::int64_t positions = options_.rotary_cos->shape[0];
+    if (last >= positions)
+      throw ArgumentError("rotary_cos has " + std::to_string(positions) + " positions (seqlen_ro), too few for position " +
+                          std::to_string(last) + " (" + named + " + the new rows)");
+  }
+
+  // rotary.bind: q read contiguous as the rotation kernel's input (its strides, the runtime
+  // sizes, those of that copy), the tables and rotary_seqlens beside it.
+  void bind_rotary(PassViews& views) const {
+    Checked q = views.views.at("q");
+    view_packing::make_addressable(device_, q, view_packing::Reads::contiguous);
+    std::vector<std::int64_t> logical = binder_->logical(binder_->declaration().rule("q"), q.strides);
+    logical.pop_back();
+    views.strided["q"] = std::move(logical);
+    views.add("q_unrotated", std::move(q));
+    bind_contiguous(views, "rotary_cos", checked(*options_.rotary_cos, "rotary_cos"));
+    bind_contiguous(views, "rotary_sin", checked(*options_.rotary_sin, "rotary_sin"));
+    if (options_.rotary_seqlens) bind_contiguous(views, "rotary_seqlens", checked(*options_.rotary_seqlens, "rotary_seqlens"));
   }
 
   // Cache.check: the lengths (the capacity without them), the room to append, the pages read;
@@ -272,6 +345,9 @@ class KVCall {
                           " is beyond the cache's capacity " + std::to_string(capacity_) +
                           (paged_ ? " (max_blocks * page_size)" : " (Cmax)"));
     if (paged_) check_pages_read(attended);
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(batch_));
+    for (std::int64_t b = 0; b < batch_; ++b) lengths[b] = element(lengths_, b);
+    check_rotary_positions(lengths);
     if (appended_ && device_.kind() == DeviceKind::metal && overlaps(k_, v_))
       throw ArgumentError("v_cache shares memory with k_cache (one stacked tensor): on Metal an append to them would "
                           "let one cache's staged copy overwrite the other's new rows; give separate k and v tensors "
@@ -338,6 +414,7 @@ class KVCall {
   Cache k_, v_;
   bool paged_ = false;
   DType q_dtype_ = DType::float32;
+  std::int64_t rotary_dim_ = 0;
   std::int64_t batch_ = 0, appended_ = 0, page_ = 0, page_rows_ = 0, blocks_ = 0, width_ = 0, capacity_ = 0;
   TensorView rows_[2], data_rows_[2], capacity_lengths_;
   Checked lengths_;

@@ -137,4 +137,13 @@ std::shared_future<void> attention_backward(const Device& device, const Bundle& 
   });
 }
 
+std::shared_future<void> attention_with_kvcache(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                const KVCache& k_cache, const KVCache& v_cache,
+                                                const TensorView& out, const KVCacheOptions& options,
+                                                const TensorView* lse, void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::attention_with_kvcache", [&](CommandBatch& batch) {
+    mfa::attention_with_kvcache(batch, bundle, q, k_cache, v_cache, out, options, lse);
+  });
+}
+
 }  // namespace mfa::metal

@@ -7,12 +7,13 @@
 #include <vector>
 
 #include "mfa/attention.hpp"
+#include "mfa/kvcache.hpp"
 
 namespace {
 
 mfa::TensorView view(const mfa_tensor_view& v) {
   static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
-                                           mfa::DType::bool8, mfa::DType::int32};
+                                           mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8};
   mfa::TensorView t{v.data, kDTypes[v.dtype], std::vector<std::int64_t>(v.shape, v.shape + v.ndim), {}};
   if (v.strides) t.strides.assign(v.strides, v.strides + v.ndim);
   return t;
@@ -71,5 +72,24 @@ extern "C" int cpp_attention_backward(const char* bundle, const reference_option
     mfa::attention_backward(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
                             view(*o), view(*lse), view(*dout), view(*dq), view(*dk), view(*dv), options_of(*options),
                             grad_sinks ? &*grad_sinks : nullptr);
+  }, error, error_size);
+}
+
+extern "C" int cpp_attention_with_kvcache(const char* bundle, const char* format, const mfa_tensor_view* q,
+                                          const mfa_tensor_view* k_cache, const mfa_tensor_view* v_cache,
+                                          const mfa_tensor_view* cache_seqlens, const mfa_tensor_view* k,
+                                          const mfa_tensor_view* v, const mfa_tensor_view* block_table,
+                                          const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
+                                          std::size_t error_size) {
+  return reported([&] {
+    const mfa::TensorView lengths = view(*cache_seqlens), new_k = view(*k), new_v = view(*v);
+    const mfa::TensorView table = view(*block_table), rows = view(*lse);
+    mfa::KVCacheOptions options;
+    options.cache_seqlens = &lengths, options.k = &new_k, options.v = &new_v, options.block_table = &table;
+    options.causal = mfa::Causal::lower_right;
+    mfa::attention_with_kvcache(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q),
+                                mfa::QuantizedTensor{format, view(*k_cache), mfa::DType::float32},
+                                mfa::QuantizedTensor{format, view(*v_cache), mfa::DType::float32}, view(*out), options,
+                                &rows);
   }, error, error_size);
 }

@@ -1,5 +1,5 @@
-/* The C++ API's results for the C ABI's test (cpp_reference.cpp): mfa::attention and
- * attention_backward called directly, on a bundle and device of their own, on the same
+/* The C++ API's results for the C ABI's test (cpp_reference.cpp): mfa::attention,
+ * attention_backward and attention_with_kvcache called directly, on a bundle and device of their own, on the same
  * views (mfa.h's structs, converted here on their own) and options the test sets by name
  * through the C ABI. Each returns 0, or 1 with the exception's message in `error`. */
 #ifndef MFA_TEST_CPP_REFERENCE_H
@@ -36,6 +36,13 @@ int cpp_attention_backward(const char* bundle, const reference_options* options,
                            const mfa_tensor_view* lse, const mfa_tensor_view* dout, const mfa_tensor_view* dq,
                            const mfa_tensor_view* dk, const mfa_tensor_view* dv, const mfa_tensor_view* dsinks,
                            char* error, size_t error_size);
+/* mfa::attention_with_kvcache on paged q8_0 caches (`format`'s blocks), appending k and v. */
+int cpp_attention_with_kvcache(const char* bundle, const char* format, const mfa_tensor_view* q,
+                               const mfa_tensor_view* k_cache, const mfa_tensor_view* v_cache,
+                               const mfa_tensor_view* cache_seqlens, const mfa_tensor_view* k,
+                               const mfa_tensor_view* v, const mfa_tensor_view* block_table,
+                               const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
+                               size_t error_size);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* The C ABI (include/mfa/mfa.h) from C99: attention and attention_backward set up
+/* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward and attention_with_kvcache set up
  * by argument names on random inputs give the C++ API's results bit for bit
  * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
  * calls return their code with Python's message before writing anything.
@@ -123,6 +123,73 @@ static void masked_bshd(const char* path, const mfa_device* device, const mfa_bu
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
+/* q8_0 blocks of random int8 values, each with the float16 scale 2**-7 (bits 0x2000). */
+static unsigned char* q8_0_pages(size_t blocks) {
+  unsigned char* x = malloc(blocks * 34);
+  for (size_t b = 0; b < blocks; ++b) {
+    x[34 * b] = 0x00, x[34 * b + 1] = 0x20;
+    for (int i = 2; i < 34; ++i) x[34 * b + i] = (unsigned char)(signed char)(uniform() * 127.0f);
+  }
+  return x;
+}
+
+/* The third bundle family: attention_with_kvcache on paged q8_0 caches (pages of 4 rows)
+ * with GQA, appending one row per batch: the C ABI gives the C++ API's output, lse and
+ * cache bytes; a call beyond the cache's capacity is refused before writing. */
+static void paged_decode(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 2, HKV = 2, HQ = 4, D = 32, PAGE = 4, BLOCKS = 6, WIDTH = 3, ROW = D / 32 * 34 };
+  const int64_t q_shape[] = {B, 1, HQ, D}, new_shape[] = {B, 1, HKV, D}, rows_shape[] = {B, HQ, 1};
+  const int64_t pages_shape[] = {BLOCKS, PAGE, HKV, ROW}, lengths_shape[] = {B}, table_shape[] = {B, WIDTH};
+  const size_t nq = B * HQ * D, nrows = B * HQ, npages = (size_t)BLOCKS * PAGE * HKV * ROW;
+  float *q = random_floats(nq), *k = random_floats(B * HKV * D), *v = random_floats(B * HKV * D);
+  unsigned char *k_pages = q8_0_pages(npages / 34), *v_pages = q8_0_pages(npages / 34);
+  unsigned char *k_copy = malloc(npages), *v_copy = malloc(npages);
+  memcpy(k_copy, k_pages, npages), memcpy(v_copy, v_pages, npages);
+  int32_t lengths[B] = {5, 2}, table[B * WIDTH] = {4, 1, 3, 0, 5, 2}, too_long[B] = {12, 2};
+  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, new_shape), vv = view(v, 4, new_shape);
+  mfa_tensor_view vkp = {k_pages, MFA_UINT8, 4, pages_shape, NULL}, vvp = {v_pages, MFA_UINT8, 4, pages_shape, NULL};
+  mfa_tensor_view rkp = {k_copy, MFA_UINT8, 4, pages_shape, NULL}, rvp = {v_copy, MFA_UINT8, 4, pages_shape, NULL};
+  mfa_tensor_view vlengths = {lengths, MFA_INT32, 1, lengths_shape, NULL}, vtable = {table, MFA_INT32, 2, table_shape,
+                                                                                      NULL};
+  mfa_tensor_view vlong = {too_long, MFA_INT32, 1, lengths_shape, NULL};
+  mfa_tensor_view vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 4, q_shape), rlse = view(ref_lse, 3, rows_shape);
+  mfa_call* call = NULL;
+  OK(mfa_call_new(bundle, "attention_with_kvcache", &call));
+  OK(mfa_call_set_tensor(call, "q", &vq));
+  OK(mfa_call_set_quantized(call, "k_cache", "q8_0", &vkp));
+  OK(mfa_call_set_quantized(call, "v_cache", "q8_0", &vvp));
+  OK(mfa_call_set_tensor(call, "k", &vk));
+  OK(mfa_call_set_tensor(call, "v", &vv));
+  OK(mfa_call_set_tensor(call, "block_table", &vtable));
+  OK(mfa_call_set_tensor(call, "out", &vout));
+  OK(mfa_call_set_tensor(call, "lse", &vlse));
+  OK(mfa_call_set_bool(call, "causal", 1));
+  OK(mfa_call_set_tensor(call, "cache_seqlens", &vlong));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "cache_seqlens[0] + Rn = 12 + 1 is beyond the cache's capacity 12", "an append past the pages");
+  CHECK(memcmp(k_pages, k_copy, npages) == 0 && isnan(out[0]), "a refused append wrote something");
+  OK(mfa_call_set_tensor(call, "cache_seqlens", &vlengths));
+  OK(mfa_call_set_tensor(call, "rotary_cos", &vq)); /* the rotary arguments reach the op: */
+  OK(mfa_call_set_bool(call, "rotary_interleaved", 0));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR, "rotary_cos and rotary_sin are given together",
+         "rotary_cos without rotary_sin");
+  OK(mfa_call_set_none(call, "rotary_cos"));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  CHECK(cpp_attention_with_kvcache(path, "q8_0", &vq, &rkp, &rvp, &vlengths, &vk, &vv, &vtable, &rout, &rlse, error,
+                                   sizeof error) == 0, "%s", error);
+  CHECK(any_nonzero(out, nq), "kvcache out: nothing written");
+  CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "kvcache out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "kvcache lse differs from the C++ API's");
+  CHECK(memcmp(k_pages, k_copy, npages) == 0 && memcmp(v_pages, v_copy, npages) == 0,
+        "the appended cache bytes differ from the C++ API's");
+  mfa_call_free(call);
+  void* buffers[] = {q, k, v, k_pages, v_pages, k_copy, v_copy, out, lse, ref_out, ref_lse};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s BUNDLE\n", argv[0]);
@@ -205,7 +272,8 @@ int main(int argc, char** argv) {
   CHECK(memcmp(dv, cpp_dv, nk * sizeof *dv) == 0, "dv differs from the C++ API's");
   CHECK(memcmp(dsinks, cpp_dsinks, nh * sizeof *dsinks) == 0, "dsinks differs from the C++ API's");
   masked_bshd(argv[1], device, bundle);
-  if (!failures) printf("attention and attention_backward through the C ABI: the C++ API's bits\n");
+  paged_decode(argv[1], device, bundle);
+  if (!failures) printf("attention, attention_backward and attention_with_kvcache through the C ABI: the C++ API's bits\n");
 
   /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
   float *fresh = poisoned(nq), *fresh_rows = poisoned(nrows), *fresh_dq = poisoned(nq);

@@ -23,20 +23,28 @@ DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bf
 BASE = {"op": "attention_with_kvcache", "family": ["apple9"], "head_dim": [32], "gqa_ratio": [2],
         "causal": ["lower_right"], "window": [False], "sinks": [False]}
 FAMILIES = [
-    {**BASE, "dtype": ["float32"], "page_size": [4], "cache": ["q8_0"], "append": [True]},
+    {**BASE, "dtype": ["float32"], "page_size": [4], "cache": ["q8_0"], "append": [True], "rotary_dim": [None, 16],
+     "rotary_interleaved": [False], "rotary_seqlens": [True]},
     {**BASE, "dtype": ["float16"], "page_size": [None], "cache": ["plain"], "append": [False], "window": [True],
      "sinks": [True], "softcap": [20.0]},
-    {**BASE, "dtype": ["float32"], "page_size": [None, 4], "cache": ["plain", "q8_0"], "append": [True, False]},
+    {**BASE, "dtype": ["float32"], "page_size": [None, 4], "cache": ["plain", "q8_0"], "append": [True, False],
+     "rotary_dim": [None, 32], "rotary_interleaved": [True], "rotary_seqlens": [False]},
 ]
 # (family index, dtype, paged, quantized, appended rows, R, options): the default run takes the
 # first two, -m exhaustive every one.
 CASES = [
     pytest.param(0, "float32", True, True, 3, 3, {}, id="paged-q8_0-append"),
+    pytest.param(0, "float32", True, True, 2, 2, dict(rotary=(16, False, True)), id="paged-q8_0-rotary-neox",
+                 marks=pytest.mark.exhaustive),
     pytest.param(1, "float16", False, False, 0, 2, dict(window=(5, 0), sinks=True, softcap=20.0, scale=0.3),
                  id="contiguous-float16-window-sinks-softcap"),
     *(pytest.param(2, "float32", paged, quantized, appended, r, {}, marks=pytest.mark.exhaustive,
                    id=f"{'paged' if paged else 'contiguous'}-{'q8_0' if quantized else 'plain'}-append{appended}-R{r}")
       for paged in (False, True) for quantized in (False, True) for appended, r in ((0, 1), (2, 2), (1, 9))),
+    pytest.param(2, "float32", False, False, 3, 3, dict(rotary=(32, True, False)), marks=pytest.mark.exhaustive,
+                 id="contiguous-plain-rotary-gptj"),
+    pytest.param(2, "float32", False, True, 1, 2, dict(batch=1), marks=pytest.mark.exhaustive,
+                 id="contiguous-q8_0-one-sequence"),
 ]
 B, HKV, D, PAGE, BLOCKS, CMAX = 3, 2, 32, 4, 13, 20
 
@@ -47,23 +55,32 @@ def bundle():
 
 
 def _problem(rng, dtype, paged, quantized, appended, r, options):
-    """The arguments of one call (numpy, as Python takes them) and the C++ hook's views of the same."""
+    """The arguments of one call (numpy, as Python takes them): options["batch"] (default B)
+    sequences, the rest of `options` as keyword arguments."""
     t = DTYPES[dtype]
-    q = rng.standard_normal((B, r, 2 * HKV, D)).astype(t)
-    shape = (BLOCKS, PAGE, HKV, D) if paged else (B, CMAX, HKV, D)
+    batch = options.get("batch", B)
+    q = rng.standard_normal((batch, r, 2 * HKV, D)).astype(t)
+    shape = (BLOCKS, PAGE, HKV, D) if paged else (batch, CMAX, HKV, D)
     caches = [rng.standard_normal(shape).astype(t) for _ in "kv"]
     if quantized:
         caches = [mfa_native.quantize(c, "q8_0", device="cpu") for c in caches]
     capacity = 4 * PAGE if paged else CMAX
-    lengths = rng.integers(0, capacity - appended + 1, B).astype(np.int32)
+    lengths = rng.integers(0, capacity - appended + 1, batch).astype(np.int32)
     args = dict(cache_seqlens=lengths, causal=True)
     if paged:
-        args["block_table"] = rng.permutation(BLOCKS)[:B * 4].reshape(B, 4).astype(np.int32)
+        args["block_table"] = rng.permutation(BLOCKS)[:batch * 4].reshape(batch, 4).astype(np.int32)
     if appended:
-        args["k"], args["v"] = (rng.standard_normal((B, appended, HKV, D)).astype(t) for _ in "kv")
+        args["k"], args["v"] = (rng.standard_normal((batch, appended, HKV, D)).astype(t) for _ in "kv")
     if "sinks" in options:
         args["sinks"] = rng.standard_normal(2 * HKV).astype(np.float32)
-    args.update({name: value for name, value in options.items() if name != "sinks"})
+    if "rotary" in options:   # (rotary_dim, interleaved, rotary_seqlens given)
+        dim, interleaved, starts = options["rotary"]
+        angles = rng.uniform(0, 6.3, (capacity + r, dim // 2))
+        args.update(rotary_cos=np.cos(angles).astype(t), rotary_sin=np.sin(angles).astype(t),
+                    rotary_interleaved=interleaved)
+        if starts:
+            args["rotary_seqlens"] = rng.integers(0, capacity - appended + 1, batch).astype(np.int32)
+    args.update({name: value for name, value in options.items() if name not in ("sinks", "rotary", "batch")})
     return q, caches, args
 
 
@@ -111,13 +128,21 @@ BAD_CALLS = {   # what changes from a good paged q8_0 call with an append
     "k without v": dict(v=lambda a: None),
     "k shape": dict(k=lambda a: a["k"][:, :, :1].copy()),
     "lengths missing": dict(cache_seqlens=lambda a: None),
+    "rotary_sin missing": dict(rotary_sin=lambda a: None),
+    "rotary dtype": dict(rotary_cos=lambda a: a["rotary_cos"].astype(np.float16)),
+    "rotary too wide": dict(rotary_cos=lambda a: np.ones((40, 40), np.float32),
+                            rotary_sin=lambda a: np.ones((40, 40), np.float32)),
+    "rotary too short": dict(rotary_cos=lambda a: a["rotary_cos"][:4].copy(),
+                             rotary_sin=lambda a: a["rotary_sin"][:4].copy()),
+    "rotary_seqlens negative": dict(rotary_seqlens=lambda a: a["rotary_seqlens"] - 20),
+    "rotary without append": dict(k=lambda a: None, v=lambda a: None),
 }
 
 
 @pytest.mark.parametrize("case", BAD_CALLS)
 def test_bad_calls_raise_pythons_message_before_writing(bundle, case):
     rng = np.random.default_rng(7)
-    q, caches, args = _problem(rng, "float32", True, True, 3, 3, {})
+    q, caches, args = _problem(rng, "float32", True, True, 3, 3, dict(rotary=(16, False, True)))
     args.update({name: change(args) for name, change in BAD_CALLS[case].items()})
     args = {name: value for name, value in args.items() if value is not None}
     with pytest.raises((ValueError, TypeError)) as python:
@@ -139,3 +164,18 @@ def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
     with pytest.raises(ValueError, match=r"(?s)no entry for attention_with_kvcache .* page_size=5 .*it holds:\n  "
                                          r"attention_with_kvcache float32"):
         _cpp(bundle, q, caches, args, poison((B, 1, 2 * HKV, D), np.float32), poison((B, 2 * HKV, 1), np.float32))
+
+
+def test_a_rotating_window_entry_serves_no_call_that_turns_q_otherwise():
+    """Without causal, q's rows turn at one position unless a window is given (flash-attn's
+    rule), so an entry baked with a window cannot serve a windowless call that rotates."""
+    family = {**BASE, "dtype": ["float32"], "causal": ["none"], "window": [True], "page_size": [4],
+              "cache": ["q8_0"], "append": [True], "rotary_dim": [16], "rotary_interleaved": [False],
+              "rotary_seqlens": [True]}
+    windowed = _core._Bundle.from_bytes(pack(build_payload(entries_of({"families": [family]}))))
+    rng = np.random.default_rng(5)
+    q, caches, args = _problem(rng, "float32", True, True, 1, 1, dict(rotary=(16, False, True)))
+    args["causal"] = False
+    out, rows = poison((B, 1, 2 * HKV, D), np.float32), poison((B, 2 * HKV, 1), np.float32)
+    with pytest.raises(ValueError, match="no entry for attention_with_kvcache .* causal=none .* window=no"):
+        _cpp(windowed, q, _copies(caches), args, out, rows)

@@ -1,11 +1,13 @@
 """The CMake package C++ embedders use: the C++ guide's attention projects (C++, and C through
-the C ABI) and examples/cpp/attention.cpp build with find_package(mfa_native) against the *installed*
-package (the wheel's, or a standalone `cmake --install` of this tree into a temporary prefix
-when mfa_native runs from a source tree), and compute attention from a bundle the CLI wrote."""
+the C ABI) and examples/cpp/attention.cpp and decode.cpp build with find_package(mfa_native)
+against the *installed* package (the wheel's, or a standalone `cmake --install` of this tree into
+a temporary prefix when mfa_native runs from a source tree), and compute attention from a bundle
+the CLI wrote."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -93,13 +95,21 @@ def test_guide_project_builds_and_matches_python(package_dir, tmp_path, language
     assert abs(o0 - o.flat[0]) <= 1e-6 and abs(lse0 - lse.flat[0]) <= 1e-6
 
 
-def test_attention_example_builds_against_the_package(package_dir, tmp_path):
+def test_examples_build_against_the_package(package_dir, tmp_path):
+    """examples/cpp/attention.cpp checks itself; examples/cpp/decode.cpp prints its Python twin's
+    line (tokens and logits checksum) on the cpu backend, where the two are bit-identical."""
     (tmp_path / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.20)\nproject(example LANGUAGES CXX)\nset(CMAKE_CXX_STANDARD 17)\n"
         "find_package(mfa_native CONFIG REQUIRED)\n"
-        f"add_executable(attention {ROOT / 'examples/cpp/attention.cpp'})\n"
-        "target_link_libraries(attention PRIVATE mfa_native::core)\n")
+        + "".join(f"add_executable({name} {ROOT / 'examples/cpp' / name}.cpp)\n"
+                  f"target_link_libraries({name} PRIVATE mfa_native::core)\n" for name in ("attention", "decode")))
     build = _build(tmp_path, package_dir)
     _bundle(json.loads((ROOT / "examples/cpp/attention_spec.json").read_text()), tmp_path / "example.mfab")
     out = _run([str(build / "attention"), str(tmp_path / "example.mfab")])
     assert out.count("max relative error") == 2
+
+    _bundle(json.loads((ROOT / "examples/cpp/decode_spec.json").read_text()), tmp_path / "decode.mfab")
+    env = {**os.environ, "MFA_NATIVE_DEVICE": "cpu"}
+    line = _run([str(build / "decode"), str(tmp_path / "decode.mfab")], env=env).strip()
+    assert line.startswith("logits checksum ") and len(line.split("tokens ")[1].split()) == 9
+    assert line == _run([sys.executable, str(ROOT / "examples/cpp/decode_twin.py")], env=env).strip()

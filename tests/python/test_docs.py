@@ -217,15 +217,19 @@ def test_files_the_docs_name_exist():
     assert "../shared" not in README
 
 
-@pytest.mark.parametrize("lang, section", [("cpp", "Attention from C++: bundles"),
-                                           ("c", "Attention from C: the C ABI")])
-def test_the_readme_cpp_excerpt_is_lines_of_the_built_project(lang, section):
-    """The README's C++ and C examples are lines of the C++ guide's projects (C++, and C
-    through the C ABI), which tests/python/test_cpp_package.py builds and runs: not sketches
+@pytest.mark.parametrize("lang, source", [("cpp", "examples/cpp/decode.cpp"), ("c", "Attention from C: the C ABI")])
+def test_the_readme_cpp_excerpt_is_lines_of_the_built_project(lang, source):
+    """The README's C++ and C examples are lines of programs the tests build and run: the
+    decode engine (ctest's decode_example, and tests/python/test_cpp_package.py against the
+    installed package) and the C++ guide's C project (test_cpp_package.py): not sketches
     that could drift."""
     excerpt = re.search(rf"```{lang}\n(.*?)```", README, re.S)[1].splitlines()
-    guide = (GUIDES / "cpp.md").read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    built = {line.strip() for line in re.search(rf"```{lang}\n(.*?)```", guide, re.S)[1].splitlines()}
+    if source.endswith(".cpp"):
+        code = (ROOT / source).read_text()
+    else:
+        guide = (GUIDES / "cpp.md").read_text().split(f"## {source}\n", 1)[1].split("\n## ", 1)[0]
+        code = re.search(rf"```{lang}\n(.*?)```", guide, re.S)[1]
+    built = {line.strip() for line in code.splitlines()}
     assert excerpt and [line for line in excerpt if line.strip() not in built] == []
 
 

@@ -26,7 +26,11 @@ window, sinks, softcap, alibi and family as attention's, and three keys of its o
 (num_blocks, page_size, Hkv, D) and a block table), omitted [null]; `cache` the storage, of
 "plain" (q's dtype) and GGUF's "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", omitted every one;
 `append` whether a call writes k and v into the cache, omitted both. Rn, the block table's
-width and the page count are runtime values.
+width and the page count are runtime values. The rotary embedding of an appending call (its
+rotary_cos and rotary_sin) is three keys: `rotary_dim` a list of null (no rotation) or the
+even number of features that turn, omitted [null]; `rotary_interleaved` and
+`rotary_seqlens` (whether calls give rotary_seqlens) lists of bools, each omitted both. An
+entry without an append has no rotation; the tables' length is a runtime value.
 
 An "int8_attention" family (Python's int8_attention: q, k, v quantized to int8 on the device,
 forward only, no score_mod) takes attention's other keys, head dimensions 1..256, and three
@@ -68,7 +72,8 @@ KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "
         "layout", "softcap", "alibi", "score_mod", "family", "backward")
 KVCACHE = "attention_with_kvcache"
 KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
-                "family", "page_size", "cache", "append")
+                "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
+RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 INT8 = "int8_attention"
 INT8_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
@@ -112,6 +117,7 @@ class EntryFacts:
     page_size: int | None = None
     cache: str = "plain"
     append: bool = False
+    rotary: RotaryFacts | None = None
     qk_scale: str = "token"
     smooth_k: bool = True
     pv: str = "int8"
@@ -132,8 +138,9 @@ class EntryFacts:
                 "window": self.window, "sinks": self.sinks, "layout": self.layout,
                 "softcap": self.softcap, "alibi": self.alibi, "score_mod": score_mod,
                 "family": self.family, "backward": self.backward,
-                **({"page_size": self.page_size, "cache": self.cache, "append": self.append} if self.op == KVCACHE
-                   else {}),
+                **({"page_size": self.page_size, "cache": self.cache, "append": self.append,
+                    "rotary": None if self.rotary is None else dict(zip(("dim", "interleaved", "starts"), self.rotary))}
+                   if self.op == KVCACHE else {}),
                 **({"qk_scale": self.qk_scale, "smooth_k": self.smooth_k, "pv": self.pv} if self.op == INT8 else {})}
 
 
@@ -243,25 +250,28 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if not isinstance(backward, bool):
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
-    caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False)]
+    caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False, None)]
     int8s = _int8_keys(family, head_dims, value_dims, where) if op == INT8 else [("token", True, "int8")]
 
     entries = []
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
-        for dv, (page_size, cache, append), int8 in itertools.product(value_dims or [d], caches, int8s):
+        for dv, (page_size, cache, append, rotary), int8 in itertools.product(value_dims or [d], caches, int8s):
             if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
                 raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
                                  f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
+            if rotary is not None and rotary[0] > d:
+                raise ValueError(f"{where}: 'rotary_dim' {rotary[0]} is more than head_dim {d}")
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
                 entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append, *int8))
+                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append,
+                                          rotary, *int8))
     return entries
 
 
-def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool]]:
-    """A KV-cache family's (page_size, cache, append) crossed."""
+def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, RotaryFacts | None]]:
+    """A KV-cache family's (page_size, cache, append, rotary) crossed; a rotation only with an append."""
     pages = _list(family, "page_size", [None], where)
     for page in pages:
         if page is not None and (isinstance(page, bool) or not isinstance(page, int) or page < 1):
@@ -269,7 +279,17 @@ def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool]]:
                              f"got {page!r}")
     caches = _choices(_list(family, "cache", list(CACHES), where), CACHES, "cache", where)
     appends = _bools(_list(family, "append", [False, True], where), "append", where)
-    return list(itertools.product(pages, caches, appends))
+    dims = _list(family, "rotary_dim", [None], where)
+    for dim in dims:
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2):
+            raise ValueError(f"{where}: 'rotary_dim' values must be null or even integers >= 2, got {dim!r}")
+    interleaved = _bools(_list(family, "rotary_interleaved", [True, False], where), "rotary_interleaved", where)
+    starts = ["rotary_seqlens" if given else "cache_seqlens"
+              for given in _bools(_list(family, "rotary_seqlens", [False, True], where), "rotary_seqlens", where)]
+    rotations = [None] * (None in dims) + [r for r in itertools.product([d for d in dims if d is not None],
+                                                                         interleaved, starts)]
+    return [(page, cache, append, rotary) for page, cache, append, rotary in
+            itertools.product(pages, caches, appends, rotations) if append or rotary is None]
 
 
 def _int8_keys(family: dict, head_dims: list[int], value_dims: list[int] | None,

@@ -28,6 +28,7 @@ from typing import Callable
 from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, Int8Problem,
                        attention_backward_template, attention_template, int8_attention_template, packs_plain_heads)
 from ..codegen.attention import merge as codegen_merge
+from ..codegen.attention.rotary import Rotary
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.storage import quantize as codegen_quantize
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
@@ -77,7 +78,12 @@ def cache_keys(p: AttentionProblem, facts: EntryFacts) -> AttentionProblem:
     cache's fields are laid out contiguous, their rows shared by every batch when paged
     (stride 0): two batches, so the stride is generated as the literal 0 it is."""
     page = facts.page_size
-    p = replace(p, batch=2, keys=CacheKeys(int(facts.append), page, -(-p.kv_len // page) if page else None, page))
+    rotary = None
+    if facts.rotary is not None:   # q's rows turn at consecutive positions with causal or a window (ops/kvcache.py)
+        dim, interleaved, starts = facts.rotary
+        rotary = Rotary(dim, interleaved, facts.causal != "none" or facts.window, starts)
+    p = replace(p, batch=2, keys=CacheKeys(int(facts.append), page, -(-p.kv_len // page) if page else None, page,
+                                           rotary, 1 if rotary else 0))
     if facts.cache == "plain":
         return replace(p, k_storage=PLAIN, v_storage=PLAIN)
     quant = QuantFormat.of(facts.cache)
@@ -148,6 +154,10 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     if op == KVCACHE:
         cache = (f" page_size={facts['page_size'] or 'none'} cache={facts['cache']} "
                  f"append={'yes' if facts['append'] else 'no'}")
+        if facts["rotary"]:
+            rotary = facts["rotary"]
+            cache += (f" rotary_dim={rotary['dim']} rotary_interleaved={'yes' if rotary['interleaved'] else 'no'} "
+                      f"rotary_starts={rotary['starts']}")
     elif op == INT8:
         cache = f" qk_scale={facts['qk_scale']} smooth_k={'yes' if facts['smooth_k'] else 'no'} pv={facts['pv']}"
     return (f"{op} {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
