@@ -34,6 +34,9 @@ FAMILIES = [
      "qk_scale": ["tile"], "smooth_k": [False], "pv": ["float"]},
     {**BASE, "dtype": ["bfloat16"], "causal": ["upper_left"], "layout": ["bhsd"], "mask": ["bool"],
      "qk_scale": ["token", "tile"], "smooth_k": [True, False], "pv": ["int8", "float"]},
+    {**BASE, "dtype": ["float32"], "head_dim": [64], "value_dim": [48], "gqa_ratio": [1], "causal": ["none"],
+     "layout": ["bshd"], "sinks": [True], "alibi": ["per_batch"], "softcap": [15.0], "qk_scale": ["tile"],
+     "smooth_k": [True], "pv": ["int8"]},
 ]
 B, HKV, D = 2, 2, 32
 # (dtype, layout, causal, mask, R, C, options); the default run takes the first two, -m exhaustive every one.
@@ -46,6 +49,10 @@ CASES = [
     *(pytest.param("bfloat16", "bhsd", "upper_left", "bool", r, c, dict(qk_scale=q, smooth_k=s, pv=p),
                    marks=pytest.mark.exhaustive, id=f"bfloat16-bool-{q}-{s}-{p}-R{r}-C{c}")
       for q, s, p in QUANTIZATIONS for r, c in ((1, 1), (9, 130), (33, 65))),
+    *(pytest.param("float32", "bshd", False, None, r, c, dict(sinks=True, alibi="per_batch", softcap=15.0,
+                                                              qk_scale="tile", dims=(64, 48), ratio=1),
+                   marks=pytest.mark.exhaustive, id=f"float32-D64-Dv48-mha-alibi-per-batch-R{r}-C{c}")
+      for r, c in ((1, 7), (17, 200))),
 ]
 
 
@@ -57,21 +64,23 @@ def bundle():
 def _problem(rng, dtype, layout, mask, r, c, options):
     """q, k, v and int8_attention's keyword arguments for one call (numpy, as Python takes them)."""
     t = DTYPES[dtype]
+    d, dv = options.get("dims", (D, D))
+    hq = options.get("ratio", 2) * HKV
 
-    def shaped(heads, length):
-        return (B, length, heads, D) if layout == "bshd" else (B, heads, length, D)
-    q = rng.standard_normal(shaped(2 * HKV, r)).astype(t)
-    k, v = (rng.standard_normal(shaped(HKV, c)).astype(t) for _ in "kv")
-    args = {name: value for name, value in options.items() if name not in ("sinks", "alibi")}
+    def shaped(heads, length, width):
+        return (B, length, heads, width) if layout == "bshd" else (B, heads, length, width)
+    q = rng.standard_normal(shaped(hq, r, d)).astype(t)
+    k, v = (rng.standard_normal(shaped(HKV, c, width)).astype(t) for width in (d, dv))
+    args = {name: value for name, value in options.items() if name not in ("sinks", "alibi", "dims", "ratio")}
     args["layout"] = layout
     if mask == "bool":
-        args["mask"] = rng.random((1, 2 * HKV, r, c)) < 0.8
+        args["mask"] = rng.random((1, hq, r, c)) < 0.8
     elif mask == "additive":
         args["mask"] = np.where(rng.random((B, 1, r, c)) < 0.2, -np.inf, rng.standard_normal((B, 1, r, c))).astype(t)
     if options.get("sinks"):
-        args["sinks"] = rng.standard_normal(2 * HKV).astype(np.float32)
+        args["sinks"] = rng.standard_normal(hq).astype(np.float32)
     if options.get("alibi"):
-        args["alibi_slopes"] = rng.random(2 * HKV).astype(np.float32)
+        args["alibi_slopes"] = rng.random((B, hq) if options["alibi"] == "per_batch" else hq).astype(np.float32)
     return q, k, v, args
 
 
