@@ -21,7 +21,8 @@
  * quantized: mfa_call_set_quantized), cache_seqlens, k, v, block_table,
  * rotary_cos, rotary_sin, rotary_seqlens, rotary_interleaved, scale, causal, window,
  * sinks, softcap, alibi_slopes, out and lse, its k and v appended to the caches in
- * place). New ops and arguments need no new functions here. Giving attention's lse is Python's
+ * place; "int8_attention"'s attention's arguments but score_mod, and qk_scale, smooth_k
+ * and pv (include/mfa/int8.hpp); mfa_call_run only). New ops and arguments need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle
  * entries include/mfa/attention.hpp's; on the cpu backend the results are

@@ -78,6 +78,10 @@ std::vector<Param> attention_options(const std::vector<std::string>& names) {
 const std::vector<Param> kKVCacheOptions =
     attention_options({"scale", "causal", "window", "sinks", "softcap", "alibi_slopes"});
 
+// int8_attention's: attention's but score_mod (its quantization choices are rows of its own).
+const std::vector<Param> kInt8Options =
+    attention_options({"scale", "causal", "window", "mask", "sinks", "layout", "softcap", "alibi_slopes"});
+
 std::vector<Param> with_options(std::vector<Param> arrays, const std::vector<Param>& options = kAttentionOptions) {
   arrays.insert(arrays.end(), options.begin(), options.end());
   return arrays;
@@ -92,6 +96,17 @@ void run_attention_backward(const Device& device, const Bundle& bundle, const Gi
   attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"), g.tensor("lse"),
                      g.tensor("do"), g.tensor("dq"), g.tensor("dk"), g.tensor("dv"), g.options(),
                      g.optional_tensor("dsinks"));
+}
+
+void run_int8_attention(const Device& device, const Bundle& bundle, const Given& g) {
+  const AttentionOptions a = g.options();
+  Int8AttentionOptions o;
+  o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.mask = a.mask, o.sinks = a.sinks;
+  o.layout = a.layout, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
+  o.qk_scale = g.text("qk_scale", o.qk_scale), o.smooth_k = g.flag("smooth_k", o.smooth_k);
+  o.pv = g.text("pv", o.pv);
+  int8_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"), o,
+                 g.optional_tensor("lse"));
 }
 
 // The call's KV-cache arguments: its tensors by name and attention's options it takes.
@@ -164,6 +179,13 @@ const std::vector<Op>& ops() {
                      {"rotary_interleaved", bit(Kind::boolean), false, nullptr}},
                     kKVCacheOptions),
        run_attention_with_kvcache, encode_attention_with_kvcache},
+      {"int8_attention",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr},
+                     {"qk_scale", bit(Kind::text), false, nullptr}, {"smooth_k", bit(Kind::boolean), false, nullptr},
+                     {"pv", bit(Kind::text), false, nullptr}},
+                    kInt8Options),
+       run_int8_attention, nullptr},  // no mfa::metal::int8_attention yet
   };
   return table;
 }
@@ -214,6 +236,11 @@ AttentionOptions Given::options() const {
     if (p.option && it != values_.end()) p.option(it->second, options);
   }
   return options;
+}
+
+std::string Given::text(const std::string& name, const std::string& otherwise) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? otherwise : std::get<std::string>(it->second);
 }
 
 const Param* Op::param(const std::string& wanted) const {

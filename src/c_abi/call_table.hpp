@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mfa/attention.hpp"
+#include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
 
 namespace mfa::c_abi {
@@ -44,6 +45,8 @@ class Given {
   const TensorView* optional_tensor(const std::string& name) const;
   // A boolean argument the op reads itself (not an AttentionOptions field), or `otherwise`.
   bool flag(const std::string& name, bool otherwise) const;
+  // A string argument the op reads itself, or `otherwise`.
+  std::string text(const std::string& name, const std::string& otherwise) const;
   // A required cache: a tensor, or a quantized tensor of `dtype` (q's).
   KVCache cache(const std::string& name, DType dtype) const;
   // The op's options: every option row applied to the values given.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mfa/attention.hpp"
+#include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
 
 namespace {
@@ -72,6 +73,22 @@ extern "C" int cpp_attention_backward(const char* bundle, const reference_option
     mfa::attention_backward(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
                             view(*o), view(*lse), view(*dout), view(*dq), view(*dk), view(*dv), options_of(*options),
                             grad_sinks ? &*grad_sinks : nullptr);
+  }, error, error_size);
+}
+
+extern "C" int cpp_int8_attention(const char* bundle, const reference_options* options, const char* qk_scale,
+                                  int smooth_k, const char* pv, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                                  const mfa_tensor_view* v, const mfa_tensor_view* out, const mfa_tensor_view* lse,
+                                  char* error, std::size_t error_size) {
+  return reported([&] {
+    const mfa::AttentionOptions a = options_of(*options);
+    mfa::Int8AttentionOptions o;
+    o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.mask = a.mask, o.sinks = a.sinks;
+    o.layout = a.layout, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
+    o.qk_scale = qk_scale, o.smooth_k = smooth_k != 0, o.pv = pv;
+    const std::optional<mfa::TensorView> rows = optional_view(lse);
+    mfa::int8_attention(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
+                        view(*out), o, rows ? &*rows : nullptr);
   }, error, error_size);
 }
 

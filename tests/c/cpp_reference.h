@@ -1,5 +1,5 @@
 /* The C++ API's results for the C ABI's test (cpp_reference.cpp): mfa::attention,
- * attention_backward and attention_with_kvcache called directly, on a bundle and device of their own, on the same
+ * attention_backward, attention_with_kvcache and int8_attention called directly, on a bundle and device of their own, on the same
  * views (mfa.h's structs, converted here on their own) and options the test sets by name
  * through the C ABI. Each returns 0, or 1 with the exception's message in `error`. */
 #ifndef MFA_TEST_CPP_REFERENCE_H
@@ -43,6 +43,11 @@ int cpp_attention_with_kvcache(const char* bundle, const char* format, const mfa
                                const mfa_tensor_view* v, const mfa_tensor_view* block_table,
                                const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
                                size_t error_size);
+
+/* mfa::int8_attention with qk_scale, smooth_k and pv. */
+int cpp_int8_attention(const char* bundle, const reference_options* options, const char* qk_scale, int smooth_k,
+                       const char* pv, const mfa_tensor_view* q, const mfa_tensor_view* k, const mfa_tensor_view* v,
+                       const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, size_t error_size);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
-/* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward and attention_with_kvcache set up
- * by argument names on random inputs give the C++ API's results bit for bit
+/* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache
+ * and int8_attention set up by argument names on random inputs give the C++ API's results bit for bit
  * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
  * calls return their code with Python's message before writing anything.
  *   usage: test_c_abi BUNDLE   (written from tests/c/c_abi_spec.json) */
@@ -190,6 +190,50 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
+/* The fourth bundle family: int8_attention (tile scales, no smoothing, int8 P V) with GQA,
+ * causal, a window and sinks, the scale given: the C ABI gives the C++ API's output and lse;
+ * a bad qk_scale and a pv the bundle lacks are refused with Python's message. */
+static void int8_call(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 2, HQ = 4, HKV = 2, R = 9, C = 70, D = 16 };
+  const int64_t q_shape[] = {B, HQ, R, D}, k_shape[] = {B, HKV, C, D}, rows_shape[] = {B, HQ, R}, heads[] = {HQ};
+  const size_t nq = B * HQ * R * D, nk = B * HKV * C * D, nrows = B * HQ * R;
+  float *q = random_floats(nq), *k = random_floats(nk), *v = random_floats(nk), *sinks = random_floats(HQ);
+  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, k_shape), vv = view(v, 4, k_shape);
+  mfa_tensor_view vsinks = view(sinks, 1, heads), vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 4, q_shape), rlse = view(ref_lse, 3, rows_shape);
+  mfa_call* call = NULL;
+  OK(mfa_call_new(bundle, "int8_attention", &call));
+  const char* names[] = {"q", "k", "v", "sinks", "out", "lse"};
+  const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vsinks, &vout, &vlse};
+  for (size_t i = 0; i < sizeof names / sizeof *names; ++i) OK(mfa_call_set_tensor(call, names[i], views[i]));
+  OK(mfa_call_set_bool(call, "causal", 1));
+  OK(mfa_call_set_int_pair(call, "window", 20, 0));
+  OK(mfa_call_set_float(call, "scale", 0.3));
+  OK(mfa_call_set_string(call, "qk_scale", "tile"));
+  OK(mfa_call_set_bool(call, "smooth_k", 0));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  const reference_options options = {1, 0.3, "lower_right", 1, 20, 0, NULL, &vsinks, "bhsd", 0, 0.0, NULL};
+  CHECK(cpp_int8_attention(path, &options, "tile", 0, "int8", &vq, &vk, &vv, &rout, &rlse, error, sizeof error) == 0,
+        "%s", error);
+  CHECK(any_nonzero(out, nq), "int8 out: nothing written");
+  CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "int8 out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "int8 lse differs from the C++ API's");
+  OK(mfa_call_set_string(call, "qk_scale", "row"));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR, "qk_scale must be 'token' or 'tile', got 'row'",
+         "a bad qk_scale");
+  OK(mfa_call_set_string(call, "qk_scale", "tile"));
+  OK(mfa_call_set_string(call, "pv", "float"));
+  expect(mfa_call_run(call, device), MFA_NO_BUNDLE_ENTRY_ERROR, "qk_scale=tile smooth_k=no pv=float",
+         "an int8 entry the bundle lacks");
+  expect(mfa_call_set_string(call, "score_mod", "score"), MFA_TYPE_ERROR,
+         "int8_attention() got an unexpected keyword argument 'score_mod'", "score_mod for int8");
+  mfa_call_free(call);
+  float* buffers[] = {q, k, v, sinks, out, lse, ref_out, ref_lse};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s BUNDLE\n", argv[0]);
@@ -273,7 +317,10 @@ int main(int argc, char** argv) {
   CHECK(memcmp(dsinks, cpp_dsinks, nh * sizeof *dsinks) == 0, "dsinks differs from the C++ API's");
   masked_bshd(argv[1], device, bundle);
   paged_decode(argv[1], device, bundle);
-  if (!failures) printf("attention, attention_backward and attention_with_kvcache through the C ABI: the C++ API's bits\n");
+  int8_call(argv[1], device, bundle);
+  if (!failures)
+    printf("attention, attention_backward, attention_with_kvcache and int8_attention through the C ABI: the C++ "
+           "API's bits\n");
 
   /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
   float *fresh = poisoned(nq), *fresh_rows = poisoned(nrows), *fresh_dq = poisoned(nq);
