@@ -22,7 +22,10 @@
  * rotary_cos, rotary_sin, rotary_seqlens, rotary_interleaved, scale, causal, window,
  * sinks, softcap, alibi_slopes, out and lse, its k and v appended to the caches in
  * place; "int8_attention"'s attention's arguments but score_mod, and qk_scale, smooth_k
- * and pv (include/mfa/int8.hpp); mfa_call_run only). New ops and arguments need no new functions here. Giving attention's lse is Python's
+ * and pv (include/mfa/int8.hpp); "merge_attention"'s outputs and lses (mfa_call_set_tensors),
+ * layout, out and lse; "quantize"'s x, format, bits, group_size and outputs data, scales,
+ * biases (GGUF blocks MFA_UINT8; the affine format's uint32 data has no mfa_dtype yet); these
+ * three with mfa_call_run only). New ops and arguments need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle
  * entries include/mfa/attention.hpp's; on the cpu backend the results are

@@ -109,6 +109,21 @@ void run_int8_attention(const Device& device, const Bundle& bundle, const Given&
                  g.optional_tensor("lse"));
 }
 
+void run_merge_attention(const Device& device, const Bundle& bundle, const Given& g) {
+  merge_attention(device, bundle, g.tensors("outputs"), g.tensors("lses"), g.tensor("out"), g.tensor("lse"),
+                  g.options().layout);
+}
+
+void run_quantize(const Device& device, const Bundle& bundle, const Given& g) {
+  const TensorView* scales = g.optional_tensor("scales");
+  const TensorView* biases = g.optional_tensor("biases");
+  QuantizeOutputs out{g.tensor("data"), {}, {}};
+  if (scales) out.scales = *scales;
+  if (biases) out.biases = *biases;
+  quantize(device, bundle, g.tensor("x"), out, g.text("format", "affine"), g.integer("bits"),
+           g.integer("group_size"));
+}
+
 // The call's KV-cache arguments: its tensors by name and attention's options it takes.
 KVCacheOptions kvcache_options(const Given& g) {
   const AttentionOptions a = g.options();
@@ -186,6 +201,16 @@ const std::vector<Op>& ops() {
                      {"pv", bit(Kind::text), false, nullptr}},
                     kInt8Options),
        run_int8_attention, nullptr},  // no mfa::metal::int8_attention yet
+      {"merge_attention",
+       with_options({{"outputs", bit(Kind::tensors), true, nullptr}, {"lses", bit(Kind::tensors), true, nullptr},
+                     {"out", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}},
+                    attention_options({"layout"})),
+       run_merge_attention, nullptr},
+      {"quantize",
+       {{"x", kTensor, true, nullptr}, {"data", kTensor, true, nullptr}, {"scales", kTensor, false, nullptr},
+        {"biases", kTensor, false, nullptr}, {"format", bit(Kind::text), false, nullptr},
+        {"bits", bit(Kind::integer), false, nullptr}, {"group_size", bit(Kind::integer), false, nullptr}},
+       run_quantize, nullptr},
   };
   return table;
 }
@@ -241,6 +266,18 @@ AttentionOptions Given::options() const {
 std::string Given::text(const std::string& name, const std::string& otherwise) const {
   auto it = values_.find(name);
   return it == values_.end() ? otherwise : std::get<std::string>(it->second);
+}
+
+std::optional<std::int64_t> Given::integer(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  return std::get<std::int64_t>(it->second);
+}
+
+const std::vector<TensorView>& Given::tensors(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw TypeError(std::string(op_.name) + "() missing 1 required argument: " + quoted(name));
+  return std::get<std::vector<TensorView>>(it->second);
 }
 
 const Param* Op::param(const std::string& wanted) const {

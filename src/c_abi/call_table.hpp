@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <future>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -16,6 +17,8 @@
 #include "mfa/attention.hpp"
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/merge.hpp"
+#include "mfa/quantize.hpp"
 
 namespace mfa::c_abi {
 
@@ -47,6 +50,10 @@ class Given {
   bool flag(const std::string& name, bool otherwise) const;
   // A string argument the op reads itself, or `otherwise`.
   std::string text(const std::string& name, const std::string& otherwise) const;
+  // An integer argument the op reads itself (nullopt: not given).
+  std::optional<std::int64_t> integer(const std::string& name) const;
+  // A required list of tensors.
+  const std::vector<TensorView>& tensors(const std::string& name) const;
   // A required cache: a tensor, or a quantized tensor of `dtype` (q's).
   KVCache cache(const std::string& name, DType dtype) const;
   // The op's options: every option row applied to the values given.

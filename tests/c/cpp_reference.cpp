@@ -9,6 +9,8 @@
 #include "mfa/attention.hpp"
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/merge.hpp"
+#include "mfa/quantize.hpp"
 
 namespace {
 
@@ -89,6 +91,23 @@ extern "C" int cpp_int8_attention(const char* bundle, const reference_options* o
     const std::optional<mfa::TensorView> rows = optional_view(lse);
     mfa::int8_attention(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
                         view(*out), o, rows ? &*rows : nullptr);
+  }, error, error_size);
+}
+
+extern "C" int cpp_merge_attention(const char* bundle, const mfa_tensor_view* outputs, const mfa_tensor_view* lses,
+                                   std::size_t parts, const mfa_tensor_view* out, const mfa_tensor_view* lse,
+                                   char* error, std::size_t error_size) {
+  return reported([&] {
+    std::vector<mfa::TensorView> o, l;
+    for (std::size_t i = 0; i < parts; ++i) o.push_back(view(outputs[i])), l.push_back(view(lses[i]));
+    mfa::merge_attention(mfa::Device::default_device(), mfa::Bundle::load(bundle), o, l, view(*out), view(*lse));
+  }, error, error_size);
+}
+
+extern "C" int cpp_quantize(const char* bundle, const mfa_tensor_view* x, const char* format,
+                            const mfa_tensor_view* data, char* error, std::size_t error_size) {
+  return reported([&] {
+    mfa::quantize(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*x), {view(*data), {}, {}}, format);
   }, error, error_size);
 }
 

@@ -1,5 +1,5 @@
 /* The C++ API's results for the C ABI's test (cpp_reference.cpp): mfa::attention,
- * attention_backward, attention_with_kvcache and int8_attention called directly, on a bundle and device of their own, on the same
+ * attention_backward, attention_with_kvcache, int8_attention, merge_attention and quantize called directly, on a bundle and device of their own, on the same
  * views (mfa.h's structs, converted here on their own) and options the test sets by name
  * through the C ABI. Each returns 0, or 1 with the exception's message in `error`. */
 #ifndef MFA_TEST_CPP_REFERENCE_H
@@ -48,6 +48,13 @@ int cpp_attention_with_kvcache(const char* bundle, const char* format, const mfa
 int cpp_int8_attention(const char* bundle, const reference_options* options, const char* qk_scale, int smooth_k,
                        const char* pv, const mfa_tensor_view* q, const mfa_tensor_view* k, const mfa_tensor_view* v,
                        const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, size_t error_size);
+
+/* mfa::merge_attention of `parts` parts (bhsd). */
+int cpp_merge_attention(const char* bundle, const mfa_tensor_view* outputs, const mfa_tensor_view* lses, size_t parts,
+                        const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, size_t error_size);
+/* mfa::quantize into GGUF `format`'s blocks. */
+int cpp_quantize(const char* bundle, const mfa_tensor_view* x, const char* format, const mfa_tensor_view* data,
+                 char* error, size_t error_size);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
-/* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache
- * and int8_attention set up by argument names on random inputs give the C++ API's results bit for bit
+/* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache,
+ * int8_attention, merge_attention and quantize set up by argument names on random inputs give the C++ API's results bit for bit
  * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
  * calls return their code with Python's message before writing anything.
  *   usage: test_c_abi BUNDLE   (written from tests/c/c_abi_spec.json) */
@@ -234,6 +234,64 @@ static void int8_call(const char* path, const mfa_device* device, const mfa_bund
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
+/* The last two families: merge_attention of two parts and quantize to q8_0 give the C++ API's
+ * bits; a merge of parts of two shapes and a quantize of a last axis of 48 are refused with
+ * Python's message. */
+static void merge_and_quantize(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 2, H = 4, R = 9, DV = 16, ROWS = 3, D = 64 };
+  const int64_t o_shape[] = {B, H, R, DV}, rows_shape[] = {B, H, R}, short_shape[] = {B, H, R, DV - 1};
+  const size_t no = B * H * R * DV, nrows = B * H * R;
+  float *parts[2] = {random_floats(no), random_floats(no)}, *lses[2] = {random_floats(nrows), random_floats(nrows)};
+  float *out = poisoned(no), *lse = poisoned(nrows), *ref_out = poisoned(no), *ref_lse = poisoned(nrows);
+  const mfa_tensor_view vparts[2] = {view(parts[0], 4, o_shape), view(parts[1], 4, o_shape)};
+  const mfa_tensor_view vlses[2] = {view(lses[0], 3, rows_shape), view(lses[1], 3, rows_shape)};
+  mfa_tensor_view vout = view(out, 4, o_shape), vlse = view(lse, 3, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 4, o_shape), rlse = view(ref_lse, 3, rows_shape);
+  mfa_call* call = NULL;
+  OK(mfa_call_new(bundle, "merge_attention", &call));
+  OK(mfa_call_set_tensors(call, "outputs", vparts, 2));
+  OK(mfa_call_set_tensors(call, "lses", vlses, 2));
+  OK(mfa_call_set_tensor(call, "out", &vout));
+  OK(mfa_call_set_tensor(call, "lse", &vlse));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  CHECK(cpp_merge_attention(path, vparts, vlses, 2, &rout, &rlse, error, sizeof error) == 0, "%s", error);
+  CHECK(any_nonzero(out, no), "merge out: nothing written");
+  CHECK(memcmp(out, ref_out, no * sizeof *out) == 0, "merge out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "merge lse differs from the C++ API's");
+  mfa_tensor_view uneven[2] = {vparts[0], vparts[1]};
+  uneven[1].shape = short_shape;
+  OK(mfa_call_set_tensors(call, "outputs", uneven, 2));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "outputs must be 4-d arrays of one dtype and shape: outputs[0] is float32 (2, 4, 9, 16), outputs[1] is "
+         "float32 (2, 4, 9, 15)", "parts of two shapes");
+  mfa_call_free(call);
+
+  const int64_t x_shape[] = {ROWS, D}, data_shape[] = {ROWS, D / 32 * 34}, odd_shape[] = {ROWS, 48};
+  float* x = random_floats(ROWS * D);
+  unsigned char *data = malloc(ROWS * D / 32 * 34), *ref_data = malloc(ROWS * D / 32 * 34);
+  memset(data, 0xff, ROWS * D / 32 * 34);
+  memset(ref_data, 0xee, ROWS * D / 32 * 34);
+  mfa_tensor_view vx = view(x, 2, x_shape);
+  mfa_tensor_view vdata = {data, MFA_UINT8, 2, data_shape, NULL}, rdata = {ref_data, MFA_UINT8, 2, data_shape, NULL};
+  OK(mfa_call_new(bundle, "quantize", &call));
+  OK(mfa_call_set_tensor(call, "x", &vx));
+  OK(mfa_call_set_tensor(call, "data", &vdata));
+  OK(mfa_call_set_string(call, "format", "q8_0"));
+  OK(mfa_call_run(call, device));
+  CHECK(cpp_quantize(path, &vx, "q8_0", &rdata, error, sizeof error) == 0, "%s", error);
+  CHECK(memcmp(data, ref_data, ROWS * D / 32 * 34) == 0, "quantize's blocks differ from the C++ API's");
+  mfa_tensor_view odd = view(x, 2, odd_shape);
+  OK(mfa_call_set_tensor(call, "x", &odd));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "x's last axis must be a positive multiple of group_size (32) for q8_0, got shape (3, 48)", "a last axis of 48");
+  mfa_call_free(call);
+  float* buffers[] = {parts[0], parts[1], lses[0], lses[1], out, lse, ref_out, ref_lse, x};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+  free(data);
+  free(ref_data);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s BUNDLE\n", argv[0]);
@@ -318,9 +376,10 @@ int main(int argc, char** argv) {
   masked_bshd(argv[1], device, bundle);
   paged_decode(argv[1], device, bundle);
   int8_call(argv[1], device, bundle);
+  merge_and_quantize(argv[1], device, bundle);
   if (!failures)
-    printf("attention, attention_backward, attention_with_kvcache and int8_attention through the C ABI: the C++ "
-           "API's bits\n");
+    printf("attention, attention_backward, attention_with_kvcache, int8_attention, merge_attention and quantize "
+           "through the C ABI: the C++ API's bits\n");
 
   /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
   float *fresh = poisoned(nq), *fresh_rows = poisoned(nrows), *fresh_dq = poisoned(nq);
