@@ -32,6 +32,16 @@ even number of features that turn, omitted [null]; `rotary_interleaved` and
 `rotary_seqlens` (whether calls give rotary_seqlens) lists of bools, each omitted both. An
 entry without an append has no rotation; the tables' length is a runtime value.
 
+A "sparse_attention" family (Python's sparse_attention: each query row attends the keys its
+token list names; no causal, window or mask) takes dtype, head_dim, value_dim, gqa_ratio,
+sinks, layout, softcap, alibi, score_mod, family and backward (sparse_attention_backward's
+templates) as attention's, and two keys of its own: `topk_length` whether a call gives
+topk_length (its kernels read the lists' lengths), omitted both; `shared_latent` whether v is
+k's first Dv features (MLA's shared latent, v = k[..., :Dv]: one staged row serves both),
+omitted [false] (a call whose v is a view of k is served by an entry without it too, with the
+same results). topk (the lists' width), the lists' strides (a kv-head stride of 0 shares one
+list among the kv heads) and every size are runtime values.
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -61,6 +71,10 @@ KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "
                 "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
+SPARSE = "sparse_attention"
+SPARSE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "sinks", "layout", "softcap", "alibi",
+               "score_mod", "family", "backward", "topk_length", "shared_latent")
+FAMILY_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, SPARSE: SPARSE_KEYS}   # each op's family keys
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -70,7 +84,8 @@ class EntryFacts:
     """One entry: the facts its kernels bake. mask_dtype is None without a mask ("bool" for
     a bool mask), window whether its kernels take a window (any, at run time); softcap, alibi
     and score_mod the score transforms (spec keys); op, and a KV-cache entry's page_size
-    (None: contiguous), cache (its storage) and append."""
+    (None: contiguous), cache (its storage) and append; a sparse entry's topk_length (its
+    calls give the lists' lengths) and shared_latent (v is a view of k's first Dv features)."""
 
     dtype: str
     head_dim: int
@@ -92,6 +107,8 @@ class EntryFacts:
     cache: str = "plain"
     append: bool = False
     rotary: RotaryFacts | None = None
+    topk_length: bool = False
+    shared_latent: bool = False
 
     def to_json(self) -> dict:
         score_mod = None if self.score_mod is None else {
@@ -103,7 +120,9 @@ class EntryFacts:
                 "family": self.family, "backward": self.backward,
                 **({"page_size": self.page_size, "cache": self.cache, "append": self.append,
                     "rotary": None if self.rotary is None else dict(zip(("dim", "interleaved", "starts"), self.rotary))}
-                   if self.op == KVCACHE else {})}
+                   if self.op == KVCACHE else {}),
+                **({"topk_length": self.topk_length, "shared_latent": self.shared_latent} if self.op == SPARSE
+                   else {})}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -174,9 +193,9 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if "scale" in family:
         raise ValueError(f"{where}: 'scale' is not a key: every entry takes the scale at run time (a call's scale)")
     op = family.get("op")
-    if op not in ("attention", KVCACHE):
-        raise ValueError(f"{where}: 'op' must be \"attention\" or \"{KVCACHE}\", got {op!r}")
-    keys = KEYS if op == "attention" else KVCACHE_KEYS
+    if op not in FAMILY_KEYS:
+        raise ValueError(f"{where}: 'op' must be one of {list(FAMILY_KEYS)}, got {op!r}")
+    keys = FAMILY_KEYS[op]
     unknown = sorted(set(family) - set(keys))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; an {op} family has {list(keys)}")
@@ -190,6 +209,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     for ratio in ratios:
         if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
             raise ValueError(f"{where}: 'gqa_ratio' values must be integers >= 1, got {ratio!r}")
+    if op == SPARSE:   # a row attends exactly the keys its list names
+        family = {**family, "causal": ["none"], "mask": ["none"], "window": [False]}
     causals = _choices(_list(family, "causal", list(CAUSAL), where), CAUSAL, "causal", where)
     if op == KVCACHE:   # layout bshd, no mask, forward only: the call's own
         family = {**family, "mask": ["none"], "layout": ["bshd"], "backward": False}
@@ -207,6 +228,13 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
     caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False, None)]
+    lists = [{}]
+    if op == SPARSE:
+        lists = [{"topk_length": given, "shared_latent": shared}
+                 for given, shared in itertools.product(_bools(_list(family, "topk_length", [False, True], where),
+                                                               "topk_length", where),
+                                                        _bools(_list(family, "shared_latent", [False], where),
+                                                               "shared_latent", where))]
 
     entries = []
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
@@ -217,11 +245,15 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
                                  f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
             if rotary is not None and rotary[0] > d:
                 raise ValueError(f"{where}: 'rotary_dim' {rotary[0]} is more than head_dim {d}")
+            if dv > d and any(extra.get("shared_latent") for extra in lists):
+                raise ValueError(f"{where}: 'shared_latent' reads v as k's first value_dim features: value_dim "
+                                 f"must be at most head_dim, got {dv} and {d}")
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
-                entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append,
-                                          rotary))
+                for extra in lists:
+                    entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
+                                              gpu, backward, cap, alibi, score_mod, op, page_size, cache, append,
+                                              rotary, **extra))
     return entries
 
 

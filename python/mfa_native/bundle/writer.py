@@ -25,8 +25,8 @@ import json
 from dataclasses import asdict, replace
 from typing import Callable
 
-from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, attention_backward_template,
-                       attention_template, packs_plain_heads)
+from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, TokenLists,
+                       attention_backward_template, attention_template, packs_plain_heads)
 from ..codegen.attention.rotary import Rotary
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
@@ -34,7 +34,7 @@ from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION
-from .spec import KVCACHE, EntryFacts
+from .spec import KVCACHE, SPARSE, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
 # (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
@@ -60,14 +60,26 @@ def query_lengths(facts: EntryFacts) -> list[int]:
 def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads: int = 1) -> AttentionProblem:
     """The contiguous problem of `facts` with these lengths, batch and kv heads (strides, the
     scale and, with facts.window, the window's sides as runtime sizes; the window unbounded);
-    for a KV-cache entry, its cache read over kv_len rows (`cache_keys`)."""
+    for a KV-cache entry, its cache read over kv_len rows (`cache_keys`); for a sparse entry, its
+    token lists (`token_lists`)."""
     p = AttentionProblem(
         batch=batch, q_heads=facts.gqa_ratio * kv_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=facts.head_dim,
         value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal,
         runtime_window=facts.window, runtime_strides=True, runtime_scale=True,
         mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
         return_lse=True, scores=scores(facts))
+    if facts.op == SPARSE:
+        return token_lists(p, facts)
     return cache_keys(p, facts) if facts.op == KVCACHE else p
+
+
+def token_lists(p: AttentionProblem, facts: EntryFacts, topk: int = 16) -> AttentionProblem:
+    """`p` attending token lists as sparse_attention binds them (ops/sparse.py): contiguous
+    (B, Hkv, R, topk) lists, and (B, R) lengths when the entry takes them. With runtime strides
+    (every bundle's) the lists' strides and topk are runtime sizes, so these values are examples."""
+    lengths = (p.q_len, 1) if facts.topk_length else None
+    strides = (p.kv_heads * p.q_len * topk, p.q_len * topk, topk, 1)
+    return replace(p, keys=TokenLists(topk, strides, lengths, facts.shared_latent))
 
 
 def cache_keys(p: AttentionProblem, facts: EntryFacts) -> AttentionProblem:
@@ -120,6 +132,9 @@ def forward_templates(facts: EntryFacts) -> list[dict]:
 
 
 def backward_templates(facts: EntryFacts) -> list[dict]:
+    """The backward's templates; a sparse entry's read v on its own, as sparse_attention_backward
+    binds it whether or not v is a view of k."""
+    facts = replace(facts, shared_latent=False)
     return _unique(attention_backward_template(AttentionBackwardProblem(problem(facts, r, c)), family=facts.family)
                    for r in query_lengths(facts) for c in LENGTHS)
 
@@ -128,6 +143,9 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     """One readable line per entry (the C++ Bundle::entries() prints the same)."""
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
     cache = ""
+    if op == SPARSE:
+        cache = (f" topk_length={'yes' if facts['topk_length'] else 'no'} "
+                 f"shared_latent={'yes' if facts['shared_latent'] else 'no'}")
     if op == KVCACHE:
         cache = (f" page_size={facts['page_size'] or 'none'} cache={facts['cache']} "
                  f"append={'yes' if facts['append'] else 'no'}")
