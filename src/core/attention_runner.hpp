@@ -25,6 +25,8 @@ BundleFacts facts_of(const attention_problem::Problem& p, const std::string& fam
 
 // The bundle's entry serving `want` (NoBundleEntryError listing the bundle's entries otherwise).
 const BundleEntry& entry_for(const Bundle& bundle, const BundleFacts& want);
+// The same, or null when the bundle holds none.
+const BundleEntry* find_entry(const Bundle& bundle, const BundleFacts& want);
 
 // One array of the call, by the pass's buffer name.
 struct Bound {

@@ -34,6 +34,7 @@ std::string hex(const unsigned char* p, std::size_t n) {
 }
 
 constexpr const char* kKVCache = "attention_with_kvcache";
+constexpr const char* kSparse = "sparse_attention";
 
 BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
@@ -75,6 +76,10 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
       facts.rotary_starts = rotary.at("starts").as_string("rotary starts");
     }
   }
+  if (op == kSparse) {
+    facts.topk_length = f.at("topk_length").as_bool("topk_length");
+    facts.shared_latent = f.at("shared_latent").as_bool("shared_latent");
+  }
   return facts;
 }
 
@@ -97,7 +102,7 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
     const std::string op = record.at("op").as_string("op");
-    if (op != "attention" && op != kKVCache) continue;  // ops a later writer may add
+    if (op != "attention" && op != kKVCache && op != kSparse) continue;  // ops a later writer may add
     BundleEntry entry;
     entry.facts = facts_of(op, record.at("facts"));
     entry.forward = templates_of(record.at("forward"), "forward");
@@ -130,6 +135,9 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.alibi != "none") scores += " alibi=" + f.alibi;
   if (!f.score_mod.empty()) scores += " score_mod=" + sha256_hex(f.score_mod).substr(0, 12);
   std::string cache;  // writer.py's entry_line
+  if (f.op == kSparse)
+    cache = std::string(" topk_length=") + (f.topk_length ? "yes" : "no") +
+            " shared_latent=" + (f.shared_latent ? "yes" : "no");
   if (f.op == kKVCache)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " cache=" + f.cache +
             " append=" + (f.append ? "yes" : "no");

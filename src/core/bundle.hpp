@@ -42,6 +42,8 @@ struct BundleFacts {
   std::int64_t rotary_dim = 0;    // the rotation of q and the appended k: features that turn (0: none),
   bool rotary_interleaved = true; // GPT-J pairs (else GPT-NeoX halves), and where
   std::string rotary_starts;      // positions start: "cache_seqlens" or "rotary_seqlens"
+  bool topk_length = false;       // sparse_attention: whether a call gives the lists' lengths,
+  bool shared_latent = false;     // and whether v is a view of k's first Dv features
 };
 
 struct BundleEntry {

@@ -1,0 +1,240 @@
+"""Sparse attention from a bundle: mfa::sparse_attention and sparse_attention_backward (through
+_core's test hooks) on the cpu backend give Python's mfa_native.sparse_attention and
+sparse_attention_backward bit for bit (lists shared by the kv heads or per kv head, entries
+out of range, topk_length, strided lists, MLA's shared latent, sinks, softcap, ALiBi and a
+score_mod, both layouts), from entries whose templates keep topk, the lists' strides and the
+scale at run time; and the same bad calls raise the same exception with the same message, in
+Python's order, before anything is written."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mfa_native
+from mfa_native import _core, codegen
+from mfa_native.bundle import entries_of
+from mfa_native.bundle.file import pack
+from mfa_native.bundle.spec import SPARSE
+from mfa_native.bundle.writer import (backward_templates, build_payload, choose, entry_line, forward_templates,
+                                      problem, token_lists)
+
+from conftest import poison
+from test_bundle_cpp import view
+from test_bundle_scores import DOCUMENT_BIAS, SCORE_MOD
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+BASE = {"op": SPARSE, "family": ["apple9"], "gqa_ratio": [2], "sinks": [False]}
+FAMILIES = [
+    {**BASE, "dtype": ["float32"], "head_dim": [32], "layout": ["bhsd"], "backward": True},
+    {**BASE, "dtype": ["float16"], "head_dim": [32], "layout": ["bshd"], "sinks": [True], "softcap": [20.0],
+     "topk_length": [False]},
+    {**BASE, "dtype": ["bfloat16"], "head_dim": [64], "value_dim": [32], "layout": ["bshd"], "shared_latent": [True],
+     "topk_length": [True]},
+    {**BASE, "dtype": ["float32"], "head_dim": [8], "gqa_ratio": [1], "layout": ["bhsd"], "sinks": [True],
+     "alibi": ["per_head"], "score_mod": [SCORE_MOD], "topk_length": [False], "backward": True},
+]
+B, HKV = 2, 2
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return _core._Bundle.from_bytes(pack(build_payload(entries_of({"families": FAMILIES}))))
+
+
+def _lists(rng, shape, c: int, topk: int, shared: bool, layout: str, strided: bool) -> np.ndarray:
+    """int32 lists (B, Hkv or 1, R, topk) in `layout`'s order, with entries out of range (-1, C)
+    and repeats; `strided`: a view of every other slot-pair of a wider array (rows not dense)."""
+    b, kv_heads, r = shape
+    heads = 1 if shared else kv_heads
+    full = rng.integers(-2, c + 2, (b, heads, r, 2 * topk if strided else topk)).astype(np.int32)
+    if layout == "bshd":
+        full = np.ascontiguousarray(full.transpose(0, 2, 1, 3))
+    return full[..., :topk] if strided else full
+
+
+def _problem(rng, case: str):
+    """One call's arguments (numpy, as Python takes them) for a named case."""
+    layout = {"capped": "bshd", "latent": "bshd"}.get(case, "bhsd")
+    dtype = {"capped": "float16", "latent": "bfloat16"}.get(case, "float32")
+    t = DTYPES[dtype]
+    ratio = 1 if case == "score_mod" else 2
+    d, dv = (64, 32) if case == "latent" else (8, 8) if case == "score_mod" else (32, 32)
+    r, c, topk = int(rng.integers(1, 12)), int(rng.integers(3, 20)), int(rng.integers(1, 11))
+
+    def four(heads: int, rows: int, width: int) -> np.ndarray:
+        shape = (B, heads, rows, width) if layout == "bhsd" else (B, rows, heads, width)
+        return rng.standard_normal(shape).astype(t)
+    q, k = four(ratio * HKV, r, d), four(HKV, c, d)
+    v = k[..., :dv] if case.startswith("latent") else four(HKV, c, dv)
+    args = dict(layout=layout)
+    indices = _lists(rng, (B, HKV, r), c, topk, shared=case in ("lists", "latent", "latent-unshared", "score_mod"), layout=layout,
+                     strided=case in ("per-head", "capped"))
+    if case in ("lists", "per-head", "latent", "latent-unshared"):
+        args["topk_length"] = rng.integers(0, topk + 3, (B, r)).astype(np.int32)
+    if case == "capped":
+        args.update(sinks=rng.standard_normal(ratio * HKV).astype(np.float32), softcap=20.0, scale=0.3)
+    if case == "score_mod":
+        args.update(sinks=rng.standard_normal(ratio * HKV).astype(np.float32),
+                    alibi_slopes=rng.uniform(0.1, 1, ratio * HKV).astype(np.float32), score_mod=DOCUMENT_BIAS,
+                    score_mod_tensors=[np.sort(rng.integers(0, 4, 20)).astype(np.int32),
+                                       rng.standard_normal(4).astype(np.float32)])
+    return q, k, v, indices, args
+
+
+def _hook_options(args: dict) -> dict:
+    """The hooks' keyword arguments: arrays as views, the rest as given."""
+    options = {}
+    for name, value in args.items():
+        if name == "score_mod_tensors":
+            options[name] = [view(x) for x in value]
+        else:
+            options[name] = view(value) if isinstance(value, np.ndarray) else value
+    return options
+
+
+# latent-unshared: v is k (a view of all its features), served by an entry without shared_latent.
+CASES = ["lists", "per-head", "capped", "latent", "latent-unshared", "score_mod"]
+SEEDS = [pytest.param(0, id="seed0"), *(pytest.param(s, marks=pytest.mark.exhaustive, id=f"seed{s}")
+                                       for s in range(1, 6))]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("case", CASES)
+def test_forward_matches_python_bit_for_bit(bundle, case, seed):
+    rng = np.random.default_rng([CASES.index(case), seed])
+    q, k, v, indices, args = _problem(rng, case)
+    o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **args)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out), view(rows),
+                                   **_hook_options(args))
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
+    assert not np.isnan(rows).all()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("case", ["lists", "per-head", "latent-unshared", "score_mod"])
+def test_backward_matches_python_bit_for_bit(bundle, case, seed):
+    rng = np.random.default_rng([10 + CASES.index(case), seed])
+    q, k, v, indices, args = _problem(rng, case)
+    o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **args)
+    dout = rng.standard_normal(o.shape).astype(o.dtype)
+    grads = mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, dout, device="cpu", **args)
+    mine = [poison(g.shape, g.dtype) for g in grads]
+    dsinks = view(mine[3]) if len(mine) == 4 else None
+    _core._bundle_sparse_attention_backward("cpu", bundle, view(q), view(k), view(v), view(indices), view(o),
+                                            view(lse), view(dout), *(view(g) for g in mine[:3]), dsinks=dsinks,
+                                            **_hook_options(args))
+    for got, expected in zip(mine, grads):
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
+
+
+def test_an_empty_problem_writes_zeros_and_the_sinks(bundle):
+    rng = np.random.default_rng(4)
+    q, k, v, indices, args = _problem(rng, "capped")
+    k, v = k[:, :0], v[:, :0]   # no keys
+    o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **args)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out), view(rows),
+                                   **_hook_options(args))
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
+
+
+BAD_CALLS = {   # what changes from a good "lists" call (bhsd, shared lists, topk_length)
+    "indices dtype": dict(indices=lambda a: a["indices"].astype(np.float32)),
+    "indices rank": dict(indices=lambda a: a["indices"][0]),
+    "indices shape": dict(indices=lambda a: a["indices"][:, :, 1:]),
+    "topk_length dtype": dict(topk_length=lambda a: a["topk_length"].astype(np.float32)),
+    "topk_length shape": dict(topk_length=lambda a: a["topk_length"][:1]),
+    "topk_length negative": dict(topk_length=lambda a: a["topk_length"] - 5),
+    "q shape before the lists": dict(q=lambda a: a["q"][..., :16], indices=lambda a: a["indices"][0]),
+    "indices before topk_length": dict(indices=lambda a: a["indices"][0], topk_length=lambda a: a["topk_length"] - 5),
+    "lists before score_mod": dict(topk_length=lambda a: a["topk_length"] - 5,
+                                   score_mod_tensors=lambda a: [np.zeros(3, np.float32)]),
+    "scale": dict(scale=lambda a: float("inf")),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_bad_calls_raise_pythons_message(bundle, case):
+    rng = np.random.default_rng(7)
+    q, k, v, indices, args = _problem(rng, "lists")
+    values = {"q": q, "indices": indices, **args}
+    values.update({name: change(values) for name, change in BAD_CALLS[case].items()})
+    q, indices = values.pop("q"), values.pop("indices")
+    with pytest.raises((ValueError, TypeError)) as python:
+        mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **values)
+    out = poison((B, 2 * HKV, q.shape[2], 32), np.float32)
+    rows = poison((B, 2 * HKV, q.shape[2]), np.float32)
+    with pytest.raises((ValueError, TypeError)) as cpp:
+        _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out),
+                                       view(rows), **_hook_options(values))
+    assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+    assert np.isnan(out).all() and np.isnan(rows).all()
+
+
+def test_backward_bad_lists_raise_pythons_message(bundle):
+    rng = np.random.default_rng(8)
+    q, k, v, indices, args = _problem(rng, "lists")
+    o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **args)
+    args["topk_length"] = args["topk_length"] - 5
+    with pytest.raises(ValueError) as python:
+        mfa_native.sparse_attention_backward(q, k, v, indices, o, lse, o, device="cpu", **args)
+    grads = [poison(x.shape, x.dtype) for x in (q, k, v)]
+    with pytest.raises(ValueError) as cpp:
+        _core._bundle_sparse_attention_backward("cpu", bundle, view(q), view(k), view(v), view(indices), view(o),
+                                                view(lse), view(o), *(view(g) for g in grads), **_hook_options(args))
+    assert str(cpp.value) == str(python.value)
+    assert all(np.isnan(g).all() for g in grads)
+
+
+def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
+    rng = np.random.default_rng(3)
+    q, k, v, indices, args = _problem(rng, "capped")
+    args["topk_length"] = np.zeros((B, q.shape[1]), np.int32)   # that family's entry takes none
+    out, rows = poison((B, q.shape[1], 4, 32), np.float16), poison((B, 4, q.shape[1]), np.float32)
+    with pytest.raises(ValueError, match=r"(?s)no entry for sparse_attention float16 .* topk_length=yes "
+                                         r"shared_latent=no .*it holds:\n  sparse_attention float32"):
+        _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out),
+                                       view(rows), **_hook_options(args))
+
+
+def test_entry_lines_are_pythons(bundle):
+    payload = build_payload(entries_of({"families": FAMILIES}))
+    assert bundle.entries() == [entry_line(r["op"], r["facts"], len(r["forward"]), len(r["backward"]))
+                                for r in payload["entries"]]
+    assert "topk_length=yes shared_latent=yes" in bundle.entries()[-2]
+
+
+@pytest.mark.parametrize("facts", entries_of({"families": FAMILIES[:3]}), ids=lambda f: f"{f.dtype}-{f.layout}")
+def test_entry_templates_are_codegens_for_every_size(facts):
+    """For query lengths, key lengths and list widths across their ranges, the entry's first
+    template whose guards hold is the template codegen generates for that call."""
+    forward, backward = forward_templates(facts), backward_templates(facts) if facts.backward else []
+    for r in (1, 2, 9, 33, 300):
+        for c in (1, 64, 5000):
+            for topk in (1, 7, 64, 2048):
+                p = token_lists(problem(facts, r, c, batch=2, kv_heads=2), facts, topk)
+                sizes = codegen.call_sizes(p)
+                expected = codegen.attention_template(p, family=facts.family)
+                assert choose(forward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, topk)
+                if facts.backward:
+                    expected = codegen.attention_backward_template(codegen.AttentionBackwardProblem(p),
+                                                                   family=facts.family)
+                    assert choose(backward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, topk)
+
+
+@pytest.mark.parametrize("family, message", [
+    ({"op": SPARSE, "head_dim": [8], "causal": ["none"]}, "unknown keys"),
+    ({"op": SPARSE, "head_dim": [8], "topk_length": [1]}, "'topk_length' values must be true or false"),
+    ({"op": SPARSE, "head_dim": [8], "value_dim": [16], "shared_latent": [True]}, "at most head_dim"),
+])
+def test_sparse_spec_errors_name_the_key(family, message):
+    with pytest.raises(ValueError, match=message):
+        entries_of({"families": [family]})
