@@ -238,3 +238,21 @@ def test_entry_templates_are_codegens_for_every_size(facts):
 def test_sparse_spec_errors_name_the_key(family, message):
     with pytest.raises(ValueError, match=message):
         entries_of({"families": [family]})
+
+
+@pytest.mark.parametrize("form", ["no slots", "reversed slots", "broadcast heads", "slot stride 2"])
+def test_odd_lists_match_python(bundle, form):
+    """Lists the kernels cannot read in place are copied (reversed, strided slots), a kv-head
+    axis broadcast with stride 0 is read in place, and a width of 0 reads nothing."""
+    rng = np.random.default_rng([20, len(form)])
+    q, k, v, indices, args = _problem(rng, "lists")
+    full = rng.integers(-1, k.shape[2] + 1, (B, HKV, q.shape[2], 6)).astype(np.int32)
+    indices = {"no slots": full[..., :0], "reversed slots": full[..., ::-1],
+               "broadcast heads": np.broadcast_to(full[:, :1], full.shape), "slot stride 2": full[..., ::2]}[form]
+    args["topk_length"] = rng.integers(0, 8, (B, q.shape[2])).astype(np.int32)
+    o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **args)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out), view(rows),
+                                   **_hook_options(args))
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
