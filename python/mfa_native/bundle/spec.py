@@ -42,6 +42,13 @@ omitted [false] (a call whose v is a view of k is served by an entry without it 
 same results). topk (the lists' width), the lists' strides (a kv-head stride of 0 shares one
 list among the kv heads) and every size are runtime values.
 
+A "sparse_topk" family (Python's sparse_topk, DeepSeek's lightning indexer: the lists
+sparse_attention reads) takes `dtype` (q's and k's), `head_dim` (Di, the indexer's feature
+count), `layout`, `causal` a list of true (key c is a candidate for row r iff c <= r + C - R)
+and false, omitted both, and `precision` of "float" and "int8", omitted ["float"]. Its kernels
+use no GPU family's tiles: one entry serves every device ("family=any"). B, the indexer
+heads, R, C, topk and the strides of q, k and weights are runtime values.
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -74,7 +81,11 @@ CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 SPARSE = "sparse_attention"
 SPARSE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "sinks", "layout", "softcap", "alibi",
                "score_mod", "family", "backward", "topk_length", "shared_latent")
-FAMILY_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, SPARSE: SPARSE_KEYS}   # each op's family keys
+TOPK = "sparse_topk"
+TOPK_KEYS = ("op", "dtype", "head_dim", "layout", "causal", "precision")
+TOPK_PRECISIONS = ("float", "int8")
+ANY_FAMILY = "any"   # a sparse_topk entry's family: its kernels use no tile table
+FAMILY_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, SPARSE: SPARSE_KEYS, TOPK: TOPK_KEYS}   # each op's keys
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -85,7 +96,8 @@ class EntryFacts:
     a bool mask), window whether its kernels take a window (any, at run time); softcap, alibi
     and score_mod the score transforms (spec keys); op, and a KV-cache entry's page_size
     (None: contiguous), cache (its storage) and append; a sparse entry's topk_length (its
-    calls give the lists' lengths) and shared_latent (v is a view of k's first Dv features)."""
+    calls give the lists' lengths) and shared_latent (v is a view of k's first Dv features); a
+    sparse_topk entry's precision (its causal is "lower_right" or "none", its family ANY_FAMILY)."""
 
     dtype: str
     head_dim: int
@@ -109,6 +121,7 @@ class EntryFacts:
     rotary: RotaryFacts | None = None
     topk_length: bool = False
     shared_latent: bool = False
+    precision: str = "float"
 
     def to_json(self) -> dict:
         score_mod = None if self.score_mod is None else {
@@ -122,7 +135,8 @@ class EntryFacts:
                     "rotary": None if self.rotary is None else dict(zip(("dim", "interleaved", "starts"), self.rotary))}
                    if self.op == KVCACHE else {}),
                 **({"topk_length": self.topk_length, "shared_latent": self.shared_latent} if self.op == SPARSE
-                   else {})}
+                   else {}),
+                **({"precision": self.precision} if self.op == TOPK else {})}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -201,6 +215,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         raise ValueError(f"{where}: unknown keys {unknown}; an {op} family has {list(keys)}")
     if "head_dim" not in family:
         raise ValueError(f"{where}: 'head_dim' is required (a list of head dimensions, e.g. [64, 128])")
+    if op == TOPK:
+        return _topk_entries(family, where)
     dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
     head_dims = _dims(_list(family, "head_dim", None, where), "head_dim", where)
     value_dims = None if family.get("value_dim") is None else _dims(_list(family, "value_dim", None, where),
@@ -254,6 +270,26 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
                     entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
                                               gpu, backward, cap, alibi, score_mod, op, page_size, cache, append,
                                               rotary, **extra))
+    return entries
+
+
+def _topk_entries(family: dict, where: str) -> list[EntryFacts]:
+    """A sparse_topk family's entries: dtype x head_dim x layout x causal x precision."""
+    from ..codegen.sparse.topk_scores import check_exact
+    dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
+    head_dims = _dims(_list(family, "head_dim", None, where), "head_dim", where)
+    layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
+    causals = _bools(_list(family, "causal", [True, False], where), "causal", where)
+    precisions = _choices(_list(family, "precision", ["float"], where), TOPK_PRECISIONS, "precision", where)
+    entries = []
+    for dtype, d, layout, causal, precision in itertools.product(dtypes, head_dims, layouts, causals, precisions):
+        if precision == "int8":
+            try:
+                check_exact(d)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+        entries.append(EntryFacts(dtype, d, d, 1, "lower_right" if causal else "none", "none", None, False, False,
+                                  layout, ANY_FAMILY, False, op=TOPK, precision=precision))
     return entries
 
 

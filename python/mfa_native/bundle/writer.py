@@ -34,7 +34,8 @@ from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION
-from .spec import KVCACHE, SPARSE, EntryFacts
+from ..codegen.sparse import topk as topk_codegen
+from .spec import KVCACHE, SPARSE, TOPK, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
 # (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
@@ -124,11 +125,31 @@ def _unique(templates) -> list[dict]:
 
 def forward_templates(facts: EntryFacts) -> list[dict]:
     """The forward's templates (lse always stored: a caller that does not want it gets an
-    intermediate; the output is the same)."""
+    intermediate; the output is the same); a sparse_topk entry's pass (`topk_template`)."""
+    if facts.op == TOPK:
+        return _unique([topk_template(facts)])
     lengths = query_lengths(facts)
     points = [(r, *NO_SPLIT) for r in lengths] + [(r, *SPLIT) for r in lengths if r <= MAX_SPLIT_ROWS]
     return _unique(attention_template(problem(facts, r, c), family=facts.family, parallel_threadgroups=p)
                    for r, c, p in points)
+
+
+def topk_descriptor(facts: EntryFacts, shape: dict[str, int] | None = None,
+                    strides: dict[str, tuple[int, ...]] | None = None) -> topk_codegen.TopkDescriptor:
+    """A sparse_topk entry's descriptor for a call of `shape` (B, Hi, R, C, K, Di; an example by
+    default) and logical `strides`, every stride but the features' a runtime size."""
+    shape = shape or {"B": 2, "Hi": 2, "R": 3, "C": 5, "K": 4, "Di": facts.head_dim}
+    if strides is None:
+        B, Hi, R, C, Di = (shape[n] for n in ("B", "Hi", "R", "C", "Di"))
+        strides = {"q": (Hi * R * Di, R * Di, Di, 1), "k": (C * Di, 0, Di, 1), "weights": (Hi * R, R, 1, 0)}
+    return topk_codegen.describe_topk(dtype=facts.dtype, shape=shape, strides=strides, layout=facts.layout,
+                                      causal=facts.causal != "none", precision=facts.precision,
+                                      runtime_strides=True)
+
+
+def topk_template(facts: EntryFacts):
+    """The template of a sparse_topk entry: one, whatever the sizes (splits are derived)."""
+    return topk_codegen.topk_template(topk_descriptor(facts))
 
 
 def backward_templates(facts: EntryFacts) -> list[dict]:
@@ -141,6 +162,10 @@ def backward_templates(facts: EntryFacts) -> list[dict]:
 
 def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     """One readable line per entry (the C++ Bundle::entries() prints the same)."""
+    if op == TOPK:
+        return (f"{op} {facts['dtype']} Di={facts['head_dim']} causal={'yes' if facts['causal'] != 'none' else 'no'} "
+                f"layout={facts['layout']} precision={facts['precision']} family={facts['family']} "
+                f"templates={forward}+{backward}")
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
     cache = ""
     if op == SPARSE:
