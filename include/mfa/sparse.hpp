@@ -1,7 +1,8 @@
 // Sparse attention for C++ programs, without Python: Python's
 // mfa_native.sparse_attention (DeepSeek sparse attention: each query row attends
 // exactly the keys its token list names) and sparse_attention_backward, run from
-// a bundle whose spec has a "sparse_attention" family.
+// a bundle whose spec has a "sparse_attention" family; and sparse_topk (the
+// indexer that makes such lists), from a "sparse_topk" family.
 //
 //   mfa::sparse_attention(device, bundle, q, k, v, indices, out, {/*scale*/ {}});
 //
@@ -25,6 +26,7 @@
 // (a list whose slot axis is not unit, negative strides) are copied first.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,5 +77,28 @@ void sparse_attention_backward(CommandBatch& batch, const Bundle& bundle, const 
                                const TensorView& lse, const TensorView& dout, const TensorView& dq,
                                const TensorView& dk, const TensorView& dv, const SparseOptions& options = {},
                                const TensorView* dsinks = nullptr);
+
+// sparse_topk's keyword arguments, Python's names and defaults (return_scores: pass topk_scores).
+struct SparseTopkOptions {
+  bool causal = true;               // key c is a candidate for row r iff c <= r + C - R (lower right)
+  Layout layout = Layout::bhsd;
+  std::string precision = "float";  // or "int8": q and k quantized per token, multiplied as integers
+};
+
+// DeepSeek's lightning indexer and top-k (Python's sparse_topk): q (B, Hi, R, Di), k (B, 1, C, Di)
+// of q's float dtype, weights float32 (B, Hi, R) ("bshd": the sequence and head axes swapped);
+// score[b, r, c] = sum over h of weights[b, h, r] * relu(q[b, h, r] . k[b, 0, c]) in float32. Writes
+// `indices`, int32 (B, 1, R, topk) ("bshd": (B, R, 1, topk)), contiguous: each row's topk candidates
+// by descending score (ties: the lower key first; NaN above every number), padded with -1 — the
+// lists sparse_attention takes, shared by every kv head; with `topk_scores` (float32, the same
+// shape, contiguous) their scores (-inf at padding). What a bundle entry fixes ("sparse_topk" spec
+// keys): the dtype, Di, the layout, causal and the precision; B, Hi, R, C, topk and the strides of
+// q, k and weights are runtime values. Errors as sparse_attention's, with Python's messages.
+void sparse_topk(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                 const TensorView& weights, std::int64_t topk, const TensorView& indices,
+                 const SparseTopkOptions& options = {}, const TensorView* topk_scores = nullptr);
+void sparse_topk(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                 const TensorView& weights, std::int64_t topk, const TensorView& indices,
+                 const SparseTopkOptions& options = {}, const TensorView* topk_scores = nullptr);
 
 }  // namespace mfa

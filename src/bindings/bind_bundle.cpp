@@ -253,6 +253,25 @@ void bind_bundle(nb::module_& m) {
         "alibi_slopes"_a = nb::none(), "score_mod_tensors"_a = std::vector<ViewSpec>(), "score_mod"_a = "",
         "topk_length"_a = nb::none(), "layout"_a = "bhsd",
         "Test hook: mfa::sparse_attention_backward on views of caller memory.");
+
+  m.def("_bundle_sparse_topk",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& weights,
+           std::int64_t topk, const ViewSpec& indices, const std::optional<ViewSpec>& topk_scores, bool causal,
+           const std::string& layout, const std::string& precision) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          SparseTopkOptions options;
+          options.causal = causal;
+          options.layout = options_of({}, "none", std::nullopt, std::nullopt, std::nullopt, layout, std::nullopt,
+                                      std::nullopt, "", {}).layout;
+          options.precision = precision;
+          const std::optional<TensorView> scores = view_of(topk_scores);
+          nb::gil_scoped_release release;
+          sparse_topk(device, bundle, view_of(q), view_of(k), view_of(weights), topk, view_of(indices), options,
+                      scores ? &*scores : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "weights"_a, "topk"_a, "indices"_a, "topk_scores"_a = nb::none(),
+        "causal"_a = true, "layout"_a = "bhsd", "precision"_a = "float",
+        "Test hook: mfa::sparse_topk on views of caller memory.");
 }
 
 }  // namespace mfa::bindings

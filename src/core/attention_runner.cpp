@@ -41,7 +41,8 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.page_size == want.page_size && e.cache == want.cache && e.append == want.append &&
          e.rotary_dim == want.rotary_dim && e.rotary_interleaved == want.rotary_interleaved &&
          e.rotary_starts == want.rotary_starts &&
-         e.topk_length == want.topk_length && e.shared_latent == want.shared_latent;
+         e.topk_length == want.topk_length && e.shared_latent == want.shared_latent &&
+         e.precision == want.precision;
 }
 
 [[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {

@@ -44,6 +44,7 @@ struct PassViews {
   std::map<std::string, std::vector<std::int64_t>> strided;
 
   PassViews(const Device& device, const Binder& binder, const AttentionOptions& options);
+  PassViews() = default;  // an op without a declaration adds its arrays itself
   PassViews(const PassViews&) = delete;  // arrays point into views
   PassViews& operator=(const PassViews&) = delete;
   // Binds `view` as pass buffer `buffer` (in place of what the binder gave, if anything).

@@ -35,6 +35,7 @@ std::string hex(const unsigned char* p, std::size_t n) {
 
 constexpr const char* kKVCache = "attention_with_kvcache";
 constexpr const char* kSparse = "sparse_attention";
+constexpr const char* kTopk = "sparse_topk";
 
 BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
@@ -80,6 +81,7 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
     facts.topk_length = f.at("topk_length").as_bool("topk_length");
     facts.shared_latent = f.at("shared_latent").as_bool("shared_latent");
   }
+  if (op == kTopk) facts.precision = f.at("precision").as_string("precision");
   return facts;
 }
 
@@ -102,7 +104,7 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
     const std::string op = record.at("op").as_string("op");
-    if (op != "attention" && op != kKVCache && op != kSparse) continue;  // ops a later writer may add
+    if (op != "attention" && op != kKVCache && op != kSparse && op != kTopk) continue;  // ops a later writer may add
     BundleEntry entry;
     entry.facts = facts_of(op, record.at("facts"));
     entry.forward = templates_of(record.at("forward"), "forward");
@@ -124,6 +126,10 @@ const Declaration& Bundle::Contents::declaration(const std::string& op) const {
 }
 
 std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
+  if (f.op == kTopk)  // writer.py's entry_line
+    return f.op + " " + f.dtype + " Di=" + std::to_string(f.head_dim) + " causal=" +
+           (f.causal != "none" ? "yes" : "no") + " layout=" + f.layout + " precision=" + f.precision +
+           " family=" + f.family + " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
   const std::string window = f.window ? "yes" : "no";
   const std::string mask = f.mask == "additive" ? "additive:" + f.mask_dtype : f.mask;
   std::string scores;  // writer.py's scores_text

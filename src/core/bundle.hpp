@@ -44,6 +44,7 @@ struct BundleFacts {
   std::string rotary_starts;      // positions start: "cache_seqlens" or "rotary_seqlens"
   bool topk_length = false;       // sparse_attention: whether a call gives the lists' lengths,
   bool shared_latent = false;     // and whether v is a view of k's first Dv features
+  std::string precision = "float";  // sparse_topk: "float" or "int8" scores (family "any")
 };
 
 struct BundleEntry {

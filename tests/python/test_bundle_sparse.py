@@ -1,10 +1,12 @@
-"""Sparse attention from a bundle: mfa::sparse_attention and sparse_attention_backward (through
+"""Sparse attention and its indexer from a bundle: mfa::sparse_attention, sparse_attention_backward
+and sparse_topk (through
 _core's test hooks) on the cpu backend give Python's mfa_native.sparse_attention and
 sparse_attention_backward bit for bit (lists shared by the kv heads or per kv head, entries
 out of range, topk_length, strided lists, MLA's shared latent, sinks, softcap, ALiBi and a
 score_mod, both layouts), from entries whose templates keep topk, the lists' strides and the
-scale at run time; and the same bad calls raise the same exception with the same message, in
-Python's order, before anything is written."""
+scale at run time; sparse_topk's indices and scores (causal or not, float or int8 scores,
+strided views, padding) likewise; and the same bad calls raise the same exception with the same
+message, in Python's order, before anything is written."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ import mfa_native
 from mfa_native import _core, codegen
 from mfa_native.bundle import entries_of
 from mfa_native.bundle.file import pack
-from mfa_native.bundle.spec import SPARSE
+from mfa_native.bundle.spec import SPARSE, TOPK
 from mfa_native.bundle.writer import (backward_templates, build_payload, choose, entry_line, forward_templates,
-                                      problem, token_lists)
+                                      problem, token_lists, topk_descriptor)
+from mfa_native.codegen.sparse import topk as topk_codegen
 
 from conftest import poison
 from test_bundle_cpp import view
@@ -256,3 +259,165 @@ def test_odd_lists_match_python(bundle, form):
                                    **_hook_options(args))
     np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
     np.testing.assert_array_equal(rows, lse)
+
+
+# sparse_topk, the indexer: one template per entry (its splits are derived from the sizes).
+TOPK_FAMILIES = [
+    {"op": TOPK, "dtype": ["float32"], "head_dim": [16], "layout": ["bhsd"]},
+    {"op": TOPK, "dtype": ["float16"], "head_dim": [32], "layout": ["bshd"], "causal": [False]},
+    {"op": TOPK, "dtype": ["bfloat16"], "head_dim": [16], "layout": ["bhsd"], "causal": [True],
+     "precision": ["int8"]},
+]
+# (dtype, layout, causal, precision, strided views, return_scores)
+TOPK_CASES = {"bhsd": ("float32", "bhsd", True, "float", False, True),
+              "bhsd-noncausal-strided": ("float32", "bhsd", False, "float", True, False),
+              "bshd-strided": ("float16", "bshd", False, "float", True, True),
+              "int8": ("bfloat16", "bhsd", True, "int8", False, True)}
+
+
+@pytest.fixture(scope="module")
+def topk_bundle():
+    return _core._Bundle.from_bytes(pack(build_payload(entries_of({"families": TOPK_FAMILIES}))))
+
+
+def _topk_problem(rng, dtype: str, layout: str, strided: bool, b: int = 2, hi: int = 3, c: int | None = None):
+    """q (B, Hi, R, Di), k (B, 1, C, Di), weights (B, Hi, R) in `layout`'s order; `strided`: views
+    of bigger arrays (every other row of q, a transposed weights)."""
+    t, d = DTYPES[dtype], 32 if dtype == "float16" else 16
+    r, c = int(rng.integers(1, 20)), c or int(rng.integers(1, 40))
+
+    def four(heads: int, rows: int) -> np.ndarray:
+        shape = (b, heads, rows, d) if layout == "bhsd" else (b, rows, heads, d)
+        return rng.standard_normal(shape).astype(t)
+    q, k = four(hi, 2 * r if strided else r), four(1, c)
+    if strided:
+        q = q[:, :, ::2] if layout == "bhsd" else q[:, ::2]
+    weights = rng.random((b, hi, r) if layout == "bhsd" else (b, r, hi), dtype=np.float32)
+    if strided:
+        weights = np.ascontiguousarray(weights.transpose(0, 2, 1)).transpose(0, 2, 1)
+    return q, k, weights
+
+
+def _topk_outputs(q, layout: str, topk: int):
+    b, r = q.shape[0], q.shape[2] if layout == "bhsd" else q.shape[1]
+    shape = (b, 1, r, topk) if layout == "bhsd" else (b, r, 1, topk)
+    return poison(shape, np.int32), poison(shape, np.float32)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("case", TOPK_CASES)
+def test_topk_matches_python_bit_for_bit(topk_bundle, case, seed):
+    dtype, layout, causal, precision, strided, scores = TOPK_CASES[case]
+    rng = np.random.default_rng([30 + list(TOPK_CASES).index(case), seed])
+    q, k, weights = _topk_problem(rng, dtype, layout, strided)
+    topk = int(rng.integers(1, 50))   # beyond C too: padding
+    options = dict(causal=causal, layout=layout, precision=precision)
+    result = mfa_native.sparse_topk(q, k, weights, topk, return_scores=scores, device="cpu", **options)
+    expected, expected_scores = result if scores else (result, None)
+    indices, topk_scores = _topk_outputs(q, layout, topk)
+    _core._bundle_sparse_topk("cpu", topk_bundle, view(q), view(k), view(weights), topk, view(indices),
+                              view(topk_scores) if scores else None, **options)
+    np.testing.assert_array_equal(indices, expected)
+    if scores:
+        np.testing.assert_array_equal(topk_scores, expected_scores)
+    assert (indices >= 0).any()
+
+
+def test_topk_split_key_ranges_match_python(topk_bundle):
+    """Thousands of keys for few rows: the key range splits (a run per split, then their merge)."""
+    rng = np.random.default_rng(43)
+    q, k, weights = _topk_problem(rng, "float32", "bhsd", False, b=1, c=3000)
+    q, weights = q[:, :, :2], weights[:, :, :2]
+    expected, expected_scores = mfa_native.sparse_topk(q, k, weights, 300, return_scores=True, device="cpu")
+    indices, topk_scores = _topk_outputs(q, "bhsd", 300)
+    _core._bundle_sparse_topk("cpu", topk_bundle, view(q), view(k), view(weights), 300, view(indices),
+                              view(topk_scores))
+    np.testing.assert_array_equal(indices, expected)
+    np.testing.assert_array_equal(topk_scores, expected_scores)
+
+
+@pytest.mark.parametrize("empty", ["no heads", "no slots", "no keys"])
+def test_topk_without_scores_to_rank_matches_python(topk_bundle, empty):
+    rng = np.random.default_rng(40)
+    q, k, weights = _topk_problem(rng, "float32", "bhsd", False, hi=0 if empty == "no heads" else 3)
+    if empty == "no keys":
+        k = k[:, :, :0]
+    topk = 0 if empty == "no slots" else 7
+    expected, expected_scores = mfa_native.sparse_topk(q, k, weights, topk, return_scores=True, device="cpu")
+    indices, topk_scores = _topk_outputs(q, "bhsd", topk)
+    _core._bundle_sparse_topk("cpu", topk_bundle, view(q), view(k), view(weights), topk, view(indices),
+                              view(topk_scores))
+    np.testing.assert_array_equal(indices, expected)
+    np.testing.assert_array_equal(topk_scores, expected_scores)
+
+
+TOPK_BAD_CALLS = {   # what changes from a good float32 bhsd call
+    "q dtype": dict(q=lambda a: a["q"].astype(np.int32)),
+    "k dtype": dict(k=lambda a: a["k"].astype(np.float16)),
+    "weights dtype": dict(weights=lambda a: a["weights"].astype(np.float16)),
+    "topk negative": dict(topk=lambda a: -1),
+    "precision": dict(precision=lambda a: "half"),
+    "q rank": dict(q=lambda a: a["q"][0]),
+    "k heads": dict(k=lambda a: np.concatenate([a["k"], a["k"]], axis=1)),
+    "weights shape": dict(weights=lambda a: a["weights"][:, :1]),
+    "topk beyond the limit": dict(k=lambda a: np.zeros((2, 1, 2049, 16), np.float32), topk=lambda a: 2049),
+    "dtype before shape": dict(weights=lambda a: a["weights"][:, :1].astype(np.float16), q=lambda a: a["q"][0]),
+}
+
+
+@pytest.mark.parametrize("case", TOPK_BAD_CALLS)
+def test_topk_bad_calls_raise_pythons_message(topk_bundle, case):
+    rng = np.random.default_rng(41)
+    q, k, weights = _topk_problem(rng, "float32", "bhsd", False)
+    values = {"q": q, "k": k, "weights": weights, "topk": 5, "precision": "float"}
+    values.update({name: change(values) for name, change in TOPK_BAD_CALLS[case].items()})
+    with pytest.raises((ValueError, TypeError)) as python:
+        mfa_native.sparse_topk(values["q"], values["k"], values["weights"], values["topk"],
+                               precision=values["precision"], device="cpu")
+    indices, scores = _topk_outputs(q, "bhsd", 5)
+    with pytest.raises((ValueError, TypeError)) as cpp:
+        _core._bundle_sparse_topk("cpu", topk_bundle, view(values["q"]), view(values["k"]), view(values["weights"]),
+                                  values["topk"], view(indices), view(scores), precision=values["precision"])
+    assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+    assert (indices == np.iinfo(np.int32).min).all() and np.isnan(scores).all()
+
+
+def test_topk_outputs_are_checked_and_a_missing_entry_lists_the_bundle(topk_bundle):
+    rng = np.random.default_rng(42)
+    q, k, weights = _topk_problem(rng, "float32", "bhsd", False)
+    indices, scores = _topk_outputs(q, "bhsd", 5)
+    with pytest.raises(TypeError, match="indices must be int32, got float32"):
+        _core._bundle_sparse_topk("cpu", topk_bundle, view(q), view(k), view(weights), 5, view(scores))
+    with pytest.raises(ValueError, match=r"indices must have shape \(B, 1, R, topk\)"):
+        _core._bundle_sparse_topk("cpu", topk_bundle, view(q), view(k), view(weights), 4, view(indices))
+    with pytest.raises(ValueError, match=r"(?s)no entry for sparse_topk float32 Di=16 causal=yes layout=bhsd "
+                                         r"precision=int8 family=any; it holds:\n  sparse_topk float32 Di=16"):
+        _core._bundle_sparse_topk("cpu", topk_bundle, view(q), view(k), view(weights), 5, view(indices),
+                                  precision="int8")
+
+
+def test_topk_entry_lines_and_templates_are_pythons(topk_bundle):
+    entries = entries_of({"families": TOPK_FAMILIES})
+    payload = build_payload(entries)
+    assert topk_bundle.entries() == [entry_line(r["op"], r["facts"], len(r["forward"]), len(r["backward"]))
+                                     for r in payload["entries"]]
+    assert topk_bundle.entries()[0] == ("sparse_topk float32 Di=16 causal=yes layout=bhsd precision=float "
+                                        "family=any templates=1+0")
+    for facts, record in zip(entries, payload["entries"]):
+        for b, hi, r, c, k in ((1, 1, 1, 1, 1), (2, 3, 9, 5000, 64), (1, 64, 1, 100000, 2048)):
+            shape = {"B": b, "Hi": hi, "R": r, "C": c, "K": k, "Di": facts.head_dim}
+            strides = {"q": (7 * hi * r * 64, 64, 7 * hi * 64, 1), "k": (c * 64, 0, 64, 1), "weights": (hi * r, 1, hi, 0)}
+            d = topk_descriptor(facts, shape, strides)
+            sizes = topk_codegen.topk_sizes(shape, strides, 4096, runtime_strides=True)
+            assert choose(record["forward"], sizes) == json.loads(json.dumps(asdict(topk_codegen.topk_template(d))))
+
+
+@pytest.mark.parametrize("family, message", [
+    ({"op": TOPK, "head_dim": [16], "family": ["apple9"]}, "unknown keys"),
+    ({"op": TOPK, "head_dim": [2048], "precision": ["int8"]}, "'head_dim' values must be integers"),
+    ({"op": TOPK, "head_dim": [16], "precision": ["half"]}, "'precision' value 'half' is not one of"),
+    ({"op": TOPK, "head_dim": [16], "causal": ["lower_right"]}, "'causal' values must be true or false"),
+])
+def test_topk_spec_errors_name_the_key(family, message):
+    with pytest.raises(ValueError, match=message):
+        entries_of({"families": [family]})
