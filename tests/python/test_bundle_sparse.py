@@ -421,3 +421,26 @@ def test_topk_entry_lines_and_templates_are_pythons(topk_bundle):
 def test_topk_spec_errors_name_the_key(family, message):
     with pytest.raises(ValueError, match=message):
         entries_of({"families": [family]})
+
+
+def test_indexer_then_sparse_attention_from_cpp_is_pythons_pipeline():
+    """DeepSeek's pipeline without Python: sparse_topk's lists (B, R, 1, topk), shared by the kv
+    heads, fed to sparse_attention, from one bundle; the same bits as Python's two ops."""
+    bundle = _core._Bundle.from_bytes(pack(build_payload(entries_of({"families": [
+        {"op": TOPK, "dtype": ["float16"], "head_dim": [32], "layout": ["bshd"], "causal": [True]},
+        {**BASE, "dtype": ["float16"], "head_dim": [32], "layout": ["bshd"], "topk_length": [False]}]}))))
+    rng = np.random.default_rng(50)
+    r, c, topk = 6, 30, 8
+    q_index, k_index = (rng.standard_normal((B, n, heads, 32)).astype(np.float16) for n, heads in ((r, 3), (c, 1)))
+    weights = rng.random((B, r, 3), dtype=np.float32)
+    q = rng.standard_normal((B, r, 2 * HKV, 32)).astype(np.float16)
+    k, v = (rng.standard_normal((B, c, HKV, 32)).astype(np.float16) for _ in "kv")
+    lists = mfa_native.sparse_topk(q_index, k_index, weights, topk, layout="bshd", device="cpu")
+    expected = mfa_native.sparse_attention(q, k, v, lists, layout="bshd", device="cpu")
+    indices = poison(lists.shape, np.int32)
+    _core._bundle_sparse_topk("cpu", bundle, view(q_index), view(k_index), view(weights), topk, view(indices),
+                              layout="bshd")
+    out = poison(expected.shape, np.float16)
+    _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out), layout="bshd")
+    np.testing.assert_array_equal(indices, lists)
+    np.testing.assert_array_equal(out.view(np.uint16), expected.view(np.uint16))
