@@ -48,8 +48,8 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
 [[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {
   std::string line = entry_line(want, 0, 0);
   line = line.substr(0, line.rfind(" templates="));
-  std::string message = std::string("the bundle holds no entry for ") + (want.backward ? want.op + "_backward of " : "") +
-                        line + "; it holds:";
+  std::string message = std::string("the bundle holds no entry for ") +
+                        (want.backward ? want.op + "_backward of " : "") + line + "; it holds:";
   const std::vector<std::string> entries = bundle.entries();
   for (const std::string& entry : entries) message += "\n  " + entry;
   if (entries.empty()) message += " nothing";

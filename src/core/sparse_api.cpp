@@ -98,18 +98,17 @@ class SparseCall {
                                          indices.strides[3 - head_axis()]};
     views.add("indices", std::move(indices));
     views.strided["indices"] = std::move(logical);
-    SizeEnv sizes;
     if (options_.topk_length) {
       Checked lengths = lengths_;
       view_packing::make_addressable(device_, lengths, view_packing::Reads::strided_broadcast);
-      const std::int64_t batch_stride = lengths.strides[0], row_stride = lengths.strides[1];
       views.add("topk_length", std::move(lengths));
-      sizes = sizes_of(problem_, device_, *entry, views.strided);
-      sizes["topk_length_batch_stride"] = batch_stride, sizes["topk_length_row_stride"] = row_stride;
-    } else {
-      sizes = sizes_of(problem_, device_, *entry, views.strided);
     }
+    SizeEnv sizes = sizes_of(problem_, device_, *entry, views.strided);
     sizes["T"] = topk_;
+    if (options_.topk_length) {  // (B, R): its axes are named batch and row (token_lists.py's LENGTH_STRIDES)
+      const Checked& lengths = views.views.at("topk_length");
+      sizes["topk_length_batch_stride"] = lengths.strides[0], sizes["topk_length_row_stride"] = lengths.strides[1];
+    }
     attention_runner::run(device_, batch, backward ? entry->backward : entry->forward, entry->line, sizes, views);
   }
 

@@ -75,8 +75,8 @@ def _problem(rng, case: str):
     q, k = four(ratio * HKV, r, d), four(HKV, c, d)
     v = k[..., :dv] if case.startswith("latent") else four(HKV, c, dv)
     args = dict(layout=layout)
-    indices = _lists(rng, (B, HKV, r), c, topk, shared=case in ("lists", "latent", "latent-unshared", "score_mod"), layout=layout,
-                     strided=case in ("per-head", "capped"))
+    shared = case in ("lists", "latent", "latent-unshared", "score_mod")
+    indices = _lists(rng, (B, HKV, r), c, topk, shared=shared, layout=layout, strided=case in ("per-head", "capped"))
     if case in ("lists", "per-head", "latent", "latent-unshared"):
         args["topk_length"] = rng.integers(0, topk + 3, (B, r)).astype(np.int32)
     if case == "capped":
@@ -243,16 +243,22 @@ def test_sparse_spec_errors_name_the_key(family, message):
         entries_of({"families": [family]})
 
 
-@pytest.mark.parametrize("form", ["no slots", "reversed slots", "broadcast heads", "slot stride 2"])
+@pytest.mark.parametrize("form", ["no slots", "reversed slots", "broadcast heads", "slot stride 2",
+                                  "lengths transposed", "lengths broadcast"])
 def test_odd_lists_match_python(bundle, form):
     """Lists the kernels cannot read in place are copied (reversed, strided slots), a kv-head
-    axis broadcast with stride 0 is read in place, and a width of 0 reads nothing."""
+    axis broadcast with stride 0 is read in place, a width of 0 reads nothing; topk_length
+    may be any view."""
     rng = np.random.default_rng([20, len(form)])
     q, k, v, indices, args = _problem(rng, "lists")
     full = rng.integers(-1, k.shape[2] + 1, (B, HKV, q.shape[2], 6)).astype(np.int32)
     indices = {"no slots": full[..., :0], "reversed slots": full[..., ::-1],
-               "broadcast heads": np.broadcast_to(full[:, :1], full.shape), "slot stride 2": full[..., ::2]}[form]
-    args["topk_length"] = rng.integers(0, 8, (B, q.shape[2])).astype(np.int32)
+               "broadcast heads": np.broadcast_to(full[:, :1], full.shape), "slot stride 2": full[..., ::2]}.get(
+        form, full)
+    r = q.shape[2]
+    lengths = {"lengths transposed": rng.integers(0, 8, (r, B)).T,
+               "lengths broadcast": np.broadcast_to(rng.integers(0, 8, (1, r)), (B, r))}
+    args["topk_length"] = lengths.get(form, rng.integers(0, 8, (B, r))).astype(np.int32, copy=False)
     o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **args)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
     _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out), view(rows),
@@ -406,7 +412,8 @@ def test_topk_entry_lines_and_templates_are_pythons(topk_bundle):
     for facts, record in zip(entries, payload["entries"]):
         for b, hi, r, c, k in ((1, 1, 1, 1, 1), (2, 3, 9, 5000, 64), (1, 64, 1, 100000, 2048)):
             shape = {"B": b, "Hi": hi, "R": r, "C": c, "K": k, "Di": facts.head_dim}
-            strides = {"q": (7 * hi * r * 64, 64, 7 * hi * 64, 1), "k": (c * 64, 0, 64, 1), "weights": (hi * r, 1, hi, 0)}
+            strides = {"q": (7 * hi * r * 64, 64, 7 * hi * 64, 1), "k": (c * 64, 0, 64, 1),
+                       "weights": (hi * r, 1, hi, 0)}
             d = topk_descriptor(facts, shape, strides)
             sizes = topk_codegen.topk_sizes(shape, strides, 4096, runtime_strides=True)
             assert choose(record["forward"], sizes) == json.loads(json.dumps(asdict(topk_codegen.topk_template(d))))
