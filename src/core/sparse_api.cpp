@@ -257,6 +257,8 @@ class TopkCall {
   }
 
   void run(CommandBatch* batch, const Bundle& bundle) {
+    if (options_.precision == "int8" && Di_ * 127 * 127 >= (std::int64_t(1) << 24))  // topk_scores.py's check_exact
+      throw ArgumentError("precision='int8' needs Di * 127**2 < 2**24 (Di <= 1040), got Di = " + std::to_string(Di_));
     BundleFacts want;
     want.op = "sparse_topk";
     want.dtype = to_string(q_.view->dtype);

@@ -388,6 +388,18 @@ def test_topk_bad_calls_raise_pythons_message(topk_bundle, case):
     assert (indices == np.iinfo(np.int32).min).all() and np.isnan(scores).all()
 
 
+def test_topk_int8_beyond_exact_products_raises_pythons_message(topk_bundle):
+    q, k = np.ones((1, 1, 1, 1048), np.float32), np.ones((1, 1, 1, 1048), np.float32)
+    weights = np.ones((1, 1, 1), np.float32)
+    with pytest.raises(ValueError) as python:
+        mfa_native.sparse_topk(q, k, weights, 1, precision="int8", device="cpu")
+    indices = poison((1, 1, 1, 1), np.int32)
+    with pytest.raises(ValueError) as cpp:
+        _core._bundle_sparse_topk("cpu", topk_bundle, view(q), view(k), view(weights), 1, view(indices),
+                                  precision="int8")
+    assert str(cpp.value) == str(python.value)
+
+
 def test_topk_outputs_are_checked_and_a_missing_entry_lists_the_bundle(topk_bundle):
     rng = np.random.default_rng(42)
     q, k, weights = _topk_problem(rng, "float32", "bhsd", False)
