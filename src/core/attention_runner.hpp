@@ -1,5 +1,6 @@
 // The attention family's pass runner, shared by the ops whose pass is an
-// attention pass (attention, attention_backward, attention_with_kvcache): the
+// attention pass (attention, attention_backward, attention_with_kvcache,
+// sparse_attention and its backward; sparse_topk uses its entries and run): the
 // bundle entry a call's facts need, the runtime sizes of its template, the
 // caller's views bound by the pass's buffer names, and the pass run (or encoded
 // into the caller's batch). The views' strides and a window entry's sides are

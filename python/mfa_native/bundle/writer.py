@@ -29,12 +29,12 @@ from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, Cach
                        attention_backward_template, attention_template, packs_plain_heads)
 from ..codegen.attention.rotary import Rotary
 from ..codegen.attention.score_mod import ScoreMod
+from ..codegen.sparse import topk as topk_codegen
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
 from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
-from ..runtime.templates import SCHEMA_VERSION
-from ..codegen.sparse import topk as topk_codegen
+from ..runtime.templates import SCHEMA_VERSION, PassTemplate
 from .spec import KVCACHE, SPARSE, TOPK, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
@@ -147,7 +147,7 @@ def topk_descriptor(facts: EntryFacts, shape: dict[str, int] | None = None,
                                       runtime_strides=True)
 
 
-def topk_template(facts: EntryFacts):
+def topk_template(facts: EntryFacts) -> PassTemplate:
     """The template of a sparse_topk entry: one, whatever the sizes (splits are derived)."""
     return topk_codegen.topk_template(topk_descriptor(facts))
 
