@@ -12,6 +12,7 @@
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"
 #include "mfa/quantize.hpp"
+#include "mfa/sparse.hpp"
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/command_batch.hpp"

@@ -17,6 +17,7 @@
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"
 #include "mfa/quantize.hpp"
+#include "mfa/sparse.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -77,6 +78,19 @@ AttentionOptions options_of(std::optional<double> scale, const std::string& caus
 KVCache cache_of(const ViewSpec& spec, const std::string& format, DType dtype) {
   if (format.empty()) return view_of(spec);
   return QuantizedTensor{format, view_of(spec), dtype};
+}
+
+SparseOptions sparse_options_of(std::optional<double> scale, const std::optional<ViewSpec>& sinks,
+                                std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
+                                const std::vector<ViewSpec>& score_mod_tensors, const std::string& score_mod,
+                                const std::optional<ViewSpec>& topk_length, const std::string& layout) {
+  const AttentionOptions a = options_of(scale, "none", std::nullopt, std::nullopt, sinks, layout, softcap,
+                                        alibi_slopes, score_mod, score_mod_tensors);
+  SparseOptions o;
+  o.scale = a.scale, o.sinks = a.sinks, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
+  o.score_mod_tensors = a.score_mod_tensors, o.score_mod = a.score_mod, o.topk_length = view_of(topk_length);
+  o.layout = a.layout;
+  return o;
 }
 
 SizeEnv env_of(const std::map<std::string, std::int64_t>& sizes) { return SizeEnv(sizes.begin(), sizes.end()); }
@@ -253,6 +267,66 @@ void bind_bundle(nb::module_& m) {
         "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_seqlens"_a = nb::none(),
         "rotary_interleaved"_a = true, "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float caches, "
         "else the GGUF format of both caches' blocks).");
+
+  m.def("_bundle_sparse_attention",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& indices, const ViewSpec& out, const std::optional<ViewSpec>& lse,
+           std::optional<double> scale, const std::optional<ViewSpec>& sinks, std::optional<double> softcap,
+           const std::optional<ViewSpec>& alibi_slopes, const std::vector<ViewSpec>& score_mod_tensors,
+           const std::string& score_mod, const std::optional<ViewSpec>& topk_length, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const SparseOptions options = sparse_options_of(scale, sinks, softcap, alibi_slopes, score_mod_tensors,
+                                                          score_mod, topk_length, layout);
+          const std::optional<TensorView> rows = view_of(lse);
+          nb::gil_scoped_release release;
+          sparse_attention(device, bundle, view_of(q), view_of(k), view_of(v), view_of(indices), view_of(out),
+                           options, rows ? &*rows : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "indices"_a, "out"_a, "lse"_a = nb::none(),
+        "scale"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
+        "score_mod_tensors"_a = std::vector<ViewSpec>(), "score_mod"_a = "", "topk_length"_a = nb::none(),
+        "layout"_a = "bhsd", "Test hook: mfa::sparse_attention on views of caller memory.");
+
+  m.def("_bundle_sparse_attention_backward",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& indices, const ViewSpec& o, const ViewSpec& lse, const ViewSpec& dout, const ViewSpec& dq,
+           const ViewSpec& dk, const ViewSpec& dv, const std::optional<ViewSpec>& dsinks, std::optional<double> scale,
+           const std::optional<ViewSpec>& sinks, std::optional<double> softcap,
+           const std::optional<ViewSpec>& alibi_slopes, const std::vector<ViewSpec>& score_mod_tensors,
+           const std::string& score_mod, const std::optional<ViewSpec>& topk_length, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const SparseOptions options = sparse_options_of(scale, sinks, softcap, alibi_slopes, score_mod_tensors,
+                                                          score_mod, topk_length, layout);
+          const std::optional<TensorView> ds = view_of(dsinks);
+          nb::gil_scoped_release release;
+          sparse_attention_backward(device, bundle, view_of(q), view_of(k), view_of(v), view_of(indices), view_of(o),
+                                    view_of(lse), view_of(dout), view_of(dq), view_of(dk), view_of(dv), options,
+                                    ds ? &*ds : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "indices"_a, "o"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a,
+        "dsinks"_a = nb::none(), "scale"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(),
+        "alibi_slopes"_a = nb::none(), "score_mod_tensors"_a = std::vector<ViewSpec>(), "score_mod"_a = "",
+        "topk_length"_a = nb::none(), "layout"_a = "bhsd",
+        "Test hook: mfa::sparse_attention_backward on views of caller memory.");
+
+  m.def("_bundle_sparse_topk",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& weights,
+           std::int64_t topk, const ViewSpec& indices, const std::optional<ViewSpec>& topk_scores, bool causal,
+           const std::string& layout, const std::string& precision) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          SparseTopkOptions options;
+          options.causal = causal;
+          options.layout = options_of({}, "none", std::nullopt, std::nullopt, std::nullopt, layout, std::nullopt,
+                                      std::nullopt, "", {}).layout;
+          options.precision = precision;
+          const std::optional<TensorView> scores = view_of(topk_scores);
+          nb::gil_scoped_release release;
+          sparse_topk(device, bundle, view_of(q), view_of(k), view_of(weights), topk, view_of(indices), options,
+                      scores ? &*scores : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "weights"_a, "topk"_a, "indices"_a, "topk_scores"_a = nb::none(),
+        "causal"_a = true, "layout"_a = "bhsd", "precision"_a = "float",
+        "Test hook: mfa::sparse_topk on views of caller memory.");
 }
 
 }  // namespace mfa::bindings

@@ -1,12 +1,13 @@
 // The attention family's pass runner, shared by the ops whose pass is an
 // attention pass (attention, attention_backward, attention_with_kvcache,
-// int8_attention): the bundle entry a call's facts need, the runtime sizes of
-// its template, the caller's views bound by the pass's buffer names, and the
-// pass run (or encoded into the caller's batch). The views' strides and a
-// window entry's sides are runtime sizes of the template; views the kernels
-// cannot address in place are packed first (view_packing.hpp). The entry
-// lookup (by op and facts), PassViews::add and run serve the other bundle ops
-// too (merge_attention), which bind their views and sizes themselves.
+// sparse_attention and its backward, int8_attention; sparse_topk uses its
+// entries and run, merge_attention and quantize its entries, PassViews::add and
+// run, binding their views and sizes themselves): the bundle entry a call's
+// facts need, the runtime sizes of its template, the caller's views bound by the
+// pass's buffer names, and the pass run (or encoded into the caller's batch).
+// The views' strides and a window entry's sides are runtime sizes of the
+// template; views the kernels cannot address in place are packed first
+// (view_packing.hpp).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,8 @@ BundleFacts facts_of(const attention_problem::Problem& p, const std::string& fam
 
 // The bundle's entry serving `want` (NoBundleEntryError listing the bundle's entries otherwise).
 const BundleEntry& entry_for(const Bundle& bundle, const BundleFacts& want);
+// The same, or null when the bundle holds none.
+const BundleEntry* find_entry(const Bundle& bundle, const BundleFacts& want);
 
 // One array of the call, by the pass's buffer name.
 struct Bound {
@@ -44,7 +47,7 @@ struct PassViews {
   std::map<std::string, std::vector<std::int64_t>> strided;
 
   PassViews(const Device& device, const Binder& binder, const AttentionOptions& options);
-  PassViews() = default;  // an op without a declaration (merge_attention) adds its views itself
+  PassViews() = default;  // an op without a declaration adds its arrays itself
   PassViews(const PassViews&) = delete;  // arrays point into views
   PassViews& operator=(const PassViews&) = delete;
   // Binds `view` as pass buffer `buffer` (in place of what the binder gave, if anything).

@@ -34,9 +34,18 @@ std::string hex(const unsigned char* p, std::size_t n) {
 }
 
 constexpr const char* kKVCache = "attention_with_kvcache";
+constexpr const char* kSparse = "sparse_attention";
+constexpr const char* kTopk = "sparse_topk";
 constexpr const char* kInt8 = "int8_attention";
 constexpr const char* kMerge = "merge_attention";
 constexpr const char* kQuantize = "quantize";
+
+// The ops this reader runs (a later writer may add others: their entries are skipped).
+bool known_op(const std::string& op) {
+  for (const char* known : {"attention", kKVCache, kSparse, kTopk, kInt8, kMerge, kQuantize})
+    if (op == known) return true;
+  return false;
+}
 
 BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
@@ -94,6 +103,11 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
       facts.rotary_starts = rotary.at("starts").as_string("rotary starts");
     }
   }
+  if (op == kSparse) {
+    facts.topk_length = f.at("topk_length").as_bool("topk_length");
+    facts.shared_latent = f.at("shared_latent").as_bool("shared_latent");
+  }
+  if (op == kTopk) facts.precision = f.at("precision").as_string("precision");
   if (op == kInt8) {
     facts.qk_scale = f.at("qk_scale").as_string("qk_scale");
     facts.smooth_k = f.at("smooth_k").as_bool("smooth_k");
@@ -121,8 +135,7 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
     const std::string op = record.at("op").as_string("op");
-    if (op != "attention" && op != kKVCache && op != kInt8 && op != kMerge && op != kQuantize)
-      continue;  // ops a later writer may add
+    if (!known_op(op)) continue;  // ops a later writer may add
     BundleEntry entry;
     entry.facts = facts_of(op, record.at("facts"));
     entry.forward = templates_of(record.at("forward"), "forward");
@@ -144,6 +157,10 @@ const Declaration& Bundle::Contents::declaration(const std::string& op) const {
 }
 
 std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
+  if (f.op == kTopk)  // writer.py's entry_line
+    return f.op + " " + f.dtype + " Di=" + std::to_string(f.head_dim) + " causal=" +
+           (f.causal != "none" ? "yes" : "no") + " layout=" + f.layout + " precision=" + f.precision +
+           " family=" + f.family + " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
   if (f.op == kQuantize)
     return f.op + " " + f.dtype + " format=" + f.format + " bits=" + std::to_string(f.bits) +
            " group_size=" + std::to_string(f.group_size) + " templates=" + std::to_string(forward) + "+" +
@@ -162,6 +179,9 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.alibi != "none") scores += " alibi=" + f.alibi;
   if (!f.score_mod.empty()) scores += " score_mod=" + sha256_hex(f.score_mod).substr(0, 12);
   std::string cache;  // writer.py's entry_line
+  if (f.op == kSparse)
+    cache = std::string(" topk_length=") + (f.topk_length ? "yes" : "no") +
+            " shared_latent=" + (f.shared_latent ? "yes" : "no");
   if (f.op == kKVCache)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " cache=" + f.cache +
             " append=" + (f.append ? "yes" : "no");

@@ -45,6 +45,23 @@ A "quantize" family (Python's quantize) has `dtype` (x's), `format` ("affine" an
 and for the affine format `bits` and `group_size` (a GGUF format has its own), each omitted
 every value; x's shape is a runtime value.
 
+A "sparse_attention" family (Python's sparse_attention: each query row attends the keys its
+token list names; no causal, window or mask) takes dtype, head_dim, value_dim, gqa_ratio,
+sinks, layout, softcap, alibi, score_mod, family and backward (sparse_attention_backward's
+templates) as attention's, and two keys of its own: `topk_length` whether a call gives
+topk_length (its kernels read the lists' lengths), omitted both; `shared_latent` whether v is
+k's first Dv features (MLA's shared latent, v = k[..., :Dv]: one staged row serves both),
+omitted [false] (a call whose v is a view of k is served by an entry without it too, with the
+same results). topk (the lists' width), the lists' strides (a kv-head stride of 0 shares one
+list among the kv heads) and every size are runtime values.
+
+A "sparse_topk" family (Python's sparse_topk, DeepSeek's lightning indexer: the lists
+sparse_attention reads) takes `dtype` (q's and k's), `head_dim` (Di, the indexer's feature
+count), `layout`, `causal` a list of true (key c is a candidate for row r iff c <= r + C - R)
+and false, omitted both, and `precision` of "float" and "int8", omitted ["float"]. Its kernels
+use no GPU family's tiles: one entry serves every device ("family=any"). B, the indexer
+heads, R, C, topk and the strides of q, k and weights are runtime values.
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -75,6 +92,13 @@ KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "
                 "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
+SPARSE = "sparse_attention"
+SPARSE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "sinks", "layout", "softcap", "alibi",
+               "score_mod", "family", "backward", "topk_length", "shared_latent")
+TOPK = "sparse_topk"
+TOPK_KEYS = ("op", "dtype", "head_dim", "layout", "causal", "precision")
+TOPK_PRECISIONS = ("float", "int8")
+ANY_FAMILY = "any"   # a sparse_topk entry's family: its kernels use no tile table
 INT8 = "int8_attention"
 INT8_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
              "layout", "softcap", "alibi", "family", "qk_scale", "smooth_k", "pv")
@@ -82,8 +106,8 @@ MERGE = "merge_attention"
 MERGE_KEYS = ("op", "dtype", "value_dim", "parts", "layout")
 QUANTIZE = "quantize"
 QUANTIZE_KEYS = ("op", "dtype", "format", "bits", "group_size")
-OP_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, INT8: INT8_KEYS, MERGE: MERGE_KEYS,
-           QUANTIZE: QUANTIZE_KEYS}   # each op's spec keys
+FAMILY_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, SPARSE: SPARSE_KEYS, TOPK: TOPK_KEYS, INT8: INT8_KEYS,
+               MERGE: MERGE_KEYS, QUANTIZE: QUANTIZE_KEYS}   # each op's keys
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -93,10 +117,12 @@ class EntryFacts:
     """One entry: the facts its kernels bake. mask_dtype is None without a mask ("bool" for
     a bool mask), window whether its kernels take a window (any, at run time); softcap, alibi
     and score_mod the score transforms (spec keys); op, and a KV-cache entry's page_size
-    (None: contiguous), cache (its storage) and append; an int8 entry's qk_scale, smooth_k
-    and pv (Int8Problem's); a merge entry's parts (its dtype, value_dim and layout as
-    attention's, the other facts unused); a quantize entry's format, bits and group_size
-    (QuantFormat's; its dtype x's)."""
+    (None: contiguous), cache (its storage) and append; a sparse entry's topk_length (its
+    calls give the lists' lengths) and shared_latent (v is a view of k's first Dv features); a
+    sparse_topk entry's precision (its causal is "lower_right" or "none", its family ANY_FAMILY);
+    an int8 entry's qk_scale, smooth_k and pv (Int8Problem's); a merge entry's parts (its
+    dtype, value_dim and layout as attention's, the other facts unused); a quantize entry's
+    format, bits and group_size (QuantFormat's; its dtype x's)."""
 
     dtype: str
     head_dim: int
@@ -118,6 +144,9 @@ class EntryFacts:
     cache: str = "plain"
     append: bool = False
     rotary: RotaryFacts | None = None
+    topk_length: bool = False
+    shared_latent: bool = False
+    precision: str = "float"
     qk_scale: str = "token"
     smooth_k: bool = True
     pv: str = "int8"
@@ -141,6 +170,9 @@ class EntryFacts:
                 **({"page_size": self.page_size, "cache": self.cache, "append": self.append,
                     "rotary": None if self.rotary is None else dict(zip(("dim", "interleaved", "starts"), self.rotary))}
                    if self.op == KVCACHE else {}),
+                **({"topk_length": self.topk_length, "shared_latent": self.shared_latent} if self.op == SPARSE
+                   else {}),
+                **({"precision": self.precision} if self.op == TOPK else {}),
                 **({"qk_scale": self.qk_scale, "smooth_k": self.smooth_k, "pv": self.pv} if self.op == INT8 else {})}
 
 
@@ -212,9 +244,9 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if "scale" in family:
         raise ValueError(f"{where}: 'scale' is not a key: every entry takes the scale at run time (a call's scale)")
     op = family.get("op")
-    if op not in OP_KEYS:
-        raise ValueError(f"{where}: 'op' must be one of {list(OP_KEYS)}, got {op!r}")
-    keys = OP_KEYS[op]
+    if op not in FAMILY_KEYS:
+        raise ValueError(f"{where}: 'op' must be one of {list(FAMILY_KEYS)}, got {op!r}")
+    keys = FAMILY_KEYS[op]
     unknown = sorted(set(family) - set(keys))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; an {op} family has {list(keys)}")
@@ -224,6 +256,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         return _quantize_entries(family, where)
     if "head_dim" not in family:
         raise ValueError(f"{where}: 'head_dim' is required (a list of head dimensions, e.g. [64, 128])")
+    if op == TOPK:
+        return _topk_entries(family, where)
     dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
     head_dims = _dims(_list(family, "head_dim", None, where), "head_dim", where)
     value_dims = None if family.get("value_dim") is None else _dims(_list(family, "value_dim", None, where),
@@ -232,6 +266,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     for ratio in ratios:
         if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
             raise ValueError(f"{where}: 'gqa_ratio' values must be integers >= 1, got {ratio!r}")
+    if op == SPARSE:   # a row attends exactly the keys its list names
+        family = {**family, "causal": ["none"], "mask": ["none"], "window": [False]}
     causals = _choices(_list(family, "causal", list(CAUSAL), where), CAUSAL, "causal", where)
     if op == KVCACHE:   # layout bshd, no mask, forward only: the call's own
         family = {**family, "mask": ["none"], "layout": ["bshd"], "backward": False}
@@ -251,22 +287,54 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
     caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False, None)]
-    int8s = _int8_keys(family, head_dims, value_dims, where) if op == INT8 else [("token", True, "int8")]
+    lists = [{}]
+    if op == SPARSE:
+        lists = [{"topk_length": given, "shared_latent": shared}
+                 for given, shared in itertools.product(_bools(_list(family, "topk_length", [False, True], where),
+                                                               "topk_length", where),
+                                                        _bools(_list(family, "shared_latent", [False], where),
+                                                               "shared_latent", where))]
+    if op == INT8:
+        lists = _int8_keys(family, head_dims, value_dims, where)
 
     entries = []
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
-        for dv, (page_size, cache, append, rotary), int8 in itertools.product(value_dims or [d], caches, int8s):
+        for dv, (page_size, cache, append, rotary) in itertools.product(value_dims or [d], caches):
             if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
                 raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
                                  f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
             if rotary is not None and rotary[0] > d:
                 raise ValueError(f"{where}: 'rotary_dim' {rotary[0]} is more than head_dim {d}")
+            if dv > d and any(extra.get("shared_latent") for extra in lists):
+                raise ValueError(f"{where}: 'shared_latent' reads v as k's first value_dim features: value_dim "
+                                 f"must be at most head_dim, got {dv} and {d}")
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
-                entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append,
-                                          rotary, *int8))
+                for extra in lists:
+                    entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
+                                              gpu, backward, cap, alibi, score_mod, op, page_size, cache, append,
+                                              rotary, **extra))
+    return entries
+
+
+def _topk_entries(family: dict, where: str) -> list[EntryFacts]:
+    """A sparse_topk family's entries: dtype x head_dim x layout x causal x precision."""
+    from ..codegen.sparse.topk_scores import check_exact
+    dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
+    head_dims = _dims(_list(family, "head_dim", None, where), "head_dim", where)
+    layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
+    causals = _bools(_list(family, "causal", [True, False], where), "causal", where)
+    precisions = _choices(_list(family, "precision", ["float"], where), TOPK_PRECISIONS, "precision", where)
+    entries = []
+    for dtype, d, layout, causal, precision in itertools.product(dtypes, head_dims, layouts, causals, precisions):
+        if precision == "int8":
+            try:
+                check_exact(d)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+        entries.append(EntryFacts(dtype, d, d, 1, "lower_right" if causal else "none", "none", None, False, False,
+                                  layout, ANY_FAMILY, False, op=TOPK, precision=precision))
     return entries
 
 
@@ -292,16 +360,16 @@ def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, R
             itertools.product(pages, caches, appends, rotations) if append or rotary is None]
 
 
-def _int8_keys(family: dict, head_dims: list[int], value_dims: list[int] | None,
-               where: str) -> list[tuple[str, bool, str]]:
-    """An int8 family's (qk_scale, smooth_k, pv) crossed; its head dimensions checked."""
+def _int8_keys(family: dict, head_dims: list[int], value_dims: list[int] | None, where: str) -> list[dict]:
+    """An int8 family's qk_scale, smooth_k and pv crossed (EntryFacts' fields); its head
+    dimensions checked."""
     for d in head_dims + (value_dims or []):
         if d > INT8_MAX_HEAD_DIM:
             raise ValueError(f"{where}: int8_attention's head dimensions are 1..{INT8_MAX_HEAD_DIM}, got {d}")
     qk_scales = _choices(_list(family, "qk_scale", list(QK_SCALES), where), QK_SCALES, "qk_scale", where)
     smooth_ks = _bools(_list(family, "smooth_k", [True, False], where), "smooth_k", where)
     pvs = _choices(_list(family, "pv", list(PV_MODES), where), PV_MODES, "pv", where)
-    return list(itertools.product(qk_scales, smooth_ks, pvs))
+    return [dict(qk_scale=q, smooth_k=s, pv=p) for q, s, p in itertools.product(qk_scales, smooth_ks, pvs)]
 
 
 # The attention facts of an entry whose op has none (merge_attention, quantize): unused.
