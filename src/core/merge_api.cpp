@@ -21,7 +21,9 @@ using namespace attention_runner;
 
 bool is_float(DType dtype) { return dtype == DType::float32 || dtype == DType::float16 || dtype == DType::bfloat16; }
 
-std::string described(const TensorView& view) { return std::string(to_string(view.dtype)) + " " + shape_text(view.shape); }
+std::string described(const TensorView& view) {
+  return std::string(to_string(view.dtype)) + " " + shape_text(view.shape);
+}
 
 // The caller's output `view`: `dtype` and `shape`, contiguous (C++ only: Python returns new arrays).
 Checked written(const TensorView& view, const std::string& name, DType dtype, const std::vector<std::int64_t>& shape,

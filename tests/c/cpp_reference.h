@@ -1,5 +1,6 @@
 /* The C++ API's results for the C ABI's test (cpp_reference.cpp): mfa::attention,
- * attention_backward, attention_with_kvcache, int8_attention, merge_attention and quantize called directly, on a bundle and device of their own, on the same
+ * attention_backward, attention_with_kvcache, int8_attention, merge_attention and quantize
+ * called directly, on a bundle and device of their own, on the same
  * views (mfa.h's structs, converted here on their own) and options the test sets by name
  * through the C ABI. Each returns 0, or 1 with the exception's message in `error`. */
 #ifndef MFA_TEST_CPP_REFERENCE_H

@@ -1,5 +1,6 @@
 /* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache,
- * int8_attention, merge_attention and quantize set up by argument names on random inputs give the C++ API's results bit for bit
+ * int8_attention, merge_attention and quantize set up by argument names on random inputs give
+ * the C++ API's results bit for bit
  * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
  * calls return their code with Python's message before writing anything.
  *   usage: test_c_abi BUNDLE   (written from tests/c/c_abi_spec.json) */
@@ -284,7 +285,8 @@ static void merge_and_quantize(const char* path, const mfa_device* device, const
   mfa_tensor_view odd = view(x, 2, odd_shape);
   OK(mfa_call_set_tensor(call, "x", &odd));
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
-         "x's last axis must be a positive multiple of group_size (32) for q8_0, got shape (3, 48)", "a last axis of 48");
+         "x's last axis must be a positive multiple of group_size (32) for q8_0, got shape (3, 48)",
+         "a last axis of 48");
   mfa_call_free(call);
   float* buffers[] = {parts[0], parts[1], lses[0], lses[1], out, lse, ref_out, ref_lse, x};
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
