@@ -39,13 +39,18 @@ FAMILIES = [
      "smooth_k": [True], "pv": ["int8"]},
 ]
 B, HKV, D = 2, 2, 32
-# (dtype, layout, causal, mask, R, C, options); the default run takes the first two, -m exhaustive every one.
+# (dtype, layout, causal, mask, R, C, options); the default run takes the first three (the third a call
+# without a window, which the window entry serves: its unbounded sides remove no key and move no
+# statistic), -m exhaustive every one.
 QUANTIZATIONS = [(q, s, p) for q in ("token", "tile") for s in (True, False) for p in ("int8", "float")]
 CASES = [
     pytest.param("float32", "bhsd", "lower_right", None, 5, 70, dict(sinks=True), id="float32-causal-sinks"),
     pytest.param("float16", "bshd", False, "additive", 17, 40,
                  dict(window=(9, 3), softcap=30.0, alibi=True, scale=0.2, qk_scale="tile", smooth_k=False,
                       pv="float"), id="float16-bshd-mask-window-softcap-alibi-tile-float"),
+    pytest.param("float16", "bshd", False, "additive", 5, 33,
+                 dict(softcap=30.0, alibi=True, qk_scale="tile", smooth_k=False, pv="float"),
+                 id="float16-no-window-served-by-a-window-entry"),
     *(pytest.param("bfloat16", "bhsd", "upper_left", "bool", r, c, dict(qk_scale=q, smooth_k=s, pv=p),
                    marks=pytest.mark.exhaustive, id=f"bfloat16-bool-{q}-{s}-{p}-R{r}-C{c}")
       for q, s, p in QUANTIZATIONS for r, c in ((1, 1), (9, 130), (33, 65))),
