@@ -15,6 +15,7 @@
 
 #include "mfa/attention.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/sparse.hpp"
 
 namespace mfa::c_abi {
 
@@ -42,8 +43,12 @@ class Given {
   Given(const Op& op, const std::map<std::string, Value>& values) : op_(op), values_(values) {}
   const TensorView& tensor(const std::string& name) const;   // a required tensor (checked before run)
   const TensorView* optional_tensor(const std::string& name) const;
-  // A boolean argument the op reads itself (not an AttentionOptions field), or `otherwise`.
-  bool flag(const std::string& name, bool otherwise) const;
+  // An argument the op reads itself (not an AttentionOptions field): its value, or `otherwise`.
+  template <class T>
+  T value(const std::string& name, T otherwise) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? otherwise : std::get<T>(it->second);
+  }
   // A required cache: a tensor, or a quantized tensor of `dtype` (q's).
   KVCache cache(const std::string& name, DType dtype) const;
   // The op's options: every option row applied to the values given.
