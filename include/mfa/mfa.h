@@ -13,7 +13,8 @@
  *   mfa_call_free(call);  mfa_bundle_free(bundle);  mfa_device_free(device);
  *
  * A call is an op by name ("attention", "attention_backward",
- * "attention_with_kvcache") and its arguments set by name, with Python's names and
+ * "attention_with_kvcache", "sparse_attention", "sparse_attention_backward",
+ * "sparse_topk", "int8_attention", "merge_attention", "quantize") and its arguments set by name, with Python's names and
  * values (mfa_native.attention's q, k, v, mask, sinks, scale, causal, window, layout,
  * softcap, alibi_slopes, score_mod and score_mod_tensors (a score_mod's text);
  * attention_backward's o, lse, do and outputs dq, dk, dv, dsinks; attention's
@@ -21,11 +22,13 @@
  * quantized: mfa_call_set_quantized), cache_seqlens, k, v, block_table,
  * rotary_cos, rotary_sin, rotary_seqlens, rotary_interleaved, scale, causal, window,
  * sinks, softcap, alibi_slopes, out and lse, its k and v appended to the caches in
- * place; "int8_attention"'s attention's arguments but score_mod, and qk_scale, smooth_k
- * and pv (include/mfa/int8.hpp); "merge_attention"'s outputs and lses (mfa_call_set_tensors),
- * layout, out and lse; "quantize"'s x, format, bits, group_size and outputs data, scales,
- * biases (GGUF blocks MFA_UINT8; the affine format's uint32 data has no mfa_dtype yet); these
- * three with mfa_call_run only). New ops and arguments need no new functions here. Giving attention's lse is Python's
+ * place; the sparse ops' arguments as include/mfa/sparse.hpp names them, topk set
+ * with mfa_call_set_int; "int8_attention"'s attention's arguments but score_mod, and
+ * qk_scale, smooth_k and pv (include/mfa/int8.hpp); "merge_attention"'s outputs and lses
+ * (mfa_call_set_tensors), layout, out and lse; "quantize"'s x, format, bits, group_size and
+ * outputs data, scales, biases (GGUF blocks MFA_UINT8; the affine format's uint32 data has no
+ * mfa_dtype yet); these three with mfa_call_run only). New ops and arguments need no new
+ * functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle
  * entries include/mfa/attention.hpp's; on the cpu backend the results are

@@ -77,6 +77,9 @@ std::vector<Param> attention_options(const std::vector<std::string>& names) {
 // attention_with_kvcache's: attention's but the mask, the layout (bshd) and score_mod.
 const std::vector<Param> kKVCacheOptions =
     attention_options({"scale", "causal", "window", "sinks", "softcap", "alibi_slopes"});
+// sparse_attention's: attention's but causal, the window and the mask.
+const std::vector<Param> kSparseOptions =
+    attention_options({"scale", "sinks", "layout", "softcap", "alibi_slopes", "score_mod", "score_mod_tensors"});
 
 // int8_attention's: attention's but score_mod (its quantization choices are rows of its own).
 const std::vector<Param> kInt8Options =
@@ -103,8 +106,8 @@ void run_int8_attention(const Device& device, const Bundle& bundle, const Given&
   Int8AttentionOptions o;
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.mask = a.mask, o.sinks = a.sinks;
   o.layout = a.layout, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
-  o.qk_scale = g.text("qk_scale", o.qk_scale), o.smooth_k = g.flag("smooth_k", o.smooth_k);
-  o.pv = g.text("pv", o.pv);
+  o.qk_scale = g.value("qk_scale", o.qk_scale), o.smooth_k = g.value("smooth_k", o.smooth_k);
+  o.pv = g.value("pv", o.pv);
   int8_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"), o,
                  g.optional_tensor("lse"));
 }
@@ -120,7 +123,7 @@ void run_quantize(const Device& device, const Bundle& bundle, const Given& g) {
   QuantizeOutputs out{g.tensor("data"), {}, {}};
   if (scales) out.scales = *scales;
   if (biases) out.biases = *biases;
-  quantize(device, bundle, g.tensor("x"), out, g.text("format", "affine"), g.integer("bits"),
+  quantize(device, bundle, g.tensor("x"), out, g.value<std::string>("format", "affine"), g.integer("bits"),
            g.integer("group_size"));
 }
 
@@ -133,7 +136,7 @@ KVCacheOptions kvcache_options(const Given& g) {
   o.block_table = g.optional_tensor("block_table");
   o.rotary_cos = g.optional_tensor("rotary_cos"), o.rotary_sin = g.optional_tensor("rotary_sin");
   o.rotary_seqlens = g.optional_tensor("rotary_seqlens");
-  o.rotary_interleaved = g.flag("rotary_interleaved", true);
+  o.rotary_interleaved = g.value("rotary_interleaved", true);
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
   o.alibi_slopes = a.alibi_slopes;
   return o;
@@ -145,7 +148,62 @@ void run_attention_with_kvcache(const Device& device, const Bundle& bundle, cons
                          g.tensor("out"), kvcache_options(g), g.optional_tensor("lse"));
 }
 
+// sparse_attention's options: attention's it takes, and topk_length.
+SparseOptions sparse_options(const Given& g) {
+  const AttentionOptions a = g.options();
+  SparseOptions o;
+  o.scale = a.scale, o.sinks = a.sinks, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
+  o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors, o.layout = a.layout;
+  if (const TensorView* lengths = g.optional_tensor("topk_length")) o.topk_length = *lengths;
+  return o;
+}
+
+// sparse_topk's: causal (True by default, as Python's), layout, precision.
+SparseTopkOptions topk_options(const Given& g) {
+  SparseTopkOptions o;
+  o.causal = g.value("causal", true);
+  o.layout = g.options().layout;
+  o.precision = g.value<std::string>("precision", "float");
+  return o;
+}
+
+void run_sparse_attention(const Device& device, const Bundle& bundle, const Given& g) {
+  sparse_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("indices"), g.tensor("out"),
+                   sparse_options(g), g.optional_tensor("lse"));
+}
+
+void run_sparse_attention_backward(const Device& device, const Bundle& bundle, const Given& g) {
+  sparse_attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("indices"),
+                            g.tensor("o"), g.tensor("lse"), g.tensor("do"), g.tensor("dq"), g.tensor("dk"),
+                            g.tensor("dv"), sparse_options(g), g.optional_tensor("dsinks"));
+}
+
+void run_sparse_topk(const Device& device, const Bundle& bundle, const Given& g) {
+  sparse_topk(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("weights"), g.value<std::int64_t>("topk", 0),
+              g.tensor("indices"), topk_options(g), g.optional_tensor("topk_scores"));
+}
+
 #ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_sparse_attention(const Device& device, const Bundle& bundle, const Given& g,
+                                                 void* command_buffer) {
+  return metal::sparse_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("indices"),
+                                 g.tensor("out"), sparse_options(g), g.optional_tensor("lse"), command_buffer);
+}
+
+std::shared_future<void> encode_sparse_attention_backward(const Device& device, const Bundle& bundle, const Given& g,
+                                                          void* command_buffer) {
+  return metal::sparse_attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"),
+                                          g.tensor("indices"), g.tensor("o"), g.tensor("lse"), g.tensor("do"),
+                                          g.tensor("dq"), g.tensor("dk"), g.tensor("dv"), sparse_options(g),
+                                          g.optional_tensor("dsinks"), command_buffer);
+}
+
+std::shared_future<void> encode_sparse_topk(const Device& device, const Bundle& bundle, const Given& g,
+                                            void* command_buffer) {
+  return metal::sparse_topk(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("weights"), g.value<std::int64_t>("topk", 0),
+                            g.tensor("indices"), topk_options(g), g.optional_tensor("topk_scores"), command_buffer);
+}
+
 std::shared_future<void> encode_attention_with_kvcache(const Device& device, const Bundle& bundle, const Given& g,
                                                        void* command_buffer) {
   const TensorView& q = g.tensor("q");
@@ -167,7 +225,8 @@ std::shared_future<void> encode_attention_backward(const Device& device, const B
 }
 #else
 constexpr std::nullptr_t encode_attention = nullptr, encode_attention_backward = nullptr,
-                         encode_attention_with_kvcache = nullptr;
+                         encode_attention_with_kvcache = nullptr, encode_sparse_attention = nullptr,
+                         encode_sparse_attention_backward = nullptr, encode_sparse_topk = nullptr;
 #endif
 
 const std::vector<Op>& ops() {
@@ -194,6 +253,28 @@ const std::vector<Op>& ops() {
                      {"rotary_interleaved", bit(Kind::boolean), false, nullptr}},
                     kKVCacheOptions),
        run_attention_with_kvcache, encode_attention_with_kvcache},
+      {"sparse_attention",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"indices", kTensor, true, nullptr}, {"out", kTensor, true, nullptr},
+                     {"lse", kTensor, false, nullptr}, {"topk_length", kTensor, false, nullptr}},
+                    kSparseOptions),
+       run_sparse_attention, encode_sparse_attention},
+      {"sparse_attention_backward",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"indices", kTensor, true, nullptr}, {"o", kTensor, true, nullptr},
+                     {"lse", kTensor, true, nullptr}, {"do", kTensor, true, nullptr}, {"dq", kTensor, true, nullptr},
+                     {"dk", kTensor, true, nullptr}, {"dv", kTensor, true, nullptr},
+                     {"dsinks", kTensor, false, nullptr}, {"topk_length", kTensor, false, nullptr}},
+                    kSparseOptions),
+       run_sparse_attention_backward, encode_sparse_attention_backward},
+      {"sparse_topk",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr},
+                     {"weights", kTensor, true, nullptr}, {"topk", bit(Kind::integer), true, nullptr},
+                     {"indices", kTensor, true, nullptr}, {"topk_scores", kTensor, false, nullptr},
+                     {"causal", bit(Kind::boolean), false, nullptr},
+                     {"precision", bit(Kind::text), false, nullptr}},
+                    attention_options({"layout"})),
+       run_sparse_topk, encode_sparse_topk},
       {"int8_attention",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
                      {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr},
@@ -249,11 +330,6 @@ KVCache Given::cache(const std::string& name, DType dtype) const {
   return std::get<TensorView>(it->second);
 }
 
-bool Given::flag(const std::string& name, bool otherwise) const {
-  auto it = values_.find(name);
-  return it == values_.end() ? otherwise : std::get<bool>(it->second);
-}
-
 AttentionOptions Given::options() const {
   AttentionOptions options;
   for (const Param& p : op_.params) {
@@ -261,11 +337,6 @@ AttentionOptions Given::options() const {
     if (p.option && it != values_.end()) p.option(it->second, options);
   }
   return options;
-}
-
-std::string Given::text(const std::string& name, const std::string& otherwise) const {
-  auto it = values_.find(name);
-  return it == values_.end() ? otherwise : std::get<std::string>(it->second);
 }
 
 std::optional<std::int64_t> Given::integer(const std::string& name) const {

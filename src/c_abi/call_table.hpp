@@ -19,6 +19,7 @@
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"
 #include "mfa/quantize.hpp"
+#include "mfa/sparse.hpp"
 
 namespace mfa::c_abi {
 
@@ -46,10 +47,12 @@ class Given {
   Given(const Op& op, const std::map<std::string, Value>& values) : op_(op), values_(values) {}
   const TensorView& tensor(const std::string& name) const;   // a required tensor (checked before run)
   const TensorView* optional_tensor(const std::string& name) const;
-  // A boolean argument the op reads itself (not an AttentionOptions field), or `otherwise`.
-  bool flag(const std::string& name, bool otherwise) const;
-  // A string argument the op reads itself, or `otherwise`.
-  std::string text(const std::string& name, const std::string& otherwise) const;
+  // An argument the op reads itself (not an AttentionOptions field): its value, or `otherwise`.
+  template <class T>
+  T value(const std::string& name, T otherwise) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? otherwise : std::get<T>(it->second);
+  }
   // An integer argument the op reads itself (nullopt: not given).
   std::optional<std::int64_t> integer(const std::string& name) const;
   // A required list of tensors.

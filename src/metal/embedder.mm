@@ -146,4 +146,34 @@ std::shared_future<void> attention_with_kvcache(const Device& device, const Bund
   });
 }
 
+std::shared_future<void> sparse_attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                          const TensorView& k, const TensorView& v, const TensorView& indices,
+                                          const TensorView& out, const SparseOptions& options, const TensorView* lse,
+                                          void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::sparse_attention", [&](CommandBatch& batch) {
+    mfa::sparse_attention(batch, bundle, q, k, v, indices, out, options, lse);
+  });
+}
+
+std::shared_future<void> sparse_attention_backward(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                   const TensorView& k, const TensorView& v,
+                                                   const TensorView& indices, const TensorView& o,
+                                                   const TensorView& lse, const TensorView& dout,
+                                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                   const SparseOptions& options, const TensorView* dsinks,
+                                                   void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::sparse_attention_backward", [&](CommandBatch& batch) {
+    mfa::sparse_attention_backward(batch, bundle, q, k, v, indices, o, lse, dout, dq, dk, dv, options, dsinks);
+  });
+}
+
+std::shared_future<void> sparse_topk(const Device& device, const Bundle& bundle, const TensorView& q,
+                                     const TensorView& k, const TensorView& weights, std::int64_t topk,
+                                     const TensorView& indices, const SparseTopkOptions& options,
+                                     const TensorView* topk_scores, void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::sparse_topk", [&](CommandBatch& batch) {
+    mfa::sparse_topk(batch, bundle, q, k, weights, topk, indices, options, topk_scores);
+  });
+}
+
 }  // namespace mfa::metal

@@ -11,6 +11,7 @@
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"
 #include "mfa/quantize.hpp"
+#include "mfa/sparse.hpp"
 
 namespace {
 
@@ -127,5 +128,18 @@ extern "C" int cpp_attention_with_kvcache(const char* bundle, const char* format
                                 mfa::QuantizedTensor{format, view(*k_cache), mfa::DType::float32},
                                 mfa::QuantizedTensor{format, view(*v_cache), mfa::DType::float32}, view(*out), options,
                                 &rows);
+  }, error, error_size);
+}
+
+extern "C" int cpp_sparse(const char* bundle, const mfa_tensor_view* q_index, const mfa_tensor_view* k_index,
+                          const mfa_tensor_view* weights, std::int64_t topk, const mfa_tensor_view* indices,
+                          const mfa_tensor_view* q, const mfa_tensor_view* k, const mfa_tensor_view* v,
+                          const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, std::size_t error_size) {
+  return reported([&] {
+    const mfa::Device device = mfa::Device::default_device();
+    const mfa::Bundle loaded = mfa::Bundle::load(bundle);
+    const mfa::TensorView rows = view(*lse);
+    mfa::sparse_topk(device, loaded, view(*q_index), view(*k_index), view(*weights), topk, view(*indices));
+    mfa::sparse_attention(device, loaded, view(*q), view(*k), view(*v), view(*indices), view(*out), {}, &rows);
   }, error, error_size);
 }

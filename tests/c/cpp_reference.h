@@ -44,6 +44,12 @@ int cpp_attention_with_kvcache(const char* bundle, const char* format, const mfa
                                const mfa_tensor_view* v, const mfa_tensor_view* block_table,
                                const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
                                size_t error_size);
+/* mfa::sparse_topk (causal, float) of q_index, k_index, weights into `indices`, then
+ * mfa::sparse_attention of q, k, v over those lists into out and lse. */
+int cpp_sparse(const char* bundle, const mfa_tensor_view* q_index, const mfa_tensor_view* k_index,
+               const mfa_tensor_view* weights, int64_t topk, const mfa_tensor_view* indices,
+               const mfa_tensor_view* q, const mfa_tensor_view* k, const mfa_tensor_view* v,
+               const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, size_t error_size);
 
 /* mfa::int8_attention with qk_scale, smooth_k and pv. */
 int cpp_int8_attention(const char* bundle, const reference_options* options, const char* qk_scale, int smooth_k,

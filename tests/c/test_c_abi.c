@@ -1,6 +1,6 @@
 /* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache,
- * int8_attention, merge_attention and quantize set up by argument names on random inputs give
- * the C++ API's results bit for bit
+ * sparse_topk, sparse_attention, int8_attention, merge_attention and quantize set up by
+ * argument names on random inputs give the C++ API's results bit for bit
  * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
  * calls return their code with Python's message before writing anything.
  *   usage: test_c_abi BUNDLE   (written from tests/c/c_abi_spec.json) */
@@ -191,7 +191,60 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
-/* The fourth bundle family: int8_attention (tile scales, no smoothing, int8 P V) with GQA,
+/* The indexer then sparse attention over its lists (bundle families four and five): the C
+ * ABI's indices, out and lse are the C++ API's; the lists are padded with -1 past each row's
+ * candidates (causal), which sparse_attention skips. */
+static void indexed(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 1, HI = 2, HQ = 2, R = 5, C = 12, DI = 16, D = 16, TOPK = 4 };
+  const int64_t qi_shape[] = {B, HI, R, DI}, ki_shape[] = {B, 1, C, DI}, w_shape[] = {B, HI, R};
+  const int64_t list_shape[] = {B, 1, R, TOPK}, q_shape[] = {B, HQ, R, D}, kv_shape[] = {B, 1, C, D};
+  const int64_t rows_shape[] = {B, HQ, R};
+  const size_t nlists = B * R * TOPK, nq = B * HQ * R * D, nrows = B * HQ * R;
+  float *qi = random_floats(B * HI * R * DI), *ki = random_floats(B * C * DI), *w = random_floats(B * HI * R);
+  float *q = random_floats(nq), *k = random_floats(B * C * D), *v = random_floats(B * C * D);
+  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  int32_t lists[B * R * TOPK], ref_lists[B * R * TOPK];
+  memset(lists, 0x80, sizeof lists), memset(ref_lists, 0x80, sizeof ref_lists);
+  mfa_tensor_view vqi = view(qi, 4, qi_shape), vki = view(ki, 4, ki_shape), vw = view(w, 3, w_shape);
+  mfa_tensor_view vlists = {lists, MFA_INT32, 4, list_shape, NULL}, rlists = {ref_lists, MFA_INT32, 4, list_shape, NULL};
+  mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, kv_shape), vv = view(v, 4, kv_shape);
+  mfa_tensor_view vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 4, q_shape), rlse = view(ref_lse, 3, rows_shape);
+  mfa_call *topk = NULL, *call = NULL;
+  OK(mfa_call_new(bundle, "sparse_topk", &topk));
+  const char* topk_names[] = {"q", "k", "weights", "indices"};
+  const mfa_tensor_view* topk_views[] = {&vqi, &vki, &vw, &vlists};
+  for (int i = 0; i < 4; ++i) OK(mfa_call_set_tensor(topk, topk_names[i], topk_views[i]));
+  expect(mfa_call_run(topk, device), MFA_TYPE_ERROR, "sparse_topk() missing 1 required argument: 'topk'",
+         "the indexer without topk");
+  OK(mfa_call_set_int(topk, "topk", TOPK));
+  OK(mfa_call_run(topk, device));
+  OK(mfa_call_new(bundle, "sparse_attention", &call));
+  const char* names[] = {"q", "k", "v", "indices", "out", "lse"};
+  const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vlists, &vout, &vlse};
+  for (int i = 0; i < 6; ++i) OK(mfa_call_set_tensor(call, names[i], views[i]));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  CHECK(cpp_sparse(path, &vqi, &vki, &vw, TOPK, &rlists, &vq, &vk, &vv, &rout, &rlse, error, sizeof error) == 0, "%s",
+        error);
+  CHECK(memcmp(lists, ref_lists, nlists * sizeof *lists) == 0 && lists[0] >= 0, "the C ABI's lists differ");
+  CHECK(any_nonzero(out, nq), "sparse out: nothing written");
+  CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "sparse out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "sparse lse differs from the C++ API's");
+  mfa_call* backward = NULL; /* its row: Python's argument names, checked before anything runs */
+  OK(mfa_call_new(bundle, "sparse_attention_backward", &backward));
+  OK(mfa_call_set_tensor(backward, "q", &vq));
+  expect(mfa_call_run(backward, device), MFA_TYPE_ERROR,
+         "sparse_attention_backward() missing 9 required arguments: 'k', 'v', 'indices', 'o', 'lse', 'do', 'dq', "
+         "'dk', and 'dv'", "the sparse backward's arguments");
+  mfa_call_free(backward);
+  mfa_call_free(topk);
+  mfa_call_free(call);
+  float* buffers[] = {qi, ki, w, q, k, v, out, lse, ref_out, ref_lse};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
+/* The sixth bundle family: int8_attention (tile scales, no smoothing, int8 P V) with GQA,
  * causal, a window and sinks, the scale given: the C ABI gives the C++ API's output and lse;
  * a bad qk_scale and a pv the bundle lacks are refused with Python's message. */
 static void int8_call(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
@@ -377,11 +430,12 @@ int main(int argc, char** argv) {
   CHECK(memcmp(dsinks, cpp_dsinks, nh * sizeof *dsinks) == 0, "dsinks differs from the C++ API's");
   masked_bshd(argv[1], device, bundle);
   paged_decode(argv[1], device, bundle);
+  indexed(argv[1], device, bundle);
   int8_call(argv[1], device, bundle);
   merge_and_quantize(argv[1], device, bundle);
   if (!failures)
-    printf("attention, attention_backward, attention_with_kvcache, int8_attention, merge_attention and quantize "
-           "through the C ABI: the C++ API's bits\n");
+    printf("attention (+ backward), attention_with_kvcache, sparse_topk, sparse_attention, int8_attention, "
+           "merge_attention and quantize through the C ABI: the C++ API's bits\n");
 
   /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
   float *fresh = poisoned(nq), *fresh_rows = poisoned(nrows), *fresh_dq = poisoned(nq);
