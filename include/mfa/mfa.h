@@ -26,8 +26,8 @@
  * with mfa_call_set_int; "int8_attention"'s attention's arguments but score_mod, and
  * qk_scale, smooth_k and pv (include/mfa/int8.hpp); "merge_attention"'s outputs and lses
  * (mfa_call_set_tensors), layout, out and lse; "quantize"'s x, format, bits, group_size and
- * outputs data, scales, biases (GGUF blocks MFA_UINT8; the affine format's uint32 data has no
- * mfa_dtype yet); these three with mfa_call_run only). New ops and arguments need no new
+ * outputs data, scales, biases (GGUF blocks MFA_UINT8, affine data MFA_UINT32); these three
+ * with mfa_call_run only). New ops and arguments need no new
  * functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle
@@ -85,14 +85,15 @@ const char* mfa_last_error(void);
 const char* mfa_status_name(mfa_status status);
 
 /* Element types: as include/mfa/attention.hpp's DType. MFA_BOOL: one byte, 0 or 1;
- * MFA_UINT8: bytes (a quantized tensor's blocks). */
+ * MFA_UINT8: bytes (a quantized tensor's blocks); MFA_UINT32: words (affine quantized data). */
 typedef enum mfa_dtype {
   MFA_FLOAT32 = 0,
   MFA_FLOAT16 = 1,
   MFA_BFLOAT16 = 2,
   MFA_BOOL = 3,
   MFA_INT32 = 4,
-  MFA_UINT8 = 5
+  MFA_UINT8 = 5,
+  MFA_UINT32 = 6
 } mfa_dtype;
 
 /* A tensor in caller memory. shape and strides (in elements; NULL: contiguous

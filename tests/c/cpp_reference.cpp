@@ -17,7 +17,8 @@ namespace {
 
 mfa::TensorView view(const mfa_tensor_view& v) {
   static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
-                                           mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8};
+                                           mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8,
+                                           mfa::DType::uint32};
   mfa::TensorView t{v.data, kDTypes[v.dtype], std::vector<std::int64_t>(v.shape, v.shape + v.ndim), {}};
   if (v.strides) t.strides.assign(v.strides, v.strides + v.ndim);
   return t;
@@ -106,9 +107,14 @@ extern "C" int cpp_merge_attention(const char* bundle, const mfa_tensor_view* ou
 }
 
 extern "C" int cpp_quantize(const char* bundle, const mfa_tensor_view* x, const char* format,
-                            const mfa_tensor_view* data, char* error, std::size_t error_size) {
+                            const mfa_tensor_view* data, const mfa_tensor_view* scales,
+                            const mfa_tensor_view* biases, char* error, std::size_t error_size) {
   return reported([&] {
-    mfa::quantize(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*x), {view(*data), {}, {}}, format);
+    const bool affine = std::string(format) == "affine";
+    mfa::quantize(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*x),
+                  {view(*data), optional_view(scales), optional_view(biases)}, format,
+                  affine ? std::optional<std::int64_t>(4) : std::nullopt,
+                  affine ? std::optional<std::int64_t>(32) : std::nullopt);
   }, error, error_size);
 }
 

@@ -59,9 +59,9 @@ int cpp_int8_attention(const char* bundle, const reference_options* options, con
 /* mfa::merge_attention of `parts` parts (bhsd). */
 int cpp_merge_attention(const char* bundle, const mfa_tensor_view* outputs, const mfa_tensor_view* lses, size_t parts,
                         const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, size_t error_size);
-/* mfa::quantize into GGUF `format`'s blocks. */
+/* mfa::quantize into GGUF `format`'s blocks (scales and biases NULL), or 4-bit affine groups of 32. */
 int cpp_quantize(const char* bundle, const mfa_tensor_view* x, const char* format, const mfa_tensor_view* data,
-                 char* error, size_t error_size);
+                 const mfa_tensor_view* scales, const mfa_tensor_view* biases, char* error, size_t error_size);
 
 #ifdef __cplusplus
 }

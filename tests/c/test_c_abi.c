@@ -333,8 +333,39 @@ static void merge_and_quantize(const char* path, const mfa_device* device, const
   OK(mfa_call_set_tensor(call, "data", &vdata));
   OK(mfa_call_set_string(call, "format", "q8_0"));
   OK(mfa_call_run(call, device));
-  CHECK(cpp_quantize(path, &vx, "q8_0", &rdata, error, sizeof error) == 0, "%s", error);
+  CHECK(cpp_quantize(path, &vx, "q8_0", &rdata, NULL, NULL, error, sizeof error) == 0, "%s", error);
   CHECK(memcmp(data, ref_data, ROWS * D / 32 * 34) == 0, "quantize's blocks differ from the C++ API's");
+  /* 4-bit affine groups of 32: uint32 words (MFA_UINT32), a scale and a bias per group. */
+  const int64_t words_shape[] = {ROWS, D / 8}, groups_shape[] = {ROWS, D / 32};
+  uint32_t words[ROWS * D / 8], ref_words[ROWS * D / 8];
+  float *scales = poisoned(ROWS * D / 32), *biases = poisoned(ROWS * D / 32);
+  float *ref_scales = poisoned(ROWS * D / 32), *ref_biases = poisoned(ROWS * D / 32);
+  memset(words, 0xff, sizeof words), memset(ref_words, 0xee, sizeof ref_words);
+  mfa_tensor_view vwords = {words, MFA_UINT32, 2, words_shape, NULL};
+  mfa_tensor_view rwords = {ref_words, MFA_UINT32, 2, words_shape, NULL};
+  mfa_tensor_view vscales = view(scales, 2, groups_shape), vbiases = view(biases, 2, groups_shape);
+  mfa_tensor_view rscales = view(ref_scales, 2, groups_shape), rbiases = view(ref_biases, 2, groups_shape);
+  OK(mfa_call_set_tensor(call, "data", &vwords));
+  OK(mfa_call_set_tensor(call, "scales", &vscales));
+  OK(mfa_call_set_tensor(call, "biases", &vbiases));
+  OK(mfa_call_set_string(call, "format", "affine"));
+  OK(mfa_call_set_int(call, "bits", 4));
+  OK(mfa_call_set_int(call, "group_size", 32));
+  OK(mfa_call_run(call, device));
+  CHECK(cpp_quantize(path, &vx, "affine", &rwords, &rscales, &rbiases, error, sizeof error) == 0, "%s", error);
+  CHECK(memcmp(words, ref_words, sizeof words) == 0 && any_nonzero(scales, ROWS * D / 32),
+        "quantize's affine words differ from the C++ API's");
+  CHECK(memcmp(scales, ref_scales, ROWS * D / 32 * sizeof *scales) == 0 &&
+        memcmp(biases, ref_biases, ROWS * D / 32 * sizeof *biases) == 0,
+        "quantize's affine scales or biases differ from the C++ API's");
+  OK(mfa_call_set_int(call, "group_size", 64));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "scales must be float32 (3, 1) for affine 4-bit, groups of 64, got float32 (3, 2)",
+         "scales of another group size");
+  OK(mfa_call_set_string(call, "format", "q8_0"));
+  OK(mfa_call_set_none(call, "bits"));
+  OK(mfa_call_set_none(call, "group_size"));
+  free(scales), free(biases), free(ref_scales), free(ref_biases);
   mfa_tensor_view odd = view(x, 2, odd_shape);
   OK(mfa_call_set_tensor(call, "x", &odd));
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
