@@ -101,14 +101,27 @@ void run_attention_backward(const Device& device, const Bundle& bundle, const Gi
                      g.optional_tensor("dsinks"));
 }
 
-void run_int8_attention(const Device& device, const Bundle& bundle, const Given& g) {
+// int8_attention's options: attention's it takes, and its quantization choices.
+Int8AttentionOptions int8_options(const Given& g) {
   const AttentionOptions a = g.options();
   Int8AttentionOptions o;
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.mask = a.mask, o.sinks = a.sinks;
   o.layout = a.layout, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
   o.qk_scale = g.value("qk_scale", o.qk_scale), o.smooth_k = g.value("smooth_k", o.smooth_k);
   o.pv = g.value("pv", o.pv);
-  int8_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"), o,
+  return o;
+}
+
+// quantize's outputs: the data, and an affine format's scales and biases.
+QuantizeOutputs quantize_outputs(const Given& g) {
+  QuantizeOutputs out{g.tensor("data"), {}, {}};
+  if (const TensorView* scales = g.optional_tensor("scales")) out.scales = *scales;
+  if (const TensorView* biases = g.optional_tensor("biases")) out.biases = *biases;
+  return out;
+}
+
+void run_int8_attention(const Device& device, const Bundle& bundle, const Given& g) {
+  int8_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"), int8_options(g),
                  g.optional_tensor("lse"));
 }
 
@@ -118,14 +131,31 @@ void run_merge_attention(const Device& device, const Bundle& bundle, const Given
 }
 
 void run_quantize(const Device& device, const Bundle& bundle, const Given& g) {
-  const TensorView* scales = g.optional_tensor("scales");
-  const TensorView* biases = g.optional_tensor("biases");
-  QuantizeOutputs out{g.tensor("data"), {}, {}};
-  if (scales) out.scales = *scales;
-  if (biases) out.biases = *biases;
-  quantize(device, bundle, g.tensor("x"), out, g.value<std::string>("format", "affine"), g.integer("bits"),
-           g.integer("group_size"));
+  quantize(device, bundle, g.tensor("x"), quantize_outputs(g), g.value<std::string>("format", "affine"),
+           g.integer("bits"), g.integer("group_size"));
 }
+
+#ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_int8_attention(const Device& device, const Bundle& bundle, const Given& g,
+                                               void* command_buffer) {
+  return metal::int8_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"),
+                               int8_options(g), g.optional_tensor("lse"), command_buffer);
+}
+
+std::shared_future<void> encode_merge_attention(const Device& device, const Bundle& bundle, const Given& g,
+                                                void* command_buffer) {
+  return metal::merge_attention(device, bundle, g.tensors("outputs"), g.tensors("lses"), g.tensor("out"),
+                                g.tensor("lse"), g.options().layout, command_buffer);
+}
+
+std::shared_future<void> encode_quantize(const Device& device, const Bundle& bundle, const Given& g,
+                                         void* command_buffer) {
+  return metal::quantize(device, bundle, g.tensor("x"), quantize_outputs(g), g.value<std::string>("format", "affine"),
+                         g.integer("bits"), g.integer("group_size"), command_buffer);
+}
+#else
+constexpr std::nullptr_t encode_int8_attention = nullptr, encode_merge_attention = nullptr, encode_quantize = nullptr;
+#endif
 
 // The call's KV-cache arguments: its tensors by name and attention's options it takes.
 KVCacheOptions kvcache_options(const Given& g) {
@@ -281,17 +311,17 @@ const std::vector<Op>& ops() {
                      {"qk_scale", bit(Kind::text), false, nullptr}, {"smooth_k", bit(Kind::boolean), false, nullptr},
                      {"pv", bit(Kind::text), false, nullptr}},
                     kInt8Options),
-       run_int8_attention, nullptr},  // no mfa::metal::int8_attention yet
+       run_int8_attention, encode_int8_attention},
       {"merge_attention",
        with_options({{"outputs", bit(Kind::tensors), true, nullptr}, {"lses", bit(Kind::tensors), true, nullptr},
                      {"out", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}},
                     attention_options({"layout"})),
-       run_merge_attention, nullptr},
+       run_merge_attention, encode_merge_attention},
       {"quantize",
        {{"x", kTensor, true, nullptr}, {"data", kTensor, true, nullptr}, {"scales", kTensor, false, nullptr},
         {"biases", kTensor, false, nullptr}, {"format", bit(Kind::text), false, nullptr},
         {"bits", bit(Kind::integer), false, nullptr}, {"group_size", bit(Kind::integer), false, nullptr}},
-       run_quantize, nullptr},
+       run_quantize, encode_quantize},
   };
   return table;
 }
