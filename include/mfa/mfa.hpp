@@ -9,6 +9,7 @@
 
 #include "mfa/attention.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/varlen.hpp"
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/command_batch.hpp"

@@ -14,6 +14,7 @@
 #include "core/size_expression.hpp"
 #include "mfa/attention.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/varlen.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -198,6 +199,37 @@ void bind_bundle(nb::module_& m) {
         "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_seqlens"_a = nb::none(),
         "rotary_interleaved"_a = true, "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float caches, "
         "else the GGUF format of both caches' blocks).");
+
+  m.def("_bundle_attention_varlen",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& cu_seqlens_q, const std::optional<ViewSpec>& cu_seqlens_k, const ViewSpec& out,
+           const std::optional<ViewSpec>& lse, std::optional<std::int64_t> max_seqlen_q,
+           std::optional<std::int64_t> max_seqlen_k, std::optional<double> scale, const std::string& causal,
+           std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
+           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
+                                                alibi_slopes, "", {});
+          const TensorView query = view_of(q), keys = view_of(k), values = view_of(v), cu_q = view_of(cu_seqlens_q),
+                           output = view_of(out);
+          const std::optional<TensorView> cu_k = view_of(cu_seqlens_k), rows = view_of(lse),
+                                          table = view_of(block_table), used = view_of(seqused_k);
+          VarlenOptions o;
+          o.max_seqlen_q = max_seqlen_q, o.max_seqlen_k = max_seqlen_k;
+          o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
+          o.alibi_slopes = a.alibi_slopes;
+          o.block_table = table ? &*table : nullptr;
+          o.seqused_k = used ? &*used : nullptr;
+          nb::gil_scoped_release release;
+          attention_varlen(device, bundle, query, keys, values, cu_q, cu_k ? &*cu_k : nullptr, output, o,
+                           rows ? &*rows : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, "out"_a,
+        "lse"_a = nb::none(), "max_seqlen_q"_a = nb::none(), "max_seqlen_k"_a = nb::none(), "scale"_a = nb::none(),
+        "causal"_a = "none", "window"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(),
+        "alibi_slopes"_a = nb::none(), "block_table"_a = nb::none(), "seqused_k"_a = nb::none(),
+        "Test hook: mfa::attention_varlen on views of caller memory.");
 }
 
 }  // namespace mfa::bindings

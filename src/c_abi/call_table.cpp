@@ -115,6 +115,18 @@ void run_attention_with_kvcache(const Device& device, const Bundle& bundle, cons
                          g.tensor("out"), kvcache_options(g), g.optional_tensor("lse"));
 }
 
+// attention_varlen's: packed sequences (no block_table or seqused_k from a bundle yet).
+void run_attention_varlen(const Device& device, const Bundle& bundle, const Given& g) {
+  const AttentionOptions a = g.options();
+  VarlenOptions o;
+  o.max_seqlen_q = g.integer("max_seqlen_q"), o.max_seqlen_k = g.integer("max_seqlen_k");
+  o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
+  o.alibi_slopes = a.alibi_slopes;
+  o.block_table = g.optional_tensor("block_table"), o.seqused_k = g.optional_tensor("seqused_k");
+  attention_varlen(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("cu_seqlens_q"),
+                   g.optional_tensor("cu_seqlens_k"), g.tensor("out"), o, g.optional_tensor("lse"));
+}
+
 #ifdef MFA_HAVE_METAL
 std::shared_future<void> encode_attention_with_kvcache(const Device& device, const Bundle& bundle, const Given& g,
                                                        void* command_buffer) {
@@ -164,6 +176,15 @@ const std::vector<Op>& ops() {
                      {"rotary_interleaved", bit(Kind::boolean), false, nullptr}},
                     kKVCacheOptions),
        run_attention_with_kvcache, encode_attention_with_kvcache},
+      {"attention_varlen",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"cu_seqlens_q", kTensor, true, nullptr}, {"cu_seqlens_k", kTensor, false, nullptr},
+                     {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr},
+                     {"max_seqlen_q", bit(Kind::integer), false, nullptr},
+                     {"max_seqlen_k", bit(Kind::integer), false, nullptr},
+                     {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
+                    kKVCacheOptions),
+       run_attention_varlen, nullptr},
   };
   return table;
 }
@@ -205,6 +226,12 @@ KVCache Given::cache(const std::string& name, DType dtype) const {
 bool Given::flag(const std::string& name, bool otherwise) const {
   auto it = values_.find(name);
   return it == values_.end() ? otherwise : std::get<bool>(it->second);
+}
+
+std::optional<std::int64_t> Given::integer(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  return std::get<std::int64_t>(it->second);
 }
 
 AttentionOptions Given::options() const {

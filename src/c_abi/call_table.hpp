@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <future>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -15,6 +16,7 @@
 
 #include "mfa/attention.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/varlen.hpp"
 
 namespace mfa::c_abi {
 
@@ -44,6 +46,8 @@ class Given {
   const TensorView* optional_tensor(const std::string& name) const;
   // A boolean argument the op reads itself (not an AttentionOptions field), or `otherwise`.
   bool flag(const std::string& name, bool otherwise) const;
+  // An integer argument the op reads itself, if given.
+  std::optional<std::int64_t> integer(const std::string& name) const;
   // A required cache: a tensor, or a quantized tensor of `dtype` (q's).
   KVCache cache(const std::string& name, DType dtype) const;
   // The op's options: every option row applied to the values given.

@@ -34,6 +34,7 @@ std::string hex(const unsigned char* p, std::size_t n) {
 }
 
 constexpr const char* kKVCache = "attention_with_kvcache";
+constexpr const char* kVarlen = "attention_varlen";  // attention's facts (layout bshd, no mask)
 
 BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
@@ -97,7 +98,7 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
     const std::string op = record.at("op").as_string("op");
-    if (op != "attention" && op != kKVCache) continue;  // ops a later writer may add
+    if (op != "attention" && op != kKVCache && op != kVarlen) continue;  // ops a later writer may add
     BundleEntry entry;
     entry.facts = facts_of(op, record.at("facts"));
     entry.forward = templates_of(record.at("forward"), "forward");

@@ -32,6 +32,13 @@ even number of features that turn, omitted [null]; `rotary_interleaved` and
 `rotary_seqlens` (whether calls give rotary_seqlens) lists of bools, each omitted both. An
 entry without an append has no rotation; the tables' length is a runtime value.
 
+An "attention_varlen" family (packed sequences, Python's attention_varlen with cu_seqlens_q
+and cu_seqlens_k: layout bshd, no mask) takes attention's keys but mask, layout and
+score_mod; `backward: true` adds attention_varlen_backward's templates. The sequences'
+count and lengths, and the per-sequence query bound that decides whether a forward packs
+query heads (max_seqlen_q, else total_q), are runtime values: the entry holds the packed
+forward of every bound that packs, each guarded by it (writer.py's VARLEN_BOUND).
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -59,6 +66,9 @@ KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "
 KVCACHE = "attention_with_kvcache"
 KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
                 "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
+VARLEN = "attention_varlen"
+VARLEN_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
+               "family", "backward")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 ALIBI = ("none", "per_head", "per_batch")
@@ -174,9 +184,9 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if "scale" in family:
         raise ValueError(f"{where}: 'scale' is not a key: every entry takes the scale at run time (a call's scale)")
     op = family.get("op")
-    if op not in ("attention", KVCACHE):
-        raise ValueError(f"{where}: 'op' must be \"attention\" or \"{KVCACHE}\", got {op!r}")
-    keys = KEYS if op == "attention" else KVCACHE_KEYS
+    if op not in ("attention", KVCACHE, VARLEN):
+        raise ValueError(f"{where}: 'op' must be \"attention\", \"{KVCACHE}\" or \"{VARLEN}\", got {op!r}")
+    keys = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, VARLEN: VARLEN_KEYS}[op]
     unknown = sorted(set(family) - set(keys))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; an {op} family has {list(keys)}")
@@ -193,6 +203,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     causals = _choices(_list(family, "causal", list(CAUSAL), where), CAUSAL, "causal", where)
     if op == KVCACHE:   # layout bshd, no mask, forward only: the call's own
         family = {**family, "mask": ["none"], "layout": ["bshd"], "backward": False}
+    if op == VARLEN:    # layout bshd, no mask: the call's own
+        family = {**family, "mask": ["none"], "layout": ["bshd"]}
     masks = _choices(_list(family, "mask", list(MASKS), where), MASKS, "mask", where)
     mask_dtypes = _choices(_list(family, "mask_dtype", list(DTYPES), where), DTYPES, "mask_dtype", where)
     windows = _bools(_list(family, "window", [False, True], where), "window", where)

@@ -1,0 +1,47 @@
+// mfa::attention_varlen: attention over packed sequences (flash-attn's varlen layout),
+// Python's mfa_native.attention_varlen run from a bundle's "attention_varlen" entries.
+//
+// q (total_q, Hq, D), k (total_k, Hkv, D) and v (total_k, Hkv, Dv) hold B sequences packed
+// along their rows: sequence b is q's rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) attending
+// k's and v's rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]). cu_seqlens_q and cu_seqlens_k are
+// int32 (B + 1,), non-decreasing from 0 to total_q and total_k; their contents are checked
+// (and the work tables built from them) on every call, before anything is written, with
+// Python's messages. Paged keys (block_table) and seqused_k are Python-only for now: given
+// here, they are refused (ArgumentError).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "mfa/attention.hpp"
+
+namespace mfa {
+
+struct VarlenOptions {
+  // Hints, as flash-attn takes them: if given, at least the longest sequence's query (key)
+  // count. max_seqlen_q (else total_q) also bounds every sequence's queries, which decides
+  // whether a forward packs grouped query heads, as Python does.
+  std::optional<std::int64_t> max_seqlen_q;
+  std::optional<std::int64_t> max_seqlen_k;
+  std::optional<double> scale;              // default 1/sqrt(D); a runtime value
+  Causal causal = Causal::none;             // lower_right: flash-attn's causal=True, per sequence
+  std::optional<std::pair<std::int64_t, std::int64_t>> window;  // as AttentionOptions::window, per sequence
+  std::optional<TensorView> sinks;          // float32 (Hq,)
+  std::optional<double> softcap;
+  std::optional<TensorView> alibi_slopes;   // float32 (Hq,)
+  const TensorView* block_table = nullptr;  // not taken yet (ArgumentError)
+  const TensorView* seqused_k = nullptr;    // not taken yet (ArgumentError)
+};
+
+// Writes o (total_q, Hq, Dv) of q's dtype and, if `lse` is given, lse (Hq, total_q) float32
+// (natural log of each row's softmax denominator; -inf for a row with no key and no sink).
+void attention_varlen(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
+                      const TensorView& out, const VarlenOptions& options = {}, const TensorView* lse = nullptr);
+// The same encoded into `batch` (the work tables live in its pool buffers until it completes).
+void attention_varlen(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
+                      const TensorView& out, const VarlenOptions& options = {}, const TensorView* lse = nullptr);
+
+}  // namespace mfa

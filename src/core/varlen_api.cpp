@@ -1,0 +1,218 @@
+// mfa::attention_varlen: python/mfa_native/ops/varlen.py (and varlen_keys.py) in C++,
+// with its messages, in its order: q's rank, cu_seqlens_q's form, the keys' shapes and
+// cu_seqlens_k's form, then attention's checks (q, k and v bound as one bshd batch of
+// total_q queries and total_k keys), then the contents of cu_seqlens and the max_seqlen
+// hints (every call, before anything is written). The pass reads q, k, v, o and lse
+// without their batch axis, and the unit tables (codegen/attention/sequences.py's
+// unit_table), built here every call into pool buffers (a CommandBatch keeps them alive).
+// The per-sequence query bound (max_seqlen_q, else total_q) is the runtime size "Qb": the
+// entry's templates are guarded by it (bundle/writer.py's VARLEN_BOUND), and the chosen
+// template's "Qu" is the queries of a forward unit, the table's unit.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include "attention_runner.hpp"
+#include "mfa/varlen.hpp"
+#include "pass_template.hpp"
+#include "view_packing.hpp"
+
+namespace mfa {
+
+namespace {
+
+using attention_problem::Problem;
+using namespace attention_runner;
+
+constexpr std::int64_t kMaxSequences = std::int64_t(1) << 24;  // varlen_keys.py's MAX_SEQUENCES
+constexpr const char* kBound = "Qb";                           // writer.py's VARLEN_BOUND
+constexpr const char* kUnit = "Qu";                            // the chosen template's forward unit
+
+std::int64_t element(const Checked& view, std::int64_t i) {
+  return static_cast<const std::int32_t*>(view.view->data)[i * view.strides[0]];
+}
+
+// varlen_keys.cu_form: int32, one axis of at least one entry, at most 2**24 + 1 entries.
+void check_cu_form(const TensorView& cu, const std::string& name) {
+  if (cu.dtype != DType::int32)
+    throw ArgumentError(name + " must be int32, got dtype " + to_string(cu.dtype));
+  if (cu.shape.size() != 1 || cu.shape[0] < 1)
+    throw ArgumentError(name + " must have shape (B + 1,), one axis of at least one entry, got " +
+                        shape_text(cu.shape));
+  if (cu.shape[0] > kMaxSequences + 1)
+    throw ArgumentError(name + " has " + std::to_string(cu.shape[0]) +
+                        " entries: at most 2**24 sequences (2**24 + 1 entries) per call");
+}
+
+// varlen_keys.check_cu: from 0, ending at `total`, non-decreasing; the lengths.
+std::vector<std::int64_t> check_cu(const TensorView& given, const std::string& name, std::int64_t total) {
+  const Checked cu = checked(given, name);
+  const std::int64_t n = cu.shape[0];
+  if (element(cu, 0) != 0) throw ArgumentError(name + " must start at 0, got " + std::to_string(element(cu, 0)));
+  if (element(cu, n - 1) != total)
+    throw ArgumentError(name + " must end at the total row count " + std::to_string(total) + " (" +
+                        (name.back() == 'q' ? "q" : "k") + "'s first axis), got " +
+                        std::to_string(element(cu, n - 1)));
+  std::vector<std::int64_t> lengths(std::size_t(n - 1));
+  for (std::int64_t s = 0; s + 1 < n; ++s) lengths[s] = element(cu, s + 1) - element(cu, s);
+  if (!lengths.empty()) {
+    const auto at = std::min_element(lengths.begin(), lengths.end()) - lengths.begin();  // numpy's argmin: the first
+    if (lengths[at] < 0)
+      throw ArgumentError(name + " must be non-decreasing, but " + name + "[" + std::to_string(at + 1) + "] = " +
+                          std::to_string(element(cu, at + 1)) + " < " + name + "[" + std::to_string(at) +
+                          "] = " + std::to_string(element(cu, at)));
+  }
+  return lengths;
+}
+
+// varlen_keys.check_hint: a hint at least the longest sequence's count.
+void check_hint(const std::optional<std::int64_t>& hint, const std::string& name,
+                const std::vector<std::int64_t>& lengths, const std::string& what) {
+  if (!hint) return;
+  const auto longest = std::max_element(lengths.begin(), lengths.end());  // numpy's argmax: the first
+  const std::int64_t most = longest == lengths.end() ? 0 : *longest;
+  if (*hint < most)
+    throw ArgumentError(name + " is " + std::to_string(*hint) + ", but sequence " +
+                        std::to_string(longest - lengths.begin()) + " has " + std::to_string(most) + " " + what);
+}
+
+// A (rows, heads, dim) view with a leading batch axis of one: how attention's checks take it.
+TensorView batched(const TensorView& view) {
+  TensorView out = view;
+  if (out.strides.empty()) out.strides = contiguous(view.shape);
+  out.shape.insert(out.shape.begin(), 1);
+  out.strides.insert(out.strides.begin(), 0);
+  return out;
+}
+
+// The call: Python's checks, the unit tables, the entry's pass.
+class VarlenCall {
+ public:
+  VarlenCall(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
+             const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
+             const TensorView& out, const VarlenOptions& o, const TensorView* lse)
+      : device_(device), options_(o) {
+    if (o.block_table || o.seqused_k)
+      throw ArgumentError("attention_varlen from a bundle takes no block_table or seqused_k yet (paged keys and "
+                          "used keys are Python's attention_varlen only)");
+    if (q.shape.size() != 3)
+      throw ArgumentError("q must have 3 dimensions (total_q, heads, head dim), got shape " + shape_text(q.shape));
+    check_cu_form(cu_seqlens_q, "cu_seqlens_q");
+    sequences_ = cu_seqlens_q.shape[0] - 1;
+    for (const auto& [x, name] : {std::pair(&k, "k"), std::pair(&v, "v")})
+      if (x->shape.size() != 3)
+        throw ArgumentError(std::string(name) + " must have 3 dimensions (total_k, heads, head dim), got shape " +
+                            shape_text(x->shape));
+    if (!std::equal(k.shape.begin(), k.shape.begin() + 2, v.shape.begin()))
+      throw ArgumentError("v must have k's rows and heads: k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
+    if (!cu_seqlens_k)
+      throw ArgumentError("cu_seqlens_k is required without block_table: it says where each sequence's keys lie "
+                          "in k");
+    check_cu_form(*cu_seqlens_k, "cu_seqlens_k");
+    if (cu_seqlens_k->shape[0] != sequences_ + 1)
+      throw ArgumentError("cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; got (" +
+                          std::to_string(sequences_ + 1) + ",) and " + shape_text(cu_seqlens_k->shape));
+    if (o.alibi_slopes && o.alibi_slopes->shape.size() != 1)
+      throw ArgumentError("attention_varlen from a bundle takes per-head alibi_slopes (Hq,) only, got shape " +
+                          shape_text(o.alibi_slopes->shape));
+    const std::vector<std::int64_t> out_shape = {q.shape[0], q.shape[1], v.shape[2]};
+    if (out.shape != out_shape || out.dtype != q.dtype)
+      throw ArgumentError("out must be (total_q, Hq, Dv) = " + shape_text(out_shape) + " of q's dtype " +
+                          to_string(q.dtype) + ", got " + shape_text(out.shape) + " " + to_string(out.dtype));
+    if (lse && (lse->shape != std::vector<std::int64_t>{q.shape[1], q.shape[0]} || lse->dtype != DType::float32))
+      throw ArgumentError("lse must be float32 (Hq, total_q) = " + shape_text({q.shape[1], q.shape[0]}) + ", got " +
+                          to_string(lse->dtype) + " " + shape_text(lse->shape));
+    views_[0] = batched(q), views_[1] = batched(k), views_[2] = batched(v), views_[3] = batched(out);
+    if (lse) views_[4] = batched(*lse);
+    attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
+    attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
+    attention_.alibi_slopes = o.alibi_slopes;
+    std::map<std::string, const TensorView*> given = {
+        {"q", &views_[0]}, {"k", &views_[1]}, {"v", &views_[2]}, {"out", &views_[3]},
+        {"lse", lse ? &views_[4] : nullptr}, {"mask", nullptr}, {"sinks", o.sinks ? &*o.sinks : nullptr},
+        {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
+    binder_.emplace(bundle.contents().declaration("attention"), "bshd", std::move(given));
+    problem_ = attention_problem::checked_problem(*binder_, attention_);
+    // check_sequences: the contents (every call), the hints.
+    cu_q_ = checked(cu_seqlens_q, "cu_seqlens_q");
+    cu_k_ = checked(*cu_seqlens_k, "cu_seqlens_k");
+    check_hint(o.max_seqlen_q, "max_seqlen_q", check_cu(cu_seqlens_q, "cu_seqlens_q", problem_.R), "rows");
+    check_hint(o.max_seqlen_k, "max_seqlen_k", check_cu(*cu_seqlens_k, "cu_seqlens_k", problem_.C), "keys");
+  }
+
+  void run(CommandBatch* batch, const Bundle& bundle) {
+    if (problem_.empty()) return write_empty_forward(*binder_, problem_, attention_);
+    BundleFacts want = facts_of(problem_, device_.tuning().family, false);
+    want.op = "attention_varlen";
+    const BundleEntry& entry = entry_for(bundle, want);
+    PassViews views(device_, *binder_, attention_);
+    for (const char* name : {"q", "k", "v", "o", "lse"}) views.drop_leading_axis(name);
+    bind_contiguous(views, "cu_seqlens_q", cu_q_);
+    bind_contiguous(views, "cu_seqlens_k", cu_k_);
+    SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
+    sizes["Ncu"] = sequences_ + 1;
+    sizes[kBound] = std::max<std::int64_t>(options_.max_seqlen_q.value_or(problem_.R), 1);
+    const PassTemplate& pass = template_for(entry.forward, sizes, entry.line);
+    const SizeEnv env = template_env(pass, sizes);
+    views.add("q_units", unit_table(cu_q_, env.at("NQU"), env.at(kUnit), "q_units", table_));
+    attention_runner::run(device_, batch, pass, sizes, views);
+  }
+
+ private:
+  void bind_contiguous(PassViews& views, const std::string& buffer, Checked view) const {
+    view_packing::make_addressable(device_, view, view_packing::Reads::contiguous);
+    views.add(buffer, std::move(view));
+  }
+
+  // sequences.unit_table: (entries, 2) int32 in a pool buffer, (sequence, first row) for each
+  // `unit`-row unit of each sequence in order, then (-1, 0).
+  Checked unit_table(const Checked& cu, std::int64_t entries, std::int64_t unit, const std::string& name,
+                     TensorView& holder) const {
+    holder = TensorView{nullptr, DType::int32, {entries, 2}, {2, 1}};
+    Checked table{&holder, name, {entries, 2}, {2, 1}, 2 * entries,
+                  device_.new_buffer(std::size_t(std::max<std::int64_t>(entries, 1)) * 2 * sizeof(std::int32_t))};
+    auto* rows = static_cast<std::int32_t*>(table.packed.data());
+    std::int64_t at = 0;
+    for (std::int64_t s = 0; s < sequences_; ++s) {
+      const std::int64_t first = element(cu, s), length = element(cu, s + 1) - first;
+      for (std::int64_t start = 0; start < length && at < entries; start += unit, ++at)
+        rows[2 * at] = std::int32_t(s), rows[2 * at + 1] = std::int32_t(first + start);
+    }
+    for (; at < entries; ++at) rows[2 * at] = -1, rows[2 * at + 1] = 0;
+    return table;
+  }
+
+  const Device& device_;
+  const VarlenOptions& options_;
+  AttentionOptions attention_;
+  std::int64_t sequences_ = 0;
+  TensorView views_[5], table_;
+  std::optional<Binder> binder_;
+  Problem problem_;
+  Checked cu_q_, cu_k_;
+};
+
+void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
+             const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
+             const TensorView* cu_seqlens_k, const TensorView& out, const VarlenOptions& options,
+             const TensorView* lse) {
+  VarlenCall call(device, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, out, options, lse);
+  call.run(batch, bundle);
+}
+
+}  // namespace
+
+void attention_varlen(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
+                      const TensorView& out, const VarlenOptions& options, const TensorView* lse) {
+  forward(device, nullptr, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, out, options, lse);
+}
+
+void attention_varlen(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
+                      const TensorView& out, const VarlenOptions& options, const TensorView* lse) {
+  forward(batch.device(), &batch, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, out, options, lse);
+}
+
+}  // namespace mfa

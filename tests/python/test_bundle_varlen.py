@@ -1,0 +1,176 @@
+"""Packed sequences from a bundle: mfa::attention_varlen (through _core's test hook) on the cpu
+backend gives Python's mfa_native.attention_varlen bit for bit (GQA with and without packed
+heads, by max_seqlen_q or total_q, empty sequences, a window, sinks and a softcap), from
+entries written without a scale; the entry's template for a call is codegen's for every
+(cu_seqlens, max_seqlen_q) tried; and the same bad calls raise the same exception with the
+same message, before anything is written."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mfa_native
+from mfa_native import _core, codegen
+from mfa_native.bundle import entries_of
+from mfa_native.bundle.file import pack
+from mfa_native.bundle.writer import VARLEN_BOUND, build_payload, choose, forward_templates, problem, without_bound
+
+from conftest import poison
+from test_bundle_cpp import view
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+BASE = {"op": "attention_varlen", "family": ["apple9"], "head_dim": [32], "sinks": [False], "window": [False]}
+FAMILIES = [
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [4], "causal": ["lower_right"]},
+    {**BASE, "dtype": ["float16"], "gqa_ratio": [1], "causal": ["none"], "window": [True], "sinks": [True],
+     "softcap": [20.0]},
+]
+HKV, D = 2, 32
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return _core._Bundle.from_bytes(pack(build_payload(entries_of({"families": FAMILIES}))))
+
+
+def _cu(rng, sequences: int, longest: int) -> np.ndarray:
+    """cu_seqlens of `sequences` random lengths 0..longest (some empty)."""
+    return np.concatenate([[0], np.cumsum(rng.integers(0, longest + 1, sequences))]).astype(np.int32)
+
+
+def _problem(rng, dtype: str, ratio: int, sequences: int, longest_q: int, longest_k: int, options: dict):
+    """The arguments of one call (numpy, as Python takes them)."""
+    t = DTYPES[dtype]
+    cu_q, cu_k = _cu(rng, sequences, longest_q), _cu(rng, sequences, longest_k)
+    q = rng.standard_normal((int(cu_q[-1]), ratio * HKV, D)).astype(t)
+    k, v = (rng.standard_normal((int(cu_k[-1]), HKV, D)).astype(t) for _ in "kv")
+    args = dict(options)
+    if args.pop("sinks", False):
+        args["sinks"] = rng.standard_normal(ratio * HKV).astype(np.float32)
+    return (q, k, v, cu_q, cu_k), args
+
+
+def _cpp(bundle, arrays, args, out, lse):
+    q, k, v, cu_q, cu_k = arrays
+    views = {name: view(x) for name, x in args.items() if isinstance(x, np.ndarray)}
+    options = {name: x for name, x in args.items() if not isinstance(x, np.ndarray) and name != "causal"}
+    _core._bundle_attention_varlen("cpu", bundle, view(q), view(k), view(v), view(cu_q),
+                                   None if cu_k is None else view(cu_k), view(out), None if lse is None else view(lse),
+                                   causal="lower_right" if args.get("causal") else "none", **views, **options)
+
+
+# (dtype, GQA ratio, sequences, longest q, longest k, options): packed heads by total_q, by the
+# hint, none (too many queries), and the window/sinks/softcap entry.
+CASES = [
+    pytest.param("float32", 4, 5, 6, 40, dict(causal=True), id="gqa4-packs-by-total_q"),
+    pytest.param("float32", 4, 6, 20, 30, dict(causal=True, max_seqlen_q=20, max_seqlen_k=30),
+                 id="gqa4-packs-by-hint"),
+    pytest.param("float32", 4, 4, 40, 50, dict(causal=True, scale=0.2), id="gqa4-unpacked"),
+    pytest.param("float16", 1, 5, 30, 30, dict(window=(7, 2), sinks=True, softcap=20.0, scale=0.3),
+                 id="float16-window-sinks-softcap"),
+    pytest.param("float32", 4, 3, 1, 9, dict(causal=True, max_seqlen_q=1), id="gqa4-decode"),
+]
+
+
+@pytest.mark.parametrize("dtype, ratio, sequences, longest_q, longest_k, options", CASES)
+def test_matches_python_bit_for_bit(bundle, dtype, ratio, sequences, longest_q, longest_k, options):
+    rng = np.random.default_rng([ratio, sequences, longest_q, longest_k])
+    arrays, args = _problem(rng, dtype, ratio, sequences, longest_q, longest_k, options)
+    o, lse = mfa_native.attention_varlen(*arrays, return_lse=True, device="cpu", **args)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _cpp(bundle, arrays, args, out, rows)
+    assert not np.isnan(o.astype(np.float32)).all()
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
+    out = poison(o.shape, o.dtype)   # without lse: the same output
+    _cpp(bundle, arrays, args, out, None)
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+
+
+def test_empty_call_writes_pythons_zeros_and_lse(bundle):
+    rng = np.random.default_rng(11)
+    arrays, args = _problem(rng, "float16", 1, 3, 4, 0, dict(sinks=True))   # no keys at all
+    o, lse = mfa_native.attention_varlen(*arrays, return_lse=True, device="cpu", **args)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _cpp(bundle, arrays, args, out, rows)
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
+
+
+@pytest.mark.parametrize("facts", entries_of({"families": [
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [1, 4, 16], "causal": ["lower_right"]},
+    {**BASE, "dtype": ["float16"], "gqa_ratio": [2], "causal": ["none"], "window": [True]}]}),
+    ids=lambda f: f"gqa{f.gqa_ratio}")
+def test_entry_templates_are_codegens_for_every_bound(facts):
+    """For many (cu_seqlens, max_seqlen_q) the entry's first template whose guards hold is,
+    its query bound put aside, the template codegen generates for that call (packed heads
+    or not, each bound's own unit)."""
+    forward = forward_templates(facts)
+    rng = np.random.default_rng(facts.gqa_ratio)
+    for _ in range(60):
+        sequences = int(rng.integers(1, 9))
+        cu_q = _cu(rng, sequences, int(rng.choice([1, 3, 8, 20, 70])))
+        cu_k = _cu(rng, sequences, 50)
+        longest = int(np.diff(cu_q).max())
+        hint = [None, longest, longest + int(rng.integers(0, 40))][int(rng.integers(0, 3))]
+        total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+        if total_q == 0 or total_k == 0:
+            continue
+        bound = total_q if hint is None else hint   # ops/varlen.py's per-sequence query bound
+        p = replace(problem(facts, total_q, total_k, kv_heads=HKV), keys=codegen.SequenceRanges(sequences, bound))
+        sizes = {**codegen.call_sizes(p, 4), VARLEN_BOUND: max(bound, 1)}
+        expected = json.loads(json.dumps(asdict(codegen.attention_template(p, family=facts.family,
+                                                                           parallel_threadgroups=4))))
+        chosen = choose(forward, sizes)
+        assert chosen is not None and without_bound(chosen) == expected, (cu_q, hint)
+
+
+BAD_CALLS = {   # what changes from a good call (packed heads, hints given)
+    "q rank": dict(q=lambda a: a["q"][0]),
+    "cu_seqlens_q dtype": dict(cu_q=lambda a: a["cu_q"].astype(np.float32)),
+    "cu_seqlens_q shape": dict(cu_q=lambda a: a["cu_q"][None]),
+    "k rank": dict(k=lambda a: a["k"][None]),
+    "v rows": dict(v=lambda a: a["v"][1:]),
+    "cu_seqlens_k missing": dict(cu_k=lambda a: None),
+    "cu_seqlens_k length": dict(cu_k=lambda a: a["cu_k"][:-1]),
+    "k dtype": dict(k=lambda a: a["k"].astype(np.float16)),
+    "head dim": dict(k=lambda a: a["k"][:, :, :16].copy()),
+    "cu_seqlens_q start": dict(cu_q=lambda a: a["cu_q"] + 1),
+    "cu_seqlens_q end": dict(cu_q=lambda a: np.concatenate([a["cu_q"][:-1], [a["cu_q"][-1] - 1]]).astype(np.int32)),
+    "cu_seqlens_q decreasing": dict(cu_q=lambda a: np.array([0, 9, 4, 4, 20, a["cu_q"][-1]], np.int32)),
+    "cu_seqlens_k decreasing": dict(cu_k=lambda a: np.array([0, 3, 2, 1, 20, a["cu_k"][-1]], np.int32)),
+    "max_seqlen_q short": dict(max_seqlen_q=lambda a: 1),
+    "max_seqlen_k short": dict(max_seqlen_k=lambda a: 2),
+    "window type": dict(window=lambda a: (1, -2)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_bad_calls_raise_pythons_message_before_writing(bundle, case):
+    rng = np.random.default_rng(7)
+    (q, k, v, cu_q, cu_k), args = _problem(rng, "float32", 4, 5, 6, 30, dict(causal=True))
+    args.update(max_seqlen_q=int(np.diff(cu_q).max()), max_seqlen_k=int(np.diff(cu_k).max()))
+    given = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, **args)
+    given.update({name: change(given) for name, change in BAD_CALLS[case].items()})
+    arrays = tuple(given.pop(name) for name in ("q", "k", "v", "cu_q", "cu_k"))
+    with pytest.raises((ValueError, TypeError)) as python:
+        mfa_native.attention_varlen(*arrays, device="cpu", **given)
+    out, rows = poison((q.shape[0], q.shape[1], D), np.float32), poison((q.shape[1], q.shape[0]), np.float32)
+    with pytest.raises((ValueError, TypeError)) as cpp:
+        _cpp(bundle, arrays, given, out, rows)
+    assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+    assert np.isnan(out).all() and np.isnan(rows).all()
+
+
+def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
+    rng = np.random.default_rng(3)
+    arrays, args = _problem(rng, "float32", 2, 3, 5, 9, dict(causal=True))
+    q = arrays[0]
+    with pytest.raises(ValueError, match=r"(?s)no entry for attention_varlen float32 D=32 Dv=32 gqa=2 .*it holds:\n  "
+                                         r"attention_varlen float32 D=32 Dv=32 gqa=4"):
+        _cpp(bundle, arrays, args, poison((q.shape[0], q.shape[1], D), np.float32), None)
