@@ -1,4 +1,4 @@
-// mfa::attention_varlen: attention over packed sequences (flash-attn's varlen layout),
+// mfa::attention_varlen and attention_varlen_backward: attention over packed sequences (flash-attn's varlen layout),
 // Python's mfa_native.attention_varlen run from a bundle's "attention_varlen" entries.
 //
 // q (total_q, Hq, D), k (total_k, Hkv, D) and v (total_k, Hkv, Dv) hold B sequences packed
@@ -43,5 +43,20 @@ void attention_varlen(const Device& device, const Bundle& bundle, const TensorVi
 void attention_varlen(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
                       const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
                       const TensorView& out, const VarlenOptions& options = {}, const TensorView* lse = nullptr);
+
+// The gradients of attention_varlen (Python's attention_varlen_backward): given o and lse as
+// the forward wrote them and do (the gradient of o, shaped and typed like o), writes dq, dk,
+// dv (shaped like q, k and v, q's dtype, contiguous) and, with sinks, dsinks (Hq,) float32
+// summed over every sequence. block_table and seqused_k are forward-only (ArgumentError).
+void attention_varlen_backward(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                               const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const VarlenOptions& options = {},
+                               const TensorView* dsinks = nullptr);
+void attention_varlen_backward(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                               const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const VarlenOptions& options = {},
+                               const TensorView* dsinks = nullptr);
 
 }  // namespace mfa

@@ -230,6 +230,41 @@ void bind_bundle(nb::module_& m) {
         "causal"_a = "none", "window"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(),
         "alibi_slopes"_a = nb::none(), "block_table"_a = nb::none(), "seqused_k"_a = nb::none(),
         "Test hook: mfa::attention_varlen on views of caller memory.");
+
+  m.def("_bundle_attention_varlen_backward",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& o, const ViewSpec& lse, const ViewSpec& dout, const ViewSpec& cu_seqlens_q,
+           const std::optional<ViewSpec>& cu_seqlens_k, const ViewSpec& dq, const ViewSpec& dk, const ViewSpec& dv,
+           const std::optional<ViewSpec>& dsinks, std::optional<std::int64_t> max_seqlen_q,
+           std::optional<std::int64_t> max_seqlen_k, std::optional<double> scale, const std::string& causal,
+           std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
+           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
+                                                alibi_slopes, "", {});
+          const TensorView query = view_of(q), keys = view_of(k), values = view_of(v), output = view_of(o),
+                           rows = view_of(lse), gradient = view_of(dout), cu_q = view_of(cu_seqlens_q),
+                           dquery = view_of(dq), dkeys = view_of(dk), dvalues = view_of(dv);
+          const std::optional<TensorView> cu_k = view_of(cu_seqlens_k), dsink = view_of(dsinks),
+                                          table = view_of(block_table), used = view_of(seqused_k);
+          VarlenOptions opts;
+          opts.max_seqlen_q = max_seqlen_q, opts.max_seqlen_k = max_seqlen_k;
+          opts.scale = a.scale, opts.causal = a.causal, opts.window = a.window, opts.sinks = a.sinks;
+          opts.softcap = a.softcap, opts.alibi_slopes = a.alibi_slopes;
+          opts.block_table = table ? &*table : nullptr;
+          opts.seqused_k = used ? &*used : nullptr;
+          nb::gil_scoped_release release;
+          attention_varlen_backward(device, bundle, query, keys, values, output, rows, gradient, cu_q,
+                                    cu_k ? &*cu_k : nullptr, dquery, dkeys, dvalues, opts,
+                                    dsink ? &*dsink : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a,
+        "dq"_a, "dk"_a, "dv"_a, "dsinks"_a = nb::none(), "max_seqlen_q"_a = nb::none(),
+        "max_seqlen_k"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = "none", "window"_a = nb::none(),
+        "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
+        "block_table"_a = nb::none(), "seqused_k"_a = nb::none(),
+        "Test hook: mfa::attention_varlen_backward on views of caller memory.");
 }
 
 }  // namespace mfa::bindings

@@ -89,9 +89,10 @@ TensorView batched(const TensorView& view) {
 // The call: Python's checks, the unit tables, the entry's pass.
 class VarlenCall {
  public:
+  // validate_varlen's checks (the forward's `out` and `lse` too, when given).
   VarlenCall(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
              const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
-             const TensorView& out, const VarlenOptions& o, const TensorView* lse)
+             const VarlenOptions& o, const TensorView* out, const TensorView* lse)
       : device_(device), options_(o) {
     if (o.block_table || o.seqused_k)
       throw ArgumentError("attention_varlen from a bundle takes no block_table or seqused_k yet (paged keys and "
@@ -116,23 +117,13 @@ class VarlenCall {
     if (o.alibi_slopes && o.alibi_slopes->shape.size() != 1)
       throw ArgumentError("attention_varlen from a bundle takes per-head alibi_slopes (Hq,) only, got shape " +
                           shape_text(o.alibi_slopes->shape));
-    const std::vector<std::int64_t> out_shape = {q.shape[0], q.shape[1], v.shape[2]};
-    if (out.shape != out_shape || out.dtype != q.dtype)
-      throw ArgumentError("out must be (total_q, Hq, Dv) = " + shape_text(out_shape) + " of q's dtype " +
-                          to_string(q.dtype) + ", got " + shape_text(out.shape) + " " + to_string(out.dtype));
-    if (lse && (lse->shape != std::vector<std::int64_t>{q.shape[1], q.shape[0]} || lse->dtype != DType::float32))
-      throw ArgumentError("lse must be float32 (Hq, total_q) = " + shape_text({q.shape[1], q.shape[0]}) + ", got " +
-                          to_string(lse->dtype) + " " + shape_text(lse->shape));
-    views_[0] = batched(q), views_[1] = batched(k), views_[2] = batched(v), views_[3] = batched(out);
-    if (lse) views_[4] = batched(*lse);
+    if (out) check_output(*out, "out", "(total_q, Hq, Dv)", {q.shape[0], q.shape[1], v.shape[2]}, q.dtype);
+    if (lse) check_output(*lse, "lse", "(Hq, total_q)", {q.shape[1], q.shape[0]}, DType::float32);
     attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
     attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
     attention_.alibi_slopes = o.alibi_slopes;
-    std::map<std::string, const TensorView*> given = {
-        {"q", &views_[0]}, {"k", &views_[1]}, {"v", &views_[2]}, {"out", &views_[3]},
-        {"lse", lse ? &views_[4] : nullptr}, {"mask", nullptr}, {"sinks", o.sinks ? &*o.sinks : nullptr},
-        {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
-    binder_.emplace(bundle.contents().declaration("attention"), "bshd", std::move(given));
+    binder_.emplace(bundle.contents().declaration("attention"), "bshd",
+                    given({{"q", &q}, {"k", &k}, {"v", &v}, {"out", out}, {"lse", lse}}));
     problem_ = attention_problem::checked_problem(*binder_, attention_);
     // check_sequences: the contents (every call), the hints.
     cu_q_ = checked(cu_seqlens_q, "cu_seqlens_q");
@@ -141,11 +132,10 @@ class VarlenCall {
     check_hint(o.max_seqlen_k, "max_seqlen_k", check_cu(*cu_seqlens_k, "cu_seqlens_k", problem_.C), "keys");
   }
 
+  // The forward's pass (or Python's empty outputs).
   void run(CommandBatch* batch, const Bundle& bundle) {
     if (problem_.empty()) return write_empty_forward(*binder_, problem_, attention_);
-    BundleFacts want = facts_of(problem_, device_.tuning().family, false);
-    want.op = "attention_varlen";
-    const BundleEntry& entry = entry_for(bundle, want);
+    const BundleEntry& entry = entry_for(bundle, wanted(false));
     PassViews views(device_, *binder_, attention_);
     for (const char* name : {"q", "k", "v", "o", "lse"}) views.drop_leading_axis(name);
     bind_contiguous(views, "cu_seqlens_q", cu_q_);
@@ -155,11 +145,92 @@ class VarlenCall {
     sizes[kBound] = std::max<std::int64_t>(options_.max_seqlen_q.value_or(problem_.R), 1);
     const PassTemplate& pass = template_for(entry.forward, sizes, entry.line);
     const SizeEnv env = template_env(pass, sizes);
-    views.add("q_units", unit_table(cu_q_, env.at("NQU"), env.at(kUnit), "q_units", table_));
+    views.add("q_units", unit_table(cu_q_, env.at("NQU"), env.at(kUnit), "q_units", tables_[0]));
+    attention_runner::run(device_, batch, pass, sizes, views);
+  }
+
+  // _prepare_backward's checks after validate_varlen's: o and do like the output, lse as the
+  // forward returns it; then the gradients' shapes (C++'s own: Python returns them).
+  void check_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                      const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                      const TensorView& dv, const TensorView* dsinks) const {
+    const Problem& p = problem_;
+    const std::vector<std::int64_t> shape = {p.R, p.Hq, p.Dv};
+    for (const auto& [x, name] : {std::pair(&o, "o"), std::pair(&dout, "do")}) {
+      if (x->dtype != q.dtype)
+        throw TypeError(std::string(name) + " has dtype " + to_string(x->dtype) + " but q has " + to_string(q.dtype) +
+                        "; " + name + " must have q's dtype, like the output");
+      if (x->shape != shape)
+        throw ArgumentError(std::string(name) + " must have the output's shape (total_q, Hq, Dv) = " +
+                            shape_text(shape) + ", got " + shape_text(x->shape));
+    }
+    if (lse.dtype != DType::float32)
+      throw TypeError(std::string("lse must be float32, as attention_varlen(..., return_lse=True) returns it, got ") +
+                      to_string(lse.dtype));
+    if (lse.shape != std::vector<std::int64_t>{p.Hq, p.R})
+      throw ArgumentError("lse must have shape (Hq, total_q) = " + shape_text({p.Hq, p.R}) + ", got " +
+                          shape_text(lse.shape));
+    check_output(dq, "dq", "(total_q, Hq, D)", q.shape, q.dtype);
+    check_output(dk, "dk", "(total_k, Hkv, D)", k.shape, q.dtype);
+    check_output(dv, "dv", "(total_k, Hkv, Dv)", v.shape, q.dtype);
+    if (dsinks && !options_.sinks) throw ArgumentError("dsinks is given without sinks");
+    if (dsinks) check_output(*dsinks, "dsinks", "(Hq,)", {p.Hq}, DType::float32);
+  }
+
+  // The backward's pass (or Python's zeros for an empty problem).
+  void run_backward(CommandBatch* batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                    const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                    const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView* dsinks) {
+    Binder binder(bundle.contents().declaration("attention_backward"), "bshd",
+                  given({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"do", &dout}, {"dq", &dq},
+                         {"dk", &dk}, {"dv", &dv}, {"dsinks", nullptr}}));
+    attention_problem::checked_problem(binder, attention_);  // passes (validated above); sizes the binder's views
+    if (problem_.empty()) {
+      for (const char* name : {"dq", "dk", "dv"}) zero(binder.view(name));
+      if (dsinks) std::fill_n(static_cast<float*>(dsinks->data), problem_.Hq, 0.0f);
+      return;
+    }
+    const BundleEntry& entry = entry_for(bundle, wanted(true));
+    PassViews views(device_, binder, attention_);
+    for (const char* name : {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"}) views.drop_leading_axis(name);
+    if (dsinks) views.add("dsinks", checked(*dsinks, "dsinks"));
+    bind_contiguous(views, "cu_seqlens_q", cu_q_);
+    bind_contiguous(views, "cu_seqlens_k", cu_k_);
+    SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
+    sizes["Ncu"] = sequences_ + 1;
+    const PassTemplate& pass = template_for(entry.backward, sizes, entry.line);
+    const SizeEnv env = template_env(pass, sizes);
+    views.add("q_units", unit_table(cu_q_, env.at("NQU"), 8, "q_units", tables_[0]));
+    views.add("k_units", unit_table(cu_k_, env.at("NKU"), 8, "k_units", tables_[1]));
     attention_runner::run(device_, batch, pass, sizes, views);
   }
 
  private:
+  // An output (or an argument shaped like one) the caller gives: its shape and dtype.
+  static void check_output(const TensorView& x, const std::string& name, const std::string& axes,
+                           const std::vector<std::int64_t>& shape, DType dtype) {
+    if (x.shape != shape || x.dtype != dtype)
+      throw ArgumentError(name + " must be " + axes + " = " + shape_text(shape) + " " + to_string(dtype) + ", got " +
+                          shape_text(x.shape) + " " + to_string(x.dtype));
+  }
+
+  // The call's arrays by attention's names, each with a leading batch axis of one, and the
+  // options' (null when not given).
+  std::map<std::string, const TensorView*> given(const std::map<std::string, const TensorView*>& arrays) {
+    std::map<std::string, const TensorView*> named = {
+        {"mask", nullptr}, {"sinks", options_.sinks ? &*options_.sinks : nullptr},
+        {"alibi_slopes", options_.alibi_slopes ? &*options_.alibi_slopes : nullptr}};
+    for (const auto& [name, view] : arrays)
+      named[name] = view ? &(batched_[name] = batched(*view)) : nullptr;
+    return named;
+  }
+
+  BundleFacts wanted(bool backward) const {
+    BundleFacts want = facts_of(problem_, device_.tuning().family, backward);
+    want.op = "attention_varlen";
+    return want;
+  }
+
   void bind_contiguous(PassViews& views, const std::string& buffer, Checked view) const {
     view_packing::make_addressable(device_, view, view_packing::Reads::contiguous);
     views.add(buffer, std::move(view));
@@ -187,7 +258,8 @@ class VarlenCall {
   const VarlenOptions& options_;
   AttentionOptions attention_;
   std::int64_t sequences_ = 0;
-  TensorView views_[5], table_;
+  std::map<std::string, TensorView> batched_;  // the arrays as attention's checks take them
+  TensorView tables_[2];
   std::optional<Binder> binder_;
   Problem problem_;
   Checked cu_q_, cu_k_;
@@ -197,8 +269,24 @@ void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, co
              const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
              const TensorView* cu_seqlens_k, const TensorView& out, const VarlenOptions& options,
              const TensorView* lse) {
-  VarlenCall call(device, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, out, options, lse);
+  VarlenCall call(device, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, options, &out, lse);
   call.run(batch, bundle);
+}
+
+void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
+              const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+              const TensorView& dout, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
+              const TensorView& dq, const TensorView& dk, const TensorView& dv, const VarlenOptions& options,
+              const TensorView* dsinks) {
+  // _forward_only (Python raises NotImplementedError with these words).
+  for (const auto& [given, name, what] : {std::tuple(options.block_table, "block_table", "paged K/V"),
+                                          std::tuple(options.seqused_k, "seqused_k", "keys limited by seqused_k")})
+    if (given)
+      throw ArgumentError(std::string("attention_varlen_backward: ") + name + " given, but " + what +
+                          " is forward-only (as flash-attn's paged varlen): no gradient of such a call is computed");
+  VarlenCall call(device, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, options, nullptr, nullptr);
+  call.check_backward(q, k, v, o, lse, dout, dq, dk, dv, dsinks);
+  call.run_backward(batch, bundle, q, k, v, o, lse, dout, dq, dk, dv, dsinks);
 }
 
 }  // namespace
@@ -213,6 +301,23 @@ void attention_varlen(CommandBatch& batch, const Bundle& bundle, const TensorVie
                       const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
                       const TensorView& out, const VarlenOptions& options, const TensorView* lse) {
   forward(batch.device(), &batch, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, out, options, lse);
+}
+
+void attention_varlen_backward(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                               const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const VarlenOptions& options,
+                               const TensorView* dsinks) {
+  backward(device, nullptr, bundle, q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, options, dsinks);
+}
+
+void attention_varlen_backward(CommandBatch& batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                               const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const VarlenOptions& options,
+                               const TensorView* dsinks) {
+  backward(batch.device(), &batch, bundle, q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, options,
+           dsinks);
 }
 
 }  // namespace mfa

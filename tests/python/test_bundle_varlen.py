@@ -26,9 +26,9 @@ from test_bundle_cpp import view
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 BASE = {"op": "attention_varlen", "family": ["apple9"], "head_dim": [32], "sinks": [False], "window": [False]}
 FAMILIES = [
-    {**BASE, "dtype": ["float32"], "gqa_ratio": [4], "causal": ["lower_right"]},
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [4], "causal": ["lower_right"], "backward": True},
     {**BASE, "dtype": ["float16"], "gqa_ratio": [1], "causal": ["none"], "window": [True], "sinks": [True],
-     "softcap": [20.0]},
+     "softcap": [20.0], "backward": True},
 ]
 HKV, D = 2, 32
 
@@ -90,6 +90,59 @@ def test_matches_python_bit_for_bit(bundle, dtype, ratio, sequences, longest_q, 
     out = poison(o.shape, o.dtype)   # without lse: the same output
     _cpp(bundle, arrays, args, out, None)
     np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+
+
+def _cpp_backward(bundle, arrays, o, lse, do, args, grads):
+    q, k, v, cu_q, cu_k = arrays
+    views = {name: view(x) for name, x in args.items() if isinstance(x, np.ndarray)}
+    options = {name: x for name, x in args.items() if not isinstance(x, np.ndarray) and name != "causal"}
+    dsinks = None if len(grads) < 4 else view(grads[3])
+    _core._bundle_attention_varlen_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse), view(do),
+                                            view(cu_q), None if cu_k is None else view(cu_k), *map(view, grads[:3]),
+                                            dsinks=dsinks, causal="lower_right" if args.get("causal") else "none",
+                                            **views, **options)
+
+
+@pytest.mark.parametrize("dtype, ratio, sequences, longest_q, longest_k, options", CASES)
+def test_backward_matches_python_bit_for_bit(bundle, dtype, ratio, sequences, longest_q, longest_k, options):
+    rng = np.random.default_rng([ratio, sequences, longest_q, longest_k, 1])
+    arrays, args = _problem(rng, dtype, ratio, sequences, longest_q, longest_k, options)
+    o, lse = mfa_native.attention_varlen(*arrays, return_lse=True, device="cpu", **args)
+    do = rng.standard_normal(o.shape).astype(o.dtype)
+    expected = mfa_native.attention_varlen_backward(*arrays[:3], o, lse, do, *arrays[3:], device="cpu", **args)
+    grads = [poison(x.shape, x.dtype) for x in expected]
+    _cpp_backward(bundle, arrays, o, lse, do, args, grads)
+    for got, want in zip(grads, expected):
+        assert not np.isnan(want.astype(np.float32)).all()
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+BAD_BACKWARD = {   # what changes from a good backward call
+    "o dtype": dict(o=lambda a: a["o"].astype(np.float16)),
+    "do shape": dict(do=lambda a: a["do"][1:]),
+    "lse dtype": dict(lse=lambda a: a["lse"].astype(np.float16)),
+    "lse shape": dict(lse=lambda a: a["lse"].T.copy()),
+    "cu_seqlens_k decreasing": dict(cu_k=lambda a: np.array([0, 3, 2, 1, 20, a["cu_k"][-1]], np.int32)),
+    "k rank": dict(k=lambda a: a["k"][None]),
+}
+
+
+@pytest.mark.parametrize("case", BAD_BACKWARD)
+def test_bad_backward_calls_raise_pythons_message_before_writing(bundle, case):
+    rng = np.random.default_rng(8)
+    (q, k, v, cu_q, cu_k), args = _problem(rng, "float32", 4, 5, 6, 30, dict(causal=True))
+    o, lse = mfa_native.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, device="cpu", **args)
+    given = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, o=o, lse=lse, do=rng.standard_normal(o.shape).astype(o.dtype))
+    given.update({name: change(given) for name, change in BAD_BACKWARD[case].items()})
+    arrays = tuple(given[name] for name in ("q", "k", "v", "cu_q", "cu_k"))
+    with pytest.raises((ValueError, TypeError)) as python:
+        mfa_native.attention_varlen_backward(*arrays[:3], given["o"], given["lse"], given["do"], *arrays[3:],
+                                             device="cpu", **args)
+    grads = [poison(x.shape, np.float32) for x in (q, k, v)]
+    with pytest.raises((ValueError, TypeError)) as cpp:
+        _cpp_backward(bundle, arrays, given["o"], given["lse"], given["do"], args, grads)
+    assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+    assert all(np.isnan(g).all() for g in grads)
 
 
 def test_empty_call_writes_pythons_zeros_and_lse(bundle):
