@@ -8,6 +8,7 @@
 
 #include "mfa/attention.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/varlen.hpp"
 
 namespace {
 
@@ -91,5 +92,20 @@ extern "C" int cpp_attention_with_kvcache(const char* bundle, const char* format
                                 mfa::QuantizedTensor{format, view(*k_cache), mfa::DType::float32},
                                 mfa::QuantizedTensor{format, view(*v_cache), mfa::DType::float32}, view(*out), options,
                                 &rows);
+  }, error, error_size);
+}
+
+extern "C" int cpp_attention_varlen(const char* bundle, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                                    const mfa_tensor_view* v, const mfa_tensor_view* cu_seqlens_q,
+                                    const mfa_tensor_view* cu_seqlens_k, std::int64_t max_seqlen_q,
+                                    const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
+                                    std::size_t error_size) {
+  return reported([&] {
+    const mfa::TensorView cu_k = view(*cu_seqlens_k), rows = view(*lse);
+    mfa::VarlenOptions options;
+    options.max_seqlen_q = max_seqlen_q;
+    options.causal = mfa::Causal::lower_right;
+    mfa::attention_varlen(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
+                          view(*cu_seqlens_q), &cu_k, view(*out), options, &rows);
   }, error, error_size);
 }

@@ -43,6 +43,11 @@ int cpp_attention_with_kvcache(const char* bundle, const char* format, const mfa
                                const mfa_tensor_view* v, const mfa_tensor_view* block_table,
                                const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
                                size_t error_size);
+/* mfa::attention_varlen on packed sequences, lower-right causal, with max_seqlen_q. */
+int cpp_attention_varlen(const char* bundle, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                         const mfa_tensor_view* v, const mfa_tensor_view* cu_seqlens_q,
+                         const mfa_tensor_view* cu_seqlens_k, int64_t max_seqlen_q, const mfa_tensor_view* out,
+                         const mfa_tensor_view* lse, char* error, size_t error_size);
 
 #ifdef __cplusplus
 }

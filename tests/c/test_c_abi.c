@@ -1,5 +1,5 @@
-/* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward and attention_with_kvcache set up
- * by argument names on random inputs give the C++ API's results bit for bit
+/* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache and
+ * attention_varlen set up by argument names on random inputs give the C++ API's results bit for bit
  * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
  * calls return their code with Python's message before writing anything.
  *   usage: test_c_abi BUNDLE   (written from tests/c/c_abi_spec.json) */
@@ -190,6 +190,48 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
+/* The fourth bundle family: attention_varlen on three packed sequences (one empty) with GQA,
+ * heads packed by max_seqlen_q: the C ABI gives the C++ API's output and lse; a cu_seqlens_q
+ * that decreases is refused with Python's message before writing. */
+static void packed_varlen(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { TQ = 9, TK = 14, HKV = 2, HQ = 4, D = 16, NCU = 4 };
+  const int64_t q_shape[] = {TQ, HQ, D}, k_shape[] = {TK, HKV, D}, rows_shape[] = {HQ, TQ}, cu_shape[] = {NCU};
+  const size_t nq = TQ * HQ * D, nrows = HQ * TQ;
+  float *q = random_floats(nq), *k = random_floats(TK * HKV * D), *v = random_floats(TK * HKV * D);
+  int32_t cu_q[NCU] = {0, 4, 4, TQ}, cu_k[NCU] = {0, 6, 9, TK}, bad_cu[NCU] = {0, 5, 3, TQ};
+  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  mfa_tensor_view vq = view(q, 3, q_shape), vk = view(k, 3, k_shape), vv = view(v, 3, k_shape);
+  mfa_tensor_view vcu_q = {cu_q, MFA_INT32, 1, cu_shape, NULL}, vcu_k = {cu_k, MFA_INT32, 1, cu_shape, NULL};
+  mfa_tensor_view vbad = {bad_cu, MFA_INT32, 1, cu_shape, NULL};
+  mfa_tensor_view vout = view(out, 3, q_shape), vlse = view(lse, 2, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 3, q_shape), rlse = view(ref_lse, 2, rows_shape);
+  mfa_call* call = NULL;
+  OK(mfa_call_new(bundle, "attention_varlen", &call));
+  OK(mfa_call_set_tensor(call, "q", &vq));
+  OK(mfa_call_set_tensor(call, "k", &vk));
+  OK(mfa_call_set_tensor(call, "v", &vv));
+  OK(mfa_call_set_tensor(call, "cu_seqlens_q", &vbad));
+  OK(mfa_call_set_tensor(call, "cu_seqlens_k", &vcu_k));
+  OK(mfa_call_set_int(call, "max_seqlen_q", 5));
+  OK(mfa_call_set_tensor(call, "out", &vout));
+  OK(mfa_call_set_tensor(call, "lse", &vlse));
+  OK(mfa_call_set_bool(call, "causal", 1));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "cu_seqlens_q must be non-decreasing, but cu_seqlens_q[2] = 3 < cu_seqlens_q[1] = 5", "a decreasing cu_seqlens_q");
+  CHECK(isnan(out[0]) && isnan(lse[0]), "a refused varlen call wrote something");
+  OK(mfa_call_set_tensor(call, "cu_seqlens_q", &vcu_q));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  CHECK(cpp_attention_varlen(path, &vq, &vk, &vv, &vcu_q, &vcu_k, 5, &rout, &rlse, error, sizeof error) == 0, "%s",
+        error);
+  CHECK(any_nonzero(out, nq), "varlen out: nothing written");
+  CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "varlen out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "varlen lse differs from the C++ API's");
+  mfa_call_free(call);
+  void* buffers[] = {q, k, v, out, lse, ref_out, ref_lse};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s BUNDLE\n", argv[0]);
@@ -273,7 +315,10 @@ int main(int argc, char** argv) {
   CHECK(memcmp(dsinks, cpp_dsinks, nh * sizeof *dsinks) == 0, "dsinks differs from the C++ API's");
   masked_bshd(argv[1], device, bundle);
   paged_decode(argv[1], device, bundle);
-  if (!failures) printf("attention, attention_backward and attention_with_kvcache through the C ABI: the C++ API's bits\n");
+  packed_varlen(argv[1], device, bundle);
+  if (!failures)
+    printf("attention, attention_backward, attention_with_kvcache and attention_varlen through the C ABI: the C++ "
+           "API's bits\n");
 
   /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
   float *fresh = poisoned(nq), *fresh_rows = poisoned(nrows), *fresh_dq = poisoned(nq);
