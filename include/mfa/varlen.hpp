@@ -6,8 +6,8 @@
 // k's and v's rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]). cu_seqlens_q and cu_seqlens_k are
 // int32 (B + 1,), non-decreasing from 0 to total_q and total_k; their contents are checked
 // (and the work tables built from them) on every call, before anything is written, with
-// Python's messages. Paged keys (block_table) and seqused_k are Python-only for now: given
-// here, they are refused (ArgumentError).
+// Python's messages. Paged keys (block_table) are Python-only for now: given here, they are
+// refused (ArgumentError).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,9 @@ struct VarlenOptions {
   std::optional<double> softcap;
   std::optional<TensorView> alibi_slopes;   // float32 (Hq,)
   const TensorView* block_table = nullptr;  // not taken yet (ArgumentError)
-  const TensorView* seqused_k = nullptr;    // not taken yet (ArgumentError)
+  // int32 (B,), forward only (flash-attn 3's): sequence b uses its first seqused_k[b] keys of
+  // its rows of k (an entry with seqused_k: true serves such calls).
+  const TensorView* seqused_k = nullptr;
 };
 
 // Writes o (total_q, Hq, Dv) of q's dtype and, if `lse` is given, lse (Hq, total_q) float32

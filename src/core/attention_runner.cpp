@@ -40,7 +40,7 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.family == want.family && (!want.backward || e.backward) && e.op == want.op &&
          e.page_size == want.page_size && e.cache == want.cache && e.append == want.append &&
          e.rotary_dim == want.rotary_dim && e.rotary_interleaved == want.rotary_interleaved &&
-         e.rotary_starts == want.rotary_starts;
+         e.rotary_starts == want.rotary_starts && e.seqused_k == want.seqused_k;
 }
 
 [[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {

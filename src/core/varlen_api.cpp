@@ -54,7 +54,7 @@ std::vector<std::int64_t> check_cu(const TensorView& given, const std::string& n
     throw ArgumentError(name + " must end at the total row count " + std::to_string(total) + " (" +
                         (name.back() == 'q' ? "q" : "k") + "'s first axis), got " +
                         std::to_string(element(cu, n - 1)));
-  std::vector<std::int64_t> lengths(std::size_t(n - 1));
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(n - 1));
   for (std::int64_t s = 0; s + 1 < n; ++s) lengths[s] = element(cu, s + 1) - element(cu, s);
   if (!lengths.empty()) {
     const auto at = std::min_element(lengths.begin(), lengths.end()) - lengths.begin();  // numpy's argmin: the first
@@ -94,9 +94,9 @@ class VarlenCall {
              const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
              const VarlenOptions& o, const TensorView* out, const TensorView* lse)
       : device_(device), options_(o) {
-    if (o.block_table || o.seqused_k)
-      throw ArgumentError("attention_varlen from a bundle takes no block_table or seqused_k yet (paged keys and "
-                          "used keys are Python's attention_varlen only)");
+    if (o.block_table)
+      throw ArgumentError("attention_varlen from a bundle takes no block_table yet (paged keys are Python's "
+                          "attention_varlen only)");
     if (q.shape.size() != 3)
       throw ArgumentError("q must have 3 dimensions (total_q, heads, head dim), got shape " + shape_text(q.shape));
     check_cu_form(cu_seqlens_q, "cu_seqlens_q");
@@ -114,6 +114,10 @@ class VarlenCall {
     if (cu_seqlens_k->shape[0] != sequences_ + 1)
       throw ArgumentError("cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; got (" +
                           std::to_string(sequences_ + 1) + ",) and " + shape_text(cu_seqlens_k->shape));
+    if (o.seqused_k &&
+        (o.seqused_k->dtype != DType::int32 || o.seqused_k->shape != std::vector<std::int64_t>{sequences_}))
+      throw ArgumentError("seqused_k must be int32 (B,) = (" + std::to_string(sequences_) + ",), got " +
+                          to_string(o.seqused_k->dtype) + " " + shape_text(o.seqused_k->shape));
     if (o.alibi_slopes && o.alibi_slopes->shape.size() != 1)
       throw ArgumentError("attention_varlen from a bundle takes per-head alibi_slopes (Hq,) only, got shape " +
                           shape_text(o.alibi_slopes->shape));
@@ -129,7 +133,8 @@ class VarlenCall {
     cu_q_ = checked(cu_seqlens_q, "cu_seqlens_q");
     cu_k_ = checked(*cu_seqlens_k, "cu_seqlens_k");
     check_hint(o.max_seqlen_q, "max_seqlen_q", check_cu(cu_seqlens_q, "cu_seqlens_q", problem_.R), "rows");
-    check_hint(o.max_seqlen_k, "max_seqlen_k", check_cu(*cu_seqlens_k, "cu_seqlens_k", problem_.C), "keys");
+    check_hint(o.max_seqlen_k, "max_seqlen_k", used_keys(check_cu(*cu_seqlens_k, "cu_seqlens_k", problem_.C)),
+               "keys");
   }
 
   // The forward's pass (or Python's empty outputs).
@@ -140,6 +145,7 @@ class VarlenCall {
     for (const char* name : {"q", "k", "v", "o", "lse"}) views.drop_leading_axis(name);
     bind_contiguous(views, "cu_seqlens_q", cu_q_);
     bind_contiguous(views, "cu_seqlens_k", cu_k_);
+    if (options_.seqused_k) bind_contiguous(views, "seqused_k", checked(*options_.seqused_k, "seqused_k"));
     SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
     sizes["Ncu"] = sequences_ + 1;
     sizes[kBound] = std::max<std::int64_t>(options_.max_seqlen_q.value_or(problem_.R), 1);
@@ -206,6 +212,28 @@ class VarlenCall {
   }
 
  private:
+  // SequenceKeys.check's seqused_k: not negative, within each sequence's rows (`rows`); the
+  // keys each sequence uses.
+  std::vector<std::int64_t> used_keys(std::vector<std::int64_t> rows) const {
+    if (!options_.seqused_k) return rows;
+    const Checked used = checked(*options_.seqused_k, "seqused_k");
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(sequences_));
+    for (std::int64_t s = 0; s < sequences_; ++s) lengths[s] = element(used, s);
+    if (!lengths.empty()) {
+      const auto lowest = std::min_element(lengths.begin(), lengths.end());
+      if (*lowest < 0)
+        throw ArgumentError("seqused_k must not be negative, got seqused_k[" +
+                            std::to_string(lowest - lengths.begin()) + "] = " + std::to_string(*lowest));
+    }
+    for (std::int64_t s = 0; s < sequences_; ++s)
+      if (lengths[s] > rows[s])
+        throw ArgumentError("seqused_k[" + std::to_string(s) + "] = " + std::to_string(lengths[s]) +
+                            " is beyond sequence " + std::to_string(s) + "'s keys, cu_seqlens_k[" +
+                            std::to_string(s + 1) + "] - cu_seqlens_k[" + std::to_string(s) + "] = " +
+                            std::to_string(rows[s]));
+    return lengths;
+  }
+
   // An output (or an argument shaped like one) the caller gives: its shape and dtype.
   static void check_output(const TensorView& x, const std::string& name, const std::string& axes,
                            const std::vector<std::int64_t>& shape, DType dtype) {
@@ -228,6 +256,7 @@ class VarlenCall {
   BundleFacts wanted(bool backward) const {
     BundleFacts want = facts_of(problem_, device_.tuning().family, backward);
     want.op = "attention_varlen";
+    want.seqused_k = options_.seqused_k != nullptr;
     return want;
   }
 

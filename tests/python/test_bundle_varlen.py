@@ -29,6 +29,7 @@ FAMILIES = [
     {**BASE, "dtype": ["float32"], "gqa_ratio": [4], "causal": ["lower_right"], "backward": True},
     {**BASE, "dtype": ["float16"], "gqa_ratio": [1], "causal": ["none"], "window": [True], "sinks": [True],
      "softcap": [20.0], "backward": True},
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [1], "causal": ["lower_right"], "seqused_k": [True]},
 ]
 HKV, D = 2, 32
 
@@ -52,6 +53,8 @@ def _problem(rng, dtype: str, ratio: int, sequences: int, longest_q: int, longes
     args = dict(options)
     if args.pop("sinks", False):
         args["sinks"] = rng.standard_normal(ratio * HKV).astype(np.float32)
+    if args.pop("seqused_k", False):   # each sequence's first keys, some none
+        args["seqused_k"] = rng.integers(0, np.diff(cu_k) + 1).astype(np.int32)
     return (q, k, v, cu_q, cu_k), args
 
 
@@ -74,6 +77,7 @@ CASES = [
     pytest.param("float16", 1, 5, 30, 30, dict(window=(7, 2), sinks=True, softcap=20.0, scale=0.3),
                  id="float16-window-sinks-softcap"),
     pytest.param("float32", 4, 3, 1, 9, dict(causal=True, max_seqlen_q=1), id="gqa4-decode"),
+    pytest.param("float32", 1, 6, 12, 20, dict(causal=True, seqused_k=True, max_seqlen_k=20), id="seqused_k"),
 ]
 
 
@@ -103,7 +107,8 @@ def _cpp_backward(bundle, arrays, o, lse, do, args, grads):
                                             **views, **options)
 
 
-@pytest.mark.parametrize("dtype, ratio, sequences, longest_q, longest_k, options", CASES)
+@pytest.mark.parametrize("dtype, ratio, sequences, longest_q, longest_k, options",
+                         [case for case in CASES if "seqused_k" not in case.values[-1]])
 def test_backward_matches_python_bit_for_bit(bundle, dtype, ratio, sequences, longest_q, longest_k, options):
     rng = np.random.default_rng([ratio, sequences, longest_q, longest_k, 1])
     arrays, args = _problem(rng, dtype, ratio, sequences, longest_q, longest_k, options)
@@ -157,8 +162,9 @@ def test_empty_call_writes_pythons_zeros_and_lse(bundle):
 
 @pytest.mark.parametrize("facts", entries_of({"families": [
     {**BASE, "dtype": ["float32"], "gqa_ratio": [1, 4, 16], "causal": ["lower_right"]},
-    {**BASE, "dtype": ["float16"], "gqa_ratio": [2], "causal": ["none"], "window": [True]}]}),
-    ids=lambda f: f"gqa{f.gqa_ratio}")
+    {**BASE, "dtype": ["float16"], "gqa_ratio": [2], "causal": ["none"], "window": [True]},
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [8], "causal": ["lower_right"], "seqused_k": [True]}]}),
+    ids=lambda f: f"gqa{f.gqa_ratio}{'-seqused_k' if f.seqused_k else ''}")
 def test_entry_templates_are_codegens_for_every_bound(facts):
     """For many (cu_seqlens, max_seqlen_q) the entry's first template whose guards hold is,
     its query bound put aside, the template codegen generates for that call (packed heads
@@ -175,7 +181,8 @@ def test_entry_templates_are_codegens_for_every_bound(facts):
         if total_q == 0 or total_k == 0:
             continue
         bound = total_q if hint is None else hint   # ops/varlen.py's per-sequence query bound
-        p = replace(problem(facts, total_q, total_k, kv_heads=HKV), keys=codegen.SequenceRanges(sequences, bound))
+        keys = codegen.SequenceRanges(sequences, bound, facts.seqused_k)
+        p = replace(problem(facts, total_q, total_k, kv_heads=HKV), keys=keys)
         sizes = {**codegen.call_sizes(p, 4), VARLEN_BOUND: max(bound, 1)}
         expected = json.loads(json.dumps(asdict(codegen.attention_template(p, family=facts.family,
                                                                            parallel_threadgroups=4))))
@@ -216,6 +223,33 @@ def test_bad_calls_raise_pythons_message_before_writing(bundle, case):
     out, rows = poison((q.shape[0], q.shape[1], D), np.float32), poison((q.shape[1], q.shape[0]), np.float32)
     with pytest.raises((ValueError, TypeError)) as cpp:
         _cpp(bundle, arrays, given, out, rows)
+    assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+    assert np.isnan(out).all() and np.isnan(rows).all()
+
+
+BAD_USED = {   # what changes from a good call with seqused_k
+    "seqused_k shape": lambda used, cu_k: used[:-1],
+    "seqused_k dtype": lambda used, cu_k: used.astype(np.float32),
+    "seqused_k negative": lambda used, cu_k: used - 3,
+    "seqused_k beyond": lambda used, cu_k: np.diff(cu_k).astype(np.int32) + np.arange(len(used), dtype=np.int32) % 2,
+    "max_seqlen_k below the used keys": None,
+}
+
+
+@pytest.mark.parametrize("case", BAD_USED)
+def test_bad_seqused_k_raises_pythons_message_before_writing(bundle, case):
+    rng = np.random.default_rng(9)
+    arrays, args = _problem(rng, "float32", 1, 5, 6, 30, dict(causal=True, seqused_k=True))
+    if BAD_USED[case] is None:
+        args["max_seqlen_k"] = int(args["seqused_k"].max()) - 1
+    else:
+        args["seqused_k"] = BAD_USED[case](args["seqused_k"], arrays[4])
+    with pytest.raises((ValueError, TypeError)) as python:
+        mfa_native.attention_varlen(*arrays, device="cpu", **args)
+    q = arrays[0]
+    out, rows = poison((q.shape[0], q.shape[1], D), np.float32), poison((q.shape[1], q.shape[0]), np.float32)
+    with pytest.raises((ValueError, TypeError)) as cpp:
+        _cpp(bundle, arrays, args, out, rows)
     assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
     assert np.isnan(out).all() and np.isnan(rows).all()
 

@@ -34,10 +34,12 @@ entry without an append has no rotation; the tables' length is a runtime value.
 
 An "attention_varlen" family (packed sequences, Python's attention_varlen with cu_seqlens_q
 and cu_seqlens_k: layout bshd, no mask) takes attention's keys but mask, layout and
-score_mod; `backward: true` adds attention_varlen_backward's templates. The sequences'
-count and lengths, and the per-sequence query bound that decides whether a forward packs
-query heads (max_seqlen_q, else total_q), are runtime values: the entry holds the packed
-forward of every bound that packs, each guarded by it (writer.py's VARLEN_BOUND).
+score_mod, and one key of its own: `seqused_k` whether calls give seqused_k (each sequence
+uses its first seqused_k keys), a list of bools, omitted [false]; `backward: true` adds
+attention_varlen_backward's templates (calls without seqused_k: it is forward-only). The
+sequences' count and lengths, and the per-sequence query bound that decides whether a
+forward packs query heads (max_seqlen_q, else total_q), are runtime values: the entry holds
+the packed forward of every bound that packs, each guarded by it (writer.py's VARLEN_BOUND).
 
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
@@ -68,7 +70,7 @@ KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "
                 "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
 VARLEN = "attention_varlen"
 VARLEN_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
-               "family", "backward")
+               "family", "backward", "seqused_k")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 ALIBI = ("none", "per_head", "per_batch")
@@ -102,6 +104,7 @@ class EntryFacts:
     cache: str = "plain"
     append: bool = False
     rotary: RotaryFacts | None = None
+    seqused_k: bool = False
 
     def to_json(self) -> dict:
         score_mod = None if self.score_mod is None else {
@@ -113,7 +116,8 @@ class EntryFacts:
                 "family": self.family, "backward": self.backward,
                 **({"page_size": self.page_size, "cache": self.cache, "append": self.append,
                     "rotary": None if self.rotary is None else dict(zip(("dim", "interleaved", "starts"), self.rotary))}
-                   if self.op == KVCACHE else {})}
+                   if self.op == KVCACHE else {}),
+                **({"seqused_k": self.seqused_k} if self.op == VARLEN else {})}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -219,11 +223,12 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
     caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False, None)]
+    used = _bools(_list(family, "seqused_k", [False], where), "seqused_k", where) if op == VARLEN else [False]
 
     entries = []
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
-        for dv, (page_size, cache, append, rotary) in itertools.product(value_dims or [d], caches):
+        for dv, (page_size, cache, append, rotary), seqused_k in itertools.product(value_dims or [d], caches, used):
             if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
                 raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
                                  f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
@@ -232,8 +237,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
                 entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          gpu, backward, cap, alibi, score_mod, op, page_size, cache, append,
-                                          rotary))
+                                          gpu, backward and not seqused_k, cap, alibi, score_mod, op, page_size,
+                                          cache, append, rotary, seqused_k))
     return entries
 
 

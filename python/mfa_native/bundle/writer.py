@@ -68,7 +68,7 @@ def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads
         mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
         return_lse=True, scores=scores(facts))
     if facts.op == VARLEN:   # packed sequences, not packing heads (the backward's; forward_templates packs)
-        return replace(p, keys=SequenceRanges(2))
+        return replace(p, keys=SequenceRanges(2, used_keys=facts.seqused_k))
     return cache_keys(p, facts) if facts.op == KVCACHE else p
 
 
@@ -146,7 +146,7 @@ def varlen_forward_templates(facts: EntryFacts) -> list[dict]:
     packed = []
     if packs_plain_heads(ratio, 1):
         for bound in range(1, PACKING.max_pairs // ratio + 1):
-            p = replace(problem(facts, bound, 64), keys=SequenceRanges(2, bound))
+            p = replace(problem(facts, bound, 64), keys=SequenceRanges(2, bound, facts.seqused_k))
             packed.append(with_bound(attention_template(p, family=family, parallel_threadgroups=1),
                                      f"{VARLEN_BOUND} == {bound}", bound))
     unpacked = f"{VARLEN_BOUND} * {ratio} > {PACKING.max_pairs}" if packed else None
@@ -185,6 +185,8 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     """One readable line per entry (the C++ Bundle::entries() prints the same)."""
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
     cache = ""
+    if op == VARLEN:
+        cache = f" seqused_k={'yes' if facts['seqused_k'] else 'no'}"
     if op == KVCACHE:
         cache = (f" page_size={facts['page_size'] or 'none'} cache={facts['cache']} "
                  f"append={'yes' if facts['append'] else 'no'}")
