@@ -66,9 +66,11 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
   facts.backward = f.at("backward").as_bool("backward");
   facts.op = op;
   if (op == kVarlen) facts.seqused_k = f.at("seqused_k").as_bool("seqused_k");
-  if (op == kKVCache) {
+  if (op == kKVCache || op == kVarlen) {
     const json::Value& page_size = f.at("page_size");
     if (!page_size.is_null()) facts.page_size = page_size.as_int("page_size");
+  }
+  if (op == kKVCache) {
     facts.cache = f.at("cache").as_string("cache");
     facts.append = f.at("append").as_bool("append");
     if (const json::Value& rotary = f.at("rotary"); !rotary.is_null()) {
@@ -132,7 +134,9 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.alibi != "none") scores += " alibi=" + f.alibi;
   if (!f.score_mod.empty()) scores += " score_mod=" + sha256_hex(f.score_mod).substr(0, 12);
   std::string cache;  // writer.py's entry_line
-  if (f.op == kVarlen) cache = std::string(" seqused_k=") + (f.seqused_k ? "yes" : "no");
+  if (f.op == kVarlen)
+    cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " seqused_k=" +
+            (f.seqused_k ? "yes" : "no");
   if (f.op == kKVCache)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " cache=" + f.cache +
             " append=" + (f.append ? "yes" : "no");

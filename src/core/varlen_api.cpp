@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "attention_runner.hpp"
 #include "mfa/varlen.hpp"
@@ -46,12 +47,12 @@ void check_cu_form(const TensorView& cu, const std::string& name) {
 }
 
 // varlen_keys.check_cu: from 0, ending at `total`, non-decreasing; the lengths.
-std::vector<std::int64_t> check_cu(const TensorView& given, const std::string& name, std::int64_t total) {
+std::vector<std::int64_t> check_cu(const TensorView& given, const std::string& name, std::optional<std::int64_t> total) {
   const Checked cu = checked(given, name);
   const std::int64_t n = cu.shape[0];
   if (element(cu, 0) != 0) throw ArgumentError(name + " must start at 0, got " + std::to_string(element(cu, 0)));
-  if (element(cu, n - 1) != total)
-    throw ArgumentError(name + " must end at the total row count " + std::to_string(total) + " (" +
+  if (total && element(cu, n - 1) != *total)
+    throw ArgumentError(name + " must end at the total row count " + std::to_string(*total) + " (" +
                         (name.back() == 'q' ? "q" : "k") + "'s first axis), got " +
                         std::to_string(element(cu, n - 1)));
   std::vector<std::int64_t> lengths(static_cast<std::size_t>(n - 1));
@@ -94,26 +95,19 @@ class VarlenCall {
              const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
              const VarlenOptions& o, const TensorView* out, const TensorView* lse)
       : device_(device), options_(o) {
-    if (o.block_table)
-      throw ArgumentError("attention_varlen from a bundle takes no block_table yet (paged keys are Python's "
-                          "attention_varlen only)");
     if (q.shape.size() != 3)
       throw ArgumentError("q must have 3 dimensions (total_q, heads, head dim), got shape " + shape_text(q.shape));
     check_cu_form(cu_seqlens_q, "cu_seqlens_q");
     sequences_ = cu_seqlens_q.shape[0] - 1;
-    for (const auto& [x, name] : {std::pair(&k, "k"), std::pair(&v, "v")})
-      if (x->shape.size() != 3)
-        throw ArgumentError(std::string(name) + " must have 3 dimensions (total_k, heads, head dim), got shape " +
-                            shape_text(x->shape));
-    if (!std::equal(k.shape.begin(), k.shape.begin() + 2, v.shape.begin()))
-      throw ArgumentError("v must have k's rows and heads: k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
-    if (!cu_seqlens_k)
-      throw ArgumentError("cu_seqlens_k is required without block_table: it says where each sequence's keys lie "
-                          "in k");
-    check_cu_form(*cu_seqlens_k, "cu_seqlens_k");
-    if (cu_seqlens_k->shape[0] != sequences_ + 1)
-      throw ArgumentError("cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; got (" +
-                          std::to_string(sequences_ + 1) + ",) and " + shape_text(cu_seqlens_k->shape));
+    paged_ = o.block_table != nullptr;
+    if (paged_) check_pages(k, v);
+    else check_packed(k, v, cu_seqlens_k);
+    if (cu_seqlens_k) {
+      check_cu_form(*cu_seqlens_k, "cu_seqlens_k");
+      if (cu_seqlens_k->shape[0] != sequences_ + 1)
+        throw ArgumentError("cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; "
+                            "got (" + std::to_string(sequences_ + 1) + ",) and " + shape_text(cu_seqlens_k->shape));
+    }
     if (o.seqused_k &&
         (o.seqused_k->dtype != DType::int32 || o.seqused_k->shape != std::vector<std::int64_t>{sequences_}))
       throw ArgumentError("seqused_k must be int32 (B,) = (" + std::to_string(sequences_) + ",), got " +
@@ -121,20 +115,29 @@ class VarlenCall {
     if (o.alibi_slopes && o.alibi_slopes->shape.size() != 1)
       throw ArgumentError("attention_varlen from a bundle takes per-head alibi_slopes (Hq,) only, got shape " +
                           shape_text(o.alibi_slopes->shape));
-    if (out) check_output(*out, "out", "(total_q, Hq, Dv)", {q.shape[0], q.shape[1], v.shape[2]}, q.dtype);
+    if (paged_ && page_rows_ != page_)
+      throw ArgumentError("k's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry reads pages "
+                          "that follow each other (page_size " + std::to_string(page_) + " rows apart)");
+    if (out) check_output(*out, "out", "(total_q, Hq, Dv)", {q.shape[0], q.shape[1], v.shape.back()}, q.dtype);
     if (lse) check_output(*lse, "lse", "(Hq, total_q)", {q.shape[1], q.shape[0]}, DType::float32);
     attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
     attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
     attention_.alibi_slopes = o.alibi_slopes;
     binder_.emplace(bundle.contents().declaration("attention"), "bshd",
-                    given({{"q", &q}, {"k", &k}, {"v", &v}, {"out", out}, {"lse", lse}}));
+                    given({{"q", &q}, {"k", paged_ ? &rows_[0] : &k}, {"v", paged_ ? &rows_[1] : &v}, {"out", out},
+                           {"lse", lse}}));
     problem_ = attention_problem::checked_problem(*binder_, attention_);
     // check_sequences: the contents (every call), the hints.
     cu_q_ = checked(cu_seqlens_q, "cu_seqlens_q");
-    cu_k_ = checked(*cu_seqlens_k, "cu_seqlens_k");
     check_hint(o.max_seqlen_q, "max_seqlen_q", check_cu(cu_seqlens_q, "cu_seqlens_q", problem_.R), "rows");
-    check_hint(o.max_seqlen_k, "max_seqlen_k", used_keys(check_cu(*cu_seqlens_k, "cu_seqlens_k", problem_.C)),
-               "keys");
+    std::vector<std::int64_t> rows;
+    if (cu_seqlens_k) {
+      cu_k_ = checked(*cu_seqlens_k, "cu_seqlens_k");
+      rows = check_cu(*cu_seqlens_k, "cu_seqlens_k", paged_ ? std::nullopt : std::optional(problem_.C));
+    }
+    lengths_ = used_keys(cu_seqlens_k ? &rows : nullptr);
+    check_hint(o.max_seqlen_k, "max_seqlen_k", lengths_, "keys");
+    if (paged_) check_pages_read();
   }
 
   // The forward's pass (or Python's empty outputs).
@@ -144,10 +147,16 @@ class VarlenCall {
     PassViews views(device_, *binder_, attention_);
     for (const char* name : {"q", "k", "v", "o", "lse"}) views.drop_leading_axis(name);
     bind_contiguous(views, "cu_seqlens_q", cu_q_);
-    bind_contiguous(views, "cu_seqlens_k", cu_k_);
-    if (options_.seqused_k) bind_contiguous(views, "seqused_k", checked(*options_.seqused_k, "seqused_k"));
+    if (paged_) {   // the keys each sequence uses, as the host computed them; its pages
+      bind_contiguous(views, "block_table", checked(*options_.block_table, "block_table"));
+      views.add("seqused_k", lengths_table());
+    } else {
+      bind_contiguous(views, "cu_seqlens_k", cu_k_);
+      if (options_.seqused_k) bind_contiguous(views, "seqused_k", checked(*options_.seqused_k, "seqused_k"));
+    }
     SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
     sizes["Ncu"] = sequences_ + 1;
+    if (paged_) sizes["Wt"] = width_;
     sizes[kBound] = std::max<std::int64_t>(options_.max_seqlen_q.value_or(problem_.R), 1);
     const PassTemplate& pass = template_for(entry.forward, sizes, entry.line);
     const SizeEnv env = template_env(pass, sizes);
@@ -212,10 +221,10 @@ class VarlenCall {
   }
 
  private:
-  // SequenceKeys.check's seqused_k: not negative, within each sequence's rows (`rows`); the
-  // keys each sequence uses.
-  std::vector<std::int64_t> used_keys(std::vector<std::int64_t> rows) const {
-    if (!options_.seqused_k) return rows;
+  // SequenceKeys.check: the keys each sequence uses: seqused_k's (not negative; packed, within
+  // each sequence's `rows`), else `rows`, else (paged, no cu_seqlens_k) every listed page's.
+  std::vector<std::int64_t> used_keys(const std::vector<std::int64_t>* rows) const {
+    if (!options_.seqused_k) return rows ? *rows : std::vector<std::int64_t>(std::size_t(sequences_), width_ * page_);
     const Checked used = checked(*options_.seqused_k, "seqused_k");
     std::vector<std::int64_t> lengths(static_cast<std::size_t>(sequences_));
     for (std::int64_t s = 0; s < sequences_; ++s) lengths[s] = element(used, s);
@@ -225,13 +234,107 @@ class VarlenCall {
         throw ArgumentError("seqused_k must not be negative, got seqused_k[" +
                             std::to_string(lowest - lengths.begin()) + "] = " + std::to_string(*lowest));
     }
-    for (std::int64_t s = 0; s < sequences_; ++s)
-      if (lengths[s] > rows[s])
+    for (std::int64_t s = 0; !paged_ && s < sequences_; ++s)
+      if (lengths[s] > (*rows)[s])
         throw ArgumentError("seqused_k[" + std::to_string(s) + "] = " + std::to_string(lengths[s]) +
                             " is beyond sequence " + std::to_string(s) + "'s keys, cu_seqlens_k[" +
                             std::to_string(s + 1) + "] - cu_seqlens_k[" + std::to_string(s) + "] = " +
-                            std::to_string(rows[s]));
+                            std::to_string((*rows)[s]));
     return lengths;
+  }
+
+  // varlen_keys.check_packed's side of SequenceKeys: k and v (total_k, Hkv, D), cu_seqlens_k given.
+  static void check_packed(const TensorView& k, const TensorView& v, const TensorView* cu_seqlens_k) {
+    for (const auto& [x, name] : {std::pair(&k, "k"), std::pair(&v, "v")})
+      if (x->shape.size() != 3)
+        throw ArgumentError(std::string(name) + " must have 3 dimensions (total_k, heads, head dim), got shape " +
+                            shape_text(x->shape));
+    if (!std::equal(k.shape.begin(), k.shape.begin() + 2, v.shape.begin()))
+      throw ArgumentError("v must have k's rows and heads: k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
+    if (!cu_seqlens_k)
+      throw ArgumentError("cu_seqlens_k is required without block_table: it says where each sequence's keys lie "
+                          "in k");
+  }
+
+  // SequenceKeys' paged side: k and v pages alike, whole rows apart, the block table's form; the
+  // pages as the kernels read them (pages.py's as_rows: every page's rows, one run).
+  void check_pages(const TensorView& k, const TensorView& v) {
+    for (const auto& [x, name] : {std::pair(&k, "k"), std::pair(&v, "v")})
+      if (x->shape.size() != 4)
+        throw ArgumentError(std::string(name) + " must have 4 dimensions (num_blocks, page_size, Hkv, D) with "
+                            "block_table, got shape " + shape_text(x->shape));
+    if (!std::equal(k.shape.begin(), k.shape.begin() + 3, v.shape.begin()))
+      throw ArgumentError("v must have k's pages, page size and heads: k " + shape_text(k.shape) + ", v " +
+                          shape_text(v.shape));
+    blocks_ = k.shape[0], page_ = k.shape[1];
+    if (page_ == 0)
+      throw ArgumentError("k's page_size (axis 1 of (num_blocks, page_size, Hkv, D)) must be at least 1, got shape " +
+                          shape_text(k.shape));
+    page_rows_ = page_rows(k, "k");
+    const std::int64_t v_rows = page_rows(v, "v");
+    if (v_rows != page_rows_)
+      throw ArgumentError("v's pages must be as many rows apart as k's (" + std::to_string(page_rows_) + "), got " +
+                          std::to_string(v_rows));
+    const TensorView& table = *options_.block_table;
+    if (table.dtype != DType::int32 || table.shape.size() != 2 || table.shape[0] != sequences_)
+      throw ArgumentError("block_table must be int32 (B, max_blocks) with B = " + std::to_string(sequences_) +
+                          ", got " + to_string(table.dtype) + " " + shape_text(table.shape));
+    width_ = table.shape[1];
+    const std::int64_t rows = blocks_ ? (blocks_ - 1) * page_rows_ + page_ : 0;
+    for (int i = 0; i < 2; ++i) {
+      const TensorView& pages = i ? v : k;
+      const Checked given = checked(pages, i ? "v" : "k");
+      rows_[i] = TensorView{pages.data, pages.dtype, {rows, pages.shape[2], pages.shape[3]},
+                            {page_ == 1 ? given.strides[0] : given.strides[1], given.strides[2], given.strides[3]}};
+    }
+  }
+
+  // pages.py's page_rows: how many rows one page's start is from the next's.
+  static std::int64_t page_rows(const TensorView& view, const std::string& name) {
+    const std::int64_t blocks = view.shape[0], page = view.shape[1];
+    if (blocks <= 1 || page == 1) return page;
+    const Checked pages = checked(view, name);
+    const std::int64_t between = pages.strides[0], row = pages.strides[1];
+    if (row <= 0 || between % row || between / row < page) {
+      std::vector<std::int64_t> bytes;
+      for (std::int64_t stride : pages.strides) bytes.push_back(stride * std::int64_t(dtype_size(view.dtype)));
+      throw ArgumentError(name + "'s pages must be whole rows apart, without overlapping (stride of axis 0 a "
+                          "multiple, at least page_size, of axis 1's), got strides " + shape_text(bytes));
+    }
+    return between / row;
+  }
+
+  // The capacity of each sequence's pages, and pages.py's check_pages_read: every page holding a
+  // used key is one of k's.
+  void check_pages_read() const {
+    const std::int64_t capacity = width_ * page_;
+    if (!lengths_.empty()) {
+      const auto most = std::max_element(lengths_.begin(), lengths_.end());
+      if (*most > capacity)
+        throw ArgumentError(std::string(options_.seqused_k ? "seqused_k" : "cu_seqlens_k") + " gives sequence " +
+                            std::to_string(most - lengths_.begin()) + " " + std::to_string(*most) +
+                            " keys, beyond what its pages hold: max_blocks * page_size = " + std::to_string(width_) +
+                            " * " + std::to_string(page_) + " = " + std::to_string(capacity));
+    }
+    const Checked table = checked(*options_.block_table, "block_table");
+    for (std::int64_t s = 0; s < sequences_; ++s)
+      for (std::int64_t i = 0; i < width_ && i < (lengths_[s] + page_ - 1) / page_; ++i) {
+        const std::int64_t at = s * table.strides[0] + i * table.strides[1];
+        if (const std::int64_t page = static_cast<const std::int32_t*>(table.view->data)[at]; page < 0 || page >= blocks_)
+          throw ArgumentError("block_table[" + std::to_string(s) + ", " + std::to_string(i) + "] = " +
+                              std::to_string(page) + " is not a page of k (0.." + std::to_string(blocks_ - 1) +
+                              "), and sequence " + std::to_string(s) + " reads that page");
+      }
+  }
+
+  // The keys each sequence uses as the paged kernels read them: int32 (Ns,) in a pool buffer.
+  Checked lengths_table() {
+    lengths_view_ = TensorView{nullptr, DType::int32, {sequences_}, {1}};
+    Checked table{&lengths_view_, "seqused_k", {sequences_}, {1}, sequences_,
+                  device_.new_buffer(std::size_t(std::max<std::int64_t>(sequences_, 1)) * sizeof(std::int32_t))};
+    auto* values = static_cast<std::int32_t*>(table.packed.data());
+    for (std::int64_t s = 0; s < sequences_; ++s) values[s] = std::int32_t(lengths_[s]);
+    return table;
   }
 
   // An output (or an argument shaped like one) the caller gives: its shape and dtype.
@@ -256,7 +359,8 @@ class VarlenCall {
   BundleFacts wanted(bool backward) const {
     BundleFacts want = facts_of(problem_, device_.tuning().family, backward);
     want.op = "attention_varlen";
-    want.seqused_k = options_.seqused_k != nullptr;
+    want.seqused_k = options_.seqused_k != nullptr && !paged_;   // paged kernels read the host's lengths
+    want.page_size = paged_ ? page_ : 0;
     return want;
   }
 
@@ -288,7 +392,10 @@ class VarlenCall {
   AttentionOptions attention_;
   std::int64_t sequences_ = 0;
   std::map<std::string, TensorView> batched_;  // the arrays as attention's checks take them
-  TensorView tables_[2];
+  TensorView tables_[2], rows_[2], lengths_view_;  // unit tables; paged k and v as rows; the used keys
+  bool paged_ = false;
+  std::int64_t blocks_ = 0, page_ = 0, page_rows_ = 0, width_ = 0;
+  std::vector<std::int64_t> lengths_;  // the keys each sequence uses
   std::optional<Binder> binder_;
   Problem problem_;
   Checked cu_q_, cu_k_;

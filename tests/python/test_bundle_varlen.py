@@ -24,14 +24,15 @@ from conftest import poison
 from test_bundle_cpp import view
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+HKV, D, PAGE, BLOCKS = 2, 32, 4, 30
 BASE = {"op": "attention_varlen", "family": ["apple9"], "head_dim": [32], "sinks": [False], "window": [False]}
 FAMILIES = [
     {**BASE, "dtype": ["float32"], "gqa_ratio": [4], "causal": ["lower_right"], "backward": True},
     {**BASE, "dtype": ["float16"], "gqa_ratio": [1], "causal": ["none"], "window": [True], "sinks": [True],
      "softcap": [20.0], "backward": True},
     {**BASE, "dtype": ["float32"], "gqa_ratio": [1], "causal": ["lower_right"], "seqused_k": [True]},
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [2], "causal": ["lower_right"], "page_size": [PAGE]},
 ]
-HKV, D = 2, 32
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,21 @@ def _problem(rng, dtype: str, ratio: int, sequences: int, longest_q: int, longes
         args["sinks"] = rng.standard_normal(ratio * HKV).astype(np.float32)
     if args.pop("seqused_k", False):   # each sequence's first keys, some none
         args["seqused_k"] = rng.integers(0, np.diff(cu_k) + 1).astype(np.int32)
+    paged = args.pop("paged", None)
+    if paged is not None:   # pages in a random order; cu_seqlens_k counts logical keys, or is None
+        width = -(-longest_k // PAGE)
+        k, v = (rng.standard_normal((BLOCKS, PAGE, HKV, D)).astype(t) for _ in "kv")
+        table = rng.permutation(BLOCKS)[:sequences * width].reshape(sequences, width).astype(np.int32)
+        args["block_table"] = np.where(rng.random(table.shape) < 0.1, -1, table).astype(np.int32) if paged == "cu" \
+            else table
+        if paged == "used":
+            args["seqused_k"] = rng.integers(0, width * PAGE + 1, sequences).astype(np.int32)
+        if paged != "cu":
+            cu_k = None
+        if paged == "cu":   # pages past each sequence's keys may be anything (-1): they are not read
+            lengths = np.diff(cu_k)
+            needed = np.arange(width)[None, :] < -(-lengths[:, None] // PAGE)
+            args["block_table"] = np.where(needed, table, -1).astype(np.int32)
     return (q, k, v, cu_q, cu_k), args
 
 
@@ -78,6 +94,9 @@ CASES = [
                  id="float16-window-sinks-softcap"),
     pytest.param("float32", 4, 3, 1, 9, dict(causal=True, max_seqlen_q=1), id="gqa4-decode"),
     pytest.param("float32", 1, 6, 12, 20, dict(causal=True, seqused_k=True, max_seqlen_k=20), id="seqused_k"),
+    pytest.param("float32", 2, 4, 5, 13, dict(causal=True, paged="cu"), id="paged-cu_seqlens_k"),
+    pytest.param("float32", 2, 4, 30, 13, dict(causal=True, paged="used"), id="paged-seqused_k"),
+    pytest.param("float32", 2, 3, 7, 9, dict(causal=True, paged="whole"), id="paged-whole-table"),
 ]
 
 
@@ -108,7 +127,7 @@ def _cpp_backward(bundle, arrays, o, lse, do, args, grads):
 
 
 @pytest.mark.parametrize("dtype, ratio, sequences, longest_q, longest_k, options",
-                         [case for case in CASES if "seqused_k" not in case.values[-1]])
+                         [case for case in CASES if not {"seqused_k", "paged"} & set(case.values[-1])])
 def test_backward_matches_python_bit_for_bit(bundle, dtype, ratio, sequences, longest_q, longest_k, options):
     rng = np.random.default_rng([ratio, sequences, longest_q, longest_k, 1])
     arrays, args = _problem(rng, dtype, ratio, sequences, longest_q, longest_k, options)
@@ -163,8 +182,9 @@ def test_empty_call_writes_pythons_zeros_and_lse(bundle):
 @pytest.mark.parametrize("facts", entries_of({"families": [
     {**BASE, "dtype": ["float32"], "gqa_ratio": [1, 4, 16], "causal": ["lower_right"]},
     {**BASE, "dtype": ["float16"], "gqa_ratio": [2], "causal": ["none"], "window": [True]},
-    {**BASE, "dtype": ["float32"], "gqa_ratio": [8], "causal": ["lower_right"], "seqused_k": [True]}]}),
-    ids=lambda f: f"gqa{f.gqa_ratio}{'-seqused_k' if f.seqused_k else ''}")
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [8], "causal": ["lower_right"], "seqused_k": [True]},
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [4], "causal": ["lower_right"], "page_size": [3]}]}),
+    ids=lambda f: f"gqa{f.gqa_ratio}{'-seqused_k' if f.seqused_k else ''}{f'-page{f.page_size}' if f.page_size else ''}")
 def test_entry_templates_are_codegens_for_every_bound(facts):
     """For many (cu_seqlens, max_seqlen_q) the entry's first template whose guards hold is,
     its query bound put aside, the template codegen generates for that call (packed heads
@@ -182,6 +202,9 @@ def test_entry_templates_are_codegens_for_every_bound(facts):
             continue
         bound = total_q if hint is None else hint   # ops/varlen.py's per-sequence query bound
         keys = codegen.SequenceRanges(sequences, bound, facts.seqused_k)
+        if facts.page_size:   # as ops/varlen_keys.py's visit: pages following each other, the table's width
+            keys = codegen.PagedSequences(sequences, bound, page_size=facts.page_size,
+                                          pages_per_sequence=int(rng.integers(1, 9)), page_rows=facts.page_size)
         p = replace(problem(facts, total_q, total_k, kv_heads=HKV), keys=keys)
         sizes = {**codegen.call_sizes(p, 4), VARLEN_BOUND: max(bound, 1)}
         expected = json.loads(json.dumps(asdict(codegen.attention_template(p, family=facts.family,
@@ -252,6 +275,46 @@ def test_bad_seqused_k_raises_pythons_message_before_writing(bundle, case):
         _cpp(bundle, arrays, args, out, rows)
     assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
     assert np.isnan(out).all() and np.isnan(rows).all()
+
+
+BAD_PAGED = {   # what changes from a good paged call (cu_seqlens_k counting each sequence's keys)
+    "k rank": dict(k=lambda a: a["k"][0]),
+    "v pages": dict(v=lambda a: a["v"][1:]),
+    "page size 0": dict(k=lambda a: a["k"][:, :0], v=lambda a: a["v"][:, :0]),
+    "pages overlap": dict(k=lambda a: np.lib.stride_tricks.as_strided(a["k"], (BLOCKS - 1, PAGE, HKV, D),
+                                                                      (a["k"].strides[1], *a["k"].strides[1:]))),
+    "v rows apart": dict(v=lambda a: np.ascontiguousarray(np.stack([a["v"], a["v"]], 1))[:, 0]),
+    "block_table form": dict(block_table=lambda a: a["block_table"][1:]),
+    "beyond the pages": dict(cu_k=lambda a: (a["cu_k"] * 4).astype(np.int32)),
+    "page not read out of range": dict(block_table=lambda a: np.where(a["block_table"] >= 0, a["block_table"] + BLOCKS,
+                                                                      a["block_table"]).astype(np.int32)),
+    "seqused_k negative": dict(seqused_k=lambda a: np.full(len(a["cu_k"]) - 1, -1, np.int32)),
+    "max_seqlen_k short": dict(max_seqlen_k=lambda a: 0),
+    "cu_seqlens_k decreasing": dict(cu_k=lambda a: a["cu_k"][::-1].copy()),
+    "rows apart (C++ only)": None,
+}
+
+
+@pytest.mark.parametrize("case", BAD_PAGED)
+def test_bad_paged_calls_raise_pythons_message_before_writing(bundle, case):
+    rng = np.random.default_rng(10)
+    (q, k, v, cu_q, cu_k), args = _problem(rng, "float32", 2, 4, 5, 13, dict(causal=True, paged="cu"))
+    given = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, **args)
+    if BAD_PAGED[case] is None:   # HND pages, read in place by Python; a bundle entry's pages follow each other
+        given["k"], given["v"] = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in (k, v))
+    else:
+        given.update({name: change(given) for name, change in BAD_PAGED[case].items()})
+    arrays = tuple(given.pop(name) for name in ("q", "k", "v", "cu_q", "cu_k"))
+    out, rows = poison((q.shape[0], q.shape[1], D), np.float32), poison((q.shape[1], q.shape[0]), np.float32)
+    with pytest.raises((ValueError, TypeError)) as cpp:
+        _cpp(bundle, arrays, given, out, rows)
+    assert np.isnan(out).all() and np.isnan(rows).all()
+    if BAD_PAGED[case] is None:
+        assert "rows apart; a bundle entry reads pages that follow each other" in str(cpp.value)
+        return
+    with pytest.raises((ValueError, TypeError)) as python:
+        mfa_native.attention_varlen(*arrays, device="cpu", **given)
+    assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
 
 
 def test_a_call_the_bundle_lacks_lists_its_entries(bundle):

@@ -34,9 +34,12 @@ entry without an append has no rotation; the tables' length is a runtime value.
 
 An "attention_varlen" family (packed sequences, Python's attention_varlen with cu_seqlens_q
 and cu_seqlens_k: layout bshd, no mask) takes attention's keys but mask, layout and
-score_mod, and one key of its own: `seqused_k` whether calls give seqused_k (each sequence
-uses its first seqused_k keys), a list of bools, omitted [false]; `backward: true` adds
-attention_varlen_backward's templates (calls without seqused_k: it is forward-only). The
+score_mod, and two keys of its own: `page_size` a list of null (packed k and v, rows of
+cu_seqlens_k) or page sizes (pages (num_blocks, page_size, Hkv, D) and a block table, forward
+only), omitted [null]; `seqused_k` whether packed calls give seqused_k (each sequence uses its
+first seqused_k keys), a list of bools, omitted [false] (a paged entry serves calls with and
+without it). `backward: true` adds attention_varlen_backward's templates to the packed
+entries without seqused_k (the others are forward-only, as Python's). The
 sequences' count and lengths, and the per-sequence query bound that decides whether a
 forward packs query heads (max_seqlen_q, else total_q), are runtime values: the entry holds
 the packed forward of every bound that packs, each guarded by it (writer.py's VARLEN_BOUND).
@@ -70,7 +73,7 @@ KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "
                 "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
 VARLEN = "attention_varlen"
 VARLEN_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
-               "family", "backward", "seqused_k")
+               "family", "backward", "page_size", "seqused_k")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 ALIBI = ("none", "per_head", "per_batch")
@@ -117,7 +120,7 @@ class EntryFacts:
                 **({"page_size": self.page_size, "cache": self.cache, "append": self.append,
                     "rotary": None if self.rotary is None else dict(zip(("dim", "interleaved", "starts"), self.rotary))}
                    if self.op == KVCACHE else {}),
-                **({"seqused_k": self.seqused_k} if self.op == VARLEN else {})}
+                **({"page_size": self.page_size, "seqused_k": self.seqused_k} if self.op == VARLEN else {})}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -222,13 +225,13 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if not isinstance(backward, bool):
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
-    caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False, None)]
-    used = _bools(_list(family, "seqused_k", [False], where), "seqused_k", where) if op == VARLEN else [False]
+    variants = [(*cache, False) for cache in _cache_keys(family, where)] if op == KVCACHE else (
+        _varlen_keys(family, where) if op == VARLEN else [(None, "plain", False, None, False)])
 
     entries = []
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
-        for dv, (page_size, cache, append, rotary), seqused_k in itertools.product(value_dims or [d], caches, used):
+        for dv, (page_size, cache, append, rotary, seqused_k) in itertools.product(value_dims or [d], variants):
             if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
                 raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
                                  f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
@@ -237,18 +240,32 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
                 entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          gpu, backward and not seqused_k, cap, alibi, score_mod, op, page_size,
-                                          cache, append, rotary, seqused_k))
+                                          gpu, backward and not seqused_k and page_size is None, cap, alibi,
+                                          score_mod, op, page_size, cache, append, rotary, seqused_k))
     return entries
 
 
-def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, RotaryFacts | None]]:
-    """A KV-cache family's (page_size, cache, append, rotary) crossed; a rotation only with an append."""
+def _page_sizes(family: dict, where: str) -> list[int | None]:
     pages = _list(family, "page_size", [None], where)
     for page in pages:
         if page is not None and (isinstance(page, bool) or not isinstance(page, int) or page < 1):
             raise ValueError(f"{where}: 'page_size' values must be null (a contiguous cache) or integers >= 1, "
                              f"got {page!r}")
+    return pages
+
+
+def _varlen_keys(family: dict, where: str) -> list[tuple]:
+    """A varlen family's (page_size, "plain", False, None, seqused_k) crossed, once each: a
+    paged entry's seqused_k is False (its kernels read the keys the host computes either way)."""
+    used = _bools(_list(family, "seqused_k", [False], where), "seqused_k", where)
+    variants = ((page, "plain", False, None, flag and page is None) for page in _page_sizes(family, where)
+                for flag in used)
+    return list(dict.fromkeys(variants))
+
+
+def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, RotaryFacts | None]]:
+    """A KV-cache family's (page_size, cache, append, rotary) crossed; a rotation only with an append."""
+    pages = _page_sizes(family, where)
     caches = _choices(_list(family, "cache", list(CACHES), where), CACHES, "cache", where)
     appends = _bools(_list(family, "append", [False, True], where), "append", where)
     dims = _list(family, "rotary_dim", [None], where)

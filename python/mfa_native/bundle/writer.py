@@ -25,7 +25,7 @@ import json
 from dataclasses import asdict, replace
 from typing import Callable
 
-from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, SequenceRanges,
+from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, PagedSequences, SequenceRanges,
                        attention_backward_template, attention_template, packs_plain_heads)
 from ..codegen.attention.rotary import Rotary
 from ..codegen.attention.score_mod import ScoreMod
@@ -68,8 +68,17 @@ def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads
         mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
         return_lse=True, scores=scores(facts))
     if facts.op == VARLEN:   # packed sequences, not packing heads (the backward's; forward_templates packs)
-        return replace(p, keys=SequenceRanges(2, used_keys=facts.seqused_k))
+        return replace(p, keys=sequence_keys(facts, kv_len, None))
     return cache_keys(p, facts) if facts.op == KVCACHE else p
+
+
+def sequence_keys(facts: EntryFacts, kv_len: int, max_queries: int | None) -> SequenceRanges:
+    """A varlen entry's keys for a bound on every sequence's queries (None: no head packing):
+    packed (rows of cu_seqlens_k, or their first seqused_k) or pages following each other."""
+    if facts.page_size is None:
+        return SequenceRanges(2, max_queries, facts.seqused_k)
+    return PagedSequences(2, max_queries, page_size=facts.page_size,
+                          pages_per_sequence=max(-(-kv_len // facts.page_size), 1))
 
 
 def cache_keys(p: AttentionProblem, facts: EntryFacts) -> AttentionProblem:
@@ -146,7 +155,7 @@ def varlen_forward_templates(facts: EntryFacts) -> list[dict]:
     packed = []
     if packs_plain_heads(ratio, 1):
         for bound in range(1, PACKING.max_pairs // ratio + 1):
-            p = replace(problem(facts, bound, 64), keys=SequenceRanges(2, bound, facts.seqused_k))
+            p = replace(problem(facts, bound, 64), keys=sequence_keys(facts, 64, bound))
             packed.append(with_bound(attention_template(p, family=family, parallel_threadgroups=1),
                                      f"{VARLEN_BOUND} == {bound}", bound))
     unpacked = f"{VARLEN_BOUND} * {ratio} > {PACKING.max_pairs}" if packed else None
@@ -186,7 +195,7 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
     cache = ""
     if op == VARLEN:
-        cache = f" seqused_k={'yes' if facts['seqused_k'] else 'no'}"
+        cache = f" page_size={facts['page_size'] or 'none'} seqused_k={'yes' if facts['seqused_k'] else 'no'}"
     if op == KVCACHE:
         cache = (f" page_size={facts['page_size'] or 'none'} cache={facts['cache']} "
                  f"append={'yes' if facts['append'] else 'no'}")
