@@ -15,6 +15,7 @@
 #include "mfa/attention.hpp"
 #include "mfa/kvcache.hpp"
 #include "mfa/varlen.hpp"
+#include "mfa/command_batch.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -207,7 +208,7 @@ void bind_bundle(nb::module_& m) {
            std::optional<std::int64_t> max_seqlen_k, std::optional<double> scale, const std::string& causal,
            std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
            std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
-           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k) {
+           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k, CommandBatch* batch) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
                                                 alibi_slopes, "", {});
@@ -222,14 +223,19 @@ void bind_bundle(nb::module_& m) {
           o.block_table = table ? &*table : nullptr;
           o.seqused_k = used ? &*used : nullptr;
           nb::gil_scoped_release release;
-          attention_varlen(device, bundle, query, keys, values, cu_q, cu_k ? &*cu_k : nullptr, output, o,
-                           rows ? &*rows : nullptr);
+          if (batch)
+            attention_varlen(*batch, bundle, query, keys, values, cu_q, cu_k ? &*cu_k : nullptr, output, o,
+                             rows ? &*rows : nullptr);
+          else
+            attention_varlen(device, bundle, query, keys, values, cu_q, cu_k ? &*cu_k : nullptr, output, o,
+                             rows ? &*rows : nullptr);
         },
         "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, "out"_a,
         "lse"_a = nb::none(), "max_seqlen_q"_a = nb::none(), "max_seqlen_k"_a = nb::none(), "scale"_a = nb::none(),
         "causal"_a = "none", "window"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(),
         "alibi_slopes"_a = nb::none(), "block_table"_a = nb::none(), "seqused_k"_a = nb::none(),
-        "Test hook: mfa::attention_varlen on views of caller memory.");
+        "batch"_a = nb::none(),
+        "Test hook: mfa::attention_varlen on views of caller memory (encoded into `batch` when given).");
 
   m.def("_bundle_attention_varlen_backward",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,

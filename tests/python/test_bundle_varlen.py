@@ -74,13 +74,18 @@ def _problem(rng, dtype: str, ratio: int, sequences: int, longest_q: int, longes
     return (q, k, v, cu_q, cu_k), args
 
 
-def _cpp(bundle, arrays, args, out, lse):
+def _cpu():
+    return next(d for d in mfa_native.devices() if d.kind == "cpu")
+
+
+def _cpp(bundle, arrays, args, out, lse, batch=None):
     q, k, v, cu_q, cu_k = arrays
     views = {name: view(x) for name, x in args.items() if isinstance(x, np.ndarray)}
     options = {name: x for name, x in args.items() if not isinstance(x, np.ndarray) and name != "causal"}
     _core._bundle_attention_varlen("cpu", bundle, view(q), view(k), view(v), view(cu_q),
                                    None if cu_k is None else view(cu_k), view(out), None if lse is None else view(lse),
-                                   causal="lower_right" if args.get("causal") else "none", **views, **options)
+                                   causal="lower_right" if args.get("causal") else "none", batch=batch, **views,
+                                   **options)
 
 
 # (dtype, GQA ratio, sequences, longest q, longest k, options): packed heads by total_q, by the
@@ -167,6 +172,25 @@ def test_bad_backward_calls_raise_pythons_message_before_writing(bundle, case):
         _cpp_backward(bundle, arrays, given["o"], given["lse"], given["do"], args, grads)
     assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
     assert all(np.isnan(g).all() for g in grads)
+
+
+def test_a_batch_keeps_the_unit_table_it_encodes(bundle):
+    """Encoded into a CommandBatch, the call's unit table (built from cu_seqlens at the call)
+    lives in a pool buffer the batch holds: later calls and their tables do not change it."""
+    rng = np.random.default_rng(12)
+    first, args = _problem(rng, "float32", 4, 5, 20, 30, dict(causal=True, max_seqlen_q=20))
+    o, lse = mfa_native.attention_varlen(*first, return_lse=True, device="cpu", **args)
+    batch = _core.CommandBatch(_cpu())
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _cpp(bundle, first, args, out, rows, batch=batch)
+    assert np.isnan(out).all()   # not run yet
+    other, other_args = _problem(rng, "float32", 4, 7, 20, 30, dict(causal=True, max_seqlen_q=20))
+    for _ in range(3):   # calls run at once, each building its own tables from the pool
+        _cpp(bundle, other, other_args, poison((*other[0].shape[:2], D), np.float32), None)
+    batch.commit()
+    batch.wait()
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
 
 
 def test_empty_call_writes_pythons_zeros_and_lse(bundle):
