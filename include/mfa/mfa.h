@@ -13,9 +13,10 @@
  *   mfa_call_free(call);  mfa_bundle_free(bundle);  mfa_device_free(device);
  *
  * A call is an op by name ("attention", "attention_backward",
- * "attention_with_kvcache", "attention_varlen") and its arguments set by name, with Python's names and
- * values (mfa_native.attention's q, k, v, mask, sinks, scale, causal, window, layout,
- * softcap, alibi_slopes, score_mod and score_mod_tensors (a score_mod's text);
+ * "attention_with_kvcache", "attention_varlen", "attention_varlen_backward") and its
+ * arguments set by name, with Python's names and values (mfa_native.attention's q, k,
+ * v, mask, sinks, scale, causal, window, layout, softcap, alibi_slopes, score_mod and
+ * score_mod_tensors (a score_mod's text);
  * attention_backward's o, lse, do and outputs dq, dk, dv, dsinks; attention's
  * outputs out and lse; attention_with_kvcache's q, k_cache, v_cache (tensors, or
  * quantized: mfa_call_set_quantized), cache_seqlens, k, v, block_table,
@@ -23,7 +24,9 @@
  * sinks, softcap, alibi_slopes, out and lse, its k and v appended to the caches in
  * place; attention_varlen's q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
  * max_seqlen_k (mfa_call_set_int), scale, causal, window, sinks, softcap,
- * alibi_slopes, out (total_q, Hq, Dv) and lse (Hq, total_q)). New ops and arguments need no new functions here. Giving attention's lse is Python's
+ * alibi_slopes, block_table, seqused_k, out (total_q, Hq, Dv) and lse (Hq, total_q);
+ * attention_varlen_backward's the same inputs with o, lse, do and outputs dq, dk, dv,
+ * dsinks). New ops and arguments need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle
  * entries include/mfa/attention.hpp's; on the cpu backend the results are

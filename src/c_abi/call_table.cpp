@@ -116,15 +116,26 @@ void run_attention_with_kvcache(const Device& device, const Bundle& bundle, cons
 }
 
 // attention_varlen's: packed sequences (no block_table or seqused_k from a bundle yet).
-void run_attention_varlen(const Device& device, const Bundle& bundle, const Given& g) {
+VarlenOptions varlen_options(const Given& g) {
   const AttentionOptions a = g.options();
   VarlenOptions o;
   o.max_seqlen_q = g.integer("max_seqlen_q"), o.max_seqlen_k = g.integer("max_seqlen_k");
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
   o.alibi_slopes = a.alibi_slopes;
   o.block_table = g.optional_tensor("block_table"), o.seqused_k = g.optional_tensor("seqused_k");
+  return o;
+}
+
+void run_attention_varlen(const Device& device, const Bundle& bundle, const Given& g) {
   attention_varlen(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("cu_seqlens_q"),
-                   g.optional_tensor("cu_seqlens_k"), g.tensor("out"), o, g.optional_tensor("lse"));
+                   g.optional_tensor("cu_seqlens_k"), g.tensor("out"), varlen_options(g), g.optional_tensor("lse"));
+}
+
+void run_attention_varlen_backward(const Device& device, const Bundle& bundle, const Given& g) {
+  attention_varlen_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"),
+                            g.tensor("lse"), g.tensor("do"), g.tensor("cu_seqlens_q"), g.optional_tensor("cu_seqlens_k"),
+                            g.tensor("dq"), g.tensor("dk"), g.tensor("dv"), varlen_options(g),
+                            g.optional_tensor("dsinks"));
 }
 
 #ifdef MFA_HAVE_METAL
@@ -185,6 +196,17 @@ const std::vector<Op>& ops() {
                      {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
                     kKVCacheOptions),
        run_attention_varlen, nullptr},
+      {"attention_varlen_backward",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"o", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}, {"do", kTensor, true, nullptr},
+                     {"cu_seqlens_q", kTensor, true, nullptr}, {"cu_seqlens_k", kTensor, false, nullptr},
+                     {"dq", kTensor, true, nullptr}, {"dk", kTensor, true, nullptr}, {"dv", kTensor, true, nullptr},
+                     {"dsinks", kTensor, false, nullptr},
+                     {"max_seqlen_q", bit(Kind::integer), false, nullptr},
+                     {"max_seqlen_k", bit(Kind::integer), false, nullptr},
+                     {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
+                    kKVCacheOptions),
+       run_attention_varlen_backward, nullptr},
   };
   return table;
 }

@@ -109,3 +109,19 @@ extern "C" int cpp_attention_varlen(const char* bundle, const mfa_tensor_view* q
                           view(*cu_seqlens_q), &cu_k, view(*out), options, &rows);
   }, error, error_size);
 }
+
+extern "C" int cpp_attention_varlen_backward(const char* bundle, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                                             const mfa_tensor_view* v, const mfa_tensor_view* o,
+                                             const mfa_tensor_view* lse, const mfa_tensor_view* dout,
+                                             const mfa_tensor_view* cu_seqlens_q, const mfa_tensor_view* cu_seqlens_k,
+                                             const mfa_tensor_view* dq, const mfa_tensor_view* dk,
+                                             const mfa_tensor_view* dv, char* error, std::size_t error_size) {
+  return reported([&] {
+    const mfa::TensorView cu_k = view(*cu_seqlens_k);
+    mfa::VarlenOptions options;
+    options.causal = mfa::Causal::lower_right;
+    mfa::attention_varlen_backward(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k),
+                                   view(*v), view(*o), view(*lse), view(*dout), view(*cu_seqlens_q), &cu_k, view(*dq),
+                                   view(*dk), view(*dv), options);
+  }, error, error_size);
+}

@@ -191,8 +191,9 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
 }
 
 /* The fourth bundle family: attention_varlen on three packed sequences (one empty) with GQA,
- * heads packed by max_seqlen_q: the C ABI gives the C++ API's output and lse; a cu_seqlens_q
- * that decreases is refused with Python's message before writing. */
+ * heads packed by max_seqlen_q: the C ABI gives the C++ API's output and lse, and its backward
+ * the C++ API's gradients; a cu_seqlens_q that decreases is refused with Python's message
+ * before writing. */
 static void packed_varlen(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
   enum { TQ = 9, TK = 14, HKV = 2, HQ = 4, D = 16, NCU = 4 };
   const int64_t q_shape[] = {TQ, HQ, D}, k_shape[] = {TK, HKV, D}, rows_shape[] = {HQ, TQ}, cu_shape[] = {NCU};
@@ -228,7 +229,27 @@ static void packed_varlen(const char* path, const mfa_device* device, const mfa_
   CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "varlen out differs from the C++ API's");
   CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "varlen lse differs from the C++ API's");
   mfa_call_free(call);
-  void* buffers[] = {q, k, v, out, lse, ref_out, ref_lse};
+  /* The backward: o and lse as written, dq, dk and dv by name, the C++ API's bits. */
+  const size_t nk = TK * HKV * D;
+  float *dout = random_floats(nq), *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk);
+  float *ref_dq = poisoned(nq), *ref_dk = poisoned(nk), *ref_dv = poisoned(nk);
+  mfa_tensor_view vdout = view(dout, 3, q_shape), vdq = view(dq, 3, q_shape), vdk = view(dk, 3, k_shape),
+                  vdv = view(dv, 3, k_shape);
+  mfa_tensor_view rdq = view(ref_dq, 3, q_shape), rdk = view(ref_dk, 3, k_shape), rdv = view(ref_dv, 3, k_shape);
+  OK(mfa_call_new(bundle, "attention_varlen_backward", &call));
+  const char* names[] = {"q", "k", "v", "o", "lse", "do", "cu_seqlens_q", "cu_seqlens_k", "dq", "dk", "dv"};
+  const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vout, &vlse, &vdout, &vcu_q, &vcu_k, &vdq, &vdk, &vdv};
+  for (size_t i = 0; i < sizeof names / sizeof *names; ++i) OK(mfa_call_set_tensor(call, names[i], views[i]));
+  OK(mfa_call_set_bool(call, "causal", 1));
+  OK(mfa_call_run(call, device));
+  CHECK(cpp_attention_varlen_backward(path, &vq, &vk, &vv, &vout, &vlse, &vdout, &vcu_q, &vcu_k, &rdq, &rdk, &rdv,
+                                      error, sizeof error) == 0, "%s", error);
+  CHECK(any_nonzero(dq, nq) && any_nonzero(dk, nk) && any_nonzero(dv, nk), "varlen backward: nothing written");
+  CHECK(memcmp(dq, ref_dq, nq * sizeof *dq) == 0 && memcmp(dk, ref_dk, nk * sizeof *dk) == 0 &&
+            memcmp(dv, ref_dv, nk * sizeof *dv) == 0,
+        "varlen dq, dk or dv differs from the C++ API's");
+  mfa_call_free(call);
+  void* buffers[] = {q, k, v, out, lse, ref_out, ref_lse, dout, dq, dk, dv, ref_dq, ref_dk, ref_dv};
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
