@@ -78,10 +78,12 @@ void check_hint(const std::optional<std::int64_t>& hint, const std::string& name
                         std::to_string(longest - lengths.begin()) + " has " + std::to_string(most) + " " + what);
 }
 
-// A (rows, heads, dim) view with a leading batch axis of one: how attention's checks take it.
+// A (rows, heads, dim) view with a leading batch axis of one: how attention's checks take it
+// (an empty one's strides, which address nothing, as contiguous ones).
 TensorView batched(const TensorView& view) {
   TensorView out = view;
-  if (out.strides.empty()) out.strides = contiguous(view.shape);
+  const bool empty = std::find(view.shape.begin(), view.shape.end(), 0) != view.shape.end();
+  if (out.strides.empty() || empty) out.strides = contiguous(view.shape);
   out.shape.insert(out.shape.begin(), 1);
   out.strides.insert(out.strides.begin(), 0);
   return out;
@@ -329,9 +331,7 @@ class VarlenCall {
 
   // The keys each sequence uses as the paged kernels read them: int32 (Ns,) in a pool buffer.
   Checked lengths_table() {
-    lengths_view_ = TensorView{nullptr, DType::int32, {sequences_}, {1}};
-    Checked table{&lengths_view_, "seqused_k", {sequences_}, {1}, sequences_,
-                  device_.new_buffer(std::size_t(std::max<std::int64_t>(sequences_, 1)) * sizeof(std::int32_t))};
+    Checked table = pool_table(lengths_view_, "seqused_k", {sequences_});
     auto* values = static_cast<std::int32_t*>(table.packed.data());
     for (std::int64_t s = 0; s < sequences_; ++s) values[s] = std::int32_t(lengths_[s]);
     return table;
@@ -369,13 +369,25 @@ class VarlenCall {
     views.add(buffer, std::move(view));
   }
 
+  // A contiguous int32 table of `shape` the host fills, in a pool buffer (which a CommandBatch
+  // holds until it completes); `holder` is its view.
+  Checked pool_table(TensorView& holder, const std::string& name, const std::vector<std::int64_t>& shape) const {
+    holder = TensorView{nullptr, DType::int32, shape, {}};
+    std::vector<std::int64_t> strides = contiguous(shape);
+    std::int64_t elements = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      elements *= shape[i];
+      if (shape[i] == 1) strides[i] = 0;  // checked()'s form: 0 on axes of extent 1
+    }
+    return Checked{&holder, name, shape, strides, elements,
+                   device_.new_buffer(std::size_t(std::max<std::int64_t>(elements, 1)) * sizeof(std::int32_t))};
+  }
+
   // sequences.unit_table: (entries, 2) int32 in a pool buffer, (sequence, first row) for each
   // `unit`-row unit of each sequence in order, then (-1, 0).
   Checked unit_table(const Checked& cu, std::int64_t entries, std::int64_t unit, const std::string& name,
                      TensorView& holder) const {
-    holder = TensorView{nullptr, DType::int32, {entries, 2}, {2, 1}};
-    Checked table{&holder, name, {entries, 2}, {2, 1}, 2 * entries,
-                  device_.new_buffer(std::size_t(std::max<std::int64_t>(entries, 1)) * 2 * sizeof(std::int32_t))};
+    Checked table = pool_table(holder, name, {entries, 2});
     auto* rows = static_cast<std::int32_t*>(table.packed.data());
     std::int64_t at = 0;
     for (std::int64_t s = 0; s < sequences_; ++s) {

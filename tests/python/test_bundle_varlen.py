@@ -58,9 +58,9 @@ def _problem(rng, dtype: str, ratio: int, sequences: int, longest_q: int, longes
         args["seqused_k"] = rng.integers(0, np.diff(cu_k) + 1).astype(np.int32)
     paged = args.pop("paged", None)
     if paged is not None:   # pages in a random order; cu_seqlens_k counts logical keys, or is None
-        width = -(-longest_k // PAGE)
-        k, v = (rng.standard_normal((BLOCKS, PAGE, HKV, D)).astype(t) for _ in "kv")
-        table = rng.permutation(BLOCKS)[:sequences * width].reshape(sequences, width).astype(np.int32)
+        width, blocks = -(-longest_k // PAGE), max(BLOCKS, -(-longest_k // PAGE) * sequences)
+        k, v = (rng.standard_normal((blocks, PAGE, HKV, D)).astype(t) for _ in "kv")
+        table = rng.permutation(blocks)[:sequences * width].reshape(sequences, width).astype(np.int32)
         args["block_table"] = np.where(rng.random(table.shape) < 0.1, -1, table).astype(np.int32) if paged == "cu" \
             else table
         if paged == "used":
@@ -102,6 +102,7 @@ CASES = [
     pytest.param("float32", 2, 4, 5, 13, dict(causal=True, paged="cu"), id="paged-cu_seqlens_k"),
     pytest.param("float32", 2, 4, 30, 13, dict(causal=True, paged="used"), id="paged-seqused_k"),
     pytest.param("float32", 2, 3, 7, 9, dict(causal=True, paged="whole"), id="paged-whole-table"),
+    pytest.param("float32", 2, 1, 7, 9, dict(causal=True, paged="used"), id="paged-one-sequence"),
 ]
 
 
@@ -174,6 +175,38 @@ def test_bad_backward_calls_raise_pythons_message_before_writing(bundle, case):
     assert all(np.isnan(g).all() for g in grads)
 
 
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("seed", range(40))
+def test_random_calls_match_python_bit_for_bit(bundle, seed):
+    """Random sequences (counts, lengths, empty ones) and max_seqlen_q hints (none, the
+    longest, more) on every family of the bundle: forward (and backward where the entry has
+    it) bit for bit."""
+    rng = np.random.default_rng([seed, 99])
+    dtype, ratio, options = [("float32", 4, dict(causal=True)),
+                             ("float16", 1, dict(window=(int(rng.integers(-1, 9)), int(rng.integers(-1, 9))),
+                                                 sinks=True, softcap=20.0)),
+                             ("float32", 1, dict(causal=True, seqused_k=True)),
+                             ("float32", 2, dict(causal=True, paged=str(rng.choice(["cu", "used", "whole"]))))][seed % 4]
+    sequences, longest_q = int(rng.integers(1, 10)), int(rng.choice([1, 2, 5, 16, 40]))
+    arrays, args = _problem(rng, dtype, ratio, sequences, longest_q, int(rng.integers(1, 40)), options)
+    longest = int(np.diff(arrays[3]).max())
+    hint = [None, longest, longest + int(rng.integers(1, 30))][seed % 3]
+    if hint is not None:
+        args["max_seqlen_q"] = hint
+    o, lse = mfa_native.attention_varlen(*arrays, return_lse=True, device="cpu", **args)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _cpp(bundle, arrays, args, out, rows)
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
+    if seed % 4 < 2:
+        do = rng.standard_normal(o.shape).astype(o.dtype)
+        expected = mfa_native.attention_varlen_backward(*arrays[:3], o, lse, do, *arrays[3:], device="cpu", **args)
+        grads = [poison(x.shape, x.dtype) for x in expected]
+        _cpp_backward(bundle, arrays, o, lse, do, args, grads)
+        for got, want in zip(grads, expected):
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
 def test_a_batch_keeps_the_unit_table_it_encodes(bundle):
     """Encoded into a CommandBatch, the call's unit table (built from cu_seqlens at the call)
     lives in a pool buffer the batch holds: later calls and their tables do not change it."""
@@ -193,9 +226,10 @@ def test_a_batch_keeps_the_unit_table_it_encodes(bundle):
     np.testing.assert_array_equal(rows, lse)
 
 
-def test_empty_call_writes_pythons_zeros_and_lse(bundle):
+@pytest.mark.parametrize("longest_q, longest_k", [(4, 0), (0, 5)], ids=["no-keys", "no-queries"])
+def test_empty_call_writes_pythons_zeros_and_lse(bundle, longest_q, longest_k):
     rng = np.random.default_rng(11)
-    arrays, args = _problem(rng, "float16", 1, 3, 4, 0, dict(sinks=True))   # no keys at all
+    arrays, args = _problem(rng, "float16", 1, 3, longest_q, longest_k, dict(sinks=True))
     o, lse = mfa_native.attention_varlen(*arrays, return_lse=True, device="cpu", **args)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
     _cpp(bundle, arrays, args, out, rows)
