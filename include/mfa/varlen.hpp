@@ -29,7 +29,7 @@ struct VarlenOptions {
   std::optional<std::pair<std::int64_t, std::int64_t>> window;  // as AttentionOptions::window, per sequence
   std::optional<TensorView> sinks;          // float32 (Hq,)
   std::optional<double> softcap;
-  std::optional<TensorView> alibi_slopes;   // float32 (Hq,)
+  std::optional<TensorView> alibi_slopes;   // float32 (Hq,) or per sequence (B, Hq)
   const TensorView* block_table = nullptr;  // not taken yet (ArgumentError)
   // int32 (B,), forward only (flash-attn 3's): sequence b uses its first seqused_k[b] keys of
   // its rows of k (an entry with seqused_k: true serves such calls).

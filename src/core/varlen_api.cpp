@@ -114,9 +114,6 @@ class VarlenCall {
         (o.seqused_k->dtype != DType::int32 || o.seqused_k->shape != std::vector<std::int64_t>{sequences_}))
       throw ArgumentError("seqused_k must be int32 (B,) = (" + std::to_string(sequences_) + ",), got " +
                           to_string(o.seqused_k->dtype) + " " + shape_text(o.seqused_k->shape));
-    if (o.alibi_slopes && o.alibi_slopes->shape.size() != 1)
-      throw ArgumentError("attention_varlen from a bundle takes per-head alibi_slopes (Hq,) only, got shape " +
-                          shape_text(o.alibi_slopes->shape));
     if (paged_ && page_rows_ != page_)
       throw ArgumentError("k's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry reads pages "
                           "that follow each other (page_size " + std::to_string(page_) + " rows apart)");
@@ -127,7 +124,8 @@ class VarlenCall {
     attention_.alibi_slopes = o.alibi_slopes;
     binder_.emplace(bundle.contents().declaration("attention"), "bshd",
                     given({{"q", &q}, {"k", paged_ ? &rows_[0] : &k}, {"v", paged_ ? &rows_[1] : &v}, {"out", out},
-                           {"lse", lse}}));
+                           {"lse", lse}}),
+                    SizeEnv{{"slope_rows", sequences_}});  // a per-batch ALiBi table's rows: the sequences
     problem_ = attention_problem::checked_problem(*binder_, attention_);
     // check_sequences: the contents (every call), the hints.
     cu_q_ = checked(cu_seqlens_q, "cu_seqlens_q");
@@ -200,7 +198,8 @@ class VarlenCall {
                     const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView* dsinks) {
     Binder binder(bundle.contents().declaration("attention_backward"), "bshd",
                   given({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"do", &dout}, {"dq", &dq},
-                         {"dk", &dk}, {"dv", &dv}, {"dsinks", nullptr}}));
+                         {"dk", &dk}, {"dv", &dv}, {"dsinks", nullptr}}),
+                  SizeEnv{{"slope_rows", sequences_}});
     attention_problem::checked_problem(binder, attention_);  // passes (validated above); sizes the binder's views
     if (problem_.empty()) {
       for (const char* name : {"dq", "dk", "dv"}) zero(binder.view(name));

@@ -32,6 +32,8 @@ FAMILIES = [
      "softcap": [20.0], "backward": True},
     {**BASE, "dtype": ["float32"], "gqa_ratio": [1], "causal": ["lower_right"], "seqused_k": [True]},
     {**BASE, "dtype": ["float32"], "gqa_ratio": [2], "causal": ["lower_right"], "page_size": [PAGE]},
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [1], "causal": ["none"], "alibi": ["per_batch", "per_head"],
+     "backward": True},
 ]
 
 
@@ -54,6 +56,10 @@ def _problem(rng, dtype: str, ratio: int, sequences: int, longest_q: int, longes
     args = dict(options)
     if args.pop("sinks", False):
         args["sinks"] = rng.standard_normal(ratio * HKV).astype(np.float32)
+    alibi = args.pop("alibi", None)
+    if alibi:   # per sequence (B, Hq) or per head (Hq,)
+        args["alibi_slopes"] = rng.uniform(0.01, 0.5, (sequences, ratio * HKV) if alibi == "per_batch"
+                                           else ratio * HKV).astype(np.float32)
     if args.pop("seqused_k", False):   # each sequence's first keys, some none
         args["seqused_k"] = rng.integers(0, np.diff(cu_k) + 1).astype(np.int32)
     paged = args.pop("paged", None)
@@ -103,6 +109,8 @@ CASES = [
     pytest.param("float32", 2, 4, 30, 13, dict(causal=True, paged="used"), id="paged-seqused_k"),
     pytest.param("float32", 2, 3, 7, 9, dict(causal=True, paged="whole"), id="paged-whole-table"),
     pytest.param("float32", 2, 1, 7, 9, dict(causal=True, paged="used"), id="paged-one-sequence"),
+    pytest.param("float32", 1, 5, 9, 12, dict(alibi="per_batch"), id="alibi-per-sequence"),
+    pytest.param("float32", 1, 4, 9, 12, dict(alibi="per_head"), id="alibi-per-head"),
 ]
 
 
@@ -288,6 +296,7 @@ BAD_CALLS = {   # what changes from a good call (packed heads, hints given)
     "max_seqlen_q short": dict(max_seqlen_q=lambda a: 1),
     "max_seqlen_k short": dict(max_seqlen_k=lambda a: 2),
     "window type": dict(window=lambda a: (1, -2)),
+    "alibi_slopes rows": dict(alibi_slopes=lambda a: np.ones((2, a["q"].shape[1]), np.float32)),
 }
 
 
