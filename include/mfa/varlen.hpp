@@ -12,7 +12,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "mfa/attention.hpp"
 
@@ -30,6 +32,10 @@ struct VarlenOptions {
   std::optional<TensorView> sinks;          // float32 (Hq,)
   std::optional<double> softcap;
   std::optional<TensorView> alibi_slopes;   // float32 (Hq,) or per sequence (B, Hq)
+  // A traced score_mod and its tensors, as AttentionOptions' (b: the sequence; q_idx and
+  // kv_idx: positions inside it).
+  std::string score_mod;
+  std::vector<TensorView> score_mod_tensors;
   const TensorView* block_table = nullptr;  // not taken yet (ArgumentError)
   // int32 (B,), forward only (flash-attn 3's): sequence b uses its first seqused_k[b] keys of
   // its rows of k (an entry with seqused_k: true serves such calls).

@@ -208,10 +208,11 @@ void bind_bundle(nb::module_& m) {
            std::optional<std::int64_t> max_seqlen_k, std::optional<double> scale, const std::string& causal,
            std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
            std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
-           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k, CommandBatch* batch) {
+           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k,
+           const std::string& score_mod, const std::vector<ViewSpec>& score_mod_tensors, CommandBatch* batch) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
-                                                alibi_slopes, "", {});
+                                                alibi_slopes, score_mod, score_mod_tensors);
           const TensorView query = view_of(q), keys = view_of(k), values = view_of(v), cu_q = view_of(cu_seqlens_q),
                            output = view_of(out);
           const std::optional<TensorView> cu_k = view_of(cu_seqlens_k), rows = view_of(lse),
@@ -219,7 +220,7 @@ void bind_bundle(nb::module_& m) {
           VarlenOptions o;
           o.max_seqlen_q = max_seqlen_q, o.max_seqlen_k = max_seqlen_k;
           o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
-          o.alibi_slopes = a.alibi_slopes;
+          o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
           o.block_table = table ? &*table : nullptr;
           o.seqused_k = used ? &*used : nullptr;
           nb::gil_scoped_release release;
@@ -234,7 +235,7 @@ void bind_bundle(nb::module_& m) {
         "lse"_a = nb::none(), "max_seqlen_q"_a = nb::none(), "max_seqlen_k"_a = nb::none(), "scale"_a = nb::none(),
         "causal"_a = "none", "window"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(),
         "alibi_slopes"_a = nb::none(), "block_table"_a = nb::none(), "seqused_k"_a = nb::none(),
-        "batch"_a = nb::none(),
+        "score_mod"_a = "", "score_mod_tensors"_a = std::vector<ViewSpec>(), "batch"_a = nb::none(),
         "Test hook: mfa::attention_varlen on views of caller memory (encoded into `batch` when given).");
 
   m.def("_bundle_attention_varlen_backward",
@@ -245,10 +246,11 @@ void bind_bundle(nb::module_& m) {
            std::optional<std::int64_t> max_seqlen_k, std::optional<double> scale, const std::string& causal,
            std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
            std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
-           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k) {
+           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k,
+           const std::string& score_mod, const std::vector<ViewSpec>& score_mod_tensors) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
-                                                alibi_slopes, "", {});
+                                                alibi_slopes, score_mod, score_mod_tensors);
           const TensorView query = view_of(q), keys = view_of(k), values = view_of(v), output = view_of(o),
                            rows = view_of(lse), gradient = view_of(dout), cu_q = view_of(cu_seqlens_q),
                            dquery = view_of(dq), dkeys = view_of(dk), dvalues = view_of(dv);
@@ -258,6 +260,7 @@ void bind_bundle(nb::module_& m) {
           opts.max_seqlen_q = max_seqlen_q, opts.max_seqlen_k = max_seqlen_k;
           opts.scale = a.scale, opts.causal = a.causal, opts.window = a.window, opts.sinks = a.sinks;
           opts.softcap = a.softcap, opts.alibi_slopes = a.alibi_slopes;
+          opts.score_mod = a.score_mod, opts.score_mod_tensors = a.score_mod_tensors;
           opts.block_table = table ? &*table : nullptr;
           opts.seqused_k = used ? &*used : nullptr;
           nb::gil_scoped_release release;
@@ -269,7 +272,8 @@ void bind_bundle(nb::module_& m) {
         "dq"_a, "dk"_a, "dv"_a, "dsinks"_a = nb::none(), "max_seqlen_q"_a = nb::none(),
         "max_seqlen_k"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = "none", "window"_a = nb::none(),
         "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
-        "block_table"_a = nb::none(), "seqused_k"_a = nb::none(),
+        "block_table"_a = nb::none(), "seqused_k"_a = nb::none(), "score_mod"_a = "",
+        "score_mod_tensors"_a = std::vector<ViewSpec>(),
         "Test hook: mfa::attention_varlen_backward on views of caller memory.");
 }
 

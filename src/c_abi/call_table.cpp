@@ -115,13 +115,16 @@ void run_attention_with_kvcache(const Device& device, const Bundle& bundle, cons
                          g.tensor("out"), kvcache_options(g), g.optional_tensor("lse"));
 }
 
-// attention_varlen's: packed sequences (no block_table or seqused_k from a bundle yet).
+// attention_varlen's: attention's but the mask and the layout (bshd).
+const std::vector<Param> kVarlenOptions = attention_options(
+    {"scale", "causal", "window", "sinks", "softcap", "alibi_slopes", "score_mod", "score_mod_tensors"});
+
 VarlenOptions varlen_options(const Given& g) {
   const AttentionOptions a = g.options();
   VarlenOptions o;
   o.max_seqlen_q = g.integer("max_seqlen_q"), o.max_seqlen_k = g.integer("max_seqlen_k");
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
-  o.alibi_slopes = a.alibi_slopes;
+  o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
   o.block_table = g.optional_tensor("block_table"), o.seqused_k = g.optional_tensor("seqused_k");
   return o;
 }
@@ -194,7 +197,7 @@ const std::vector<Op>& ops() {
                      {"max_seqlen_q", bit(Kind::integer), false, nullptr},
                      {"max_seqlen_k", bit(Kind::integer), false, nullptr},
                      {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
-                    kKVCacheOptions),
+                    kVarlenOptions),
        run_attention_varlen, nullptr},
       {"attention_varlen_backward",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
@@ -205,7 +208,7 @@ const std::vector<Op>& ops() {
                      {"max_seqlen_q", bit(Kind::integer), false, nullptr},
                      {"max_seqlen_k", bit(Kind::integer), false, nullptr},
                      {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
-                    kKVCacheOptions),
+                    kVarlenOptions),
        run_attention_varlen_backward, nullptr},
   };
   return table;

@@ -22,6 +22,7 @@ from mfa_native.bundle.writer import VARLEN_BOUND, build_payload, choose, forwar
 
 from conftest import poison
 from test_bundle_cpp import view
+from test_bundle_scores import DOCUMENT_BIAS, SCORE_MOD
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 HKV, D, PAGE, BLOCKS = 2, 32, 4, 30
@@ -33,6 +34,8 @@ FAMILIES = [
     {**BASE, "dtype": ["float32"], "gqa_ratio": [1], "causal": ["lower_right"], "seqused_k": [True]},
     {**BASE, "dtype": ["float32"], "gqa_ratio": [2], "causal": ["lower_right"], "page_size": [PAGE]},
     {**BASE, "dtype": ["float32"], "gqa_ratio": [1], "causal": ["none"], "alibi": ["per_batch", "per_head"],
+     "backward": True},
+    {**BASE, "dtype": ["float32"], "gqa_ratio": [1], "causal": ["lower_right"], "score_mod": [SCORE_MOD],
      "backward": True},
 ]
 
@@ -56,6 +59,9 @@ def _problem(rng, dtype: str, ratio: int, sequences: int, longest_q: int, longes
     args = dict(options)
     if args.pop("sinks", False):
         args["sinks"] = rng.standard_normal(ratio * HKV).astype(np.float32)
+    if args.pop("score_mod", False):   # the document bias: doc (20,) int and bias (4,) float, read per sequence
+        args.update(score_mod=DOCUMENT_BIAS, score_mod_tensors=[np.sort(rng.integers(0, 4, 20)).astype(np.int32),
+                                                                 rng.standard_normal(4).astype(np.float32)])
     alibi = args.pop("alibi", None)
     if alibi:   # per sequence (B, Hq) or per head (Hq,)
         args["alibi_slopes"] = rng.uniform(0.01, 0.5, (sequences, ratio * HKV) if alibi == "per_batch"
@@ -84,10 +90,18 @@ def _cpu():
     return next(d for d in mfa_native.devices() if d.kind == "cpu")
 
 
+def _views(args: dict) -> dict:
+    """The hook's views of a call's array arguments (score_mod_tensors: a list of them)."""
+    views = {name: view(x) for name, x in args.items() if isinstance(x, np.ndarray)}
+    if "score_mod_tensors" in args:
+        views["score_mod_tensors"] = [view(x) for x in args["score_mod_tensors"]]
+    return views
+
+
 def _cpp(bundle, arrays, args, out, lse, batch=None):
     q, k, v, cu_q, cu_k = arrays
-    views = {name: view(x) for name, x in args.items() if isinstance(x, np.ndarray)}
-    options = {name: x for name, x in args.items() if not isinstance(x, np.ndarray) and name != "causal"}
+    views = _views(args)
+    options = {name: x for name, x in args.items() if name not in views and name != "causal"}
     _core._bundle_attention_varlen("cpu", bundle, view(q), view(k), view(v), view(cu_q),
                                    None if cu_k is None else view(cu_k), view(out), None if lse is None else view(lse),
                                    causal="lower_right" if args.get("causal") else "none", batch=batch, **views,
@@ -111,6 +125,7 @@ CASES = [
     pytest.param("float32", 2, 1, 7, 9, dict(causal=True, paged="used"), id="paged-one-sequence"),
     pytest.param("float32", 1, 5, 9, 12, dict(alibi="per_batch"), id="alibi-per-sequence"),
     pytest.param("float32", 1, 4, 9, 12, dict(alibi="per_head"), id="alibi-per-head"),
+    pytest.param("float32", 1, 4, 15, 20, dict(causal=True, score_mod=True), id="score_mod"),
 ]
 
 
@@ -131,8 +146,8 @@ def test_matches_python_bit_for_bit(bundle, dtype, ratio, sequences, longest_q, 
 
 def _cpp_backward(bundle, arrays, o, lse, do, args, grads):
     q, k, v, cu_q, cu_k = arrays
-    views = {name: view(x) for name, x in args.items() if isinstance(x, np.ndarray)}
-    options = {name: x for name, x in args.items() if not isinstance(x, np.ndarray) and name != "causal"}
+    views = _views(args)
+    options = {name: x for name, x in args.items() if name not in views and name != "causal"}
     dsinks = None if len(grads) < 4 else view(grads[3])
     _core._bundle_attention_varlen_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse), view(do),
                                             view(cu_q), None if cu_k is None else view(cu_k), *map(view, grads[:3]),
@@ -297,6 +312,7 @@ BAD_CALLS = {   # what changes from a good call (packed heads, hints given)
     "max_seqlen_k short": dict(max_seqlen_k=lambda a: 2),
     "window type": dict(window=lambda a: (1, -2)),
     "alibi_slopes rows": dict(alibi_slopes=lambda a: np.ones((2, a["q"].shape[1]), np.float32)),
+    "score_mod_tensors without score_mod": dict(score_mod_tensors=lambda a: [np.zeros(4, np.float32)]),
 }
 
 

@@ -33,8 +33,8 @@ even number of features that turn, omitted [null]; `rotary_interleaved` and
 entry without an append has no rotation; the tables' length is a runtime value.
 
 An "attention_varlen" family (packed sequences, Python's attention_varlen with cu_seqlens_q
-and cu_seqlens_k: layout bshd, no mask) takes attention's keys but mask, layout and
-score_mod, and two keys of its own: `page_size` a list of null (packed k and v, rows of
+and cu_seqlens_k: layout bshd, no mask) takes attention's keys but mask and layout, and
+two keys of its own: `page_size` a list of null (packed k and v, rows of
 cu_seqlens_k) or page sizes (pages (num_blocks, page_size, Hkv, D) and a block table, forward
 only), omitted [null]; `seqused_k` whether packed calls give seqused_k (each sequence uses its
 first seqused_k keys), a list of bools, omitted [false] (a paged entry serves calls with and
@@ -73,7 +73,7 @@ KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "
                 "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
 VARLEN = "attention_varlen"
 VARLEN_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
-               "family", "backward", "page_size", "seqused_k")
+               "score_mod", "family", "backward", "page_size", "seqused_k")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 ALIBI = ("none", "per_head", "per_batch")
