@@ -18,7 +18,8 @@ import mfa_native
 from mfa_native import _core, codegen
 from mfa_native.bundle import entries_of
 from mfa_native.bundle.file import pack
-from mfa_native.bundle.writer import VARLEN_BOUND, build_payload, choose, forward_templates, problem, without_bound
+from mfa_native.bundle.writer import (VARLEN_BOUND, build_payload, choose, entry_line, forward_templates, problem,
+                                      without_bound)
 
 from conftest import poison
 from test_bundle_cpp import view
@@ -398,6 +399,13 @@ def test_bad_paged_calls_raise_pythons_message_before_writing(bundle, case):
     with pytest.raises((ValueError, TypeError)) as python:
         mfa_native.attention_varlen(*arrays, device="cpu", **given)
     assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+
+
+def test_entry_lines_are_the_writers():
+    payload = build_payload(entries_of({"families": FAMILIES[2:4]}))
+    lines = _core._Bundle.from_bytes(pack(payload)).entries()
+    assert lines == [entry_line(r["op"], r["facts"], len(r["forward"]), len(r["backward"])) for r in payload["entries"]]
+    assert " seqused_k=yes " in lines[0] and " page_size=4 seqused_k=no " in lines[1] and lines[1].endswith("+0")
 
 
 def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
