@@ -114,9 +114,6 @@ class VarlenCall {
         (o.seqused_k->dtype != DType::int32 || o.seqused_k->shape != std::vector<std::int64_t>{sequences_}))
       throw ArgumentError("seqused_k must be int32 (B,) = (" + std::to_string(sequences_) + ",), got " +
                           to_string(o.seqused_k->dtype) + " " + shape_text(o.seqused_k->shape));
-    if (paged_ && page_rows_ != page_)
-      throw ArgumentError("k's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry reads pages "
-                          "that follow each other (page_size " + std::to_string(page_) + " rows apart)");
     if (out) check_output(*out, "out", "(total_q, Hq, Dv)", {q.shape[0], q.shape[1], v.shape.back()}, q.dtype);
     if (lse) check_output(*lse, "lse", "(Hq, total_q)", {q.shape[1], q.shape[0]}, DType::float32);
     attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
@@ -139,6 +136,9 @@ class VarlenCall {
     lengths_ = used_keys(cu_seqlens_k ? &rows : nullptr);
     check_hint(o.max_seqlen_k, "max_seqlen_k", lengths_, "keys");
     if (paged_) check_pages_read();
+    if (paged_ && page_rows_ != page_)   // C++'s own, after every check of Python's
+      throw ArgumentError("k's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry reads pages "
+                          "that follow each other (page_size " + std::to_string(page_) + " rows apart)");
   }
 
   // The forward's pass (or Python's empty outputs).
