@@ -1,13 +1,13 @@
-// mfa::attention_varlen and attention_varlen_backward: attention over packed sequences (flash-attn's varlen layout),
-// Python's mfa_native.attention_varlen run from a bundle's "attention_varlen" entries.
+// mfa::attention_varlen and attention_varlen_backward: attention over packed sequences
+// (flash-attn's varlen layout), Python's mfa_native.attention_varlen and its backward run from
+// a bundle's "attention_varlen" entries.
 //
 // q (total_q, Hq, D), k (total_k, Hkv, D) and v (total_k, Hkv, Dv) hold B sequences packed
 // along their rows: sequence b is q's rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) attending
 // k's and v's rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]). cu_seqlens_q and cu_seqlens_k are
-// int32 (B + 1,), non-decreasing from 0 to total_q and total_k; their contents are checked
-// (and the work tables built from them) on every call, before anything is written, with
-// Python's messages. Paged keys (block_table) are Python-only for now: given here, they are
-// refused (ArgumentError).
+// int32 (B + 1,), non-decreasing from 0 to total_q and total_k; their contents (and
+// seqused_k's and the block table's) are checked, and the work tables built from them, on
+// every call, before anything is written, with Python's messages.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +36,11 @@ struct VarlenOptions {
   // kv_idx: positions inside it).
   std::string score_mod;
   std::vector<TensorView> score_mod_tensors;
-  const TensorView* block_table = nullptr;  // not taken yet (ArgumentError)
+  // int32 (B, max_blocks), forward only: k and v are pages (num_blocks, page_size, Hkv, D)
+  // following each other and sequence b's key position p is row p % page_size of page
+  // block_table[b, p / page_size]; its keys are cu_seqlens_k's count (which may then end
+  // anywhere), seqused_k's, or (cu_seqlens_k null) every listed page's.
+  const TensorView* block_table = nullptr;
   // int32 (B,), forward only (flash-attn 3's): sequence b uses its first seqused_k[b] keys of
   // its rows of k (an entry with seqused_k: true serves such calls).
   const TensorView* seqused_k = nullptr;
@@ -55,7 +59,8 @@ void attention_varlen(CommandBatch& batch, const Bundle& bundle, const TensorVie
 // The gradients of attention_varlen (Python's attention_varlen_backward): given o and lse as
 // the forward wrote them and do (the gradient of o, shaped and typed like o), writes dq, dk,
 // dv (shaped like q, k and v, q's dtype, contiguous) and, with sinks, dsinks (Hq,) float32
-// summed over every sequence. block_table and seqused_k are forward-only (ArgumentError).
+// summed over every sequence. block_table and seqused_k are forward-only (ArgumentError with
+// Python's NotImplementedError's message).
 void attention_varlen_backward(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
                                const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
                                const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k, const TensorView& dq,

@@ -1,8 +1,10 @@
-// mfa::attention_varlen: python/mfa_native/ops/varlen.py (and varlen_keys.py) in C++,
-// with its messages, in its order: q's rank, cu_seqlens_q's form, the keys' shapes and
-// cu_seqlens_k's form, then attention's checks (q, k and v bound as one bshd batch of
-// total_q queries and total_k keys), then the contents of cu_seqlens and the max_seqlen
-// hints (every call, before anything is written). The pass reads q, k, v, o and lse
+// mfa::attention_varlen and its backward: python/mfa_native/ops/varlen.py (and
+// varlen_keys.py, pages.py) in C++, with its messages, in its order: q's rank, cu_seqlens_q's
+// form, the keys' shapes (packed rows, or pages and the block table's form) and cu_seqlens_k's
+// and seqused_k's forms, then attention's checks (q, k and v bound as one bshd batch of
+// total_q queries and total_k keys; pages as their rows), then the contents of cu_seqlens,
+// seqused_k and the block table and the max_seqlen hints (every call, before anything is
+// written). The pass reads q, k, v, o and lse
 // without their batch axis, and the unit tables (codegen/attention/sequences.py's
 // unit_table), built here every call into pool buffers (a CommandBatch keeps them alive).
 // The per-sequence query bound (max_seqlen_q, else total_q) is the runtime size "Qb": the
