@@ -123,10 +123,7 @@ int main(int argc, char** argv) {
         const mfa::TensorView v_new = view(v.data(), mfa::DType::float32, {1, rows, HKV, D});
         const mfa::TensorView table = view(tables[l].data(), mfa::DType::int32, {1, PAGES});
         mfa::KVCacheOptions options;
-        options.cache_seqlens = &seqlens;
-        options.k = &k_new;
-        options.v = &v_new;
-        options.block_table = &table;
+        options.cache_seqlens = &seqlens, options.k = &k_new, options.v = &v_new, options.block_table = &table;
         options.causal = mfa::Causal::lower_right;
         mfa::attention_with_kvcache(device, bundle, view(q.data(), mfa::DType::float32, {1, rows, HQ, D}), k_cache,
                                     v_cache, view(o.data(), mfa::DType::float32, {1, rows, HQ, D}), options);

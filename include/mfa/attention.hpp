@@ -53,8 +53,8 @@
 namespace mfa {
 
 // Element types of a TensorView. bool8: one byte per element, 0 or 1; uint8:
-// bytes (a quantized tensor's blocks).
-enum class DType { float32, float16, bfloat16, bool8, int32, uint8 };
+// bytes (a quantized tensor's blocks); uint32: words (affine quantized data).
+enum class DType { float32, float16, bfloat16, bool8, int32, uint8, uint32 };
 
 const char* to_string(DType dtype);
 std::size_t dtype_size(DType dtype);

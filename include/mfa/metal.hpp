@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <future>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,7 +22,11 @@
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/device.hpp"
+#include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/merge.hpp"
+#include "mfa/quantize.hpp"
+#include "mfa/sparse.hpp"
 
 namespace mfa::metal {
 
@@ -49,10 +55,11 @@ void encode(const Device& device, std::vector<Dispatch> dispatches, void* comman
 // (not an MTLBuffer).
 Buffer wrap_buffer(const Device& device, void* mtl_buffer, std::size_t byte_offset, std::size_t bytes);
 
-// mfa::attention / attention_backward (include/mfa/attention.hpp) and
+// mfa::attention / attention_backward (include/mfa/attention.hpp),
 // attention_with_kvcache (include/mfa/kvcache.hpp; the caches it appends to are
-// outputs here: written in place, or staged and copied back) with the same
-// checks, entry and pass, encoded into `command_buffer`, an id<MTLCommandBuffer>
+// outputs here: written in place, or staged and copied back), sparse_attention,
+// its backward and sparse_topk (include/mfa/sparse.hpp), int8_attention,
+// merge_attention and quantize with the same checks, entry and pass, encoded into `command_buffer`, an id<MTLCommandBuffer>
 // of `device`'s GPU that is not committed yet and has no encoder open, without
 // committing it: the pass gets one compute encoder of its own, after the
 // encoders the caller encoded before, and runs when the caller commits.
@@ -92,6 +99,33 @@ std::shared_future<void> attention_with_kvcache(const Device& device, const Bund
                                                 const KVCache& k_cache, const KVCache& v_cache,
                                                 const TensorView& out, const KVCacheOptions& options,
                                                 const TensorView* lse, void* command_buffer);
+std::shared_future<void> sparse_attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                          const TensorView& k, const TensorView& v, const TensorView& indices,
+                                          const TensorView& out, const SparseOptions& options, const TensorView* lse,
+                                          void* command_buffer);
+std::shared_future<void> sparse_attention_backward(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                   const TensorView& k, const TensorView& v,
+                                                   const TensorView& indices, const TensorView& o,
+                                                   const TensorView& lse, const TensorView& dout,
+                                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                   const SparseOptions& options, const TensorView* dsinks,
+                                                   void* command_buffer);
+std::shared_future<void> sparse_topk(const Device& device, const Bundle& bundle, const TensorView& q,
+                                     const TensorView& k, const TensorView& weights, std::int64_t topk,
+                                     const TensorView& indices, const SparseTopkOptions& options,
+                                     const TensorView* topk_scores, void* command_buffer);
+std::shared_future<void> int8_attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                        const TensorView& k, const TensorView& v, const TensorView& out,
+                                        const Int8AttentionOptions& options, const TensorView* lse,
+                                        void* command_buffer);
+std::shared_future<void> merge_attention(const Device& device, const Bundle& bundle,
+                                         const std::vector<TensorView>& outputs, const std::vector<TensorView>& lses,
+                                         const TensorView& out, const TensorView& lse, Layout layout,
+                                         void* command_buffer);
+std::shared_future<void> quantize(const Device& device, const Bundle& bundle, const TensorView& x,
+                                  const QuantizeOutputs& out, const std::string& format,
+                                  std::optional<std::int64_t> bits, std::optional<std::int64_t> group_size,
+                                  void* command_buffer);
 
 }  // namespace mfa::metal
 

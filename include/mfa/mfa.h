@@ -13,21 +13,27 @@
  *   mfa_call_free(call);  mfa_bundle_free(bundle);  mfa_device_free(device);
  *
  * A call is an op by name ("attention", "attention_backward",
- * "attention_with_kvcache", "attention_varlen", "attention_varlen_backward") and its
- * arguments set by name, with Python's names and values (mfa_native.attention's q, k,
- * v, mask, sinks, scale, causal, window, layout, softcap, alibi_slopes, score_mod and
- * score_mod_tensors (a score_mod's text);
+ * "attention_with_kvcache", "sparse_attention", "sparse_attention_backward",
+ * "sparse_topk", "int8_attention", "merge_attention", "quantize", "attention_varlen",
+ * "attention_varlen_backward") and its arguments set by name, with Python's names and
+ * values (mfa_native.attention's q, k, v, mask, sinks, scale, causal, window, layout,
+ * softcap, alibi_slopes, score_mod and score_mod_tensors (a score_mod's text);
  * attention_backward's o, lse, do and outputs dq, dk, dv, dsinks; attention's
  * outputs out and lse; attention_with_kvcache's q, k_cache, v_cache (tensors, or
  * quantized: mfa_call_set_quantized), cache_seqlens, k, v, block_table,
  * rotary_cos, rotary_sin, rotary_seqlens, rotary_interleaved, scale, causal, window,
  * sinks, softcap, alibi_slopes, out and lse, its k and v appended to the caches in
- * place; attention_varlen's q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
- * max_seqlen_k (mfa_call_set_int), scale, causal, window, sinks, softcap,
+ * place; the sparse ops' arguments as include/mfa/sparse.hpp names them, topk set
+ * with mfa_call_set_int; "int8_attention"'s attention's arguments but score_mod, and
+ * qk_scale, smooth_k and pv (include/mfa/int8.hpp); "merge_attention"'s outputs and lses
+ * (mfa_call_set_tensors), layout, out and lse; "quantize"'s x, format, bits, group_size and
+ * outputs data, scales, biases (GGUF blocks MFA_UINT8, affine data MFA_UINT32); these three
+ * with mfa_call_run only); attention_varlen's q, k, v, cu_seqlens_q, cu_seqlens_k,
+ * max_seqlen_q, max_seqlen_k (mfa_call_set_int), scale, causal, window, sinks, softcap,
  * alibi_slopes, score_mod, score_mod_tensors, block_table, seqused_k, out (total_q, Hq,
- * Dv) and lse (Hq, total_q);
- * attention_varlen_backward's the same inputs with o, lse, do and outputs dq, dk, dv,
- * dsinks). New ops and arguments need no new functions here. Giving attention's lse is Python's
+ * Dv) and lse (Hq, total_q), attention_varlen_backward's the same inputs with o, lse, do
+ * and outputs dq, dk, dv, dsinks (both with mfa_call_run only). New ops and arguments
+ * need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle
  * entries include/mfa/attention.hpp's; on the cpu backend the results are
@@ -84,14 +90,15 @@ const char* mfa_last_error(void);
 const char* mfa_status_name(mfa_status status);
 
 /* Element types: as include/mfa/attention.hpp's DType. MFA_BOOL: one byte, 0 or 1;
- * MFA_UINT8: bytes (a quantized tensor's blocks). */
+ * MFA_UINT8: bytes (a quantized tensor's blocks); MFA_UINT32: words (affine quantized data). */
 typedef enum mfa_dtype {
   MFA_FLOAT32 = 0,
   MFA_FLOAT16 = 1,
   MFA_BFLOAT16 = 2,
   MFA_BOOL = 3,
   MFA_INT32 = 4,
-  MFA_UINT8 = 5
+  MFA_UINT8 = 5,
+  MFA_UINT32 = 6
 } mfa_dtype;
 
 /* A tensor in caller memory. shape and strides (in elements; NULL: contiguous

@@ -8,7 +8,11 @@
 #pragma once
 
 #include "mfa/attention.hpp"
+#include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/merge.hpp"
+#include "mfa/quantize.hpp"
+#include "mfa/sparse.hpp"
 #include "mfa/varlen.hpp"
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"

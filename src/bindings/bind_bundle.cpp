@@ -13,9 +13,13 @@
 #include "core/pass_template.hpp"
 #include "core/size_expression.hpp"
 #include "mfa/attention.hpp"
-#include "mfa/kvcache.hpp"
-#include "mfa/varlen.hpp"
 #include "mfa/command_batch.hpp"
+#include "mfa/int8.hpp"
+#include "mfa/kvcache.hpp"
+#include "mfa/merge.hpp"
+#include "mfa/quantize.hpp"
+#include "mfa/sparse.hpp"
+#include "mfa/varlen.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -33,6 +37,7 @@ DType dtype_of(const std::string& name) {
   if (name == "bool") return DType::bool8;
   if (name == "int32") return DType::int32;
   if (name == "uint8") return DType::uint8;
+  if (name == "uint32") return DType::uint32;
   throw TypeError("no TensorView dtype for '" + name + "'");
 }
 
@@ -75,6 +80,19 @@ AttentionOptions options_of(std::optional<double> scale, const std::string& caus
 KVCache cache_of(const ViewSpec& spec, const std::string& format, DType dtype) {
   if (format.empty()) return view_of(spec);
   return QuantizedTensor{format, view_of(spec), dtype};
+}
+
+SparseOptions sparse_options_of(std::optional<double> scale, const std::optional<ViewSpec>& sinks,
+                                std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
+                                const std::vector<ViewSpec>& score_mod_tensors, const std::string& score_mod,
+                                const std::optional<ViewSpec>& topk_length, const std::string& layout) {
+  const AttentionOptions a = options_of(scale, "none", std::nullopt, std::nullopt, sinks, layout, softcap,
+                                        alibi_slopes, score_mod, score_mod_tensors);
+  SparseOptions o;
+  o.scale = a.scale, o.sinks = a.sinks, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
+  o.score_mod_tensors = a.score_mod_tensors, o.score_mod = a.score_mod, o.topk_length = view_of(topk_length);
+  o.layout = a.layout;
+  return o;
 }
 
 SizeEnv env_of(const std::map<std::string, std::int64_t>& sizes) { return SizeEnv(sizes.begin(), sizes.end()); }
@@ -158,6 +176,57 @@ void bind_bundle(nb::module_& m) {
         "mask"_a = nb::none(), "sinks"_a = nb::none(), "layout"_a = "bhsd", "softcap"_a = nb::none(),
         "alibi_slopes"_a = nb::none(), "score_mod"_a = "", "score_mod_tensors"_a = std::vector<ViewSpec>(),
         "Test hook: mfa::attention_backward on views of caller memory.");
+
+  m.def("_bundle_int8_attention",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& out, const std::optional<ViewSpec>& lse, std::optional<double> scale,
+           const std::string& causal, std::optional<std::pair<std::int64_t, std::int64_t>> window,
+           const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout,
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes, const std::string& qk_scale,
+           bool smooth_k, const std::string& pv) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions a = options_of(scale, causal, window, mask, sinks, layout, softcap, alibi_slopes,
+                                                "", {});
+          Int8AttentionOptions o;
+          o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.mask = a.mask, o.sinks = a.sinks;
+          o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes, o.layout = a.layout;
+          o.qk_scale = qk_scale, o.smooth_k = smooth_k, o.pv = pv;
+          const std::optional<TensorView> rows = view_of(lse);
+          nb::gil_scoped_release release;
+          int8_attention(device, bundle, view_of(q), view_of(k), view_of(v), view_of(out), o, rows ? &*rows : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "scale"_a = nb::none(),
+        "causal"_a = "none", "window"_a = nb::none(), "mask"_a = nb::none(), "sinks"_a = nb::none(),
+        "layout"_a = "bhsd", "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(), "qk_scale"_a = "token",
+        "smooth_k"_a = true, "pv"_a = "int8", "Test hook: mfa::int8_attention on views of caller memory.");
+
+  m.def("_bundle_merge_attention",
+        [](const std::string& kind, const Bundle& bundle, const std::vector<ViewSpec>& outputs,
+           const std::vector<ViewSpec>& lses, const ViewSpec& out, const ViewSpec& lse, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions a = options_of(std::nullopt, "none", std::nullopt, std::nullopt, std::nullopt, layout,
+                                                std::nullopt, std::nullopt, "", {});
+          std::vector<TensorView> parts, rows;
+          for (const ViewSpec& o : outputs) parts.push_back(view_of(o));
+          for (const ViewSpec& l : lses) rows.push_back(view_of(l));
+          nb::gil_scoped_release release;
+          merge_attention(device, bundle, parts, rows, view_of(out), view_of(lse), a.layout);
+        },
+        "device"_a, "bundle"_a, "outputs"_a, "lses"_a, "out"_a, "lse"_a, "layout"_a = "bhsd",
+        "Test hook: mfa::merge_attention on views of caller memory.");
+
+  m.def("_bundle_quantize",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& x, const ViewSpec& data,
+           const std::optional<ViewSpec>& scales, const std::optional<ViewSpec>& biases, const std::string& format,
+           std::optional<std::int64_t> bits, std::optional<std::int64_t> group_size) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const QuantizeOutputs out{view_of(data), view_of(scales), view_of(biases)};
+          nb::gil_scoped_release release;
+          quantize(device, bundle, view_of(x), out, format, bits, group_size);
+        },
+        "device"_a, "bundle"_a, "x"_a, "data"_a, "scales"_a = nb::none(), "biases"_a = nb::none(),
+        "format"_a = "affine", "bits"_a = nb::none(), "group_size"_a = nb::none(),
+        "Test hook: mfa::quantize on views of caller memory.");
 
   m.def("_bundle_attention_with_kvcache",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k_cache,
@@ -275,6 +344,66 @@ void bind_bundle(nb::module_& m) {
         "block_table"_a = nb::none(), "seqused_k"_a = nb::none(), "score_mod"_a = "",
         "score_mod_tensors"_a = std::vector<ViewSpec>(),
         "Test hook: mfa::attention_varlen_backward on views of caller memory.");
+
+  m.def("_bundle_sparse_attention",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& indices, const ViewSpec& out, const std::optional<ViewSpec>& lse,
+           std::optional<double> scale, const std::optional<ViewSpec>& sinks, std::optional<double> softcap,
+           const std::optional<ViewSpec>& alibi_slopes, const std::vector<ViewSpec>& score_mod_tensors,
+           const std::string& score_mod, const std::optional<ViewSpec>& topk_length, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const SparseOptions options = sparse_options_of(scale, sinks, softcap, alibi_slopes, score_mod_tensors,
+                                                          score_mod, topk_length, layout);
+          const std::optional<TensorView> rows = view_of(lse);
+          nb::gil_scoped_release release;
+          sparse_attention(device, bundle, view_of(q), view_of(k), view_of(v), view_of(indices), view_of(out),
+                           options, rows ? &*rows : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "indices"_a, "out"_a, "lse"_a = nb::none(),
+        "scale"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
+        "score_mod_tensors"_a = std::vector<ViewSpec>(), "score_mod"_a = "", "topk_length"_a = nb::none(),
+        "layout"_a = "bhsd", "Test hook: mfa::sparse_attention on views of caller memory.");
+
+  m.def("_bundle_sparse_attention_backward",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& indices, const ViewSpec& o, const ViewSpec& lse, const ViewSpec& dout, const ViewSpec& dq,
+           const ViewSpec& dk, const ViewSpec& dv, const std::optional<ViewSpec>& dsinks, std::optional<double> scale,
+           const std::optional<ViewSpec>& sinks, std::optional<double> softcap,
+           const std::optional<ViewSpec>& alibi_slopes, const std::vector<ViewSpec>& score_mod_tensors,
+           const std::string& score_mod, const std::optional<ViewSpec>& topk_length, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const SparseOptions options = sparse_options_of(scale, sinks, softcap, alibi_slopes, score_mod_tensors,
+                                                          score_mod, topk_length, layout);
+          const std::optional<TensorView> ds = view_of(dsinks);
+          nb::gil_scoped_release release;
+          sparse_attention_backward(device, bundle, view_of(q), view_of(k), view_of(v), view_of(indices), view_of(o),
+                                    view_of(lse), view_of(dout), view_of(dq), view_of(dk), view_of(dv), options,
+                                    ds ? &*ds : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "indices"_a, "o"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a,
+        "dsinks"_a = nb::none(), "scale"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(),
+        "alibi_slopes"_a = nb::none(), "score_mod_tensors"_a = std::vector<ViewSpec>(), "score_mod"_a = "",
+        "topk_length"_a = nb::none(), "layout"_a = "bhsd",
+        "Test hook: mfa::sparse_attention_backward on views of caller memory.");
+
+  m.def("_bundle_sparse_topk",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& weights,
+           std::int64_t topk, const ViewSpec& indices, const std::optional<ViewSpec>& topk_scores, bool causal,
+           const std::string& layout, const std::string& precision) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          SparseTopkOptions options;
+          options.causal = causal;
+          options.layout = options_of({}, "none", std::nullopt, std::nullopt, std::nullopt, layout, std::nullopt,
+                                      std::nullopt, "", {}).layout;
+          options.precision = precision;
+          const std::optional<TensorView> scores = view_of(topk_scores);
+          nb::gil_scoped_release release;
+          sparse_topk(device, bundle, view_of(q), view_of(k), view_of(weights), topk, view_of(indices), options,
+                      scores ? &*scores : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "weights"_a, "topk"_a, "indices"_a, "topk_scores"_a = nb::none(),
+        "causal"_a = true, "layout"_a = "bhsd", "precision"_a = "float",
+        "Test hook: mfa::sparse_topk on views of caller memory.");
 }
 
 }  // namespace mfa::bindings

@@ -109,12 +109,13 @@ int code_of(const Enum& value) {
 
 mfa::TensorView view_of(const mfa_tensor_view& v, const std::string& name) {
   const int dtype = code_of(v.dtype);
-  if (dtype < MFA_FLOAT32 || dtype > MFA_UINT8)
+  if (dtype < MFA_FLOAT32 || dtype > MFA_UINT32)
     throw mfa::TypeError(name + " has dtype " + std::to_string(dtype) + ", which is no mfa_dtype");
   if (v.ndim < 0) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim));
   if (v.ndim > 0 && !v.shape) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim) + " but no shape");
   static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
-                                           mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8};
+                                           mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8,
+                                           mfa::DType::uint32};
   mfa::TensorView view{v.data, kDTypes[dtype], {}, {}};
   if (v.ndim > 0) view.shape.assign(v.shape, v.shape + v.ndim);
   if (v.ndim > 0 && v.strides) view.strides.assign(v.strides, v.strides + v.ndim);
@@ -325,7 +326,7 @@ mfa_status mfa_call_encode_metal(mfa_call* call, const mfa_device* device, void*
     need(device, "device");
     need(done, "done");
     check_required(*call);
-    if (!call->op->encode_metal)
+    if (!call->op->encode_metal)  // every op has one where the Metal backend is built
       throw mfa::UnavailableError("mfa_call_encode_metal: this build has no Metal backend (macOS builds have it)");
     auto event = std::make_unique<mfa_event>();
     event->done = call->op->encode_metal(device->device, call->bundle, mfa::c_abi::Given(*call->op, call->values),

@@ -77,6 +77,13 @@ std::vector<Param> attention_options(const std::vector<std::string>& names) {
 // attention_with_kvcache's: attention's but the mask, the layout (bshd) and score_mod.
 const std::vector<Param> kKVCacheOptions =
     attention_options({"scale", "causal", "window", "sinks", "softcap", "alibi_slopes"});
+// sparse_attention's: attention's but causal, the window and the mask.
+const std::vector<Param> kSparseOptions =
+    attention_options({"scale", "sinks", "layout", "softcap", "alibi_slopes", "score_mod", "score_mod_tensors"});
+
+// int8_attention's: attention's but score_mod (its quantization choices are rows of its own).
+const std::vector<Param> kInt8Options =
+    attention_options({"scale", "causal", "window", "mask", "sinks", "layout", "softcap", "alibi_slopes"});
 
 std::vector<Param> with_options(std::vector<Param> arrays, const std::vector<Param>& options = kAttentionOptions) {
   arrays.insert(arrays.end(), options.begin(), options.end());
@@ -94,6 +101,62 @@ void run_attention_backward(const Device& device, const Bundle& bundle, const Gi
                      g.optional_tensor("dsinks"));
 }
 
+// int8_attention's options: attention's it takes, and its quantization choices.
+Int8AttentionOptions int8_options(const Given& g) {
+  const AttentionOptions a = g.options();
+  Int8AttentionOptions o;
+  o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.mask = a.mask, o.sinks = a.sinks;
+  o.layout = a.layout, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
+  o.qk_scale = g.value("qk_scale", o.qk_scale), o.smooth_k = g.value("smooth_k", o.smooth_k);
+  o.pv = g.value("pv", o.pv);
+  return o;
+}
+
+// quantize's outputs: the data, and an affine format's scales and biases.
+QuantizeOutputs quantize_outputs(const Given& g) {
+  QuantizeOutputs out{g.tensor("data"), {}, {}};
+  if (const TensorView* scales = g.optional_tensor("scales")) out.scales = *scales;
+  if (const TensorView* biases = g.optional_tensor("biases")) out.biases = *biases;
+  return out;
+}
+
+void run_int8_attention(const Device& device, const Bundle& bundle, const Given& g) {
+  int8_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"), int8_options(g),
+                 g.optional_tensor("lse"));
+}
+
+void run_merge_attention(const Device& device, const Bundle& bundle, const Given& g) {
+  merge_attention(device, bundle, g.tensors("outputs"), g.tensors("lses"), g.tensor("out"), g.tensor("lse"),
+                  g.options().layout);
+}
+
+void run_quantize(const Device& device, const Bundle& bundle, const Given& g) {
+  quantize(device, bundle, g.tensor("x"), quantize_outputs(g), g.value<std::string>("format", "affine"),
+           g.integer("bits"), g.integer("group_size"));
+}
+
+#ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_int8_attention(const Device& device, const Bundle& bundle, const Given& g,
+                                               void* command_buffer) {
+  return metal::int8_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("out"),
+                               int8_options(g), g.optional_tensor("lse"), command_buffer);
+}
+
+std::shared_future<void> encode_merge_attention(const Device& device, const Bundle& bundle, const Given& g,
+                                                void* command_buffer) {
+  return metal::merge_attention(device, bundle, g.tensors("outputs"), g.tensors("lses"), g.tensor("out"),
+                                g.tensor("lse"), g.options().layout, command_buffer);
+}
+
+std::shared_future<void> encode_quantize(const Device& device, const Bundle& bundle, const Given& g,
+                                         void* command_buffer) {
+  return metal::quantize(device, bundle, g.tensor("x"), quantize_outputs(g), g.value<std::string>("format", "affine"),
+                         g.integer("bits"), g.integer("group_size"), command_buffer);
+}
+#else
+constexpr std::nullptr_t encode_int8_attention = nullptr, encode_merge_attention = nullptr, encode_quantize = nullptr;
+#endif
+
 // The call's KV-cache arguments: its tensors by name and attention's options it takes.
 KVCacheOptions kvcache_options(const Given& g) {
   const AttentionOptions a = g.options();
@@ -103,7 +166,7 @@ KVCacheOptions kvcache_options(const Given& g) {
   o.block_table = g.optional_tensor("block_table");
   o.rotary_cos = g.optional_tensor("rotary_cos"), o.rotary_sin = g.optional_tensor("rotary_sin");
   o.rotary_seqlens = g.optional_tensor("rotary_seqlens");
-  o.rotary_interleaved = g.flag("rotary_interleaved", true);
+  o.rotary_interleaved = g.value("rotary_interleaved", true);
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
   o.alibi_slopes = a.alibi_slopes;
   return o;
@@ -113,6 +176,41 @@ void run_attention_with_kvcache(const Device& device, const Bundle& bundle, cons
   const TensorView& q = g.tensor("q");
   attention_with_kvcache(device, bundle, q, g.cache("k_cache", q.dtype), g.cache("v_cache", q.dtype),
                          g.tensor("out"), kvcache_options(g), g.optional_tensor("lse"));
+}
+
+// sparse_attention's options: attention's it takes, and topk_length.
+SparseOptions sparse_options(const Given& g) {
+  const AttentionOptions a = g.options();
+  SparseOptions o;
+  o.scale = a.scale, o.sinks = a.sinks, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
+  o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors, o.layout = a.layout;
+  if (const TensorView* lengths = g.optional_tensor("topk_length")) o.topk_length = *lengths;
+  return o;
+}
+
+// sparse_topk's: causal (True by default, as Python's), layout, precision.
+SparseTopkOptions topk_options(const Given& g) {
+  SparseTopkOptions o;
+  o.causal = g.value("causal", true);
+  o.layout = g.options().layout;
+  o.precision = g.value<std::string>("precision", "float");
+  return o;
+}
+
+void run_sparse_attention(const Device& device, const Bundle& bundle, const Given& g) {
+  sparse_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("indices"), g.tensor("out"),
+                   sparse_options(g), g.optional_tensor("lse"));
+}
+
+void run_sparse_attention_backward(const Device& device, const Bundle& bundle, const Given& g) {
+  sparse_attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("indices"),
+                            g.tensor("o"), g.tensor("lse"), g.tensor("do"), g.tensor("dq"), g.tensor("dk"),
+                            g.tensor("dv"), sparse_options(g), g.optional_tensor("dsinks"));
+}
+
+void run_sparse_topk(const Device& device, const Bundle& bundle, const Given& g) {
+  sparse_topk(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("weights"), g.value<std::int64_t>("topk", 0),
+              g.tensor("indices"), topk_options(g), g.optional_tensor("topk_scores"));
 }
 
 // attention_varlen's: attention's but the mask and the layout (bshd).
@@ -142,6 +240,26 @@ void run_attention_varlen_backward(const Device& device, const Bundle& bundle, c
 }
 
 #ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_sparse_attention(const Device& device, const Bundle& bundle, const Given& g,
+                                                 void* command_buffer) {
+  return metal::sparse_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("indices"),
+                                 g.tensor("out"), sparse_options(g), g.optional_tensor("lse"), command_buffer);
+}
+
+std::shared_future<void> encode_sparse_attention_backward(const Device& device, const Bundle& bundle, const Given& g,
+                                                          void* command_buffer) {
+  return metal::sparse_attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"),
+                                          g.tensor("indices"), g.tensor("o"), g.tensor("lse"), g.tensor("do"),
+                                          g.tensor("dq"), g.tensor("dk"), g.tensor("dv"), sparse_options(g),
+                                          g.optional_tensor("dsinks"), command_buffer);
+}
+
+std::shared_future<void> encode_sparse_topk(const Device& device, const Bundle& bundle, const Given& g,
+                                            void* command_buffer) {
+  return metal::sparse_topk(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("weights"), g.value<std::int64_t>("topk", 0),
+                            g.tensor("indices"), topk_options(g), g.optional_tensor("topk_scores"), command_buffer);
+}
+
 std::shared_future<void> encode_attention_with_kvcache(const Device& device, const Bundle& bundle, const Given& g,
                                                        void* command_buffer) {
   const TensorView& q = g.tensor("q");
@@ -163,7 +281,8 @@ std::shared_future<void> encode_attention_backward(const Device& device, const B
 }
 #else
 constexpr std::nullptr_t encode_attention = nullptr, encode_attention_backward = nullptr,
-                         encode_attention_with_kvcache = nullptr;
+                         encode_attention_with_kvcache = nullptr, encode_sparse_attention = nullptr,
+                         encode_sparse_attention_backward = nullptr, encode_sparse_topk = nullptr;
 #endif
 
 const std::vector<Op>& ops() {
@@ -190,6 +309,45 @@ const std::vector<Op>& ops() {
                      {"rotary_interleaved", bit(Kind::boolean), false, nullptr}},
                     kKVCacheOptions),
        run_attention_with_kvcache, encode_attention_with_kvcache},
+      {"sparse_attention",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"indices", kTensor, true, nullptr}, {"out", kTensor, true, nullptr},
+                     {"lse", kTensor, false, nullptr}, {"topk_length", kTensor, false, nullptr}},
+                    kSparseOptions),
+       run_sparse_attention, encode_sparse_attention},
+      {"sparse_attention_backward",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"indices", kTensor, true, nullptr}, {"o", kTensor, true, nullptr},
+                     {"lse", kTensor, true, nullptr}, {"do", kTensor, true, nullptr}, {"dq", kTensor, true, nullptr},
+                     {"dk", kTensor, true, nullptr}, {"dv", kTensor, true, nullptr},
+                     {"dsinks", kTensor, false, nullptr}, {"topk_length", kTensor, false, nullptr}},
+                    kSparseOptions),
+       run_sparse_attention_backward, encode_sparse_attention_backward},
+      {"sparse_topk",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr},
+                     {"weights", kTensor, true, nullptr}, {"topk", bit(Kind::integer), true, nullptr},
+                     {"indices", kTensor, true, nullptr}, {"topk_scores", kTensor, false, nullptr},
+                     {"causal", bit(Kind::boolean), false, nullptr},
+                     {"precision", bit(Kind::text), false, nullptr}},
+                    attention_options({"layout"})),
+       run_sparse_topk, encode_sparse_topk},
+      {"int8_attention",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr},
+                     {"qk_scale", bit(Kind::text), false, nullptr}, {"smooth_k", bit(Kind::boolean), false, nullptr},
+                     {"pv", bit(Kind::text), false, nullptr}},
+                    kInt8Options),
+       run_int8_attention, encode_int8_attention},
+      {"merge_attention",
+       with_options({{"outputs", bit(Kind::tensors), true, nullptr}, {"lses", bit(Kind::tensors), true, nullptr},
+                     {"out", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}},
+                    attention_options({"layout"})),
+       run_merge_attention, encode_merge_attention},
+      {"quantize",
+       {{"x", kTensor, true, nullptr}, {"data", kTensor, true, nullptr}, {"scales", kTensor, false, nullptr},
+        {"biases", kTensor, false, nullptr}, {"format", bit(Kind::text), false, nullptr},
+        {"bits", bit(Kind::integer), false, nullptr}, {"group_size", bit(Kind::integer), false, nullptr}},
+       run_quantize, encode_quantize},
       {"attention_varlen",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
                      {"cu_seqlens_q", kTensor, true, nullptr}, {"cu_seqlens_k", kTensor, false, nullptr},
@@ -248,9 +406,13 @@ KVCache Given::cache(const std::string& name, DType dtype) const {
   return std::get<TensorView>(it->second);
 }
 
-bool Given::flag(const std::string& name, bool otherwise) const {
-  auto it = values_.find(name);
-  return it == values_.end() ? otherwise : std::get<bool>(it->second);
+AttentionOptions Given::options() const {
+  AttentionOptions options;
+  for (const Param& p : op_.params) {
+    auto it = values_.find(p.name);
+    if (p.option && it != values_.end()) p.option(it->second, options);
+  }
+  return options;
 }
 
 std::optional<std::int64_t> Given::integer(const std::string& name) const {
@@ -259,13 +421,10 @@ std::optional<std::int64_t> Given::integer(const std::string& name) const {
   return std::get<std::int64_t>(it->second);
 }
 
-AttentionOptions Given::options() const {
-  AttentionOptions options;
-  for (const Param& p : op_.params) {
-    auto it = values_.find(p.name);
-    if (p.option && it != values_.end()) p.option(it->second, options);
-  }
-  return options;
+const std::vector<TensorView>& Given::tensors(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw TypeError(std::string(op_.name) + "() missing 1 required argument: " + quoted(name));
+  return std::get<std::vector<TensorView>>(it->second);
 }
 
 const Param* Op::param(const std::string& wanted) const {

@@ -15,7 +15,11 @@
 #include <vector>
 
 #include "mfa/attention.hpp"
+#include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/merge.hpp"
+#include "mfa/quantize.hpp"
+#include "mfa/sparse.hpp"
 #include "mfa/varlen.hpp"
 
 namespace mfa::c_abi {
@@ -44,10 +48,16 @@ class Given {
   Given(const Op& op, const std::map<std::string, Value>& values) : op_(op), values_(values) {}
   const TensorView& tensor(const std::string& name) const;   // a required tensor (checked before run)
   const TensorView* optional_tensor(const std::string& name) const;
-  // A boolean argument the op reads itself (not an AttentionOptions field), or `otherwise`.
-  bool flag(const std::string& name, bool otherwise) const;
-  // An integer argument the op reads itself, if given.
+  // An argument the op reads itself (not an AttentionOptions field): its value, or `otherwise`.
+  template <class T>
+  T value(const std::string& name, T otherwise) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? otherwise : std::get<T>(it->second);
+  }
+  // An integer argument the op reads itself (nullopt: not given).
   std::optional<std::int64_t> integer(const std::string& name) const;
+  // A required list of tensors.
+  const std::vector<TensorView>& tensors(const std::string& name) const;
   // A required cache: a tensor, or a quantized tensor of `dtype` (q's).
   KVCache cache(const std::string& name, DType dtype) const;
   // The op's options: every option row applied to the values given.

@@ -16,10 +16,7 @@ using namespace attention_runner;
 // The entry's forward or backward pass for the call's sizes, run on its views.
 void run(const Device& device, CommandBatch* batch, const Binder& binder, const Problem& p,
          const AttentionOptions& options, const Bundle& bundle, bool backward) {
-  const BundleEntry& entry = entry_for(bundle, facts_of(p, device.tuning().family, backward));
-  const PassViews views(device, binder, options);
-  attention_runner::run(device, batch, backward ? entry.backward : entry.forward, entry.line,
-                        sizes_of(p, device, entry, views.strided), views);
+  run_entry(device, batch, bundle, facts_of(p, device.tuning().family, backward), binder, p, options);
 }
 
 // The call's arrays by their declared names: `arrays`, then the options' (null when not given).

@@ -111,9 +111,13 @@ Problem checked_problem(Binder& binder, const AttentionOptions& options) {
   }
   p.sinks = options.sinks.has_value();
   if (options.alibi_slopes) p.alibi = binder.shape_index("alibi_slopes") == 0 ? "per_head" : "per_batch";
+  check_score_mod(p, options);
+  return p;
+}
+
+void check_score_mod(Problem& p, const AttentionOptions& options) {
   p.score_mod = options.score_mod;
   p.score_mod_tensors = score_mod_tensors_of(options);
-  return p;
 }
 
 }  // namespace mfa::attention_problem

@@ -40,14 +40,18 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.family == want.family && (!want.backward || e.backward) && e.op == want.op &&
          e.page_size == want.page_size && e.cache == want.cache && e.append == want.append &&
          e.rotary_dim == want.rotary_dim && e.rotary_interleaved == want.rotary_interleaved &&
-         e.rotary_starts == want.rotary_starts && e.seqused_k == want.seqused_k;
+         e.rotary_starts == want.rotary_starts &&
+         e.topk_length == want.topk_length && e.shared_latent == want.shared_latent &&
+         e.precision == want.precision && e.qk_scale == want.qk_scale && e.smooth_k == want.smooth_k &&
+         e.pv == want.pv && e.parts == want.parts && e.format == want.format && e.bits == want.bits &&
+         e.group_size == want.group_size && e.seqused_k == want.seqused_k;
 }
 
 [[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {
   std::string line = entry_line(want, 0, 0);
   line = line.substr(0, line.rfind(" templates="));
-  std::string message = std::string("the bundle holds no entry for ") + (want.backward ? "attention_backward of " : "") +
-                        line + "; it holds:";
+  std::string message = std::string("the bundle holds no entry for ") +
+                        (want.backward ? want.op + "_backward of " : "") + line + "; it holds:";
   const std::vector<std::string> entries = bundle.entries();
   for (const std::string& entry : entries) message += "\n  " + entry;
   if (entries.empty()) message += " nothing";
@@ -143,10 +147,15 @@ BundleFacts facts_of(const Problem& p, const std::string& family, bool backward)
   return f;
 }
 
-const BundleEntry& entry_for(const Bundle& bundle, const BundleFacts& want) {
+const BundleEntry* find_entry(const Bundle& bundle, const BundleFacts& want) {
   for (bool any_window : {false, true})  // an entry without a window first: it skips the window's arithmetic
     for (const BundleEntry& entry : bundle.contents().entries)
-      if (serves(entry.facts, want, any_window)) return entry;
+      if (serves(entry.facts, want, any_window)) return &entry;
+  return nullptr;
+}
+
+const BundleEntry& entry_for(const Bundle& bundle, const BundleFacts& want) {
+  if (const BundleEntry* entry = find_entry(bundle, want)) return *entry;
   no_entry(bundle, want);
 }
 
@@ -173,6 +182,14 @@ SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entr
   for (const auto& [name, logical] : strided)
     for (std::size_t i = 0; i < logical.size() && i < 4; ++i) sizes[name + "_" + axes[i] + "_stride"] = logical[i];
   return sizes;
+}
+
+void run_entry(const Device& device, CommandBatch* batch, const Bundle& bundle, const BundleFacts& want,
+               const Binder& binder, const Problem& p, const AttentionOptions& options) {
+  const BundleEntry& entry = entry_for(bundle, want);
+  const PassViews views(device, binder, options);
+  run(device, batch, want.backward ? entry.backward : entry.forward, entry.line,
+      sizes_of(p, device, entry, views.strided), views);
 }
 
 void zero(const Checked& view) {

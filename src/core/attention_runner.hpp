@@ -1,10 +1,13 @@
 // The attention family's pass runner, shared by the ops whose pass is an
-// attention pass (attention, attention_backward, attention_with_kvcache): the
-// bundle entry a call's facts need, the runtime sizes of its template, the
-// caller's views bound by the pass's buffer names, and the pass run (or encoded
-// into the caller's batch). The views' strides and a window entry's sides are
-// runtime sizes of the template; views the kernels cannot address in place are
-// packed first (view_packing.hpp).
+// attention pass (attention, attention_backward, attention_with_kvcache,
+// sparse_attention and its backward, int8_attention; sparse_topk uses its
+// entries and run, merge_attention and quantize its entries, PassViews::add and
+// run, binding their views and sizes themselves): the bundle entry a call's
+// facts need, the runtime sizes of its template, the caller's views bound by the
+// pass's buffer names, and the pass run (or encoded into the caller's batch).
+// The views' strides and a window entry's sides are runtime sizes of the
+// template; views the kernels cannot address in place are packed first
+// (view_packing.hpp).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +28,8 @@ BundleFacts facts_of(const attention_problem::Problem& p, const std::string& fam
 
 // The bundle's entry serving `want` (NoBundleEntryError listing the bundle's entries otherwise).
 const BundleEntry& entry_for(const Bundle& bundle, const BundleFacts& want);
+// The same, or null when the bundle holds none.
+const BundleEntry* find_entry(const Bundle& bundle, const BundleFacts& want);
 
 // One array of the call, by the pass's buffer name.
 struct Bound {
@@ -42,6 +47,7 @@ struct PassViews {
   std::map<std::string, std::vector<std::int64_t>> strided;
 
   PassViews(const Device& device, const Binder& binder, const AttentionOptions& options);
+  PassViews() = default;  // an op without a declaration adds its arrays itself
   PassViews(const PassViews&) = delete;  // arrays point into views
   PassViews& operator=(const PassViews&) = delete;
   // Binds `view` as pass buffer `buffer` (in place of what the binder gave, if anything).
@@ -67,6 +73,12 @@ void run(const Device& device, CommandBatch* batch, const PassTemplate& pass, co
 // The first of `templates` whose guards hold for `sizes`, evaluated, run on `views` (or encoded into `batch`).
 void run(const Device& device, CommandBatch* batch, const std::vector<PassTemplate>& templates,
          const std::string& entry_line_text, const SizeEnv& sizes, const PassViews& views);
+
+// The pass of the entry serving `want` (its backward with want.backward) for a call of `p`
+// checked by `binder`, on the call's views: what attention, attention_backward and
+// int8_attention run, each with its own facts.
+void run_entry(const Device& device, CommandBatch* batch, const Bundle& bundle, const BundleFacts& want,
+               const Binder& binder, const attention_problem::Problem& p, const AttentionOptions& options);
 
 // Writes zeros over a contiguous written view.
 void zero(const Checked& view);

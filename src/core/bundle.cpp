@@ -34,10 +34,38 @@ std::string hex(const unsigned char* p, std::size_t n) {
 }
 
 constexpr const char* kKVCache = "attention_with_kvcache";
+constexpr const char* kSparse = "sparse_attention";
+constexpr const char* kTopk = "sparse_topk";
+constexpr const char* kInt8 = "int8_attention";
+constexpr const char* kMerge = "merge_attention";
+constexpr const char* kQuantize = "quantize";
 constexpr const char* kVarlen = "attention_varlen";  // attention's facts (layout bshd, no mask)
+
+// The ops this reader runs (a later writer may add others: their entries are skipped).
+bool known_op(const std::string& op) {
+  for (const char* known : {"attention", kKVCache, kSparse, kTopk, kInt8, kMerge, kQuantize, kVarlen})
+    if (op == known) return true;
+  return false;
+}
 
 BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
+  if (op == kMerge) {  // spec.py's EntryFacts.to_json: a merge's own facts only
+    facts.op = op;
+    facts.dtype = f.at("dtype").as_string("dtype");
+    facts.value_dim = f.at("value_dim").as_int("value_dim");
+    facts.parts = f.at("parts").as_int("parts");
+    facts.layout = f.at("layout").as_string("layout");
+    return facts;
+  }
+  if (op == kQuantize) {  // x's dtype and the format
+    facts.op = op;
+    facts.dtype = f.at("dtype").as_string("dtype");
+    facts.format = f.at("format").as_string("format");
+    facts.bits = f.at("bits").as_int("bits");
+    facts.group_size = f.at("group_size").as_int("group_size");
+    return facts;
+  }
   facts.dtype = f.at("dtype").as_string("dtype");
   facts.head_dim = f.at("head_dim").as_int("head_dim");
   facts.value_dim = f.at("value_dim").as_int("value_dim");
@@ -79,6 +107,16 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
       facts.rotary_starts = rotary.at("starts").as_string("rotary starts");
     }
   }
+  if (op == kSparse) {
+    facts.topk_length = f.at("topk_length").as_bool("topk_length");
+    facts.shared_latent = f.at("shared_latent").as_bool("shared_latent");
+  }
+  if (op == kTopk) facts.precision = f.at("precision").as_string("precision");
+  if (op == kInt8) {
+    facts.qk_scale = f.at("qk_scale").as_string("qk_scale");
+    facts.smooth_k = f.at("smooth_k").as_bool("smooth_k");
+    facts.pv = f.at("pv").as_string("pv");
+  }
   return facts;
 }
 
@@ -101,7 +139,7 @@ std::shared_ptr<const Bundle::Contents> parse_payload(std::string_view text) {
     contents->declarations.emplace(op, Declaration::from_json(declaration));
   for (const json::Value& record : payload.at("entries").as_array("entries")) {
     const std::string op = record.at("op").as_string("op");
-    if (op != "attention" && op != kKVCache && op != kVarlen) continue;  // ops a later writer may add
+    if (!known_op(op)) continue;  // ops a later writer may add
     BundleEntry entry;
     entry.facts = facts_of(op, record.at("facts"));
     entry.forward = templates_of(record.at("forward"), "forward");
@@ -123,6 +161,17 @@ const Declaration& Bundle::Contents::declaration(const std::string& op) const {
 }
 
 std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
+  if (f.op == kTopk)  // writer.py's entry_line
+    return f.op + " " + f.dtype + " Di=" + std::to_string(f.head_dim) + " causal=" +
+           (f.causal != "none" ? "yes" : "no") + " layout=" + f.layout + " precision=" + f.precision +
+           " family=" + f.family + " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
+  if (f.op == kQuantize)
+    return f.op + " " + f.dtype + " format=" + f.format + " bits=" + std::to_string(f.bits) +
+           " group_size=" + std::to_string(f.group_size) + " templates=" + std::to_string(forward) + "+" +
+           std::to_string(backward);
+  if (f.op == kMerge)
+    return f.op + " " + f.dtype + " Dv=" + std::to_string(f.value_dim) + " parts=" + std::to_string(f.parts) +
+           " layout=" + f.layout + " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
   const std::string window = f.window ? "yes" : "no";
   const std::string mask = f.mask == "additive" ? "additive:" + f.mask_dtype : f.mask;
   std::string scores;  // writer.py's scores_text
@@ -134,6 +183,9 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.alibi != "none") scores += " alibi=" + f.alibi;
   if (!f.score_mod.empty()) scores += " score_mod=" + sha256_hex(f.score_mod).substr(0, 12);
   std::string cache;  // writer.py's entry_line
+  if (f.op == kSparse)
+    cache = std::string(" topk_length=") + (f.topk_length ? "yes" : "no") +
+            " shared_latent=" + (f.shared_latent ? "yes" : "no");
   if (f.op == kVarlen)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " seqused_k=" +
             (f.seqused_k ? "yes" : "no");
@@ -143,6 +195,8 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.rotary_dim)
     cache += " rotary_dim=" + std::to_string(f.rotary_dim) + " rotary_interleaved=" +
              (f.rotary_interleaved ? "yes" : "no") + " rotary_starts=" + f.rotary_starts;
+  if (f.op == kInt8)
+    cache = " qk_scale=" + f.qk_scale + " smooth_k=" + (f.smooth_k ? "yes" : "no") + " pv=" + f.pv;
   return f.op + " " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
          " gqa=" + std::to_string(f.gqa_ratio) + " causal=" + f.causal + " mask=" + mask + " window=" + window +
          " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + scores + cache + " family=" + f.family +

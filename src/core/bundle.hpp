@@ -43,6 +43,16 @@ struct BundleFacts {
   std::int64_t rotary_dim = 0;    // the rotation of q and the appended k: features that turn (0: none),
   bool rotary_interleaved = true; // GPT-J pairs (else GPT-NeoX halves), and where
   std::string rotary_starts;      // positions start: "cache_seqlens" or "rotary_seqlens"
+  bool topk_length = false;       // sparse_attention: whether a call gives the lists' lengths,
+  bool shared_latent = false;     // and whether v is a view of k's first Dv features
+  std::string precision = "float";  // sparse_topk: "float" or "int8" scores (family "any")
+  std::string qk_scale = "token";  // an int8_attention entry's quantization (Int8Problem's):
+  bool smooth_k = true;            // token or tile scales of q and k, K's mean subtracted,
+  std::string pv = "int8";         // P and V as int8 or float
+  std::int64_t parts = 0;          // a merge_attention entry's part count (its other facts:
+                                   // dtype, value_dim, layout)
+  std::string format;              // a quantize entry's format (its dtype x's), bits and
+  std::int64_t bits = 0, group_size = 0;  // group size
 };
 
 struct BundleEntry {

@@ -10,13 +10,14 @@ const char* to_string(DType dtype) {
     case DType::bool8: return "bool";
     case DType::int32: return "int32";
     case DType::uint8: return "uint8";
+    case DType::uint32: return "uint32";
   }
   return "?";
 }
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::float32: case DType::int32: return 4;
+    case DType::float32: case DType::int32: case DType::uint32: return 4;
     case DType::float16: case DType::bfloat16: return 2;
     case DType::bool8: case DType::uint8: return 1;
   }
@@ -71,11 +72,15 @@ Checked broadcast(const Checked& given, const std::vector<std::int64_t>& target)
   return out;
 }
 
-void require_contiguous(const Checked& view) {
+bool is_contiguous(const Checked& view) {
   std::vector<std::int64_t> dense = contiguous(view.shape);
   for (std::size_t i = 0; i < view.shape.size(); ++i)
     if (view.shape[i] == 1) dense[i] = 0;
-  if (view.strides != dense)
+  return view.strides == dense;
+}
+
+void require_contiguous(const Checked& view) {
+  if (view.elements && !is_contiguous(view))  // an empty view is written nowhere: any strides (numpy gives 0s) do
     throw ArgumentError(view.name + " must be contiguous (it is written in place), got strides " +
                         shape_text(view.view->strides));
 }

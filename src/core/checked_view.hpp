@@ -35,6 +35,9 @@ Checked checked(const TensorView& view, const std::string& name);
 // get stride 0); the caller has checked that it broadcasts.
 Checked broadcast(const Checked& given, const std::vector<std::int64_t>& target);
 
+// Whether `view` is C-contiguous (its strides as Checked holds them: 0 on axes of extent 1).
+bool is_contiguous(const Checked& view);
+
 // ArgumentError unless `view`, written in place, is C-contiguous (0 strides on axes of extent 1).
 void require_contiguous(const Checked& view);
 

@@ -233,8 +233,7 @@ class KVCall {
   Checked data_rows(const Cache& cache) {
     const TensorView& data = cache.stored();
     const Checked given = checked(data, cache.field());
-    if (given.strides != contiguous(data.shape) && !std::all_of(data.shape.begin(), data.shape.end(),
-                                                                 [](std::int64_t n) { return n <= 1; }))
+    if (!is_contiguous(given))
       throw ArgumentError(cache.field() + " must be contiguous in a bundle call (its kernels read the blocks at "
                           "fixed strides), got strides " + shape_text(given.strides));
     const std::int64_t bytes = data.shape[3], heads = data.shape[2];

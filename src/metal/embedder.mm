@@ -146,4 +146,61 @@ std::shared_future<void> attention_with_kvcache(const Device& device, const Bund
   });
 }
 
+std::shared_future<void> sparse_attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                          const TensorView& k, const TensorView& v, const TensorView& indices,
+                                          const TensorView& out, const SparseOptions& options, const TensorView* lse,
+                                          void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::sparse_attention", [&](CommandBatch& batch) {
+    mfa::sparse_attention(batch, bundle, q, k, v, indices, out, options, lse);
+  });
+}
+
+std::shared_future<void> sparse_attention_backward(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                   const TensorView& k, const TensorView& v,
+                                                   const TensorView& indices, const TensorView& o,
+                                                   const TensorView& lse, const TensorView& dout,
+                                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                   const SparseOptions& options, const TensorView* dsinks,
+                                                   void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::sparse_attention_backward", [&](CommandBatch& batch) {
+    mfa::sparse_attention_backward(batch, bundle, q, k, v, indices, o, lse, dout, dq, dk, dv, options, dsinks);
+  });
+}
+
+std::shared_future<void> sparse_topk(const Device& device, const Bundle& bundle, const TensorView& q,
+                                     const TensorView& k, const TensorView& weights, std::int64_t topk,
+                                     const TensorView& indices, const SparseTopkOptions& options,
+                                     const TensorView* topk_scores, void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::sparse_topk", [&](CommandBatch& batch) {
+    mfa::sparse_topk(batch, bundle, q, k, weights, topk, indices, options, topk_scores);
+  });
+}
+
+std::shared_future<void> int8_attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                        const TensorView& k, const TensorView& v, const TensorView& out,
+                                        const Int8AttentionOptions& options, const TensorView* lse,
+                                        void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::int8_attention", [&](CommandBatch& batch) {
+    mfa::int8_attention(batch, bundle, q, k, v, out, options, lse);
+  });
+}
+
+std::shared_future<void> merge_attention(const Device& device, const Bundle& bundle,
+                                         const std::vector<TensorView>& outputs, const std::vector<TensorView>& lses,
+                                         const TensorView& out, const TensorView& lse, Layout layout,
+                                         void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::merge_attention", [&](CommandBatch& batch) {
+    mfa::merge_attention(batch, bundle, outputs, lses, out, lse, layout);
+  });
+}
+
+std::shared_future<void> quantize(const Device& device, const Bundle& bundle, const TensorView& x,
+                                  const QuantizeOutputs& out, const std::string& format,
+                                  std::optional<std::int64_t> bits, std::optional<std::int64_t> group_size,
+                                  void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::quantize", [&](CommandBatch& batch) {
+    mfa::quantize(batch, bundle, x, out, format, bits, group_size);
+  });
+}
+
 }  // namespace mfa::metal

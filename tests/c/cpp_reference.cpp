@@ -7,14 +7,19 @@
 #include <vector>
 
 #include "mfa/attention.hpp"
+#include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
+#include "mfa/merge.hpp"
+#include "mfa/quantize.hpp"
+#include "mfa/sparse.hpp"
 #include "mfa/varlen.hpp"
 
 namespace {
 
 mfa::TensorView view(const mfa_tensor_view& v) {
   static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
-                                           mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8};
+                                           mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8,
+                                           mfa::DType::uint32};
   mfa::TensorView t{v.data, kDTypes[v.dtype], std::vector<std::int64_t>(v.shape, v.shape + v.ndim), {}};
   if (v.strides) t.strides.assign(v.strides, v.strides + v.ndim);
   return t;
@@ -76,6 +81,44 @@ extern "C" int cpp_attention_backward(const char* bundle, const reference_option
   }, error, error_size);
 }
 
+extern "C" int cpp_int8_attention(const char* bundle, const reference_options* options, const char* qk_scale,
+                                  int smooth_k, const char* pv, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                                  const mfa_tensor_view* v, const mfa_tensor_view* out, const mfa_tensor_view* lse,
+                                  char* error, std::size_t error_size) {
+  return reported([&] {
+    const mfa::AttentionOptions a = options_of(*options);
+    mfa::Int8AttentionOptions o;
+    o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.mask = a.mask, o.sinks = a.sinks;
+    o.layout = a.layout, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
+    o.qk_scale = qk_scale, o.smooth_k = smooth_k != 0, o.pv = pv;
+    const std::optional<mfa::TensorView> rows = optional_view(lse);
+    mfa::int8_attention(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
+                        view(*out), o, rows ? &*rows : nullptr);
+  }, error, error_size);
+}
+
+extern "C" int cpp_merge_attention(const char* bundle, const mfa_tensor_view* outputs, const mfa_tensor_view* lses,
+                                   std::size_t parts, const mfa_tensor_view* out, const mfa_tensor_view* lse,
+                                   char* error, std::size_t error_size) {
+  return reported([&] {
+    std::vector<mfa::TensorView> o, l;
+    for (std::size_t i = 0; i < parts; ++i) o.push_back(view(outputs[i])), l.push_back(view(lses[i]));
+    mfa::merge_attention(mfa::Device::default_device(), mfa::Bundle::load(bundle), o, l, view(*out), view(*lse));
+  }, error, error_size);
+}
+
+extern "C" int cpp_quantize(const char* bundle, const mfa_tensor_view* x, const char* format,
+                            const mfa_tensor_view* data, const mfa_tensor_view* scales,
+                            const mfa_tensor_view* biases, char* error, std::size_t error_size) {
+  return reported([&] {
+    const bool affine = std::string(format) == "affine";
+    mfa::quantize(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*x),
+                  {view(*data), optional_view(scales), optional_view(biases)}, format,
+                  affine ? std::optional<std::int64_t>(4) : std::nullopt,
+                  affine ? std::optional<std::int64_t>(32) : std::nullopt);
+  }, error, error_size);
+}
+
 extern "C" int cpp_attention_with_kvcache(const char* bundle, const char* format, const mfa_tensor_view* q,
                                           const mfa_tensor_view* k_cache, const mfa_tensor_view* v_cache,
                                           const mfa_tensor_view* cache_seqlens, const mfa_tensor_view* k,
@@ -92,6 +135,19 @@ extern "C" int cpp_attention_with_kvcache(const char* bundle, const char* format
                                 mfa::QuantizedTensor{format, view(*k_cache), mfa::DType::float32},
                                 mfa::QuantizedTensor{format, view(*v_cache), mfa::DType::float32}, view(*out), options,
                                 &rows);
+  }, error, error_size);
+}
+
+extern "C" int cpp_sparse(const char* bundle, const mfa_tensor_view* q_index, const mfa_tensor_view* k_index,
+                          const mfa_tensor_view* weights, std::int64_t topk, const mfa_tensor_view* indices,
+                          const mfa_tensor_view* q, const mfa_tensor_view* k, const mfa_tensor_view* v,
+                          const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, std::size_t error_size) {
+  return reported([&] {
+    const mfa::Device device = mfa::Device::default_device();
+    const mfa::Bundle loaded = mfa::Bundle::load(bundle);
+    const mfa::TensorView rows = view(*lse);
+    mfa::sparse_topk(device, loaded, view(*q_index), view(*k_index), view(*weights), topk, view(*indices));
+    mfa::sparse_attention(device, loaded, view(*q), view(*k), view(*v), view(*indices), view(*out), {}, &rows);
   }, error, error_size);
 }
 

@@ -1,5 +1,6 @@
 /* The C++ API's results for the C ABI's test (cpp_reference.cpp): mfa::attention,
- * attention_backward and attention_with_kvcache called directly, on a bundle and device of their own, on the same
+ * attention_backward, attention_with_kvcache, int8_attention, merge_attention and quantize
+ * called directly, on a bundle and device of their own, on the same
  * views (mfa.h's structs, converted here on their own) and options the test sets by name
  * through the C ABI. Each returns 0, or 1 with the exception's message in `error`. */
 #ifndef MFA_TEST_CPP_REFERENCE_H
@@ -43,6 +44,25 @@ int cpp_attention_with_kvcache(const char* bundle, const char* format, const mfa
                                const mfa_tensor_view* v, const mfa_tensor_view* block_table,
                                const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
                                size_t error_size);
+/* mfa::sparse_topk (causal, float) of q_index, k_index, weights into `indices`, then
+ * mfa::sparse_attention of q, k, v over those lists into out and lse. */
+int cpp_sparse(const char* bundle, const mfa_tensor_view* q_index, const mfa_tensor_view* k_index,
+               const mfa_tensor_view* weights, int64_t topk, const mfa_tensor_view* indices,
+               const mfa_tensor_view* q, const mfa_tensor_view* k, const mfa_tensor_view* v,
+               const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, size_t error_size);
+
+/* mfa::int8_attention with qk_scale, smooth_k and pv. */
+int cpp_int8_attention(const char* bundle, const reference_options* options, const char* qk_scale, int smooth_k,
+                       const char* pv, const mfa_tensor_view* q, const mfa_tensor_view* k, const mfa_tensor_view* v,
+                       const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, size_t error_size);
+
+/* mfa::merge_attention of `parts` parts (bhsd). */
+int cpp_merge_attention(const char* bundle, const mfa_tensor_view* outputs, const mfa_tensor_view* lses, size_t parts,
+                        const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, size_t error_size);
+/* mfa::quantize into GGUF `format`'s blocks (scales and biases NULL), or 4-bit affine groups of 32. */
+int cpp_quantize(const char* bundle, const mfa_tensor_view* x, const char* format, const mfa_tensor_view* data,
+                 const mfa_tensor_view* scales, const mfa_tensor_view* biases, char* error, size_t error_size);
+
 /* mfa::attention_varlen on packed sequences, lower-right causal, with max_seqlen_q. */
 int cpp_attention_varlen(const char* bundle, const mfa_tensor_view* q, const mfa_tensor_view* k,
                          const mfa_tensor_view* v, const mfa_tensor_view* cu_seqlens_q,

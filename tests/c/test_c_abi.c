@@ -1,5 +1,6 @@
-/* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache and
- * attention_varlen set up by argument names on random inputs give the C++ API's results bit for bit
+/* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache,
+ * sparse_topk, sparse_attention, int8_attention, merge_attention, quantize and attention_varlen
+ * (+ backward) set up by argument names on random inputs give the C++ API's results bit for bit
  * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
  * calls return their code with Python's message before writing anything.
  *   usage: test_c_abi BUNDLE   (written from tests/c/c_abi_spec.json) */
@@ -190,7 +191,7 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
-/* The fourth bundle family: attention_varlen on three packed sequences (one empty) with GQA,
+/* The varlen bundle family: attention_varlen on three packed sequences (one empty) with GQA,
  * heads packed by max_seqlen_q: the C ABI gives the C++ API's output and lse, and its backward
  * the C++ API's gradients; a cu_seqlens_q that decreases is refused with Python's message
  * before writing. */
@@ -251,6 +252,193 @@ static void packed_varlen(const char* path, const mfa_device* device, const mfa_
   mfa_call_free(call);
   void* buffers[] = {q, k, v, out, lse, ref_out, ref_lse, dout, dq, dk, dv, ref_dq, ref_dk, ref_dv};
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
+/* The indexer then sparse attention over its lists (bundle families four and five): the C
+ * ABI's indices, out and lse are the C++ API's; the lists are padded with -1 past each row's
+ * candidates (causal), which sparse_attention skips. */
+static void indexed(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 1, HI = 2, HQ = 2, R = 5, C = 12, DI = 16, D = 16, TOPK = 4 };
+  const int64_t qi_shape[] = {B, HI, R, DI}, ki_shape[] = {B, 1, C, DI}, w_shape[] = {B, HI, R};
+  const int64_t list_shape[] = {B, 1, R, TOPK}, q_shape[] = {B, HQ, R, D}, kv_shape[] = {B, 1, C, D};
+  const int64_t rows_shape[] = {B, HQ, R};
+  const size_t nlists = B * R * TOPK, nq = B * HQ * R * D, nrows = B * HQ * R;
+  float *qi = random_floats(B * HI * R * DI), *ki = random_floats(B * C * DI), *w = random_floats(B * HI * R);
+  float *q = random_floats(nq), *k = random_floats(B * C * D), *v = random_floats(B * C * D);
+  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  int32_t lists[B * R * TOPK], ref_lists[B * R * TOPK];
+  memset(lists, 0x80, sizeof lists), memset(ref_lists, 0x80, sizeof ref_lists);
+  mfa_tensor_view vqi = view(qi, 4, qi_shape), vki = view(ki, 4, ki_shape), vw = view(w, 3, w_shape);
+  mfa_tensor_view vlists = {lists, MFA_INT32, 4, list_shape, NULL}, rlists = {ref_lists, MFA_INT32, 4, list_shape, NULL};
+  mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, kv_shape), vv = view(v, 4, kv_shape);
+  mfa_tensor_view vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 4, q_shape), rlse = view(ref_lse, 3, rows_shape);
+  mfa_call *topk = NULL, *call = NULL;
+  OK(mfa_call_new(bundle, "sparse_topk", &topk));
+  const char* topk_names[] = {"q", "k", "weights", "indices"};
+  const mfa_tensor_view* topk_views[] = {&vqi, &vki, &vw, &vlists};
+  for (int i = 0; i < 4; ++i) OK(mfa_call_set_tensor(topk, topk_names[i], topk_views[i]));
+  expect(mfa_call_run(topk, device), MFA_TYPE_ERROR, "sparse_topk() missing 1 required argument: 'topk'",
+         "the indexer without topk");
+  OK(mfa_call_set_int(topk, "topk", TOPK));
+  OK(mfa_call_run(topk, device));
+  OK(mfa_call_new(bundle, "sparse_attention", &call));
+  const char* names[] = {"q", "k", "v", "indices", "out", "lse"};
+  const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vlists, &vout, &vlse};
+  for (int i = 0; i < 6; ++i) OK(mfa_call_set_tensor(call, names[i], views[i]));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  CHECK(cpp_sparse(path, &vqi, &vki, &vw, TOPK, &rlists, &vq, &vk, &vv, &rout, &rlse, error, sizeof error) == 0, "%s",
+        error);
+  CHECK(memcmp(lists, ref_lists, nlists * sizeof *lists) == 0 && lists[0] >= 0, "the C ABI's lists differ");
+  CHECK(any_nonzero(out, nq), "sparse out: nothing written");
+  CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "sparse out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "sparse lse differs from the C++ API's");
+  mfa_call* backward = NULL; /* its row: Python's argument names, checked before anything runs */
+  OK(mfa_call_new(bundle, "sparse_attention_backward", &backward));
+  OK(mfa_call_set_tensor(backward, "q", &vq));
+  expect(mfa_call_run(backward, device), MFA_TYPE_ERROR,
+         "sparse_attention_backward() missing 9 required arguments: 'k', 'v', 'indices', 'o', 'lse', 'do', 'dq', "
+         "'dk', and 'dv'", "the sparse backward's arguments");
+  mfa_call_free(backward);
+  mfa_call_free(topk);
+  mfa_call_free(call);
+  float* buffers[] = {qi, ki, w, q, k, v, out, lse, ref_out, ref_lse};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
+/* The sixth bundle family: int8_attention (tile scales, no smoothing, int8 P V) with GQA,
+ * causal, a window and sinks, the scale given: the C ABI gives the C++ API's output and lse;
+ * a bad qk_scale and a pv the bundle lacks are refused with Python's message. */
+static void int8_call(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 2, HQ = 4, HKV = 2, R = 9, C = 70, D = 16 };
+  const int64_t q_shape[] = {B, HQ, R, D}, k_shape[] = {B, HKV, C, D}, rows_shape[] = {B, HQ, R}, heads[] = {HQ};
+  const size_t nq = B * HQ * R * D, nk = B * HKV * C * D, nrows = B * HQ * R;
+  float *q = random_floats(nq), *k = random_floats(nk), *v = random_floats(nk), *sinks = random_floats(HQ);
+  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, k_shape), vv = view(v, 4, k_shape);
+  mfa_tensor_view vsinks = view(sinks, 1, heads), vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 4, q_shape), rlse = view(ref_lse, 3, rows_shape);
+  mfa_call* call = NULL;
+  OK(mfa_call_new(bundle, "int8_attention", &call));
+  const char* names[] = {"q", "k", "v", "sinks", "out", "lse"};
+  const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vsinks, &vout, &vlse};
+  for (size_t i = 0; i < sizeof names / sizeof *names; ++i) OK(mfa_call_set_tensor(call, names[i], views[i]));
+  OK(mfa_call_set_bool(call, "causal", 1));
+  OK(mfa_call_set_int_pair(call, "window", 20, 0));
+  OK(mfa_call_set_float(call, "scale", 0.3));
+  OK(mfa_call_set_string(call, "qk_scale", "tile"));
+  OK(mfa_call_set_bool(call, "smooth_k", 0));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  const reference_options options = {1, 0.3, "lower_right", 1, 20, 0, NULL, &vsinks, "bhsd", 0, 0.0, NULL};
+  CHECK(cpp_int8_attention(path, &options, "tile", 0, "int8", &vq, &vk, &vv, &rout, &rlse, error, sizeof error) == 0,
+        "%s", error);
+  CHECK(any_nonzero(out, nq), "int8 out: nothing written");
+  CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "int8 out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "int8 lse differs from the C++ API's");
+  OK(mfa_call_set_string(call, "qk_scale", "row"));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR, "qk_scale must be 'token' or 'tile', got 'row'",
+         "a bad qk_scale");
+  OK(mfa_call_set_string(call, "qk_scale", "tile"));
+  OK(mfa_call_set_string(call, "pv", "float"));
+  expect(mfa_call_run(call, device), MFA_NO_BUNDLE_ENTRY_ERROR, "qk_scale=tile smooth_k=no pv=float",
+         "an int8 entry the bundle lacks");
+  expect(mfa_call_set_string(call, "score_mod", "score"), MFA_TYPE_ERROR,
+         "int8_attention() got an unexpected keyword argument 'score_mod'", "score_mod for int8");
+  mfa_call_free(call);
+  float* buffers[] = {q, k, v, sinks, out, lse, ref_out, ref_lse};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
+/* The last two families: merge_attention of two parts and quantize to q8_0 give the C++ API's
+ * bits; a merge of parts of two shapes and a quantize of a last axis of 48 are refused with
+ * Python's message. */
+static void merge_and_quantize(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 2, H = 4, R = 9, DV = 16, ROWS = 3, D = 64 };
+  const int64_t o_shape[] = {B, H, R, DV}, rows_shape[] = {B, H, R}, short_shape[] = {B, H, R, DV - 1};
+  const size_t no = B * H * R * DV, nrows = B * H * R;
+  float *parts[2] = {random_floats(no), random_floats(no)}, *lses[2] = {random_floats(nrows), random_floats(nrows)};
+  float *out = poisoned(no), *lse = poisoned(nrows), *ref_out = poisoned(no), *ref_lse = poisoned(nrows);
+  const mfa_tensor_view vparts[2] = {view(parts[0], 4, o_shape), view(parts[1], 4, o_shape)};
+  const mfa_tensor_view vlses[2] = {view(lses[0], 3, rows_shape), view(lses[1], 3, rows_shape)};
+  mfa_tensor_view vout = view(out, 4, o_shape), vlse = view(lse, 3, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 4, o_shape), rlse = view(ref_lse, 3, rows_shape);
+  mfa_call* call = NULL;
+  OK(mfa_call_new(bundle, "merge_attention", &call));
+  OK(mfa_call_set_tensors(call, "outputs", vparts, 2));
+  OK(mfa_call_set_tensors(call, "lses", vlses, 2));
+  OK(mfa_call_set_tensor(call, "out", &vout));
+  OK(mfa_call_set_tensor(call, "lse", &vlse));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  CHECK(cpp_merge_attention(path, vparts, vlses, 2, &rout, &rlse, error, sizeof error) == 0, "%s", error);
+  CHECK(any_nonzero(out, no), "merge out: nothing written");
+  CHECK(memcmp(out, ref_out, no * sizeof *out) == 0, "merge out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "merge lse differs from the C++ API's");
+  mfa_tensor_view uneven[2] = {vparts[0], vparts[1]};
+  uneven[1].shape = short_shape;
+  OK(mfa_call_set_tensors(call, "outputs", uneven, 2));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "outputs must be 4-d arrays of one dtype and shape: outputs[0] is float32 (2, 4, 9, 16), outputs[1] is "
+         "float32 (2, 4, 9, 15)", "parts of two shapes");
+  mfa_call_free(call);
+
+  const int64_t x_shape[] = {ROWS, D}, data_shape[] = {ROWS, D / 32 * 34}, odd_shape[] = {ROWS, 48};
+  float* x = random_floats(ROWS * D);
+  unsigned char *data = malloc(ROWS * D / 32 * 34), *ref_data = malloc(ROWS * D / 32 * 34);
+  memset(data, 0xff, ROWS * D / 32 * 34);
+  memset(ref_data, 0xee, ROWS * D / 32 * 34);
+  mfa_tensor_view vx = view(x, 2, x_shape);
+  mfa_tensor_view vdata = {data, MFA_UINT8, 2, data_shape, NULL}, rdata = {ref_data, MFA_UINT8, 2, data_shape, NULL};
+  OK(mfa_call_new(bundle, "quantize", &call));
+  OK(mfa_call_set_tensor(call, "x", &vx));
+  OK(mfa_call_set_tensor(call, "data", &vdata));
+  OK(mfa_call_set_string(call, "format", "q8_0"));
+  OK(mfa_call_run(call, device));
+  CHECK(cpp_quantize(path, &vx, "q8_0", &rdata, NULL, NULL, error, sizeof error) == 0, "%s", error);
+  CHECK(memcmp(data, ref_data, ROWS * D / 32 * 34) == 0, "quantize's blocks differ from the C++ API's");
+  /* 4-bit affine groups of 32: uint32 words (MFA_UINT32), a scale and a bias per group. */
+  const int64_t words_shape[] = {ROWS, D / 8}, groups_shape[] = {ROWS, D / 32};
+  uint32_t words[ROWS * D / 8], ref_words[ROWS * D / 8];
+  float *scales = poisoned(ROWS * D / 32), *biases = poisoned(ROWS * D / 32);
+  float *ref_scales = poisoned(ROWS * D / 32), *ref_biases = poisoned(ROWS * D / 32);
+  memset(words, 0xff, sizeof words), memset(ref_words, 0xee, sizeof ref_words);
+  mfa_tensor_view vwords = {words, MFA_UINT32, 2, words_shape, NULL};
+  mfa_tensor_view rwords = {ref_words, MFA_UINT32, 2, words_shape, NULL};
+  mfa_tensor_view vscales = view(scales, 2, groups_shape), vbiases = view(biases, 2, groups_shape);
+  mfa_tensor_view rscales = view(ref_scales, 2, groups_shape), rbiases = view(ref_biases, 2, groups_shape);
+  OK(mfa_call_set_tensor(call, "data", &vwords));
+  OK(mfa_call_set_tensor(call, "scales", &vscales));
+  OK(mfa_call_set_tensor(call, "biases", &vbiases));
+  OK(mfa_call_set_string(call, "format", "affine"));
+  OK(mfa_call_set_int(call, "bits", 4));
+  OK(mfa_call_set_int(call, "group_size", 32));
+  OK(mfa_call_run(call, device));
+  CHECK(cpp_quantize(path, &vx, "affine", &rwords, &rscales, &rbiases, error, sizeof error) == 0, "%s", error);
+  CHECK(memcmp(words, ref_words, sizeof words) == 0 && any_nonzero(scales, ROWS * D / 32),
+        "quantize's affine words differ from the C++ API's");
+  CHECK(memcmp(scales, ref_scales, ROWS * D / 32 * sizeof *scales) == 0 &&
+        memcmp(biases, ref_biases, ROWS * D / 32 * sizeof *biases) == 0,
+        "quantize's affine scales or biases differ from the C++ API's");
+  OK(mfa_call_set_int(call, "group_size", 64));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "scales must be float32 (3, 1) for affine 4-bit, groups of 64, got float32 (3, 2)",
+         "scales of another group size");
+  OK(mfa_call_set_string(call, "format", "q8_0"));
+  OK(mfa_call_set_none(call, "bits"));
+  OK(mfa_call_set_none(call, "group_size"));
+  free(scales), free(biases), free(ref_scales), free(ref_biases);
+  mfa_tensor_view odd = view(x, 2, odd_shape);
+  OK(mfa_call_set_tensor(call, "x", &odd));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "x's last axis must be a positive multiple of group_size (32) for q8_0, got shape (3, 48)",
+         "a last axis of 48");
+  mfa_call_free(call);
+  float* buffers[] = {parts[0], parts[1], lses[0], lses[1], out, lse, ref_out, ref_lse, x};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+  free(data);
+  free(ref_data);
 }
 
 int main(int argc, char** argv) {
@@ -336,10 +524,13 @@ int main(int argc, char** argv) {
   CHECK(memcmp(dsinks, cpp_dsinks, nh * sizeof *dsinks) == 0, "dsinks differs from the C++ API's");
   masked_bshd(argv[1], device, bundle);
   paged_decode(argv[1], device, bundle);
+  indexed(argv[1], device, bundle);
+  int8_call(argv[1], device, bundle);
+  merge_and_quantize(argv[1], device, bundle);
   packed_varlen(argv[1], device, bundle);
   if (!failures)
-    printf("attention, attention_backward, attention_with_kvcache and attention_varlen through the C ABI: the C++ "
-           "API's bits\n");
+    printf("attention (+ backward), attention_with_kvcache, sparse_topk, sparse_attention, int8_attention, "
+           "merge_attention, quantize and attention_varlen (+ backward) through the C ABI: the C++ API's bits\n");
 
   /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
   float *fresh = poisoned(nq), *fresh_rows = poisoned(nrows), *fresh_dq = poisoned(nq);

@@ -69,6 +69,19 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
     ({"op": "attention_with_kvcache", "head_dim": [64], "page_size": [0]}, "'page_size' values must be null"),
     ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["affine"]}, "'cache' value 'affine' is not one of"),
     ({"op": "attention_with_kvcache", "head_dim": [48], "cache": ["q8_0"]}, "multiples of 32, got 48"),
+    ({"op": "int8_attention", "head_dim": [264]}, "int8_attention's head dimensions are 1..256, got 264"),
+    ({"op": "int8_attention", "head_dim": [64], "score_mod": [None]}, "unknown keys"),
+    ({"op": "int8_attention", "head_dim": [64], "qk_scale": ["row"]}, "'qk_scale' value 'row' is not one of"),
+    ({"op": "int8_attention", "head_dim": [64], "smooth_k": ["yes"]}, "'smooth_k' values must be true or false"),
+    ({"op": "int8_attention", "head_dim": [64], "pv": ["int4"]}, "'pv' value 'int4' is not one of"),
+    ({"op": "merge_attention", "value_dim": [64]}, "'parts' is required"),
+    ({"op": "merge_attention", "parts": [2]}, "'value_dim' is required"),
+    ({"op": "merge_attention", "value_dim": [64], "parts": [0]}, "'parts' values must be integers >= 1"),
+    ({"op": "merge_attention", "value_dim": [64], "parts": [2], "head_dim": [64]}, "unknown keys"),
+    ({"op": "quantize", "format": ["q3_k"]}, "'format' value 'q3_k' is not one of"),
+    ({"op": "quantize", "bits": [7]}, "'bits' value 7 is not one of"),
+    ({"op": "quantize", "group_size": [16]}, "'group_size' value 16 is not one of"),
+    ({"op": "quantize", "head_dim": [64]}, "unknown keys"),
 ])
 def test_spec_errors_name_the_key(family, message):
     with pytest.raises(ValueError, match=message):

@@ -43,6 +43,8 @@ CASES = [
       for paged in (False, True) for quantized in (False, True) for appended, r in ((0, 1), (2, 2), (1, 9))),
     pytest.param(2, "float32", False, False, 3, 3, dict(rotary=(32, True, False)), marks=pytest.mark.exhaustive,
                  id="contiguous-plain-rotary-gptj"),
+    pytest.param(2, "float32", False, True, 1, 2, dict(batch=1), marks=pytest.mark.exhaustive,
+                 id="contiguous-q8_0-one-sequence"),
 ]
 B, HKV, D, PAGE, BLOCKS, CMAX = 3, 2, 32, 4, 13, 20
 
@@ -53,20 +55,22 @@ def bundle():
 
 
 def _problem(rng, dtype, paged, quantized, appended, r, options):
-    """The arguments of one call (numpy, as Python takes them) and the C++ hook's views of the same."""
+    """The arguments of one call (numpy, as Python takes them): options["batch"] (default B)
+    sequences, the rest of `options` as keyword arguments."""
     t = DTYPES[dtype]
-    q = rng.standard_normal((B, r, 2 * HKV, D)).astype(t)
-    shape = (BLOCKS, PAGE, HKV, D) if paged else (B, CMAX, HKV, D)
+    batch = options.get("batch", B)
+    q = rng.standard_normal((batch, r, 2 * HKV, D)).astype(t)
+    shape = (BLOCKS, PAGE, HKV, D) if paged else (batch, CMAX, HKV, D)
     caches = [rng.standard_normal(shape).astype(t) for _ in "kv"]
     if quantized:
         caches = [mfa_native.quantize(c, "q8_0", device="cpu") for c in caches]
     capacity = 4 * PAGE if paged else CMAX
-    lengths = rng.integers(0, capacity - appended + 1, B).astype(np.int32)
+    lengths = rng.integers(0, capacity - appended + 1, batch).astype(np.int32)
     args = dict(cache_seqlens=lengths, causal=True)
     if paged:
-        args["block_table"] = rng.permutation(BLOCKS)[:B * 4].reshape(B, 4).astype(np.int32)
+        args["block_table"] = rng.permutation(BLOCKS)[:batch * 4].reshape(batch, 4).astype(np.int32)
     if appended:
-        args["k"], args["v"] = (rng.standard_normal((B, appended, HKV, D)).astype(t) for _ in "kv")
+        args["k"], args["v"] = (rng.standard_normal((batch, appended, HKV, D)).astype(t) for _ in "kv")
     if "sinks" in options:
         args["sinks"] = rng.standard_normal(2 * HKV).astype(np.float32)
     if "rotary" in options:   # (rotary_dim, interleaved, rotary_seqlens given)
@@ -75,8 +79,8 @@ def _problem(rng, dtype, paged, quantized, appended, r, options):
         args.update(rotary_cos=np.cos(angles).astype(t), rotary_sin=np.sin(angles).astype(t),
                     rotary_interleaved=interleaved)
         if starts:
-            args["rotary_seqlens"] = rng.integers(0, capacity - appended + 1, B).astype(np.int32)
-    args.update({name: value for name, value in options.items() if name not in ("sinks", "rotary")})
+            args["rotary_seqlens"] = rng.integers(0, capacity - appended + 1, batch).astype(np.int32)
+    args.update({name: value for name, value in options.items() if name not in ("sinks", "rotary", "batch")})
     return q, caches, args
 
 

@@ -96,13 +96,13 @@ def test_guide_project_builds_and_matches_python(package_dir, tmp_path, language
 
 
 def test_examples_build_against_the_package(package_dir, tmp_path):
-    """examples/cpp/attention.cpp checks itself; examples/cpp/decode.cpp prints its Python twin's
-    line (tokens and logits checksum) on the cpu backend, where the two are bit-identical."""
+    """examples/cpp/attention.cpp and sparse.cpp check themselves; examples/cpp/decode.cpp prints its
+    Python twin's line (tokens and logits checksum) on the cpu backend, where the two are bit-identical."""
     (tmp_path / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.20)\nproject(example LANGUAGES CXX)\nset(CMAKE_CXX_STANDARD 17)\n"
         "find_package(mfa_native CONFIG REQUIRED)\n"
         + "".join(f"add_executable({name} {ROOT / 'examples/cpp' / name}.cpp)\n"
-                  f"target_link_libraries({name} PRIVATE mfa_native::core)\n" for name in ("attention", "decode")))
+                  f"target_link_libraries({name} PRIVATE mfa_native::core)\n" for name in ("attention", "decode", "sparse")))
     build = _build(tmp_path, package_dir)
     _bundle(json.loads((ROOT / "examples/cpp/attention_spec.json").read_text()), tmp_path / "example.mfab")
     out = _run([str(build / "attention"), str(tmp_path / "example.mfab")])
@@ -113,3 +113,6 @@ def test_examples_build_against_the_package(package_dir, tmp_path):
     line = _run([str(build / "decode"), str(tmp_path / "decode.mfab")], env=env).strip()
     assert line.startswith("logits checksum ") and len(line.split("tokens ")[1].split()) == 9
     assert line == _run([sys.executable, str(ROOT / "examples/cpp/decode_twin.py")], env=env).strip()
+
+    _bundle(json.loads((ROOT / "examples/cpp/sparse_spec.json").read_text()), tmp_path / "sparse.mfab")
+    assert "indexer's valid lists" in _run([str(build / "sparse"), str(tmp_path / "sparse.mfab")])

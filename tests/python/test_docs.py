@@ -217,13 +217,15 @@ def test_files_the_docs_name_exist():
     assert "../shared" not in README
 
 
-@pytest.mark.parametrize("lang, source", [("cpp", "examples/cpp/decode.cpp"), ("c", "Attention from C: the C ABI")])
-def test_the_readme_cpp_excerpt_is_lines_of_the_built_project(lang, source):
+@pytest.mark.parametrize("lang, block, source", [("cpp", 0, "examples/cpp/decode.cpp"),
+                                                  ("cpp", 1, "examples/cpp/sparse.cpp"),
+                                                  ("c", 0, "Attention from C: the C ABI")])
+def test_the_readme_cpp_excerpt_is_lines_of_the_built_project(lang, block, source):
     """The README's C++ and C examples are lines of programs the tests build and run: the
-    decode engine (ctest's decode_example, and tests/python/test_cpp_package.py against the
-    installed package) and the C++ guide's C project (test_cpp_package.py): not sketches
-    that could drift."""
-    excerpt = re.search(rf"```{lang}\n(.*?)```", README, re.S)[1].splitlines()
+    decode engine and the sparse example (ctest's decode_example and sparse_example, and
+    tests/python/test_cpp_package.py against the installed package) and the C++ guide's C
+    project (test_cpp_package.py): not sketches that could drift."""
+    excerpt = re.findall(rf"```{lang}\n(.*?)```", README, re.S)[block].splitlines()
     if source.endswith(".cpp"):
         code = (ROOT / source).read_text()
     else:

@@ -32,6 +32,36 @@ even number of features that turn, omitted [null]; `rotary_interleaved` and
 `rotary_seqlens` (whether calls give rotary_seqlens) lists of bools, each omitted both. An
 entry without an append has no rotation; the tables' length is a runtime value.
 
+An "int8_attention" family (Python's int8_attention: q, k, v quantized to int8 on the device,
+forward only, no score_mod) takes attention's other keys, head dimensions 1..256, and three
+of its own, each omitted every value: `qk_scale` of "token" and "tile", `smooth_k` of true
+and false, `pv` of "int8" and "float".
+
+A "merge_attention" family (Python's merge_attention: the parts' outputs and lse merged) has
+its own keys only: `value_dim` (required), `parts` (required: how many parts a call merges,
+integers >= 1), dtype and layout (omitted: every one). B, Hq and R are runtime values.
+
+A "quantize" family (Python's quantize) has `dtype` (x's), `format` ("affine" and GGUF's),
+and for the affine format `bits` and `group_size` (a GGUF format has its own), each omitted
+every value; x's shape is a runtime value.
+
+A "sparse_attention" family (Python's sparse_attention: each query row attends the keys its
+token list names; no causal, window or mask) takes dtype, head_dim, value_dim, gqa_ratio,
+sinks, layout, softcap, alibi, score_mod, family and backward (sparse_attention_backward's
+templates) as attention's, and two keys of its own: `topk_length` whether a call gives
+topk_length (its kernels read the lists' lengths), omitted both; `shared_latent` whether v is
+k's first Dv features (MLA's shared latent, v = k[..., :Dv]: one staged row serves both),
+omitted [false] (a call whose v is a view of k is served by an entry without it too, with the
+same results). topk (the lists' width), the lists' strides (a kv-head stride of 0 shares one
+list among the kv heads) and every size are runtime values.
+
+A "sparse_topk" family (Python's sparse_topk, DeepSeek's lightning indexer: the lists
+sparse_attention reads) takes `dtype` (q's and k's), `head_dim` (Di, the indexer's feature
+count), `layout`, `causal` a list of true (key c is a candidate for row r iff c <= r + C - R)
+and false, omitted both, and `precision` of "float" and "int8", omitted ["float"]. Its kernels
+use no GPU family's tiles: one entry serves every device ("family=any"). B, the indexer
+heads, R, C, topk and the strides of q, k and weights are runtime values.
+
 An "attention_varlen" family (packed sequences, Python's attention_varlen with cu_seqlens_q
 and cu_seqlens_k: layout bshd, no mask) takes attention's keys but mask and layout, and
 two keys of its own: `page_size` a list of null (packed k and v, rows of
@@ -63,8 +93,9 @@ from dataclasses import dataclass
 from ..codegen import FAMILIES, MAX_HEAD_DIM
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.attention.problem import CAUSAL, DTYPES, LAYOUTS, MASKS
+from ..codegen.int8.problem import INT8_MAX_HEAD_DIM, PV_MODES, QK_SCALES
 from ..ops.arguments import softcap_value
-from ..quant_formats import GGUF_BLOCK, GGUF_BLOCKS
+from ..quant_formats import AFFINE_BITS, AFFINE_GROUP_SIZES, FORMATS, GGUF_BLOCK, GGUF_BLOCKS, QuantFormat
 
 KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
         "layout", "softcap", "alibi", "score_mod", "family", "backward")
@@ -76,6 +107,22 @@ VARLEN_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "w
                "score_mod", "family", "backward", "page_size", "seqused_k")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
+SPARSE = "sparse_attention"
+SPARSE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "sinks", "layout", "softcap", "alibi",
+               "score_mod", "family", "backward", "topk_length", "shared_latent")
+TOPK = "sparse_topk"
+TOPK_KEYS = ("op", "dtype", "head_dim", "layout", "causal", "precision")
+TOPK_PRECISIONS = ("float", "int8")
+ANY_FAMILY = "any"   # a sparse_topk entry's family: its kernels use no tile table
+INT8 = "int8_attention"
+INT8_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
+             "layout", "softcap", "alibi", "family", "qk_scale", "smooth_k", "pv")
+MERGE = "merge_attention"
+MERGE_KEYS = ("op", "dtype", "value_dim", "parts", "layout")
+QUANTIZE = "quantize"
+QUANTIZE_KEYS = ("op", "dtype", "format", "bits", "group_size")
+FAMILY_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, SPARSE: SPARSE_KEYS, TOPK: TOPK_KEYS, INT8: INT8_KEYS,
+               MERGE: MERGE_KEYS, QUANTIZE: QUANTIZE_KEYS, VARLEN: VARLEN_KEYS}   # each op's keys
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -85,7 +132,12 @@ class EntryFacts:
     """One entry: the facts its kernels bake. mask_dtype is None without a mask ("bool" for
     a bool mask), window whether its kernels take a window (any, at run time); softcap, alibi
     and score_mod the score transforms (spec keys); op, and a KV-cache entry's page_size
-    (None: contiguous), cache (its storage) and append."""
+    (None: contiguous), cache (its storage) and append; a sparse entry's topk_length (its
+    calls give the lists' lengths) and shared_latent (v is a view of k's first Dv features); a
+    sparse_topk entry's precision (its causal is "lower_right" or "none", its family ANY_FAMILY);
+    an int8 entry's qk_scale, smooth_k and pv (Int8Problem's); a merge entry's parts (its
+    dtype, value_dim and layout as attention's, the other facts unused); a quantize entry's
+    format, bits and group_size (QuantFormat's; its dtype x's)."""
 
     dtype: str
     head_dim: int
@@ -108,8 +160,22 @@ class EntryFacts:
     append: bool = False
     rotary: RotaryFacts | None = None
     seqused_k: bool = False
+    topk_length: bool = False
+    shared_latent: bool = False
+    precision: str = "float"
+    qk_scale: str = "token"
+    smooth_k: bool = True
+    pv: str = "int8"
+    parts: int = 0
+    format: str = ""
+    bits: int = 0
+    group_size: int = 0
 
     def to_json(self) -> dict:
+        if self.op == MERGE:
+            return {"dtype": self.dtype, "value_dim": self.value_dim, "parts": self.parts, "layout": self.layout}
+        if self.op == QUANTIZE:
+            return {"dtype": self.dtype, "format": self.format, "bits": self.bits, "group_size": self.group_size}
         score_mod = None if self.score_mod is None else {
             "text": self.score_mod[0], "tensors": [{"dtype": d, "shape": list(s)} for d, s in self.score_mod[1]]}
         return {"dtype": self.dtype, "head_dim": self.head_dim, "value_dim": self.value_dim,
@@ -120,6 +186,10 @@ class EntryFacts:
                 **({"page_size": self.page_size, "cache": self.cache, "append": self.append,
                     "rotary": None if self.rotary is None else dict(zip(("dim", "interleaved", "starts"), self.rotary))}
                    if self.op == KVCACHE else {}),
+                **({"topk_length": self.topk_length, "shared_latent": self.shared_latent} if self.op == SPARSE
+                   else {}),
+                **({"precision": self.precision} if self.op == TOPK else {}),
+                **({"qk_scale": self.qk_scale, "smooth_k": self.smooth_k, "pv": self.pv} if self.op == INT8 else {}),
                 **({"page_size": self.page_size, "seqused_k": self.seqused_k} if self.op == VARLEN else {})}
 
 
@@ -191,14 +261,20 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if "scale" in family:
         raise ValueError(f"{where}: 'scale' is not a key: every entry takes the scale at run time (a call's scale)")
     op = family.get("op")
-    if op not in ("attention", KVCACHE, VARLEN):
-        raise ValueError(f"{where}: 'op' must be \"attention\", \"{KVCACHE}\" or \"{VARLEN}\", got {op!r}")
-    keys = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, VARLEN: VARLEN_KEYS}[op]
+    if op not in FAMILY_KEYS:
+        raise ValueError(f"{where}: 'op' must be one of {list(FAMILY_KEYS)}, got {op!r}")
+    keys = FAMILY_KEYS[op]
     unknown = sorted(set(family) - set(keys))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; an {op} family has {list(keys)}")
+    if op == MERGE:
+        return _merge_entries(family, where)
+    if op == QUANTIZE:
+        return _quantize_entries(family, where)
     if "head_dim" not in family:
         raise ValueError(f"{where}: 'head_dim' is required (a list of head dimensions, e.g. [64, 128])")
+    if op == TOPK:
+        return _topk_entries(family, where)
     dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
     head_dims = _dims(_list(family, "head_dim", None, where), "head_dim", where)
     value_dims = None if family.get("value_dim") is None else _dims(_list(family, "value_dim", None, where),
@@ -207,9 +283,13 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     for ratio in ratios:
         if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
             raise ValueError(f"{where}: 'gqa_ratio' values must be integers >= 1, got {ratio!r}")
+    if op == SPARSE:   # a row attends exactly the keys its list names
+        family = {**family, "causal": ["none"], "mask": ["none"], "window": [False]}
     causals = _choices(_list(family, "causal", list(CAUSAL), where), CAUSAL, "causal", where)
     if op == KVCACHE:   # layout bshd, no mask, forward only: the call's own
         family = {**family, "mask": ["none"], "layout": ["bshd"], "backward": False}
+    if op == INT8:   # forward only, no score_mod
+        family = {**family, "backward": False}
     if op == VARLEN:    # layout bshd, no mask: the call's own
         family = {**family, "mask": ["none"], "layout": ["bshd"]}
     masks = _choices(_list(family, "mask", list(MASKS), where), MASKS, "mask", where)
@@ -225,23 +305,63 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if not isinstance(backward, bool):
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
 
-    variants = [(*cache, False) for cache in _cache_keys(family, where)] if op == KVCACHE else (
-        _varlen_keys(family, where) if op == VARLEN else [(None, "plain", False, None, False)])
+    caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False, None)]
+    lists = [{}]
+    if op == SPARSE:
+        lists = [{"topk_length": given, "shared_latent": shared}
+                 for given, shared in itertools.product(_bools(_list(family, "topk_length", [False, True], where),
+                                                               "topk_length", where),
+                                                        _bools(_list(family, "shared_latent", [False], where),
+                                                               "shared_latent", where))]
+    if op == INT8:
+        lists = _int8_keys(family, head_dims, value_dims, where)
+    if op == VARLEN:
+        caches = [(page, "plain", False, None) for page in _page_sizes(family, where)]
+        lists = [{"seqused_k": flag} for flag in _bools(_list(family, "seqused_k", [False], where), "seqused_k", where)]
 
-    entries = []
+    entries, seen = [], set()
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
-        for dv, (page_size, cache, append, rotary, seqused_k) in itertools.product(value_dims or [d], variants):
+        for dv, (page_size, cache, append, rotary) in itertools.product(value_dims or [d], caches):
             if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
                 raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
                                  f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
             if rotary is not None and rotary[0] > d:
                 raise ValueError(f"{where}: 'rotary_dim' {rotary[0]} is more than head_dim {d}")
+            if dv > d and any(extra.get("shared_latent") for extra in lists):
+                raise ValueError(f"{where}: 'shared_latent' reads v as k's first value_dim features: value_dim "
+                                 f"must be at most head_dim, got {dv} and {d}")
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
-                entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                          gpu, backward and not seqused_k and page_size is None, cap, alibi,
-                                          score_mod, op, page_size, cache, append, rotary, seqused_k))
+                for extra in lists:
+                    if op == VARLEN:   # a paged entry reads the host's key counts, with seqused_k or without
+                        extra = {"seqused_k": extra["seqused_k"] and page_size is None}
+                    facts = EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout, gpu,
+                                       backward and not (op == VARLEN and (extra["seqused_k"] or page_size)), cap,
+                                       alibi, score_mod, op, page_size, cache, append, rotary, **extra)
+                    if facts not in seen:
+                        seen.add(facts)
+                        entries.append(facts)
+    return entries
+
+
+def _topk_entries(family: dict, where: str) -> list[EntryFacts]:
+    """A sparse_topk family's entries: dtype x head_dim x layout x causal x precision."""
+    from ..codegen.sparse.topk_scores import check_exact
+    dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
+    head_dims = _dims(_list(family, "head_dim", None, where), "head_dim", where)
+    layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
+    causals = _bools(_list(family, "causal", [True, False], where), "causal", where)
+    precisions = _choices(_list(family, "precision", ["float"], where), TOPK_PRECISIONS, "precision", where)
+    entries = []
+    for dtype, d, layout, causal, precision in itertools.product(dtypes, head_dims, layouts, causals, precisions):
+        if precision == "int8":
+            try:
+                check_exact(d)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+        entries.append(EntryFacts(dtype, d, d, 1, "lower_right" if causal else "none", "none", None, False, False,
+                                  layout, ANY_FAMILY, False, op=TOPK, precision=precision))
     return entries
 
 
@@ -252,15 +372,6 @@ def _page_sizes(family: dict, where: str) -> list[int | None]:
             raise ValueError(f"{where}: 'page_size' values must be null (a contiguous cache) or integers >= 1, "
                              f"got {page!r}")
     return pages
-
-
-def _varlen_keys(family: dict, where: str) -> list[tuple]:
-    """A varlen family's (page_size, "plain", False, None, seqused_k) crossed, once each: a
-    paged entry's seqused_k is False (its kernels read the keys the host computes either way)."""
-    used = _bools(_list(family, "seqused_k", [False], where), "seqused_k", where)
-    variants = ((page, "plain", False, None, flag and page is None) for page in _page_sizes(family, where)
-                for flag in used)
-    return list(dict.fromkeys(variants))
 
 
 def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, RotaryFacts | None]]:
@@ -279,6 +390,56 @@ def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, R
                                                                          interleaved, starts)]
     return [(page, cache, append, rotary) for page, cache, append, rotary in
             itertools.product(pages, caches, appends, rotations) if append or rotary is None]
+
+
+def _int8_keys(family: dict, head_dims: list[int], value_dims: list[int] | None, where: str) -> list[dict]:
+    """An int8 family's qk_scale, smooth_k and pv crossed (EntryFacts' fields); its head
+    dimensions checked."""
+    for d in head_dims + (value_dims or []):
+        if d > INT8_MAX_HEAD_DIM:
+            raise ValueError(f"{where}: int8_attention's head dimensions are 1..{INT8_MAX_HEAD_DIM}, got {d}")
+    qk_scales = _choices(_list(family, "qk_scale", list(QK_SCALES), where), QK_SCALES, "qk_scale", where)
+    smooth_ks = _bools(_list(family, "smooth_k", [True, False], where), "smooth_k", where)
+    pvs = _choices(_list(family, "pv", list(PV_MODES), where), PV_MODES, "pv", where)
+    return [dict(qk_scale=q, smooth_k=s, pv=p) for q, s, p in itertools.product(qk_scales, smooth_ks, pvs)]
+
+
+# The attention facts of an entry whose op has none (merge_attention, quantize): unused.
+_NO_ATTENTION = dict(head_dim=0, gqa_ratio=1, causal="none", mask="none", mask_dtype=None, window=False, sinks=False,
+                     family="", backward=False)
+
+
+def _merge_entries(family: dict, where: str) -> list[EntryFacts]:
+    """A merge family's entries: dtype x value_dim x parts x layout."""
+    for key in ("value_dim", "parts"):
+        if key not in family:
+            raise ValueError(f"{where}: {key!r} is required by a merge_attention family")
+    dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
+    value_dims = _dims(_list(family, "value_dim", None, where), "value_dim", where)
+    counts = _list(family, "parts", None, where)
+    for n in counts:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{where}: 'parts' values must be integers >= 1, got {n!r}")
+    layouts = _choices(_list(family, "layout", list(LAYOUTS), where), LAYOUTS, "layout", where)
+    return [EntryFacts(**_NO_ATTENTION, dtype=dtype, value_dim=dv, layout=layout, op=MERGE, parts=n)
+            for dtype, dv, n, layout in itertools.product(dtypes, value_dims, counts, layouts)]
+
+
+def _quantize_entries(family: dict, where: str) -> list[EntryFacts]:
+    """A quantize family's entries: dtype x format, an affine format x bits x group_size."""
+    dtypes = _choices(_list(family, "dtype", list(DTYPES), where), DTYPES, "dtype", where)
+    formats = _choices(_list(family, "format", list(FORMATS), where), FORMATS, "format", where)
+    bits = _choices(_list(family, "bits", list(AFFINE_BITS), where), AFFINE_BITS, "bits", where)
+    group_sizes = _choices(_list(family, "group_size", list(AFFINE_GROUP_SIZES), where), AFFINE_GROUP_SIZES,
+                           "group_size", where)
+    entries = []
+    for dtype, name in itertools.product(dtypes, formats):
+        shapes = itertools.product(bits, group_sizes) if name == "affine" else [(None, None)]
+        for b, g in shapes:
+            f = QuantFormat.of(name, b, g)
+            entries.append(EntryFacts(**_NO_ATTENTION, dtype=dtype, value_dim=0, layout="", op=QUANTIZE,
+                                      format=f.name, bits=f.bits, group_size=f.group_size))
+    return entries
 
 
 def entries_of(spec: dict | str) -> list[EntryFacts]:

@@ -25,16 +25,20 @@ import json
 from dataclasses import asdict, replace
 from typing import Callable
 
-from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, PagedSequences, SequenceRanges,
-                       attention_backward_template, attention_template, packs_plain_heads)
+from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, Int8Problem, PagedSequences,
+                       SequenceRanges, TokenLists, attention_backward_template, attention_template,
+                       int8_attention_template, packs_plain_heads)
+from ..codegen.attention import merge as codegen_merge
 from ..codegen.attention.rotary import Rotary
 from ..codegen.attention.score_mod import ScoreMod
+from ..codegen.sparse import topk as topk_codegen
+from ..codegen.storage import quantize as codegen_quantize
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
 from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
-from ..runtime.templates import SCHEMA_VERSION
-from .spec import KVCACHE, VARLEN, EntryFacts
+from ..runtime.templates import SCHEMA_VERSION, PassTemplate
+from .spec import INT8, KVCACHE, MERGE, QUANTIZE, SPARSE, TOPK, VARLEN, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
 # (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
@@ -60,13 +64,16 @@ def query_lengths(facts: EntryFacts) -> list[int]:
 def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads: int = 1) -> AttentionProblem:
     """The contiguous problem of `facts` with these lengths, batch and kv heads (strides, the
     scale and, with facts.window, the window's sides as runtime sizes; the window unbounded);
-    for a KV-cache entry, its cache read over kv_len rows (`cache_keys`)."""
+    for a KV-cache entry, its cache read over kv_len rows (`cache_keys`); for a sparse entry, its
+    token lists (`token_lists`)."""
     p = AttentionProblem(
         batch=batch, q_heads=facts.gqa_ratio * kv_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=facts.head_dim,
         value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal,
         runtime_window=facts.window, runtime_strides=True, runtime_scale=True,
         mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
         return_lse=True, scores=scores(facts))
+    if facts.op == SPARSE:
+        return token_lists(p, facts)
     if facts.op == VARLEN:   # packed sequences, not packing heads (the backward's; forward_templates packs)
         return replace(p, keys=sequence_keys(facts, kv_len, None))
     return cache_keys(p, facts) if facts.op == KVCACHE else p
@@ -79,6 +86,15 @@ def sequence_keys(facts: EntryFacts, kv_len: int, max_queries: int | None) -> Se
         return SequenceRanges(2, max_queries, facts.seqused_k)
     return PagedSequences(2, max_queries, page_size=facts.page_size,
                           pages_per_sequence=max(-(-kv_len // facts.page_size), 1))
+
+
+def token_lists(p: AttentionProblem, facts: EntryFacts, topk: int = 16) -> AttentionProblem:
+    """`p` attending token lists as sparse_attention binds them (ops/sparse.py): contiguous
+    (B, Hkv, R, topk) lists, and (B, R) lengths when the entry takes them. With runtime strides
+    (every bundle's) the lists' strides and topk are runtime sizes, so these values are examples."""
+    lengths = (p.q_len, 1) if facts.topk_length else None
+    strides = (p.kv_heads * p.q_len * topk, p.q_len * topk, topk, 1)
+    return replace(p, keys=TokenLists(topk, strides, lengths, facts.shared_latent))
 
 
 def cache_keys(p: AttentionProblem, facts: EntryFacts) -> AttentionProblem:
@@ -176,24 +192,76 @@ def _unique_records(records: list[dict]) -> list[dict]:
 
 def forward_templates(facts: EntryFacts) -> list[dict]:
     """The forward's templates (lse always stored: a caller that does not want it gets an
-    intermediate; the output is the same)."""
+    intermediate; the output is the same); a sparse_topk entry's pass (`topk_template`), a merge
+    or quantize entry's one template (every size a runtime value)."""
+    if facts.op == TOPK:
+        return _unique([topk_template(facts)])
+    if facts.op == MERGE:
+        descriptor = codegen_merge.describe_merge(dtype=facts.dtype, value_dim=facts.value_dim, parts=facts.parts,
+                                                  layout=facts.layout)
+        return _unique([codegen_merge.merge_template(descriptor)])
+    if facts.op == QUANTIZE:   # x's groups the one runtime size
+        quant = QuantFormat.of(facts.format, facts.bits, facts.group_size)
+        return _unique([codegen_quantize.quantize_template(codegen_quantize.QuantizeDescriptor(facts.dtype, quant))])
     if facts.op == VARLEN:
         return varlen_forward_templates(facts)
     lengths = query_lengths(facts)
+    if facts.op == INT8:   # no split-KV pair: the tiles depend on R alone
+        return _unique(int8_attention_template(int8_problem(facts, problem(facts, r, NO_SPLIT[0])), family=facts.family)
+                       for r in lengths)
     points = [(r, *NO_SPLIT) for r in lengths] + [(r, *SPLIT) for r in lengths if r <= MAX_SPLIT_ROWS]
     return _unique(attention_template(problem(facts, r, c), family=facts.family, parallel_threadgroups=p)
                    for r, c, p in points)
 
 
+def topk_descriptor(facts: EntryFacts, shape: dict[str, int] | None = None,
+                    strides: dict[str, tuple[int, ...]] | None = None) -> topk_codegen.TopkDescriptor:
+    """A sparse_topk entry's descriptor for a call of `shape` (B, Hi, R, C, K, Di; an example by
+    default) and logical `strides`, every stride but the features' a runtime size."""
+    shape = shape or {"B": 2, "Hi": 2, "R": 3, "C": 5, "K": 4, "Di": facts.head_dim}
+    if strides is None:
+        B, Hi, R, C, Di = (shape[n] for n in ("B", "Hi", "R", "C", "Di"))
+        strides = {"q": (Hi * R * Di, R * Di, Di, 1), "k": (C * Di, 0, Di, 1), "weights": (Hi * R, R, 1, 0)}
+    return topk_codegen.describe_topk(dtype=facts.dtype, shape=shape, strides=strides, layout=facts.layout,
+                                      causal=facts.causal != "none", precision=facts.precision,
+                                      runtime_strides=True)
+
+
+def topk_template(facts: EntryFacts) -> PassTemplate:
+    """The template of a sparse_topk entry: one, whatever the sizes (splits are derived)."""
+    return topk_codegen.topk_template(topk_descriptor(facts))
+
+
+def int8_problem(facts: EntryFacts, p: AttentionProblem) -> Int8Problem:
+    """`p` as int8 attention with the entry's quantization choices."""
+    return Int8Problem(p, qk_scale=facts.qk_scale, smooth_k=facts.smooth_k, pv=facts.pv)
+
+
 def backward_templates(facts: EntryFacts) -> list[dict]:
+    """The backward's templates; a sparse entry's read v on its own, as sparse_attention_backward
+    binds it whether or not v is a view of k."""
+    facts = replace(facts, shared_latent=False)
     return _unique(attention_backward_template(AttentionBackwardProblem(problem(facts, r, c)), family=facts.family)
                    for r in query_lengths(facts) for c in LENGTHS)
 
 
 def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     """One readable line per entry (the C++ Bundle::entries() prints the same)."""
+    if op == TOPK:
+        return (f"{op} {facts['dtype']} Di={facts['head_dim']} causal={'yes' if facts['causal'] != 'none' else 'no'} "
+                f"layout={facts['layout']} precision={facts['precision']} family={facts['family']} "
+                f"templates={forward}+{backward}")
+    if op == QUANTIZE:
+        return (f"{op} {facts['dtype']} format={facts['format']} bits={facts['bits']} "
+                f"group_size={facts['group_size']} templates={forward}+{backward}")
+    if op == MERGE:
+        return (f"{op} {facts['dtype']} Dv={facts['value_dim']} parts={facts['parts']} layout={facts['layout']} "
+                f"templates={forward}+{backward}")
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
     cache = ""
+    if op == SPARSE:
+        cache = (f" topk_length={'yes' if facts['topk_length'] else 'no'} "
+                 f"shared_latent={'yes' if facts['shared_latent'] else 'no'}")
     if op == VARLEN:
         cache = f" page_size={facts['page_size'] or 'none'} seqused_k={'yes' if facts['seqused_k'] else 'no'}"
     if op == KVCACHE:
@@ -203,6 +271,8 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
             rotary = facts["rotary"]
             cache += (f" rotary_dim={rotary['dim']} rotary_interleaved={'yes' if rotary['interleaved'] else 'no'} "
                       f"rotary_starts={rotary['starts']}")
+    elif op == INT8:
+        cache = f" qk_scale={facts['qk_scale']} smooth_k={'yes' if facts['smooth_k'] else 'no'} pv={facts['pv']}"
     return (f"{op} {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
             f"causal={facts['causal']} mask={mask} window={'yes' if facts['window'] else 'no'} sinks={'yes' if facts['sinks'] else 'no'} "
             f"layout={facts['layout']}{scores_text(facts)}{cache} family={facts['family']} "

@@ -32,7 +32,7 @@ from .attention.problem import ALLOCATED, AttentionBackwardProblem, AttentionPro
 from .attention.paged_sequences import PagedSequences
 from .attention.sequences import SequenceRanges, unit_table
 from .attention.split import kv_split
-from .int8.passes import int8_attention_pass, int8_quantizer_pass
+from .int8.passes import int8_attention_pass, int8_attention_template, int8_quantizer_pass
 from .int8.problem import Int8Problem
 from .int8.products import check_exact as check_int8_exact
 from .kernel.layouts import contiguous_strides, physical
@@ -112,6 +112,7 @@ __all__ = [
     "generate_dq",
     "generate_partial",
     "int8_attention_pass",
+    "int8_attention_template",
     "int8_quantizer_pass",
     "kv_split",
     "physical",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..attention.visits import KEY_VISITS, Kernels, KeyVisit, KeyWalk, Steps
 from ..attention.stage_sizes import stage_rows, staged_width
 from ..kernel.products import SIMDGROUP_MATRIX
-from ..kernel.layouts import OperandLayout, operand_layout
+from ..kernel.layouts import OperandLayout, operand_layout, runtime_layout, stride_names
 from ..kernel.tables import tile_row
 from ..kernel.sizes import Extent
 from . import token_backward, token_dkdv, token_forward
@@ -30,6 +30,9 @@ CATALOG = {
     "key_starts": ("int", "(B, Hkv, C) where each key's entries start in key_entries"),
     "key_entries": ("int", "(B, Hkv, R * T) query * T + slot of every listing, by key"),
 }
+# With runtime strides (a bundle's templates), the lists' strides in elements: the slot axis is unit.
+INDEX_STRIDES = stride_names("indices")                          # logical (batch, kv head, query)
+LENGTH_STRIDES = stride_names("topk_length", ("batch", "row"))   # (batch, query)
 
 
 class TokenRows:
@@ -84,10 +87,18 @@ class TokenLists(KeyVisit):
 
     split_length = None   # no split-KV: one threadgroup walks a row's list
     uniform_walk = False   # its own kernels, which always stage (tile_row stage_kv does not apply)
-    size_docs = {"T": "entries per token list (topk)"}
+    size_docs = {"T": "entries per token list (topk)",
+                 **{name: f"indices' {name.split('_')[1]} stride (elements)" for name in INDEX_STRIDES},
+                 **{name: f"topk_length's {name.split('_')[2]} stride (elements)" for name in LENGTH_STRIDES}}
 
     def sizes(self, p) -> dict[str, int]:
-        return {"T": self.topk}
+        """T, and with runtime strides (p.runtime_strides) the lists' strides."""
+        sizes = {"T": self.topk}
+        if p.runtime_strides:
+            sizes.update(zip(INDEX_STRIDES, self.index_strides[:3]))
+            if self.length_strides is not None:
+                sizes.update(zip(LENGTH_STRIDES, self.length_strides))
+        return sizes
 
     def rows(self, p) -> TokenRows:
         return TOKEN_ROWS
@@ -95,6 +106,10 @@ class TokenLists(KeyVisit):
     def describe(self, p, family: str, baked) -> TokenFacts:
         B, Hkv, R, T = (Extent(1, (name,)) for name in ("B", "Hkv", "R", "T"))
         shape = (p.batch, p.kv_heads, p.q_len, self.topk)
+        if p.runtime_strides:   # read from the runtime sizes; the slot axis unit
+            lengths = None if self.length_strides is None else runtime_layout(LENGTH_STRIDES, baked)
+            return TokenFacts(runtime_layout(INDEX_STRIDES, baked), lengths, self.shared_kv,
+                              TOKEN_ROWS.key_block(p, family))
         indices = operand_layout(shape, (B, Hkv, R, T), self.index_strides, (0, 1, 2, 3), baked)
         lengths = None
         if self.length_strides is not None:
@@ -116,7 +131,7 @@ class TokenFacts(KeyWalk):
 
     catalog = CATALOG
     key_lists = ("indices", "topk_length")
-    sizes_given = ("T",)
+    sizes_given = ("T", *INDEX_STRIDES, *LENGTH_STRIDES)   # the strides: with runtime strides only
 
     def inputs(self, spec) -> dict:
         """The lists, laid out as the kernels were compiled for."""

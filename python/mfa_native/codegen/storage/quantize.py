@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ...runtime.passes import PassDescription
-from ...runtime.templates import evaluate
+from ...runtime.templates import PassTemplate, evaluate
 from ..kernel import passes
 from ..kernel.msl import BUILTINS_THREAD, MSL_TYPES
 from ..kernel.plan import GridAxis, LaunchPlan, Operand
@@ -70,14 +70,26 @@ def generate(d: QuantizeDescriptor) -> KernelSource:
 def quantize_pass(d: QuantizeDescriptor, shape: tuple[int, ...]) -> PassDescription:
     """The pass quantizing a contiguous x of `shape` (the last axis a multiple of the group
     size); outputs data, and affine scales and biases, shaped shape[:-1] + (their width,)."""
-    f, rows, features = d.format, shape[:-1], shape[-1]
+    groups = math.prod(shape) // d.format.group_size
+    template = _template(d, tuple(shape[:-1]), shape[-1], (f"groups == {groups}",))  # x's shape is in the template
+    return evaluate(template, {"groups": groups})
+
+
+def quantize_template(d: QuantizeDescriptor) -> PassTemplate:
+    """The pass as a template for every shape (what a bundle entry holds): x seen as its
+    groups, (groups, group_size), data (groups, the group's width), affine scales and biases
+    (groups, 1), `groups` the one runtime size; the kernel is quantize_pass's."""
+    return _template(d, (Extent(1, ("groups",)),), d.format.group_size)
+
+
+def _template(d: QuantizeDescriptor, rows: tuple, features: int, guards: tuple[str, ...] = ()) -> PassTemplate:
+    """The quantize pass over x of shape rows + (features,), contiguous."""
+    f = d.format
     outputs = {"data": passes.TensorSpec(f.data_dtype, (*rows, f.data_width(features)))}
     if f.affine:
         groups = (*rows, f.groups(features))
         outputs.update(scales=passes.TensorSpec(d.dtype, groups), biases=passes.TensorSpec(d.dtype, groups))
-    inputs = {"x": passes.TensorSpec(d.dtype, tuple(shape), passes.contiguous(shape))}
-    groups = math.prod(shape) // f.group_size
-    template = passes.build_template("quantize", (generate(d),), sizes=("groups",), inputs=inputs, outputs=outputs,
-                                     guards=(f"groups == {groups}",),  # x's shape is in the template
-                                     valid_for=dict(dtype=d.dtype, format=f.describe()))
-    return evaluate(template, {"groups": groups})
+    shape = (*rows, features)
+    inputs = {"x": passes.TensorSpec(d.dtype, shape, passes.contiguous(shape))}
+    return passes.build_template("quantize", (generate(d),), sizes=("groups",), inputs=inputs, outputs=outputs,
+                                 guards=guards, valid_for=dict(dtype=d.dtype, format=f.describe()))
