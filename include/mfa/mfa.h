@@ -32,7 +32,7 @@
  * max_seqlen_q, max_seqlen_k (mfa_call_set_int), scale, causal, window, sinks, softcap,
  * alibi_slopes, score_mod, score_mod_tensors, block_table, seqused_k, out (total_q, Hq,
  * Dv) and lse (Hq, total_q), attention_varlen_backward's the same inputs with o, lse, do
- * and outputs dq, dk, dv, dsinks (both with mfa_call_run only). New ops and arguments
+ * and outputs dq, dk, dv, dsinks. New ops and arguments
  * need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle

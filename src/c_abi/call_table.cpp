@@ -240,6 +240,26 @@ void run_attention_varlen_backward(const Device& device, const Bundle& bundle, c
 }
 
 #ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_attention_varlen(const Device& device, const Bundle& bundle, const Given& g,
+                                                 void* command_buffer) {
+  return metal::attention_varlen(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("cu_seqlens_q"),
+                                 g.optional_tensor("cu_seqlens_k"), g.tensor("out"), varlen_options(g),
+                                 g.optional_tensor("lse"), command_buffer);
+}
+
+std::shared_future<void> encode_attention_varlen_backward(const Device& device, const Bundle& bundle, const Given& g,
+                                                          void* command_buffer) {
+  return metal::attention_varlen_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"),
+                                          g.tensor("lse"), g.tensor("do"), g.tensor("cu_seqlens_q"),
+                                          g.optional_tensor("cu_seqlens_k"), g.tensor("dq"), g.tensor("dk"),
+                                          g.tensor("dv"), varlen_options(g), g.optional_tensor("dsinks"),
+                                          command_buffer);
+}
+#else
+constexpr std::nullptr_t encode_attention_varlen = nullptr, encode_attention_varlen_backward = nullptr;
+#endif
+
+#ifdef MFA_HAVE_METAL
 std::shared_future<void> encode_sparse_attention(const Device& device, const Bundle& bundle, const Given& g,
                                                  void* command_buffer) {
   return metal::sparse_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("indices"),
@@ -356,7 +376,7 @@ const std::vector<Op>& ops() {
                      {"max_seqlen_k", bit(Kind::integer), false, nullptr},
                      {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
                     kVarlenOptions),
-       run_attention_varlen, nullptr},
+       run_attention_varlen, encode_attention_varlen},
       {"attention_varlen_backward",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
                      {"o", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}, {"do", kTensor, true, nullptr},
@@ -367,7 +387,7 @@ const std::vector<Op>& ops() {
                      {"max_seqlen_k", bit(Kind::integer), false, nullptr},
                      {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
                     kVarlenOptions),
-       run_attention_varlen_backward, nullptr},
+       run_attention_varlen_backward, encode_attention_varlen_backward},
   };
   return table;
 }
