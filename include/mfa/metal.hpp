@@ -27,6 +27,7 @@
 #include "mfa/merge.hpp"
 #include "mfa/quantize.hpp"
 #include "mfa/sparse.hpp"
+#include "mfa/varlen.hpp"
 
 namespace mfa::metal {
 
@@ -59,7 +60,8 @@ Buffer wrap_buffer(const Device& device, void* mtl_buffer, std::size_t byte_offs
 // attention_with_kvcache (include/mfa/kvcache.hpp; the caches it appends to are
 // outputs here: written in place, or staged and copied back), sparse_attention,
 // its backward and sparse_topk (include/mfa/sparse.hpp), int8_attention,
-// merge_attention and quantize with the same checks, entry and pass, encoded into `command_buffer`, an id<MTLCommandBuffer>
+// merge_attention, quantize, attention_varlen and its backward (include/mfa/varlen.hpp;
+// the unit tables built from cu_seqlens at this call) with the same checks, entry and pass, encoded into `command_buffer`, an id<MTLCommandBuffer>
 // of `device`'s GPU that is not committed yet and has no encoder open, without
 // committing it: the pass gets one compute encoder of its own, after the
 // encoders the caller encoded before, and runs when the caller commits.
@@ -126,6 +128,17 @@ std::shared_future<void> quantize(const Device& device, const Bundle& bundle, co
                                   const QuantizeOutputs& out, const std::string& format,
                                   std::optional<std::int64_t> bits, std::optional<std::int64_t> group_size,
                                   void* command_buffer);
+std::shared_future<void> attention_varlen(const Device& device, const Bundle& bundle, const TensorView& q,
+                                          const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
+                                          const TensorView* cu_seqlens_k, const TensorView& out,
+                                          const VarlenOptions& options, const TensorView* lse, void* command_buffer);
+std::shared_future<void> attention_varlen_backward(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                   const TensorView& k, const TensorView& v, const TensorView& o,
+                                                   const TensorView& lse, const TensorView& dout,
+                                                   const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
+                                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                   const VarlenOptions& options, const TensorView* dsinks,
+                                                   void* command_buffer);
 
 }  // namespace mfa::metal
 

@@ -14,7 +14,8 @@
  *
  * A call is an op by name ("attention", "attention_backward",
  * "attention_with_kvcache", "sparse_attention", "sparse_attention_backward",
- * "sparse_topk", "int8_attention", "merge_attention", "quantize") and its arguments set by name, with Python's names and
+ * "sparse_topk", "int8_attention", "merge_attention", "quantize", "attention_varlen",
+ * "attention_varlen_backward") and its arguments set by name, with Python's names and
  * values (mfa_native.attention's q, k, v, mask, sinks, scale, causal, window, layout,
  * softcap, alibi_slopes, score_mod and score_mod_tensors (a score_mod's text);
  * attention_backward's o, lse, do and outputs dq, dk, dv, dsinks; attention's
@@ -27,8 +28,12 @@
  * qk_scale, smooth_k and pv (include/mfa/int8.hpp); "merge_attention"'s outputs and lses
  * (mfa_call_set_tensors), layout, out and lse; "quantize"'s x, format, bits, group_size and
  * outputs data, scales, biases (GGUF blocks MFA_UINT8, affine data MFA_UINT32); these three
- * with mfa_call_run only). New ops and arguments need no new
- * functions here. Giving attention's lse is Python's
+ * with mfa_call_run only); attention_varlen's q, k, v, cu_seqlens_q, cu_seqlens_k,
+ * max_seqlen_q, max_seqlen_k (mfa_call_set_int), scale, causal, window, sinks, softcap,
+ * alibi_slopes, score_mod, score_mod_tensors, block_table, seqused_k, out (total_q, Hq,
+ * Dv) and lse (Hq, total_q), attention_varlen_backward's the same inputs with o, lse, do
+ * and outputs dq, dk, dv, dsinks. New ops and arguments
+ * need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle
  * entries include/mfa/attention.hpp's; on the cpu backend the results are

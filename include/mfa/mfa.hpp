@@ -13,6 +13,7 @@
 #include "mfa/merge.hpp"
 #include "mfa/quantize.hpp"
 #include "mfa/sparse.hpp"
+#include "mfa/varlen.hpp"
 #include "mfa/backend.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/command_batch.hpp"

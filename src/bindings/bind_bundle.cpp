@@ -13,11 +13,13 @@
 #include "core/pass_template.hpp"
 #include "core/size_expression.hpp"
 #include "mfa/attention.hpp"
+#include "mfa/command_batch.hpp"
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"
 #include "mfa/quantize.hpp"
 #include "mfa/sparse.hpp"
+#include "mfa/varlen.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -267,6 +269,81 @@ void bind_bundle(nb::module_& m) {
         "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_seqlens"_a = nb::none(),
         "rotary_interleaved"_a = true, "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float caches, "
         "else the GGUF format of both caches' blocks).");
+
+  m.def("_bundle_attention_varlen",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& cu_seqlens_q, const std::optional<ViewSpec>& cu_seqlens_k, const ViewSpec& out,
+           const std::optional<ViewSpec>& lse, std::optional<std::int64_t> max_seqlen_q,
+           std::optional<std::int64_t> max_seqlen_k, std::optional<double> scale, const std::string& causal,
+           std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
+           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k,
+           const std::string& score_mod, const std::vector<ViewSpec>& score_mod_tensors, CommandBatch* batch) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
+                                                alibi_slopes, score_mod, score_mod_tensors);
+          const TensorView query = view_of(q), keys = view_of(k), values = view_of(v), cu_q = view_of(cu_seqlens_q),
+                           output = view_of(out);
+          const std::optional<TensorView> cu_k = view_of(cu_seqlens_k), rows = view_of(lse),
+                                          table = view_of(block_table), used = view_of(seqused_k);
+          VarlenOptions o;
+          o.max_seqlen_q = max_seqlen_q, o.max_seqlen_k = max_seqlen_k;
+          o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
+          o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
+          o.block_table = table ? &*table : nullptr;
+          o.seqused_k = used ? &*used : nullptr;
+          nb::gil_scoped_release release;
+          if (batch)
+            attention_varlen(*batch, bundle, query, keys, values, cu_q, cu_k ? &*cu_k : nullptr, output, o,
+                             rows ? &*rows : nullptr);
+          else
+            attention_varlen(device, bundle, query, keys, values, cu_q, cu_k ? &*cu_k : nullptr, output, o,
+                             rows ? &*rows : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, "out"_a,
+        "lse"_a = nb::none(), "max_seqlen_q"_a = nb::none(), "max_seqlen_k"_a = nb::none(), "scale"_a = nb::none(),
+        "causal"_a = "none", "window"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(),
+        "alibi_slopes"_a = nb::none(), "block_table"_a = nb::none(), "seqused_k"_a = nb::none(),
+        "score_mod"_a = "", "score_mod_tensors"_a = std::vector<ViewSpec>(), "batch"_a = nb::none(),
+        "Test hook: mfa::attention_varlen on views of caller memory (encoded into `batch` when given).");
+
+  m.def("_bundle_attention_varlen_backward",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& o, const ViewSpec& lse, const ViewSpec& dout, const ViewSpec& cu_seqlens_q,
+           const std::optional<ViewSpec>& cu_seqlens_k, const ViewSpec& dq, const ViewSpec& dk, const ViewSpec& dv,
+           const std::optional<ViewSpec>& dsinks, std::optional<std::int64_t> max_seqlen_q,
+           std::optional<std::int64_t> max_seqlen_k, std::optional<double> scale, const std::string& causal,
+           std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
+           std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
+           const std::optional<ViewSpec>& block_table, const std::optional<ViewSpec>& seqused_k,
+           const std::string& score_mod, const std::vector<ViewSpec>& score_mod_tensors) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
+                                                alibi_slopes, score_mod, score_mod_tensors);
+          const TensorView query = view_of(q), keys = view_of(k), values = view_of(v), output = view_of(o),
+                           rows = view_of(lse), gradient = view_of(dout), cu_q = view_of(cu_seqlens_q),
+                           dquery = view_of(dq), dkeys = view_of(dk), dvalues = view_of(dv);
+          const std::optional<TensorView> cu_k = view_of(cu_seqlens_k), dsink = view_of(dsinks),
+                                          table = view_of(block_table), used = view_of(seqused_k);
+          VarlenOptions opts;
+          opts.max_seqlen_q = max_seqlen_q, opts.max_seqlen_k = max_seqlen_k;
+          opts.scale = a.scale, opts.causal = a.causal, opts.window = a.window, opts.sinks = a.sinks;
+          opts.softcap = a.softcap, opts.alibi_slopes = a.alibi_slopes;
+          opts.score_mod = a.score_mod, opts.score_mod_tensors = a.score_mod_tensors;
+          opts.block_table = table ? &*table : nullptr;
+          opts.seqused_k = used ? &*used : nullptr;
+          nb::gil_scoped_release release;
+          attention_varlen_backward(device, bundle, query, keys, values, output, rows, gradient, cu_q,
+                                    cu_k ? &*cu_k : nullptr, dquery, dkeys, dvalues, opts,
+                                    dsink ? &*dsink : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a,
+        "dq"_a, "dk"_a, "dv"_a, "dsinks"_a = nb::none(), "max_seqlen_q"_a = nb::none(),
+        "max_seqlen_k"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = "none", "window"_a = nb::none(),
+        "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
+        "block_table"_a = nb::none(), "seqused_k"_a = nb::none(), "score_mod"_a = "",
+        "score_mod_tensors"_a = std::vector<ViewSpec>(),
+        "Test hook: mfa::attention_varlen_backward on views of caller memory.");
 
   m.def("_bundle_sparse_attention",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,

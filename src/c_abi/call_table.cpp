@@ -213,6 +213,52 @@ void run_sparse_topk(const Device& device, const Bundle& bundle, const Given& g)
               g.tensor("indices"), topk_options(g), g.optional_tensor("topk_scores"));
 }
 
+// attention_varlen's: attention's but the mask and the layout (bshd).
+const std::vector<Param> kVarlenOptions = attention_options(
+    {"scale", "causal", "window", "sinks", "softcap", "alibi_slopes", "score_mod", "score_mod_tensors"});
+
+VarlenOptions varlen_options(const Given& g) {
+  const AttentionOptions a = g.options();
+  VarlenOptions o;
+  o.max_seqlen_q = g.integer("max_seqlen_q"), o.max_seqlen_k = g.integer("max_seqlen_k");
+  o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
+  o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
+  o.block_table = g.optional_tensor("block_table"), o.seqused_k = g.optional_tensor("seqused_k");
+  return o;
+}
+
+void run_attention_varlen(const Device& device, const Bundle& bundle, const Given& g) {
+  attention_varlen(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("cu_seqlens_q"),
+                   g.optional_tensor("cu_seqlens_k"), g.tensor("out"), varlen_options(g), g.optional_tensor("lse"));
+}
+
+void run_attention_varlen_backward(const Device& device, const Bundle& bundle, const Given& g) {
+  attention_varlen_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"),
+                            g.tensor("lse"), g.tensor("do"), g.tensor("cu_seqlens_q"), g.optional_tensor("cu_seqlens_k"),
+                            g.tensor("dq"), g.tensor("dk"), g.tensor("dv"), varlen_options(g),
+                            g.optional_tensor("dsinks"));
+}
+
+#ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_attention_varlen(const Device& device, const Bundle& bundle, const Given& g,
+                                                 void* command_buffer) {
+  return metal::attention_varlen(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("cu_seqlens_q"),
+                                 g.optional_tensor("cu_seqlens_k"), g.tensor("out"), varlen_options(g),
+                                 g.optional_tensor("lse"), command_buffer);
+}
+
+std::shared_future<void> encode_attention_varlen_backward(const Device& device, const Bundle& bundle, const Given& g,
+                                                          void* command_buffer) {
+  return metal::attention_varlen_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"),
+                                          g.tensor("lse"), g.tensor("do"), g.tensor("cu_seqlens_q"),
+                                          g.optional_tensor("cu_seqlens_k"), g.tensor("dq"), g.tensor("dk"),
+                                          g.tensor("dv"), varlen_options(g), g.optional_tensor("dsinks"),
+                                          command_buffer);
+}
+#else
+constexpr std::nullptr_t encode_attention_varlen = nullptr, encode_attention_varlen_backward = nullptr;
+#endif
+
 #ifdef MFA_HAVE_METAL
 std::shared_future<void> encode_sparse_attention(const Device& device, const Bundle& bundle, const Given& g,
                                                  void* command_buffer) {
@@ -322,6 +368,26 @@ const std::vector<Op>& ops() {
         {"biases", kTensor, false, nullptr}, {"format", bit(Kind::text), false, nullptr},
         {"bits", bit(Kind::integer), false, nullptr}, {"group_size", bit(Kind::integer), false, nullptr}},
        run_quantize, encode_quantize},
+      {"attention_varlen",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"cu_seqlens_q", kTensor, true, nullptr}, {"cu_seqlens_k", kTensor, false, nullptr},
+                     {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr},
+                     {"max_seqlen_q", bit(Kind::integer), false, nullptr},
+                     {"max_seqlen_k", bit(Kind::integer), false, nullptr},
+                     {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
+                    kVarlenOptions),
+       run_attention_varlen, encode_attention_varlen},
+      {"attention_varlen_backward",
+       with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
+                     {"o", kTensor, true, nullptr}, {"lse", kTensor, true, nullptr}, {"do", kTensor, true, nullptr},
+                     {"cu_seqlens_q", kTensor, true, nullptr}, {"cu_seqlens_k", kTensor, false, nullptr},
+                     {"dq", kTensor, true, nullptr}, {"dk", kTensor, true, nullptr}, {"dv", kTensor, true, nullptr},
+                     {"dsinks", kTensor, false, nullptr},
+                     {"max_seqlen_q", bit(Kind::integer), false, nullptr},
+                     {"max_seqlen_k", bit(Kind::integer), false, nullptr},
+                     {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
+                    kVarlenOptions),
+       run_attention_varlen_backward, encode_attention_varlen_backward},
   };
   return table;
 }

@@ -20,6 +20,7 @@
 #include "mfa/merge.hpp"
 #include "mfa/quantize.hpp"
 #include "mfa/sparse.hpp"
+#include "mfa/varlen.hpp"
 
 namespace mfa::c_abi {
 

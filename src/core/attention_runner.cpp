@@ -44,7 +44,7 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.topk_length == want.topk_length && e.shared_latent == want.shared_latent &&
          e.precision == want.precision && e.qk_scale == want.qk_scale && e.smooth_k == want.smooth_k &&
          e.pv == want.pv && e.parts == want.parts && e.format == want.format && e.bits == want.bits &&
-         e.group_size == want.group_size;
+         e.group_size == want.group_size && e.seqused_k == want.seqused_k;
 }
 
 [[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {
@@ -56,15 +56,6 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
   for (const std::string& entry : entries) message += "\n  " + entry;
   if (entries.empty()) message += " nothing";
   throw NoBundleEntryError(message);
-}
-
-const PassTemplate& template_for(const std::vector<PassTemplate>& templates, const SizeEnv& sizes,
-                                 const std::string& entry_line_text) {
-  for (const PassTemplate& t : templates)
-    if (guards_hold(t, template_env(t, sizes))) return t;
-  std::string given;
-  for (const auto& [name, value] : sizes) given += (given.empty() ? "" : ", ") + name + "=" + std::to_string(value);
-  throw NoBundleEntryError("the bundle entry '" + entry_line_text + "' has no template for sizes " + given);
 }
 
 void run_pass(const Device& device, CommandBatch* batch, const EvaluatedPass& pass,
@@ -128,6 +119,15 @@ void run_pass(const Device& device, CommandBatch* batch, const EvaluatedPass& pa
 }
 
 }  // namespace
+
+const PassTemplate& template_for(const std::vector<PassTemplate>& templates, const SizeEnv& sizes,
+                                 const std::string& entry_line_text) {
+  for (const PassTemplate& t : templates)
+    if (guards_hold(t, template_env(t, sizes))) return t;
+  std::string given;
+  for (const auto& [name, value] : sizes) given += (given.empty() ? "" : ", ") + name + "=" + std::to_string(value);
+  throw NoBundleEntryError("the bundle entry '" + entry_line_text + "' has no template for sizes " + given);
+}
 
 BundleFacts facts_of(const Problem& p, const std::string& family, bool backward) {
   BundleFacts f;
@@ -231,6 +231,20 @@ PassViews::PassViews(const Device& device, const Binder& binder, const Attention
 void PassViews::add(const std::string& buffer, Checked view) {
   views[buffer] = std::move(view);
   arrays[buffer] = {&views[buffer]};
+}
+
+void PassViews::drop_leading_axis(const std::string& buffer) {
+  const Checked* given = arrays.at(buffer).view;
+  if (!given) return;
+  Checked view = *given;
+  view.shape.erase(view.shape.begin());
+  view.strides.erase(view.strides.begin());
+  add(buffer, std::move(view));
+}
+
+void run(const Device& device, CommandBatch* batch, const PassTemplate& pass, const SizeEnv& sizes,
+         const PassViews& views) {
+  run_pass(device, batch, evaluate(pass, sizes), views.arrays);
 }
 
 void run(const Device& device, CommandBatch* batch, const std::vector<PassTemplate>& templates,

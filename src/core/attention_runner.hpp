@@ -52,12 +52,23 @@ struct PassViews {
   PassViews& operator=(const PassViews&) = delete;
   // Binds `view` as pass buffer `buffer` (in place of what the binder gave, if anything).
   void add(const std::string& buffer, Checked view);
+  // Binds buffer `buffer` (caller memory, if given) without its leading axis of extent 1: the
+  // packed-sequence passes read q, k, v and their outputs without a batch axis.
+  void drop_leading_axis(const std::string& buffer);
 };
 
 // The runtime sizes of a call of `p` (lengths and counts, the device's parallel threadgroups,
 // a window entry's sides, the strided views' strides, the scale's float32 bits).
 SizeEnv sizes_of(const attention_problem::Problem& p, const Device& device, const BundleEntry& entry,
                  const std::map<std::string, std::vector<std::int64_t>>& strided);
+
+// The first of `templates` whose guards hold for `sizes` (NoBundleEntryError naming the entry otherwise).
+const PassTemplate& template_for(const std::vector<PassTemplate>& templates, const SizeEnv& sizes,
+                                 const std::string& entry_line_text);
+
+// `pass` evaluated for `sizes`, run on `views` (or encoded into `batch`).
+void run(const Device& device, CommandBatch* batch, const PassTemplate& pass, const SizeEnv& sizes,
+         const PassViews& views);
 
 // The first of `templates` whose guards hold for `sizes`, evaluated, run on `views` (or encoded into `batch`).
 void run(const Device& device, CommandBatch* batch, const std::vector<PassTemplate>& templates,

@@ -40,8 +40,9 @@ bool broadcasts(const std::vector<std::int64_t>& shape, const std::vector<std::i
 
 }  // namespace
 
-Binder::Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given)
-    : declaration_(declaration), layout_(std::move(layout)), given_(std::move(given)) {
+Binder::Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given,
+               SizeEnv preset)
+    : declaration_(declaration), layout_(std::move(layout)), given_(std::move(given)), sizes_(std::move(preset)) {
   if (!declaration_.layouts.count(layout_))
     throw BundleError("the bundle's declaration of " + declaration_.op + " has no layout " + layout_);
 }

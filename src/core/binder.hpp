@@ -15,8 +15,11 @@ namespace mfa {
 
 class Binder {
  public:
-  // `given`: the call's arrays by declaration name (null: not given); `layout`: a layout of the declaration's.
-  Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given);
+  // `given`: the call's arrays by declaration name (null: not given); `layout`: a layout of the declaration's;
+  // `preset`: sizes the call gives instead of their derivation (Python's Binding's `sizes`, as
+  // varlen's slope_rows: the sequences).
+  Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given,
+         SizeEnv preset = {});
 
   // The arrays that bind sizes: their dtypes, then their extents (each checked, of the
   // declared rank), then the declaration's requirements and derived sizes.

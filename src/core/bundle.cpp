@@ -39,10 +39,11 @@ constexpr const char* kTopk = "sparse_topk";
 constexpr const char* kInt8 = "int8_attention";
 constexpr const char* kMerge = "merge_attention";
 constexpr const char* kQuantize = "quantize";
+constexpr const char* kVarlen = "attention_varlen";  // attention's facts (layout bshd, no mask)
 
 // The ops this reader runs (a later writer may add others: their entries are skipped).
 bool known_op(const std::string& op) {
-  for (const char* known : {"attention", kKVCache, kSparse, kTopk, kInt8, kMerge, kQuantize})
+  for (const char* known : {"attention", kKVCache, kSparse, kTopk, kInt8, kMerge, kQuantize, kVarlen})
     if (op == known) return true;
   return false;
 }
@@ -92,9 +93,12 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
   facts.family = f.at("family").as_string("family");
   facts.backward = f.at("backward").as_bool("backward");
   facts.op = op;
-  if (op == kKVCache) {
+  if (op == kVarlen) facts.seqused_k = f.at("seqused_k").as_bool("seqused_k");
+  if (op == kKVCache || op == kVarlen) {
     const json::Value& page_size = f.at("page_size");
     if (!page_size.is_null()) facts.page_size = page_size.as_int("page_size");
+  }
+  if (op == kKVCache) {
     facts.cache = f.at("cache").as_string("cache");
     facts.append = f.at("append").as_bool("append");
     if (const json::Value& rotary = f.at("rotary"); !rotary.is_null()) {
@@ -182,6 +186,9 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.op == kSparse)
     cache = std::string(" topk_length=") + (f.topk_length ? "yes" : "no") +
             " shared_latent=" + (f.shared_latent ? "yes" : "no");
+  if (f.op == kVarlen)
+    cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " seqused_k=" +
+            (f.seqused_k ? "yes" : "no");
   if (f.op == kKVCache)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " cache=" + f.cache +
             " append=" + (f.append ? "yes" : "no");

@@ -39,6 +39,7 @@ struct BundleFacts {
   std::int64_t page_size = 0;     // 0: a contiguous cache; else rows a page
   std::string cache = "plain";    // the cache's storage: plain or a GGUF format
   bool append = false;            // whether a call writes k and v into the cache
+  bool seqused_k = false;          // attention_varlen: whether calls give seqused_k
   std::int64_t rotary_dim = 0;    // the rotation of q and the appended k: features that turn (0: none),
   bool rotary_interleaved = true; // GPT-J pairs (else GPT-NeoX halves), and where
   std::string rotary_starts;      // positions start: "cache_seqlens" or "rotary_seqlens"

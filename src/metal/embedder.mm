@@ -203,4 +203,26 @@ std::shared_future<void> quantize(const Device& device, const Bundle& bundle, co
   });
 }
 
+std::shared_future<void> attention_varlen(const Device& device, const Bundle& bundle, const TensorView& q,
+                                          const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
+                                          const TensorView* cu_seqlens_k, const TensorView& out,
+                                          const VarlenOptions& options, const TensorView* lse, void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::attention_varlen", [&](CommandBatch& batch) {
+    mfa::attention_varlen(batch, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, out, options, lse);
+  });
+}
+
+std::shared_future<void> attention_varlen_backward(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                   const TensorView& k, const TensorView& v, const TensorView& o,
+                                                   const TensorView& lse, const TensorView& dout,
+                                                   const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
+                                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                   const VarlenOptions& options, const TensorView* dsinks,
+                                                   void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::attention_varlen_backward", [&](CommandBatch& batch) {
+    mfa::attention_varlen_backward(batch, bundle, q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, dq, dk, dv,
+                                   options, dsinks);
+  });
+}
+
 }  // namespace mfa::metal

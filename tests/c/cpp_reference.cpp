@@ -12,6 +12,7 @@
 #include "mfa/merge.hpp"
 #include "mfa/quantize.hpp"
 #include "mfa/sparse.hpp"
+#include "mfa/varlen.hpp"
 
 namespace {
 
@@ -147,5 +148,36 @@ extern "C" int cpp_sparse(const char* bundle, const mfa_tensor_view* q_index, co
     const mfa::TensorView rows = view(*lse);
     mfa::sparse_topk(device, loaded, view(*q_index), view(*k_index), view(*weights), topk, view(*indices));
     mfa::sparse_attention(device, loaded, view(*q), view(*k), view(*v), view(*indices), view(*out), {}, &rows);
+  }, error, error_size);
+}
+
+extern "C" int cpp_attention_varlen(const char* bundle, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                                    const mfa_tensor_view* v, const mfa_tensor_view* cu_seqlens_q,
+                                    const mfa_tensor_view* cu_seqlens_k, std::int64_t max_seqlen_q,
+                                    const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
+                                    std::size_t error_size) {
+  return reported([&] {
+    const mfa::TensorView cu_k = view(*cu_seqlens_k), rows = view(*lse);
+    mfa::VarlenOptions options;
+    options.max_seqlen_q = max_seqlen_q;
+    options.causal = mfa::Causal::lower_right;
+    mfa::attention_varlen(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k), view(*v),
+                          view(*cu_seqlens_q), &cu_k, view(*out), options, &rows);
+  }, error, error_size);
+}
+
+extern "C" int cpp_attention_varlen_backward(const char* bundle, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                                             const mfa_tensor_view* v, const mfa_tensor_view* o,
+                                             const mfa_tensor_view* lse, const mfa_tensor_view* dout,
+                                             const mfa_tensor_view* cu_seqlens_q, const mfa_tensor_view* cu_seqlens_k,
+                                             const mfa_tensor_view* dq, const mfa_tensor_view* dk,
+                                             const mfa_tensor_view* dv, char* error, std::size_t error_size) {
+  return reported([&] {
+    const mfa::TensorView cu_k = view(*cu_seqlens_k);
+    mfa::VarlenOptions options;
+    options.causal = mfa::Causal::lower_right;
+    mfa::attention_varlen_backward(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), view(*k),
+                                   view(*v), view(*o), view(*lse), view(*dout), view(*cu_seqlens_q), &cu_k, view(*dq),
+                                   view(*dk), view(*dv), options);
   }, error, error_size);
 }

@@ -63,6 +63,18 @@ int cpp_merge_attention(const char* bundle, const mfa_tensor_view* outputs, cons
 int cpp_quantize(const char* bundle, const mfa_tensor_view* x, const char* format, const mfa_tensor_view* data,
                  const mfa_tensor_view* scales, const mfa_tensor_view* biases, char* error, size_t error_size);
 
+/* mfa::attention_varlen on packed sequences, lower-right causal, with max_seqlen_q. */
+int cpp_attention_varlen(const char* bundle, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                         const mfa_tensor_view* v, const mfa_tensor_view* cu_seqlens_q,
+                         const mfa_tensor_view* cu_seqlens_k, int64_t max_seqlen_q, const mfa_tensor_view* out,
+                         const mfa_tensor_view* lse, char* error, size_t error_size);
+/* mfa::attention_varlen_backward on the same sequences (lower-right causal). */
+int cpp_attention_varlen_backward(const char* bundle, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                                  const mfa_tensor_view* v, const mfa_tensor_view* o, const mfa_tensor_view* lse,
+                                  const mfa_tensor_view* dout, const mfa_tensor_view* cu_seqlens_q,
+                                  const mfa_tensor_view* cu_seqlens_k, const mfa_tensor_view* dq,
+                                  const mfa_tensor_view* dk, const mfa_tensor_view* dv, char* error, size_t error_size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,6 @@
 /* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache,
- * sparse_topk, sparse_attention, int8_attention, merge_attention and quantize set up by
- * argument names on random inputs give the C++ API's results bit for bit
+ * sparse_topk, sparse_attention, int8_attention, merge_attention, quantize and attention_varlen
+ * (+ backward) set up by argument names on random inputs give the C++ API's results bit for bit
  * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
  * calls return their code with Python's message before writing anything.
  *   usage: test_c_abi BUNDLE   (written from tests/c/c_abi_spec.json) */
@@ -188,6 +188,69 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
         "the appended cache bytes differ from the C++ API's");
   mfa_call_free(call);
   void* buffers[] = {q, k, v, k_pages, v_pages, k_copy, v_copy, out, lse, ref_out, ref_lse};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
+/* The varlen bundle family: attention_varlen on three packed sequences (one empty) with GQA,
+ * heads packed by max_seqlen_q: the C ABI gives the C++ API's output and lse, and its backward
+ * the C++ API's gradients; a cu_seqlens_q that decreases is refused with Python's message
+ * before writing. */
+static void packed_varlen(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { TQ = 9, TK = 14, HKV = 2, HQ = 4, D = 16, NCU = 4 };
+  const int64_t q_shape[] = {TQ, HQ, D}, k_shape[] = {TK, HKV, D}, rows_shape[] = {HQ, TQ}, cu_shape[] = {NCU};
+  const size_t nq = TQ * HQ * D, nrows = HQ * TQ;
+  float *q = random_floats(nq), *k = random_floats(TK * HKV * D), *v = random_floats(TK * HKV * D);
+  int32_t cu_q[NCU] = {0, 4, 4, TQ}, cu_k[NCU] = {0, 6, 9, TK}, bad_cu[NCU] = {0, 5, 3, TQ};
+  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  mfa_tensor_view vq = view(q, 3, q_shape), vk = view(k, 3, k_shape), vv = view(v, 3, k_shape);
+  mfa_tensor_view vcu_q = {cu_q, MFA_INT32, 1, cu_shape, NULL}, vcu_k = {cu_k, MFA_INT32, 1, cu_shape, NULL};
+  mfa_tensor_view vbad = {bad_cu, MFA_INT32, 1, cu_shape, NULL};
+  mfa_tensor_view vout = view(out, 3, q_shape), vlse = view(lse, 2, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 3, q_shape), rlse = view(ref_lse, 2, rows_shape);
+  mfa_call* call = NULL;
+  OK(mfa_call_new(bundle, "attention_varlen", &call));
+  OK(mfa_call_set_tensor(call, "q", &vq));
+  OK(mfa_call_set_tensor(call, "k", &vk));
+  OK(mfa_call_set_tensor(call, "v", &vv));
+  OK(mfa_call_set_tensor(call, "cu_seqlens_q", &vbad));
+  OK(mfa_call_set_tensor(call, "cu_seqlens_k", &vcu_k));
+  OK(mfa_call_set_int(call, "max_seqlen_q", 5));
+  OK(mfa_call_set_tensor(call, "out", &vout));
+  OK(mfa_call_set_tensor(call, "lse", &vlse));
+  OK(mfa_call_set_bool(call, "causal", 1));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "cu_seqlens_q must be non-decreasing, but cu_seqlens_q[2] = 3 < cu_seqlens_q[1] = 5", "a decreasing cu_seqlens_q");
+  CHECK(isnan(out[0]) && isnan(lse[0]), "a refused varlen call wrote something");
+  OK(mfa_call_set_tensor(call, "cu_seqlens_q", &vcu_q));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  CHECK(cpp_attention_varlen(path, &vq, &vk, &vv, &vcu_q, &vcu_k, 5, &rout, &rlse, error, sizeof error) == 0, "%s",
+        error);
+  CHECK(any_nonzero(out, nq), "varlen out: nothing written");
+  CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "varlen out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "varlen lse differs from the C++ API's");
+  mfa_call_free(call);
+  /* The backward: o and lse as written, dq, dk and dv by name, the C++ API's bits. */
+  const size_t nk = TK * HKV * D;
+  float *dout = random_floats(nq), *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk);
+  float *ref_dq = poisoned(nq), *ref_dk = poisoned(nk), *ref_dv = poisoned(nk);
+  mfa_tensor_view vdout = view(dout, 3, q_shape), vdq = view(dq, 3, q_shape), vdk = view(dk, 3, k_shape),
+                  vdv = view(dv, 3, k_shape);
+  mfa_tensor_view rdq = view(ref_dq, 3, q_shape), rdk = view(ref_dk, 3, k_shape), rdv = view(ref_dv, 3, k_shape);
+  OK(mfa_call_new(bundle, "attention_varlen_backward", &call));
+  const char* names[] = {"q", "k", "v", "o", "lse", "do", "cu_seqlens_q", "cu_seqlens_k", "dq", "dk", "dv"};
+  const mfa_tensor_view* views[] = {&vq, &vk, &vv, &vout, &vlse, &vdout, &vcu_q, &vcu_k, &vdq, &vdk, &vdv};
+  for (size_t i = 0; i < sizeof names / sizeof *names; ++i) OK(mfa_call_set_tensor(call, names[i], views[i]));
+  OK(mfa_call_set_bool(call, "causal", 1));
+  OK(mfa_call_run(call, device));
+  CHECK(cpp_attention_varlen_backward(path, &vq, &vk, &vv, &vout, &vlse, &vdout, &vcu_q, &vcu_k, &rdq, &rdk, &rdv,
+                                      error, sizeof error) == 0, "%s", error);
+  CHECK(any_nonzero(dq, nq) && any_nonzero(dk, nk) && any_nonzero(dv, nk), "varlen backward: nothing written");
+  CHECK(memcmp(dq, ref_dq, nq * sizeof *dq) == 0 && memcmp(dk, ref_dk, nk * sizeof *dk) == 0 &&
+            memcmp(dv, ref_dv, nk * sizeof *dv) == 0,
+        "varlen dq, dk or dv differs from the C++ API's");
+  mfa_call_free(call);
+  void* buffers[] = {q, k, v, out, lse, ref_out, ref_lse, dout, dq, dk, dv, ref_dq, ref_dk, ref_dv};
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
@@ -464,9 +527,10 @@ int main(int argc, char** argv) {
   indexed(argv[1], device, bundle);
   int8_call(argv[1], device, bundle);
   merge_and_quantize(argv[1], device, bundle);
+  packed_varlen(argv[1], device, bundle);
   if (!failures)
     printf("attention (+ backward), attention_with_kvcache, sparse_topk, sparse_attention, int8_attention, "
-           "merge_attention and quantize through the C ABI: the C++ API's bits\n");
+           "merge_attention, quantize and attention_varlen (+ backward) through the C ABI: the C++ API's bits\n");
 
   /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
   float *fresh = poisoned(nq), *fresh_rows = poisoned(nrows), *fresh_dq = poisoned(nq);

@@ -62,6 +62,18 @@ and false, omitted both, and `precision` of "float" and "int8", omitted ["float"
 use no GPU family's tiles: one entry serves every device ("family=any"). B, the indexer
 heads, R, C, topk and the strides of q, k and weights are runtime values.
 
+An "attention_varlen" family (packed sequences, Python's attention_varlen with cu_seqlens_q
+and cu_seqlens_k: layout bshd, no mask) takes attention's keys but mask and layout, and
+two keys of its own: `page_size` a list of null (packed k and v, rows of
+cu_seqlens_k) or page sizes (pages (num_blocks, page_size, Hkv, D) and a block table, forward
+only), omitted [null]; `seqused_k` whether packed calls give seqused_k (each sequence uses its
+first seqused_k keys), a list of bools, omitted [false] (a paged entry serves calls with and
+without it). `backward: true` adds attention_varlen_backward's templates to the packed
+entries without seqused_k (the others are forward-only, as Python's). The
+sequences' count and lengths, and the per-sequence query bound that decides whether a
+forward packs query heads (max_seqlen_q, else total_q), are runtime values: the entry holds
+the packed forward of every bound that packs, each guarded by it (writer.py's VARLEN_BOUND).
+
 `window` is false (the entry serves calls without a window) or true (it serves every window
 (left, right), -1 unbounded, and calls without one too: the sides reach its kernels as
 runtime sizes, an unbounded side as a value that removes no key). Sequence lengths, batch
@@ -90,6 +102,9 @@ KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "
 KVCACHE = "attention_with_kvcache"
 KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
                 "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
+VARLEN = "attention_varlen"
+VARLEN_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
+               "score_mod", "family", "backward", "page_size", "seqused_k")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 SPARSE = "sparse_attention"
@@ -107,7 +122,7 @@ MERGE_KEYS = ("op", "dtype", "value_dim", "parts", "layout")
 QUANTIZE = "quantize"
 QUANTIZE_KEYS = ("op", "dtype", "format", "bits", "group_size")
 FAMILY_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, SPARSE: SPARSE_KEYS, TOPK: TOPK_KEYS, INT8: INT8_KEYS,
-               MERGE: MERGE_KEYS, QUANTIZE: QUANTIZE_KEYS}   # each op's keys
+               MERGE: MERGE_KEYS, QUANTIZE: QUANTIZE_KEYS, VARLEN: VARLEN_KEYS}   # each op's keys
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -144,6 +159,7 @@ class EntryFacts:
     cache: str = "plain"
     append: bool = False
     rotary: RotaryFacts | None = None
+    seqused_k: bool = False
     topk_length: bool = False
     shared_latent: bool = False
     precision: str = "float"
@@ -173,7 +189,8 @@ class EntryFacts:
                 **({"topk_length": self.topk_length, "shared_latent": self.shared_latent} if self.op == SPARSE
                    else {}),
                 **({"precision": self.precision} if self.op == TOPK else {}),
-                **({"qk_scale": self.qk_scale, "smooth_k": self.smooth_k, "pv": self.pv} if self.op == INT8 else {})}
+                **({"qk_scale": self.qk_scale, "smooth_k": self.smooth_k, "pv": self.pv} if self.op == INT8 else {}),
+                **({"page_size": self.page_size, "seqused_k": self.seqused_k} if self.op == VARLEN else {})}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -273,6 +290,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         family = {**family, "mask": ["none"], "layout": ["bshd"], "backward": False}
     if op == INT8:   # forward only, no score_mod
         family = {**family, "backward": False}
+    if op == VARLEN:    # layout bshd, no mask: the call's own
+        family = {**family, "mask": ["none"], "layout": ["bshd"]}
     masks = _choices(_list(family, "mask", list(MASKS), where), MASKS, "mask", where)
     mask_dtypes = _choices(_list(family, "mask_dtype", list(DTYPES), where), DTYPES, "mask_dtype", where)
     windows = _bools(_list(family, "window", [False, True], where), "window", where)
@@ -296,8 +315,11 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
                                                                "shared_latent", where))]
     if op == INT8:
         lists = _int8_keys(family, head_dims, value_dims, where)
+    if op == VARLEN:
+        caches = [(page, "plain", False, None) for page in _page_sizes(family, where)]
+        lists = [{"seqused_k": flag} for flag in _bools(_list(family, "seqused_k", [False], where), "seqused_k", where)]
 
-    entries = []
+    entries, seen = [], set()
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
         for dv, (page_size, cache, append, rotary) in itertools.product(value_dims or [d], caches):
@@ -312,9 +334,14 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
             kinds = mask_dtypes if mask == "additive" else ["bool" if mask == "bool" else None]
             for mask_dtype in kinds:
                 for extra in lists:
-                    entries.append(EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout,
-                                              gpu, backward, cap, alibi, score_mod, op, page_size, cache, append,
-                                              rotary, **extra))
+                    if op == VARLEN:   # a paged entry reads the host's key counts, with seqused_k or without
+                        extra = {"seqused_k": extra["seqused_k"] and page_size is None}
+                    facts = EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout, gpu,
+                                       backward and not (op == VARLEN and (extra["seqused_k"] or page_size)), cap,
+                                       alibi, score_mod, op, page_size, cache, append, rotary, **extra)
+                    if facts not in seen:
+                        seen.add(facts)
+                        entries.append(facts)
     return entries
 
 
@@ -338,13 +365,18 @@ def _topk_entries(family: dict, where: str) -> list[EntryFacts]:
     return entries
 
 
-def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, RotaryFacts | None]]:
-    """A KV-cache family's (page_size, cache, append, rotary) crossed; a rotation only with an append."""
+def _page_sizes(family: dict, where: str) -> list[int | None]:
     pages = _list(family, "page_size", [None], where)
     for page in pages:
         if page is not None and (isinstance(page, bool) or not isinstance(page, int) or page < 1):
             raise ValueError(f"{where}: 'page_size' values must be null (a contiguous cache) or integers >= 1, "
                              f"got {page!r}")
+    return pages
+
+
+def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, RotaryFacts | None]]:
+    """A KV-cache family's (page_size, cache, append, rotary) crossed; a rotation only with an append."""
+    pages = _page_sizes(family, where)
     caches = _choices(_list(family, "cache", list(CACHES), where), CACHES, "cache", where)
     appends = _bools(_list(family, "append", [False, True], where), "append", where)
     dims = _list(family, "rotary_dim", [None], where)

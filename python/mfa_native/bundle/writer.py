@@ -25,8 +25,9 @@ import json
 from dataclasses import asdict, replace
 from typing import Callable
 
-from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, Int8Problem, TokenLists,
-                       attention_backward_template, attention_template, int8_attention_template, packs_plain_heads)
+from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, Int8Problem, PagedSequences,
+                       SequenceRanges, TokenLists, attention_backward_template, attention_template,
+                       int8_attention_template, packs_plain_heads)
 from ..codegen.attention import merge as codegen_merge
 from ..codegen.attention.rotary import Rotary
 from ..codegen.attention.score_mod import ScoreMod
@@ -37,7 +38,7 @@ from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION, PassTemplate
-from .spec import INT8, KVCACHE, MERGE, QUANTIZE, SPARSE, TOPK, EntryFacts
+from .spec import INT8, KVCACHE, MERGE, QUANTIZE, SPARSE, TOPK, VARLEN, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
 # (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
@@ -73,7 +74,18 @@ def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads
         return_lse=True, scores=scores(facts))
     if facts.op == SPARSE:
         return token_lists(p, facts)
+    if facts.op == VARLEN:   # packed sequences, not packing heads (the backward's; forward_templates packs)
+        return replace(p, keys=sequence_keys(facts, kv_len, None))
     return cache_keys(p, facts) if facts.op == KVCACHE else p
+
+
+def sequence_keys(facts: EntryFacts, kv_len: int, max_queries: int | None) -> SequenceRanges:
+    """A varlen entry's keys for a bound on every sequence's queries (None: no head packing):
+    packed (rows of cu_seqlens_k, or their first seqused_k) or pages following each other."""
+    if facts.page_size is None:
+        return SequenceRanges(2, max_queries, facts.seqused_k)
+    return PagedSequences(2, max_queries, page_size=facts.page_size,
+                          pages_per_sequence=max(-(-kv_len // facts.page_size), 1))
 
 
 def token_lists(p: AttentionProblem, facts: EntryFacts, topk: int = 16) -> AttentionProblem:
@@ -125,6 +137,59 @@ def _unique(templates) -> list[dict]:
     return kept
 
 
+# A varlen forward's per-sequence query bound (max_seqlen_q, else total_q; at least 1), a
+# runtime size: heads pack when it and the GQA ratio fit PACKING, each bound baked in its own
+# kernels, so the entry holds one packed template per bound, guarded "Qb == bound", and the
+# unpacked ones guarded by the bound not packing. Each also derives VARLEN_UNIT, the queries
+# of its forward units (the bound, or 8), the unit of the q_units table a reader builds.
+VARLEN_BOUND = "Qb"
+VARLEN_UNIT = "Qu"
+
+
+def with_bound(template, guard: str | None, unit: int) -> dict:
+    """A varlen forward template (a codegen PassTemplate) taking VARLEN_BOUND among its sizes,
+    with `guard` over it (None: none) after codegen's guards, deriving VARLEN_UNIT = `unit`."""
+    record = json.loads(json.dumps(asdict(template)))
+    record["sizes"].append(VARLEN_BOUND)
+    record["derived"].append([VARLEN_UNIT, str(unit)])
+    if guard is not None:
+        record["guards"].append(guard)
+    return record
+
+
+def without_bound(record: dict) -> dict:
+    """A template `with_bound` made, as codegen generated it."""
+    return {**record, "sizes": [s for s in record["sizes"] if s != VARLEN_BOUND],
+            "derived": [d for d in record["derived"] if d[0] != VARLEN_UNIT],
+            "guards": [g for g in record["guards"] if VARLEN_BOUND not in g]}
+
+
+def varlen_forward_templates(facts: EntryFacts) -> list[dict]:
+    """A varlen entry's forward: the packed template of every bound that packs (ratio >= 2),
+    then the unpacked ones for every rows choice (guarded by a bound that does not pack)."""
+    ratio, family = facts.gqa_ratio, facts.family
+    packed = []
+    if packs_plain_heads(ratio, 1):
+        for bound in range(1, PACKING.max_pairs // ratio + 1):
+            p = replace(problem(facts, bound, 64), keys=sequence_keys(facts, 64, bound))
+            packed.append(with_bound(attention_template(p, family=family, parallel_threadgroups=1),
+                                     f"{VARLEN_BOUND} == {bound}", bound))
+    unpacked = f"{VARLEN_BOUND} * {ratio} > {PACKING.max_pairs}" if packed else None
+    plain = [with_bound(attention_template(problem(facts, r, 64), family=family, parallel_threadgroups=1), unpacked, 8)
+             for r in LENGTHS]
+    return _unique_records(packed + plain)
+
+
+def _unique_records(records: list[dict]) -> list[dict]:
+    seen, kept = set(), []
+    for record in records:
+        text = json.dumps(record, sort_keys=True)
+        if text not in seen:
+            seen.add(text)
+            kept.append(record)
+    return kept
+
+
 def forward_templates(facts: EntryFacts) -> list[dict]:
     """The forward's templates (lse always stored: a caller that does not want it gets an
     intermediate; the output is the same); a sparse_topk entry's pass (`topk_template`), a merge
@@ -138,6 +203,8 @@ def forward_templates(facts: EntryFacts) -> list[dict]:
     if facts.op == QUANTIZE:   # x's groups the one runtime size
         quant = QuantFormat.of(facts.format, facts.bits, facts.group_size)
         return _unique([codegen_quantize.quantize_template(codegen_quantize.QuantizeDescriptor(facts.dtype, quant))])
+    if facts.op == VARLEN:
+        return varlen_forward_templates(facts)
     lengths = query_lengths(facts)
     if facts.op == INT8:   # no split-KV pair: the tiles depend on R alone
         return _unique(int8_attention_template(int8_problem(facts, problem(facts, r, NO_SPLIT[0])), family=facts.family)
@@ -195,6 +262,8 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     if op == SPARSE:
         cache = (f" topk_length={'yes' if facts['topk_length'] else 'no'} "
                  f"shared_latent={'yes' if facts['shared_latent'] else 'no'}")
+    if op == VARLEN:
+        cache = f" page_size={facts['page_size'] or 'none'} seqused_k={'yes' if facts['seqused_k'] else 'no'}"
     if op == KVCACHE:
         cache = (f" page_size={facts['page_size'] or 'none'} cache={facts['cache']} "
                  f"append={'yes' if facts['append'] else 'no'}")
