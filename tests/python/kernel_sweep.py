@@ -55,15 +55,16 @@ SAMPLED_KERNEL_TESTS = [
 ]
 
 
-def run_sweep(variable: str, value: str, tests: list[str]) -> None:
+def run_sweep(variable: str, value: str, tests: list[str], workers: int = 1) -> None:
     """Runs `tests` in a child pytest with `variable`=`value`; every one must pass, none skip.
-    The child has two workers of its own (each file on one): a sweep is the longest test of its
-    run, and alone on one core it would leave the other idle at the run's end."""
+    The exhaustive sweeps give the child two workers (each file on one): such a sweep is the
+    longest test of its run, and alone on one core it would leave the other idle at the run's
+    end; the default run's short samples keep one (two cost more than they save there)."""
     root = Path(__file__).resolve().parents[2]
     environment = {name: text for name, text in os.environ.items() if not name.startswith("PYTEST_XDIST")}
     environment[variable] = value
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-n", "2",
-                             "--dist", "loadfile", *tests],
+    parallel = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *parallel, *tests],
                             cwd=root, env=environment, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]

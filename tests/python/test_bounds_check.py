@@ -141,7 +141,7 @@ SAMPLE = [SWEEP[0], *SAMPLED_KERNEL_TESTS, SWEEP[-1]]
 
 @pytest.mark.exhaustive
 def test_every_generated_kernel_runs_clean_with_bounds_checks():
-    run_sweep("MFA_NATIVE_BOUNDS_CHECK", "1", SWEEP)
+    run_sweep("MFA_NATIVE_BOUNDS_CHECK", "1", SWEEP, workers=2)
 
 
 def test_a_kernel_of_every_family_runs_clean_with_bounds_checks():

@@ -97,7 +97,7 @@ SAMPLE = [SWEEP[0], *SAMPLED_KERNEL_TESTS]   # the default run's (kernel_sweep.p
 
 @pytest.mark.exhaustive
 def test_every_generated_kernel_runs_clean_under_the_race_detector():
-    run_sweep("MFA_NATIVE_SANITIZE", "race", SWEEP)
+    run_sweep("MFA_NATIVE_SANITIZE", "race", SWEEP, workers=2)
 
 
 def test_a_kernel_of_every_family_runs_clean_under_the_race_detector():

@@ -199,6 +199,7 @@ def under_other_layouts(*arguments: str) -> None:
         assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-3000:]
 
 
+@pytest.mark.exhaustive   # the default run checks layouts through ctest's TensorOps suites (seeds 1 and 6)
 def test_the_forward_and_backward_hold_under_other_layouts():
     """The forward and backward cases again under two other cooperative-tensor layouts."""
     under_other_layouts(__file__, "-k", "test_forward or test_backward")
