@@ -48,7 +48,9 @@ def launch(size: int, out: Path, seed: int, mode: str = "cases", timeout: int = 
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=HERE)
 
 
-@pytest.mark.parametrize("size", [1, 2, pytest.param(4, marks=pytest.mark.exhaustive)])   # 4 ranks: 19 s cold
+# One rank (no exchange) and four (19 s cold) run in the exhaustive step; two in the default run.
+@pytest.mark.parametrize("size", [pytest.param(1, marks=pytest.mark.exhaustive), 2,
+                                  pytest.param(4, marks=pytest.mark.exhaustive)])
 def test_mlx_ring_attention_and_sharded_decode_equal_the_reference(rng, tmp_path, size):
     seed = int(rng.integers(1 << 30))
     done = launch(size, tmp_path, seed)

@@ -65,6 +65,7 @@ def test_allowed_counts_the_band(rng):
         assert allowed(rule, Span(q0, R), Span(k0, C)) == keys[q0:q0 + R, k0:k0 + C].sum()
 
 
+@pytest.mark.exhaustive   # 12 s cold: the bench runs both schedules on two ranks
 def test_bench_ring_reports_bytes_and_overlap():
     """`bench ring --quick` on 2 gloo processes: the prefill's ring moves K/V (and the zig-zag
     queries) with balanced work; the decode sends nothing around the ring and all-gathers a few

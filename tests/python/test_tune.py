@@ -261,6 +261,7 @@ def test_the_timing_sweep_picks_a_checked_row_per_range_and_its_table_is_used(tu
         assert tables.tile_row(DEVICE_FAMILY, winner.dtype, problem.head_dim) == winner.row
     assert "forward   float16  <= " in sweep.winners_table(winners)
 
+@pytest.mark.exhaustive   # 15 s cold; the forward sweep's test keeps the timing path in the default run
 def test_the_backward_sweep_times_its_two_kernels_apart(tuning_dir, rng):
     """sweep.tune on the backward, from per-dispatch seconds: each winner's time is per kernel,
     and its row (dQ columns and dK/dV columns possibly of different candidates) is used."""
