@@ -5,6 +5,8 @@ a call whose transforms no entry bakes."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,13 @@ def test_bad_transform_arguments_are_refused_as_python_refuses_them(bundle, rng)
     tensors = [options["score_mod_tensors"][0].astype(np.float16), options["score_mod_tensors"][1]]
     _refused(bundle, q, k, v, {**options, "score_mod_tensors": tensors},
              r"score_mod_tensors\[0\] must be float32 or int32", TypeError)
+    # Tensors the expression does not read as given (missing, one short, a rank off): Python's words.
+    for tensors in ([], options["score_mod_tensors"][:1], [options["score_mod_tensors"][0].reshape(4, 5),
+                                                            options["score_mod_tensors"][1]]):
+        with pytest.raises(ValueError) as python:
+            mfa_native.attention(q, k, v, device="cpu", **{**options, "score_mod_tensors": tensors})
+        assert "the expression reads tensors {0: 1, 1: 1}" in str(python.value)
+        _refused(bundle, q, k, v, {**options, "score_mod_tensors": tensors}, "^" + re.escape(str(python.value)) + "$")
 
 
 @pytest.mark.parametrize("key, value, message", [
