@@ -80,7 +80,7 @@ std::int64_t page_rows(const Cache& cache) {
   return between / row;
 }
 
-// The value of element `index` of a 1- or 2-d int32 view.
+// Element (i) or (i, j) of a 1- or 2-d int32 view.
 std::int64_t element(const Checked& view, std::int64_t i, std::int64_t j = 0) {
   const std::int64_t at = i * view.strides[0] + (view.strides.size() > 1 ? j * view.strides[1] : 0);
   return static_cast<const std::int32_t*>(view.view->data)[at];
@@ -330,23 +330,21 @@ class KVCall {
       throw ArgumentError("cache_seqlens must be int32 (B,) = (" + std::to_string(batch_) + ",), got " +
                           to_string(given.dtype) + " " + shape_text(given.shape));
     lengths_ = checked(given, "cache_seqlens");
-    std::vector<std::int64_t> attended(std::size_t(batch_), 0);
-    std::int64_t lowest = 0, longest = -1;
+    // The lengths, read once; the keys each batch attends (with the rows appended).
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(batch_)), attended(lengths.size());
+    std::int64_t longest = 0;
     for (std::int64_t b = 0; b < batch_; ++b) {
-      const std::int64_t length = element(lengths_, b);
-      lowest = b ? std::min(lowest, length) : length;
-      attended[b] = length + appended_;
-      if (longest < 0 || attended[b] > attended[longest]) longest = b;
+      lengths[b] = element(lengths_, b), attended[b] = lengths[b] + appended_;
+      if (attended[b] > attended[longest]) longest = b;
     }
-    if (batch_ && lowest < 0) throw ArgumentError("cache_seqlens must not be negative, got " + std::to_string(lowest));
+    if (batch_ && *std::min_element(lengths.begin(), lengths.end()) < 0)
+      throw ArgumentError("cache_seqlens must not be negative, got " +
+                          std::to_string(*std::min_element(lengths.begin(), lengths.end())));
     if (batch_ && attended[longest] > capacity_)
-      throw ArgumentError("cache_seqlens[" + std::to_string(longest) + "] + Rn = " +
-                          std::to_string(element(lengths_, longest)) + " + " + std::to_string(appended_) +
-                          " is beyond the cache's capacity " + std::to_string(capacity_) +
-                          (paged_ ? " (max_blocks * page_size)" : " (Cmax)"));
+      throw ArgumentError("cache_seqlens[" + std::to_string(longest) + "] + Rn = " + std::to_string(lengths[longest]) +
+                          " + " + std::to_string(appended_) + " is beyond the cache's capacity " +
+                          std::to_string(capacity_) + (paged_ ? " (max_blocks * page_size)" : " (Cmax)"));
     if (paged_) check_pages_read(attended);
-    std::vector<std::int64_t> lengths(static_cast<std::size_t>(batch_));
-    for (std::int64_t b = 0; b < batch_; ++b) lengths[b] = element(lengths_, b);
     check_rotary_positions(lengths);
     if (appended_ && device_.kind() == DeviceKind::metal && overlaps(k_, v_))
       throw ArgumentError("v_cache shares memory with k_cache (one stacked tensor): on Metal an append to them would "
