@@ -25,6 +25,13 @@ class TypeError : public Error {
   using Error::Error;
 };
 
+// A call the op does not compute, though each argument is valid (Python:
+// NotImplementedError), as a gradient of a forward-only argument.
+class NotImplementedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A backend or device that is not available on this machine.
 class UnavailableError : public Error {
  public:

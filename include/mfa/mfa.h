@@ -80,7 +80,9 @@ typedef enum mfa_status {
   MFA_BUNDLE_ERROR = 7,           /* a damaged, truncated or future-version bundle */
   MFA_NO_BUNDLE_ENTRY_ERROR = 8,  /* the bundle holds no entry for the call's problem */
   MFA_OUT_OF_MEMORY = 9,
-  MFA_INTERNAL_ERROR = 10         /* anything else: a bug */
+  MFA_INTERNAL_ERROR = 10,        /* anything else: a bug */
+  MFA_NOT_IMPLEMENTED_ERROR = 11  /* valid arguments the op does not compute, as a backward of
+                                     a forward-only argument (Python: NotImplementedError) */
 } mfa_status;
 
 /* The message of the last call on this thread that did not return MFA_OK ("" if

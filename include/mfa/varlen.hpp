@@ -59,8 +59,8 @@ void attention_varlen(CommandBatch& batch, const Bundle& bundle, const TensorVie
 // The gradients of attention_varlen (Python's attention_varlen_backward): given o and lse as
 // the forward wrote them and do (the gradient of o, shaped and typed like o), writes dq, dk,
 // dv (shaped like q, k and v, q's dtype, contiguous) and, with sinks, dsinks (Hq,) float32
-// summed over every sequence. block_table and seqused_k are forward-only (ArgumentError with
-// Python's NotImplementedError's message).
+// summed over every sequence. block_table and seqused_k are forward-only (NotImplementedError,
+// with Python's message).
 void attention_varlen_backward(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
                                const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
                                const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k, const TensorView& dq,

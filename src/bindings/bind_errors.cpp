@@ -1,5 +1,6 @@
 // Maps the core's exceptions to Python's: bad values -> ValueError, bad types
-// -> TypeError, and three mfa_native exceptions for the rest.
+// -> TypeError, a call the op does not compute -> NotImplementedError, and
+// three mfa_native exceptions for the rest.
 #include <Python.h>
 
 #include "bindings.hpp"
@@ -111,6 +112,8 @@ Example:
       PyErr_SetString(PyExc_TypeError, e.what());
     } catch (const mfa::ArgumentError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const mfa::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
     } catch (const mfa::Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }

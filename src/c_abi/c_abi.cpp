@@ -76,6 +76,8 @@ mfa_status guarded(Body&& body) noexcept {
     return fail(MFA_ARGUMENT_ERROR, e.what());
   } catch (const mfa::UnavailableError& e) {
     return fail(MFA_UNAVAILABLE_ERROR, e.what());
+  } catch (const mfa::NotImplementedError& e) {
+    return fail(MFA_NOT_IMPLEMENTED_ERROR, e.what());
   } catch (const mfa::Error& e) {
     return fail(MFA_ERROR, e.what());
   } catch (const std::bad_alloc&) {
@@ -186,6 +188,7 @@ const char* mfa_status_name(mfa_status status) {
     case MFA_NO_BUNDLE_ENTRY_ERROR: return "MFA_NO_BUNDLE_ENTRY_ERROR";
     case MFA_OUT_OF_MEMORY: return "MFA_OUT_OF_MEMORY";
     case MFA_INTERNAL_ERROR: return "MFA_INTERNAL_ERROR";
+    case MFA_NOT_IMPLEMENTED_ERROR: return "MFA_NOT_IMPLEMENTED_ERROR";
   }
   return "";
 }

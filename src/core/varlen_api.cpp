@@ -428,11 +428,11 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
               const TensorView& dout, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
               const TensorView& dq, const TensorView& dk, const TensorView& dv, const VarlenOptions& options,
               const TensorView* dsinks) {
-  // _forward_only (Python raises NotImplementedError with these words).
+  // _forward_only's refusal, in its words.
   for (const auto& [given, name, what] : {std::tuple(options.block_table, "block_table", "paged K/V"),
                                           std::tuple(options.seqused_k, "seqused_k", "keys limited by seqused_k")})
     if (given)
-      throw ArgumentError(std::string("attention_varlen_backward: ") + name + " given, but " + what +
+      throw NotImplementedError(std::string("attention_varlen_backward: ") + name + " given, but " + what +
                           " is forward-only (as flash-attn's paged varlen): no gradient of such a call is computed");
   VarlenCall call(device, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, options, nullptr, nullptr);
   call.check_backward(q, k, v, o, lse, dout, dq, dk, dv, dsinks);

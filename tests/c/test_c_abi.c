@@ -194,7 +194,7 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
 /* The varlen bundle family: attention_varlen on three packed sequences (one empty) with GQA,
  * heads packed by max_seqlen_q: the C ABI gives the C++ API's output and lse, and its backward
  * the C++ API's gradients; a cu_seqlens_q that decreases is refused with Python's message
- * before writing. */
+ * before writing, and a backward given seqused_k is not computed. */
 static void packed_varlen(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
   enum { TQ = 9, TK = 14, HKV = 2, HQ = 4, D = 16, NCU = 4 };
   const int64_t q_shape[] = {TQ, HQ, D}, k_shape[] = {TK, HKV, D}, rows_shape[] = {HQ, TQ}, cu_shape[] = {NCU};
@@ -249,6 +249,15 @@ static void packed_varlen(const char* path, const mfa_device* device, const mfa_
   CHECK(memcmp(dq, ref_dq, nq * sizeof *dq) == 0 && memcmp(dk, ref_dk, nk * sizeof *dk) == 0 &&
             memcmp(dv, ref_dv, nk * sizeof *dv) == 0,
         "varlen dq, dk or dv differs from the C++ API's");
+  /* seqused_k is forward-only: the same call with it is not computed, and nothing is written. */
+  int32_t used[NCU - 1] = {6, 3, 5};
+  const int64_t used_shape[] = {NCU - 1};
+  mfa_tensor_view vused = {used, MFA_INT32, 1, used_shape, NULL};
+  OK(mfa_call_set_tensor(call, "seqused_k", &vused));
+  memset(dq, 0xff, nq * sizeof *dq);
+  expect(mfa_call_run(call, device), MFA_NOT_IMPLEMENTED_ERROR, "seqused_k given, but keys limited by seqused_k is "
+         "forward-only", "a varlen backward with seqused_k");
+  CHECK(isnan(dq[0]), "a refused varlen backward wrote something");
   mfa_call_free(call);
   void* buffers[] = {q, k, v, out, lse, ref_out, ref_lse, dout, dq, dk, dv, ref_dq, ref_dk, ref_dv};
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
