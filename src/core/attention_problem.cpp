@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <limits>
 
+#include "score_expression.hpp"
+
 namespace mfa::attention_problem {
 
 namespace {
@@ -86,47 +88,18 @@ std::vector<ScoreModTensor> score_mod_tensors_of(const AttentionOptions& options
   return out;
 }
 
-// score_expression.reads of a traced text ("float score(); int read[0](3); ..."): each tensor it
-// reads and its axis count, in the order of a Python dict (first read first, the last count
-// kept); nullopt for a text that is no list of terms (the bundle then holds no entry for it).
-std::optional<std::vector<std::pair<std::int64_t, std::size_t>>> reads_of(const std::string& text) {
-  std::vector<std::pair<std::int64_t, std::size_t>> reads;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t end = text.find("; ", start);
-    if (end == std::string::npos) end = text.size();
-    const std::string term = text.substr(start, end - start);
-    const std::size_t op = term.find(' ') + 1, open = term.find('('), close = term.rfind(')');
-    if (op == 0 || open == std::string::npos || close != term.size() - 1 || open > close) return std::nullopt;
-    if (term.compare(op, 5, "read[") == 0) {
-      const std::size_t bracket = term.find(']', op);
-      if (bracket == std::string::npos || bracket > open) return std::nullopt;
-      char* rest = nullptr;
-      const std::string index_text = term.substr(op + 5, bracket - op - 5);
-      const long long index = std::strtoll(index_text.c_str(), &rest, 10);
-      if (index_text.empty() || *rest) return std::nullopt;
-      const std::string args = term.substr(open + 1, close - open - 1);
-      const std::size_t axes = args.empty() ? 0 : std::size_t(std::count(args.begin(), args.end(), ',')) + 1;
-      auto seen = std::find_if(reads.begin(), reads.end(), [&](const auto& r) { return r.first == index; });
-      if (seen == reads.end()) reads.emplace_back(index, axes);
-      else seen->second = axes;
-    }
-    start = end + 2;
-  }
-  return reads;
-}
-
-// ScoreMod's check: the call gives exactly the tensors the expression reads, each of its rank.
-void check_reads(const std::string& text, const std::vector<ScoreModTensor>& tensors) {
-  const auto reads = reads_of(text);
-  if (!reads) return;
-  bool match = reads->size() == tensors.size();
-  for (const auto& [index, axes] : *reads)
-    match &= index >= 0 && std::size_t(index) < tensors.size() && tensors[std::size_t(index)].shape.size() == axes;
+// ScoreMod's check: the text is a list of terms of `operations`, and the call gives exactly the
+// tensors it reads, each of its rank.
+void check_reads(const std::string& text, const std::vector<ScoreModTensor>& tensors,
+                 const std::vector<std::string>& operations) {
+  const std::vector<score_expression::Read> reads = score_expression::reads(text, operations);
+  bool match = reads.size() == tensors.size();
+  for (const score_expression::Read& read : reads)
+    match &= std::size_t(read.tensor) < tensors.size() && tensors[std::size_t(read.tensor)].shape.size() == read.axes;
   if (match) return;
   std::string read_text = "{", shapes = "[";
-  for (const auto& [index, axes] : *reads)
-    read_text += (read_text.size() > 1 ? ", " : "") + std::to_string(index) + ": " + std::to_string(axes);
+  for (const score_expression::Read& read : reads)
+    read_text += (read_text.size() > 1 ? ", " : "") + read.number + ": " + std::to_string(read.axes);
   for (const ScoreModTensor& t : tensors) shapes += (shapes.size() > 1 ? ", " : "") + shape_text(t.shape);
   throw ArgumentError("score_mod: the expression reads tensors " + read_text + "} (index: axes), the call gives " +
                       std::to_string(tensors.size()) + " of shapes " + shapes + "]");
@@ -158,14 +131,14 @@ Problem checked_problem(Binder& binder, const AttentionOptions& options) {
   }
   p.sinks = options.sinks.has_value();
   if (options.alibi_slopes) p.alibi = binder.shape_index("alibi_slopes") == 0 ? "per_head" : "per_batch";
-  check_score_mod(p, options);
+  check_score_mod(p, options, binder.declaration());
   return p;
 }
 
-void check_score_mod(Problem& p, const AttentionOptions& options) {
+void check_score_mod(Problem& p, const AttentionOptions& options, const Declaration& declaration) {
   p.score_mod = options.score_mod;
   p.score_mod_tensors = score_mod_tensors_of(options);
-  if (!p.score_mod.empty()) check_reads(p.score_mod, p.score_mod_tensors);
+  if (!p.score_mod.empty()) check_reads(p.score_mod, p.score_mod_tensors, declaration.score_operations);
 }
 
 }  // namespace mfa::attention_problem

@@ -51,6 +51,6 @@ Problem checked_problem(Binder& binder, const AttentionOptions& options);
 
 // The last of those checks, score_mod and its tensors, into `p` (an op that checks arguments of
 // its own before them, as sparse_attention its lists, runs checked_problem without a score_mod first).
-void check_score_mod(Problem& p, const AttentionOptions& options);
+void check_score_mod(Problem& p, const AttentionOptions& options, const Declaration& declaration);
 
 }  // namespace mfa::attention_problem

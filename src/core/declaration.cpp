@@ -78,6 +78,9 @@ Declaration Declaration::from_json(const json::Value& value) {
       if (sorted[i] != i) throw json::JsonError("layout " + name + " is not an order of its axes");
     d.layouts[name] = std::move(axes);
   }
+  if (const json::Value* operations = value.find("score_operations"))
+    for (const json::Value& op : operations->as_array("score_operations"))
+      d.score_operations.push_back(op.as_string("score operation"));
   return d;
 }
 

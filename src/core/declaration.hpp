@@ -45,6 +45,7 @@ struct Declaration {
   std::vector<SizeRequirement> requires_;           // in order
   std::vector<std::pair<std::string, SizeExpression>> derived;
   std::map<std::string, std::vector<std::size_t>> layouts;  // layout -> the logical axis of each memory axis
+  std::vector<std::string> score_operations;  // a score_mod's operations (none: the op takes no score_mod)
 
   const ArrayRule& rule(const std::string& name) const;
   static Declaration from_json(const json::Value& value);

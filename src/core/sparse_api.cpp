@@ -68,7 +68,7 @@ class SparseCall {
     problem_ = attention_problem::checked_problem(*binder_, unmodded);
     check_indices(indices);
     if (options.topk_length) check_lengths(*options.topk_length);
-    attention_problem::check_score_mod(problem_, attention_);
+    attention_problem::check_score_mod(problem_, attention_, binder_->declaration());
   }
 
   const Binder& binder() const { return *binder_; }

@@ -14,6 +14,7 @@ import mfa_native
 from mfa_native import _core, reference
 from mfa_native.bundle import entries_of
 from mfa_native.bundle.writer import build_payload, entry_line
+from mfa_native.codegen.attention.score_mod import ScoreMod
 
 from conftest import poison, relative_l2
 from test_bundle_cpp import bundle, cpp_options, view  # noqa: F401 (bundle: the fixture, over this payload)
@@ -131,6 +132,58 @@ def test_bad_transform_arguments_are_refused_as_python_refuses_them(bundle, rng)
             mfa_native.attention(q, k, v, device="cpu", **{**options, "score_mod_tensors": tensors})
         assert "the expression reads tensors {0: 1, 1: 1}" in str(python.value)
         _refused(bundle, q, k, v, {**options, "score_mod_tensors": tensors}, "^" + re.escape(str(python.value)) + "$")
+
+
+def _mutations(rng, count: int) -> list[str]:
+    """The document bias's text, each with one random edit: a character replaced, dropped or
+    doubled, a term swapped with its neighbour, or a grammar character (quote, bracket, digit,
+    sign, a non-ASCII letter) put in: most are no longer texts of terms, some are again."""
+    pieces = list("[](),;. -+e0123456789'\"\\x_") + ["ö", "nan", "inf", "True", "read", "not"]
+    texts = []
+    for _ in range(count):
+        text, at = DOCUMENT_BIAS, int(rng.integers(0, len(DOCUMENT_BIAS)))
+        edit = int(rng.integers(0, 4))
+        if edit == 0:
+            text = text[:at] + str(rng.choice(pieces)) + text[at + 1:]
+        elif edit == 1:
+            text = text[:at] + text[at + 1:]
+        elif edit == 2:
+            text = text[:at] + text[at] + text[at:]
+        else:
+            terms = text.split("; ")
+            i = int(rng.integers(0, len(terms) - 1))
+            terms[i], terms[i + 1] = terms[i + 1], terms[i]
+            text = "; ".join(terms)
+        texts.append(text)
+    return texts
+
+
+def test_score_mod_texts_are_read_as_python_reads_them(bundle, rng):
+    """Malformed texts (a part off the grammar, an unknown operation, a read without a tensor
+    index, a term read before it is computed, reads not matching the tensors) are refused by C++
+    with Python's exact message before anything is written; the texts Python accepts C++ accepts
+    too (then the bundle has no entry baking them)."""
+    q, k, v, options = _score_mod_problem(rng)
+    fixed = ["float score(); ", "float  score()", "float score(1)", "float scores()", "int b(); int read(0)",
+             "int b(); int read[-1](0)", "int b(); int read[x](0)", "float const[1e5]()", "float const[1_0]()",
+             "float score(); float add(0,,0)", "float score(); float add(0,1)", "float sc\u00f6re()",
+             "float const['a']()", "int b(); int read[007](0); float to_float(1)",
+             "int b(); int read[99999999999999999999](0); float to_float(1)"]
+    texts = fixed + _mutations(rng, 120)
+    refused = 0
+    for text in texts:
+        try:
+            ScoreMod(text, tuple(("int" if t.dtype == np.int32 else "float", t.shape)
+                                 for t in options["score_mod_tensors"]))
+        except ValueError as python:
+            refused += 1
+            _refused(bundle, q, k, v, {**options, "score_mod": text}, "^" + re.escape(str(python)) + "$")
+        else:
+            _refused(bundle, q, k, v, {**options, "score_mod": text}, "no entry for attention")
+    assert len(fixed) <= refused < len(texts)   # both verdicts were exercised
+    with pytest.raises(ValueError) as python:   # the public call gives the same refusal
+        mfa_native.attention(q, k, v, device="cpu", **{**options, "score_mod": fixed[4]})
+    assert str(python.value) == "score_mod: term 1 of the expression text is not a term: 'int read(0)'"
 
 
 @pytest.mark.parametrize("key, value, message", [

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..codegen.attention.score_expression import OPERATIONS
 from ..quantized import QuantizedTensor
 from ..runtime.devices import forget_tuning, resolve_device
 from . import given_kind
@@ -281,12 +282,14 @@ class Op:
     def declaration_data(self) -> dict[str, Any]:
         """What the C++ core reads of this declaration (a bundle carries it): the rules of its
         array arguments (optional: default None) and outputs (optional: returned on request),
-        in declaration order, and its size checks."""
+        in declaration order, its size checks, and, for an op taking a score_mod, the
+        operations its expression text may name."""
         if self.checks is None:
             raise ValueError(f"op {self.name!r} declares no checks as data")
         arrays = [rule_data(a.name, a.rule, "input", a.default is None) for a in self.arguments if a.rule]
         arrays += [rule_data(o.name, o.rule, "output", o.when is not None) for o in self.outputs if o.rule]
-        return {"op": self.name, "arrays": arrays, **checks_data(self.checks)}
+        scores = {"score_operations": list(OPERATIONS)} if any(a.name == "score_mod" for a in self.arguments) else {}
+        return {"op": self.name, "arrays": arrays, **checks_data(self.checks), **scores}
 
     @property
     def backward_op(self) -> Op | None:

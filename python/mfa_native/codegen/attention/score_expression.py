@@ -115,15 +115,21 @@ class Builder:
         return expression_text(tuple(self.terms))
 
 
-_TERM = re.compile(r"(float|int|bool) (\w+)(?:\[([^\]]*)\])?\(([\d,]*)\)")
+# A term of the canonical text: `dtype op[value](args)`, the value (optional) True, False, an
+# integer or a float as repr prints it, the args term indices; ASCII only. The C++ core reads
+# the same grammar (src/core/score_expression.cpp).
+_NUMBER = r"True|False|-?\d+|-?(?:\d+\.\d*(?:e[+-]\d+)?|\d+e[+-]\d+|inf)|nan"
+_TERM = re.compile(rf"(float|int|bool) (\w+)(?:\[({_NUMBER})\])?\(((?:\d+(?:,\d+)*)?)\)", re.ASCII)
 
 
 def parse(text: str) -> tuple[Term, ...]:
-    """The terms of an expression's canonical text; ValueError naming what is not one."""
+    """The terms of an expression's canonical text; ValueError naming what is not one (a part
+    off the grammar, an operation not in OPERATIONS, a read without a tensor index)."""
     terms = []
     for index, part in enumerate(text.split("; ")):
         match = _TERM.fullmatch(part)
-        if match is None or match.group(2) not in OPERATIONS:
+        if (match is None or match.group(2) not in OPERATIONS
+                or (match.group(2) == "read" and not (match.group(3) or "").isdigit())):
             raise ValueError(f"score_mod: term {index} of the expression text is not a term: {part!r}")
         dtype, op, value, args = match.groups()
         args = tuple(int(a) for a in args.split(",")) if args else ()
