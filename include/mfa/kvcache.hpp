@@ -76,6 +76,10 @@ struct KVCacheOptions {
   std::optional<TensorView> sinks;          // float32 (Hq,)
   std::optional<double> softcap;
   std::optional<TensorView> alibi_slopes;   // float32 (Hq,) or (B, Hq)
+  // A traced score_mod and its tensors, as AttentionOptions' (kv_idx: the key's row in the
+  // cache, q_idx: the query's row of R).
+  std::string score_mod;
+  std::vector<TensorView> score_mod_tensors;
 };
 
 // out (B, R, Hq, Dv), contiguous, of q's dtype; with `lse` the (B, Hq, R) float32

@@ -237,10 +237,11 @@ void bind_bundle(nb::module_& m) {
            std::optional<std::pair<std::int64_t, std::int64_t>> window, const std::optional<ViewSpec>& sinks,
            std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
            const std::optional<ViewSpec>& rotary_cos, const std::optional<ViewSpec>& rotary_sin,
-           const std::optional<ViewSpec>& rotary_seqlens, bool rotary_interleaved) {
+           const std::optional<ViewSpec>& rotary_seqlens, bool rotary_interleaved, const std::string& score_mod,
+           const std::vector<ViewSpec>& score_mod_tensors) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
-                                                alibi_slopes, "", {});
+                                                alibi_slopes, score_mod, score_mod_tensors);
           const TensorView query = view_of(q), output = view_of(out);
           const KVCache keys = cache_of(k_cache, cache_format, query.dtype);
           const KVCache values = cache_of(v_cache, cache_format, query.dtype);
@@ -258,7 +259,7 @@ void bind_bundle(nb::module_& m) {
           o.rotary_seqlens = starts ? &*starts : nullptr;
           o.rotary_interleaved = rotary_interleaved;
           o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
-          o.alibi_slopes = a.alibi_slopes;
+          o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
           nb::gil_scoped_release release;
           attention_with_kvcache(device, bundle, query, keys, values, output, o, rows ? &*rows : nullptr);
         },
@@ -267,7 +268,8 @@ void bind_bundle(nb::module_& m) {
         "block_table"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = "none", "window"_a = nb::none(),
         "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
         "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_seqlens"_a = nb::none(),
-        "rotary_interleaved"_a = true, "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float caches, "
+        "rotary_interleaved"_a = true, "score_mod"_a = "", "score_mod_tensors"_a = std::vector<ViewSpec>(),
+        "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float caches, "
         "else the GGUF format of both caches' blocks).");
 
   m.def("_bundle_attention_varlen",

@@ -74,9 +74,9 @@ std::vector<Param> attention_options(const std::vector<std::string>& names) {
   return rows;
 }
 
-// attention_with_kvcache's: attention's but the mask, the layout (bshd) and score_mod.
-const std::vector<Param> kKVCacheOptions =
-    attention_options({"scale", "causal", "window", "sinks", "softcap", "alibi_slopes"});
+// attention_with_kvcache's: attention's but the mask and the layout (bshd).
+const std::vector<Param> kKVCacheOptions = attention_options(
+    {"scale", "causal", "window", "sinks", "softcap", "alibi_slopes", "score_mod", "score_mod_tensors"});
 // sparse_attention's: attention's but causal, the window and the mask.
 const std::vector<Param> kSparseOptions =
     attention_options({"scale", "sinks", "layout", "softcap", "alibi_slopes", "score_mod", "score_mod_tensors"});
@@ -168,7 +168,7 @@ KVCacheOptions kvcache_options(const Given& g) {
   o.rotary_seqlens = g.optional_tensor("rotary_seqlens");
   o.rotary_interleaved = g.value("rotary_interleaved", true);
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
-  o.alibi_slopes = a.alibi_slopes;
+  o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
   return o;
 }
 

@@ -91,7 +91,7 @@ std::vector<ScoreModTensor> score_mod_tensors_of(const AttentionOptions& options
 // ScoreMod's check: the text is a list of terms of `operations`, and the call gives exactly the
 // tensors it reads, each of its rank.
 void check_reads(const std::string& text, const std::vector<ScoreModTensor>& tensors,
-                 const std::vector<std::string>& operations) {
+                 const std::map<std::string, int>& operations) {
   const std::vector<score_expression::Read> reads = score_expression::reads(text, operations);
   bool match = reads.size() == tensors.size();
   for (const score_expression::Read& read : reads)

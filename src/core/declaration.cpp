@@ -79,8 +79,8 @@ Declaration Declaration::from_json(const json::Value& value) {
     d.layouts[name] = std::move(axes);
   }
   if (const json::Value* operations = value.find("score_operations"))
-    for (const json::Value& op : operations->as_array("score_operations"))
-      d.score_operations.push_back(op.as_string("score operation"));
+    for (const auto& [op, arity] : operations->as_object("score_operations"))
+      d.score_operations[op] = arity.is_null() ? -1 : int(arity.as_int("score operation arity"));
   return d;
 }
 

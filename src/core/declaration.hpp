@@ -45,7 +45,8 @@ struct Declaration {
   std::vector<SizeRequirement> requires_;           // in order
   std::vector<std::pair<std::string, SizeExpression>> derived;
   std::map<std::string, std::vector<std::size_t>> layouts;  // layout -> the logical axis of each memory axis
-  std::vector<std::string> score_operations;  // a score_mod's operations (none: the op takes no score_mod)
+  // A score_mod's operations and their operand counts (-1: any); none: the op takes no score_mod.
+  std::map<std::string, int> score_operations;
 
   const ArrayRule& rule(const std::string& name) const;
   static Declaration from_json(const json::Value& value);

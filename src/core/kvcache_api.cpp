@@ -99,13 +99,17 @@ class KVCall {
     attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
     attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
     attention_.alibi_slopes = o.alibi_slopes;
+    attention_.score_mod = o.score_mod, attention_.score_mod_tensors = o.score_mod_tensors;
     std::map<std::string, const TensorView*> given = {
         {"q", &q}, {"k", &rows_[0]}, {"v", &rows_[1]}, {"out", &out}, {"lse", lse}, {"mask", nullptr},
         {"sinks", o.sinks ? &*o.sinks : nullptr}, {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
     binder_.emplace(bundle.contents().declaration("attention"), "bshd", std::move(given));
-    problem_ = attention_problem::checked_problem(*binder_, attention_);
+    AttentionOptions unmodded = attention_;  // score_mod is checked last, as Python does
+    unmodded.score_mod.clear(), unmodded.score_mod_tensors.clear();
+    problem_ = attention_problem::checked_problem(*binder_, unmodded);
     check_rotary(q);
     check_contents();
+    attention_problem::check_score_mod(problem_, attention_, binder_->declaration());
   }
 
   void run(CommandBatch* batch, const Bundle& bundle) {

@@ -114,7 +114,7 @@ std::string python_repr(const std::string& s) {
 
 }  // namespace
 
-std::vector<Read> reads(const std::string& text, const std::vector<std::string>& operations) {
+std::vector<Read> reads(const std::string& text, const std::map<std::string, int>& operations) {
   std::vector<Read> out;
   std::size_t start = 0;
   for (std::int64_t index = 0; start <= text.size(); ++index) {
@@ -122,8 +122,7 @@ std::vector<Read> reads(const std::string& text, const std::vector<std::string>&
     if (end == std::string::npos) end = text.size();
     const std::string part = text.substr(start, end - start);
     Term term;
-    const bool known = parse_term(part, term) &&
-                       std::find(operations.begin(), operations.end(), term.op) != operations.end();
+    const bool known = parse_term(part, term) && operations.count(term.op);
     const bool indexed = term.has_value && !term.value.empty() && digits_end(term.value, 0) == term.value.size();
     if (!known || (term.op == "read" && !indexed))
       throw ArgumentError("score_mod: term " + std::to_string(index) + " of the expression text is not a term: " +
@@ -131,6 +130,11 @@ std::vector<Read> reads(const std::string& text, const std::vector<std::string>&
     if (std::any_of(term.args.begin(), term.args.end(), [&](std::int64_t a) { return a >= index; }))
       throw ArgumentError("score_mod: term " + std::to_string(index) + " (" + python_repr(part) +
                           ") reads a term not before it");
+    const int arity = operations.at(term.op);
+    if (arity >= 0 && term.args.size() != std::size_t(arity))
+      throw ArgumentError("score_mod: term " + std::to_string(index) + " (" + python_repr(part) + ") gives " +
+                          term.op + " " + std::to_string(term.args.size()) + " operands; it takes " +
+                          std::to_string(arity));
     if (term.op == "read") {
       const std::string number = int_text(term.value);
       auto seen = std::find_if(out.begin(), out.end(), [&](const Read& r) { return r.number == number; });

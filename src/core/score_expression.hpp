@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,8 @@ struct Read {
 // The captured tensors `text` reads, in the order of a Python dict (first read first, the last
 // count kept). ArgumentError with parse's message for the
 // first part that is off the grammar, names an operation not in `operations` (the
-// declaration's score_operations), reads a tensor without an index, or reads a term not
-// before it.
-std::vector<Read> reads(const std::string& text, const std::vector<std::string>& operations);
+// declaration's score_operations: name -> operand count, -1 any), reads a tensor without an
+// index, reads a term not before it, or gives its operation another count of operands.
+std::vector<Read> reads(const std::string& text, const std::map<std::string, int>& operations);
 
 }  // namespace mfa::score_expression

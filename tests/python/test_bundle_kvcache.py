@@ -1,7 +1,7 @@
 """The KV-cache call from a bundle: mfa::attention_with_kvcache (through _core's test hook) on
 the cpu backend gives Python's mfa_native.attention_with_kvcache bit for bit, the appended
 cache rows included (contiguous and paged, float and q8_0 caches, GQA, with and without an
-append, sinks, a window and a softcap), from entries written without a scale; and the same bad
+append, sinks, a window, a softcap and a score_mod), from entries written without a scale; and the same bad
 calls raise the same exception with the same message, before anything is written."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from mfa_native.bundle.writer import build_payload
 
 from conftest import poison
 from test_bundle_cpp import view
+from test_bundle_scores import DOCUMENT_BIAS, SCORE_MOD
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 BASE = {"op": "attention_with_kvcache", "family": ["apple9"], "head_dim": [32], "gqa_ratio": [2],
@@ -29,6 +30,7 @@ FAMILIES = [
      "sinks": [True], "softcap": [20.0]},
     {**BASE, "dtype": ["float32"], "page_size": [None, 4], "cache": ["plain", "q8_0"], "append": [True, False],
      "rotary_dim": [None, 32], "rotary_interleaved": [True], "rotary_seqlens": [False]},
+    {**BASE, "dtype": ["float32"], "page_size": [None], "cache": ["plain"], "append": [True], "score_mod": [SCORE_MOD]},
 ]
 # (family index, dtype, paged, quantized, appended rows, R, options): the default run takes the
 # first two, -m exhaustive every one.
@@ -45,6 +47,7 @@ CASES = [
                  id="contiguous-plain-rotary-gptj"),
     pytest.param(2, "float32", False, True, 1, 2, dict(batch=1), marks=pytest.mark.exhaustive,
                  id="contiguous-q8_0-one-sequence"),
+    pytest.param(3, "float32", False, False, 2, 3, dict(score_mod=True), id="contiguous-plain-append-score_mod"),
 ]
 B, HKV, D, PAGE, BLOCKS, CMAX = 3, 2, 32, 4, 13, 20
 
@@ -73,6 +76,9 @@ def _problem(rng, dtype, paged, quantized, appended, r, options):
         args["k"], args["v"] = (rng.standard_normal((batch, appended, HKV, D)).astype(t) for _ in "kv")
     if "sinks" in options:
         args["sinks"] = rng.standard_normal(2 * HKV).astype(np.float32)
+    if "score_mod" in options:   # the document bias: doc (CMAX,) int by key row, bias (Hq,) float
+        args.update(score_mod=DOCUMENT_BIAS, score_mod_tensors=[np.sort(rng.integers(0, 4, CMAX)).astype(np.int32),
+                                                                rng.standard_normal(2 * HKV).astype(np.float32)])
     if "rotary" in options:   # (rotary_dim, interleaved, rotary_seqlens given)
         dim, interleaved, starts = options["rotary"]
         angles = rng.uniform(0, 6.3, (capacity + r, dim // 2))
@@ -80,7 +86,8 @@ def _problem(rng, dtype, paged, quantized, appended, r, options):
                     rotary_interleaved=interleaved)
         if starts:
             args["rotary_seqlens"] = rng.integers(0, capacity - appended + 1, batch).astype(np.int32)
-    args.update({name: value for name, value in options.items() if name not in ("sinks", "rotary", "batch")})
+    args.update({name: value for name, value in options.items()
+                 if name not in ("sinks", "rotary", "batch", "score_mod")})
     return q, caches, args
 
 
@@ -97,6 +104,8 @@ def _cpp(bundle, q, caches, args, out, lse):
     quantized = isinstance(caches[0], mfa_native.QuantizedTensor)
     views = {name: view(x) for name, x in args.items() if isinstance(x, np.ndarray)}
     options = {name: x for name, x in args.items() if not isinstance(x, np.ndarray) and name != "causal"}
+    if "score_mod_tensors" in options:
+        options["score_mod_tensors"] = [view(t) for t in options["score_mod_tensors"]]
     _core._bundle_attention_with_kvcache("cpu", bundle, view(q), view(_data(caches[0])), view(_data(caches[1])),
                                          view(out), view(lse), cache_format="q8_0" if quantized else "",
                                          causal="lower_right" if args["causal"] else "none", **views, **options)
@@ -136,6 +145,9 @@ BAD_CALLS = {   # what changes from a good paged q8_0 call with an append
                              rotary_sin=lambda a: a["rotary_sin"][:4].copy()),
     "rotary_seqlens negative": dict(rotary_seqlens=lambda a: a["rotary_seqlens"] - 20),
     "rotary without append": dict(k=lambda a: None, v=lambda a: None),
+    "score_mod tensor missing": dict(score_mod=lambda a: DOCUMENT_BIAS,
+                                     score_mod_tensors=lambda a: [np.arange(CMAX, dtype=np.int32)]),
+    "score_mod text": dict(score_mod=lambda a: "float score(); float sub(0)", score_mod_tensors=lambda a: None),
 }
 
 

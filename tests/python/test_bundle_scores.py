@@ -160,7 +160,8 @@ def _mutations(rng, count: int) -> list[str]:
 
 def test_score_mod_texts_are_read_as_python_reads_them(bundle, rng):
     """Malformed texts (a part off the grammar, an unknown operation, a read without a tensor
-    index, a term read before it is computed, reads not matching the tensors) are refused by C++
+    index, a term read before it is computed, operands off the operation's arity, reads not
+    matching the tensors) are refused by C++
     with Python's exact message before anything is written; the texts Python accepts C++ accepts
     too (then the bundle has no entry baking them)."""
     q, k, v, options = _score_mod_problem(rng)
@@ -168,7 +169,8 @@ def test_score_mod_texts_are_read_as_python_reads_them(bundle, rng):
              "int b(); int read[-1](0)", "int b(); int read[x](0)", "float const[1e5]()", "float const[1_0]()",
              "float score(); float add(0,,0)", "float score(); float add(0,1)", "float sc\u00f6re()",
              "float const['a']()", "int b(); int read[007](0); float to_float(1)",
-             "int b(); int read[99999999999999999999](0); float to_float(1)"]
+             "int b(); int read[99999999999999999999](0); float to_float(1)", "float score(); float sub(0)",
+             "float score(); float neg(0,0)"]
     texts = fixed + _mutations(rng, 120)
     refused = 0
     for text in texts:

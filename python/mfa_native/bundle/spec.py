@@ -21,7 +21,7 @@ int32, contiguous, of these shapes)}. The slopes and the tensors are a call's ar
 
 An "attention_with_kvcache" family (the KV-cache call, Python's attention_with_kvcache:
 layout bshd, no mask, forward only) takes dtype, head_dim, value_dim, gqa_ratio, causal,
-window, sinks, softcap, alibi and family as attention's, and three keys of its own:
+window, sinks, softcap, alibi, score_mod and family as attention's, and three keys of its own:
 `page_size` a list of null (a contiguous (B, Cmax, Hkv, D) cache) or page sizes (pages
 (num_blocks, page_size, Hkv, D) and a block table), omitted [null]; `cache` the storage, of
 "plain" (q's dtype) and GGUF's "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", omitted every one;
@@ -101,7 +101,8 @@ KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "
         "layout", "softcap", "alibi", "score_mod", "family", "backward")
 KVCACHE = "attention_with_kvcache"
 KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
-                "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved", "rotary_seqlens")
+                "score_mod", "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved",
+                "rotary_seqlens")
 VARLEN = "attention_varlen"
 VARLEN_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
                "score_mod", "family", "backward", "page_size", "seqused_k")

@@ -283,12 +283,13 @@ class Op:
         """What the C++ core reads of this declaration (a bundle carries it): the rules of its
         array arguments (optional: default None) and outputs (optional: returned on request),
         in declaration order, its size checks, and, for an op taking a score_mod, the
-        operations its expression text may name."""
+        operations its expression text may name and their arities (null: any)."""
         if self.checks is None:
             raise ValueError(f"op {self.name!r} declares no checks as data")
         arrays = [rule_data(a.name, a.rule, "input", a.default is None) for a in self.arguments if a.rule]
         arrays += [rule_data(o.name, o.rule, "output", o.when is not None) for o in self.outputs if o.rule]
-        scores = {"score_operations": list(OPERATIONS)} if any(a.name == "score_mod" for a in self.arguments) else {}
+        takes_score_mod = any(a.name == "score_mod" for a in self.arguments)
+        scores = {"score_operations": dict(OPERATIONS)} if takes_score_mod else {}
         return {"op": self.name, "arrays": arrays, **checks_data(self.checks), **scores}
 
     @property

@@ -124,7 +124,8 @@ _TERM = re.compile(rf"(float|int|bool) (\w+)(?:\[({_NUMBER})\])?\(((?:\d+(?:,\d+
 
 def parse(text: str) -> tuple[Term, ...]:
     """The terms of an expression's canonical text; ValueError naming what is not one (a part
-    off the grammar, an operation not in OPERATIONS, a read without a tensor index)."""
+    off the grammar, an operation not in OPERATIONS, a read without a tensor index, a term
+    read before it is computed, operands not the operation's arity)."""
     terms = []
     for index, part in enumerate(text.split("; ")):
         match = _TERM.fullmatch(part)
@@ -135,6 +136,9 @@ def parse(text: str) -> tuple[Term, ...]:
         args = tuple(int(a) for a in args.split(",")) if args else ()
         if any(a >= index for a in args):
             raise ValueError(f"score_mod: term {index} ({part!r}) reads a term not before it")
+        if OPERATIONS[op] is not None and len(args) != OPERATIONS[op]:
+            raise ValueError(f"score_mod: term {index} ({part!r}) gives {op} {len(args)} operands; it takes "
+                             f"{OPERATIONS[op]}")
         terms.append(Term(op, args, dtype, None if value is None else _value(value)))
     return tuple(terms)
 
