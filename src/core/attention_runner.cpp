@@ -196,6 +196,11 @@ void zero(const Checked& view) {
   if (view.elements) std::memset(view.view->data, 0, std::size_t(view.elements) * dtype_size(view.view->dtype));
 }
 
+void write_empty_backward(const Binder& binder) {
+  for (const char* name : {"dq", "dk", "dv", "dsinks"})
+    if (binder.given(name)) zero(binder.view(name));
+}
+
 void write_empty_forward(const Binder& binder, const Problem& p, const AttentionOptions& options) {
   zero(binder.view("out"));
   if (!binder.given("lse")) return;

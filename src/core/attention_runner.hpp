@@ -83,6 +83,9 @@ void run_entry(const Device& device, CommandBatch* batch, const Bundle& bundle, 
 // Writes zeros over a contiguous written view.
 void zero(const Checked& view);
 
+// What a backward with nothing to compute gives, as Python: gradients of zeros (dq, dk, dv, dsinks).
+void write_empty_backward(const Binder& binder);
+
 // What a forward with nothing to compute (B, Hq, R or C = 0) gives, as Python: out 0, lse -inf
 // (the sink's logit with sinks).
 void write_empty_forward(const Binder& binder, const attention_problem::Problem& p, const AttentionOptions& options);
