@@ -1,0 +1,186 @@
+"""Block-sparse attention from a bundle: mfa::block_sparse_attention and its backward (through
+_core's test hooks) on the cpu backend give Python's mfa_native.block_sparse_attention and
+block_sparse_attention_backward bit for bit (partial and full blocks, per-head lists beside
+lists shared by the heads or the batch, mask bits, from_mask's rule, GQA, both layouts, given
+transposed lists), from entries whose templates keep the lists' widths, the bits' length and
+the scale at run time; and the same bad calls raise the same exception with the same message,
+in Python's order, before anything is written."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mfa_native
+from mfa_native import _core, codegen
+from mfa_native.bundle import entries_of
+from mfa_native.bundle.file import pack
+from mfa_native.bundle.spec import BLOCK_SPARSE
+from mfa_native.bundle.writer import (backward_templates, block_lists, build_payload, choose, entry_line,
+                                      forward_templates, problem)
+from mfa_native.ops.block_mask import BITS, PAIRS
+from mfa_native.ops.flex_bits import bit_blocks
+
+from conftest import poison
+from test_bundle_cpp import view
+
+LISTS = tuple(name for pair in PAIRS for name in pair) + BITS
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+BASE = {"op": BLOCK_SPARSE, "family": ["apple9"], "causal": ["none"], "mask": ["none"], "window": [False],
+        "sinks": [False], "shared_batch": [False], "mask_bits": [False], "full_blocks": [False]}
+FAMILIES = [
+    # "lists": partial and full blocks per query head, causal inside partial ones, GQA, backward
+    # with and without the transposed lists
+    {**BASE, "dtype": ["float32"], "head_dim": [32], "gqa_ratio": [2], "causal": ["lower_right"], "layout": ["bhsd"],
+     "block_size": [16], "shared_heads": [False], "full_blocks": [True], "q_lists": [False, True], "backward": True},
+    # "bits": FlexAttention's mask bits in (16, 8) blocks, lists shared by the heads, sinks and a softcap
+    {**BASE, "dtype": ["float16"], "head_dim": [32], "layout": ["bshd"], "sinks": [True], "softcap": [20.0],
+     "block_size": [[16, 8]], "shared_heads": [True], "mask_bits": [True]},
+    # "rule": from_mask's lists (shared by batch and heads) and its rule (a window and a bool mask)
+    {**BASE, "dtype": ["bfloat16"], "head_dim": [64], "value_dim": [32], "gqa_ratio": [2], "mask": ["bool"],
+     "window": [True], "layout": ["bhsd"], "block_size": [8], "shared_batch": [True], "shared_heads": [True],
+     "full_blocks": [True]},
+]
+B, HKV = 2, 2
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return _core._Bundle.from_bytes(pack(build_payload(entries_of({"families": FAMILIES}))))
+
+
+def _kv_lists(rng, lead: tuple[int, int], query_blocks: int, key_blocks: int, repeats: bool) -> tuple:
+    """Random (counts, indices) for `lead` (B|1, H|1): each query block lists some key blocks
+    (a repeat where `repeats`), padded with entries that are never read."""
+    width = key_blocks + 1
+    counts = rng.integers(0, width + 1 if repeats else key_blocks + 1, lead + (query_blocks,)).astype(np.int32)
+    indices = rng.integers(-9, 99, lead + (query_blocks, width)).astype(np.int32)
+    for at in np.ndindex(*counts.shape):
+        chosen = rng.permutation(key_blocks)[:counts[at]]
+        if counts[at] > key_blocks:
+            chosen = np.append(chosen, chosen[0])   # a block listed twice counts twice
+        indices[at][:counts[at]] = chosen
+    return counts, indices
+
+
+def _transposed(counts: np.ndarray, indices: np.ndarray, key_blocks: int) -> tuple:
+    """The q lists of (counts, indices): per key block the query blocks listing it, as often as listed."""
+    lead, query_blocks = counts.shape[:2], counts.shape[2]
+    listed = [[[[] for _ in range(key_blocks)] for _ in range(lead[1])] for _ in range(lead[0])]
+    for b, h, i in np.ndindex(*counts.shape):
+        for j in indices[b, h, i, :counts[b, h, i]]:
+            listed[b][h][j].append(i)
+    width = max(1, max(len(q) for row in listed for head in row for q in head))
+    q_counts = np.zeros(lead + (key_blocks,), np.int32)
+    q_indices = np.full(lead + (key_blocks, width), -1, np.int32)
+    for b, h, j in np.ndindex(*q_counts.shape):
+        q_counts[b, h, j] = len(listed[b][h][j])
+        q_indices[b, h, j, :q_counts[b, h, j]] = listed[b][h][j][::-1]   # any order
+    return q_counts, q_indices
+
+
+def _problem(rng, case: str, q_lists: bool = False):
+    """One call's arguments for a named case: q, k, v, the block mask's parts (lists by name,
+    block_size, shape, rule) and the op's other arguments (numpy, as Python takes them)."""
+    layout = "bshd" if case == "bits" else "bhsd"
+    t = DTYPES[{"lists": "float32", "bits": "float16", "rule": "bfloat16"}[case]]
+    ratio = 1 if case == "bits" else 2
+    d, dv = (64, 32) if case == "rule" else (32, 32)
+    q_block, k_block = {"lists": (16, 16), "bits": (16, 8), "rule": (8, 8)}[case]
+    r, c = int(rng.integers(1, 50)), int(rng.integers(1, 50))
+
+    def four(heads: int, rows: int, width: int) -> np.ndarray:
+        shape = (B, heads, rows, width) if layout == "bhsd" else (B, rows, heads, width)
+        return rng.standard_normal(shape).astype(t)
+    q, k, v = four(ratio * HKV, r, d), four(HKV, c, d), four(HKV, c, dv)
+    query_blocks, key_blocks = -(-r // q_block), -(-c // k_block)
+    args: dict = {"layout": layout}
+    mask = {"block_size": (q_block, k_block), "shape": (r, c), "rule": None}
+    if case == "rule":
+        allowed = rng.random((1, 1, r, c)) < 0.8
+        window = (int(rng.integers(0, 20)), int(rng.integers(-1, 5)))
+        built = mfa_native.BlockMask.from_mask(allowed, window=window, R=r, C=c, block_size=8, device="cpu")
+        mask.update(lists={name: built.array(name) for name in LISTS if built.array(name) is not None},
+                    rule=built.rule)
+        return q, k, v, mask, args
+    lists = {}
+    if case == "lists":   # full lists shared by the heads beside per-head partial ones: bound broadcast
+        args["causal"] = "lower_right"
+        lists["kv_num_blocks"], lists["kv_indices"] = _kv_lists(rng, (B, ratio * HKV), query_blocks, key_blocks, True)
+        lists["full_kv_num_blocks"], lists["full_kv_indices"] = _kv_lists(rng, (B, 1), query_blocks, key_blocks, False)
+        if q_lists:
+            for prefix in ("", "full_"):
+                counts, indices = (np.broadcast_to(lists[f"{prefix}kv_{n}"], (B, ratio * HKV) +
+                                                   lists[f"{prefix}kv_{n}"].shape[2:]) for n in ("num_blocks", "indices"))
+                lists[f"{prefix}q_num_blocks"], lists[f"{prefix}q_indices"] = _transposed(counts, indices, key_blocks)
+    else:   # bits: partial blocks only, each pair's bit random (mostly set), sinks and softcap
+        lists["kv_num_blocks"], lists["kv_indices"] = _kv_lists(rng, (B, 1), query_blocks, key_blocks, True)
+        bits = max(1, int(lists["kv_num_blocks"].sum()) * q_block * k_block)
+        words = rng.integers(-2**31, 2**31, -(-bits // 32), dtype=np.int64).astype(np.int32)
+        lists.update(kv_bit_blocks=bit_blocks(lists["kv_num_blocks"]), kv_bits=words | np.int32(0x7f7f7f7f))
+        args.update(sinks=rng.standard_normal(ratio * HKV).astype(np.float32), softcap=20.0, scale=0.3)
+    mask["lists"] = lists
+    return q, k, v, mask, args
+
+
+def _block_mask(mask: dict) -> mfa_native.BlockMask:
+    """Python's BlockMask of the parts (with the rule from_mask gave it)."""
+    built = mfa_native.BlockMask(**mask["lists"], block_size=mask["block_size"], shape=mask["shape"])
+    built.rule = mask["rule"]
+    return built
+
+
+def _hook_mask(mask: dict) -> dict:
+    """The hooks' block mask arguments."""
+    parts = {"lists": {name: view(a) for name, a in mask["lists"].items()}, "block_size": mask["block_size"],
+             "seq_lengths": mask["shape"]}
+    rule = mask["rule"]
+    if rule is not None:
+        parts.update(rule_causal=rule.causal, rule_window=rule.window,
+                     rule_mask=None if rule.mask is None else view(rule.mask))
+    return parts
+
+
+def _hook_options(args: dict) -> dict:
+    """The hooks' keyword arguments: arrays as views, the rest as given."""
+    return {name: view(value) if isinstance(value, np.ndarray) else value for name, value in args.items()}
+
+
+CASES = ["lists", "bits", "rule"]
+SEEDS = [pytest.param(0, id="seed0"), *(pytest.param(s, marks=pytest.mark.exhaustive, id=f"seed{s}")
+                                       for s in range(1, 6))]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("case", CASES)
+def test_forward_matches_python_bit_for_bit(bundle, case, seed):
+    rng = np.random.default_rng([CASES.index(case), seed])
+    q, k, v, mask, args = _problem(rng, case)
+    o, lse = mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), return_lse=True, device="cpu", **args)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), lse=view(rows),
+                                         **_hook_mask(mask), **_hook_options(args))
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
+    assert np.isfinite(rows).any()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("q_lists", [False, True], ids=["built", "given"])
+def test_backward_matches_python_bit_for_bit(bundle, q_lists, seed):
+    rng = np.random.default_rng([10 + q_lists, seed])
+    q, k, v, mask, args = _problem(rng, "lists", q_lists)
+    block_mask = _block_mask(mask)
+    o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, device="cpu", **args)
+    dout = rng.standard_normal(o.shape).astype(o.dtype)
+    grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, dout, block_mask, device="cpu", **args)
+    mine = [poison(g.shape, g.dtype) for g in grads]
+    _core._bundle_block_sparse_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse),
+                                                  view(dout), dq=view(mine[0]), dk=view(mine[1]), dv=view(mine[2]),
+                                                  **_hook_mask(mask), **_hook_options(args))
+    for got, expected in zip(mine, grads):
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
