@@ -184,3 +184,170 @@ def test_backward_matches_python_bit_for_bit(bundle, q_lists, seed):
                                                   **_hook_mask(mask), **_hook_options(args))
     for got, expected in zip(mine, grads):
         np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
+
+
+def test_an_empty_problem_writes_zeros_and_the_sinks(bundle):
+    rng = np.random.default_rng(4)
+    q, k, v, mask, args = _problem(rng, "bits")
+    k, v = k[:, :0], v[:, :0]   # no keys: no key blocks, nothing counted
+    mask["shape"] = (mask["shape"][0], 0)
+    mask["lists"]["kv_num_blocks"][:] = 0
+    o, lse = mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), return_lse=True, device="cpu", **args)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), lse=view(rows),
+                                         **_hook_mask(mask), **_hook_options(args))
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
+
+
+def _entry(lists: dict, name: str, value: int) -> None:
+    """Sets the first counted entry of `name` (its count made at least 1) to `value`."""
+    counts = lists[name.replace("indices", "num_blocks")]
+    counts[0, 0, 0] = max(counts[0, 0, 0], 1)
+    lists[name][0, 0, 0, 0] = value
+
+
+# What changes from a good call of a case (in the dict {"q", "lists", "mask", "args"}).
+BAD_CALLS = {
+    "block size": ("lists", lambda c: c["mask"].update(block_size=(0, 16))),
+    "kv_num_blocks dtype": ("lists", lambda c: c["lists"].update(
+        kv_num_blocks=c["lists"]["kv_num_blocks"].astype(np.float32))),
+    "kv_indices rank": ("lists", lambda c: c["lists"].update(kv_indices=c["lists"]["kv_indices"][0])),
+    "indices not extending counts": ("lists", lambda c: c["lists"].update(kv_indices=c["lists"]["kv_indices"][:1])),
+    "a pair without its partner": ("lists", lambda c: c["lists"].pop("full_kv_indices")),
+    "full_q without q": ("lists", lambda c: c["lists"].update(full_q_num_blocks=c["lists"]["full_kv_num_blocks"],
+                                                              full_q_indices=c["lists"]["full_kv_indices"])),
+    "leading axes": ("lists", lambda c: c["lists"].update(
+        full_kv_num_blocks=np.repeat(c["lists"]["full_kv_num_blocks"], 3, axis=1),
+        full_kv_indices=np.repeat(c["lists"]["full_kv_indices"], 3, axis=1))),
+    "bits without their partner": ("bits", lambda c: c["lists"].pop("kv_bits")),
+    "bit blocks' shape": ("bits", lambda c: c["lists"].update(kv_bit_blocks=c["lists"]["kv_bit_blocks"][:1])),
+    "attention's before the lists": ("lists", lambda c: (c.update(q=c["q"][..., :16]),
+                                                         c["lists"].update(kv_num_blocks=-c["lists"]["kv_num_blocks"] - 1))),
+    "scale": ("lists", lambda c: c["args"].update(scale=float("inf"))),
+    "shape": ("lists", lambda c: c["mask"].update(shape=(c["mask"]["shape"][0] + 1, c["mask"]["shape"][1]))),
+    "lists' batch": ("lists", lambda c: c["lists"].update({n: np.concatenate([a, a[:1]]) for n, a in c["lists"].items()})),
+    "block count": ("lists", lambda c: c["lists"].update(kv_num_blocks=np.concatenate(
+        [c["lists"]["kv_num_blocks"]] * 2, axis=2), kv_indices=np.concatenate([c["lists"]["kv_indices"]] * 2, axis=2))),
+    "count past the width": ("lists", lambda c: c["lists"]["full_kv_num_blocks"].__iadd__(99)),
+    "negative count": ("lists", lambda c: c["lists"]["kv_num_blocks"].__isub__(99)),
+    "entry past the blocks": ("lists", lambda c: _entry(c["lists"], "kv_indices", 1000)),
+    "negative entry": ("lists", lambda c: _entry(c["lists"], "full_kv_indices", -1)),
+    "negative bit block": ("bits", lambda c: c["lists"]["kv_bit_blocks"].__isub__(5)),
+    "bits too short": ("bits", lambda c: c["lists"].update(kv_bits=c["lists"]["kv_bits"][:0])),
+    "causal against the rule": ("rule", lambda c: c["args"].update(causal="upper_left")),
+    "window against the rule": ("rule", lambda c: c["args"].update(window=(1, 1))),
+    "mask against the rule": ("rule", lambda c: c["args"].update(mask=~c["mask"]["rule"].mask)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_bad_calls_raise_pythons_message(bundle, case):
+    kind, change = BAD_CALLS[case]
+    rng = np.random.default_rng(7)
+    q, k, v, mask, args = _problem(rng, kind)
+    call = {"q": q, "lists": mask["lists"], "mask": mask, "args": args}
+    change(call)
+    q = call["q"]
+    with pytest.raises((ValueError, TypeError)) as python:
+        mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), return_lse=True, device="cpu", **args)
+    rows = q.shape[1 if kind == "bits" else 2]
+    out = poison((B, 2 * HKV, rows, v.shape[3]) if kind != "bits" else (B, rows, HKV, v.shape[3]), q.dtype)
+    lse = poison((B, 2 * HKV if kind != "bits" else HKV, rows), np.float32)
+    with pytest.raises((ValueError, TypeError)) as cpp:
+        _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), lse=view(lse),
+                                             **_hook_mask(mask), **_hook_options(args))
+    assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+    assert np.isnan(out.astype(np.float32)).all() and np.isnan(lse).all()
+
+
+def test_rule_given_again_is_the_rule(bundle):
+    """causal, window and mask given as the rule has them (the mask as an equal copy) run as without them."""
+    rng = np.random.default_rng(9)
+    q, k, v, mask, args = _problem(rng, "rule")
+    rule = mask["rule"]
+    args.update(causal="none", window=rule.window, mask=rule.mask.copy())
+    o = mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), device="cpu", **args)
+    out = poison(o.shape, o.dtype)
+    _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), **_hook_mask(mask),
+                                         **_hook_options(args))
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+
+
+def test_given_q_lists_that_are_not_the_transpose_raise_pythons_message(bundle):
+    rng = np.random.default_rng(8)
+    q, k, v, mask, args = _problem(rng, "lists", q_lists=True)
+    lists = mask["lists"]
+    b, h, j = np.argwhere(lists["q_num_blocks"] > 0)[0]
+    lists["q_num_blocks"][b, h, j] -= 1   # a query block missing from a key block's list
+    o, lse = mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), return_lse=True, device="cpu", **args)
+    with pytest.raises(ValueError) as python:
+        mfa_native.block_sparse_attention_backward(q, k, v, o, lse, o, _block_mask(mask), device="cpu", **args)
+    grads = [poison(x.shape, x.dtype) for x in (q, k, v)]
+    with pytest.raises(ValueError) as cpp:
+        _core._bundle_block_sparse_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse),
+                                                      view(o), dq=view(grads[0]), dk=view(grads[1]),
+                                                      dv=view(grads[2]), **_hook_mask(mask), **_hook_options(args))
+    assert str(cpp.value) == str(python.value)
+    assert "q_indices is not the transpose of kv_indices" in str(cpp.value)
+
+
+def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
+    rng = np.random.default_rng(3)
+    q, k, v, mask, args = _problem(rng, "bits")
+    mask["lists"]["kv_bit_blocks"] = mask["lists"]["kv_bit_blocks"][:, :, :0][:, :, :0]
+    mask["lists"]["kv_num_blocks"][:] = 0
+    mask["lists"].pop("kv_bits"), mask["lists"].pop("kv_bit_blocks")   # that family's entry reads bits
+    out = poison((B, q.shape[1], HKV, 32), np.float16)
+    with pytest.raises(ValueError, match=r"(?s)no entry for block_sparse_attention float16 .* block_size=16x8 "
+                                         r"shared_batch=no shared_heads=yes full_blocks=no mask_bits=no .*it holds:\n"
+                                         r"  block_sparse_attention float32"):
+        _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out),
+                                             **_hook_mask(mask), **_hook_options(args))
+    assert np.isnan(out.astype(np.float32)).all()
+
+
+def test_entry_lines_are_pythons(bundle):
+    payload = build_payload(entries_of({"families": FAMILIES}))
+    assert bundle.entries() == [entry_line(r["op"], r["facts"], len(r["forward"]), len(r["backward"]))
+                                for r in payload["entries"]]
+    assert "block_size=16x8 shared_batch=no shared_heads=yes full_blocks=no mask_bits=yes q_lists=no" in \
+        bundle.entries()[2]
+
+
+@pytest.mark.parametrize("facts", entries_of({"families": FAMILIES}), ids=lambda f: f"{f.dtype}-q_lists{f.q_lists}")
+def test_entry_templates_are_codegens_for_every_size(facts):
+    """For lengths, list widths and bit words across their ranges, the entry's first template
+    whose guards hold is the template codegen generates for that call."""
+    forward, backward = forward_templates(facts), backward_templates(facts) if facts.backward else []
+    for r in (1, 9, 33, 300):
+        for c in (1, 64, 5000):
+            for width in (1, 7, 300):
+                p = block_lists(problem(facts, r, c, batch=2, kv_heads=2), facts, width, 3 * width)
+                sizes = codegen.call_sizes(p)
+                expected = codegen.attention_template(p, family=facts.family)
+                assert choose(forward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, width)
+                if facts.backward:
+                    expected = codegen.attention_backward_template(codegen.AttentionBackwardProblem(p),
+                                                                   family=facts.family)
+                    assert choose(backward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, width)
+
+
+@pytest.mark.parametrize("family, message", [
+    ({"op": BLOCK_SPARSE, "head_dim": [8], "topk_length": [True]}, "unknown keys"),
+    ({"op": BLOCK_SPARSE, "head_dim": [8], "block_size": [0]}, "'block_size' values must be positive"),
+    ({"op": BLOCK_SPARSE, "head_dim": [8], "block_size": [[8, 8, 8]]}, "'block_size' values must be positive"),
+    ({"op": BLOCK_SPARSE, "head_dim": [8], "q_lists": [1]}, "'q_lists' values must be true or false"),
+])
+def test_block_sparse_spec_errors_name_the_key(family, message):
+    with pytest.raises(ValueError, match=message):
+        entries_of({"families": [family]})
+
+
+def test_a_forward_entry_takes_no_q_lists():
+    entries = entries_of({"families": [{"op": BLOCK_SPARSE, "head_dim": [8], "dtype": ["float32"],
+                                        "family": ["apple9"], "layout": ["bhsd"], "causal": ["none"],
+                                        "mask": ["none"], "window": [False], "sinks": [False], "block_size": [16],
+                                        "shared_batch": [True], "shared_heads": [True], "full_blocks": [False],
+                                        "mask_bits": [False]}]})
+    assert [(e.q_lists, e.block_size) for e in entries] == [(False, (16, 16))]
