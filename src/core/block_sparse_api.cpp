@@ -99,17 +99,20 @@ class BlockSparseCall {
   // then full_q_indices) the pass found not the transpose of its kv list.
   void check_transposed() const {
     const std::int64_t heads = differ_view_.shape[1], blocks = differ_view_.shape[2];
-    for (const auto& [bit, given, source] : {std::tuple(1, "q_indices", "kv_indices"),
-                                             std::tuple(2, "full_q_indices", "full_kv_indices")}) {
-      const auto wrong = [&](std::int32_t flags) { return (flags & bit) != 0; };
+    struct Given {
+      std::int32_t bit;
+      const char *given, *source;
+    };
+    for (const Given& list : {Given{1, "q_indices", "kv_indices"}, Given{2, "full_q_indices", "full_kv_indices"}}) {
+      const auto wrong = [&](std::int32_t flags) { return (flags & list.bit) != 0; };
       const auto first = std::find_if(differ_.begin(), differ_.end(), wrong);
       if (first == differ_.end()) continue;
       const std::int64_t at = first - differ_.begin();
-      throw ArgumentError(std::string(given) + " is not the transpose of " + source + " for " +
+      throw ArgumentError(std::string(list.given) + " is not the transpose of " + list.source + " for " +
                           std::to_string(std::count_if(differ_.begin(), differ_.end(), wrong)) +
                           " key block(s), the first key block " + std::to_string(at % blocks) + " of list batch " +
                           std::to_string(at / blocks / heads) + ", head " + std::to_string(at / blocks % heads) +
-                          ": the counted part of a key block's list must hold the query blocks whose " + source +
+                          ": the counted part of a key block's list must hold the query blocks whose " + list.source +
                           " list it, each as often as listed, in any order");
     }
   }
