@@ -101,8 +101,8 @@ using Pair = std::pair<std::int64_t, std::int64_t>;
 // A BlockMask of the hooks' arguments: its lists and bits by name (Python's), block_size,
 // seq_lengths, and from_mask's rule (rule_causal: "" for none).
 BlockMask block_mask_of(const std::map<std::string, ViewSpec>& lists, Pair block_size,
-                        std::optional<Pair> seq_lengths, const std::string& rule_causal, std::optional<Pair> rule_window,
-                        const std::optional<ViewSpec>& rule_mask) {
+                        std::optional<Pair> seq_lengths, const std::string& rule_causal,
+                        std::optional<Pair> rule_window, const std::optional<ViewSpec>& rule_mask) {
   const auto list = [&](const char* name) -> std::optional<TensorView> {
     auto it = lists.find(name);
     return it == lists.end() ? std::nullopt : std::optional<TensorView>(view_of(it->second));
@@ -455,9 +455,10 @@ void bind_bundle(nb::module_& m) {
            const std::optional<ViewSpec>& alibi_slopes, const std::vector<ViewSpec>& score_mod_tensors,
            const std::string& score_mod, const std::string& layout) {
           const Device device = Device::get(device_kind_from_string(kind));
-          const BlockMask block_mask = block_mask_of(lists, block_size, seq_lengths, rule_causal, rule_window, rule_mask);
-          const BlockSparseOptions options = block_sparse_options_of(scale, causal, mask, window, sinks, softcap,
-                                                                     alibi_slopes, score_mod_tensors, score_mod, layout);
+          const BlockMask block_mask =
+              block_mask_of(lists, block_size, seq_lengths, rule_causal, rule_window, rule_mask);
+          const BlockSparseOptions options = block_sparse_options_of(
+              scale, causal, mask, window, sinks, softcap, alibi_slopes, score_mod_tensors, score_mod, layout);
           const std::optional<TensorView> rows = view_of(lse);
           nb::gil_scoped_release release;
           block_sparse_attention(device, bundle, view_of(q), view_of(k), view_of(v), block_mask, view_of(out), options,
@@ -481,9 +482,10 @@ void bind_bundle(nb::module_& m) {
            const std::optional<ViewSpec>& alibi_slopes, const std::vector<ViewSpec>& score_mod_tensors,
            const std::string& score_mod, const std::string& layout) {
           const Device device = Device::get(device_kind_from_string(kind));
-          const BlockMask block_mask = block_mask_of(lists, block_size, seq_lengths, rule_causal, rule_window, rule_mask);
-          const BlockSparseOptions options = block_sparse_options_of(scale, causal, mask, window, sinks, softcap,
-                                                                     alibi_slopes, score_mod_tensors, score_mod, layout);
+          const BlockMask block_mask =
+              block_mask_of(lists, block_size, seq_lengths, rule_causal, rule_window, rule_mask);
+          const BlockSparseOptions options = block_sparse_options_of(
+              scale, causal, mask, window, sinks, softcap, alibi_slopes, score_mod_tensors, score_mod, layout);
           const std::optional<TensorView> ds = view_of(dsinks);
           nb::gil_scoped_release release;
           block_sparse_attention_backward(device, bundle, view_of(q), view_of(k), view_of(v), view_of(o), view_of(lse),

@@ -17,16 +17,18 @@ const std::pair<const char*, const char*> kPairs[] = {{"kv_num_blocks", "kv_indi
                                                       {"q_num_blocks", "q_indices"},
                                                       {"full_q_num_blocks", "full_q_indices"}};
 
-// The optional lists of a BlockMask by name (the kv pair is always given).
-const std::optional<TensorView>& optional_list(const BlockMask& mask, const std::string& name) {
-  if (name == "full_kv_num_blocks") return mask.full_kv_num_blocks;
-  if (name == "full_kv_indices") return mask.full_kv_indices;
-  if (name == "q_num_blocks") return mask.q_num_blocks;
-  if (name == "q_indices") return mask.q_indices;
-  if (name == "full_q_num_blocks") return mask.full_q_num_blocks;
-  if (name == "full_q_indices") return mask.full_q_indices;
-  if (name == "kv_bit_blocks") return mask.kv_bit_blocks;
-  return mask.kv_bits;
+// A BlockMask's list or bits by name (null: not given).
+const TensorView* list_of(const BlockMask& mask, const std::string& name) {
+  if (name == "kv_num_blocks") return &mask.kv_num_blocks;
+  if (name == "kv_indices") return &mask.kv_indices;
+  const std::pair<const char*, const std::optional<TensorView>*> optional[] = {
+      {"full_kv_num_blocks", &mask.full_kv_num_blocks}, {"full_kv_indices", &mask.full_kv_indices},
+      {"q_num_blocks", &mask.q_num_blocks},             {"q_indices", &mask.q_indices},
+      {"full_q_num_blocks", &mask.full_q_num_blocks},   {"full_q_indices", &mask.full_q_indices},
+      {"kv_bit_blocks", &mask.kv_bit_blocks},           {"kv_bits", &mask.kv_bits}};
+  for (const auto& [known, list] : optional)
+    if (name == known) return *list ? &**list : nullptr;
+  return nullptr;
 }
 
 std::string pair_text(std::pair<std::int64_t, std::int64_t> pair) { return shape_text({pair.first, pair.second}); }
@@ -101,9 +103,7 @@ Lists::Lists(const BlockMask& mask) : block_size_(mask.block_size), shape_(mask.
   if (block_size_.first < 1 || block_size_.second < 1)  // block_size_pair
     throw ArgumentError("block sizes must be positive, got " + pair_text(block_size_));
   for (const auto& [num, indices] : kPairs) {
-    const bool first = std::string(num) == "kv_num_blocks";
-    const TensorView* counts = first ? &mask.kv_num_blocks : optional_list(mask, num) ? &*optional_list(mask, num) : nullptr;
-    const TensorView* listed = first ? &mask.kv_indices : optional_list(mask, indices) ? &*optional_list(mask, indices) : nullptr;
+    const TensorView *counts = list_of(mask, num), *listed = list_of(mask, indices);
     if (!counts != !listed)
       throw ArgumentError(std::string(num) + " and " + indices + " come together: pass both or neither");
     if (!counts) continue;
@@ -172,8 +172,9 @@ void Lists::check_pair(const std::string& num, const std::string& indices, std::
   const Checked &counts = views_.at(num), &listed = views_.at(indices);
   const std::vector<std::int64_t> lead = leading(counts);
   if ((lead[0] != 1 && lead[0] != batch) || (lead[1] != 1 && lead[1] != heads))
-    throw ArgumentError(num + " has leading axes " + shape_text(lead) + ", but they must be (B or 1, H or 1) with B = " +
-                        std::to_string(batch) + ", H = " + std::to_string(heads));
+    throw ArgumentError(num + " has leading axes " + shape_text(lead) +
+                        ", but they must be (B or 1, H or 1) with B = " + std::to_string(batch) +
+                        ", H = " + std::to_string(heads));
   if (counts.shape[2] != blocks)
     throw ArgumentError(num + " has " + std::to_string(counts.shape[2]) + " blocks on its last axis, but " + side +
                         " = " + std::to_string(blocks));

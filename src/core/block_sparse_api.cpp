@@ -90,8 +90,9 @@ class BlockSparseCall {
       return;
     }
     const std::int64_t key_blocks = (problem_.C + lists_.block_size().second - 1) / lists_.block_size().second;
-    differ_.assign(std::size_t(lists_.lead().first * lists_.lead().second * key_blocks), 0);
-    differ_view_ = TensorView{differ_.data(), DType::int32, {lists_.lead().first, lists_.lead().second, key_blocks}, {}};
+    const auto [batch, heads] = lists_.lead();
+    differ_.assign(std::size_t(batch * heads * key_blocks), 0);
+    differ_view_ = TensorView{differ_.data(), DType::int32, {batch, heads, key_blocks}, {}};
     views.add(kDiffer, checked(differ_view_, kDiffer));
   }
 

@@ -112,10 +112,12 @@ def _problem(rng, case: str, q_lists: bool = False):
         args["causal"] = "lower_right"
         lists["kv_num_blocks"], lists["kv_indices"] = _kv_lists(rng, (B, ratio * HKV), query_blocks, key_blocks, True)
         lists["full_kv_num_blocks"], lists["full_kv_indices"] = _kv_lists(rng, (B, 1), query_blocks, key_blocks, False)
-        if q_lists:
+        if q_lists:   # the transpose of the kv lists as the kernels read them (broadcast to per head)
             for prefix in ("", "full_"):
-                counts, indices = (np.broadcast_to(lists[f"{prefix}kv_{n}"], (B, ratio * HKV) +
-                                                   lists[f"{prefix}kv_{n}"].shape[2:]) for n in ("num_blocks", "indices"))
+                counts, indices = (lists[f"{prefix}kv_{n}"] for n in ("num_blocks", "indices"))
+                lead = (B, ratio * HKV)
+                counts, indices = np.broadcast_to(counts, lead + counts.shape[2:]), \
+                    np.broadcast_to(indices, lead + indices.shape[2:])
                 lists[f"{prefix}q_num_blocks"], lists[f"{prefix}q_indices"] = _transposed(counts, indices, key_blocks)
     else:   # bits: partial blocks only, each pair's bit random (mostly set), sinks and softcap
         lists["kv_num_blocks"], lists["kv_indices"] = _kv_lists(rng, (B, 1), query_blocks, key_blocks, True)
@@ -223,10 +225,11 @@ BAD_CALLS = {
     "bits without their partner": ("bits", lambda c: c["lists"].pop("kv_bits")),
     "bit blocks' shape": ("bits", lambda c: c["lists"].update(kv_bit_blocks=c["lists"]["kv_bit_blocks"][:1])),
     "attention's before the lists": ("lists", lambda c: (c.update(q=c["q"][..., :16]),
-                                                         c["lists"].update(kv_num_blocks=-c["lists"]["kv_num_blocks"] - 1))),
+                                                         c["lists"]["kv_num_blocks"].__isub__(99))),
     "scale": ("lists", lambda c: c["args"].update(scale=float("inf"))),
     "shape": ("lists", lambda c: c["mask"].update(shape=(c["mask"]["shape"][0] + 1, c["mask"]["shape"][1]))),
-    "lists' batch": ("lists", lambda c: c["lists"].update({n: np.concatenate([a, a[:1]]) for n, a in c["lists"].items()})),
+    "lists' batch": ("lists", lambda c: c["lists"].update({n: np.concatenate([a, a[:1]])
+                                                           for n, a in c["lists"].items()})),
     "block count": ("lists", lambda c: c["lists"].update(kv_num_blocks=np.concatenate(
         [c["lists"]["kv_num_blocks"]] * 2, axis=2), kv_indices=np.concatenate([c["lists"]["kv_indices"]] * 2, axis=2))),
     "count past the width": ("lists", lambda c: c["lists"]["full_kv_num_blocks"].__iadd__(99)),

@@ -57,7 +57,7 @@ list among the kv heads) and every size are runtime values.
 
 A "block_sparse_attention" family (Python's block_sparse_attention: the key blocks a BlockMask
 lists per query block, attention's rules inside its partial blocks) takes attention's keys and
-five of its own, which fix what its kernels bake of a call's block mask: `block_size` a list
+six of its own, which fix what its kernels bake of a call's block mask: `block_size` a list
 of block sizes, each an int or a [Qb, Kb] pair of positive ints, omitted [128];
 `shared_batch` and `shared_heads` whether the lists' batch (head) axis has extent 1, shared by
 the batch (the query heads), each omitted both; `full_blocks` whether the mask has full lists

@@ -25,8 +25,8 @@ import json
 from dataclasses import asdict, replace
 from typing import Callable
 
-from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, BlockLists, CacheKeys, Int8Problem, PagedSequences,
-                       SequenceRanges, TokenLists, attention_backward_template, attention_template,
+from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, BlockLists, CacheKeys, Int8Problem,
+                       PagedSequences, SequenceRanges, TokenLists, attention_backward_template, attention_template,
                        int8_attention_template, packs_plain_heads)
 from ..codegen.attention import merge as codegen_merge
 from ..codegen.attention.rotary import Rotary
