@@ -39,7 +39,7 @@ FAMILIES = [
      "block_size": [16], "shared_heads": [False], "full_blocks": [True], "q_lists": [False, True], "backward": True},
     # "bits": FlexAttention's mask bits in (16, 8) blocks, lists shared by the heads, sinks and a softcap
     {**BASE, "dtype": ["float16"], "head_dim": [32], "layout": ["bshd"], "sinks": [True], "softcap": [20.0],
-     "block_size": [[16, 8]], "shared_heads": [True], "mask_bits": [True]},
+     "block_size": [[16, 8]], "shared_heads": [True], "mask_bits": [True], "q_lists": [False], "backward": True},
     # "rule": from_mask's lists (shared by batch and heads) and its rule (a window and a bool mask)
     {**BASE, "dtype": ["bfloat16"], "head_dim": [64], "value_dim": [32], "gqa_ratio": [2], "mask": ["bool"],
      "window": [True], "layout": ["bhsd"], "block_size": [8], "shared_batch": [True], "shared_heads": [True],
@@ -171,21 +171,46 @@ def test_forward_matches_python_bit_for_bit(bundle, case, seed):
     assert np.isfinite(rows).any()
 
 
+# (case, given q lists): float32 lists built on the device or given; float16 mask bits with sinks.
+BACKWARD_CASES = {"built": ("lists", False), "given": ("lists", True), "bits": ("bits", False)}
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("q_lists", [False, True], ids=["built", "given"])
-def test_backward_matches_python_bit_for_bit(bundle, q_lists, seed):
-    rng = np.random.default_rng([10 + q_lists, seed])
-    q, k, v, mask, args = _problem(rng, "lists", q_lists)
+@pytest.mark.parametrize("name", BACKWARD_CASES)
+def test_backward_matches_python_bit_for_bit(bundle, name, seed):
+    case, q_lists = BACKWARD_CASES[name]
+    rng = np.random.default_rng([10 + list(BACKWARD_CASES).index(name), seed])
+    q, k, v, mask, args = _problem(rng, case, q_lists)
     block_mask = _block_mask(mask)
     o, lse = mfa_native.block_sparse_attention(q, k, v, block_mask, return_lse=True, device="cpu", **args)
     dout = rng.standard_normal(o.shape).astype(o.dtype)
     grads = mfa_native.block_sparse_attention_backward(q, k, v, o, lse, dout, block_mask, device="cpu", **args)
     mine = [poison(g.shape, g.dtype) for g in grads]
+    dsinks = view(mine[3]) if len(mine) == 4 else None
     _core._bundle_block_sparse_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse),
                                                   view(dout), dq=view(mine[0]), dk=view(mine[1]), dv=view(mine[2]),
-                                                  **_hook_mask(mask), **_hook_options(args))
+                                                  dsinks=dsinks, **_hook_mask(mask), **_hook_options(args))
     for got, expected in zip(mine, grads):
         np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
+
+
+def test_strided_lists_match_python(bundle):
+    """Lists given as views that are not contiguous (counts transposed in memory, indices a slice
+    of wider rows) are copied as Python's BlockMask copies them."""
+    rng = np.random.default_rng(12)
+    q, k, v, mask, args = _problem(rng, "lists")
+    lists = mask["lists"]
+    counts, indices = lists["kv_num_blocks"], lists["kv_indices"]
+    lists["kv_num_blocks"] = np.ascontiguousarray(counts.transpose(2, 1, 0)).transpose(2, 1, 0)
+    wider = rng.integers(-5, 5, indices.shape[:3] + (2 * indices.shape[3],)).astype(np.int32)
+    wider[..., :indices.shape[3]] = indices
+    lists["kv_indices"] = wider[..., :indices.shape[3]]
+    o, lse = mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), return_lse=True, device="cpu", **args)
+    out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
+    _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), lse=view(rows),
+                                         **_hook_mask(mask), **_hook_options(args))
+    np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
+    np.testing.assert_array_equal(rows, lse)
 
 
 def test_an_empty_problem_writes_zeros_and_the_sinks(bundle):
