@@ -20,6 +20,7 @@
 
 #include "mfa/attention.hpp"
 #include "mfa/backend.hpp"
+#include "mfa/block_sparse.hpp"
 #include "mfa/buffer.hpp"
 #include "mfa/device.hpp"
 #include "mfa/int8.hpp"
@@ -59,7 +60,8 @@ Buffer wrap_buffer(const Device& device, void* mtl_buffer, std::size_t byte_offs
 // mfa::attention / attention_backward (include/mfa/attention.hpp),
 // attention_with_kvcache (include/mfa/kvcache.hpp; the caches it appends to are
 // outputs here: written in place, or staged and copied back), sparse_attention,
-// its backward and sparse_topk (include/mfa/sparse.hpp), int8_attention,
+// its backward and sparse_topk (include/mfa/sparse.hpp), block_sparse_attention
+// and its backward (include/mfa/block_sparse.hpp), int8_attention,
 // merge_attention, quantize, attention_varlen and its backward (include/mfa/varlen.hpp;
 // the unit tables built from cu_seqlens at this call) with the same checks, entry and pass, encoded into `command_buffer`, an id<MTLCommandBuffer>
 // of `device`'s GPU that is not committed yet and has no encoder open, without
@@ -116,6 +118,17 @@ std::shared_future<void> sparse_topk(const Device& device, const Bundle& bundle,
                                      const TensorView& k, const TensorView& weights, std::int64_t topk,
                                      const TensorView& indices, const SparseTopkOptions& options,
                                      const TensorView* topk_scores, void* command_buffer);
+std::shared_future<void> block_sparse_attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                const TensorView& k, const TensorView& v, const BlockMask& block_mask,
+                                                const TensorView& out, const BlockSparseOptions& options,
+                                                const TensorView* lse, void* command_buffer);
+std::shared_future<void> block_sparse_attention_backward(const Device& device, const Bundle& bundle,
+                                                         const TensorView& q, const TensorView& k, const TensorView& v,
+                                                         const TensorView& o, const TensorView& lse,
+                                                         const TensorView& dout, const BlockMask& block_mask,
+                                                         const TensorView& dq, const TensorView& dk,
+                                                         const TensorView& dv, const BlockSparseOptions& options,
+                                                         const TensorView* dsinks, void* command_buffer);
 std::shared_future<void> int8_attention(const Device& device, const Bundle& bundle, const TensorView& q,
                                         const TensorView& k, const TensorView& v, const TensorView& out,
                                         const Int8AttentionOptions& options, const TensorView* lse,

@@ -15,7 +15,8 @@
  * A call is an op by name ("attention", "attention_backward",
  * "attention_with_kvcache", "sparse_attention", "sparse_attention_backward",
  * "sparse_topk", "int8_attention", "merge_attention", "quantize", "attention_varlen",
- * "attention_varlen_backward") and its arguments set by name, with Python's names and
+ * "attention_varlen_backward", "block_sparse_attention", "block_sparse_attention_backward")
+ * and its arguments set by name, with Python's names and
  * values (mfa_native.attention's q, k, v, mask, sinks, scale, causal, window, layout,
  * softcap, alibi_slopes, score_mod and score_mod_tensors (a score_mod's text);
  * attention_backward's o, lse, do and outputs dq, dk, dv, dsinks; attention's
@@ -32,7 +33,12 @@
  * max_seqlen_q, max_seqlen_k (mfa_call_set_int), scale, causal, window, sinks, softcap,
  * alibi_slopes, score_mod, score_mod_tensors, block_table, seqused_k, out (total_q, Hq,
  * Dv) and lse (Hq, total_q), attention_varlen_backward's the same inputs with o, lse, do
- * and outputs dq, dk, dv, dsinks. New ops and arguments
+ * and outputs dq, dk, dv, dsinks; block_sparse_attention's (+ _backward's) attention's
+ * arguments with its block mask's parts by the names its torch schema gives them:
+ * kv_num_blocks, kv_indices (required), full_kv_num_blocks, full_kv_indices, q_num_blocks,
+ * q_indices, full_q_num_blocks, full_q_indices, kv_bit_blocks, kv_bits (int32 tensors),
+ * block_size (mfa_call_set_int or _set_int_pair; default 128) and seq_lengths (an int pair),
+ * causal not set meaning False (include/mfa/block_sparse.hpp). New ops and arguments
  * need no new functions here. Giving attention's lse is Python's
  * return_lse=True. Semantics, shapes, layouts and error messages are Python's,
  * the rules for views (strides read in place, outputs contiguous) and bundle

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "mfa/attention.hpp"
+#include "mfa/block_sparse.hpp"
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"

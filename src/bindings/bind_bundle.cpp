@@ -13,6 +13,7 @@
 #include "core/pass_template.hpp"
 #include "core/size_expression.hpp"
 #include "mfa/attention.hpp"
+#include "mfa/block_sparse.hpp"
 #include "mfa/command_batch.hpp"
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
@@ -92,6 +93,45 @@ SparseOptions sparse_options_of(std::optional<double> scale, const std::optional
   o.scale = a.scale, o.sinks = a.sinks, o.softcap = a.softcap, o.alibi_slopes = a.alibi_slopes;
   o.score_mod_tensors = a.score_mod_tensors, o.score_mod = a.score_mod, o.topk_length = view_of(topk_length);
   o.layout = a.layout;
+  return o;
+}
+
+using Pair = std::pair<std::int64_t, std::int64_t>;
+
+// A BlockMask of the hooks' arguments: its lists and bits by name (Python's), block_size,
+// seq_lengths, and from_mask's rule (rule_causal: "" for none).
+BlockMask block_mask_of(const std::map<std::string, ViewSpec>& lists, Pair block_size,
+                        std::optional<Pair> seq_lengths, const std::string& rule_causal,
+                        std::optional<Pair> rule_window, const std::optional<ViewSpec>& rule_mask) {
+  const auto list = [&](const char* name) -> std::optional<TensorView> {
+    auto it = lists.find(name);
+    return it == lists.end() ? std::nullopt : std::optional<TensorView>(view_of(it->second));
+  };
+  BlockMask mask{*list("kv_num_blocks"), *list("kv_indices")};
+  mask.full_kv_num_blocks = list("full_kv_num_blocks"), mask.full_kv_indices = list("full_kv_indices");
+  mask.q_num_blocks = list("q_num_blocks"), mask.q_indices = list("q_indices");
+  mask.full_q_num_blocks = list("full_q_num_blocks"), mask.full_q_indices = list("full_q_indices");
+  mask.kv_bit_blocks = list("kv_bit_blocks"), mask.kv_bits = list("kv_bits");
+  mask.block_size = block_size, mask.seq_lengths = seq_lengths;
+  if (!rule_causal.empty())
+    mask.rule = BlockMaskRule{options_of({}, rule_causal, {}, {}, {}, "bhsd", {}, {}, "", {}).causal, rule_window,
+                              view_of(rule_mask)};
+  return mask;
+}
+
+BlockSparseOptions block_sparse_options_of(std::optional<double> scale, const std::optional<std::string>& causal,
+                                           const std::optional<ViewSpec>& mask, std::optional<Pair> window,
+                                           const std::optional<ViewSpec>& sinks, std::optional<double> softcap,
+                                           const std::optional<ViewSpec>& alibi_slopes,
+                                           const std::vector<ViewSpec>& score_mod_tensors,
+                                           const std::string& score_mod, const std::string& layout) {
+  const AttentionOptions a = options_of(scale, causal.value_or("none"), window, mask, sinks, layout, softcap,
+                                        alibi_slopes, score_mod, score_mod_tensors);
+  BlockSparseOptions o;
+  o.scale = a.scale, o.mask = a.mask, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
+  o.alibi_slopes = a.alibi_slopes, o.score_mod_tensors = a.score_mod_tensors, o.score_mod = a.score_mod;
+  o.layout = a.layout;
+  if (causal) o.causal = a.causal;
   return o;
 }
 
@@ -406,6 +446,61 @@ void bind_bundle(nb::module_& m) {
         "device"_a, "bundle"_a, "q"_a, "k"_a, "weights"_a, "topk"_a, "indices"_a, "topk_scores"_a = nb::none(),
         "causal"_a = true, "layout"_a = "bhsd", "precision"_a = "float",
         "Test hook: mfa::sparse_topk on views of caller memory.");
+
+  m.def("_bundle_block_sparse_attention",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const std::map<std::string, ViewSpec>& lists, Pair block_size, const ViewSpec& out,
+           const std::optional<ViewSpec>& lse, std::optional<Pair> seq_lengths, const std::string& rule_causal,
+           std::optional<Pair> rule_window, const std::optional<ViewSpec>& rule_mask, std::optional<double> scale,
+           const std::optional<std::string>& causal, const std::optional<ViewSpec>& mask, std::optional<Pair> window,
+           const std::optional<ViewSpec>& sinks, std::optional<double> softcap,
+           const std::optional<ViewSpec>& alibi_slopes, const std::vector<ViewSpec>& score_mod_tensors,
+           const std::string& score_mod, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const BlockMask block_mask =
+              block_mask_of(lists, block_size, seq_lengths, rule_causal, rule_window, rule_mask);
+          const BlockSparseOptions options = block_sparse_options_of(
+              scale, causal, mask, window, sinks, softcap, alibi_slopes, score_mod_tensors, score_mod, layout);
+          const std::optional<TensorView> rows = view_of(lse);
+          nb::gil_scoped_release release;
+          block_sparse_attention(device, bundle, view_of(q), view_of(k), view_of(v), block_mask, view_of(out), options,
+                                 rows ? &*rows : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "lists"_a, "block_size"_a, "out"_a, "lse"_a = nb::none(),
+        "seq_lengths"_a = nb::none(), "rule_causal"_a = "", "rule_window"_a = nb::none(), "rule_mask"_a = nb::none(),
+        "scale"_a = nb::none(), "causal"_a = nb::none(), "mask"_a = nb::none(), "window"_a = nb::none(),
+        "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
+        "score_mod_tensors"_a = std::vector<ViewSpec>(), "score_mod"_a = "", "layout"_a = "bhsd",
+        "Test hook: mfa::block_sparse_attention on views of caller memory (lists: the BlockMask's by name).");
+
+  m.def("_bundle_block_sparse_attention_backward",
+        [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,
+           const ViewSpec& o, const ViewSpec& lse, const ViewSpec& dout, const std::map<std::string, ViewSpec>& lists,
+           Pair block_size, const ViewSpec& dq, const ViewSpec& dk, const ViewSpec& dv,
+           const std::optional<ViewSpec>& dsinks, std::optional<Pair> seq_lengths, const std::string& rule_causal,
+           std::optional<Pair> rule_window, const std::optional<ViewSpec>& rule_mask, std::optional<double> scale,
+           const std::optional<std::string>& causal, const std::optional<ViewSpec>& mask, std::optional<Pair> window,
+           const std::optional<ViewSpec>& sinks, std::optional<double> softcap,
+           const std::optional<ViewSpec>& alibi_slopes, const std::vector<ViewSpec>& score_mod_tensors,
+           const std::string& score_mod, const std::string& layout) {
+          const Device device = Device::get(device_kind_from_string(kind));
+          const BlockMask block_mask =
+              block_mask_of(lists, block_size, seq_lengths, rule_causal, rule_window, rule_mask);
+          const BlockSparseOptions options = block_sparse_options_of(
+              scale, causal, mask, window, sinks, softcap, alibi_slopes, score_mod_tensors, score_mod, layout);
+          const std::optional<TensorView> ds = view_of(dsinks);
+          nb::gil_scoped_release release;
+          block_sparse_attention_backward(device, bundle, view_of(q), view_of(k), view_of(v), view_of(o), view_of(lse),
+                                          view_of(dout), block_mask, view_of(dq), view_of(dk), view_of(dv), options,
+                                          ds ? &*ds : nullptr);
+        },
+        "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "dout"_a, "lists"_a, "block_size"_a, "dq"_a,
+        "dk"_a, "dv"_a, "dsinks"_a = nb::none(), "seq_lengths"_a = nb::none(), "rule_causal"_a = "",
+        "rule_window"_a = nb::none(), "rule_mask"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = nb::none(),
+        "mask"_a = nb::none(), "window"_a = nb::none(), "sinks"_a = nb::none(), "softcap"_a = nb::none(),
+        "alibi_slopes"_a = nb::none(), "score_mod_tensors"_a = std::vector<ViewSpec>(), "score_mod"_a = "",
+        "layout"_a = "bhsd",
+        "Test hook: mfa::block_sparse_attention_backward on views of caller memory (lists: the BlockMask's by name).");
 }
 
 }  // namespace mfa::bindings

@@ -213,6 +213,84 @@ void run_sparse_topk(const Device& device, const Bundle& bundle, const Given& g)
               g.tensor("indices"), topk_options(g), g.optional_tensor("topk_scores"));
 }
 
+// A BlockMask's rows (Python's names: the lists, block_size and seq_lengths, as its torch schema
+// takes it apart), between v and the outputs as block_sparse_attention's block_mask.
+const std::vector<Param> kBlockMask = {
+    {"kv_num_blocks", kTensor, true, nullptr},       {"kv_indices", kTensor, true, nullptr},
+    {"full_kv_num_blocks", kTensor, false, nullptr}, {"full_kv_indices", kTensor, false, nullptr},
+    {"q_num_blocks", kTensor, false, nullptr},       {"q_indices", kTensor, false, nullptr},
+    {"full_q_num_blocks", kTensor, false, nullptr},  {"full_q_indices", kTensor, false, nullptr},
+    {"kv_bit_blocks", kTensor, false, nullptr},      {"kv_bits", kTensor, false, nullptr},
+    {"block_size", bit(Kind::integer) | bit(Kind::int_pair), false, nullptr},
+    {"seq_lengths", bit(Kind::int_pair), false, nullptr}};
+
+// `arrays` with the block mask's rows after its first `at`.
+std::vector<Param> with_block_mask(std::vector<Param> arrays, std::size_t at) {
+  arrays.insert(arrays.begin() + std::ptrdiff_t(at), kBlockMask.begin(), kBlockMask.end());
+  return arrays;
+}
+
+// The call's BlockMask: its lists by name, block_size (an int or a pair; default 128) and seq_lengths.
+BlockMask block_mask(const Given& g) {
+  using Pair = std::pair<std::int64_t, std::int64_t>;
+  BlockMask mask(g.tensor("kv_num_blocks"), g.tensor("kv_indices"));
+  const auto list = [&](const char* name) {
+    const TensorView* view = g.optional_tensor(name);
+    return view ? std::optional<TensorView>(*view) : std::nullopt;
+  };
+  mask.full_kv_num_blocks = list("full_kv_num_blocks"), mask.full_kv_indices = list("full_kv_indices");
+  mask.q_num_blocks = list("q_num_blocks"), mask.q_indices = list("q_indices");
+  mask.full_q_num_blocks = list("full_q_num_blocks"), mask.full_q_indices = list("full_q_indices");
+  mask.kv_bit_blocks = list("kv_bit_blocks"), mask.kv_bits = list("kv_bits");
+  if (const Value* size = g.find("block_size")) {
+    const std::int64_t* square = std::get_if<std::int64_t>(size);
+    mask.block_size = square ? Pair(*square, *square) : std::get<Pair>(*size);
+  }
+  if (const Value* lengths = g.find("seq_lengths")) mask.seq_lengths = std::get<Pair>(*lengths);
+  return mask;
+}
+
+// block_sparse_attention's options: attention's, causal only when given (else the mask's rule).
+BlockSparseOptions block_sparse_options(const Given& g) {
+  const AttentionOptions a = g.options();
+  BlockSparseOptions o;
+  o.scale = a.scale, o.mask = a.mask, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
+  o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
+  o.layout = a.layout;
+  if (g.find("causal")) o.causal = a.causal;
+  return o;
+}
+
+void run_block_sparse_attention(const Device& device, const Bundle& bundle, const Given& g) {
+  block_sparse_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), block_mask(g), g.tensor("out"),
+                         block_sparse_options(g), g.optional_tensor("lse"));
+}
+
+void run_block_sparse_attention_backward(const Device& device, const Bundle& bundle, const Given& g) {
+  block_sparse_attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), g.tensor("o"),
+                                  g.tensor("lse"), g.tensor("do"), block_mask(g), g.tensor("dq"), g.tensor("dk"),
+                                  g.tensor("dv"), block_sparse_options(g), g.optional_tensor("dsinks"));
+}
+
+#ifdef MFA_HAVE_METAL
+std::shared_future<void> encode_block_sparse_attention(const Device& device, const Bundle& bundle, const Given& g,
+                                                       void* command_buffer) {
+  return metal::block_sparse_attention(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"), block_mask(g),
+                                       g.tensor("out"), block_sparse_options(g), g.optional_tensor("lse"),
+                                       command_buffer);
+}
+
+std::shared_future<void> encode_block_sparse_attention_backward(const Device& device, const Bundle& bundle,
+                                                                const Given& g, void* command_buffer) {
+  return metal::block_sparse_attention_backward(device, bundle, g.tensor("q"), g.tensor("k"), g.tensor("v"),
+                                                g.tensor("o"), g.tensor("lse"), g.tensor("do"), block_mask(g),
+                                                g.tensor("dq"), g.tensor("dk"), g.tensor("dv"),
+                                                block_sparse_options(g), g.optional_tensor("dsinks"), command_buffer);
+}
+#else
+constexpr std::nullptr_t encode_block_sparse_attention = nullptr, encode_block_sparse_attention_backward = nullptr;
+#endif
+
 // attention_varlen's: attention's but the mask and the layout (bshd).
 const std::vector<Param> kVarlenOptions = attention_options(
     {"scale", "causal", "window", "sinks", "softcap", "alibi_slopes", "score_mod", "score_mod_tensors"});
@@ -351,6 +429,20 @@ const std::vector<Op>& ops() {
                      {"precision", bit(Kind::text), false, nullptr}},
                     attention_options({"layout"})),
        run_sparse_topk, encode_sparse_topk},
+      {"block_sparse_attention",
+       with_options(with_block_mask({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr},
+                                     {"v", kTensor, true, nullptr}, {"out", kTensor, true, nullptr},
+                                     {"lse", kTensor, false, nullptr}},
+                                    3)),
+       run_block_sparse_attention, encode_block_sparse_attention},
+      {"block_sparse_attention_backward",
+       with_options(with_block_mask({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr},
+                                     {"v", kTensor, true, nullptr}, {"o", kTensor, true, nullptr},
+                                     {"lse", kTensor, true, nullptr}, {"do", kTensor, true, nullptr},
+                                     {"dq", kTensor, true, nullptr}, {"dk", kTensor, true, nullptr},
+                                     {"dv", kTensor, true, nullptr}, {"dsinks", kTensor, false, nullptr}},
+                                    6)),
+       run_block_sparse_attention_backward, encode_block_sparse_attention_backward},
       {"int8_attention",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
                      {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr},
@@ -433,6 +525,11 @@ AttentionOptions Given::options() const {
     if (p.option && it != values_.end()) p.option(it->second, options);
   }
   return options;
+}
+
+const Value* Given::find(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? nullptr : &it->second;
 }
 
 std::optional<std::int64_t> Given::integer(const std::string& name) const {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mfa/attention.hpp"
+#include "mfa/block_sparse.hpp"
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"
@@ -54,6 +55,8 @@ class Given {
     auto it = values_.find(name);
     return it == values_.end() ? otherwise : std::get<T>(it->second);
   }
+  // The value of an argument (null: not given).
+  const Value* find(const std::string& name) const;
   // An integer argument the op reads itself (nullopt: not given).
   std::optional<std::int64_t> integer(const std::string& name) const;
   // A required list of tensors.

@@ -105,6 +105,14 @@ void check_reads(const std::string& text, const std::vector<ScoreModTensor>& ten
                       std::to_string(tensors.size()) + " of shapes " + shapes + "]");
 }
 
+// The last of checked_problem's checks: score_mod (its text read by the declaration's
+// operations) and its tensors, into `p`.
+void check_score_mod(Problem& p, const AttentionOptions& options, const Declaration& declaration) {
+  p.score_mod = options.score_mod;
+  p.score_mod_tensors = score_mod_tensors_of(options);
+  if (!p.score_mod.empty()) check_reads(p.score_mod, p.score_mod_tensors, declaration.score_operations);
+}
+
 }  // namespace
 
 const char* layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
@@ -135,10 +143,14 @@ Problem checked_problem(Binder& binder, const AttentionOptions& options) {
   return p;
 }
 
-void check_score_mod(Problem& p, const AttentionOptions& options, const Declaration& declaration) {
-  p.score_mod = options.score_mod;
-  p.score_mod_tensors = score_mod_tensors_of(options);
-  if (!p.score_mod.empty()) check_reads(p.score_mod, p.score_mod_tensors, declaration.score_operations);
+Problem checked_problem(Binder& binder, const AttentionOptions& options,
+                        const std::function<void(const Problem&)>& own) {
+  AttentionOptions unmodded = options;
+  unmodded.score_mod.clear(), unmodded.score_mod_tensors.clear();
+  Problem p = checked_problem(binder, unmodded);
+  own(p);
+  check_score_mod(p, options, binder.declaration());
+  return p;
 }
 
 }  // namespace mfa::attention_problem

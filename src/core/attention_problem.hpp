@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -49,8 +50,9 @@ const char* causal_name(Causal causal);
 // the scale, softcap and window, the declaration's other arrays, then score_mod and its tensors.
 Problem checked_problem(Binder& binder, const AttentionOptions& options);
 
-// The last of those checks, score_mod and its tensors, into `p` (an op that checks arguments of
-// its own before them, as sparse_attention its lists, runs checked_problem without a score_mod first).
-void check_score_mod(Problem& p, const AttentionOptions& options, const Declaration& declaration);
+// The same for an op that checks arguments of its own between attention's and score_mod's
+// (sparse_attention its token lists, block_sparse_attention its block mask): `own` runs there.
+Problem checked_problem(Binder& binder, const AttentionOptions& options,
+                        const std::function<void(const Problem&)>& own);
 
 }  // namespace mfa::attention_problem

@@ -44,7 +44,10 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.topk_length == want.topk_length && e.shared_latent == want.shared_latent &&
          e.precision == want.precision && e.qk_scale == want.qk_scale && e.smooth_k == want.smooth_k &&
          e.pv == want.pv && e.parts == want.parts && e.format == want.format && e.bits == want.bits &&
-         e.group_size == want.group_size && e.seqused_k == want.seqused_k;
+         e.group_size == want.group_size && e.seqused_k == want.seqused_k && e.q_block == want.q_block &&
+         e.k_block == want.k_block && e.shared_batch == want.shared_batch && e.shared_heads == want.shared_heads &&
+         e.full_blocks == want.full_blocks && e.mask_bits == want.mask_bits &&
+         (e.q_lists == want.q_lists || !want.backward);  // a forward reads no q lists
 }
 
 [[noreturn]] void no_entry(const Bundle& bundle, const BundleFacts& want) {
@@ -194,6 +197,11 @@ void run_entry(const Device& device, CommandBatch* batch, const Bundle& bundle, 
 
 void zero(const Checked& view) {
   if (view.elements) std::memset(view.view->data, 0, std::size_t(view.elements) * dtype_size(view.view->dtype));
+}
+
+void write_empty_backward(const Binder& binder) {
+  for (const char* name : {"dq", "dk", "dv", "dsinks"})
+    if (binder.given(name)) zero(binder.view(name));
 }
 
 void write_empty_forward(const Binder& binder, const Problem& p, const AttentionOptions& options) {

@@ -1,6 +1,6 @@
 // The attention family's pass runner, shared by the ops whose pass is an
 // attention pass (attention, attention_backward, attention_with_kvcache,
-// sparse_attention and its backward, int8_attention; sparse_topk uses its
+// sparse_attention, block_sparse_attention and their backwards, int8_attention; sparse_topk uses its
 // entries and run, merge_attention and quantize its entries, PassViews::add and
 // run, binding their views and sizes themselves): the bundle entry a call's
 // facts need, the runtime sizes of its template, the caller's views bound by the
@@ -82,6 +82,9 @@ void run_entry(const Device& device, CommandBatch* batch, const Bundle& bundle, 
 
 // Writes zeros over a contiguous written view.
 void zero(const Checked& view);
+
+// What a backward with nothing to compute gives, as Python: gradients of zeros (dq, dk, dv, dsinks).
+void write_empty_backward(const Binder& binder);
 
 // What a forward with nothing to compute (B, Hq, R or C = 0) gives, as Python: out 0, lse -inf
 // (the sink's logit with sinks).

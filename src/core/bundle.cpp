@@ -40,10 +40,11 @@ constexpr const char* kInt8 = "int8_attention";
 constexpr const char* kMerge = "merge_attention";
 constexpr const char* kQuantize = "quantize";
 constexpr const char* kVarlen = "attention_varlen";  // attention's facts (layout bshd, no mask)
+constexpr const char* kBlockSparse = "block_sparse_attention";  // attention's facts and its block mask's
 
 // The ops this reader runs (a later writer may add others: their entries are skipped).
 bool known_op(const std::string& op) {
-  for (const char* known : {"attention", kKVCache, kSparse, kTopk, kInt8, kMerge, kQuantize, kVarlen})
+  for (const char* known : {"attention", kKVCache, kSparse, kTopk, kInt8, kMerge, kQuantize, kVarlen, kBlockSparse})
     if (op == known) return true;
   return false;
 }
@@ -112,6 +113,16 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
     facts.shared_latent = f.at("shared_latent").as_bool("shared_latent");
   }
   if (op == kTopk) facts.precision = f.at("precision").as_string("precision");
+  if (op == kBlockSparse) {
+    const std::vector<json::Value>& size = f.at("block_size").as_array("block_size");
+    if (size.size() != 2) throw BundleError("a block_sparse_attention entry's block_size is not a pair");
+    facts.q_block = size[0].as_int("block_size"), facts.k_block = size[1].as_int("block_size");
+    facts.shared_batch = f.at("shared_batch").as_bool("shared_batch");
+    facts.shared_heads = f.at("shared_heads").as_bool("shared_heads");
+    facts.full_blocks = f.at("full_blocks").as_bool("full_blocks");
+    facts.mask_bits = f.at("mask_bits").as_bool("mask_bits");
+    facts.q_lists = f.at("q_lists").as_bool("q_lists");
+  }
   if (op == kInt8) {
     facts.qk_scale = f.at("qk_scale").as_string("qk_scale");
     facts.smooth_k = f.at("smooth_k").as_bool("smooth_k");
@@ -119,6 +130,8 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
   }
   return facts;
 }
+
+const char* yes(bool flag) { return flag ? "yes" : "no"; }
 
 std::vector<PassTemplate> templates_of(const json::Value& list, const char* what) {
   std::vector<PassTemplate> out;
@@ -186,6 +199,10 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.op == kSparse)
     cache = std::string(" topk_length=") + (f.topk_length ? "yes" : "no") +
             " shared_latent=" + (f.shared_latent ? "yes" : "no");
+  if (f.op == kBlockSparse)
+    cache = " block_size=" + std::to_string(f.q_block) + "x" + std::to_string(f.k_block) +
+            " shared_batch=" + yes(f.shared_batch) + " shared_heads=" + yes(f.shared_heads) +
+            " full_blocks=" + yes(f.full_blocks) + " mask_bits=" + yes(f.mask_bits) + " q_lists=" + yes(f.q_lists);
   if (f.op == kVarlen)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " seqused_k=" +
             (f.seqused_k ? "yes" : "no");

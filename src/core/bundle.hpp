@@ -53,6 +53,12 @@ struct BundleFacts {
                                    // dtype, value_dim, layout)
   std::string format;              // a quantize entry's format (its dtype x's), bits and
   std::int64_t bits = 0, group_size = 0;  // group size
+  std::int64_t q_block = 0, k_block = 0;  // block_sparse_attention: the block size (Qb, Kb),
+  bool shared_batch = false;       // whether the lists' batch and head axes have extent 1,
+  bool shared_heads = false;
+  bool full_blocks = false;        // whether the mask has full lists and mask bits, and
+  bool mask_bits = false;
+  bool q_lists = false;            // whether backward calls give the transposed lists
 };
 
 struct BundleEntry {

@@ -104,12 +104,11 @@ class KVCall {
         {"q", &q}, {"k", &rows_[0]}, {"v", &rows_[1]}, {"out", &out}, {"lse", lse}, {"mask", nullptr},
         {"sinks", o.sinks ? &*o.sinks : nullptr}, {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
     binder_.emplace(bundle.contents().declaration("attention"), "bshd", std::move(given));
-    AttentionOptions unmodded = attention_;  // score_mod is checked last, as Python does
-    unmodded.score_mod.clear(), unmodded.score_mod_tensors.clear();
-    problem_ = attention_problem::checked_problem(*binder_, unmodded);
-    check_rotary(q);
-    check_contents();
-    attention_problem::check_score_mod(problem_, attention_, binder_->declaration());
+    problem_ = attention_problem::checked_problem(*binder_, attention_, [&](const Problem& p) {
+      problem_ = p;  // the rotation's and the contents' checks read its sizes
+      check_rotary(q);
+      check_contents();
+    });
   }
 
   void run(CommandBatch* batch, const Bundle& bundle) {

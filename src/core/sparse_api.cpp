@@ -63,12 +63,11 @@ class SparseCall {
     given["alibi_slopes"] = options.alibi_slopes ? &*options.alibi_slopes : nullptr;
     binder_.emplace(bundle.contents().declaration(declaration), attention_problem::layout_name(options.layout),
                     std::move(given));
-    AttentionOptions unmodded = attention_;  // score_mod is checked after the lists, as Python does
-    unmodded.score_mod.clear(), unmodded.score_mod_tensors.clear();
-    problem_ = attention_problem::checked_problem(*binder_, unmodded);
-    check_indices(indices);
-    if (options.topk_length) check_lengths(*options.topk_length);
-    attention_problem::check_score_mod(problem_, attention_, binder_->declaration());
+    problem_ = attention_problem::checked_problem(*binder_, attention_, [&](const Problem& p) {
+      problem_ = p;  // the lists' checks read its sizes
+      check_indices(indices);
+      if (options.topk_length) check_lengths(*options.topk_length);
+    });
   }
 
   const Binder& binder() const { return *binder_; }
@@ -183,11 +182,7 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
   const SparseCall call(device, bundle, "attention_backward", k, v, indices, options,
                         {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"do", &dout}, {"dq", &dq},
                          {"dk", &dk}, {"dv", &dv}, {"dsinks", dsinks}});
-  if (call.problem().empty()) {  // as Python: gradients of zeros
-    for (const char* name : {"dq", "dk", "dv", "dsinks"})
-      if (call.binder().given(name)) zero(call.binder().view(name));
-    return;
-  }
+  if (call.problem().empty()) return write_empty_backward(call.binder());
   call.run(batch, true);
 }
 

@@ -176,6 +176,29 @@ std::shared_future<void> sparse_topk(const Device& device, const Bundle& bundle,
   });
 }
 
+std::shared_future<void> block_sparse_attention(const Device& device, const Bundle& bundle, const TensorView& q,
+                                                const TensorView& k, const TensorView& v, const BlockMask& block_mask,
+                                                const TensorView& out, const BlockSparseOptions& options,
+                                                const TensorView* lse, void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::block_sparse_attention", [&](CommandBatch& batch) {
+    mfa::block_sparse_attention(batch, bundle, q, k, v, block_mask, out, options, lse);
+  });
+}
+
+std::shared_future<void> block_sparse_attention_backward(const Device& device, const Bundle& bundle,
+                                                         const TensorView& q, const TensorView& k, const TensorView& v,
+                                                         const TensorView& o, const TensorView& lse,
+                                                         const TensorView& dout, const BlockMask& block_mask,
+                                                         const TensorView& dq, const TensorView& dk,
+                                                         const TensorView& dv, const BlockSparseOptions& options,
+                                                         const TensorView* dsinks, void* command_buffer) {
+  return encode_recorded(device, command_buffer, "mfa::metal::block_sparse_attention_backward",
+                         [&](CommandBatch& batch) {
+                           mfa::block_sparse_attention_backward(batch, bundle, q, k, v, o, lse, dout, block_mask, dq,
+                                                                dk, dv, options, dsinks);
+                         });
+}
+
 std::shared_future<void> int8_attention(const Device& device, const Bundle& bundle, const TensorView& q,
                                         const TensorView& k, const TensorView& v, const TensorView& out,
                                         const Int8AttentionOptions& options, const TensorView* lse,

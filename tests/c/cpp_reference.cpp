@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mfa/attention.hpp"
+#include "mfa/block_sparse.hpp"
 #include "mfa/int8.hpp"
 #include "mfa/kvcache.hpp"
 #include "mfa/merge.hpp"
@@ -148,6 +149,26 @@ extern "C" int cpp_sparse(const char* bundle, const mfa_tensor_view* q_index, co
     const mfa::TensorView rows = view(*lse);
     mfa::sparse_topk(device, loaded, view(*q_index), view(*k_index), view(*weights), topk, view(*indices));
     mfa::sparse_attention(device, loaded, view(*q), view(*k), view(*v), view(*indices), view(*out), {}, &rows);
+  }, error, error_size);
+}
+
+extern "C" int cpp_block_sparse(const char* bundle, const mfa_tensor_view* lists, std::int64_t q_block,
+                                std::int64_t k_block, const mfa_tensor_view* q, const mfa_tensor_view* k,
+                                const mfa_tensor_view* v, const mfa_tensor_view* dout, const mfa_tensor_view* out,
+                                const mfa_tensor_view* lse, const mfa_tensor_view* dq, const mfa_tensor_view* dk,
+                                const mfa_tensor_view* dv, char* error, std::size_t error_size) {
+  return reported([&] {
+    const mfa::Device device = mfa::Device::default_device();
+    const mfa::Bundle loaded = mfa::Bundle::load(bundle);
+    mfa::BlockMask mask(view(lists[0]), view(lists[1]));
+    mask.full_kv_num_blocks = view(lists[2]), mask.full_kv_indices = view(lists[3]);
+    mask.block_size = {q_block, k_block};
+    mfa::BlockSparseOptions options;
+    options.causal = mfa::Causal::lower_right;
+    const mfa::TensorView o = view(*out), rows = view(*lse);
+    mfa::block_sparse_attention(device, loaded, view(*q), view(*k), view(*v), mask, o, options, &rows);
+    mfa::block_sparse_attention_backward(device, loaded, view(*q), view(*k), view(*v), o, rows, view(*dout), mask,
+                                         view(*dq), view(*dk), view(*dv), options);
   }, error, error_size);
 }
 

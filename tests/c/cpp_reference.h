@@ -1,5 +1,5 @@
 /* The C++ API's results for the C ABI's test (cpp_reference.cpp): mfa::attention,
- * attention_backward, attention_with_kvcache, int8_attention, merge_attention and quantize
+ * attention_backward, attention_with_kvcache, block_sparse_attention, int8_attention, merge_attention and quantize
  * called directly, on a bundle and device of their own, on the same
  * views (mfa.h's structs, converted here on their own) and options the test sets by name
  * through the C ABI. Each returns 0, or 1 with the exception's message in `error`. */
@@ -50,6 +50,15 @@ int cpp_sparse(const char* bundle, const mfa_tensor_view* q_index, const mfa_ten
                const mfa_tensor_view* weights, int64_t topk, const mfa_tensor_view* indices,
                const mfa_tensor_view* q, const mfa_tensor_view* k, const mfa_tensor_view* v,
                const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error, size_t error_size);
+
+/* mfa::block_sparse_attention (lower-right causal inside partial blocks) over `lists`: kv_num_blocks,
+ * kv_indices, full_kv_num_blocks, full_kv_indices in blocks of (q_block, k_block), into out and
+ * lse; then its backward for dout (against that out and lse) into dq, dk, dv. */
+int cpp_block_sparse(const char* bundle, const mfa_tensor_view* lists, int64_t q_block, int64_t k_block,
+                     const mfa_tensor_view* q, const mfa_tensor_view* k, const mfa_tensor_view* v,
+                     const mfa_tensor_view* dout, const mfa_tensor_view* out, const mfa_tensor_view* lse,
+                     const mfa_tensor_view* dq, const mfa_tensor_view* dk, const mfa_tensor_view* dv, char* error,
+                     size_t error_size);
 
 /* mfa::int8_attention with qk_scale, smooth_k and pv. */
 int cpp_int8_attention(const char* bundle, const reference_options* options, const char* qk_scale, int smooth_k,

@@ -1,7 +1,7 @@
 /* The C ABI (include/mfa/mfa.h) from C99: attention, attention_backward, attention_with_kvcache,
- * sparse_topk, sparse_attention, int8_attention, merge_attention, quantize and attention_varlen
- * (+ backward) set up by argument names on random inputs give the C++ API's results bit for bit
- * (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
+ * sparse_topk, sparse_attention, int8_attention, merge_attention, quantize, attention_varlen
+ * and block_sparse_attention (+ backwards) set up by argument names on random inputs give the
+ * C++ API's results bit for bit (cpp_reference.cpp calls mfa::attention directly on the same inputs), and bad
  * calls return their code with Python's message before writing anything.
  *   usage: test_c_abi BUNDLE   (written from tests/c/c_abi_spec.json) */
 #include <math.h>
@@ -450,6 +450,91 @@ static void merge_and_quantize(const char* path, const mfa_device* device, const
   free(ref_data);
 }
 
+/* The block-sparse family: per-head partial and full lists in blocks of 8 queries and 4 keys,
+ * lower-right causal inside partial blocks, GQA: the C ABI's out, lse and gradients are the C++
+ * API's; a list naming a block past the keys is refused with Python's message, before anything
+ * is written. */
+static void block_sparse(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 1, HQ = 4, HKV = 2, R = 20, C = 18, D = 16, QB = 8, KB = 4, NQ = 3, NK = 5 };
+  const int64_t q_shape[] = {B, HQ, R, D}, k_shape[] = {B, HKV, C, D}, rows_shape[] = {B, HQ, R};
+  const int64_t counts_shape[] = {B, HQ, NQ}, indices_shape[] = {B, HQ, NQ, NK};
+  const size_t nq = B * HQ * R * D, nk = B * HKV * C * D, nrows = B * HQ * R;
+  float *q = random_floats(nq), *k = random_floats(nk), *v = random_floats(nk), *dout = random_floats(nq);
+  float* got[5] = {poisoned(nq), poisoned(nrows), poisoned(nq), poisoned(nk), poisoned(nk)};
+  float* ref[5] = {poisoned(nq), poisoned(nrows), poisoned(nq), poisoned(nk), poisoned(nk)};
+  int32_t counts[2][B * HQ * NQ] = {{0}}, indices[2][B * HQ * NQ * NK];
+  memset(indices, 0xff, sizeof indices); /* -1 past each count: never read */
+  for (int row = 0; row < B * HQ * NQ; ++row)
+    for (int j = 0; j < NK; ++j) { /* each key block partial, full or left out */
+      const float draw = uniform();
+      if (draw < 0.3f) {
+        const int kind = draw < -0.3f ? 0 : 1;
+        indices[kind][row * NK + counts[kind][row]++] = j;
+      }
+    }
+  mfa_tensor_view lists[4];
+  for (int kind = 0; kind < 2; ++kind) {
+    const mfa_tensor_view num = {counts[kind], MFA_INT32, 3, counts_shape, NULL};
+    const mfa_tensor_view listed = {indices[kind], MFA_INT32, 4, indices_shape, NULL};
+    lists[2 * kind] = num, lists[2 * kind + 1] = listed;
+  }
+  const char* list_names[] = {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"};
+  mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, k_shape), vv = view(v, 4, k_shape);
+  mfa_tensor_view vdout = view(dout, 4, q_shape);
+  mfa_tensor_view vgot[5] = {view(got[0], 4, q_shape), view(got[1], 3, rows_shape), view(got[2], 4, q_shape),
+                             view(got[3], 4, k_shape), view(got[4], 4, k_shape)};
+  mfa_tensor_view vref[5] = {view(ref[0], 4, q_shape), view(ref[1], 3, rows_shape), view(ref[2], 4, q_shape),
+                             view(ref[3], 4, k_shape), view(ref[4], 4, k_shape)};
+  mfa_call *call = NULL, *backward = NULL;
+  OK(mfa_call_new(bundle, "block_sparse_attention", &call));
+  OK(mfa_call_new(bundle, "block_sparse_attention_backward", &backward));
+  mfa_call* both[] = {call, backward};
+  for (int i = 0; i < 2; ++i) {
+    OK(mfa_call_set_tensor(both[i], "q", &vq));
+    OK(mfa_call_set_tensor(both[i], "k", &vk));
+    OK(mfa_call_set_tensor(both[i], "v", &vv));
+    for (int n = 0; n < 4; ++n) OK(mfa_call_set_tensor(both[i], list_names[n], &lists[n]));
+    OK(mfa_call_set_string(both[i], "causal", "lower_right"));
+  }
+  OK(mfa_call_set_int_pair(backward, "block_size", QB, KB));
+  OK(mfa_call_set_tensor(call, "out", &vgot[0]));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "kv_num_blocks has 3 blocks on its last axis, but ceil(R / Q_BLOCK) = 1",
+         "the default block size (128), which the lists do not fit");
+  OK(mfa_call_set_int_pair(call, "block_size", QB, KB));
+  OK(mfa_call_set_tensor(call, "lse", &vgot[1]));
+  const char* backward_names[] = {"o", "lse", "do", "dq", "dk", "dv"};
+  const mfa_tensor_view* backward_views[] = {&vgot[0], &vgot[1], &vdout, &vgot[2], &vgot[3], &vgot[4]};
+  for (int i = 0; i < 6; ++i) OK(mfa_call_set_tensor(backward, backward_names[i], backward_views[i]));
+  indices[0][0] = NK + 4; /* a block past the keys, counted when row 0 has a partial block */
+  counts[0][0] = counts[0][0] ? counts[0][0] : 1;
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "kv_indices lists block 9 in its counted part, outside 0..4", "a list entry out of range");
+  CHECK(!any_nonzero(got[0], nq) && !any_nonzero(got[1], nrows), "a refused block-sparse call wrote its outputs");
+  OK(mfa_call_set_none(call, "kv_indices"));
+  expect(mfa_call_run(call, device), MFA_TYPE_ERROR,
+         "block_sparse_attention() missing 1 required argument: 'kv_indices'", "a missing list");
+  OK(mfa_call_set_tensor(call, "kv_indices", &lists[1]));
+  indices[0][0] = 0;
+  OK(mfa_call_run(call, device));
+  OK(mfa_call_run(backward, device));
+  char error[4096] = "";
+  CHECK(cpp_block_sparse(path, lists, QB, KB, &vq, &vk, &vv, &vdout, &vref[0], &vref[1], &vref[2], &vref[3],
+                         &vref[4], error, sizeof error) == 0, "%s", error);
+  const size_t sizes[5] = {nq, nrows, nq, nk, nk};
+  const char* outputs[5] = {"out", "lse", "dq", "dk", "dv"};
+  for (int i = 0; i < 5; ++i) {
+    CHECK(any_nonzero(got[i], sizes[i]), "block-sparse %s: nothing written", outputs[i]);
+    CHECK(memcmp(got[i], ref[i], sizes[i] * sizeof(float)) == 0, "block-sparse %s differs from the C++ API's",
+          outputs[i]);
+    free(got[i]), free(ref[i]);
+  }
+  mfa_call_free(call);
+  mfa_call_free(backward);
+  float* buffers[] = {q, k, v, dout};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s BUNDLE\n", argv[0]);
@@ -537,9 +622,11 @@ int main(int argc, char** argv) {
   int8_call(argv[1], device, bundle);
   merge_and_quantize(argv[1], device, bundle);
   packed_varlen(argv[1], device, bundle);
+  block_sparse(argv[1], device, bundle);
   if (!failures)
     printf("attention (+ backward), attention_with_kvcache, sparse_topk, sparse_attention, int8_attention, "
-           "merge_attention, quantize and attention_varlen (+ backward) through the C ABI: the C++ API's bits\n");
+           "merge_attention, quantize, attention_varlen and block_sparse_attention (+ backwards) through the C ABI: "
+           "the C++ API's bits\n");
 
   /* Bad calls: the code and Python's message, and the poisoned outputs untouched. */
   float *fresh = poisoned(nq), *fresh_rows = poisoned(nrows), *fresh_dq = poisoned(nq);

@@ -55,6 +55,18 @@ omitted [false] (a call whose v is a view of k is served by an entry without it 
 same results). topk (the lists' width), the lists' strides (a kv-head stride of 0 shares one
 list among the kv heads) and every size are runtime values.
 
+A "block_sparse_attention" family (Python's block_sparse_attention: the key blocks a BlockMask
+lists per query block, attention's rules inside its partial blocks) takes attention's keys and
+six of its own, which fix what its kernels bake of a call's block mask: `block_size` a list
+of block sizes, each an int or a [Qb, Kb] pair of positive ints, omitted [128];
+`shared_batch` and `shared_heads` whether the lists' batch (head) axis has extent 1, shared by
+the batch (the query heads), each omitted both; `full_blocks` whether the mask has full lists
+(full_kv_*), omitted both; `mask_bits` whether it has mask bits (kv_bit_blocks, kv_bits:
+FlexAttention's mask_mod, from_torch's), omitted both; and for a backward entry `q_lists`
+whether its calls give the transposed lists (checked against those the pass builds), omitted
+both (a forward entry takes none: the forward reads only the kv lists). The lists' widths,
+the bits' word count, the block counts and every size are runtime values.
+
 A "sparse_topk" family (Python's sparse_topk, DeepSeek's lightning indexer: the lists
 sparse_attention reads) takes `dtype` (q's and k's), `head_dim` (Di, the indexer's feature
 count), `layout`, `causal` a list of true (key c is a candidate for row r iff c <= r + C - R)
@@ -111,6 +123,8 @@ CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 SPARSE = "sparse_attention"
 SPARSE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "sinks", "layout", "softcap", "alibi",
                "score_mod", "family", "backward", "topk_length", "shared_latent")
+BLOCK_SPARSE = "block_sparse_attention"
+BLOCK_KEYS = KEYS + ("block_size", "shared_batch", "shared_heads", "full_blocks", "mask_bits", "q_lists")
 TOPK = "sparse_topk"
 TOPK_KEYS = ("op", "dtype", "head_dim", "layout", "causal", "precision")
 TOPK_PRECISIONS = ("float", "int8")
@@ -123,7 +137,8 @@ MERGE_KEYS = ("op", "dtype", "value_dim", "parts", "layout")
 QUANTIZE = "quantize"
 QUANTIZE_KEYS = ("op", "dtype", "format", "bits", "group_size")
 FAMILY_KEYS = {"attention": KEYS, KVCACHE: KVCACHE_KEYS, SPARSE: SPARSE_KEYS, TOPK: TOPK_KEYS, INT8: INT8_KEYS,
-               MERGE: MERGE_KEYS, QUANTIZE: QUANTIZE_KEYS, VARLEN: VARLEN_KEYS}   # each op's keys
+               MERGE: MERGE_KEYS, QUANTIZE: QUANTIZE_KEYS, VARLEN: VARLEN_KEYS,
+               BLOCK_SPARSE: BLOCK_KEYS}   # each op's keys
 ALIBI = ("none", "per_head", "per_batch")
 ScoreModFacts = tuple  # (text, ((dtype, shape), ...)): a score_mod as its kernels bake it
 
@@ -136,6 +151,9 @@ class EntryFacts:
     (None: contiguous), cache (its storage) and append; a sparse entry's topk_length (its
     calls give the lists' lengths) and shared_latent (v is a view of k's first Dv features); a
     sparse_topk entry's precision (its causal is "lower_right" or "none", its family ANY_FAMILY);
+    a block-sparse entry's block_size (Qb, Kb), shared_batch and shared_heads (the lists'
+    leading axes of extent 1), full_blocks, mask_bits and q_lists (its backward checks given
+    transposed lists);
     an int8 entry's qk_scale, smooth_k and pv (Int8Problem's); a merge entry's parts (its
     dtype, value_dim and layout as attention's, the other facts unused); a quantize entry's
     format, bits and group_size (QuantFormat's; its dtype x's)."""
@@ -171,6 +189,12 @@ class EntryFacts:
     format: str = ""
     bits: int = 0
     group_size: int = 0
+    block_size: tuple[int, int] | None = None
+    shared_batch: bool = False
+    shared_heads: bool = False
+    full_blocks: bool = False
+    mask_bits: bool = False
+    q_lists: bool = False
 
     def to_json(self) -> dict:
         if self.op == MERGE:
@@ -190,6 +214,9 @@ class EntryFacts:
                 **({"topk_length": self.topk_length, "shared_latent": self.shared_latent} if self.op == SPARSE
                    else {}),
                 **({"precision": self.precision} if self.op == TOPK else {}),
+                **({"block_size": list(self.block_size), "shared_batch": self.shared_batch,
+                    "shared_heads": self.shared_heads, "full_blocks": self.full_blocks, "mask_bits": self.mask_bits,
+                    "q_lists": self.q_lists} if self.op == BLOCK_SPARSE else {}),
                 **({"qk_scale": self.qk_scale, "smooth_k": self.smooth_k, "pv": self.pv} if self.op == INT8 else {}),
                 **({"page_size": self.page_size, "seqused_k": self.seqused_k} if self.op == VARLEN else {})}
 
@@ -316,6 +343,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
                                                                "shared_latent", where))]
     if op == INT8:
         lists = _int8_keys(family, head_dims, value_dims, where)
+    if op == BLOCK_SPARSE:
+        lists = _block_keys(family, backward, where)
     if op == VARLEN:
         caches = [(page, "plain", False, None) for page in _page_sizes(family, where)]
         lists = [{"seqused_k": flag} for flag in _bools(_list(family, "seqused_k", [False], where), "seqused_k", where)]
@@ -344,6 +373,30 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
                         seen.add(facts)
                         entries.append(facts)
     return entries
+
+
+def _block_sizes(family: dict, where: str) -> list[tuple[int, int]]:
+    """A block-sparse family's block sizes as (Qb, Kb) pairs (an int n is (n, n))."""
+    sizes = []
+    for value in _list(family, "block_size", [128], where):
+        pair = [value, value] if isinstance(value, int) and not isinstance(value, bool) else value
+        if not (isinstance(pair, list) and len(pair) == 2 and
+                all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair)):
+            raise ValueError(f"{where}: 'block_size' values must be positive integers or [Qb, Kb] pairs of them, "
+                             f"got {value!r}")
+        sizes.append((pair[0], pair[1]))
+    return sizes
+
+
+def _block_keys(family: dict, backward: bool, where: str) -> list[dict]:
+    """A block-sparse family's block_size, shared_batch, shared_heads, full_blocks, mask_bits
+    and (a backward entry's) q_lists crossed (EntryFacts' fields)."""
+    flags = {key: _bools(_list(family, key, [False, True], where), key, where)
+             for key in ("shared_batch", "shared_heads", "full_blocks", "mask_bits", "q_lists")}
+    if not backward:   # the forward reads only the kv lists
+        flags["q_lists"] = [False]
+    return [dict(block_size=size, **dict(zip(flags, values)))
+            for size in _block_sizes(family, where) for values in itertools.product(*flags.values())]
 
 
 def _topk_entries(family: dict, where: str) -> list[EntryFacts]:

@@ -25,8 +25,8 @@ import json
 from dataclasses import asdict, replace
 from typing import Callable
 
-from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, CacheKeys, Int8Problem, PagedSequences,
-                       SequenceRanges, TokenLists, attention_backward_template, attention_template,
+from ..codegen import (PACKING, AttentionBackwardProblem, AttentionProblem, BlockLists, CacheKeys, Int8Problem,
+                       PagedSequences, SequenceRanges, TokenLists, attention_backward_template, attention_template,
                        int8_attention_template, packs_plain_heads)
 from ..codegen.attention import merge as codegen_merge
 from ..codegen.attention.rotary import Rotary
@@ -38,7 +38,7 @@ from ..quant_formats import QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION, PassTemplate
-from .spec import INT8, KVCACHE, MERGE, QUANTIZE, SPARSE, TOPK, VARLEN, EntryFacts
+from .spec import BLOCK_SPARSE, INT8, KVCACHE, MERGE, QUANTIZE, SPARSE, TOPK, VARLEN, EntryFacts
 
 # Lengths that reach every tile choice: rows per threadgroup are halved from the table's
 # (at most 256) down to 8 while half still cover the length, so 1 and 2**k + 1 reach each.
@@ -65,7 +65,7 @@ def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads
     """The contiguous problem of `facts` with these lengths, batch and kv heads (strides, the
     scale and, with facts.window, the window's sides as runtime sizes; the window unbounded);
     for a KV-cache entry, its cache read over kv_len rows (`cache_keys`); for a sparse entry, its
-    token lists (`token_lists`)."""
+    token lists (`token_lists`); for a block-sparse entry, its block lists (`block_lists`)."""
     p = AttentionProblem(
         batch=batch, q_heads=facts.gqa_ratio * kv_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=facts.head_dim,
         value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal,
@@ -74,6 +74,8 @@ def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads
         return_lse=True, scores=scores(facts))
     if facts.op == SPARSE:
         return token_lists(p, facts)
+    if facts.op == BLOCK_SPARSE:
+        return block_lists(p, facts)
     if facts.op == VARLEN:   # packed sequences, not packing heads (the backward's; forward_templates packs)
         return replace(p, keys=sequence_keys(facts, kv_len, None))
     return cache_keys(p, facts) if facts.op == KVCACHE else p
@@ -95,6 +97,16 @@ def token_lists(p: AttentionProblem, facts: EntryFacts, topk: int = 16) -> Atten
     lengths = (p.q_len, 1) if facts.topk_length else None
     strides = (p.kv_heads * p.q_len * topk, p.q_len * topk, topk, 1)
     return replace(p, keys=TokenLists(topk, strides, lengths, facts.shared_latent))
+
+
+def block_lists(p: AttentionProblem, facts: EntryFacts, width: int = 4, words: int = 4) -> AttentionProblem:
+    """`p` visiting block lists as block_sparse_attention binds a BlockMask (ops/block_mask.py):
+    the lists the entry's mask has, their leading axes shared or not. The lists' widths and
+    the bits' words are runtime sizes (Wp, Wf, Wq, Wqf, Wb), so `width` and `words` are examples."""
+    full, given = facts.full_blocks, facts.q_lists
+    return replace(p, keys=BlockLists(*facts.block_size, facts.shared_batch, facts.shared_heads, width,
+                                      width if full else None, width if given else None,
+                                      width if full and given else None, words if facts.mask_bits else None))
 
 
 def cache_keys(p: AttentionProblem, facts: EntryFacts) -> AttentionProblem:
@@ -262,6 +274,12 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     if op == SPARSE:
         cache = (f" topk_length={'yes' if facts['topk_length'] else 'no'} "
                  f"shared_latent={'yes' if facts['shared_latent'] else 'no'}")
+    if op == BLOCK_SPARSE:
+        cache = (f" block_size={facts['block_size'][0]}x{facts['block_size'][1]} "
+                 f"shared_batch={'yes' if facts['shared_batch'] else 'no'} "
+                 f"shared_heads={'yes' if facts['shared_heads'] else 'no'} "
+                 f"full_blocks={'yes' if facts['full_blocks'] else 'no'} "
+                 f"mask_bits={'yes' if facts['mask_bits'] else 'no'} q_lists={'yes' if facts['q_lists'] else 'no'}")
     if op == VARLEN:
         cache = f" page_size={facts['page_size'] or 'none'} seqused_k={'yes' if facts['seqused_k'] else 'no'}"
     if op == KVCACHE:
