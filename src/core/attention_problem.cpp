@@ -139,6 +139,7 @@ Problem checked_problem(Binder& binder, const AttentionOptions& options) {
   }
   p.sinks = options.sinks.has_value();
   if (options.alibi_slopes) p.alibi = binder.shape_index("alibi_slopes") == 0 ? "per_head" : "per_batch";
+  binder.check_own();
   check_score_mod(p, options, binder.declaration());
   return p;
 }

@@ -168,7 +168,7 @@ const BundleEntry& entry_for(const Bundle& bundle, const BundleFacts& want) {
 // views the kernels read (descriptor.py's stride names, logical axis order),
 // and the float32 bits of the scale and of scale * log2(e) (attention/scale.py).
 SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entry,
-                 const std::map<std::string, std::vector<std::int64_t>>& strided) {
+                 const PassViews& views) {
   SizeEnv sizes = {{"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"R", p.R}, {"C", p.C},
                    {"P", std::int64_t(device.tuning().parallel_threadgroups)},
                    {"scale_bits", float32_bits(p.scale)}, {"scale_log2e_bits", float32_bits(p.scale * kLog2e)}};
@@ -181,9 +181,13 @@ SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entr
     sizes["window_left"] = left == -1 ? p.C : std::min(left, p.C);
     sizes["window_right"] = right == -1 ? p.R : std::min(right, p.R);
   }
-  const char* axes[4] = {"batch", "head", "row", "key"};
-  for (const auto& [name, logical] : strided)
-    for (std::size_t i = 0; i < logical.size() && i < 4; ++i) sizes[name + "_" + axes[i] + "_stride"] = logical[i];
+  const std::vector<std::string> axes = {"batch", "head", "row", "key"};
+  for (const auto& [name, logical] : views.strided) {
+    auto named = views.stride_axes.find(name);
+    const std::vector<std::string>& names = named == views.stride_axes.end() ? axes : named->second;
+    for (std::size_t i = 0; i < logical.size() && i < names.size(); ++i)
+      sizes[name + "_" + names[i] + "_stride"] = logical[i];
+  }
   return sizes;
 }
 
@@ -192,7 +196,7 @@ void run_entry(const Device& device, CommandBatch* batch, const Bundle& bundle, 
   const BundleEntry& entry = entry_for(bundle, want);
   const PassViews views(device, binder, options);
   run(device, batch, want.backward ? entry.backward : entry.forward, entry.line,
-      sizes_of(p, device, entry, views.strided), views);
+      sizes_of(p, device, entry, views), views);
 }
 
 void zero(const Checked& view) {
@@ -223,12 +227,13 @@ PassViews::PassViews(const Device& device, const Binder& binder, const Attention
       if (!binder.given(rule.name)) continue;
       Checked view = binder.view(rule.name);
       view_packing::make_addressable(device, view, rule.reads);
-      if (rule.broadcast) view = broadcast(view, binder.expected(rule.name));
+      if (rule.broadcast || rule.expands) view = broadcast(view, binder.expected(rule.name));
       add(rule.buffer, std::move(view));
       if (rule.reads == view_packing::Reads::contiguous) continue;
       std::vector<std::int64_t> logical = binder.logical(rule, views[rule.buffer].strides);
       if (rule.reads == view_packing::Reads::strided) logical.pop_back();
       strided[rule.buffer] = std::move(logical);
+      if (!rule.stride_axes.empty()) stride_axes[rule.buffer] = rule.stride_axes;
     }
     for (std::size_t i = 0; i < options.score_mod_tensors.size(); ++i) {  // what a score_mod reads, contiguous
       Checked view = checked(options.score_mod_tensors[i], "score_mod_tensors[" + std::to_string(i) + "]");

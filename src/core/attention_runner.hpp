@@ -45,6 +45,7 @@ struct PassViews {
   std::map<std::string, Checked> views;
   std::map<std::string, Bound> arrays;
   std::map<std::string, std::vector<std::int64_t>> strided;
+  std::map<std::string, std::vector<std::string>> stride_axes;  // their names, when not batch, head, row, key
 
   PassViews(const Device& device, const Binder& binder, const AttentionOptions& options);
   PassViews() = default;  // an op without a declaration adds its arrays itself
@@ -60,7 +61,7 @@ struct PassViews {
 // The runtime sizes of a call of `p` (lengths and counts, the device's parallel threadgroups,
 // a window entry's sides, the strided views' strides, the scale's float32 bits).
 SizeEnv sizes_of(const attention_problem::Problem& p, const Device& device, const BundleEntry& entry,
-                 const std::map<std::string, std::vector<std::int64_t>>& strided);
+                 const PassViews& views);
 
 // The first of `templates` whose guards hold for `sizes` (NoBundleEntryError naming the entry otherwise).
 const PassTemplate& template_for(const std::vector<PassTemplate>& templates, const SizeEnv& sizes,

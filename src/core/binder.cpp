@@ -1,5 +1,7 @@
 #include "binder.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <utility>
 
 namespace mfa {
@@ -27,6 +29,12 @@ std::string joined(const std::vector<std::string>& names) {
   std::string out;
   for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
   return out;
+}
+
+// Whether `text` is a size name (an identifier), not an expression or a number.
+bool is_size_name(const std::string& text) {
+  if (text.empty() || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+  return std::all_of(text.begin(), text.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
 // Whether numpy broadcasts `shape` to `target`.
@@ -57,21 +65,36 @@ void Binder::bind_sizes() {
     if (rule.binds) check_dtype(rule);
   for (const ArrayRule& rule : declaration_.arrays)
     if (rule.binds) bind(rule);
-  for (const SizeRequirement& requirement : declaration_.requires_) {
-    if (requirement.check.evaluate(sizes_)) continue;
-    if (requirement.type_error) throw TypeError(format(requirement.message));
-    throw ArgumentError(format(requirement.message));
-  }
+  require(declaration_.requires_);
   for (const auto& [name, expression] : declaration_.derived) sizes_.emplace(name, expression.evaluate(sizes_));
 }
 
 void Binder::check_others() {
-  for (const ArrayRule& rule : declaration_.arrays) {
-    if (rule.binds || !given(rule.name)) continue;
-    if (!rule.needs.empty() && !given(rule.needs)) throw ArgumentError(rule.needs_error);
-    check_dtype(rule);
-    check_shape(rule);
+  for (const ArrayRule& rule : declaration_.arrays)
+    if (!rule.binds && !rule.own && given(rule.name)) check(rule);
+}
+
+void Binder::check_own() {
+  for (const ArrayRule& rule : declaration_.arrays)
+    if (!rule.binds && rule.own && given(rule.name)) check(rule);
+}
+
+void Binder::require(const std::vector<SizeRequirement>& requirements) const {
+  for (const SizeRequirement& requirement : requirements) {
+    if (requirement.check.evaluate(sizes_)) continue;
+    if (requirement.type_error) throw TypeError(format(requirement.message));
+    throw ArgumentError(format(requirement.message));
   }
+}
+
+void Binder::check(const ArrayRule& rule) {
+  if (!rule.needs.empty() && !given(rule.needs)) throw ArgumentError(rule.needs_error);
+  check_dtype(rule);
+  if (!rule.rank_error.empty() && given_.at(rule.name)->shape.size() != rule.axes.size())
+    throw ArgumentError(format(rule.rank_error));
+  check_shape(rule);
+  require(rule.requires_);
+  check_contents(rule);
 }
 
 void Binder::check_dtype(const ArrayRule& rule) const {
@@ -101,14 +124,52 @@ void Binder::bind(const ArrayRule& rule) {
 void Binder::check_shape(const ArrayRule& rule) {
   const TensorView& view = *given_.at(rule.name);
   for (std::size_t index = 0; index < rule.shapes.size(); ++index) {
-    const std::vector<std::int64_t> target = expected(rule.name, index);
+    SizeEnv sizes = with_new_sizes(rule, index, view.shape);
+    std::vector<std::int64_t> logical;
+    for (const SizeExpression& dim : rule.shapes[index]) logical.push_back(dim.evaluate(sizes));
+    const std::vector<std::int64_t> target = in_memory_order(logical, order(rule, logical.size()));
     if (view.shape != target && !(rule.broadcast && broadcasts(view.shape, target))) continue;
+    sizes_ = std::move(sizes);
     const Checked& kept = views_[rule.name] = checked(view, rule.name);
     shape_index_[rule.name] = index;
     if (rule.written) require_contiguous(kept);
     return;
   }
+  sizes_ = with_new_sizes(rule, 0, view.shape);  // {name.expected} with the sizes it gives
   throw ArgumentError(format(rule.shape_error));
+}
+
+SizeEnv Binder::with_new_sizes(const ArrayRule& rule, std::size_t index, const std::vector<std::int64_t>& shape) const {
+  SizeEnv sizes = sizes_;
+  const std::vector<SizeExpression>& dims = rule.shapes[index];
+  if (shape.size() != dims.size()) return sizes;
+  const std::vector<std::int64_t> extents = logical(rule, shape);
+  for (std::size_t i = 0; i < dims.size(); ++i)
+    if (is_size_name(dims[i].text())) sizes.emplace(dims[i].text(), extents[i]);
+  return sizes;
+}
+
+void Binder::check_contents(const ArrayRule& rule) {
+  if (rule.contents.empty()) return;
+  const Checked& view = views_.at(rule.name);
+  if (view.view->dtype != DType::int32)
+    throw BundleError("the bundle's declaration of " + declaration_.op + " checks the contents of " + rule.name +
+                      ", which is not int32");
+  const auto* values = static_cast<const std::int32_t*>(view.view->data);
+  std::int64_t lowest = 0;
+  for (std::int64_t i = 0; i < view.elements; ++i) {  // element i's offset, axis by axis
+    std::int64_t offset = 0, rest = i;
+    for (std::size_t axis = view.shape.size(); axis-- > 0;) {
+      offset += (rest % view.shape[axis]) * view.strides[axis];
+      rest /= view.shape[axis];
+    }
+    lowest = std::min<std::int64_t>(lowest, values[offset]);
+  }
+  for (const ContentCheck& content : rule.contents)  // "nonnegative", the one kind
+    if (lowest < 0) {
+      minima_[rule.name] = lowest;
+      throw ArgumentError(format(content.message));
+    }
 }
 
 std::vector<std::int64_t> Binder::logical(const ArrayRule& rule, const std::vector<std::int64_t>& memory) const {
@@ -154,6 +215,7 @@ std::string Binder::field(const std::string& key) const {
   if (what == "dtype") return to_string(view.dtype);
   if (what == "axes") return joined(in_memory_order(rule.axes, order(rule, rule.axes.size())));
   if (what == "expected") return shape_text(expected(name));
+  if (what == "min" && minima_.count(name)) return std::to_string(minima_.at(name));
   return "{" + key + "}";
 }
 

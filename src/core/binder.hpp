@@ -24,9 +24,13 @@ class Binder {
   // The arrays that bind sizes: their dtypes, then their extents (each checked, of the
   // declared rank), then the declaration's requirements and derived sizes.
   void bind_sizes();
-  // Every other array given, in declaration order: dtype, shape (or broadcast), and
-  // contiguity when written in place; one given without the argument it needs is refused.
+  // Every other array given that the op shares with attention, in declaration order: dtype,
+  // rank (when its rule says how it is refused), shape (or broadcast; binding the size names
+  // only it has), its requirements, its contents, and contiguity when written in place; one
+  // given without the argument it needs is refused.
   void check_others();
+  // The same for the op's own arrays (checked after those, as Python's ops check them).
+  void check_own();
 
   const SizeEnv& sizes() const { return sizes_; }
   std::int64_t size(const std::string& name) const { return sizes_.at(name); }
@@ -44,7 +48,13 @@ class Binder {
  private:
   void check_dtype(const ArrayRule& rule) const;
   void bind(const ArrayRule& rule);
+  void check(const ArrayRule& rule);
   void check_shape(const ArrayRule& rule);
+  void check_contents(const ArrayRule& rule);
+  void require(const std::vector<SizeRequirement>& requirements) const;
+  // The sizes with those that shape `index` of `rule` names but nothing bound yet taken from
+  // `shape`'s extents (when its rank is the shape's).
+  SizeEnv with_new_sizes(const ArrayRule& rule, std::size_t index, const std::vector<std::int64_t>& shape) const;
   // The logical axis of each memory axis of a `rank`-d array of `rule` (null: memory order is logical).
   const std::vector<std::size_t>* order(const ArrayRule& rule, std::size_t rank) const;
   // The declaration's message `text` with its fields filled in for this call.
@@ -57,6 +67,7 @@ class Binder {
   SizeEnv sizes_;
   std::map<std::string, Checked> views_;
   std::map<std::string, std::size_t> shape_index_;
+  std::map<std::string, std::int64_t> minima_;  // a content message's {name.min}
 };
 
 }  // namespace mfa

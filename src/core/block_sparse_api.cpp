@@ -62,7 +62,7 @@ class BlockSparseCall {
     const BundleEntry& entry = entry_for(bundle_, want);
     PassViews views(device_, *binder_, attention_);
     for (auto& [name, view] : lists_.bound(device_)) views.add(name, std::move(view));
-    SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
+    SizeEnv sizes = sizes_of(problem_, device_, entry, views);
     for (const auto& [name, width] : lists_.widths()) sizes[name] = width;
     const bool check = want.q_lists && !batch;  // an encoded call cannot read the check before it runs
     if (want.q_lists) bind_differ(views, !check);

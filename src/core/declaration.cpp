@@ -21,6 +21,21 @@ view_packing::Reads reads_of(const std::string& text) {
   throw json::JsonError("a declaration's reads must be strided, strided_broadcast or contiguous, got '" + text + "'");
 }
 
+std::vector<SizeRequirement> requires_of(const json::Value& list) {
+  std::vector<SizeRequirement> out;
+  for (const json::Value& r : list.as_array("requires"))
+    out.push_back({SizeExpression(r.at("check").as_string("check")), r.at("message").as_string("message"),
+                   r.at("error").as_string("error") == "TypeError"});
+  return out;
+}
+
+ContentCheck content_of(const json::Value& c) {
+  ContentCheck check{c.at("kind").as_string("content kind"), c.at("message").as_string("content message")};
+  if (check.kind != "nonnegative")
+    throw json::JsonError("a declaration's content check must be nonnegative, got '" + check.kind + "'");
+  return check;
+}
+
 ArrayRule rule_of(const json::Value& a) {
   ArrayRule r;
   r.name = a.at("name").as_string("name");
@@ -41,7 +56,13 @@ ArrayRule rule_of(const json::Value& a) {
   r.broadcast = a.at("broadcast").as_bool("broadcast");
   r.written = a.at("written").as_bool("written");
   r.reads = reads_of(a.at("reads").as_string("reads"));
+  for (const json::Value& axis : a.at("stride_axes").as_array("stride_axes"))
+    r.stride_axes.push_back(axis.as_string("stride axis"));
   r.needs = optional_text(a, "needs");
+  r.expands = a.at("expands").as_bool("expands");
+  r.own = a.at("own").as_bool("own");
+  r.requires_ = requires_of(a.at("requires"));
+  for (const json::Value& c : a.at("contents").as_array("contents")) r.contents.push_back(content_of(c));
   r.dtype_error = a.at("dtype_error").as_string("dtype_error");
   r.rank_error = a.at("rank_error").as_string("rank_error");
   r.shape_error = a.at("shape_error").as_string("shape_error");
@@ -61,9 +82,7 @@ Declaration Declaration::from_json(const json::Value& value) {
   Declaration d;
   d.op = value.at("op").as_string("op");
   for (const json::Value& a : value.at("arrays").as_array("arrays")) d.arrays.push_back(rule_of(a));
-  for (const json::Value& r : value.at("requires").as_array("requires"))
-    d.requires_.push_back({SizeExpression(r.at("check").as_string("check")), r.at("message").as_string("message"),
-                           r.at("error").as_string("error") == "TypeError"});
+  d.requires_ = requires_of(value.at("requires"));
   for (const json::Value& pair : value.at("derived").as_array("derived")) {
     const std::vector<json::Value>& items = pair.as_array("derived size");
     if (items.size() != 2) throw json::JsonError("a derived size is a (name, expression) pair");

@@ -2,7 +2,8 @@
 // rules of its array arguments and outputs and its size checks, written by
 // python/mfa_native/ops/rules.py (Op.declaration_data). The binder
 // (binder.hpp) checks a call against it; messages are the declaration's
-// templates ({q.shape}, {q.dtype}, {q.axes}, {q.expected}, {layout}, {Hq}).
+// templates ({q.shape}, {q.dtype}, {q.axes}, {q.expected}, {q.min}, {layout},
+// {Hq}).
 #pragma once
 
 #include <map>
@@ -14,6 +15,19 @@
 #include "view_packing.hpp"
 
 namespace mfa {
+
+struct SizeRequirement {
+  SizeExpression check;
+  std::string message;
+  bool type_error = false;  // TypeError rather than ArgumentError (Python's ValueError)
+};
+
+// A check of an int32 array's values, read on every call (rules.Content); "nonnegative": no
+// entry below 0, the one kind.
+struct ContentCheck {
+  std::string kind;
+  std::string message;
+};
 
 struct ArrayRule {
   std::string name;     // as the C++ API and the C ABI call it
@@ -29,14 +43,13 @@ struct ArrayRule {
   bool broadcast = false;
   bool written = false;             // written in place: it must be contiguous
   view_packing::Reads reads = view_packing::Reads::strided;  // how the kernels address it
+  std::vector<std::string> stride_axes;  // its runtime strides' names by logical axis; empty: batch, head, row, key
   std::string needs;                // "" or the argument it may be given only with
+  bool expands = false;             // bound as its first shape (an axis of extent 1 read with stride 0)
+  bool own = false;                 // the op's own: checked after the arrays it shares with attention
+  std::vector<SizeRequirement> requires_;  // once it is checked (the sizes it binds included)
+  std::vector<ContentCheck> contents;
   std::string dtype_error, rank_error, shape_error, needs_error;
-};
-
-struct SizeRequirement {
-  SizeExpression check;
-  std::string message;
-  bool type_error = false;  // TypeError rather than ArgumentError (Python's ValueError)
 };
 
 struct Declaration {

@@ -144,7 +144,7 @@ class KVCall {
       bind_contiguous(views, "v_new", checked(*options_.v, "v"));
     }
     if (rotary_dim_) bind_rotary(views);
-    SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
+    SizeEnv sizes = sizes_of(problem_, device_, entry, views);
     sizes["Rn"] = appended_;
     if (paged_) sizes["Wt"] = width_;
     if (rotary_dim_) sizes["Lro"] = options_.rotary_cos->shape[0];

@@ -1,10 +1,8 @@
-// mfa::sparse_attention and sparse_attention_backward:
-// python/mfa_native/ops/sparse.py in C++, with its messages, in its order:
-// attention's checks (the declaration of attention or attention_backward, no
-// causal, window or mask), then the token lists (indices, then topk_length and
-// its contents, every call), then score_mod; then the entry's pass runs
-// (attention_runner.hpp) with the lists bound and their width and strides as
-// runtime sizes. mfa::sparse_topk: python/mfa_native/ops/topk.py's checks in
+// mfa::sparse_attention and sparse_attention_backward: their declarations'
+// checks (attention's arrays, no causal, window or mask; then the token lists,
+// indices and topk_length with its contents, every call; then score_mod), then
+// the entry's pass (attention_runner.hpp) with the lists bound and their width
+// and strides as runtime sizes. mfa::sparse_topk: python/mfa_native/ops/topk.py's checks in
 // its order, then the indexer's pass (q, k and weights strides at run time).
 #include <algorithm>
 #include <limits>
@@ -36,13 +34,6 @@ bool shared_latent(const TensorView& k, const TensorView& v) {
          v.shape[3] <= k.shape[3] && std::equal(ks.begin(), ks.begin() + 3, vs.begin());
 }
 
-// A tuple of sizes and a name, as Python prints (2, 3, 4, 'topk').
-std::string with_topk(const std::vector<std::int64_t>& sizes) {
-  std::string text = "(";
-  for (std::int64_t n : sizes) text += std::to_string(n) + ", ";
-  return text + "'topk')";
-}
-
 AttentionOptions attention_options(const SparseOptions& o) {
   AttentionOptions a;
   a.scale = o.scale, a.sinks = o.sinks, a.layout = o.layout, a.softcap = o.softcap;
@@ -50,24 +41,21 @@ AttentionOptions attention_options(const SparseOptions& o) {
   return a;
 }
 
-// One call: attention's checks by `declaration` on `given`, then the lists', then score_mod's.
+// One call, checked by its declaration (sparse_attention's or its backward's: attention's
+// arrays, then the lists', then score_mod's).
 class SparseCall {
  public:
   SparseCall(const Device& device, const Bundle& bundle, const std::string& declaration, const TensorView& k,
-             const TensorView& v, const TensorView& indices, const SparseOptions& options,
-             std::map<std::string, const TensorView*> given)
+             const TensorView& v, const SparseOptions& options, std::map<std::string, const TensorView*> given)
       : device_(device), bundle_(bundle), options_(options), attention_(attention_options(options)),
-        shared_(declaration == "attention" && shared_latent(k, v)) {
+        shared_(declaration == kSparse && shared_latent(k, v)) {
     given["mask"] = nullptr;
     given["sinks"] = options.sinks ? &*options.sinks : nullptr;
     given["alibi_slopes"] = options.alibi_slopes ? &*options.alibi_slopes : nullptr;
+    given["topk_length"] = options.topk_length ? &*options.topk_length : nullptr;
     binder_.emplace(bundle.contents().declaration(declaration), attention_problem::layout_name(options.layout),
                     std::move(given));
-    problem_ = attention_problem::checked_problem(*binder_, attention_, [&](const Problem& p) {
-      problem_ = p;  // the lists' checks read its sizes
-      check_indices(indices);
-      if (options.topk_length) check_lengths(*options.topk_length);
-    });
+    problem_ = attention_problem::checked_problem(*binder_, attention_);
   }
 
   const Binder& binder() const { return *binder_; }
@@ -90,71 +78,13 @@ class SparseCall {
     }
     want.shared_latent = shared_;
     if (!entry) entry = &entry_for(bundle_, want);  // throws, listing the bundle's entries
-    PassViews views(device_, *binder_, attention_);
-    Checked indices = indices_;
-    view_packing::make_addressable(device_, indices, view_packing::Reads::strided);
-    std::vector<std::int64_t> logical = {indices.strides[0], indices.strides[head_axis()],
-                                         indices.strides[3 - head_axis()]};
-    views.add("indices", std::move(indices));
-    views.strided["indices"] = std::move(logical);
-    if (options_.topk_length) {
-      Checked lengths = lengths_;
-      view_packing::make_addressable(device_, lengths, view_packing::Reads::strided_broadcast);
-      views.add("topk_length", std::move(lengths));
-    }
-    SizeEnv sizes = sizes_of(problem_, device_, *entry, views.strided);
-    sizes["T"] = topk_;
-    if (options_.topk_length) {  // (B, R): its axes are named batch and row (token_lists.py's LENGTH_STRIDES)
-      const Checked& lengths = views.views.at("topk_length");
-      sizes["topk_length_batch_stride"] = lengths.strides[0], sizes["topk_length_row_stride"] = lengths.strides[1];
-    }
+    const PassViews views(device_, *binder_, attention_);
+    SizeEnv sizes = sizes_of(problem_, device_, *entry, views);
+    sizes["T"] = binder_->size("topk");
     attention_runner::run(device_, batch, backward ? entry->backward : entry->forward, entry->line, sizes, views);
   }
 
  private:
-  std::size_t head_axis() const { return options_.layout == Layout::bhsd ? 1 : 2; }
-
-  // sparse.py's _indices: int32, (B, Hkv or 1, R, topk) in q's layout, topk below 2**31; bound
-  // with a kv-head axis of extent 1 broadcast (stride 0).
-  void check_indices(const TensorView& indices) {
-    const Problem& p = problem_;
-    if (indices.dtype != DType::int32)
-      throw TypeError(std::string("indices must be int32, got ") + to_string(indices.dtype));
-    const bool bhsd = options_.layout == Layout::bhsd;
-    const std::vector<std::int64_t> expected = bhsd ? std::vector<std::int64_t>{p.B, p.Hkv, p.R}
-                                                    : std::vector<std::int64_t>{p.B, p.R, p.Hkv};
-    const std::string axes = bhsd ? "(B, Hkv, R, topk)" : "(B, R, Hkv, topk)";
-    if (indices.shape.size() != 4)
-      throw ArgumentError("indices must have 4 dimensions " + axes + ", got shape " + shape_text(indices.shape));
-    std::vector<std::int64_t> full = indices.shape;
-    if (full[head_axis()] == 1) full[head_axis()] = p.Hkv;
-    if (!std::equal(expected.begin(), expected.end(), full.begin()))
-      throw ArgumentError("indices must have shape " + axes + " = " + with_topk(expected) + ", got " +
-                          shape_text(indices.shape));
-    if (indices.shape[3] > attention_problem::kMaxIndex)
-      throw ArgumentError("indices has topk = " + std::to_string(indices.shape[3]) + " entries per row; the kernels "
-                          "index it with 32-bit integers, so it must be below 2**31");
-    topk_ = indices.shape[3];
-    indices_ = broadcast(checked(indices, "indices"), full);
-  }
-
-  // sparse.py's _lengths: int32 (B, R), no entry negative (its contents, read every call).
-  void check_lengths(const TensorView& lengths) {
-    if (lengths.dtype != DType::int32)
-      throw TypeError(std::string("topk_length must be int32, got ") + to_string(lengths.dtype));
-    const std::vector<std::int64_t> shape = {problem_.B, problem_.R};
-    if (lengths.shape != shape)
-      throw ArgumentError("topk_length must have shape (B, R) = " + shape_text(shape) + ", got " +
-                          shape_text(lengths.shape));
-    lengths_ = checked(lengths, "topk_length");
-    const auto* values = static_cast<const std::int32_t*>(lengths.data);
-    std::int32_t lowest = std::numeric_limits<std::int32_t>::max();
-    for (std::int64_t b = 0; b < shape[0]; ++b)
-      for (std::int64_t r = 0; r < shape[1]; ++r)
-        lowest = std::min(lowest, values[b * lengths_.strides[0] + r * lengths_.strides[1]]);
-    if (lowest < 0) throw ArgumentError("topk_length must not be negative, got " + std::to_string(lowest));
-  }
-
   const Device& device_;
   const Bundle& bundle_;
   const SparseOptions& options_;
@@ -162,15 +92,13 @@ class SparseCall {
   bool shared_ = false;
   std::optional<Binder> binder_;
   Problem problem_;
-  Checked indices_, lengths_;
-  std::int64_t topk_ = 0;
 };
 
 void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
              const TensorView& k, const TensorView& v, const TensorView& indices, const TensorView& out,
              const SparseOptions& options, const TensorView* lse) {
-  const SparseCall call(device, bundle, "attention", k, v, indices, options,
-                        {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", lse}});
+  const SparseCall call(device, bundle, kSparse, k, v, options,
+                        {{"q", &q}, {"k", &k}, {"v", &v}, {"indices", &indices}, {"out", &out}, {"lse", lse}});
   if (call.problem().empty()) return write_empty_forward(call.binder(), call.problem(), call.attention());
   call.run(batch, false);
 }
@@ -179,9 +107,9 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
               const TensorView& k, const TensorView& v, const TensorView& indices, const TensorView& o,
               const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
               const TensorView& dv, const SparseOptions& options, const TensorView* dsinks) {
-  const SparseCall call(device, bundle, "attention_backward", k, v, indices, options,
-                        {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"do", &dout}, {"dq", &dq},
-                         {"dk", &dk}, {"dv", &dv}, {"dsinks", dsinks}});
+  const SparseCall call(device, bundle, "sparse_attention_backward", k, v, options,
+                        {{"q", &q}, {"k", &k}, {"v", &v}, {"indices", &indices}, {"o", &o}, {"lse", &lse},
+                         {"do", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dsinks", dsinks}});
   if (call.problem().empty()) return write_empty_backward(call.binder());
   call.run(batch, true);
 }

@@ -157,7 +157,7 @@ class VarlenCall {
       bind_contiguous(views, "cu_seqlens_k", cu_k_);
       if (options_.seqused_k) bind_contiguous(views, "seqused_k", checked(*options_.seqused_k, "seqused_k"));
     }
-    SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
+    SizeEnv sizes = sizes_of(problem_, device_, entry, views);
     sizes["Ncu"] = sequences_ + 1;
     if (paged_) sizes["Wt"] = width_;
     sizes[kBound] = std::max<std::int64_t>(options_.max_seqlen_q.value_or(problem_.R), 1);
@@ -215,7 +215,7 @@ class VarlenCall {
     if (dsinks) views.add("dsinks", checked(*dsinks, "dsinks"));
     bind_contiguous(views, "cu_seqlens_q", cu_q_);
     bind_contiguous(views, "cu_seqlens_k", cu_k_);
-    SizeEnv sizes = sizes_of(problem_, device_, entry, views.strided);
+    SizeEnv sizes = sizes_of(problem_, device_, entry, views);
     sizes["Ncu"] = sequences_ + 1;
     const PassTemplate& pass = template_for(entry.backward, sizes, entry.line);
     const SizeEnv env = template_env(pass, sizes);

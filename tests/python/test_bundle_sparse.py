@@ -153,6 +153,7 @@ BAD_CALLS = {   # what changes from a good "lists" call (bhsd, shared lists, top
     "indices dtype": dict(indices=lambda a: a["indices"].astype(np.float32)),
     "indices rank": dict(indices=lambda a: a["indices"][0]),
     "indices shape": dict(indices=lambda a: a["indices"][:, :, 1:]),
+    "indices kv heads": dict(indices=lambda a: np.repeat(a["indices"], 3, axis=1)),
     "topk_length dtype": dict(topk_length=lambda a: a["topk_length"].astype(np.float32)),
     "topk_length shape": dict(topk_length=lambda a: a["topk_length"][:1]),
     "topk_length negative": dict(topk_length=lambda a: a["topk_length"] - 5),

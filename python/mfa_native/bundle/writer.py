@@ -46,7 +46,8 @@ LENGTHS = (1, 9, 17, 33, 65, 129, 257)
 NO_SPLIT = (64, 1)                 # (C, P): too few keys to split, whatever the device
 SPLIT = (1 << 15, 1 << 20)         # (C, P): a decode that splits
 MAX_SPLIT_ROWS = 32                # decode rows that may split (the packed facet's bound)
-DECLARED = ("attention", "attention_backward")   # the ops whose declarations a bundle carries
+# The ops whose declarations a bundle carries (what the C++ binder checks their calls by).
+DECLARED = ("attention", "attention_backward", "sparse_attention", "sparse_attention_backward")
 
 
 def query_lengths(facts: EntryFacts) -> list[int]:

@@ -56,7 +56,7 @@ def validate_backward(arrays, *, scale, causal, window, layout, softcap=None, al
     aligned = check.aligned({name: bound[name] for name in ("q", "k", "v", "o", "dout")}, ("dq", "dk", "dv"))
     problem = AttentionBackwardProblem(replace(p, aligned=aligned), o_strides=physical(check.element_strides(bound["o"]), layout),
                                        dout_strides=physical(check.element_strides(bound["dout"]), layout))
-    return Validated(problem, bound, converts)
+    return Validated(problem, bound, converts, binding=binding)
 
 
 def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:

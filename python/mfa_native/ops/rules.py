@@ -7,9 +7,15 @@ broadcast, whether the op writes it in place, and the messages a call breaking t
 gets. An op's `Checks` add what holds between sizes (`Require`: a size expression,
 runtime/expressions.py's grammar, and its message) and sizes derived from others.
 
+An array checked against sizes already bound binds the size names its shape adds (a token
+list's `topk`), may carry requirements on them (checked once it is), and may declare checks
+of its contents (`Content`: int32 values read on every call, before anything is written). An
+op's `own` arrays are checked after those it shares with attention (Python's `validate`).
+
 Messages are templates: `{q.shape}`, `{q.dtype}`, `{q.axes}` (its size names in the
-layout's order), `{q.expected}` (the shape it must have), `{layout}` and any bound size
-(`{Hq}`, or `{k_D}`: the extent a binding array gave a name). `Binding` runs the checks in
+layout's order), `{q.expected}` (the shape it must have), `{q.min}` (its smallest entry, in a
+content message), `{layout}` and any bound size (`{Hq}`, or `{k_D}`: the extent a binding
+array gave a name). `Binding` runs the checks in
 Python; a bundle carries `Op.declaration_data()` (the same data as JSON) and the C++ binder
 (src/core/binder.cpp) runs them there, so both give the same message for the same call.
 """
@@ -20,10 +26,35 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+import numpy as np
+
 from ..runtime.expressions import evaluate
 
 ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 READS = ("strided", "strided_broadcast", "contiguous")   # how the kernels address it (view_packing.hpp)
+CONTENTS = ("nonnegative",)   # the content checks (Content.kind)
+
+
+@dataclass(frozen=True)
+class Content:
+    """A check of an int32 array's values: `kind` one of CONTENTS ("nonnegative": no entry
+    below 0), `message` the template of its refusal (a ValueError)."""
+
+    kind: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONTENTS:
+            raise ValueError(f"a content check's kind must be one of {CONTENTS}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Require:
+    """A size expression that must hold (non-zero) once the binding arrays are bound."""
+
+    check: str
+    message: str
+    error: str = "ValueError"
 
 
 @dataclass(frozen=True)
@@ -38,26 +69,23 @@ class ArrayRule:
     broadcast: bool = False               # it may broadcast to its shape (size-1 or missing leading axes)
     written: bool = False                 # the op writes it in place (an output the caller gives)
     reads: str = "strided"                # how the kernels address it: one of READS
+    stride_axes: tuple[str, ...] = ()     # its runtime strides' names by logical axis ({buffer}_{axis}_stride);
+                                          # (): batch, head, row, key
     called: str | None = None             # its name in the C++ API and C ABI, when not the declaration's
     buffer: str | None = None             # the pass buffer it binds, when not its name
     needs: str | None = None              # it may be given only with this argument
+    expands: bool = False                 # bound as its first shape (an axis of extent 1 read with stride 0)
+    own: bool = False                     # the op's own: checked after the arrays it shares with attention
+    requires: tuple[Require, ...] = ()    # once it is checked (over the sizes it binds too)
+    contents: tuple[Content, ...] = ()    # of its values, every call
     dtype_error: str = ""
-    rank_error: str = ""                  # binding arrays: a rank other than the shape's
+    rank_error: str = ""                  # a rank other than the shape's (a checked array: optional)
     shape_error: str = ""
     needs_error: str = ""
 
     def __post_init__(self) -> None:
         if self.reads not in READS:
             raise ValueError(f"reads must be one of {READS}, got {self.reads!r}")
-
-
-@dataclass(frozen=True)
-class Require:
-    """A size expression that must hold (non-zero) once the binding arrays are bound."""
-
-    check: str
-    message: str
-    error: str = "ValueError"
 
 
 @dataclass(frozen=True)
@@ -81,13 +109,19 @@ def rule_data(name: str, rule: ArrayRule, role: str, optional: bool) -> dict[str
     return {"name": called, "buffer": rule.buffer or name, "role": role, "optional": optional,
             "dtypes": list(rule.dtypes), "dtype_of": rule.dtype_of, "shapes": [list(s) for s in rule.shapes],
             "layout": rule.layout, "binds": rule.binds, "broadcast": rule.broadcast, "written": rule.written,
-            "reads": rule.reads, "needs": rule.needs, "dtype_error": rule.dtype_error, "rank_error": rule.rank_error,
-            "shape_error": rule.shape_error, "needs_error": rule.needs_error}
+            "reads": rule.reads, "stride_axes": list(rule.stride_axes), "needs": rule.needs, "expands": rule.expands, "own": rule.own, "requires": requires_data(rule.requires),
+            "contents": [{"kind": c.kind, "message": c.message} for c in rule.contents],
+            "dtype_error": rule.dtype_error, "rank_error": rule.rank_error, "shape_error": rule.shape_error,
+            "needs_error": rule.needs_error}
+
+
+def requires_data(requires: tuple[Require, ...]) -> list[dict[str, str]]:
+    return [{"check": r.check, "message": r.message, "error": r.error} for r in requires]
 
 
 def checks_data(checks: Checks) -> dict[str, Any]:
     """An op's Checks as the JSON a bundle carries."""
-    return {"requires": [{"check": r.check, "message": r.message, "error": r.error} for r in checks.requires],
+    return {"requires": requires_data(checks.requires),
             "derived": [list(d) for d in checks.derived],
             "layouts": {name: list(order) for name, order in checks.layouts.items()}}
 
@@ -126,23 +160,52 @@ class Binding:
             for size, extent in zip(names, self._logical(rule, shape)):
                 self.sizes[f"{name}_{size}"] = int(extent)
                 self.sizes.setdefault(size, int(extent))
-        for require in self.checks.requires:
-            if not evaluate(require.check, self.sizes):
-                raise ERRORS[require.error](self._format(require.message))
+        self._require(self.checks.requires)
         for size, expression in self.checks.derived:
             self.sizes.setdefault(size, evaluate(expression, self.sizes))
         return self.sizes
 
     def check(self, name: str, shape: tuple[int, ...], dtype: str | None) -> int:
-        """Checks an array that does not bind sizes; returns the index of the shape it has."""
+        """Checks an array that does not bind sizes (binding the size names only its shape
+        has), then its requirements; returns the index of the shape it has."""
         self._note(name, shape, dtype)
         self._check_dtype(name, dtype)
         rule = self.rules[name]
-        for index, names in enumerate(rule.shapes):
-            expected = self.expected(name, index)
+        if rule.rank_error and len(shape) != len(rule.shapes[0]):
+            self._fail(ValueError, rule.rank_error, name)
+        for index in range(len(rule.shapes)):
+            sizes = self._with_new_sizes(rule, index, shape)
+            expected = self._ordered(rule, tuple(evaluate(size, sizes) for size in rule.shapes[index]))
             if shape == expected or (rule.broadcast and _broadcasts(shape, expected)):
+                self.sizes = sizes
+                self._require(rule.requires)
                 return index
+        self.sizes = self._with_new_sizes(rule, 0, shape)   # {name.expected} with the sizes it gives
         self._fail(ValueError, rule.shape_error, name)
+
+    def check_contents(self, name: str, values: np.ndarray) -> None:
+        """Checks a checked array's values (int32, its rule's `contents`)."""
+        for content in self.rules[name].contents:   # "nonnegative", the one kind
+            lowest = int(values.min()) if values.size else 0
+            if lowest < 0:
+                self._texts[f"{name}.min"] = str(lowest)
+                raise ValueError(self._format(content.message))
+
+    def _with_new_sizes(self, rule: ArrayRule, index: int, shape: tuple[int, ...]) -> dict[str, int]:
+        """The sizes with those shape `index` of `rule` names but nothing bound yet taken from
+        `shape`'s extents (when its rank is the shape's)."""
+        sizes = dict(self.sizes)
+        names = rule.shapes[index]
+        if len(shape) == len(names):
+            for size, extent in zip(names, self._logical(rule, shape)):
+                if size.isidentifier() and size not in sizes:
+                    sizes[size] = int(extent)
+        return sizes
+
+    def _require(self, requires: tuple[Require, ...]) -> None:
+        for require in requires:
+            if not evaluate(require.check, self.sizes):
+                raise ERRORS[require.error](self._format(require.message))
 
     def expected(self, name: str, index: int = 0) -> tuple[int, ...]:
         """The shape `name` must have (its `index`th alternative), in memory order."""

@@ -11,24 +11,42 @@ from .. import codegen, reference
 from ..codegen import TokenLists, physical
 from ..runtime.devices import tuning_facts
 from . import arguments as check
-from .attention import (ALIBI_SLOPES, GRADIENT_OF, K, LAYOUT, LSE, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS, SOFTCAP,
-                        Validated, validate)
+from . import attention_rules
+from .attention import (ALIBI_SLOPES, FAMILY_RULES, GRADIENT_OF, K, LAYOUT, LSE, OUTPUT, Q, RAISES, RETURN_LSE, SCALE,
+                        SINKS, SOFTCAP, Validated, validate)
+from .attention_rules import MAX_INDEX
+from .rules import ArrayRule, Binding, Content, Require
 from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
 from .declaration import Arg, Call, Op
 from .empty import empty_backward, empty_forward
 from .score_mod import SCORE_MOD, SCORE_MOD_RAISES, SCORE_MOD_TENSORS, with_score_mod
 from .warm import prepared_call, same_memory
 
-INDICES = Arg("indices", "array", keyword=False, doc="""
+INDICES_RULE = ArrayRule(
+    dtypes=("int32",), shapes=(("B", "Hkv", "R", "topk"), ("B", "1", "R", "topk")), layout=True, expands=True,
+    own=True, requires=(Require(f"topk <= {MAX_INDEX}", "indices has topk = {topk} entries per row; the kernels "
+                                "index it with 32-bit integers, so it must be below 2**31"),),
+    dtype_error="indices must be int32, got {indices.dtype}",
+    rank_error="indices must have 4 dimensions ({indices.axes}), got shape {indices.shape}",
+    shape_error="indices must have shape ({indices.axes}) = {indices.expected} (or a kv-head axis of 1), got "
+                "{indices.shape}")
+TOPK_LENGTH_RULE = ArrayRule(
+    dtypes=("int32",), shapes=(("B", "R"),), own=True, reads="strided_broadcast", stride_axes=("batch", "row"),
+    contents=(Content("nonnegative", "topk_length must not be negative, got {topk_length.min}"),),
+    dtype_error="topk_length must be int32, got {topk_length.dtype}",
+    shape_error="topk_length must have shape (B, R) = {topk_length.expected}, got {topk_length.shape}")
+LIST_RULES = {**FAMILY_RULES, "indices": INDICES_RULE, "topk_length": TOPK_LENGTH_RULE}
+
+INDICES = Arg("indices", "array", keyword=False, rule=INDICES_RULE, doc="""
     int32 (B, Hkv, R, topk) in "bhsd", (B, R, Hkv, topk) in "bshd": query row r of query
     head h attends keys indices[b, h // (Hq // Hkv), r, :]. An entry < 0 or >= C is skipped
     wherever it appears; a key listed twice counts twice (a gather, then dense attention).
     Any non-negative strides; a kv-head axis of size 1 or stride 0 shares one list among the
     kv heads (as sparse_topk returns it).""")
-TOPK_LENGTH = Arg("topk_length", "array", default=None, doc="""
+TOPK_LENGTH = Arg("topk_length", "array", default=None, rule=TOPK_LENGTH_RULE, doc="""
     int32 (B, R), optional: only the first topk_length[b, r] entries of each list are read
     (an entry above topk reads the whole list; negative is an error).""")
-SPARSE_V = Arg("v", "array", leading=True, grad=True, keyword=False, doc="""
+SPARSE_V = Arg("v", "array", leading=True, grad=True, keyword=False, rule=attention_rules.V, doc="""
     values, as in `attention`; v may be a view of k (MLA's shared latent: v = k[..., :Dv]).""")
 
 
@@ -50,8 +68,8 @@ def _prepare_backward(call: Call, device):
     backward = validate_backward((call.q, call.k, call.v, call.o, call.lse, call.do, None, call.sinks),
                                  scale=call.scale, causal=False, window=None, layout=call.layout,
                                  softcap=call.softcap, alibi_slopes=call.alibi_slopes)
-    forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), call.indices,
-                          call.topk_length, False)
+    forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts,
+                                    binding=backward.binding), call.indices, call.topk_length, False)
     forward, tensors = with_score_mod(forward, call.score_mod, call.score_mod_tensors)
     problem = replace(backward.problem, forward=forward.problem)
     p = problem.forward
@@ -75,6 +93,7 @@ SPARSE_ATTENTION = Op(
                LAYOUT, RETURN_LSE),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
+    checks=attention_rules.CHECKS,
     key=lambda values: (_shared_latent(values["k"], values["v"]),),
     reference=reference.sparse_attention_reference,
     backward="sparse_attention_backward",
@@ -115,6 +134,7 @@ SPARSE_ATTENTION_BACKWARD = Op(
                SCORE_MOD, TOPK_LENGTH, LAYOUT),
     outputs=GRADIENTS,
     prepare=_prepare_backward,
+    checks=attention_rules.CHECKS,
     reference=reference.sparse_attention_backward_reference,
     no_backward="sparse_attention_backward has no second derivative",
     details="""
@@ -149,36 +169,18 @@ SPARSE_ATTENTION_BACKWARD = Op(
 sparse_attention_backward = SPARSE_ATTENTION_BACKWARD.function
 
 
-def _indices(indices, shape: tuple[int, int, int], layout: str) -> np.ndarray:
-    """indices as bound: int32, its kv-head axis broadcast where it has size 1, slots contiguous."""
-    batch, kv_heads, q_len = shape
+def _indices(indices, binding: Binding) -> np.ndarray:
+    """indices as bound: checked by its rule, its kv-head axis broadcast where it has size 1."""
     indices = check.as_array(indices, "indices")
-    if indices.dtype != np.int32:
-        raise TypeError(f"indices must be int32, got {indices.dtype}")
-    expected = physical((batch, kv_heads, q_len), layout) if layout == "bhsd" else (batch, q_len, kv_heads)
-    axes = "(B, Hkv, R, topk)" if layout == "bhsd" else "(B, R, Hkv, topk)"
-    if indices.ndim != 4:
-        raise ValueError(f"indices must have 4 dimensions {axes}, got shape {indices.shape}")
-    head_axis = 1 if layout == "bhsd" else 2
-    full = list(indices.shape)
-    full[head_axis] = kv_heads if indices.shape[head_axis] == 1 else indices.shape[head_axis]
-    if tuple(full[:3]) != expected:
-        raise ValueError(f"indices must have shape {axes} = {(*expected, 'topk')}, got {indices.shape}")
-    if indices.shape[3] > check.MAX_INDEX:
-        raise ValueError(f"indices has topk = {indices.shape[3]} entries per row; the kernels index it with "
-                         "32-bit integers, so it must be below 2**31")
-    return check.bindable(np.broadcast_to(indices, tuple(full)))
+    binding.check("indices", indices.shape, str(indices.dtype))
+    return check.bindable(np.broadcast_to(indices, binding.expected("indices")))
 
 
-def _lengths(topk_length, shape: tuple[int, int]) -> np.ndarray:
-    """topk_length as bound: int32 (B, R), no negative entry."""
+def _lengths(topk_length, binding: Binding) -> np.ndarray:
+    """topk_length as bound: checked by its rule, its contents included."""
     lengths = check.as_array(topk_length, "topk_length")
-    if lengths.dtype != np.int32:
-        raise TypeError(f"topk_length must be int32, got {lengths.dtype}")
-    if lengths.shape != shape:
-        raise ValueError(f"topk_length must have shape (B, R) = {shape}, got {lengths.shape}")
-    if lengths.size and lengths.min() < 0:
-        raise ValueError(f"topk_length must not be negative, got {lengths.min()}")
+    binding.check("topk_length", lengths.shape, str(lengths.dtype))
+    binding.check_contents("topk_length", lengths)
     return check.normalized(lengths) if check.usable_in_place(lengths) else np.ascontiguousarray(lengths)
 
 
@@ -193,14 +195,13 @@ def _with_lists(call: Validated, indices, topk_length, shared_kv: bool) -> Valid
     """`call` with the token lists checked and their layout in the problem."""
     p = call.problem
     bound, converts = dict(call.bound), dict(call.converts)
-    shape = (p.batch, p.kv_heads, p.q_len)
-    bound["indices"] = _indices(indices, shape, p.layout)
-    converts["indices"] = None if same_memory(indices, bound["indices"]) else \
-        (lambda x: _indices(x, shape, p.layout))
+    binding = call.binding.with_rules(LIST_RULES)
+    bound["indices"] = _indices(indices, binding)
+    converts["indices"] = None if same_memory(indices, bound["indices"]) else (lambda x: _indices(x, binding))
     length_strides = None
     if topk_length is not None:
-        bound["topk_length"] = _lengths(topk_length, (p.batch, p.q_len))
-        converts["topk_length"] = lambda x: _lengths(x, (p.batch, p.q_len))  # contents: checked every call
+        bound["topk_length"] = _lengths(topk_length, binding)
+        converts["topk_length"] = lambda x: _lengths(x, binding)  # contents: checked every call
         length_strides = tuple(s // 4 for s in bound["topk_length"].strides)
     index_strides = physical(check.element_strides(bound["indices"]), p.layout)
     tokens = TokenLists(bound["indices"].shape[-1], index_strides, length_strides, shared_kv)
