@@ -77,6 +77,11 @@ enum class Causal { none, lower_right, upper_left };
 // bshd: the sequence and head axes swapped. The mask is (B, Hq, R, C) in both.
 enum class Layout { bhsd, bshd };
 
+// Python's `deterministic`: run_to_run (False, True: two runs of a call give the same bits, as
+// every kernel does) or batch_invariant (a row's bits do not depend on the rest of the call:
+// its batch, lengths or split; an entry baked with "deterministic": "batch_invariant").
+enum class Deterministic { run_to_run, batch_invariant };
+
 struct AttentionOptions {
   std::optional<double> scale;                                  // default 1/sqrt(D); a runtime value
   Causal causal = Causal::none;
@@ -98,6 +103,7 @@ struct AttentionOptions {
   // and the tensors it reads, in the order the text numbers them: float32 or int32, any strides.
   std::string score_mod;
   std::vector<TensorView> score_mod_tensors;
+  Deterministic deterministic = Deterministic::run_to_run;  // the forward's (the backward ignores it)
 };
 
 // A damaged, truncated or future-version bundle file (or one this build cannot read).

@@ -80,6 +80,7 @@ struct KVCacheOptions {
   // cache, q_idx: the query's row of R).
   std::string score_mod;
   std::vector<TensorView> score_mod_tensors;
+  Deterministic deterministic = Deterministic::run_to_run;  // as AttentionOptions'
 };
 
 // out (B, R, Hq, Dv), contiguous, of q's dtype; with `lse` the (B, Hq, R) float32

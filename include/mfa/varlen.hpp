@@ -36,6 +36,7 @@ struct VarlenOptions {
   // kv_idx: positions inside it).
   std::string score_mod;
   std::vector<TensorView> score_mod_tensors;
+  Deterministic deterministic = Deterministic::run_to_run;  // as AttentionOptions'
   // int32 (B, max_blocks), forward only: k and v are pages (num_blocks, page_size, Hkv, D)
   // following each other and sequence b's key position p is row p % page_size of page
   // block_table[b, p / page_size]; its keys are cu_seqlens_k's count (which may then end

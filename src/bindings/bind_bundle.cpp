@@ -182,10 +182,11 @@ void bind_bundle(nb::module_& m) {
            const std::string& causal, std::optional<std::pair<std::int64_t, std::int64_t>> window,
            const std::optional<ViewSpec>& mask, const std::optional<ViewSpec>& sinks, const std::string& layout,
            std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes, const std::string& score_mod,
-           const std::vector<ViewSpec>& score_mod_tensors) {
+           const std::vector<ViewSpec>& score_mod_tensors, bool batch_invariant) {
           const Device device = Device::get(device_kind_from_string(kind));
-          const AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout, softcap, alibi_slopes,
-                                                      score_mod, score_mod_tensors);
+          AttentionOptions options = options_of(scale, causal, window, mask, sinks, layout, softcap, alibi_slopes,
+                                                score_mod, score_mod_tensors);
+          if (batch_invariant) options.deterministic = Deterministic::batch_invariant;
           const std::optional<TensorView> rows = view_of(lse);
           nb::gil_scoped_release release;
           attention(device, bundle, view_of(q), view_of(k), view_of(v), view_of(out), options, rows ? &*rows : nullptr);
@@ -193,7 +194,8 @@ void bind_bundle(nb::module_& m) {
         "device"_a, "bundle"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "scale"_a = nb::none(),
         "causal"_a = "none", "window"_a = nb::none(), "mask"_a = nb::none(), "sinks"_a = nb::none(),
         "layout"_a = "bhsd", "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(), "score_mod"_a = "",
-        "score_mod_tensors"_a = std::vector<ViewSpec>(), "Test hook: mfa::attention on views of caller memory.");
+        "score_mod_tensors"_a = std::vector<ViewSpec>(), "batch_invariant"_a = false,
+        "Test hook: mfa::attention on views of caller memory.");
 
   m.def("_bundle_attention_backward",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,

@@ -50,6 +50,19 @@ void score_mod_tensors(const Value& value, AttentionOptions& o) {
   o.score_mod_tensors = std::get<std::vector<TensorView>>(value);
 }
 
+// ops/arguments.deterministic_mode: False and True are run_to_run.
+void deterministic(const Value& value, AttentionOptions& o) {
+  if (std::get_if<bool>(&value)) {
+    o.deterministic = Deterministic::run_to_run;
+    return;
+  }
+  const std::string& text = std::get<std::string>(value);
+  if (text == "run_to_run") o.deterministic = Deterministic::run_to_run;
+  else if (text == "batch_invariant") o.deterministic = Deterministic::batch_invariant;
+  else
+    throw ArgumentError("deterministic must be False, True, 'run_to_run' or 'batch_invariant', got " + quoted(text));
+}
+
 constexpr unsigned kTensor = bit(Kind::tensor);
 
 // The options attention and attention_backward share (Python's ops/attention.py).
@@ -84,6 +97,12 @@ const std::vector<Param> kSparseOptions =
 // int8_attention's: attention's but score_mod (its quantization choices are rows of its own).
 const std::vector<Param> kInt8Options =
     attention_options({"scale", "causal", "window", "mask", "sinks", "layout", "softcap", "alibi_slopes"});
+
+// A forward's options: `options` and deterministic (Python's forwards take it, their backwards do not).
+std::vector<Param> forward_options(std::vector<Param> options) {
+  options.push_back({"deterministic", bit(Kind::text) | bit(Kind::boolean), false, deterministic});
+  return options;
+}
 
 std::vector<Param> with_options(std::vector<Param> arrays, const std::vector<Param>& options = kAttentionOptions) {
   arrays.insert(arrays.end(), options.begin(), options.end());
@@ -169,6 +188,7 @@ KVCacheOptions kvcache_options(const Given& g) {
   o.rotary_interleaved = g.value("rotary_interleaved", true);
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
   o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
+  o.deterministic = a.deterministic;
   return o;
 }
 
@@ -301,6 +321,7 @@ VarlenOptions varlen_options(const Given& g) {
   o.max_seqlen_q = g.integer("max_seqlen_q"), o.max_seqlen_k = g.integer("max_seqlen_k");
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
   o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
+  o.deterministic = a.deterministic;
   o.block_table = g.optional_tensor("block_table"), o.seqused_k = g.optional_tensor("seqused_k");
   return o;
 }
@@ -387,7 +408,8 @@ const std::vector<Op>& ops() {
   static const std::vector<Op> table = {
       {"attention",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
-                     {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr}}),
+                     {"out", kTensor, true, nullptr}, {"lse", kTensor, false, nullptr}},
+                    forward_options(kAttentionOptions)),
        run_attention, encode_attention},
       {"attention_backward",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
@@ -405,7 +427,7 @@ const std::vector<Op>& ops() {
                      {"rotary_cos", kTensor, false, nullptr}, {"rotary_sin", kTensor, false, nullptr},
                      {"rotary_seqlens", kTensor, false, nullptr},
                      {"rotary_interleaved", bit(Kind::boolean), false, nullptr}},
-                    kKVCacheOptions),
+                    forward_options(kKVCacheOptions)),
        run_attention_with_kvcache, encode_attention_with_kvcache},
       {"sparse_attention",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},
@@ -467,7 +489,7 @@ const std::vector<Op>& ops() {
                      {"max_seqlen_q", bit(Kind::integer), false, nullptr},
                      {"max_seqlen_k", bit(Kind::integer), false, nullptr},
                      {"block_table", kTensor, false, nullptr}, {"seqused_k", kTensor, false, nullptr}},
-                    kVarlenOptions),
+                    forward_options(kVarlenOptions)),
        run_attention_varlen, encode_attention_varlen},
       {"attention_varlen_backward",
        with_options({{"q", kTensor, true, nullptr}, {"k", kTensor, true, nullptr}, {"v", kTensor, true, nullptr},

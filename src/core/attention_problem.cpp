@@ -131,6 +131,7 @@ Problem checked_problem(Binder& binder, const AttentionOptions& options) {
   p.softcap = softcap_of(options.softcap);
   p.causal = options.causal;
   p.window = window_of(options.window, p.R, p.C);
+  p.batch_invariant = options.deterministic == Deterministic::batch_invariant;
   binder.check_others();
   if (options.mask) {
     const bool boolean = options.mask->dtype == DType::bool8;

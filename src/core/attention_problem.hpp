@@ -40,6 +40,7 @@ struct Problem {
   std::string alibi = "none";    // none, per_head, per_batch
   std::string score_mod;         // its text ("": none)
   std::vector<ScoreModTensor> score_mod_tensors;
+  bool batch_invariant = false;  // deterministic="batch_invariant"
   bool empty() const { return B * Hq * R * C == 0; }
 };
 

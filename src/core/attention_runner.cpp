@@ -38,6 +38,7 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          (!e.softcap || float(*e.softcap) == float(*want.softcap)) &&
          e.alibi == want.alibi && e.score_mod == want.score_mod && e.score_mod_tensors == want.score_mod_tensors &&
          e.family == want.family && (!want.backward || e.backward) && e.op == want.op &&
+         (want.backward || e.batch_invariant == want.batch_invariant) &&  // the backward's passes ignore it
          e.page_size == want.page_size && e.cache == want.cache && e.append == want.append &&
          e.rotary_dim == want.rotary_dim && e.rotary_interleaved == want.rotary_interleaved &&
          e.rotary_starts == want.rotary_starts &&
@@ -147,6 +148,7 @@ BundleFacts facts_of(const Problem& p, const std::string& family, bool backward)
   f.score_mod_tensors = p.score_mod_tensors;
   f.family = family;
   f.backward = backward;
+  f.batch_invariant = p.batch_invariant;
   return f;
 }
 

@@ -49,6 +49,15 @@ bool known_op(const std::string& op) {
   return false;
 }
 
+// An entry's "deterministic" fact ("run_to_run" when a bundle written before it has none).
+bool batch_invariant_of(const json::Value& f) {
+  const json::Value* mode = f.find("deterministic");
+  const std::string text = mode ? mode->as_string("deterministic") : "run_to_run";
+  if (text != "run_to_run" && text != "batch_invariant")
+    throw json::JsonError("an entry's deterministic must be run_to_run or batch_invariant, got '" + text + "'");
+  return text == "batch_invariant";
+}
+
 BundleFacts facts_of(const std::string& op, const json::Value& f) {
   BundleFacts facts;
   if (op == kMerge) {  // spec.py's EntryFacts.to_json: a merge's own facts only
@@ -94,6 +103,7 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
   facts.family = f.at("family").as_string("family");
   facts.backward = f.at("backward").as_bool("backward");
   facts.op = op;
+  if (op == "attention" || op == kKVCache || op == kVarlen) facts.batch_invariant = batch_invariant_of(f);
   if (op == kVarlen) facts.seqused_k = f.at("seqused_k").as_bool("seqused_k");
   if (op == kKVCache || op == kVarlen) {
     const json::Value& page_size = f.at("page_size");
@@ -216,7 +226,8 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
     cache = " qk_scale=" + f.qk_scale + " smooth_k=" + (f.smooth_k ? "yes" : "no") + " pv=" + f.pv;
   return f.op + " " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
          " gqa=" + std::to_string(f.gqa_ratio) + " causal=" + f.causal + " mask=" + mask + " window=" + window +
-         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + scores + cache + " family=" + f.family +
+         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + scores + cache +
+         (f.batch_invariant ? " deterministic=batch_invariant" : "") + " family=" + f.family +
          " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
 }
 

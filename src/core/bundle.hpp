@@ -35,6 +35,7 @@ struct BundleFacts {
   std::vector<attention_problem::ScoreModTensor> score_mod_tensors;
   std::string family;
   bool backward = false;
+  bool batch_invariant = false;   // deterministic: batch_invariant (attention, the KV cache, varlen)
   std::string op = "attention";   // or attention_with_kvcache, whose entries also bake:
   std::int64_t page_size = 0;     // 0: a contiguous cache; else rows a page
   std::string cache = "plain";    // the cache's storage: plain or a GGUF format

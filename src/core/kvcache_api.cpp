@@ -100,6 +100,7 @@ class KVCall {
     attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
     attention_.alibi_slopes = o.alibi_slopes;
     attention_.score_mod = o.score_mod, attention_.score_mod_tensors = o.score_mod_tensors;
+    attention_.deterministic = o.deterministic;
     std::map<std::string, const TensorView*> given = {
         {"q", &q}, {"k", &rows_[0]}, {"v", &rows_[1]}, {"out", &out}, {"lse", lse}, {"mask", nullptr},
         {"sinks", o.sinks ? &*o.sinks : nullptr}, {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};

@@ -122,6 +122,7 @@ class VarlenCall {
     attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
     attention_.alibi_slopes = o.alibi_slopes;
     attention_.score_mod = o.score_mod, attention_.score_mod_tensors = o.score_mod_tensors;
+    attention_.deterministic = o.deterministic;
     binder_.emplace(bundle.contents().declaration("attention"), "bshd",
                     given({{"q", &q}, {"k", paged_ ? &rows_[0] : &k}, {"v", paged_ ? &rows_[1] : &v}, {"out", out},
                            {"lse", lse}}),

@@ -658,6 +658,11 @@ int main(int argc, char** argv) {
   expect(mfa_call_set_tensors(call, "q", &vq, 1), MFA_TYPE_ERROR,
          "attention's q is set with mfa_call_set_tensor, not mfa_call_set_tensors", "a list for a tensor");
   expect(mfa_call_set_string(call, "causal", NULL), MFA_ARGUMENT_ERROR, "value is NULL", "a NULL string");
+  expect(mfa_call_set_string(call, "deterministic", "sometimes"), MFA_ARGUMENT_ERROR,
+         "deterministic must be False, True, 'run_to_run' or 'batch_invariant', got 'sometimes'",
+         "a deterministic mode Python lacks");
+  expect(mfa_call_set_bool(backward, "deterministic", 1), MFA_TYPE_ERROR,
+         "attention_backward() got an unexpected keyword argument 'deterministic'", "deterministic in the backward");
   expect(mfa_call_set_float(NULL, "scale", 1.0), MFA_ARGUMENT_ERROR, "call is NULL", "a NULL call");
   mfa_tensor_view odd = vq;
   odd.dtype = (mfa_dtype)42;

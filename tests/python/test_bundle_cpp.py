@@ -483,3 +483,26 @@ def test_templates_with_inout_buffers_load(rng):
     with pytest.raises(ValueError, match="inout 'cache' has no strides"):
         template["buffers"][0]["strides"] = None
         _core._evaluate_template(json.dumps(template), {"N": 3})
+
+
+def test_a_batch_invariant_entry_serves_batch_invariant_calls_with_pythons_bits():
+    """deterministic="batch_invariant" is a fact an entry bakes (its kernels split keys the same
+    way whatever the call): C++ asking for it gets Python's bits; a run_to_run call is not
+    served by such an entry, and the entry's line says what it is."""
+    family = {"op": "attention", "family": ["apple9"], "dtype": ["float32"], "head_dim": [16], "causal": ["none"],
+              "mask": ["none"], "window": [False], "sinks": [False], "layout": ["bhsd"],
+              "deterministic": ["batch_invariant"]}
+    invariant = _core._Bundle.from_bytes(pack(build_payload(entries_of({"families": [family]}))))
+    assert "layout=bhsd deterministic=batch_invariant family=apple9" in invariant.entries()[0]
+    rng = np.random.default_rng(17)
+    q = rng.standard_normal((3, 2, 1, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((3, 2, 700, 16)).astype(np.float32) for _ in "kv")
+    o, lse = mfa_native.attention(q, k, v, return_lse=True, deterministic="batch_invariant", device="cpu")
+    out, rows = poison(o.shape, np.float32), poison(lse.shape, np.float32)
+    _core._bundle_attention("cpu", invariant, view(q), view(k), view(v), view(out), view(rows), batch_invariant=True)
+    np.testing.assert_array_equal(out, o)
+    np.testing.assert_array_equal(rows, lse)
+    out = poison(o.shape, np.float32)
+    with pytest.raises(ValueError, match="no entry for attention .* layout=bhsd family=apple9"):
+        _core._bundle_attention("cpu", invariant, view(q), view(k), view(v), view(out))
+    assert np.isnan(out).all()

@@ -19,6 +19,11 @@ expression's text (mfa_native.torch.score_mod.trace), "tensors": [{"dtype": "flo
 "int", "shape": [...]}, ...] (the captured tensors as the kernels read them: float32 or
 int32, contiguous, of these shapes)}. The slopes and the tensors are a call's arguments.
 
+`deterministic` (attention, the KV-cache call and varlen, Python's argument of that name) is a
+list of "run_to_run" (every kernel: two runs give the same bits) and "batch_invariant" (a
+row's bits never depend on the rest of the call: its batch, lengths or split), omitted
+["run_to_run"]; the backward's passes serve either.
+
 An "attention_with_kvcache" family (the KV-cache call, Python's attention_with_kvcache:
 layout bshd, no mask, forward only) takes dtype, head_dim, value_dim, gqa_ratio, causal,
 window, sinks, softcap, alibi, score_mod and family as attention's, and three keys of its own:
@@ -110,21 +115,22 @@ from ..ops.arguments import softcap_value
 from ..quant_formats import AFFINE_BITS, AFFINE_GROUP_SIZES, FORMATS, GGUF_BLOCK, GGUF_BLOCKS, QuantFormat
 
 KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
-        "layout", "softcap", "alibi", "score_mod", "family", "backward")
+        "layout", "softcap", "alibi", "score_mod", "family", "backward", "deterministic")
+DETERMINISTIC = ("run_to_run", "batch_invariant")   # the forward's mode (Python's `deterministic`)
 KVCACHE = "attention_with_kvcache"
 KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
                 "score_mod", "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved",
-                "rotary_seqlens")
+                "rotary_seqlens", "deterministic")
 VARLEN = "attention_varlen"
 VARLEN_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
-               "score_mod", "family", "backward", "page_size", "seqused_k")
+               "score_mod", "family", "backward", "page_size", "seqused_k", "deterministic")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
 CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
 SPARSE = "sparse_attention"
 SPARSE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "sinks", "layout", "softcap", "alibi",
                "score_mod", "family", "backward", "topk_length", "shared_latent")
 BLOCK_SPARSE = "block_sparse_attention"
-BLOCK_KEYS = KEYS + ("block_size", "shared_batch", "shared_heads", "full_blocks", "mask_bits", "q_lists")
+BLOCK_KEYS = KEYS[:-1] + ("block_size", "shared_batch", "shared_heads", "full_blocks", "mask_bits", "q_lists")
 TOPK = "sparse_topk"
 TOPK_KEYS = ("op", "dtype", "head_dim", "layout", "causal", "precision")
 TOPK_PRECISIONS = ("float", "int8")
@@ -195,6 +201,7 @@ class EntryFacts:
     full_blocks: bool = False
     mask_bits: bool = False
     q_lists: bool = False
+    batch_invariant: bool = False
 
     def to_json(self) -> dict:
         if self.op == MERGE:
@@ -218,7 +225,9 @@ class EntryFacts:
                     "shared_heads": self.shared_heads, "full_blocks": self.full_blocks, "mask_bits": self.mask_bits,
                     "q_lists": self.q_lists} if self.op == BLOCK_SPARSE else {}),
                 **({"qk_scale": self.qk_scale, "smooth_k": self.smooth_k, "pv": self.pv} if self.op == INT8 else {}),
-                **({"page_size": self.page_size, "seqused_k": self.seqused_k} if self.op == VARLEN else {})}
+                **({"page_size": self.page_size, "seqused_k": self.seqused_k} if self.op == VARLEN else {}),
+                **({"deterministic": DETERMINISTIC[self.batch_invariant]} if "deterministic" in FAMILY_KEYS[self.op]
+                   else {})}
 
 
 def _list(family: dict, key: str, default, where: str) -> list:
@@ -332,6 +341,7 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     backward = family.get("backward", False)
     if not isinstance(backward, bool):
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
+    modes = _choices(_list(family, "deterministic", ["run_to_run"], where), DETERMINISTIC, "deterministic", where)
 
     caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False, None)]
     lists = [{}]
@@ -350,8 +360,9 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         lists = [{"seqused_k": flag} for flag in _bools(_list(family, "seqused_k", [False], where), "seqused_k", where)]
 
     entries, seen = [], set()
-    for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu in itertools.product(
-            dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families):
+    for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu, mode in itertools.product(
+            dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families,
+            modes):
         for dv, (page_size, cache, append, rotary) in itertools.product(value_dims or [d], caches):
             if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
                 raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
@@ -368,7 +379,8 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
                         extra = {"seqused_k": extra["seqused_k"] and page_size is None}
                     facts = EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout, gpu,
                                        backward and not (op == VARLEN and (extra["seqused_k"] or page_size)), cap,
-                                       alibi, score_mod, op, page_size, cache, append, rotary, **extra)
+                                       alibi, score_mod, op, page_size, cache, append, rotary, **extra,
+                                       batch_invariant=mode == "batch_invariant")
                     if facts not in seen:
                         seen.add(facts)
                         entries.append(facts)

@@ -72,7 +72,7 @@ def problem(facts: EntryFacts, q_len: int, kv_len: int, batch: int = 1, kv_heads
         value_dim=facts.value_dim, dtype=facts.dtype, layout=facts.layout, causal=facts.causal,
         runtime_window=facts.window, runtime_strides=True, runtime_scale=True,
         mask=facts.mask, mask_dtype=facts.mask_dtype if facts.mask == "additive" else None, sinks=facts.sinks,
-        return_lse=True, scores=scores(facts))
+        return_lse=True, scores=scores(facts), batch_invariant=facts.batch_invariant)
     if facts.op == SPARSE:
         return token_lists(p, facts)
     if facts.op == BLOCK_SPARSE:
@@ -271,6 +271,7 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
         return (f"{op} {facts['dtype']} Dv={facts['value_dim']} parts={facts['parts']} layout={facts['layout']} "
                 f"templates={forward}+{backward}")
     mask = facts["mask"] if facts["mask"] != "additive" else f"additive:{facts['mask_dtype']}"
+    mode = " deterministic=batch_invariant" if facts.get("deterministic") == "batch_invariant" else ""
     cache = ""
     if op == SPARSE:
         cache = (f" topk_length={'yes' if facts['topk_length'] else 'no'} "
@@ -294,7 +295,7 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
         cache = f" qk_scale={facts['qk_scale']} smooth_k={'yes' if facts['smooth_k'] else 'no'} pv={facts['pv']}"
     return (f"{op} {facts['dtype']} D={facts['head_dim']} Dv={facts['value_dim']} gqa={facts['gqa_ratio']} "
             f"causal={facts['causal']} mask={mask} window={'yes' if facts['window'] else 'no'} sinks={'yes' if facts['sinks'] else 'no'} "
-            f"layout={facts['layout']}{scores_text(facts)}{cache} family={facts['family']} "
+            f"layout={facts['layout']}{scores_text(facts)}{cache}{mode} family={facts['family']} "
             f"templates={forward}+{backward}")
 
 
