@@ -92,7 +92,8 @@ const char* mfa_last_error(void);
 const char* mfa_status_name(mfa_status status);
 
 /* Element types: as include/mfa/attention.hpp's DType. MFA_BOOL: one byte, 0 or 1;
- * MFA_UINT8: bytes (a quantized tensor's blocks); MFA_UINT32: words (affine quantized data). */
+ * MFA_UINT8: bytes (a quantized tensor's blocks); MFA_UINT32: words (affine quantized data);
+ * MFA_FLOAT8_E4M3FN, MFA_FLOAT8_E5M2: one byte a value (a float8 KV cache). */
 typedef enum mfa_dtype {
   MFA_FLOAT32 = 0,
   MFA_FLOAT16 = 1,
@@ -100,7 +101,9 @@ typedef enum mfa_dtype {
   MFA_BOOL = 3,
   MFA_INT32 = 4,
   MFA_UINT8 = 5,
-  MFA_UINT32 = 6
+  MFA_UINT32 = 6,
+  MFA_FLOAT8_E4M3FN = 7,
+  MFA_FLOAT8_E5M2 = 8
 } mfa_dtype;
 
 /* A tensor in caller memory. shape and strides (in elements; NULL: contiguous

@@ -111,13 +111,14 @@ int code_of(const Enum& value) {
 
 mfa::TensorView view_of(const mfa_tensor_view& v, const std::string& name) {
   const int dtype = code_of(v.dtype);
-  if (dtype < MFA_FLOAT32 || dtype > MFA_UINT32)
+  if (dtype < MFA_FLOAT32 || dtype > MFA_FLOAT8_E5M2)
     throw mfa::TypeError(name + " has dtype " + std::to_string(dtype) + ", which is no mfa_dtype");
   if (v.ndim < 0) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim));
   if (v.ndim > 0 && !v.shape) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim) + " but no shape");
   static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
                                            mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8,
-                                           mfa::DType::uint32};
+                                           mfa::DType::uint32,  mfa::DType::float8_e4m3fn,
+                                           mfa::DType::float8_e5m2};
   mfa::TensorView view{v.data, kDTypes[dtype], {}, {}};
   if (v.ndim > 0) view.shape.assign(v.shape, v.shape + v.ndim);
   if (v.ndim > 0 && v.strides) view.strides.assign(v.strides, v.strides + v.ndim);
