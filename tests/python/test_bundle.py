@@ -67,8 +67,12 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
     ({"op": "attention", "head_dim": [8], "page_size": [16]}, "unknown keys"),
     ({"op": "attention_with_kvcache", "head_dim": [64], "mask": ["bool"]}, "unknown keys"),
     ({"op": "attention_with_kvcache", "head_dim": [64], "page_size": [0]}, "'page_size' values must be null"),
-    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["affine"]}, "'cache' value 'affine' is not one of"),
-    ({"op": "attention_with_kvcache", "head_dim": [48], "cache": ["q8_0"]}, "multiples of 32, got 48"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["q3_k"]}, "'cache' value 'q3_k' is not one of"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": [["plain"]]}, "or a \\[k_cache's, v_cache's\\] pair"),
+    ({"op": "attention_with_kvcache", "head_dim": [48], "cache": ["q8_0"]}, "must be a multiple of 32, got 48"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["affine"], "group_size": [128]},
+     "head_dim must be a multiple of 128, got 64"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["q8_0"], "bits": [4]}, "'bits' is an affine cache's"),
     ({"op": "int8_attention", "head_dim": [264]}, "int8_attention's head dimensions are 1..256, got 264"),
     ({"op": "int8_attention", "head_dim": [64], "score_mod": [None]}, "unknown keys"),
     ({"op": "int8_attention", "head_dim": [64], "qk_scale": ["row"]}, "'qk_scale' value 'row' is not one of"),
@@ -92,8 +96,9 @@ def test_a_kvcache_family_crosses_its_cache_keys():
     entries = entries_of({"families": [{"op": "attention_with_kvcache", "head_dim": [64], "dtype": ["float16"],
                                         "family": ["apple9"], "causal": ["lower_right"], "window": [False],
                                         "sinks": [False], "page_size": [None, 16]}]})
-    # page_size 2 x cache (plain and GGUF's 5) x append 2; layout bshd, no mask, forward only
-    assert len(entries) == 2 * 6 * 2
+    # page_size 2 x cache (plain, GGUF's 5, affine's 6 bits x 2 group sizes dividing 64, float8's 2)
+    # x append 2; layout bshd, no mask, forward only
+    assert len(entries) == 2 * (6 + 6 * 2 + 2) * 2
     assert {(e.layout, e.mask, e.backward, e.op) for e in entries} == {("bshd", "none", False,
                                                                          "attention_with_kvcache")}
 
