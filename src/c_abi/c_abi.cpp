@@ -269,6 +269,19 @@ mfa_status mfa_call_set_quantized(mfa_call* call, const char* name, const char* 
   });
 }
 
+mfa_status mfa_call_set_quantized_affine(mfa_call* call, const char* name, const mfa_tensor_view* data,
+                                         const mfa_tensor_view* scales, const mfa_tensor_view* biases, int64_t bits,
+                                         int64_t group_size) {
+  return set(call, name, Kind::quantized, [&] {
+    need(data, "data");
+    need(scales, "scales");
+    need(biases, "biases");
+    const std::string field = std::string(name) + ".";
+    return Value(mfa::c_abi::Quantized{"affine", view_of(*data, field + "data"), view_of(*scales, field + "scales"),
+                                       view_of(*biases, field + "biases"), bits, group_size});
+  });
+}
+
 mfa_status mfa_call_set_tensors(mfa_call* call, const char* name, const mfa_tensor_view* views, size_t count) {
   return set(call, name, Kind::tensors, [&] {
     if (count) need(views, "views");

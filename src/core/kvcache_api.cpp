@@ -172,7 +172,8 @@ class KVCall {
     PassViews views(device_, *binder_, attention_);
     for (const Cache* cache : {&k_, &v_})
       if (cache->storage() != "plain")
-        for (const auto& [suffix, field] : cache->fields()) views.add(cache->name.substr(0, 1) + suffix, field_rows(*cache, suffix, *field));
+        for (const auto& [suffix, field] : cache->fields())
+          views.add(cache->name.substr(0, 1) + suffix, field_rows(*cache, suffix, *field));
     for (auto& [buffer, descale] : descales_) views.add(buffer, std::move(descale));
     bind_contiguous(views, "cache_seqlens", lengths_);
     if (paged_) bind_contiguous(views, "block_table", checked(*options_.block_table, "block_table"));
@@ -303,7 +304,7 @@ class KVCall {
   // k_cache), float32 (B, Hkv) or a single factor, read as the (B, Hkv) contiguous factors
   // the entry binds (a float8 k_cache's q_descale 1 when not given: the same product).
   void check_descales() {
-    static float one = 1.0f;
+    static float one = 1.0f;  // only read: packed into the call's factors
     static const TensorView kOne{&one, DType::float32, {}, {}};
     const KVCacheOptions& o = options_;
     for (const auto& [name, given, cache] : {std::tuple("q_descale", o.q_descale, &k_),
@@ -312,8 +313,8 @@ class KVCall {
       const std::string which = cache->name;
       if (!cache->float8()) {
         if (given)
-          throw ArgumentError(std::string(name) + " is for a float8 " + which + " (float8_e4m3fn or float8_e5m2), and " +
-                              which + " is not float8" +
+          throw ArgumentError(std::string(name) + " is for a float8 " + which + " (float8_e4m3fn or float8_e5m2), " +
+                              "and " + which + " is not float8" +
                               (name == std::string("q_descale") ? " (q_descale is folded into K's factor)" : ""));
         continue;
       }
