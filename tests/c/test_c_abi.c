@@ -201,7 +201,7 @@ static unsigned char* float8_bytes(size_t n) {
 /* The float8 bundle family: attention_with_kvcache on contiguous caches stored float8_e4m3fn
  * (k) and float8_e5m2 (v), k_descale (B, Hkv) and v_descale a single factor, appending one row
  * per batch: the C ABI gives the C++ API's output, lse and cache bytes; a v_descale of another
- * shape is refused with Python's message before writing. */
+ * shape is refused with Python's message before writing, and so is an affine cache of 7 bits. */
 static void float8_decode(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
   enum { B = 2, HKV = 2, HQ = 4, D = 32, CMAX = 8 };
   const int64_t q_shape[] = {B, 1, HQ, D}, new_shape[] = {B, 1, HKV, D}, rows_shape[] = {B, HQ, 1};
@@ -245,6 +245,12 @@ static void float8_decode(const char* path, const mfa_device* device, const mfa_
   CHECK(memcmp(k_cache, k_copy, ncache) == 0 && memcmp(v_cache, v_copy, ncache) == 0,
         "the appended float8 bytes differ from the C++ API's");
   CHECK(memcmp(k_cache, k_given, ncache) != 0, "the float8 append wrote nothing");
+  /* An affine k_cache reaches the C++ op's checks, QuantizedTensor's (bits before any shape). */
+  const int64_t words_shape[] = {B, CMAX, HKV, D * 4 / 32}, groups_shape[] = {B, CMAX, HKV, 1};
+  mfa_tensor_view words = {k_cache, MFA_UINT32, 4, words_shape, NULL}, groups = view(ref_out, 4, groups_shape);
+  OK(mfa_call_set_quantized_affine(call, "k_cache", &words, &groups, &groups, 7, 32));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "bits must be one of (2, 3, 4, 5, 6, 8) for the affine format, got 7", "an affine cache of 7 bits");
   mfa_call_free(call);
   void* buffers[] = {q, k, v, k_cache, v_cache, k_copy, v_copy, k_given, out, lse, ref_out, ref_lse};
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
