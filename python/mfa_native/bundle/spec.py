@@ -28,10 +28,10 @@ window, sinks, softcap, alibi, score_mod and family as attention's, and three ke
 QuantizedTensor with uint32 words and scales and biases of q's dtype; its `bits` and
 `group_size` are two more keys, as the quantize family's, each omitted every value), and
 "float8_e4m3fn", "float8_e5m2" (float8 arrays; calls may give q_descale, k_descale and
-v_descale, any of them, the entry reading 1 for one not given), omitted every one; a value
-may also be a pair [k_cache's, v_cache's] for caches stored differently (e.g.
-["float8_e4m3fn", "float8_e5m2"]); `append` whether a call writes k and v into the cache,
-omitted both. Rn, the block table's
+v_descale, any of them, the entry reading 1 for one not given), omitted every one whose
+groups (GGUF's 32 values, affine's group_size) the head dims hold; a value may also be a
+pair [k_cache's, v_cache's] for caches stored differently (e.g. ["float8_e4m3fn",
+"float8_e5m2"]); `append` whether a call writes k and v into the cache, omitted both. Rn, the block table's
 width and the page count are runtime values. The rotary embedding of an appending call (its
 rotary_cos and rotary_sin) is three keys: `rotary_dim` a list of null (no rotation) or the
 even number of features that turn, omitted [null]; `rotary_interleaved` and
