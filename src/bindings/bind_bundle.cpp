@@ -246,16 +246,17 @@ void bind_bundle(nb::module_& m) {
            const std::vector<ViewSpec>& score_mod_tensors, const std::optional<std::string>& v_cache_format,
            const std::optional<ViewSpec>& k_scales, const std::optional<ViewSpec>& k_biases,
            const std::optional<ViewSpec>& v_scales, const std::optional<ViewSpec>& v_biases,
-           std::optional<std::int64_t> bits, std::optional<std::int64_t> group_size,
+           std::optional<std::int64_t> k_bits, std::optional<std::int64_t> k_group_size,
+           std::optional<std::int64_t> v_bits, std::optional<std::int64_t> v_group_size,
            const std::optional<ViewSpec>& q_descale, const std::optional<ViewSpec>& k_descale,
            const std::optional<ViewSpec>& v_descale) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
                                                 alibi_slopes, score_mod, score_mod_tensors);
           const TensorView query = view_of(q), output = view_of(out);
-          const KVCache keys = cache_of(k_cache, cache_format, query.dtype, k_scales, k_biases, bits, group_size);
+          const KVCache keys = cache_of(k_cache, cache_format, query.dtype, k_scales, k_biases, k_bits, k_group_size);
           const KVCache values = cache_of(v_cache, v_cache_format.value_or(cache_format), query.dtype, v_scales,
-                                          v_biases, bits, group_size);
+                                          v_biases, v_bits, v_group_size);
           const std::optional<TensorView> descales[] = {view_of(q_descale), view_of(k_descale), view_of(v_descale)};
           const std::optional<TensorView> rows = view_of(lse), lengths = view_of(cache_seqlens), new_k = view_of(k),
                                           new_v = view_of(v), table = view_of(block_table),
@@ -285,11 +286,12 @@ void bind_bundle(nb::module_& m) {
         "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_seqlens"_a = nb::none(),
         "rotary_interleaved"_a = true, "score_mod"_a = "", "score_mod_tensors"_a = std::vector<ViewSpec>(),
         "v_cache_format"_a = nb::none(), "k_scales"_a = nb::none(), "k_biases"_a = nb::none(),
-        "v_scales"_a = nb::none(), "v_biases"_a = nb::none(), "bits"_a = nb::none(), "group_size"_a = nb::none(),
+        "v_scales"_a = nb::none(), "v_biases"_a = nb::none(), "k_bits"_a = nb::none(), "k_group_size"_a = nb::none(),
+        "v_bits"_a = nb::none(), "v_group_size"_a = nb::none(),
         "q_descale"_a = nb::none(), "k_descale"_a = nb::none(), "v_descale"_a = nb::none(),
         "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float and "
         "float8 caches, else the QuantizedTensor format of both caches' data; v_cache_format: v's, when it "
-        "differs; an affine cache's fields, bits and group_size; the descales).");
+        "differs; an affine cache's fields, bits and group_size, each cache's; the descales).");
 
   m.def("_bundle_attention_varlen",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,

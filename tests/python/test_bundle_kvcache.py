@@ -180,7 +180,7 @@ def _cpp(bundle, q, caches, args, out, lse):
     for name, cache in zip("kv", caches):   # an affine cache's fields, bits and group_size
         if getattr(cache, "format", "") == "affine":
             options.update({f"{name}_{field}": view(_fields(cache)[field]) for field in ("scales", "biases")},
-                           bits=cache.bits, group_size=cache.group_size)
+                           **{f"{name}_bits": cache.bits, f"{name}_group_size": cache.group_size})
     _core._bundle_attention_with_kvcache("cpu", bundle, view(q), view(_data(caches[0])), view(_data(caches[1])),
                                          view(out), view(lse), cache_format=formats[0], v_cache_format=formats[1],
                                          causal="lower_right" if args["causal"] else "none", **views, **options)
@@ -329,7 +329,7 @@ BAD_AFFINE_FIELDS = {
 @pytest.mark.parametrize("case", BAD_AFFINE_FIELDS)
 def test_bad_affine_fields_raise_pythons_message_before_writing(bundle, case):
     q, caches, args = _storage_call(np.random.default_rng(12), "affine")
-    v = caches[1]   # v's: the hook's one bits and group_size are the last cache's
+    v = caches[1]
     fields = {**v.arrays(), "bits": v.bits, "group_size": v.group_size}
     fields.update({name: change(fields[name]) if callable(change) else change
                    for name, change in BAD_AFFINE_FIELDS[case].items()})
@@ -343,15 +343,19 @@ def test_bad_affine_fields_raise_pythons_message_before_writing(bundle, case):
 
 
 def test_storages_no_entry_serves_are_refused_before_writing(bundle):
-    """What Python serves but no entry bakes: an affine cache whose scales are not q's dtype
-    (ArgumentError), a plain k_cache beside a q8_0 v_cache (no entry, listing the bundle's)."""
+    """What Python serves but no entry bakes: an affine cache whose scales are not q's dtype or
+    affine caches of two formats (ArgumentError), a plain k_cache beside a q8_0 v_cache (no
+    entry, listing the bundle's)."""
     rng = np.random.default_rng(13)
     q, caches, args = _storage_call(rng, "affine")
     half = [c.with_fields(scales=c.field("scales").astype(np.float16), biases=c.field("biases").astype(np.float16))
             for c in caches]
     mixed = [rng.standard_normal((B, CMAX, HKV, D)).astype(np.float32),
              mfa_native.quantize(rng.standard_normal((B, CMAX, HKV, D)).astype(np.float32), "q8_0", device="cpu")]
+    eight = [caches[0], mfa_native.quantize(caches[1].dequantize(), "affine", bits=8, group_size=32, device="cpu")]
     for given, message in ((half, "k_cache.scales must have q's dtype float32 in a bundle call"),
+                           (eight, r"must share bits and group_size in a bundle call .* got affine 4-bit, groups of "
+                                   r"32 and affine 8-bit, groups of 32"),
                            (mixed, r"(?s)no entry for attention_with_kvcache .* cache=plain,q8_0 .*it holds:")):
         cpp_caches = _copies(given)
         out, rows = poison((B, 2, 2 * HKV, D), np.float32), poison((B, 2 * HKV, 2), np.float32)

@@ -407,8 +407,8 @@ def _storages(family: dict, where: str) -> list[CacheStorage]:
     bits = _choices(_list(family, "bits", list(AFFINE_BITS), where), AFFINE_BITS, "bits", where)
     group_sizes = _choices(_list(family, "group_size", list(AFFINE_GROUP_SIZES), where), AFFINE_GROUP_SIZES,
                            "group_size", where)
-    return [(*pair, *shape) if "affine" in pair else (*pair, 0, 0)
-            for pair in storages for shape in (itertools.product(bits, group_sizes) if "affine" in pair else [()])]
+    shapes = list(itertools.product(bits, group_sizes))
+    return [(*pair, *shape) for pair in storages for shape in (shapes if "affine" in pair else [(0, 0)])]
 
 
 def _whole_groups(storage: CacheStorage, d: int, dv: int, family: dict, where: str) -> bool:
