@@ -11,7 +11,8 @@
 // cache_seqlens[b] + Rn positions, after k and v (B, Rn, Hkv, D / Dv) are
 // written into the cache IN PLACE at positions cache_seqlens[b] ..
 // cache_seqlens[b] + Rn - 1 (page block_table[b, p / page_size], row
-// p % page_size), quantized on the way for a quantized cache. Every check runs
+// p % page_size), quantized on the way for a quantized cache (a float8 one: k /
+// k_descale rounded to float8). Every check runs
 // before anything is written. On the cpu backend the results and the appended
 // rows are bit-identical to Python's for the same inputs.
 //
@@ -72,15 +73,6 @@ struct KVCacheOptions {
   const TensorView* k = nullptr;            // (B, Rn, Hkv, D) of q's dtype, appended in place
   const TensorView* v = nullptr;            // (B, Rn, Hkv, Dv), given with k
   const TensorView* block_table = nullptr;  // int32 (B, max_blocks): the caches are pages
-  // A float8 cache's factors (flash-attn 3's descales): float32 (B, Hkv), any non-negative
-  // strides, or a single factor ((1,) or 0-d); null is 1. k_descale (v_descale) for a float8
-  // k_cache (v_cache) only: its keys are k_cache * k_descale[b, kv head], and an appended k is
-  // stored as float8(k / k_descale) (e4m3fn saturating at +-448, e5m2 overflowing to inf).
-  // q_descale multiplies q (query head h by its kv head's factor), folded into K's factor: it
-  // needs a float8 k_cache.
-  const TensorView* q_descale = nullptr;
-  const TensorView* k_descale = nullptr;
-  const TensorView* v_descale = nullptr;
   // The rotary embedding of q and the appended k (flash-attn's): tables (seqlen_ro,
   // rotary_dim / 2) of q's dtype, given together and with k and v; row i of batch b turns at
   // position rotary_seqlens[b] (else cache_seqlens[b]) + i (q's rows all at the start unless
@@ -99,6 +91,15 @@ struct KVCacheOptions {
   // cache, q_idx: the query's row of R).
   std::string score_mod;
   std::vector<TensorView> score_mod_tensors;
+  // A float8 cache's factors (flash-attn 3's descales): float32 (B, Hkv), any non-negative
+  // strides, or a single factor ((1,) or 0-d); null is 1. k_descale (v_descale) for a float8
+  // k_cache (v_cache) only: its keys are k_cache * k_descale[b, kv head], and an appended k is
+  // stored as float8(k / k_descale) (e4m3fn saturating at +-448, e5m2 overflowing to inf).
+  // q_descale multiplies q (query head h by its kv head's factor), folded into K's factor: it
+  // needs a float8 k_cache.
+  const TensorView* q_descale = nullptr;
+  const TensorView* k_descale = nullptr;
+  const TensorView* v_descale = nullptr;
 };
 
 // out (B, R, Hq, Dv), contiguous, of q's dtype; with `lse` the (B, Hq, R) float32
