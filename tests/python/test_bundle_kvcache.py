@@ -96,11 +96,11 @@ def _stored(rng, x: np.ndarray, storage: str):
 
 
 def _descales(rng, batch: int) -> dict:
-    """flash-attn 3's descales in each form a call may give: (B, Hkv) expanded from a column
-    (strides (4, 0)), a single factor (1,) and a 0-d one."""
-    return dict(k_descale=np.broadcast_to(rng.uniform(0.5, 2, (batch, 1)).astype(np.float32), (batch, HKV)),
-                v_descale=rng.uniform(0.5, 2, 1).astype(np.float32),
-                q_descale=np.array(rng.uniform(0.5, 2), np.float32))
+    """flash-attn 3's descales in forms a call may give: (B, Hkv) transposed (a factor per batch
+    and head, strides (4, 4 * B)), (B, Hkv) expanded from a column (strides (4, 0)), a 0-d one."""
+    return dict(k_descale=rng.uniform(0.5, 2, (HKV, batch)).astype(np.float32).T,
+                q_descale=np.broadcast_to(rng.uniform(0.5, 2, (batch, 1)).astype(np.float32), (batch, HKV)),
+                v_descale=np.array(rng.uniform(0.5, 2), np.float32))
 
 
 def _problem(rng, dtype, paged, storage, appended, r, options):
