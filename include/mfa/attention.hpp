@@ -53,8 +53,9 @@
 namespace mfa {
 
 // Element types of a TensorView. bool8: one byte per element, 0 or 1; uint8:
-// bytes (a quantized tensor's blocks); uint32: words (affine quantized data).
-enum class DType { float32, float16, bfloat16, bool8, int32, uint8, uint32 };
+// bytes (a quantized tensor's blocks); uint32: words (affine quantized data);
+// float8_e4m3fn, float8_e5m2: one byte per value (a float8 KV cache, ml_dtypes' formats).
+enum class DType { float32, float16, bfloat16, bool8, int32, uint8, uint32, float8_e4m3fn, float8_e5m2 };
 
 const char* to_string(DType dtype);
 std::size_t dtype_size(DType dtype);

@@ -11,14 +11,16 @@
 // cache_seqlens[b] + Rn positions, after k and v (B, Rn, Hkv, D / Dv) are
 // written into the cache IN PLACE at positions cache_seqlens[b] ..
 // cache_seqlens[b] + Rn - 1 (page block_table[b, p / page_size], row
-// p % page_size), quantized on the way for a quantized cache. Every check runs
+// p % page_size), quantized on the way for a quantized cache (a float8 one: k /
+// k_descale rounded to float8). Every check runs
 // before anything is written. On the cpu backend the results and the appended
 // rows are bit-identical to Python's for the same inputs.
 //
 // What a bundle entry fixes (spec keys): the dtype, D, Dv, the GQA ratio,
 // causal, whether it takes a window, sinks, softcap and ALiBi as for attention,
-// the page size (contiguous or `page_size` rows a page), the cache's storage
-// ("plain" or a GGUF format), whether the call appends, and its rotation (the
+// the page size (contiguous or `page_size` rows a page), the caches' storage
+// ("plain", a GGUF format, "affine" with its bits and group size, "float8_e4m3fn"
+// or "float8_e5m2"; k's and v's may differ), whether the call appends, and its rotation (the
 // rotary dim, interleaved or not, whether rotary_seqlens is given). Batch,
 // heads, lengths, Rn, the block table's width, page counts, the tables'
 // length, the window's sides, the scale and q's strides are runtime values. The caches are read and written in
@@ -34,19 +36,28 @@
 namespace mfa {
 
 // A logical float tensor stored quantized along its last axis, in caller memory
-// (Python's QuantizedTensor): `format` is one of GGUF's "q8_0", "q4_0", "q4_1",
-// "q5_0", "q5_1" (blocks of 32 values: a float16 scale, for q4_1/q5_1 a float16
-// minimum, then the integers; 34, 18, 20, 22 or 24 bytes), `data` its uint8
-// blocks, shape[:-1] + (D / 32 * block bytes,), contiguous; `dtype` the logical
-// dtype (q's). A cache of zero bytes holds zeros; the append quantizes new rows
-// on the device as Python's `quantize` does.
+// (Python's QuantizedTensor, checked as its constructor checks one, with its
+// messages): `format` is MLX's "affine" (`data` uint32 words, shape[:-1] +
+// (D * bits / 32,), the values a little-endian bit stream of `bits` each; `scales`
+// and `biases` shape[:-1] + (D / group_size,) of q's dtype; value = scale * q +
+// bias) or one of GGUF's "q8_0", "q4_0", "q4_1", "q5_0", "q5_1" (blocks of 32
+// values: a float16 scale, for q4_1/q5_1 a float16 minimum, then the integers; 34,
+// 18, 20, 22 or 24 bytes: `data` uint8, shape[:-1] + (D / 32 * block bytes,); no
+// scales or biases); every field contiguous (a paged cache's pages following each
+// other); `dtype` the logical dtype (q's); bits and group_size affine's (unset: 8
+// and 64, Python's defaults; GGUF: unset or the format's own). A cache of zero bytes
+// holds zeros; the append quantizes new rows on the device as Python's `quantize` does.
 struct QuantizedTensor {
   std::string format;
   TensorView data;
   DType dtype = DType::float32;
+  std::optional<TensorView> scales{}, biases{};       // affine only
+  std::optional<std::int64_t> bits{}, group_size{};  // unset: Python's None
 };
 
-// A K or V cache argument: float elements of q's dtype, or quantized.
+// A K or V cache argument: float elements of q's dtype, float8 elements
+// (DType::float8_e4m3fn or float8_e5m2, contiguous: the values are the bytes times
+// the descale), or quantized.
 struct KVCache {
   KVCache(const TensorView& values) : plain(values) {}         // NOLINT: implicit, as Python takes either
   KVCache(const QuantizedTensor& stored) : quantized(stored) {}  // NOLINT
@@ -80,6 +91,15 @@ struct KVCacheOptions {
   // cache, q_idx: the query's row of R).
   std::string score_mod;
   std::vector<TensorView> score_mod_tensors;
+  // A float8 cache's factors (flash-attn 3's descales): float32 (B, Hkv), any non-negative
+  // strides, or a single factor ((1,) or 0-d); null is 1. k_descale (v_descale) for a float8
+  // k_cache (v_cache) only: its keys are k_cache * k_descale[b, kv head], and an appended k is
+  // stored as float8(k / k_descale) (e4m3fn saturating at +-448, e5m2 overflowing to inf).
+  // q_descale multiplies q (query head h by its kv head's factor), folded into K's factor: it
+  // needs a float8 k_cache.
+  const TensorView* q_descale = nullptr;
+  const TensorView* k_descale = nullptr;
+  const TensorView* v_descale = nullptr;
   Deterministic deterministic = Deterministic::run_to_run;  // as AttentionOptions'
 };
 

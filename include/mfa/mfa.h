@@ -21,8 +21,10 @@
  * softcap, alibi_slopes, score_mod and score_mod_tensors (a score_mod's text);
  * attention_backward's o, lse, do and outputs dq, dk, dv, dsinks; attention's
  * outputs out and lse; attention_with_kvcache's q, k_cache, v_cache (tensors, or
- * quantized: mfa_call_set_quantized), cache_seqlens, k, v, block_table,
- * rotary_cos, rotary_sin, rotary_seqlens, rotary_interleaved, scale, causal, window,
+ * quantized: mfa_call_set_quantized, mfa_call_set_quantized_affine; float8:
+ * MFA_FLOAT8_E4M3FN or MFA_FLOAT8_E5M2 tensors), cache_seqlens, k, v, block_table,
+ * rotary_cos, rotary_sin, rotary_seqlens, rotary_interleaved, q_descale, k_descale,
+ * v_descale (a float8 cache's factors), scale, causal, window,
  * sinks, softcap, alibi_slopes, out and lse, its k and v appended to the caches in
  * place; the sparse ops' arguments as include/mfa/sparse.hpp names them, topk set
  * with mfa_call_set_int; "int8_attention"'s attention's arguments but score_mod, and
@@ -98,7 +100,8 @@ const char* mfa_last_error(void);
 const char* mfa_status_name(mfa_status status);
 
 /* Element types: as include/mfa/attention.hpp's DType. MFA_BOOL: one byte, 0 or 1;
- * MFA_UINT8: bytes (a quantized tensor's blocks); MFA_UINT32: words (affine quantized data). */
+ * MFA_UINT8: bytes (a quantized tensor's blocks); MFA_UINT32: words (affine quantized data);
+ * MFA_FLOAT8_E4M3FN, MFA_FLOAT8_E5M2: one byte a value (a float8 KV cache). */
 typedef enum mfa_dtype {
   MFA_FLOAT32 = 0,
   MFA_FLOAT16 = 1,
@@ -106,7 +109,9 @@ typedef enum mfa_dtype {
   MFA_BOOL = 3,
   MFA_INT32 = 4,
   MFA_UINT8 = 5,
-  MFA_UINT32 = 6
+  MFA_UINT32 = 6,
+  MFA_FLOAT8_E4M3FN = 7,
+  MFA_FLOAT8_E5M2 = 8
 } mfa_dtype;
 
 /* A tensor in caller memory. shape and strides (in elements; NULL: contiguous
@@ -161,6 +166,13 @@ mfa_status mfa_call_set_int_pair(mfa_call* call, const char* name, int64_t first
  * `data`, shape[:-1] + (bytes per row,) (include/mfa/kvcache.hpp's QuantizedTensor); its
  * logical dtype is q's. */
 mfa_status mfa_call_set_quantized(mfa_call* call, const char* name, const char* format, const mfa_tensor_view* data);
+/* An MLX affine quantized tensor (Python: QuantizedTensor(data, scales, biases, format="affine",
+ * bits=, group_size=)): MFA_UINT32 words `data`, shape[:-1] + (D * bits / 32,), and `scales`,
+ * `biases` shape[:-1] + (D / group_size,) of q's dtype; bits 2, 3, 4, 5, 6 or 8, group_size 32,
+ * 64 or 128. */
+mfa_status mfa_call_set_quantized_affine(mfa_call* call, const char* name, const mfa_tensor_view* data,
+                                         const mfa_tensor_view* scales, const mfa_tensor_view* biases, int64_t bits,
+                                         int64_t group_size);
 mfa_status mfa_call_set_none(mfa_call* call, const char* name);
 mfa_status mfa_call_run(mfa_call* call, const mfa_device* device);
 void mfa_call_free(mfa_call* call);

@@ -39,6 +39,8 @@ DType dtype_of(const std::string& name) {
   if (name == "int32") return DType::int32;
   if (name == "uint8") return DType::uint8;
   if (name == "uint32") return DType::uint32;
+  if (name == "float8_e4m3fn") return DType::float8_e4m3fn;
+  if (name == "float8_e5m2") return DType::float8_e5m2;
   throw TypeError("no TensorView dtype for '" + name + "'");
 }
 
@@ -77,10 +79,13 @@ AttentionOptions options_of(std::optional<double> scale, const std::string& caus
   return o;
 }
 
-// A cache argument: its view, or with a GGUF `format` the view of its blocks (q's `dtype`).
-KVCache cache_of(const ViewSpec& spec, const std::string& format, DType dtype) {
+// A cache argument: its view, or with a `format` the QuantizedTensor of its data (q's `dtype`),
+// and an affine one's scales, biases, bits and group size.
+KVCache cache_of(const ViewSpec& spec, const std::string& format, DType dtype, const std::optional<ViewSpec>& scales,
+                 const std::optional<ViewSpec>& biases, std::optional<std::int64_t> bits,
+                 std::optional<std::int64_t> group_size) {
   if (format.empty()) return view_of(spec);
-  return QuantizedTensor{format, view_of(spec), dtype};
+  return QuantizedTensor{format, view_of(spec), dtype, view_of(scales), view_of(biases), bits, group_size};
 }
 
 SparseOptions sparse_options_of(std::optional<double> scale, const std::optional<ViewSpec>& sinks,
@@ -280,13 +285,21 @@ void bind_bundle(nb::module_& m) {
            std::optional<double> softcap, const std::optional<ViewSpec>& alibi_slopes,
            const std::optional<ViewSpec>& rotary_cos, const std::optional<ViewSpec>& rotary_sin,
            const std::optional<ViewSpec>& rotary_seqlens, bool rotary_interleaved, const std::string& score_mod,
-           const std::vector<ViewSpec>& score_mod_tensors) {
+           const std::vector<ViewSpec>& score_mod_tensors, const std::optional<std::string>& v_cache_format,
+           const std::optional<ViewSpec>& k_scales, const std::optional<ViewSpec>& k_biases,
+           const std::optional<ViewSpec>& v_scales, const std::optional<ViewSpec>& v_biases,
+           std::optional<std::int64_t> k_bits, std::optional<std::int64_t> k_group_size,
+           std::optional<std::int64_t> v_bits, std::optional<std::int64_t> v_group_size,
+           const std::optional<ViewSpec>& q_descale, const std::optional<ViewSpec>& k_descale,
+           const std::optional<ViewSpec>& v_descale) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
                                                 alibi_slopes, score_mod, score_mod_tensors);
           const TensorView query = view_of(q), output = view_of(out);
-          const KVCache keys = cache_of(k_cache, cache_format, query.dtype);
-          const KVCache values = cache_of(v_cache, cache_format, query.dtype);
+          const KVCache keys = cache_of(k_cache, cache_format, query.dtype, k_scales, k_biases, k_bits, k_group_size);
+          const KVCache values = cache_of(v_cache, v_cache_format.value_or(cache_format), query.dtype, v_scales,
+                                          v_biases, v_bits, v_group_size);
+          const std::optional<TensorView> descales[] = {view_of(q_descale), view_of(k_descale), view_of(v_descale)};
           const std::optional<TensorView> rows = view_of(lse), lengths = view_of(cache_seqlens), new_k = view_of(k),
                                           new_v = view_of(v), table = view_of(block_table),
                                           cos = view_of(rotary_cos), sin = view_of(rotary_sin),
@@ -300,6 +313,9 @@ void bind_bundle(nb::module_& m) {
           o.rotary_sin = sin ? &*sin : nullptr;
           o.rotary_seqlens = starts ? &*starts : nullptr;
           o.rotary_interleaved = rotary_interleaved;
+          o.q_descale = descales[0] ? &*descales[0] : nullptr;
+          o.k_descale = descales[1] ? &*descales[1] : nullptr;
+          o.v_descale = descales[2] ? &*descales[2] : nullptr;
           o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
           o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
           nb::gil_scoped_release release;
@@ -311,8 +327,13 @@ void bind_bundle(nb::module_& m) {
         "sinks"_a = nb::none(), "softcap"_a = nb::none(), "alibi_slopes"_a = nb::none(),
         "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_seqlens"_a = nb::none(),
         "rotary_interleaved"_a = true, "score_mod"_a = "", "score_mod_tensors"_a = std::vector<ViewSpec>(),
-        "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float caches, "
-        "else the GGUF format of both caches' blocks).");
+        "v_cache_format"_a = nb::none(), "k_scales"_a = nb::none(), "k_biases"_a = nb::none(),
+        "v_scales"_a = nb::none(), "v_biases"_a = nb::none(), "k_bits"_a = nb::none(), "k_group_size"_a = nb::none(),
+        "v_bits"_a = nb::none(), "v_group_size"_a = nb::none(),
+        "q_descale"_a = nb::none(), "k_descale"_a = nb::none(), "v_descale"_a = nb::none(),
+        "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float and "
+        "float8 caches, else the QuantizedTensor format of both caches' data; v_cache_format: v's, when it "
+        "differs; an affine cache's fields, bits and group_size, each cache's; the descales).");
 
   m.def("_bundle_attention_varlen",
         [](const std::string& kind, const Bundle& bundle, const ViewSpec& q, const ViewSpec& k, const ViewSpec& v,

@@ -111,13 +111,14 @@ int code_of(const Enum& value) {
 
 mfa::TensorView view_of(const mfa_tensor_view& v, const std::string& name) {
   const int dtype = code_of(v.dtype);
-  if (dtype < MFA_FLOAT32 || dtype > MFA_UINT32)
+  if (dtype < MFA_FLOAT32 || dtype > MFA_FLOAT8_E5M2)
     throw mfa::TypeError(name + " has dtype " + std::to_string(dtype) + ", which is no mfa_dtype");
   if (v.ndim < 0) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim));
   if (v.ndim > 0 && !v.shape) throw mfa::ArgumentError(name + " has ndim " + std::to_string(v.ndim) + " but no shape");
   static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
                                            mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8,
-                                           mfa::DType::uint32};
+                                           mfa::DType::uint32,  mfa::DType::float8_e4m3fn,
+                                           mfa::DType::float8_e5m2};
   mfa::TensorView view{v.data, kDTypes[dtype], {}, {}};
   if (v.ndim > 0) view.shape.assign(v.shape, v.shape + v.ndim);
   if (v.ndim > 0 && v.strides) view.strides.assign(v.strides, v.strides + v.ndim);
@@ -265,6 +266,19 @@ mfa_status mfa_call_set_quantized(mfa_call* call, const char* name, const char* 
     need(format, "format");
     need(data, "data");
     return Value(mfa::c_abi::Quantized{format, view_of(*data, std::string(name) + ".data")});
+  });
+}
+
+mfa_status mfa_call_set_quantized_affine(mfa_call* call, const char* name, const mfa_tensor_view* data,
+                                         const mfa_tensor_view* scales, const mfa_tensor_view* biases, int64_t bits,
+                                         int64_t group_size) {
+  return set(call, name, Kind::quantized, [&] {
+    need(data, "data");
+    need(scales, "scales");
+    need(biases, "biases");
+    const std::string field = std::string(name) + ".";
+    return Value(mfa::c_abi::Quantized{"affine", view_of(*data, field + "data"), view_of(*scales, field + "scales"),
+                                       view_of(*biases, field + "biases"), bits, group_size});
   });
 }
 

@@ -186,6 +186,8 @@ KVCacheOptions kvcache_options(const Given& g) {
   o.rotary_cos = g.optional_tensor("rotary_cos"), o.rotary_sin = g.optional_tensor("rotary_sin");
   o.rotary_seqlens = g.optional_tensor("rotary_seqlens");
   o.rotary_interleaved = g.value("rotary_interleaved", true);
+  o.q_descale = g.optional_tensor("q_descale"), o.k_descale = g.optional_tensor("k_descale");
+  o.v_descale = g.optional_tensor("v_descale");
   o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
   o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
   o.deterministic = a.deterministic;
@@ -426,7 +428,9 @@ const std::vector<Op>& ops() {
                      {"v", kTensor, false, nullptr}, {"block_table", kTensor, false, nullptr},
                      {"rotary_cos", kTensor, false, nullptr}, {"rotary_sin", kTensor, false, nullptr},
                      {"rotary_seqlens", kTensor, false, nullptr},
-                     {"rotary_interleaved", bit(Kind::boolean), false, nullptr}},
+                     {"rotary_interleaved", bit(Kind::boolean), false, nullptr},
+                     {"q_descale", kTensor, false, nullptr}, {"k_descale", kTensor, false, nullptr},
+                     {"v_descale", kTensor, false, nullptr}},
                     forward_options(kKVCacheOptions)),
        run_attention_with_kvcache, encode_attention_with_kvcache},
       {"sparse_attention",
@@ -536,7 +540,8 @@ const TensorView* Given::optional_tensor(const std::string& name) const {
 KVCache Given::cache(const std::string& name, DType dtype) const {
   auto it = values_.find(name);
   if (it == values_.end()) throw TypeError(std::string(op_.name) + "() missing 1 required argument: " + quoted(name));
-  if (const Quantized* q = std::get_if<Quantized>(&it->second)) return QuantizedTensor{q->format, q->data, dtype};
+  if (const Quantized* q = std::get_if<Quantized>(&it->second))
+    return QuantizedTensor{q->format, q->data, dtype, q->scales, q->biases, q->bits, q->group_size};
   return std::get<TensorView>(it->second);
 }
 

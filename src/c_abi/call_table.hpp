@@ -25,10 +25,13 @@
 
 namespace mfa::c_abi {
 
-// A quantized tensor as C gives it: its format and blocks (the logical dtype is q's).
+// A quantized tensor as C gives it: its format and data (the logical dtype is q's), and an
+// affine one's scales, biases, bits and group size (mfa_call_set_quantized_affine).
 struct Quantized {
   std::string format;
   TensorView data;
+  std::optional<TensorView> scales{}, biases{};
+  std::optional<std::int64_t> bits{}, group_size{};
 };
 
 // The setter a value came through: Value's alternatives, in this order.

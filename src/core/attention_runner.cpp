@@ -39,7 +39,8 @@ bool serves(const BundleFacts& e, const BundleFacts& want, bool any_window) {
          e.alibi == want.alibi && e.score_mod == want.score_mod && e.score_mod_tensors == want.score_mod_tensors &&
          e.family == want.family && (!want.backward || e.backward) && e.op == want.op &&
          (want.backward || e.batch_invariant == want.batch_invariant) &&  // the backward's passes ignore it
-         e.page_size == want.page_size && e.cache == want.cache && e.append == want.append &&
+         e.page_size == want.page_size && e.cache == want.cache && e.v_cache == want.v_cache &&
+         e.append == want.append &&
          e.rotary_dim == want.rotary_dim && e.rotary_interleaved == want.rotary_interleaved &&
          e.rotary_starts == want.rotary_starts &&
          e.topk_length == want.topk_length && e.shared_latent == want.shared_latent &&

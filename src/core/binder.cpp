@@ -34,7 +34,8 @@ std::string joined(const std::vector<std::string>& names) {
 // Whether `text` is a size name (an identifier), not an expression or a number.
 bool is_size_name(const std::string& text) {
   if (text.empty() || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
-  return std::all_of(text.begin(), text.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  return std::all_of(text.begin(), text.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
 // Whether numpy broadcasts `shape` to `target`.

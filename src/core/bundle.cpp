@@ -110,7 +110,11 @@ BundleFacts facts_of(const std::string& op, const json::Value& f) {
     if (!page_size.is_null()) facts.page_size = page_size.as_int("page_size");
   }
   if (op == kKVCache) {
-    facts.cache = f.at("cache").as_string("cache");
+    facts.cache = facts.v_cache = f.at("cache").as_string("cache");
+    // v_cache, bits and group_size: written since affine and float8 caches (absent: v's storage is k's)
+    if (const json::Value* v_cache = f.find("v_cache")) facts.v_cache = v_cache->as_string("v_cache");
+    if (const json::Value* bits = f.find("bits")) facts.bits = bits->as_int("bits");
+    if (const json::Value* group_size = f.find("group_size")) facts.group_size = group_size->as_int("group_size");
     facts.append = f.at("append").as_bool("append");
     if (const json::Value& rotary = f.at("rotary"); !rotary.is_null()) {
       facts.rotary_dim = rotary.at("dim").as_int("rotary dim");
@@ -218,6 +222,8 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
             (f.seqused_k ? "yes" : "no");
   if (f.op == kKVCache)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " cache=" + f.cache +
+            (f.v_cache == f.cache ? "" : "," + f.v_cache) +
+            (f.bits ? " bits=" + std::to_string(f.bits) + " group_size=" + std::to_string(f.group_size) : "") +
             " append=" + (f.append ? "yes" : "no");
   if (f.rotary_dim)
     cache += " rotary_dim=" + std::to_string(f.rotary_dim) + " rotary_interleaved=" +

@@ -38,7 +38,8 @@ struct BundleFacts {
   bool batch_invariant = false;   // deterministic: batch_invariant (attention, the KV cache, varlen)
   std::string op = "attention";   // or attention_with_kvcache, whose entries also bake:
   std::int64_t page_size = 0;     // 0: a contiguous cache; else rows a page
-  std::string cache = "plain";    // the cache's storage: plain or a GGUF format
+  std::string cache = "plain";    // k_cache's storage: plain, a GGUF format, affine (bits, group_size
+  std::string v_cache = "plain";  // below) or a float8 dtype; and v_cache's
   bool append = false;            // whether a call writes k and v into the cache
   bool seqused_k = false;          // attention_varlen: whether calls give seqused_k
   std::int64_t rotary_dim = 0;    // the rotation of q and the appended k: features that turn (0: none),
@@ -53,7 +54,7 @@ struct BundleFacts {
   std::int64_t parts = 0;          // a merge_attention entry's part count (its other facts:
                                    // dtype, value_dim, layout)
   std::string format;              // a quantize entry's format (its dtype x's), bits and
-  std::int64_t bits = 0, group_size = 0;  // group size
+  std::int64_t bits = 0, group_size = 0;  // group size (a KV-cache entry's affine cache's)
   std::int64_t q_block = 0, k_block = 0;  // block_sparse_attention: the block size (Qb, Kb),
   bool shared_batch = false;       // whether the lists' batch and head axes have extent 1,
   bool shared_heads = false;

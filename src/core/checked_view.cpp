@@ -11,6 +11,8 @@ const char* to_string(DType dtype) {
     case DType::int32: return "int32";
     case DType::uint8: return "uint8";
     case DType::uint32: return "uint32";
+    case DType::float8_e4m3fn: return "float8_e4m3fn";
+    case DType::float8_e5m2: return "float8_e5m2";
   }
   return "?";
 }
@@ -19,7 +21,7 @@ std::size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::float32: case DType::int32: case DType::uint32: return 4;
     case DType::float16: case DType::bfloat16: return 2;
-    case DType::bool8: case DType::uint8: return 1;
+    case DType::bool8: case DType::uint8: case DType::float8_e4m3fn: case DType::float8_e5m2: return 1;
   }
   return 0;
 }

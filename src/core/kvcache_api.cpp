@@ -13,6 +13,7 @@
 
 #include "attention_runner.hpp"
 #include "mfa/kvcache.hpp"
+#include "quant_format.hpp"
 #include "view_packing.hpp"
 
 namespace mfa {
@@ -22,18 +23,31 @@ namespace {
 using attention_problem::Problem;
 using namespace attention_runner;
 
-// GGUF's block formats: bytes per block of 32 values (quant_formats.py's GGUF_BLOCKS).
-const std::map<std::string, std::int64_t> kBlockBytes = {
-    {"q8_0", 34}, {"q4_0", 18}, {"q4_1", 20}, {"q5_0", 22}, {"q5_1", 24}};
-constexpr std::int64_t kBlockValues = 32;
+bool is_float8(DType dtype) { return dtype == DType::float8_e4m3fn || dtype == DType::float8_e5m2; }
+bool is_float(DType dtype) { return dtype == DType::float32 || dtype == DType::float16 || dtype == DType::bfloat16; }
 
-// One cache argument: what Python reads off it (its logical shape, the arrays it binds).
+// One cache argument: what Python reads off it (its logical shape, how it is stored, the
+// arrays it binds).
 struct Cache {
   std::string name;                 // k_cache or v_cache
   const KVCache* given = nullptr;
   std::vector<std::int64_t> shape;  // logical: (B, Cmax, Hkv, D) or (num_blocks, page_size, Hkv, D)
+  std::optional<quant_format::Format> format;  // a QuantizedTensor's
   const TensorView& stored() const { return given->plain ? *given->plain : given->quantized->data; }
   std::string field() const { return given->plain ? name : name + ".data"; }
+  bool float8() const { return given->plain && is_float8(given->plain->dtype); }
+  // Its storage as a bundle spec names it: plain, a float8 dtype or a QuantizedTensor's format.
+  std::string storage() const {
+    if (format) return format->name;
+    return float8() ? to_string(given->plain->dtype) : "plain";
+  }
+  // The arrays it is stored in, by pass buffer suffix ("": the data or elements; "_scales", "_biases").
+  std::vector<std::pair<std::string, const TensorView*>> fields() const {
+    std::vector<std::pair<std::string, const TensorView*>> out = {{"", &stored()}};
+    if (format && format->affine()) out.insert(out.end(), {{"_scales", &*given->quantized->scales},
+                                                           {"_biases", &*given->quantized->biases}});
+    return out;
+  }
 };
 
 std::string bytes_text(const TensorView& view) {
@@ -42,26 +56,49 @@ std::string bytes_text(const TensorView& view) {
   return shape_text(bytes);
 }
 
+// Python's QuantizedTensor constructor's checks (its messages, its order): the format, data's
+// dtype and axes, the groups its last axis holds, an affine tensor's scales and biases. The
+// logical shape.
+std::vector<std::int64_t> quantized_shape(const QuantizedTensor& q, quant_format::Format& f) {
+  f = quant_format::format_of(q.format, q.bits, q.group_size);
+  if (q.data.dtype != f.data_dtype())
+    throw TypeError("data of format '" + f.name + "' must be " + to_string(f.data_dtype()) + ", got " +
+                    to_string(q.data.dtype));
+  if (q.data.shape.empty()) throw ArgumentError("data must have at least one axis (the quantized one)");
+  const std::int64_t width = q.data.shape.back(), features = f.features(width);
+  if (features < f.group_size || features % f.group_size || f.data_width(features) != width)
+    throw ArgumentError("data's last axis (" + std::to_string(width) + ") holds no whole number of groups of format " +
+                        f.describe());
+  std::vector<std::int64_t> shape = q.data.shape;
+  shape.back() = features;
+  if (!f.affine()) {
+    if (q.scales || q.biases)
+      throw ArgumentError("format '" + f.name + "' keeps its scales inside the blocks: scales and biases must be None");
+    return shape;
+  }
+  if (!q.scales || !q.biases) throw ArgumentError("the affine format needs scales and biases");
+  std::vector<std::int64_t> groups = q.data.shape;
+  groups.back() = features / f.group_size;
+  for (const auto& [name, x] : {std::pair("scales", &*q.scales), std::pair("biases", &*q.biases)}) {
+    if (x->shape != groups)
+      throw ArgumentError(std::string(name) + " must have shape " + shape_text(groups) + " (one per group of " +
+                          std::to_string(f.group_size) + "), got " + shape_text(x->shape));
+    if (!is_float(x->dtype))
+      throw TypeError(std::string(name) + " must be float32, float16 or bfloat16, got " + to_string(x->dtype));
+  }
+  if (q.biases->dtype != q.scales->dtype)
+    throw TypeError(std::string("scales (") + to_string(q.scales->dtype) + ") and biases (" +
+                    to_string(q.biases->dtype) + ") must share a dtype");
+  return shape;
+}
+
 Cache cache_of(const KVCache& given, const std::string& name, const std::string& axes) {
-  Cache cache{name, &given, {}};
+  Cache cache{name, &given, {}, {}};
   if (given.plain) {
     cache.shape = given.plain->shape;
   } else {
-    const QuantizedTensor& q = *given.quantized;
-    const auto block = kBlockBytes.find(q.format);
-    if (block == kBlockBytes.end())
-      throw ArgumentError(name + ".format must be one of q8_0, q4_0, q4_1, q5_0, q5_1 (GGUF's blocks), got '" +
-                          q.format + "'");
-    if (q.data.dtype != DType::uint8)
-      throw TypeError(name + ".data must be uint8 (" + q.format + " blocks), got " + to_string(q.data.dtype));
-    cache.shape = q.data.shape;
-    if (!cache.shape.empty()) {
-      if (cache.shape.back() % block->second)
-        throw ArgumentError(name + ".data's last axis (" + std::to_string(cache.shape.back()) +
-                            " bytes) holds no whole number of " + q.format + " blocks (" +
-                            std::to_string(block->second) + " bytes)");
-      cache.shape.back() = cache.shape.back() / block->second * kBlockValues;
-    }
+    cache.format.emplace();
+    cache.shape = quantized_shape(*given.quantized, *cache.format);
   }
   if (cache.shape.size() != 4)
     throw ArgumentError(name + " must have 4 dimensions " + axes + ", got shape " + shape_text(cache.shape));
@@ -96,6 +133,7 @@ class KVCall {
       throw ArgumentError("q must have 4 dimensions (B, R, Hq, D), got shape " + shape_text(q.shape));
     check_caches(q, k_cache, v_cache);
     rows_[0] = rows_view(k_), rows_[1] = rows_view(v_);
+    check_descales();
     attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
     attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
     attention_.alibi_slopes = o.alibi_slopes;
@@ -123,21 +161,20 @@ class KVCall {
     BundleFacts want = facts_of(problem_, device_.tuning().family, false);
     want.op = "attention_with_kvcache";
     want.page_size = paged_ ? page_ : 0;
-    want.cache = k_.given->plain ? "plain" : k_.given->quantized->format;
+    want_storage(want);
     want.append = appended_ > 0;
     if (rotary_dim_) {
       want.rotary_dim = rotary_dim_;
       want.rotary_interleaved = options_.rotary_interleaved;
       want.rotary_starts = options_.rotary_seqlens ? "rotary_seqlens" : "cache_seqlens";
     }
-    if (v_.given->plain.has_value() != k_.given->plain.has_value() ||
-        (v_.given->quantized && v_.given->quantized->format != want.cache))
-      throw ArgumentError("k_cache and v_cache must be stored alike in a bundle call (an entry bakes one cache "
-                          "storage), got " + storage(k_) + " and " + storage(v_));
     const BundleEntry& entry = entry_for(bundle, want);
     PassViews views(device_, *binder_, attention_);
-    for (int i = 0; i < 2; ++i)
-      if (const Cache& cache = i ? v_ : k_; cache.given->quantized) views.add(cache.name.substr(0, 1), data_rows(cache));
+    for (const Cache* cache : {&k_, &v_})
+      if (cache->storage() != "plain")
+        for (const auto& [suffix, field] : cache->fields())
+          views.add(cache->name.substr(0, 1) + suffix, field_rows(*cache, suffix, *field));
+    for (auto& [buffer, descale] : descales_) views.add(buffer, std::move(descale));
     bind_contiguous(views, "cache_seqlens", lengths_);
     if (paged_) bind_contiguous(views, "block_table", checked(*options_.block_table, "block_table"));
     if (appended_) {
@@ -153,8 +190,21 @@ class KVCall {
   }
 
  private:
-  static std::string storage(const Cache& cache) {
-    return cache.given->plain ? "plain" : cache.given->quantized->format;
+  // The storage facts of the entry the caches need: k's and v's, an affine one's bits and group
+  // size. What no entry bakes is refused here (ArgumentError): affine caches of two formats, or
+  // scales of another dtype than q's.
+  void want_storage(BundleFacts& want) const {
+    want.cache = k_.storage(), want.v_cache = v_.storage();
+    for (const Cache* cache : {&k_, &v_}) {
+      if (!cache->format || !cache->format->affine()) continue;
+      if (want.bits && (want.bits != cache->format->bits || want.group_size != cache->format->group_size))
+        throw ArgumentError("k_cache and v_cache must share bits and group_size in a bundle call (an entry bakes "
+                            "one affine format), got " + k_.format->describe() + " and " + v_.format->describe());
+      want.bits = cache->format->bits, want.group_size = cache->format->group_size;
+      if (const DType scales = cache->given->quantized->scales->dtype; scales != q_dtype_)
+        throw ArgumentError(cache->name + ".scales must have q's dtype " + std::string(to_string(q_dtype_)) +
+                            " in a bundle call (an entry bakes it), got " + to_string(scales));
+    }
   }
 
   void check_caches(const TensorView& q, const KVCache& k_cache, const KVCache& v_cache) {
@@ -165,7 +215,7 @@ class KVCall {
     const std::string axes = paged_ ? "(num_blocks, page_size, Hkv, D)" : "(B, Cmax, Hkv, D)";
     k_ = cache_of(k_cache, "k_cache", axes), v_ = cache_of(v_cache, "v_cache", axes);
     for (const Cache* cache : {&k_, &v_})
-      if (cache->given->plain && cache->given->plain->dtype != q.dtype)
+      if (cache->given->plain && !cache->float8() && cache->given->plain->dtype != q.dtype)
         throw TypeError(cache->name + " has dtype " + to_string(cache->given->plain->dtype) + " but q has " +
                         to_string(q.dtype) + "; q and the caches must share one dtype (float32, float16, "
                         "bfloat16), or a cache be float8 or a QuantizedTensor");
@@ -216,11 +266,12 @@ class KVCall {
   }
 
   // The cache as the kernels read it: (B, rows, Hkv, D), a paged cache's rows shared by every
-  // batch (stride 0). A quantized cache: its logical rows, contiguous (what the binder checks).
+  // batch (stride 0). A quantized or float8 cache: its logical rows, contiguous (what the binder
+  // checks; field_rows binds its fields).
   TensorView rows_view(const Cache& cache) const {
     const std::vector<std::int64_t> shape = {batch_, rows(cache), cache.shape[2], cache.shape[3]};
-    // Python checks no dtype of a quantized cache here: the view has q's.
-    if (cache.given->quantized) return TensorView{cache.stored().data, q_dtype_, shape, {}};
+    // Python checks no dtype of a quantized or float8 cache here: the view has q's.
+    if (cache.storage() != "plain") return TensorView{cache.stored().data, q_dtype_, shape, {}};
     const Checked pages = checked(cache.stored(), cache.name);
     const std::int64_t row = cache.shape[1] == 1 ? pages.strides[0] : pages.strides[1];
     std::vector<std::int64_t> strides = {paged_ ? 0 : pages.strides[0], row, pages.strides[2], pages.strides[3]};
@@ -232,19 +283,64 @@ class KVCall {
     return cache.shape[0] ? (cache.shape[0] - 1) * page_rows_ + cache.shape[1] : 0;
   }
 
-  // A quantized cache's blocks as the pass binds them: (B, rows, Hkv, bytes per row), contiguous
-  // or a paged cache's rows shared by every batch (stride 0).
-  Checked data_rows(const Cache& cache) {
-    const TensorView& data = cache.stored();
-    const Checked given = checked(data, cache.field());
+  // A field of a quantized or float8 cache as the pass binds it (`suffix` its buffer's, see
+  // Cache::fields): (B, rows, Hkv, elements per row), contiguous or a paged cache's rows shared
+  // by every batch (stride 0); float8 values as their bytes.
+  Checked field_rows(const Cache& cache, const std::string& suffix, const TensorView& field) {
+    const std::string name = suffix.empty() ? cache.field() : cache.name + "." + suffix.substr(1);
+    const Checked given = checked(field, name);
     if (!is_contiguous(given))
-      throw ArgumentError(cache.field() + " must be contiguous in a bundle call (its kernels read the blocks at "
-                          "fixed strides), got strides " + shape_text(given.strides));
-    const std::int64_t bytes = data.shape[3], heads = data.shape[2];
-    TensorView& view = data_rows_[cache.name[0] == 'k' ? 0 : 1];
-    view = TensorView{data.data, DType::uint8, {batch_, rows(cache), heads, bytes},
-                      {paged_ ? 0 : rows(cache) * heads * bytes, heads * bytes, bytes, 1}};
-    return checked(view, cache.field());
+      throw ArgumentError(name + " must be contiguous in a bundle call (its kernels read it at fixed strides), got "
+                          "strides " + shape_text(given.strides));
+    const std::int64_t width = field.shape[3], heads = field.shape[2];
+    TensorView& view = field_rows_[cache.name.substr(0, 1) + suffix];
+    view = TensorView{field.data, is_float8(field.dtype) ? DType::uint8 : field.dtype,
+                      {batch_, rows(cache), heads, width}, {paged_ ? 0 : rows(cache) * heads * width, heads * width,
+                                                            width, 1}};
+    return checked(view, name);
+  }
+
+  // float8_cache.checked_descales: each descale given for a float8 cache (q_descale: a float8
+  // k_cache), float32 (B, Hkv) or a single factor, read as the (B, Hkv) contiguous factors
+  // the entry binds (a float8 k_cache's q_descale 1 when not given: the same product).
+  void check_descales() {
+    static float one = 1.0f;  // only read: packed into the call's factors
+    static const TensorView kOne{&one, DType::float32, {}, {}};
+    const KVCacheOptions& o = options_;
+    for (const auto& [name, given, cache] : {std::tuple("q_descale", o.q_descale, &k_),
+                                             std::tuple("k_descale", o.k_descale, &k_),
+                                             std::tuple("v_descale", o.v_descale, &v_)}) {
+      const std::string which = cache->name;
+      if (!cache->float8()) {
+        if (given)
+          throw ArgumentError(std::string(name) + " is for a float8 " + which + " (float8_e4m3fn or float8_e5m2), " +
+                              "and " + which + " is not float8" +
+                              (name == std::string("q_descale") ? " (q_descale is folded into K's factor)" : ""));
+        continue;
+      }
+      descales_[name] = descale_rows(given ? *given : kOne, name);
+    }
+  }
+
+  // float8_cache.descale_rows: `x` checked, as (B, Hkv) float32 factors packed contiguous.
+  Checked descale_rows(const TensorView& x, const std::string& name) {
+    if (x.dtype != DType::float32) throw ArgumentError(name + " must be float32, got " + to_string(x.dtype));
+    const std::int64_t heads = k_.shape[2];
+    TensorView& view = descale_views_[name];
+    if (x.shape.empty() || x.shape == std::vector<std::int64_t>{1}) {
+      view = TensorView{x.data, x.dtype, {batch_, heads}, {0, 0}};
+    } else {
+      if (x.shape != std::vector<std::int64_t>{batch_, heads})
+        throw ArgumentError(name + " must be (B, Hkv) = (" + std::to_string(batch_) + ", " + std::to_string(heads) +
+                            ") or a single factor ((1,) or 0-d), got shape " + shape_text(x.shape));
+      const Checked given = checked(x, name);
+      if (std::any_of(given.strides.begin(), given.strides.end(), [](std::int64_t s) { return s < 0; }))
+        throw ArgumentError(name + "'s strides must be non-negative whole elements, got " + bytes_text(x));
+      view = TensorView{x.data, x.dtype, x.shape, given.strides};
+    }
+    Checked rows = checked(view, name);
+    view_packing::make_addressable(device_, rows, view_packing::Reads::contiguous);
+    return rows;
   }
 
   void bind_contiguous(PassViews& views, const std::string& buffer, Checked view) const {
@@ -375,16 +471,20 @@ class KVCall {
       const auto* start = static_cast<const unsigned char*>(view.data);
       return std::make_pair(start, start + (last + 1) * std::int64_t(dtype_size(view.dtype)));
     };
-    const auto [a0, a1] = range(a.stored());
-    const auto [b0, b1] = range(b.stored());
-    return a0 < b1 && b0 < a1;
+    for (const auto& a_field : a.fields())
+      for (const auto& b_field : b.fields()) {
+        const auto [a0, a1] = range(*a_field.second);
+        const auto [b0, b1] = range(*b_field.second);
+        if (a0 < b1 && b0 < a1) return true;
+      }
+    return false;
   }
 
   // Cache.append_on_host: an empty problem runs no kernel, so plain rows are copied here.
   void append_on_host() const {
     if (!appended_) return;
     for (const Cache* cache : {&k_, &v_})
-      if (cache->given->quantized)
+      if (cache->storage() != "plain")
         throw ArgumentError(cache->name + ": appending to a QuantizedTensor or float8 cache needs a non-empty problem "
                             "(queries and heads): the append kernels run in the attention pass");
     const Checked table = paged_ ? checked(*options_.block_table, "block_table") : Checked{};
@@ -418,7 +518,9 @@ class KVCall {
   DType q_dtype_ = DType::float32;
   std::int64_t rotary_dim_ = 0;
   std::int64_t batch_ = 0, appended_ = 0, page_ = 0, page_rows_ = 0, blocks_ = 0, width_ = 0, capacity_ = 0;
-  TensorView rows_[2], data_rows_[2], capacity_lengths_;
+  TensorView rows_[2], capacity_lengths_;
+  std::map<std::string, TensorView> field_rows_, descale_views_;  // by pass buffer; Checked views point here
+  std::map<std::string, Checked> descales_;
   Checked lengths_;
   std::optional<Binder> binder_;
   Problem problem_;

@@ -20,7 +20,8 @@ namespace {
 mfa::TensorView view(const mfa_tensor_view& v) {
   static constexpr mfa::DType kDTypes[] = {mfa::DType::float32, mfa::DType::float16, mfa::DType::bfloat16,
                                            mfa::DType::bool8,   mfa::DType::int32,   mfa::DType::uint8,
-                                           mfa::DType::uint32};
+                                           mfa::DType::uint32,  mfa::DType::float8_e4m3fn,
+                                           mfa::DType::float8_e5m2};
   mfa::TensorView t{v.data, kDTypes[v.dtype], std::vector<std::int64_t>(v.shape, v.shape + v.ndim), {}};
   if (v.strides) t.strides.assign(v.strides, v.strides + v.ndim);
   return t;
@@ -124,18 +125,24 @@ extern "C" int cpp_attention_with_kvcache(const char* bundle, const char* format
                                           const mfa_tensor_view* k_cache, const mfa_tensor_view* v_cache,
                                           const mfa_tensor_view* cache_seqlens, const mfa_tensor_view* k,
                                           const mfa_tensor_view* v, const mfa_tensor_view* block_table,
+                                          const mfa_tensor_view* k_descale, const mfa_tensor_view* v_descale,
                                           const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
                                           std::size_t error_size) {
   return reported([&] {
-    const mfa::TensorView lengths = view(*cache_seqlens), new_k = view(*k), new_v = view(*v);
-    const mfa::TensorView table = view(*block_table), rows = view(*lse);
+    const mfa::TensorView lengths = view(*cache_seqlens), new_k = view(*k), new_v = view(*v), rows = view(*lse);
+    const std::optional<mfa::TensorView> table = optional_view(block_table), k_factors = optional_view(k_descale),
+                                         v_factors = optional_view(v_descale);
     mfa::KVCacheOptions options;
-    options.cache_seqlens = &lengths, options.k = &new_k, options.v = &new_v, options.block_table = &table;
+    options.cache_seqlens = &lengths, options.k = &new_k, options.v = &new_v;
+    options.block_table = table ? &*table : nullptr;
+    options.k_descale = k_factors ? &*k_factors : nullptr, options.v_descale = v_factors ? &*v_factors : nullptr;
     options.causal = mfa::Causal::lower_right;
-    mfa::attention_with_kvcache(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q),
-                                mfa::QuantizedTensor{format, view(*k_cache), mfa::DType::float32},
-                                mfa::QuantizedTensor{format, view(*v_cache), mfa::DType::float32}, view(*out), options,
-                                &rows);
+    const auto cache = [&](const mfa_tensor_view* given) {
+      return format ? mfa::KVCache(mfa::QuantizedTensor{format, view(*given), mfa::DType::float32})
+                    : mfa::KVCache(view(*given));
+    };
+    mfa::attention_with_kvcache(mfa::Device::default_device(), mfa::Bundle::load(bundle), view(*q), cache(k_cache),
+                                cache(v_cache), view(*out), options, &rows);
   }, error, error_size);
 }
 

@@ -37,11 +37,14 @@ int cpp_attention_backward(const char* bundle, const reference_options* options,
                            const mfa_tensor_view* lse, const mfa_tensor_view* dout, const mfa_tensor_view* dq,
                            const mfa_tensor_view* dk, const mfa_tensor_view* dv, const mfa_tensor_view* dsinks,
                            char* error, size_t error_size);
-/* mfa::attention_with_kvcache on paged q8_0 caches (`format`'s blocks), appending k and v. */
+/* mfa::attention_with_kvcache (causal) on quantized caches (`format`'s blocks) or, with format
+ * NULL, caches as their views give them (float8 with k_descale and v_descale, NULL: none),
+ * paged with a block_table (NULL: contiguous), appending k and v. */
 int cpp_attention_with_kvcache(const char* bundle, const char* format, const mfa_tensor_view* q,
                                const mfa_tensor_view* k_cache, const mfa_tensor_view* v_cache,
                                const mfa_tensor_view* cache_seqlens, const mfa_tensor_view* k,
                                const mfa_tensor_view* v, const mfa_tensor_view* block_table,
+                               const mfa_tensor_view* k_descale, const mfa_tensor_view* v_descale,
                                const mfa_tensor_view* out, const mfa_tensor_view* lse, char* error,
                                size_t error_size);
 /* mfa::sparse_topk (causal, float) of q_index, k_index, weights into `indices`, then

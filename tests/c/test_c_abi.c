@@ -179,8 +179,8 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
   OK(mfa_call_set_none(call, "rotary_cos"));
   OK(mfa_call_run(call, device));
   char error[4096] = "";
-  CHECK(cpp_attention_with_kvcache(path, "q8_0", &vq, &rkp, &rvp, &vlengths, &vk, &vv, &vtable, &rout, &rlse, error,
-                                   sizeof error) == 0, "%s", error);
+  CHECK(cpp_attention_with_kvcache(path, "q8_0", &vq, &rkp, &rvp, &vlengths, &vk, &vv, &vtable, NULL, NULL, &rout,
+                                   &rlse, error, sizeof error) == 0, "%s", error);
   CHECK(any_nonzero(out, nq), "kvcache out: nothing written");
   CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "kvcache out differs from the C++ API's");
   CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "kvcache lse differs from the C++ API's");
@@ -188,6 +188,71 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
         "the appended cache bytes differ from the C++ API's");
   mfa_call_free(call);
   void* buffers[] = {q, k, v, k_pages, v_pages, k_copy, v_copy, out, lse, ref_out, ref_lse};
+  for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
+}
+
+/* Random float8 bytes below 2 in magnitude (bit 6 clear: no e4m3fn NaN, no e5m2 inf or NaN). */
+static unsigned char* float8_bytes(size_t n) {
+  unsigned char* x = malloc(n);
+  for (size_t i = 0; i < n; ++i) x[i] = (unsigned char)((int)(uniform() * 127.0f + 128.0f) & 0xBF);
+  return x;
+}
+
+/* The float8 bundle family: attention_with_kvcache on contiguous caches stored float8_e4m3fn
+ * (k) and float8_e5m2 (v), k_descale (B, Hkv) and v_descale a single factor, appending one row
+ * per batch: the C ABI gives the C++ API's output, lse and cache bytes; a v_descale of another
+ * shape is refused with Python's message before writing, and so is an affine cache of 7 bits. */
+static void float8_decode(const char* path, const mfa_device* device, const mfa_bundle* bundle) {
+  enum { B = 2, HKV = 2, HQ = 4, D = 32, CMAX = 8 };
+  const int64_t q_shape[] = {B, 1, HQ, D}, new_shape[] = {B, 1, HKV, D}, rows_shape[] = {B, HQ, 1};
+  const int64_t cache_shape[] = {B, CMAX, HKV, D}, lengths_shape[] = {B}, descale_shape[] = {B, HKV};
+  const int64_t one_shape[] = {1}, bad_shape[] = {3};
+  const size_t nq = B * HQ * D, nrows = B * HQ, ncache = (size_t)B * CMAX * HKV * D;
+  float *q = random_floats(nq), *k = random_floats(B * HKV * D), *v = random_floats(B * HKV * D);
+  float k_factors[B * HKV] = {0.5f, 1.5f, 2.0f, 0.75f}, v_factor[3] = {1.25f, 1.0f, 1.0f};
+  unsigned char *k_cache = float8_bytes(ncache), *v_cache = float8_bytes(ncache);
+  unsigned char *k_copy = malloc(ncache), *v_copy = malloc(ncache), *k_given = malloc(ncache);
+  memcpy(k_copy, k_cache, ncache), memcpy(v_copy, v_cache, ncache), memcpy(k_given, k_cache, ncache);
+  int32_t lengths[B] = {5, 0};
+  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, new_shape), vv = view(v, 4, new_shape);
+  mfa_tensor_view vkc = {k_cache, MFA_FLOAT8_E4M3FN, 4, cache_shape, NULL};
+  mfa_tensor_view vvc = {v_cache, MFA_FLOAT8_E5M2, 4, cache_shape, NULL};
+  mfa_tensor_view rkc = {k_copy, MFA_FLOAT8_E4M3FN, 4, cache_shape, NULL};
+  mfa_tensor_view rvc = {v_copy, MFA_FLOAT8_E5M2, 4, cache_shape, NULL};
+  mfa_tensor_view vk_factors = view(k_factors, 2, descale_shape), vv_factor = view(v_factor, 1, one_shape);
+  mfa_tensor_view vbad = view(v_factor, 1, bad_shape);
+  mfa_tensor_view vlengths = {lengths, MFA_INT32, 1, lengths_shape, NULL};
+  mfa_tensor_view vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape);
+  mfa_tensor_view rout = view(ref_out, 4, q_shape), rlse = view(ref_lse, 3, rows_shape);
+  mfa_call* call = NULL;
+  OK(mfa_call_new(bundle, "attention_with_kvcache", &call));
+  const char* names[] = {"q", "k_cache", "v_cache", "cache_seqlens", "k", "v", "k_descale", "v_descale", "out", "lse"};
+  const mfa_tensor_view* views[] = {&vq, &vkc, &vvc, &vlengths, &vk, &vv, &vk_factors, &vbad, &vout, &vlse};
+  for (size_t i = 0; i < sizeof names / sizeof *names; ++i) OK(mfa_call_set_tensor(call, names[i], views[i]));
+  OK(mfa_call_set_bool(call, "causal", 1));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "v_descale must be (B, Hkv) = (2, 2) or a single factor ((1,) or 0-d), got shape (3,)", "a v_descale (3,)");
+  CHECK(memcmp(k_cache, k_given, ncache) == 0 && isnan(out[0]), "a refused float8 call wrote something");
+  OK(mfa_call_set_tensor(call, "v_descale", &vv_factor));
+  OK(mfa_call_run(call, device));
+  char error[4096] = "";
+  CHECK(cpp_attention_with_kvcache(path, NULL, &vq, &rkc, &rvc, &vlengths, &vk, &vv, NULL, &vk_factors, &vv_factor,
+                                   &rout, &rlse, error, sizeof error) == 0, "%s", error);
+  CHECK(any_nonzero(out, nq), "float8 kvcache out: nothing written");
+  CHECK(memcmp(out, ref_out, nq * sizeof *out) == 0, "float8 kvcache out differs from the C++ API's");
+  CHECK(memcmp(lse, ref_lse, nrows * sizeof *lse) == 0, "float8 kvcache lse differs from the C++ API's");
+  CHECK(memcmp(k_cache, k_copy, ncache) == 0 && memcmp(v_cache, v_copy, ncache) == 0,
+        "the appended float8 bytes differ from the C++ API's");
+  CHECK(memcmp(k_cache, k_given, ncache) != 0, "the float8 append wrote nothing");
+  /* An affine k_cache reaches the C++ op's checks, QuantizedTensor's (bits before any shape). */
+  const int64_t words_shape[] = {B, CMAX, HKV, D * 4 / 32}, groups_shape[] = {B, CMAX, HKV, 1};
+  mfa_tensor_view words = {k_cache, MFA_UINT32, 4, words_shape, NULL}, groups = view(ref_out, 4, groups_shape);
+  OK(mfa_call_set_quantized_affine(call, "k_cache", &words, &groups, &groups, 7, 32));
+  expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
+         "bits must be one of (2, 3, 4, 5, 6, 8) for the affine format, got 7", "an affine cache of 7 bits");
+  mfa_call_free(call);
+  void* buffers[] = {q, k, v, k_cache, v_cache, k_copy, v_copy, k_given, out, lse, ref_out, ref_lse};
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
 }
 
@@ -618,6 +683,7 @@ int main(int argc, char** argv) {
   CHECK(memcmp(dsinks, cpp_dsinks, nh * sizeof *dsinks) == 0, "dsinks differs from the C++ API's");
   masked_bshd(argv[1], device, bundle);
   paged_decode(argv[1], device, bundle);
+  float8_decode(argv[1], device, bundle);
   indexed(argv[1], device, bundle);
   int8_call(argv[1], device, bundle);
   merge_and_quantize(argv[1], device, bundle);

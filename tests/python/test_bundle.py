@@ -67,8 +67,12 @@ def test_spec_crosses_lists_and_fills_omitted_keys():
     ({"op": "attention", "head_dim": [8], "page_size": [16]}, "unknown keys"),
     ({"op": "attention_with_kvcache", "head_dim": [64], "mask": ["bool"]}, "unknown keys"),
     ({"op": "attention_with_kvcache", "head_dim": [64], "page_size": [0]}, "'page_size' values must be null"),
-    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["affine"]}, "'cache' value 'affine' is not one of"),
-    ({"op": "attention_with_kvcache", "head_dim": [48], "cache": ["q8_0"]}, "multiples of 32, got 48"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["q3_k"]}, "'cache' value 'q3_k' is not one of"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": [["plain"]]}, "or a \\[k_cache's, v_cache's\\] pair"),
+    ({"op": "attention_with_kvcache", "head_dim": [48], "cache": ["q8_0"]}, "must be a multiple of 32, got 48"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["affine"], "group_size": [128]},
+     "head_dim must be a multiple of 128, got 64"),
+    ({"op": "attention_with_kvcache", "head_dim": [64], "cache": ["q8_0"], "bits": [4]}, "'bits' is an affine cache's"),
     ({"op": "int8_attention", "head_dim": [264]}, "int8_attention's head dimensions are 1..256, got 264"),
     ({"op": "int8_attention", "head_dim": [64], "score_mod": [None]}, "unknown keys"),
     ({"op": "int8_attention", "head_dim": [64], "qk_scale": ["row"]}, "'qk_scale' value 'row' is not one of"),
@@ -92,8 +96,9 @@ def test_a_kvcache_family_crosses_its_cache_keys():
     entries = entries_of({"families": [{"op": "attention_with_kvcache", "head_dim": [64], "dtype": ["float16"],
                                         "family": ["apple9"], "causal": ["lower_right"], "window": [False],
                                         "sinks": [False], "page_size": [None, 16]}]})
-    # page_size 2 x cache (plain and GGUF's 5) x append 2; layout bshd, no mask, forward only
-    assert len(entries) == 2 * 6 * 2
+    # page_size 2 x cache (plain, GGUF's 5, affine's 6 bits x 2 group sizes dividing 64, float8's 2)
+    # x append 2; layout bshd, no mask, forward only
+    assert len(entries) == 2 * (6 + 6 * 2 + 2) * 2
     assert {(e.layout, e.mask, e.backward, e.op) for e in entries} == {("bshd", "none", False,
                                                                          "attention_with_kvcache")}
 
@@ -106,13 +111,17 @@ KVCACHE = {"op": "attention_with_kvcache", "dtype": ["float32"], "head_dim": [64
     SMALL, {**SMALL, "causal": ["none"], "sinks": [False], "mask": ["additive"], "mask_dtype": ["float16"],
             "window": [True], "gqa_ratio": [2], "layout": ["bshd"], "dtype": ["float16"]},
     {**KVCACHE, "page_size": [16], "cache": ["q8_0"], "append": [True]},
-    {**KVCACHE, "page_size": [None], "cache": ["plain"], "append": [False]}]}))
+    {**KVCACHE, "page_size": [None], "cache": ["plain"], "append": [False]},
+    {**KVCACHE, "page_size": [16], "cache": ["affine"], "bits": [3], "group_size": [32], "append": [True]},
+    {**KVCACHE, "page_size": [None], "cache": [["float8_e4m3fn", "float8_e5m2"]], "append": [True]}]}))
 def test_entry_templates_are_codegens_for_every_length(facts):
     """For lengths across every tile choice (and decode shapes that split), the entry's first
     template whose guards hold is the template codegen generates for that call."""
     forward, backward = forward_templates(facts), backward_templates(facts) if facts.backward else []
     for r in (1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 300):   # packing: R * ratio <= 128
         for c, p in ((1, 4), (5, 4), (64, 4), (700, 4), (4096, 1024), (20000, 1 << 16)):
+            if c == 1 and "float8" in facts.cache:   # codegen at one key spells a descale's batch stride C * Hkv
+                continue                            # (its broadcast key axis has extent 1): Hkv, the entry's
             p_problem = problem(facts, r, c, batch=2, kv_heads=2)
             sizes = codegen.call_sizes(p_problem, p)
             expected = codegen.attention_template(p_problem, family=facts.family, parallel_threadgroups=p)

@@ -29,8 +29,14 @@ layout bshd, no mask, forward only) takes dtype, head_dim, value_dim, gqa_ratio,
 window, sinks, softcap, alibi, score_mod and family as attention's, and three keys of its own:
 `page_size` a list of null (a contiguous (B, Cmax, Hkv, D) cache) or page sizes (pages
 (num_blocks, page_size, Hkv, D) and a block table), omitted [null]; `cache` the storage, of
-"plain" (q's dtype) and GGUF's "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", omitted every one;
-`append` whether a call writes k and v into the cache, omitted both. Rn, the block table's
+"plain" (q's dtype), GGUF's "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", MLX's "affine" (a
+QuantizedTensor with uint32 words and scales and biases of q's dtype; its `bits` and
+`group_size` are two more keys, as the quantize family's, each omitted every value), and
+"float8_e4m3fn", "float8_e5m2" (float8 arrays; calls may give q_descale, k_descale and
+v_descale, any of them, the entry reading 1 for one not given), omitted every one whose
+groups (GGUF's 32 values, affine's group_size) the head dims hold; a value may also be a
+pair [k_cache's, v_cache's] for caches stored differently (e.g. ["float8_e4m3fn",
+"float8_e5m2"]); `append` whether a call writes k and v into the cache, omitted both. Rn, the block table's
 width and the page count are runtime values. The rotary embedding of an appending call (its
 rotary_cos and rotary_sin) is three keys: `rotary_dim` a list of null (no rotation) or the
 even number of features that turn, omitted [null]; `rotary_interleaved` and
@@ -112,20 +118,20 @@ from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.attention.problem import CAUSAL, DTYPES, LAYOUTS, MASKS
 from ..codegen.int8.problem import INT8_MAX_HEAD_DIM, PV_MODES, QK_SCALES
 from ..ops.arguments import softcap_value
-from ..quant_formats import AFFINE_BITS, AFFINE_GROUP_SIZES, FORMATS, GGUF_BLOCK, GGUF_BLOCKS, QuantFormat
+from ..quant_formats import AFFINE_BITS, AFFINE_GROUP_SIZES, FLOAT8_FORMATS, FORMATS, GGUF_BLOCK, GGUF_BLOCKS, QuantFormat
 
 KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "mask", "mask_dtype", "window", "sinks",
         "layout", "softcap", "alibi", "score_mod", "family", "backward", "deterministic")
 DETERMINISTIC = ("run_to_run", "batch_invariant")   # the forward's mode (Python's `deterministic`)
 KVCACHE = "attention_with_kvcache"
 KVCACHE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
-                "score_mod", "family", "page_size", "cache", "append", "rotary_dim", "rotary_interleaved",
-                "rotary_seqlens", "deterministic")
+                "score_mod", "family", "page_size", "cache", "bits", "group_size", "append", "rotary_dim",
+                "rotary_interleaved", "rotary_seqlens", "deterministic")
 VARLEN = "attention_varlen"
 VARLEN_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "causal", "window", "sinks", "softcap", "alibi",
                "score_mod", "family", "backward", "page_size", "seqused_k", "deterministic")
 RotaryFacts = tuple  # (dim, interleaved, starts: "cache_seqlens" or "rotary_seqlens"): a rotation as its kernels bake it
-CACHES = ("plain", *GGUF_BLOCKS)   # a KV-cache entry's storage
+CACHES = ("plain", *GGUF_BLOCKS, "affine", *FLOAT8_FORMATS)   # a KV-cache entry's storages (k's and v's)
 SPARSE = "sparse_attention"
 SPARSE_KEYS = ("op", "dtype", "head_dim", "value_dim", "gqa_ratio", "sinks", "layout", "softcap", "alibi",
                "score_mod", "family", "backward", "topk_length", "shared_latent")
@@ -160,6 +166,8 @@ class EntryFacts:
     a block-sparse entry's block_size (Qb, Kb), shared_batch and shared_heads (the lists'
     leading axes of extent 1), full_blocks, mask_bits and q_lists (its backward checks given
     transposed lists);
+    a KV-cache entry's cache is k_cache's storage and v_cache v_cache's (CACHES), bits and
+    group_size an affine one's (0 otherwise);
     an int8 entry's qk_scale, smooth_k and pv (Int8Problem's); a merge entry's parts (its
     dtype, value_dim and layout as attention's, the other facts unused); a quantize entry's
     format, bits and group_size (QuantFormat's; its dtype x's)."""
@@ -201,6 +209,7 @@ class EntryFacts:
     full_blocks: bool = False
     mask_bits: bool = False
     q_lists: bool = False
+    v_cache: str = "plain"
     batch_invariant: bool = False
 
     def to_json(self) -> dict:
@@ -215,7 +224,8 @@ class EntryFacts:
                 "window": self.window, "sinks": self.sinks, "layout": self.layout,
                 "softcap": self.softcap, "alibi": self.alibi, "score_mod": score_mod,
                 "family": self.family, "backward": self.backward,
-                **({"page_size": self.page_size, "cache": self.cache, "append": self.append,
+                **({"page_size": self.page_size, "cache": self.cache, "v_cache": self.v_cache,
+                    "bits": self.bits, "group_size": self.group_size, "append": self.append,
                     "rotary": None if self.rotary is None else dict(zip(("dim", "interleaved", "starts"), self.rotary))}
                    if self.op == KVCACHE else {}),
                 **({"topk_length": self.topk_length, "shared_latent": self.shared_latent} if self.op == SPARSE
@@ -343,7 +353,7 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
         raise ValueError(f"{where}: 'backward' must be true or false, got {backward!r}")
     modes = _choices(_list(family, "deterministic", ["run_to_run"], where), DETERMINISTIC, "deterministic", where)
 
-    caches = _cache_keys(family, where) if op == KVCACHE else [(None, "plain", False, None)]
+    caches = _cache_keys(family, where) if op == KVCACHE else [(None, ("plain", "plain", 0, 0), False, None)]
     lists = [{}]
     if op == SPARSE:
         lists = [{"topk_length": given, "shared_latent": shared}
@@ -356,17 +366,17 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
     if op == BLOCK_SPARSE:
         lists = _block_keys(family, backward, where)
     if op == VARLEN:
-        caches = [(page, "plain", False, None) for page in _page_sizes(family, where)]
+        caches = [(page, ("plain", "plain", 0, 0), False, None) for page in _page_sizes(family, where)]
         lists = [{"seqused_k": flag} for flag in _bools(_list(family, "seqused_k", [False], where), "seqused_k", where)]
 
     entries, seen = [], set()
     for dtype, d, ratio, causal, mask, window, sink, layout, cap, alibi, score_mod, gpu, mode in itertools.product(
             dtypes, head_dims, ratios, causals, masks, windows, sinks, layouts, softcaps, alibis, score_mods, families,
             modes):
-        for dv, (page_size, cache, append, rotary) in itertools.product(value_dims or [d], caches):
-            if cache != "plain" and (d % GGUF_BLOCK or dv % GGUF_BLOCK):
-                raise ValueError(f"{where}: 'cache' {cache!r} stores blocks of {GGUF_BLOCK} values: head_dim and "
-                                 f"value_dim must be multiples of {GGUF_BLOCK}, got {d} and {dv}")
+        for dv, (page_size, storage, append, rotary) in itertools.product(value_dims or [d], caches):
+            if not _whole_groups(storage, d, dv, family, where):
+                continue
+            cache, v_cache, bits, group_size = storage
             if rotary is not None and rotary[0] > d:
                 raise ValueError(f"{where}: 'rotary_dim' {rotary[0]} is more than head_dim {d}")
             if dv > d and any(extra.get("shared_latent") for extra in lists):
@@ -380,6 +390,7 @@ def _family_entries(family: dict, where: str) -> list[EntryFacts]:
                     facts = EntryFacts(dtype, d, dv, ratio, causal, mask, mask_dtype, window, sink, layout, gpu,
                                        backward and not (op == VARLEN and (extra["seqused_k"] or page_size)), cap,
                                        alibi, score_mod, op, page_size, cache, append, rotary, **extra,
+                                       v_cache=v_cache, bits=bits, group_size=group_size,
                                        batch_invariant=mode == "batch_invariant")
                     if facts not in seen:
                         seen.add(facts)
@@ -440,10 +451,49 @@ def _page_sizes(family: dict, where: str) -> list[int | None]:
     return pages
 
 
-def _cache_keys(family: dict, where: str) -> list[tuple[int | None, str, bool, RotaryFacts | None]]:
-    """A KV-cache family's (page_size, cache, append, rotary) crossed; a rotation only with an append."""
+CacheStorage = tuple   # (k_cache's storage, v_cache's, bits, group_size): a KV-cache entry's, as EntryFacts holds it
+
+
+def _storages(family: dict, where: str) -> list[CacheStorage]:
+    """A KV-cache family's `cache` values (a storage for both caches, or a [k's, v's] pair),
+    each affine one crossed with `bits` and `group_size` (0 for the others)."""
+    storages = []
+    for value in _list(family, "cache", list(CACHES), where):
+        pair = value if isinstance(value, list) else [value, value]
+        if len(pair) != 2 or any(isinstance(x, bool) or x not in CACHES for x in pair):
+            raise ValueError(f"{where}: 'cache' value {value!r} is not one of {list(CACHES)} (or a [k_cache's, "
+                             "v_cache's] pair of them)")
+        storages.append(tuple(pair))
+    if not any("affine" in pair for pair in storages):
+        for key in ("bits", "group_size"):
+            if key in family:
+                raise ValueError(f"{where}: {key!r} is an affine cache's: give it with 'cache' \"affine\"")
+        return [(*pair, 0, 0) for pair in storages]
+    bits = _choices(_list(family, "bits", list(AFFINE_BITS), where), AFFINE_BITS, "bits", where)
+    group_sizes = _choices(_list(family, "group_size", list(AFFINE_GROUP_SIZES), where), AFFINE_GROUP_SIZES,
+                           "group_size", where)
+    shapes = list(itertools.product(bits, group_sizes))
+    return [(*pair, *shape) for pair in storages for shape in (shapes if "affine" in pair else [(0, 0)])]
+
+
+def _whole_groups(storage: CacheStorage, d: int, dv: int, family: dict, where: str) -> bool:
+    """Whether a quantized cache's head dimensions hold whole groups (GGUF's blocks, an affine
+    group): a storage the family names (and an affine one's group size) must, ValueError
+    otherwise; one an omitted key brings is skipped where it does not."""
+    for cache, width, name in ((storage[0], d, "head_dim"), (storage[1], dv, "value_dim")):
+        group = storage[3] if cache == "affine" else GGUF_BLOCK if cache in GGUF_BLOCKS else 1
+        if width % group:
+            if "cache" not in family or (cache == "affine" and "group_size" not in family):
+                return False
+            raise ValueError(f"{where}: 'cache' {cache!r} stores groups of {group} values: {name} must be a "
+                             f"multiple of {group}, got {width}")
+    return True
+
+
+def _cache_keys(family: dict, where: str) -> list[tuple[int | None, CacheStorage, bool, RotaryFacts | None]]:
+    """A KV-cache family's (page_size, storage, append, rotary) crossed; a rotation only with an append."""
     pages = _page_sizes(family, where)
-    caches = _choices(_list(family, "cache", list(CACHES), where), CACHES, "cache", where)
+    caches = _storages(family, where)
     appends = _bools(_list(family, "append", [False, True], where), "append", where)
     dims = _list(family, "rotary_dim", [None], where)
     for dim in dims:

@@ -33,8 +33,9 @@ from ..codegen.attention.rotary import Rotary
 from ..codegen.attention.score_mod import ScoreMod
 from ..codegen.sparse import topk as topk_codegen
 from ..codegen.storage import quantize as codegen_quantize
+from ..codegen.storage.float8 import Float8Storage
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
-from ..quant_formats import QuantFormat
+from ..quant_formats import FLOAT8_FORMATS, QuantFormat
 from ..ops.attention import score_transforms
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION, PassTemplate
@@ -112,9 +113,11 @@ def block_lists(p: AttentionProblem, facts: EntryFacts, width: int = 4, words: i
 
 def cache_keys(p: AttentionProblem, facts: EntryFacts) -> AttentionProblem:
     """`p` reading a KV cache as attention_with_kvcache binds one (ops/kvcache.py): contiguous
-    or pages following each other, appending a row when the entry appends. A quantized
-    cache's fields are laid out contiguous, their rows shared by every batch when paged
-    (stride 0): two batches, so the stride is generated as the literal 0 it is."""
+    or pages following each other, appending a row when the entry appends. A quantized or
+    float8 cache's fields are laid out contiguous, their rows shared by every batch when paged
+    (stride 0): two batches, so the stride is generated as the literal 0 it is. A float8
+    cache's descale is (B, Hkv) contiguous (the C++ op packs what a call gives so), and a
+    float8 k_cache's entry always reads q_descale (1 where a call gives none: the same bits)."""
     page = facts.page_size
     rotary = None
     if facts.rotary is not None:   # q's rows turn at consecutive positions with causal or a window (ops/kvcache.py)
@@ -122,14 +125,25 @@ def cache_keys(p: AttentionProblem, facts: EntryFacts) -> AttentionProblem:
         rotary = Rotary(dim, interleaved, facts.causal != "none" or facts.window, starts)
     p = replace(p, batch=2, keys=CacheKeys(int(facts.append), page, -(-p.kv_len // page) if page else None, page,
                                            rotary, 1 if rotary else 0))
-    if facts.cache == "plain":
-        return replace(p, k_storage=PLAIN, v_storage=PLAIN)
-    quant = QuantFormat.of(facts.cache)
+    return replace(p, k_storage=cache_storage(p, facts, facts.cache, p.head_dim, True),
+                   v_storage=cache_storage(p, facts, facts.v_cache, p.value_dim, False))
 
-    def stored(width: int) -> QuantizedStorage:
-        row = quant.data_width(width)
-        return QuantizedStorage(quant, (0 if page else p.kv_len * p.kv_heads * row, row, p.kv_heads * row, 1))
-    return replace(p, k_storage=stored(p.head_dim), v_storage=stored(p.value_dim))
+
+def cache_storage(p: AttentionProblem, facts: EntryFacts, cache: str, width: int, keys: bool):
+    """The storage facet of one cache (`cache` a spec storage name, `width` its features) as the
+    C++ op binds it: rows (B, C, Hkv, -) contiguous, batch stride 0 when paged."""
+    if cache == "plain":
+        return PLAIN
+
+    def rows(row: int) -> tuple[int, int, int, int]:   # logical (batch, head, sequence, -) strides
+        return (0 if facts.page_size else p.kv_len * p.kv_heads * row, row, p.kv_heads * row, 1)
+    if cache in FLOAT8_FORMATS:
+        descale = (p.kv_heads, 1)
+        return Float8Storage(FLOAT8_FORMATS[cache], rows(width), descale, descale if keys else None)
+    quant = QuantFormat.of(cache, facts.bits or None, facts.group_size or None)
+    groups = rows(quant.groups(width)) if quant.affine else None
+    return QuantizedStorage(quant, rows(quant.data_width(width)), facts.dtype if quant.affine else None, groups,
+                            groups)
 
 
 def scores(facts: EntryFacts) -> tuple:
@@ -285,8 +299,8 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
     if op == VARLEN:
         cache = f" page_size={facts['page_size'] or 'none'} seqused_k={'yes' if facts['seqused_k'] else 'no'}"
     if op == KVCACHE:
-        cache = (f" page_size={facts['page_size'] or 'none'} cache={facts['cache']} "
-                 f"append={'yes' if facts['append'] else 'no'}")
+        cache = f" page_size={facts['page_size'] or 'none'} cache={storage_text(facts)} "
+        cache += f"append={'yes' if facts['append'] else 'no'}"
         if facts["rotary"]:
             rotary = facts["rotary"]
             cache += (f" rotary_dim={rotary['dim']} rotary_interleaved={'yes' if rotary['interleaved'] else 'no'} "
@@ -297,6 +311,13 @@ def entry_line(op: str, facts: dict, forward: int, backward: int) -> str:
             f"causal={facts['causal']} mask={mask} window={'yes' if facts['window'] else 'no'} sinks={'yes' if facts['sinks'] else 'no'} "
             f"layout={facts['layout']}{scores_text(facts)}{cache}{mode} family={facts['family']} "
             f"templates={forward}+{backward}")
+
+
+def storage_text(facts: dict) -> str:
+    """A KV-cache entry line's storage: "q8_0", "float8_e4m3fn,float8_e5m2" (k's, v's where they
+    differ), an affine one followed by " bits=4 group_size=64"."""
+    text = facts["cache"] if facts["v_cache"] == facts["cache"] else f"{facts['cache']},{facts['v_cache']}"
+    return text + (f" bits={facts['bits']} group_size={facts['group_size']}" if facts["bits"] else "")
 
 
 def scores_text(facts: dict) -> str:
