@@ -107,6 +107,18 @@ KVCACHE = {"op": "attention_with_kvcache", "dtype": ["float32"], "head_dim": [64
            "causal": ["lower_right"], "window": [False], "sinks": [False], "family": ["apple9"]}
 
 
+def assert_chosen_are_codegens(facts, p, forward: list, backward: list, where,
+                               parallel_threadgroups: int | None = None) -> None:
+    """The templates an entry's `forward` (and `backward`, if any) choose for the sizes of
+    problem `p` are the ones codegen generates for it; `where` names the case."""
+    sizes = codegen.call_sizes(p, parallel_threadgroups)
+    expected = codegen.attention_template(p, family=facts.family, parallel_threadgroups=parallel_threadgroups)
+    assert choose(forward, sizes) == json.loads(json.dumps(asdict(expected))), where
+    if backward:
+        expected = codegen.attention_backward_template(codegen.AttentionBackwardProblem(p), family=facts.family)
+        assert choose(backward, sizes) == json.loads(json.dumps(asdict(expected))), where
+
+
 @pytest.mark.parametrize("facts", entries_of({"families": [
     SMALL, {**SMALL, "causal": ["none"], "sinks": [False], "mask": ["additive"], "mask_dtype": ["float16"],
             "window": [True], "gqa_ratio": [2], "layout": ["bshd"], "dtype": ["float16"]},
@@ -122,14 +134,8 @@ def test_entry_templates_are_codegens_for_every_length(facts):
         for c, p in ((1, 4), (5, 4), (64, 4), (700, 4), (4096, 1024), (20000, 1 << 16)):
             if c == 1 and "float8" in facts.cache:   # codegen at one key spells a descale's batch stride C * Hkv
                 continue                            # (its broadcast key axis has extent 1): Hkv, the entry's
-            p_problem = problem(facts, r, c, batch=2, kv_heads=2)
-            sizes = codegen.call_sizes(p_problem, p)
-            expected = codegen.attention_template(p_problem, family=facts.family, parallel_threadgroups=p)
-            assert choose(forward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, p)
-            if c < 1000 and facts.backward:
-                expected = codegen.attention_backward_template(codegen.AttentionBackwardProblem(p_problem),
-                                                               family=facts.family)
-                assert choose(backward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c)
+            assert_chosen_are_codegens(facts, problem(facts, r, c, batch=2, kv_heads=2), forward,
+                                       backward if c < 1000 else [], (r, c, p), parallel_threadgroups=p)
 
 
 def test_cli_writes_and_lists(tmp_path):

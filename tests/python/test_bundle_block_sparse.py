@@ -8,24 +8,22 @@ in Python's order, before anything is written."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import mfa_native
-from mfa_native import _core, codegen
+from mfa_native import _core
 from mfa_native.bundle import entries_of
 from mfa_native.bundle.file import pack
 from mfa_native.bundle.spec import BLOCK_SPARSE
-from mfa_native.bundle.writer import (backward_templates, block_lists, build_payload, choose, entry_line,
-                                      forward_templates, problem)
+from mfa_native.bundle.writer import (backward_templates, block_lists, build_payload, entry_line, forward_templates,
+                                      problem)
 from mfa_native.ops.block_mask import BITS, PAIRS
 from mfa_native.ops.flex_bits import bit_blocks
 
 from conftest import poison
+from test_bundle import assert_chosen_are_codegens
 from test_bundle_cpp import view
 
 LISTS = tuple(name for pair in PAIRS for name in pair) + BITS
@@ -352,13 +350,7 @@ def test_entry_templates_are_codegens_for_every_size(facts):
         for c in (1, 64, 5000):
             for width in (1, 7, 300):
                 p = block_lists(problem(facts, r, c, batch=2, kv_heads=2), facts, width, 3 * width)
-                sizes = codegen.call_sizes(p)
-                expected = codegen.attention_template(p, family=facts.family)
-                assert choose(forward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, width)
-                if facts.backward:
-                    expected = codegen.attention_backward_template(codegen.AttentionBackwardProblem(p),
-                                                                   family=facts.family)
-                    assert choose(backward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, width)
+                assert_chosen_are_codegens(facts, p, forward, backward, (r, c, width))
 
 
 @pytest.mark.parametrize("family, message", [

@@ -27,6 +27,7 @@ from mfa_native.bundle.writer import (backward_templates, build_payload, choose,
 from mfa_native.codegen.sparse import topk as topk_codegen
 
 from conftest import poison
+from test_bundle import assert_chosen_are_codegens
 from test_bundle_cpp import view
 from test_bundle_scores import DOCUMENT_BIAS, SCORE_MOD
 
@@ -225,13 +226,7 @@ def test_entry_templates_are_codegens_for_every_size(facts):
         for c in (1, 64, 5000):
             for topk in (1, 7, 64, 2048):
                 p = token_lists(problem(facts, r, c, batch=2, kv_heads=2), facts, topk)
-                sizes = codegen.call_sizes(p)
-                expected = codegen.attention_template(p, family=facts.family)
-                assert choose(forward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, topk)
-                if facts.backward:
-                    expected = codegen.attention_backward_template(codegen.AttentionBackwardProblem(p),
-                                                                   family=facts.family)
-                    assert choose(backward, sizes) == json.loads(json.dumps(asdict(expected))), (r, c, topk)
+                assert_chosen_are_codegens(facts, p, forward, backward, (r, c, topk))
 
 
 @pytest.mark.parametrize("family, message", [
