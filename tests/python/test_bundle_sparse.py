@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import mfa_native
-from mfa_native import _core, codegen
+from mfa_native import _core
 from mfa_native.bundle import entries_of
 from mfa_native.bundle.file import pack
 from mfa_native.bundle.spec import SPARSE, TOPK
