@@ -103,9 +103,10 @@ def _own(binding: Binding, values: dict, names: tuple[str, ...]) -> dict[str, np
 def check_sequences(keys: SequenceKeys, values: dict, hints: tuple) -> np.ndarray:
     """What spans the arrays' contents (every call, once their rules have checked them): the
     max_seqlen hints at least the longest sequence, and what `SequenceKeys.check` checks; the
-    keys each sequence uses."""
-    cu_q = check.as_array(values["cu_seqlens_q"], "cu_seqlens_q")
-    check_hint(hints[0], "max_seqlen_q", np.diff(cu_q.astype(np.int64)))
+    keys each sequence uses (None where nothing reads them)."""
+    if hints[0] is not None:
+        cu_q = check.as_array(values["cu_seqlens_q"], "cu_seqlens_q")
+        check_hint(hints[0], "max_seqlen_q", np.diff(cu_q.astype(np.int64)))
     return keys.check(values["cu_seqlens_k"], values["seqused_k"], values["block_table"], hints[1])
 
 

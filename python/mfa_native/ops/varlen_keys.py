@@ -70,10 +70,13 @@ class SequenceKeys:
                                   page_rows=self.page_rows)
         return SequenceRanges(self.sequences, max_queries, used_keys=self.used)
 
-    def check(self, cu_k, seqused_k, block_table, hint: int | None) -> np.ndarray:
+    def check(self, cu_k, seqused_k, block_table, hint: int | None) -> np.ndarray | None:
         """The keys each sequence uses, int32 (B,), once cu_seqlens_k's and seqused_k's rules have
         checked them: seqused_k within each sequence's rows (packed), the max_seqlen_k hint, and
-        (paged) within what its pages hold, every page read one of k's."""
+        (paged) within what its pages hold, every page read one of k's. None: packed keys of
+        cu_seqlens_k alone and no hint, where nothing is left to check or bind."""
+        if not (self.paged or self.used or hint is not None):
+            return None
         rows = None if cu_k is None else np.diff(check.as_array(cu_k, "cu_seqlens_k").astype(np.int64))
         if self.used:
             lengths = check.as_array(seqused_k, "seqused_k").astype(np.int64)
