@@ -48,6 +48,7 @@ def _cu_seqlens(name: str, count: str, ends: Content, *requires: Require) -> Arr
 
 
 def _ends(name: str, total: str, axis: str, when: str | None = None) -> Content:
+    """cu_seqlens' last entry: `total`, the rows of `axis` (where `when` holds)."""
     return Content("last", f"{name} must end at the total row count {{{total}}} ({axis}'s first axis), got "
                            f"{{{name}.value}}", bound=total, when=when)
 
