@@ -249,15 +249,6 @@ void PassViews::add(const std::string& buffer, Checked view) {
   arrays[buffer] = {&views[buffer]};
 }
 
-void PassViews::drop_leading_axis(const std::string& buffer) {
-  const Checked* given = arrays.at(buffer).view;
-  if (!given) return;
-  Checked view = *given;
-  view.shape.erase(view.shape.begin());
-  view.strides.erase(view.strides.begin());
-  add(buffer, std::move(view));
-}
-
 void run(const Device& device, CommandBatch* batch, const PassTemplate& pass, const SizeEnv& sizes,
          const PassViews& views) {
   run_pass(device, batch, evaluate(pass, sizes), views.arrays);

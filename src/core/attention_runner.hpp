@@ -53,9 +53,6 @@ struct PassViews {
   PassViews& operator=(const PassViews&) = delete;
   // Binds `view` as pass buffer `buffer` (in place of what the binder gave, if anything).
   void add(const std::string& buffer, Checked view);
-  // Binds buffer `buffer` (caller memory, if given) without its leading axis of extent 1: the
-  // packed-sequence passes read q, k, v and their outputs without a batch axis.
-  void drop_leading_axis(const std::string& buffer);
 };
 
 // The runtime sizes of a call of `p` (lengths and counts, the device's parallel threadgroups,

@@ -38,6 +38,45 @@ bool is_size_name(const std::string& text) {
                      [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
+// A checked int32 view's entries in C order (element i's offset read axis by axis).
+std::vector<std::int64_t> int32_entries(const Checked& view) {
+  const auto* values = static_cast<const std::int32_t*>(view.view->data);
+  std::vector<std::int64_t> entries(static_cast<std::size_t>(view.elements));
+  for (std::int64_t i = 0; i < view.elements; ++i) {
+    std::int64_t offset = 0, rest = i;
+    for (std::size_t axis = view.shape.size(); axis-- > 0;) {
+      offset += (rest % view.shape[axis]) * view.strides[axis];
+      rest /= view.shape[axis];
+    }
+    entries[std::size_t(i)] = values[offset];
+  }
+  return entries;
+}
+
+// rules.content_failure: the fields of the first entry of `values` breaking a content check of
+// `kind` (empty: it holds): index and value; "nonnegative" adds min (the smallest entry, at
+// index), "nondecreasing" the entry before, prior_index and prior.
+std::map<std::string, std::int64_t> content_failure(const std::string& kind, const std::vector<std::int64_t>& values,
+                                                    std::int64_t bound) {
+  if (values.empty()) return {};
+  if (kind == "nonnegative") {
+    const auto lowest = std::min_element(values.begin(), values.end());  // numpy's argmin: the first
+    if (*lowest >= 0) return {};
+    return {{"index", lowest - values.begin()}, {"value", *lowest}, {"min", *lowest}};
+  }
+  if (kind == "first" || kind == "last") {
+    const std::size_t at = kind == "first" ? 0 : values.size() - 1;
+    if (values[at] == bound) return {};
+    return {{"index", std::int64_t(at)}, {"value", values[at]}};
+  }
+  std::size_t at = 0;  // "nondecreasing": the first of the largest drops
+  for (std::size_t i = 1; i + 1 < values.size(); ++i)
+    if (values[i + 1] - values[i] < values[at + 1] - values[at]) at = i;
+  if (values.size() < 2 || values[at + 1] >= values[at]) return {};
+  return {{"index", std::int64_t(at + 1)}, {"value", values[at + 1]}, {"prior_index", std::int64_t(at)},
+          {"prior", values[at]}};
+}
+
 // Whether numpy broadcasts `shape` to `target`.
 bool broadcasts(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& target) {
   if (shape.size() > target.size()) return false;
@@ -101,13 +140,11 @@ void Binder::check(const ArrayRule& rule) {
 void Binder::check_dtype(const ArrayRule& rule) const {
   if (!given(rule.name)) throw ArgumentError(rule.name + " is required");
   const std::string dtype = to_string(given_.at(rule.name)->dtype);
-  if (rule.dtypes.empty()) {
-    if (given(rule.dtype_of) && dtype != to_string(given_.at(rule.dtype_of)->dtype))
-      throw TypeError(format(rule.dtype_error));
-    return;
-  }
-  for (const std::string& allowed : rule.dtypes)
-    if (dtype == allowed) return;
+  const bool allowed = rule.dtypes.empty()
+                           ? !given(rule.dtype_of) || dtype == to_string(given_.at(rule.dtype_of)->dtype)
+                           : std::find(rule.dtypes.begin(), rule.dtypes.end(), dtype) != rule.dtypes.end();
+  if (allowed) return;
+  if (rule.dtype_value_error) throw ArgumentError(format(rule.dtype_error));
   throw TypeError(format(rule.dtype_error));
 }
 
@@ -156,21 +193,14 @@ void Binder::check_contents(const ArrayRule& rule) {
   if (view.view->dtype != DType::int32)
     throw BundleError("the bundle's declaration of " + declaration_.op + " checks the contents of " + rule.name +
                       ", which is not int32");
-  const auto* values = static_cast<const std::int32_t*>(view.view->data);
-  std::int64_t lowest = 0;
-  for (std::int64_t i = 0; i < view.elements; ++i) {  // element i's offset, axis by axis
-    std::int64_t offset = 0, rest = i;
-    for (std::size_t axis = view.shape.size(); axis-- > 0;) {
-      offset += (rest % view.shape[axis]) * view.strides[axis];
-      rest /= view.shape[axis];
-    }
-    lowest = std::min<std::int64_t>(lowest, values[offset]);
+  const std::vector<std::int64_t> values = int32_entries(view);
+  for (const ContentCheck& content : rule.contents) {
+    if (content.when && !content.when->evaluate(sizes_)) continue;
+    const auto failure = content_failure(content.kind, values, content.bound ? content.bound->evaluate(sizes_) : 0);
+    if (failure.empty()) continue;
+    for (const auto& [field, value] : failure) content_fields_[rule.name + "." + field] = value;
+    throw ArgumentError(format(content.message));
   }
-  for (const ContentCheck& content : rule.contents)  // "nonnegative", the one kind
-    if (lowest < 0) {
-      minima_[rule.name] = lowest;
-      throw ArgumentError(format(content.message));
-    }
 }
 
 std::vector<std::int64_t> Binder::logical(const ArrayRule& rule, const std::vector<std::int64_t>& memory) const {
@@ -216,7 +246,7 @@ std::string Binder::field(const std::string& key) const {
   if (what == "dtype") return to_string(view.dtype);
   if (what == "axes") return joined(in_memory_order(rule.axes, order(rule, rule.axes.size())));
   if (what == "expected") return shape_text(expected(name));
-  if (what == "min" && minima_.count(name)) return std::to_string(minima_.at(name));
+  if (auto it = content_fields_.find(key); it != content_fields_.end()) return std::to_string(it->second);
   return "{" + key + "}";
 }
 

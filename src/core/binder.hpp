@@ -67,7 +67,7 @@ class Binder {
   SizeEnv sizes_;
   std::map<std::string, Checked> views_;
   std::map<std::string, std::size_t> shape_index_;
-  std::map<std::string, std::int64_t> minima_;  // a content message's {name.min}
+  std::map<std::string, std::int64_t> content_fields_;  // a content message's {name.index}, {name.value}, ...
 };
 
 }  // namespace mfa

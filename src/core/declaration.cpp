@@ -29,10 +29,21 @@ std::vector<SizeRequirement> requires_of(const json::Value& list) {
   return out;
 }
 
+std::optional<SizeExpression> optional_expression(const json::Value& value, const char* key) {
+  const std::string text = optional_text(value, key);
+  return text.empty() ? std::nullopt : std::optional<SizeExpression>(SizeExpression(text));
+}
+
 ContentCheck content_of(const json::Value& c) {
-  ContentCheck check{c.at("kind").as_string("content kind"), c.at("message").as_string("content message")};
-  if (check.kind != "nonnegative")
-    throw json::JsonError("a declaration's content check must be nonnegative, got '" + check.kind + "'");
+  ContentCheck check{c.at("kind").as_string("content kind"), c.at("message").as_string("content message"),
+                     optional_expression(c, "bound"), optional_expression(c, "when")};
+  const bool bounded = check.kind == "first" || check.kind == "last";
+  if (!bounded && check.kind != "nonnegative" && check.kind != "nondecreasing")
+    throw json::JsonError("a declaration's content check must be nonnegative, first, last or nondecreasing, got '" +
+                          check.kind + "'");
+  if (bounded != check.bound.has_value())
+    throw json::JsonError("a declaration's content check of kind " + check.kind + " takes a bound if and only if "
+                          "it is first or last");
   return check;
 }
 
@@ -63,6 +74,7 @@ ArrayRule rule_of(const json::Value& a) {
   r.own = a.at("own").as_bool("own");
   r.requires_ = requires_of(a.at("requires"));
   for (const json::Value& c : a.at("contents").as_array("contents")) r.contents.push_back(content_of(c));
+  r.dtype_value_error = a.at("dtype_raises").as_string("dtype_raises") == "ValueError";
   r.dtype_error = a.at("dtype_error").as_string("dtype_error");
   r.rank_error = a.at("rank_error").as_string("rank_error");
   r.shape_error = a.at("shape_error").as_string("shape_error");

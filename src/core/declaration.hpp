@@ -2,11 +2,12 @@
 // rules of its array arguments and outputs and its size checks, written by
 // python/mfa_native/ops/rules.py (Op.declaration_data). The binder
 // (binder.hpp) checks a call against it; messages are the declaration's
-// templates ({q.shape}, {q.dtype}, {q.axes}, {q.expected}, {q.min}, {layout},
-// {Hq}).
+// templates ({q.shape}, {q.dtype}, {q.axes}, {q.expected}, a content check's
+// {q.index}, {q.value}, ..., {layout}, {Hq}).
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,11 +23,13 @@ struct SizeRequirement {
   bool type_error = false;  // TypeError rather than ArgumentError (Python's ValueError)
 };
 
-// A check of an int32 array's values, read on every call (rules.Content); "nonnegative": no
-// entry below 0, the one kind.
+// A check of an int32 array's values, read on every call (rules.Content): its kind (rules.CONTENTS:
+// "nonnegative", "first", "last", "nondecreasing"), the bound a "first" or "last" entry must
+// equal, and the condition under which it applies (none: always).
 struct ContentCheck {
   std::string kind;
   std::string message;
+  std::optional<SizeExpression> bound, when;
 };
 
 struct ArrayRule {
@@ -49,6 +52,7 @@ struct ArrayRule {
   bool own = false;                 // the op's own: checked after the arrays it shares with attention
   std::vector<SizeRequirement> requires_;  // once it is checked (the sizes it binds included)
   std::vector<ContentCheck> contents;
+  bool dtype_value_error = false;   // a dtype outside its set raises ArgumentError (Python's ValueError), not TypeError
   std::string dtype_error, rank_error, shape_error, needs_error;
 };
 

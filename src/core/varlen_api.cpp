@@ -1,18 +1,18 @@
-// mfa::attention_varlen and its backward: python/mfa_native/ops/varlen.py (and
-// varlen_keys.py, pages.py) in C++, with its messages, in its order: q's rank, cu_seqlens_q's
-// form, the keys' shapes (packed rows, or pages and the block table's form) and cu_seqlens_k's
-// and seqused_k's forms, then attention's checks (q, k and v bound as one bshd batch of
-// total_q queries and total_k keys; pages as their rows), then the contents of cu_seqlens,
-// seqused_k and the block table and the max_seqlen hints (every call, before anything is
-// written). The pass reads q, k, v, o and lse
-// without their batch axis, and the unit tables (codegen/attention/sequences.py's
-// unit_table), built here every call into pool buffers (a CommandBatch keeps them alive).
+// mfa::attention_varlen and its backward: their declarations' checks (the bundle's
+// "attention_varlen" and "attention_varlen_backward", python/mfa_native/ops/varlen_rules.py):
+// q, k and v packed, (total_q, Hq, D) and (total_k, Hkv, D|Dv), attention's checks, then the
+// op's own arrays (the backward's o, lse and do; cu_seqlens, the block table, seqused_k) with
+// their contents; then, as varlen.py and varlen_keys.py, what spans several arrays' contents
+// (the max_seqlen hints, seqused_k within each sequence's rows, the pages each sequence reads),
+// every call, before anything is written. Paged k and v are bound as their rows (pages.py's
+// as_rows) once their layout is checked (code, as varlen_keys.SequenceKeys does). The pass
+// reads the packed arrays as given (one batch: batch strides 0), and the unit tables
+// (codegen/attention/sequences.py's unit_table), built here every call into pool buffers (a
+// CommandBatch keeps them alive).
 // The per-sequence query bound (max_seqlen_q, else total_q) is the runtime size "Qb": the
 // entry's templates are guarded by it (bundle/writer.py's VARLEN_BOUND), and the chosen
 // template's "Qu" is the queries of a forward unit, the table's unit.
 #include <algorithm>
-#include <cstring>
-#include <limits>
 #include <map>
 #include <optional>
 
@@ -28,44 +28,17 @@ namespace {
 using attention_problem::Problem;
 using namespace attention_runner;
 
-constexpr std::int64_t kMaxSequences = std::int64_t(1) << 24;  // varlen_keys.py's MAX_SEQUENCES
-constexpr const char* kBound = "Qb";                           // writer.py's VARLEN_BOUND
-constexpr const char* kUnit = "Qu";                            // the chosen template's forward unit
+constexpr const char* kBound = "Qb";  // writer.py's VARLEN_BOUND
+constexpr const char* kUnit = "Qu";   // the chosen template's forward unit
 
 std::int64_t element(const Checked& view, std::int64_t i) {
   return static_cast<const std::int32_t*>(view.view->data)[i * view.strides[0]];
 }
 
-// varlen_keys.cu_form: int32, one axis of at least one entry, at most 2**24 + 1 entries.
-void check_cu_form(const TensorView& cu, const std::string& name) {
-  if (cu.dtype != DType::int32)
-    throw ArgumentError(name + " must be int32, got dtype " + to_string(cu.dtype));
-  if (cu.shape.size() != 1 || cu.shape[0] < 1)
-    throw ArgumentError(name + " must have shape (B + 1,), one axis of at least one entry, got " +
-                        shape_text(cu.shape));
-  if (cu.shape[0] > kMaxSequences + 1)
-    throw ArgumentError(name + " has " + std::to_string(cu.shape[0]) +
-                        " entries: at most 2**24 sequences (2**24 + 1 entries) per call");
-}
-
-// varlen_keys.check_cu: from 0, ending at `total`, non-decreasing; the lengths.
-std::vector<std::int64_t> check_cu(const TensorView& given, const std::string& name, std::optional<std::int64_t> total) {
-  const Checked cu = checked(given, name);
-  const std::int64_t n = cu.shape[0];
-  if (element(cu, 0) != 0) throw ArgumentError(name + " must start at 0, got " + std::to_string(element(cu, 0)));
-  if (total && element(cu, n - 1) != *total)
-    throw ArgumentError(name + " must end at the total row count " + std::to_string(*total) + " (" +
-                        (name.back() == 'q' ? "q" : "k") + "'s first axis), got " +
-                        std::to_string(element(cu, n - 1)));
-  std::vector<std::int64_t> lengths(static_cast<std::size_t>(n - 1));
-  for (std::int64_t s = 0; s + 1 < n; ++s) lengths[s] = element(cu, s + 1) - element(cu, s);
-  if (!lengths.empty()) {
-    const auto at = std::min_element(lengths.begin(), lengths.end()) - lengths.begin();  // numpy's argmin: the first
-    if (lengths[at] < 0)
-      throw ArgumentError(name + " must be non-decreasing, but " + name + "[" + std::to_string(at + 1) + "] = " +
-                          std::to_string(element(cu, at + 1)) + " < " + name + "[" + std::to_string(at) +
-                          "] = " + std::to_string(element(cu, at)));
-  }
+// A cu_seqlens view's steps: each sequence's rows.
+std::vector<std::int64_t> steps(const Checked& cu) {
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(std::max<std::int64_t>(cu.shape[0] - 1, 0)));
+  for (std::size_t s = 0; s < lengths.size(); ++s) lengths[s] = element(cu, s + 1) - element(cu, s);
   return lengths;
 }
 
@@ -80,68 +53,35 @@ void check_hint(const std::optional<std::int64_t>& hint, const std::string& name
                         std::to_string(longest - lengths.begin()) + " has " + std::to_string(most) + " " + what);
 }
 
-// A (rows, heads, dim) view with a leading batch axis of one: how attention's checks take it
-// (an empty one's strides, which address nothing, as contiguous ones).
-TensorView batched(const TensorView& view) {
-  TensorView out = view;
-  const bool empty = std::find(view.shape.begin(), view.shape.end(), 0) != view.shape.end();
-  if (out.strides.empty() || empty) out.strides = contiguous(view.shape);
-  out.shape.insert(out.shape.begin(), 1);
-  out.strides.insert(out.strides.begin(), 0);
-  return out;
-}
-
-// The call: Python's checks, the unit tables, the entry's pass.
+// The call: its declaration's checks and the rest of Python's, the unit tables, the entry's pass.
 class VarlenCall {
  public:
-  // validate_varlen's checks (the forward's `out` and `lse` too, when given).
-  VarlenCall(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
-             const TensorView& v, const TensorView& cu_seqlens_q, const TensorView* cu_seqlens_k,
-             const VarlenOptions& o, const TensorView* out, const TensorView* lse)
+  // validate_varlen's checks by `declaration` ("attention_varlen" or its backward's) of the
+  // call's arrays `given` by declaration name (k and v as given; the options' added here).
+  VarlenCall(const Device& device, const Bundle& bundle, const std::string& declaration, const VarlenOptions& o,
+             std::map<std::string, const TensorView*> given)
       : device_(device), options_(o) {
-    if (q.shape.size() != 3)
-      throw ArgumentError("q must have 3 dimensions (total_q, heads, head dim), got shape " + shape_text(q.shape));
-    check_cu_form(cu_seqlens_q, "cu_seqlens_q");
-    sequences_ = cu_seqlens_q.shape[0] - 1;
+    const std::vector<std::int64_t>& cu_q = given.at("cu_seqlens_q")->shape;
+    sequences_ = cu_q.empty() ? 0 : std::max<std::int64_t>(cu_q[0] - 1, 0);  // read before its rule checks it
     paged_ = o.block_table != nullptr;
-    if (paged_) check_pages(k, v);
-    else check_packed(k, v, cu_seqlens_k);
-    if (cu_seqlens_k) {
-      check_cu_form(*cu_seqlens_k, "cu_seqlens_k");
-      if (cu_seqlens_k->shape[0] != sequences_ + 1)
-        throw ArgumentError("cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; "
-                            "got (" + std::to_string(sequences_ + 1) + ",) and " + shape_text(cu_seqlens_k->shape));
+    if (paged_) {
+      check_pages(*given.at("k"), *given.at("v"));
+      given["k"] = &rows_[0], given["v"] = &rows_[1];
+    } else if (!given.at("cu_seqlens_k")) {
+      throw ArgumentError("cu_seqlens_k is required without block_table: it says where each sequence's keys lie "
+                          "in k");
     }
-    if (o.seqused_k &&
-        (o.seqused_k->dtype != DType::int32 || o.seqused_k->shape != std::vector<std::int64_t>{sequences_}))
-      throw ArgumentError("seqused_k must be int32 (B,) = (" + std::to_string(sequences_) + ",), got " +
-                          to_string(o.seqused_k->dtype) + " " + shape_text(o.seqused_k->shape));
-    if (out) check_output(*out, "out", "(total_q, Hq, Dv)", {q.shape[0], q.shape[1], v.shape.back()}, q.dtype);
-    if (lse) check_output(*lse, "lse", "(Hq, total_q)", {q.shape[1], q.shape[0]}, DType::float32);
+    given["block_table"] = o.block_table, given["seqused_k"] = o.seqused_k;
+    given["sinks"] = o.sinks ? &*o.sinks : nullptr;
+    given["alibi_slopes"] = o.alibi_slopes ? &*o.alibi_slopes : nullptr;
     attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
     attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
     attention_.alibi_slopes = o.alibi_slopes;
     attention_.score_mod = o.score_mod, attention_.score_mod_tensors = o.score_mod_tensors;
     attention_.deterministic = o.deterministic;
-    binder_.emplace(bundle.contents().declaration("attention"), "bshd",
-                    given({{"q", &q}, {"k", paged_ ? &rows_[0] : &k}, {"v", paged_ ? &rows_[1] : &v}, {"out", out},
-                           {"lse", lse}}),
-                    SizeEnv{{"slope_rows", sequences_}});  // a per-batch ALiBi table's rows: the sequences
-    problem_ = attention_problem::checked_problem(*binder_, attention_);
-    // check_sequences: the contents (every call), the hints.
-    cu_q_ = checked(cu_seqlens_q, "cu_seqlens_q");
-    check_hint(o.max_seqlen_q, "max_seqlen_q", check_cu(cu_seqlens_q, "cu_seqlens_q", problem_.R), "rows");
-    std::vector<std::int64_t> rows;
-    if (cu_seqlens_k) {
-      cu_k_ = checked(*cu_seqlens_k, "cu_seqlens_k");
-      rows = check_cu(*cu_seqlens_k, "cu_seqlens_k", paged_ ? std::nullopt : std::optional(problem_.C));
-    }
-    lengths_ = used_keys(cu_seqlens_k ? &rows : nullptr);
-    check_hint(o.max_seqlen_k, "max_seqlen_k", lengths_, "keys");
-    if (paged_) check_pages_read();
-    if (paged_ && page_rows_ != page_)   // C++'s own, after every check of Python's
-      throw ArgumentError("k's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry reads pages "
-                          "that follow each other (page_size " + std::to_string(page_) + " rows apart)");
+    binder_.emplace(bundle.contents().declaration(declaration), "bshd", std::move(given),
+                    SizeEnv{{"sequences", sequences_}, {"paged", paged_ ? 1 : 0}});
+    problem_ = attention_problem::checked_problem(*binder_, attention_, [&](const Problem&) { check_sequences(); });
   }
 
   // The forward's pass (or Python's empty outputs).
@@ -149,96 +89,52 @@ class VarlenCall {
     if (problem_.empty()) return write_empty_forward(*binder_, problem_, attention_);
     const BundleEntry& entry = entry_for(bundle, wanted(false));
     PassViews views(device_, *binder_, attention_);
-    for (const char* name : {"q", "k", "v", "o", "lse"}) views.drop_leading_axis(name);
-    bind_contiguous(views, "cu_seqlens_q", cu_q_);
-    if (paged_) {   // the keys each sequence uses, as the host computed them; its pages
-      bind_contiguous(views, "block_table", checked(*options_.block_table, "block_table"));
-      views.add("seqused_k", lengths_table());
-    } else {
-      bind_contiguous(views, "cu_seqlens_k", cu_k_);
-      if (options_.seqused_k) bind_contiguous(views, "seqused_k", checked(*options_.seqused_k, "seqused_k"));
-    }
-    SizeEnv sizes = sizes_of(problem_, device_, entry, views);
-    sizes["Ncu"] = sequences_ + 1;
+    if (paged_) views.add("seqused_k", lengths_table());  // the keys each sequence uses, as the host computed them
+    SizeEnv sizes = pass_sizes(entry, views);
     if (paged_) sizes["Wt"] = width_;
     sizes[kBound] = std::max<std::int64_t>(options_.max_seqlen_q.value_or(problem_.R), 1);
     const PassTemplate& pass = template_for(entry.forward, sizes, entry.line);
     const SizeEnv env = template_env(pass, sizes);
-    views.add("q_units", unit_table(cu_q_, env.at("NQU"), env.at(kUnit), "q_units", tables_[0]));
+    views.add("q_units", unit_table("cu_seqlens_q", env.at("NQU"), env.at(kUnit), "q_units", tables_[0]));
     attention_runner::run(device_, batch, pass, sizes, views);
   }
 
-  // _prepare_backward's checks after validate_varlen's: o and do like the output, lse as the
-  // forward returns it; then the gradients' shapes (C++'s own: Python returns them).
-  void check_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                      const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                      const TensorView& dv, const TensorView* dsinks) const {
-    const Problem& p = problem_;
-    const std::vector<std::int64_t> shape = {p.R, p.Hq, p.Dv};
-    for (const auto& [x, name] : {std::pair(&o, "o"), std::pair(&dout, "do")}) {
-      if (x->dtype != q.dtype)
-        throw TypeError(std::string(name) + " has dtype " + to_string(x->dtype) + " but q has " + to_string(q.dtype) +
-                        "; " + name + " must have q's dtype, like the output");
-      if (x->shape != shape)
-        throw ArgumentError(std::string(name) + " must have the output's shape (total_q, Hq, Dv) = " +
-                            shape_text(shape) + ", got " + shape_text(x->shape));
-    }
-    if (lse.dtype != DType::float32)
-      throw TypeError(std::string("lse must be float32, as attention_varlen(..., return_lse=True) returns it, got ") +
-                      to_string(lse.dtype));
-    if (lse.shape != std::vector<std::int64_t>{p.Hq, p.R})
-      throw ArgumentError("lse must have shape (Hq, total_q) = " + shape_text({p.Hq, p.R}) + ", got " +
-                          shape_text(lse.shape));
-    check_output(dq, "dq", "(total_q, Hq, D)", q.shape, q.dtype);
-    check_output(dk, "dk", "(total_k, Hkv, D)", k.shape, q.dtype);
-    check_output(dv, "dv", "(total_k, Hkv, Dv)", v.shape, q.dtype);
-    if (dsinks && !options_.sinks) throw ArgumentError("dsinks is given without sinks");
-    if (dsinks) check_output(*dsinks, "dsinks", "(Hq,)", {p.Hq}, DType::float32);
-  }
-
   // The backward's pass (or Python's zeros for an empty problem).
-  void run_backward(CommandBatch* batch, const Bundle& bundle, const TensorView& q, const TensorView& k,
-                    const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
-                    const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView* dsinks) {
-    Binder binder(bundle.contents().declaration("attention_backward"), "bshd",
-                  given({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"do", &dout}, {"dq", &dq},
-                         {"dk", &dk}, {"dv", &dv}, {"dsinks", nullptr}}),
-                  SizeEnv{{"slope_rows", sequences_}});
-    attention_problem::checked_problem(binder, attention_);  // passes (validated above); sizes the binder's views
-    if (problem_.empty()) {
-      for (const char* name : {"dq", "dk", "dv"}) zero(binder.view(name));
-      if (dsinks) std::fill_n(static_cast<float*>(dsinks->data), problem_.Hq, 0.0f);
-      return;
-    }
+  void run_backward(CommandBatch* batch, const Bundle& bundle) {
+    if (problem_.empty()) return write_empty_backward(*binder_);
     const BundleEntry& entry = entry_for(bundle, wanted(true));
-    PassViews views(device_, binder, attention_);
-    for (const char* name : {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"}) views.drop_leading_axis(name);
-    if (dsinks) views.add("dsinks", checked(*dsinks, "dsinks"));
-    bind_contiguous(views, "cu_seqlens_q", cu_q_);
-    bind_contiguous(views, "cu_seqlens_k", cu_k_);
-    SizeEnv sizes = sizes_of(problem_, device_, entry, views);
-    sizes["Ncu"] = sequences_ + 1;
+    PassViews views(device_, *binder_, attention_);
+    const SizeEnv sizes = pass_sizes(entry, views);
     const PassTemplate& pass = template_for(entry.backward, sizes, entry.line);
     const SizeEnv env = template_env(pass, sizes);
-    views.add("q_units", unit_table(cu_q_, env.at("NQU"), 8, "q_units", tables_[0]));
-    views.add("k_units", unit_table(cu_k_, env.at("NKU"), 8, "k_units", tables_[1]));
+    views.add("q_units", unit_table("cu_seqlens_q", env.at("NQU"), 8, "q_units", tables_[0]));
+    views.add("k_units", unit_table("cu_seqlens_k", env.at("NKU"), 8, "k_units", tables_[1]));
     attention_runner::run(device_, batch, pass, sizes, views);
   }
 
  private:
-  // SequenceKeys.check: the keys each sequence uses: seqused_k's (not negative; packed, within
-  // each sequence's `rows`), else `rows`, else (paged, no cu_seqlens_k) every listed page's.
+  // varlen.check_sequences: what spans the arrays' contents, once their rules have checked them
+  // (the hints, the keys each sequence uses and the pages it reads); then C++'s own check.
+  void check_sequences() {
+    check_hint(options_.max_seqlen_q, "max_seqlen_q", steps(binder_->view("cu_seqlens_q")), "rows");
+    if (paged_) width_ = binder_->size("Wt");
+    const bool cu_k = binder_->given("cu_seqlens_k");
+    const std::vector<std::int64_t> rows = cu_k ? steps(binder_->view("cu_seqlens_k")) : std::vector<std::int64_t>{};
+    lengths_ = used_keys(cu_k ? &rows : nullptr);
+    check_hint(options_.max_seqlen_k, "max_seqlen_k", lengths_, "keys");
+    if (paged_) check_pages_read();
+    if (paged_ && page_rows_ != page_)   // C++'s own, after every check of Python's
+      throw ArgumentError("k's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry reads pages "
+                          "that follow each other (page_size " + std::to_string(page_) + " rows apart)");
+  }
+
+  // SequenceKeys.check: the keys each sequence uses: seqused_k's (packed, within each
+  // sequence's `rows`), else `rows`, else (paged, no cu_seqlens_k) every listed page's.
   std::vector<std::int64_t> used_keys(const std::vector<std::int64_t>* rows) const {
     if (!options_.seqused_k) return rows ? *rows : std::vector<std::int64_t>(std::size_t(sequences_), width_ * page_);
-    const Checked used = checked(*options_.seqused_k, "seqused_k");
+    const Checked& used = binder_->view("seqused_k");
     std::vector<std::int64_t> lengths(static_cast<std::size_t>(sequences_));
     for (std::int64_t s = 0; s < sequences_; ++s) lengths[s] = element(used, s);
-    if (!lengths.empty()) {
-      const auto lowest = std::min_element(lengths.begin(), lengths.end());
-      if (*lowest < 0)
-        throw ArgumentError("seqused_k must not be negative, got seqused_k[" +
-                            std::to_string(lowest - lengths.begin()) + "] = " + std::to_string(*lowest));
-    }
     for (std::int64_t s = 0; !paged_ && s < sequences_; ++s)
       if (lengths[s] > (*rows)[s])
         throw ArgumentError("seqused_k[" + std::to_string(s) + "] = " + std::to_string(lengths[s]) +
@@ -248,17 +144,13 @@ class VarlenCall {
     return lengths;
   }
 
-  // varlen_keys.check_packed's side of SequenceKeys: k and v (total_k, Hkv, D), cu_seqlens_k given.
-  static void check_packed(const TensorView& k, const TensorView& v, const TensorView* cu_seqlens_k) {
-    for (const auto& [x, name] : {std::pair(&k, "k"), std::pair(&v, "v")})
-      if (x->shape.size() != 3)
-        throw ArgumentError(std::string(name) + " must have 3 dimensions (total_k, heads, head dim), got shape " +
-                            shape_text(x->shape));
-    if (!std::equal(k.shape.begin(), k.shape.begin() + 2, v.shape.begin()))
-      throw ArgumentError("v must have k's rows and heads: k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
-    if (!cu_seqlens_k)
-      throw ArgumentError("cu_seqlens_k is required without block_table: it says where each sequence's keys lie "
-                          "in k");
+  // The pass's runtime sizes: attention's, the packed arrays' batch strides (0: one batch),
+  // the sequences' count.
+  SizeEnv pass_sizes(const BundleEntry& entry, const PassViews& views) const {
+    SizeEnv sizes = sizes_of(problem_, device_, entry, views);
+    for (const auto& [buffer, strides] : views.strided) sizes[buffer + "_batch_stride"] = 0;
+    sizes["Ncu"] = sequences_ + 1;
+    return sizes;
   }
 
   // SequenceKeys' paged side: k and v pages alike, whole rows apart, the block table's form; the
@@ -340,36 +232,12 @@ class VarlenCall {
     return table;
   }
 
-  // An output (or an argument shaped like one) the caller gives: its shape and dtype.
-  static void check_output(const TensorView& x, const std::string& name, const std::string& axes,
-                           const std::vector<std::int64_t>& shape, DType dtype) {
-    if (x.shape != shape || x.dtype != dtype)
-      throw ArgumentError(name + " must be " + axes + " = " + shape_text(shape) + " " + to_string(dtype) + ", got " +
-                          shape_text(x.shape) + " " + to_string(x.dtype));
-  }
-
-  // The call's arrays by attention's names, each with a leading batch axis of one, and the
-  // options' (null when not given).
-  std::map<std::string, const TensorView*> given(const std::map<std::string, const TensorView*>& arrays) {
-    std::map<std::string, const TensorView*> named = {
-        {"mask", nullptr}, {"sinks", options_.sinks ? &*options_.sinks : nullptr},
-        {"alibi_slopes", options_.alibi_slopes ? &*options_.alibi_slopes : nullptr}};
-    for (const auto& [name, view] : arrays)
-      named[name] = view ? &(batched_[name] = batched(*view)) : nullptr;
-    return named;
-  }
-
   BundleFacts wanted(bool backward) const {
     BundleFacts want = facts_of(problem_, device_.tuning().family, backward);
     want.op = "attention_varlen";
     want.seqused_k = options_.seqused_k != nullptr && !paged_;   // paged kernels read the host's lengths
     want.page_size = paged_ ? page_ : 0;
     return want;
-  }
-
-  void bind_contiguous(PassViews& views, const std::string& buffer, Checked view) const {
-    view_packing::make_addressable(device_, view, view_packing::Reads::contiguous);
-    views.add(buffer, std::move(view));
   }
 
   // A contiguous int32 table of `shape` the host fills, in a pool buffer (which a CommandBatch
@@ -386,10 +254,11 @@ class VarlenCall {
                    device_.new_buffer(std::size_t(std::max<std::int64_t>(elements, 1)) * sizeof(std::int32_t))};
   }
 
-  // sequences.unit_table: (entries, 2) int32 in a pool buffer, (sequence, first row) for each
-  // `unit`-row unit of each sequence in order, then (-1, 0).
-  Checked unit_table(const Checked& cu, std::int64_t entries, std::int64_t unit, const std::string& name,
+  // sequences.unit_table of cu_seqlens `cu_name`: (entries, 2) int32 in a pool buffer, (sequence,
+  // first row) for each `unit`-row unit of each sequence in order, then (-1, 0).
+  Checked unit_table(const std::string& cu_name, std::int64_t entries, std::int64_t unit, const std::string& name,
                      TensorView& holder) const {
+    const Checked& cu = binder_->view(cu_name);
     Checked table = pool_table(holder, name, {entries, 2});
     auto* rows = static_cast<std::int32_t*>(table.packed.data());
     std::int64_t at = 0;
@@ -406,21 +275,21 @@ class VarlenCall {
   const VarlenOptions& options_;
   AttentionOptions attention_;
   std::int64_t sequences_ = 0;
-  std::map<std::string, TensorView> batched_;  // the arrays as attention's checks take them
   TensorView tables_[2], rows_[2], lengths_view_;  // unit tables; paged k and v as rows; the used keys
   bool paged_ = false;
   std::int64_t blocks_ = 0, page_ = 0, page_rows_ = 0, width_ = 0;
   std::vector<std::int64_t> lengths_;  // the keys each sequence uses
   std::optional<Binder> binder_;
   Problem problem_;
-  Checked cu_q_, cu_k_;
 };
 
 void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
              const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
              const TensorView* cu_seqlens_k, const TensorView& out, const VarlenOptions& options,
              const TensorView* lse) {
-  VarlenCall call(device, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, options, &out, lse);
+  VarlenCall call(device, bundle, "attention_varlen", options,
+                  {{"q", &q}, {"k", &k}, {"v", &v}, {"cu_seqlens_q", &cu_seqlens_q}, {"cu_seqlens_k", cu_seqlens_k},
+                   {"out", &out}, {"lse", lse}});
   call.run(batch, bundle);
 }
 
@@ -435,9 +304,11 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
     if (given)
       throw NotImplementedError(std::string("attention_varlen_backward: ") + name + " given, but " + what +
                           " is forward-only (as flash-attn's paged varlen): no gradient of such a call is computed");
-  VarlenCall call(device, bundle, q, k, v, cu_seqlens_q, cu_seqlens_k, options, nullptr, nullptr);
-  call.check_backward(q, k, v, o, lse, dout, dq, dk, dv, dsinks);
-  call.run_backward(batch, bundle, q, k, v, o, lse, dout, dq, dk, dv, dsinks);
+  VarlenCall call(device, bundle, "attention_varlen_backward", options,
+                  {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"do", &dout},
+                   {"cu_seqlens_q", &cu_seqlens_q}, {"cu_seqlens_k", cu_seqlens_k}, {"dq", &dq}, {"dk", &dk},
+                   {"dv", &dv}, {"dsinks", dsinks}});
+  call.run_backward(batch, bundle);
 }
 
 }  // namespace

@@ -3,11 +3,13 @@ backend gives Python's mfa_native.attention_varlen bit for bit (GQA with and wit
 heads, by max_seqlen_q or total_q, empty sequences, a window, sinks and a softcap), from
 entries written without a scale; the entry's template for a call is codegen's for every
 (cu_seqlens, max_seqlen_q) tried; and the same bad calls raise the same exception with the
-same message, before anything is written."""
+same message, before anything is written: both check by the ops' declarations
+(ops/varlen_rules.py), which the bundle carries."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, replace
 
 import ml_dtypes
@@ -177,6 +179,7 @@ BAD_BACKWARD = {   # what changes from a good backward call
     "lse dtype": dict(lse=lambda a: a["lse"].astype(np.float16)),
     "lse shape": dict(lse=lambda a: a["lse"].T.copy()),
     "cu_seqlens_k decreasing": dict(cu_k=lambda a: np.array([0, 3, 2, 1, 20, a["cu_k"][-1]], np.int32)),
+    "cu_seqlens_q start": dict(cu_q=lambda a: a["cu_q"] + 1),
     "k rank": dict(k=lambda a: a["k"][None]),
 }
 
@@ -322,6 +325,11 @@ BAD_CALLS = {   # what changes from a good call (packed heads, hints given)
     "cu_seqlens_q end": dict(cu_q=lambda a: np.concatenate([a["cu_q"][:-1], [a["cu_q"][-1] - 1]]).astype(np.int32)),
     "cu_seqlens_q decreasing": dict(cu_q=lambda a: np.array([0, 9, 4, 4, 20, a["cu_q"][-1]], np.int32)),
     "cu_seqlens_k decreasing": dict(cu_k=lambda a: np.array([0, 3, 2, 1, 20, a["cu_k"][-1]], np.int32)),
+    "cu_seqlens_k start": dict(cu_k=lambda a: a["cu_k"] + 2),
+    "cu_seqlens_k end": dict(cu_k=lambda a: np.concatenate([a["cu_k"][:-1], [a["cu_k"][-1] + 1]]).astype(np.int32)),
+    "cu_seqlens_q empty": dict(cu_q=lambda a: a["cu_q"][:0]),
+    "cu_seqlens_k too many": dict(cu_k=lambda a: np.lib.stride_tricks.as_strided(np.zeros(1, np.int32),
+                                                                                 (2**24 + 2,), (0,))),
     "max_seqlen_q short": dict(max_seqlen_q=lambda a: 1),
     "max_seqlen_k short": dict(max_seqlen_k=lambda a: 2),
     "window type": dict(window=lambda a: (1, -2)),
@@ -351,6 +359,7 @@ BAD_USED = {   # what changes from a good call with seqused_k
     "seqused_k shape": lambda used, cu_k: used[:-1],
     "seqused_k dtype": lambda used, cu_k: used.astype(np.float32),
     "seqused_k negative": lambda used, cu_k: used - 3,
+    "seqused_k rank": lambda used, cu_k: used[None],
     "seqused_k beyond": lambda used, cu_k: np.diff(cu_k).astype(np.int32) + np.arange(len(used), dtype=np.int32) % 2,
     "max_seqlen_k below the used keys": None,
 }
@@ -382,6 +391,8 @@ BAD_PAGED = {   # what changes from a good paged call (cu_seqlens_k counting eac
                                                                       (a["k"].strides[1], *a["k"].strides[1:]))),
     "v rows apart": dict(v=lambda a: np.ascontiguousarray(np.stack([a["v"], a["v"]], 1))[:, 0]),
     "block_table form": dict(block_table=lambda a: a["block_table"][1:]),
+    "block_table dtype": dict(block_table=lambda a: a["block_table"].astype(np.float32)),
+    "cu_seqlens_k start": dict(cu_k=lambda a: a["cu_k"] + 1),
     "beyond the pages": dict(cu_k=lambda a: (a["cu_k"] * 4).astype(np.int32)),
     "page not read out of range": dict(block_table=lambda a: np.where(a["block_table"] >= 0, a["block_table"] + BLOCKS,
                                                                       a["block_table"]).astype(np.int32)),
@@ -428,3 +439,21 @@ def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
     with pytest.raises(ValueError, match=r"(?s)no entry for attention_varlen float32 D=32 Dv=32 gqa=2 .*it holds:\n  "
                                          r"attention_varlen float32 D=32 Dv=32 gqa=4"):
         _cpp(bundle, arrays, args, poison((q.shape[0], q.shape[1], D), np.float32), None)
+
+
+def test_bad_outputs_are_refused_by_the_declaration(bundle):
+    """The C++ caller's outputs (Python returns its own) are checked by the declarations' rules:
+    out and dq of another shape or dtype are refused before anything is written."""
+    rng = np.random.default_rng(14)
+    arrays, args = _problem(rng, "float32", 4, 3, 6, 20, dict(causal=True))
+    q, k, v = arrays[:3]
+    out = poison((q.shape[0] + 1, q.shape[1], D), np.float32)
+    with pytest.raises(ValueError, match=re.escape(f"out must have shape (total_q, Hq, Dv) = {(*q.shape[:2], D)}, "
+                                                   f"got {out.shape}")):
+        _cpp(bundle, arrays, args, out, None)
+    assert np.isnan(out).all()
+    o, lse = mfa_native.attention_varlen(*arrays, return_lse=True, device="cpu", **args)
+    grads = [poison(q.shape, np.float16), poison(k.shape, np.float32), poison(v.shape, np.float32)]
+    with pytest.raises(TypeError, match="dq has dtype float16 but must be float32"):
+        _cpp_backward(bundle, arrays, o, lse, o, args, grads)
+    assert all(np.isnan(g.astype(np.float32)).all() for g in grads)

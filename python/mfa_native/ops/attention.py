@@ -109,13 +109,14 @@ class Validated(Checked):
 
 
 def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None, alibi_slopes=None,
-             batches: int | None = None, quantized_refusal: str | None = "only attention reads quantized K/V",
-             descales: dict[str, np.ndarray] | None = None) -> Validated:
+             quantized_refusal: str | None = "only attention reads quantized K/V",
+             descales: dict[str, np.ndarray] | None = None, binding: Binding | None = None) -> Validated:
     """Every check of `attention`'s arguments (also those of the ops that share them);
     `arrays` = (q, k, v, mask, sinks) as passed. k and v may be QuantizedTensors unless
     `quantized_refusal` says why the op refuses them (a TypeError), and float8 arrays when
     the op gives their `descales` (float8_cache.checked_descales: bound (B, Hkv) arrays).
-    `batches`: the rows of a per-batch alibi_slopes table (None: B; varlen: its sequences)."""
+    `binding`: the sizes of q, k and v already bound by another op's rules (varlen's packed
+    arrays), which then checks sinks and alibi_slopes too; None: attention's rules bind them."""
     q, k, v, mask, sinks = arrays
     layout = check.layout_of(layout)
     raw = {"q": q, "k": k, "v": v}
@@ -127,9 +128,11 @@ def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None,
                 raise TypeError(f"{name} is a QuantizedTensor: {quantized_refusal}")
             if x.ndim != 4:
                 raise ValueError(f"{name} must have 4 dimensions, got shape {x.shape}")
-    binding = Binding(FAMILY_RULES, rules.CHECKS, layout, None if batches is None else {"slope_rows": batches})
-    sizes = binding.bind({"q": (q.shape, str(q.dtype)), "k": (k.shape, _stored_dtype(k, descales)),
-                          "v": (v.shape, _stored_dtype(v, descales))})
+    if binding is None:
+        binding = Binding(FAMILY_RULES, rules.CHECKS, layout)
+        binding.bind({"q": (q.shape, str(q.dtype)), "k": (k.shape, _stored_dtype(k, descales)),
+                      "v": (v.shape, _stored_dtype(v, descales))})
+    sizes = binding.sizes
     B, Hq, Hkv, R, C, D, Dv = (sizes[name] for name in ("B", "Hq", "Hkv", "R", "C", "D", "Dv"))
     dtype = FLOAT_DTYPES[q.dtype]
     scale = check.scale_value(scale)

@@ -70,8 +70,20 @@ DQ, DK, DV = written("dq", Q_SHAPE), written("dk", K_SHAPE), written("dv", V_SHA
 DSINKS = written("dsinks", ("Hq",), dtype="float32", layout=False, needs="sinks",
                  needs_error="dsinks is given but options.sinks is not: there is no sink gradient")
 
-_LIMITS = (("B (batch)", "B"), ("Hq (query heads)", "Hq"), ("Hkv (key/value heads)", "Hkv"),
-           ("R (query length)", "R"), ("C (key length)", "C"))
+GQA = Require("Hkv == 0 && Hq == 0 || Hkv != 0 && Hq % Hkv == 0",
+              "q's head count ({Hq}) must be a multiple of k/v's ({Hkv}) (GQA/MQA)")
+HEAD_DIMS = tuple(Require(f"1 <= {size} && {size} <= {MAX_HEAD_DIM}",
+                          f"{text} is {{{size}}}; the kernels support 1..{MAX_HEAD_DIM}")
+                  for text, size in (("D (q/k head dimension)", "D"), ("Dv (v head dimension)", "Dv")))
+
+
+def limits(sizes: tuple[tuple[str, str], ...]) -> tuple[Require, ...]:
+    """Each (text, size name) below 2**31: the kernels index it with 32-bit integers."""
+    return tuple(Require(f"{size} <= {MAX_INDEX}",
+                         f"{text} is {{{size}}}; the kernels index it with 32-bit integers, so it must be below 2**31")
+                 for text, size in sizes)
+
+
 CHECKS = Checks(
     requires=(
         Require("k_B == q_B && v_B == q_B",
@@ -79,12 +91,7 @@ CHECKS = Checks(
         Require("k_D == q_D", "k's head dimension ({k_D}) must match q's ({q_D}): q {q.shape}, k {k.shape}"),
         Require("v_Hkv == k_Hkv && v_C == k_C", "v must have k's heads and length ({layout}): k {k.shape}, "
                                                "v {v.shape}"),
-        Require("Hkv == 0 && Hq == 0 || Hkv != 0 && Hq % Hkv == 0",
-                "q's head count ({Hq}) must be a multiple of k/v's ({Hkv}) (GQA/MQA)"),
-        *(Require(f"1 <= {size} && {size} <= {MAX_HEAD_DIM}",
-                  f"{text} is {{{size}}}; the kernels support 1..{MAX_HEAD_DIM}")
-          for text, size in (("D (q/k head dimension)", "D"), ("Dv (v head dimension)", "Dv"))),
-        *(Require(f"{size} <= {MAX_INDEX}",
-                  f"{text} is {{{size}}}; the kernels index it with 32-bit integers, so it must be below 2**31")
-          for text, size in _LIMITS)),
-    derived=(("slope_rows", "B"),))   # a per-batch alibi_slopes table's rows (varlen: its sequences)
+        GQA, *HEAD_DIMS,
+        *limits((("B (batch)", "B"), ("Hq (query heads)", "Hq"), ("Hkv (key/value heads)", "Hkv"),
+                 ("R (query length)", "R"), ("C (key length)", "C")))),
+    derived=(("slope_rows", "B"),))   # a per-batch alibi_slopes table's rows

@@ -9,15 +9,20 @@ runtime/expressions.py's grammar, and its message) and sizes derived from others
 
 An array checked against sizes already bound binds the size names its shape adds (a token
 list's `topk`), may carry requirements on them (checked once it is), and may declare checks
-of its contents (`Content`: int32 values read on every call, before anything is written). An
-op's `own` arrays are checked after those it shares with attention (Python's `validate`).
+of its contents (`Content`: int32 values read on every call, before anything is written; a
+kind of CONTENTS, bounded by a size expression where it compares with one, applying where its
+`when` expression holds). An op's `own` arrays are checked after those it shares with attention
+(Python's `validate`).
 
 Messages are templates: `{q.shape}`, `{q.dtype}`, `{q.axes}` (its size names in the
-layout's order), `{q.expected}` (the shape it must have), `{q.min}` (its smallest entry, in a
-content message), `{layout}` and any bound size (`{Hq}`, or `{k_D}`: the extent a binding
-array gave a name). `Binding` runs the checks in
-Python; a bundle carries `Op.declaration_data()` (the same data as JSON) and the C++ binder
-(src/core/binder.cpp) runs them there, so both give the same message for the same call.
+layout's order), `{q.expected}` (the shape it must have), in a content message the entry
+breaking it (`{q.index}`, `{q.value}`; `{q.min}`, the smallest, for "nonnegative";
+`{q.prior_index}` and `{q.prior}`, the entry before, for "nondecreasing"), `{layout}` and any
+bound size (`{Hq}`, or `{k_D}`: the extent a binding array gave a name). A dtype outside an
+array's set raises its `dtype_raises` (TypeError unless it says ValueError). `Binding` runs
+the checks in Python; a bundle carries `Op.declaration_data()` (the same data as JSON) and
+the C++ binder (src/core/binder.cpp) runs them there, so both give the same message for the
+same call.
 """
 
 from __future__ import annotations
@@ -32,20 +37,50 @@ from ..runtime.expressions import evaluate
 
 ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 READS = ("strided", "strided_broadcast", "contiguous")   # how the kernels address it (view_packing.hpp)
-CONTENTS = ("nonnegative",)   # the content checks (Content.kind)
+# The content checks (Content.kind): "nonnegative", no entry below 0; "first" and "last", the
+# first and last entries equal to the bound; "nondecreasing", no entry below the one before it.
+CONTENTS = ("nonnegative", "first", "last", "nondecreasing")
+BOUNDED = ("first", "last")   # the kinds that take a bound
 
 
 @dataclass(frozen=True)
 class Content:
-    """A check of an int32 array's values: `kind` one of CONTENTS ("nonnegative": no entry
-    below 0), `message` the template of its refusal (a ValueError)."""
+    """A check of an int32 array's values: `kind` one of CONTENTS, `message` the template of
+    its refusal (a ValueError), `bound` the size expression a bounded kind compares with, and
+    `when` a size expression: the check applies where it holds (None: always)."""
 
     kind: str
     message: str
+    bound: str | None = None
+    when: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in CONTENTS:
             raise ValueError(f"a content check's kind must be one of {CONTENTS}, got {self.kind!r}")
+        if (self.bound is None) == (self.kind in BOUNDED):
+            raise ValueError(f"a content check of kind {self.kind!r} takes a bound if and only if it is one of "
+                             f"{BOUNDED}")
+
+
+def content_failure(kind: str, values: np.ndarray, bound: int | None) -> dict[str, int] | None:
+    """The fields of the first entry of `values` (int32, C order) breaking a content check of
+    `kind` (None: it holds): `index` and `value`; "nonnegative" adds `min` (the smallest
+    entry, at `index`), "nondecreasing" the entry before, `prior_index` and `prior`."""
+    flat = values.reshape(-1)   # each kind's common case first: a warm call runs it on every call
+    if flat.size == 0:
+        return None
+    if kind == "nonnegative":
+        if flat.min() >= 0:
+            return None
+        at = int(np.argmin(flat))
+        return {"index": at, "value": int(flat[at]), "min": int(flat[at])}
+    if kind in BOUNDED:
+        at = 0 if kind == "first" else flat.size - 1
+        return None if flat[at] == bound else {"index": at, "value": int(flat[at])}
+    if (flat[1:] >= flat[:-1]).all():   # "nondecreasing"
+        return None
+    at = int(np.argmin(np.diff(flat.astype(np.int64))))   # the first of the largest drops
+    return {"index": at + 1, "value": int(flat[at + 1]), "prior_index": at, "prior": int(flat[at])}
 
 
 @dataclass(frozen=True)
@@ -78,6 +113,7 @@ class ArrayRule:
     own: bool = False                     # the op's own: checked after the arrays it shares with attention
     requires: tuple[Require, ...] = ()    # once it is checked (over the sizes it binds too)
     contents: tuple[Content, ...] = ()    # of its values, every call
+    dtype_raises: str = "TypeError"       # the error a dtype outside its set raises (one of ERRORS)
     dtype_error: str = ""
     rank_error: str = ""                  # a rank other than the shape's (a checked array: optional)
     shape_error: str = ""
@@ -86,6 +122,8 @@ class ArrayRule:
     def __post_init__(self) -> None:
         if self.reads not in READS:
             raise ValueError(f"reads must be one of {READS}, got {self.reads!r}")
+        if self.dtype_raises not in ERRORS:
+            raise ValueError(f"dtype_raises must be one of {tuple(ERRORS)}, got {self.dtype_raises!r}")
 
 
 @dataclass(frozen=True)
@@ -109,10 +147,12 @@ def rule_data(name: str, rule: ArrayRule, role: str, optional: bool) -> dict[str
     return {"name": called, "buffer": rule.buffer or name, "role": role, "optional": optional,
             "dtypes": list(rule.dtypes), "dtype_of": rule.dtype_of, "shapes": [list(s) for s in rule.shapes],
             "layout": rule.layout, "binds": rule.binds, "broadcast": rule.broadcast, "written": rule.written,
-            "reads": rule.reads, "stride_axes": list(rule.stride_axes), "needs": rule.needs, "expands": rule.expands, "own": rule.own, "requires": requires_data(rule.requires),
-            "contents": [{"kind": c.kind, "message": c.message} for c in rule.contents],
-            "dtype_error": rule.dtype_error, "rank_error": rule.rank_error, "shape_error": rule.shape_error,
-            "needs_error": rule.needs_error}
+            "reads": rule.reads, "stride_axes": list(rule.stride_axes), "needs": rule.needs, "expands": rule.expands,
+            "own": rule.own, "requires": requires_data(rule.requires),
+            "contents": [{"kind": c.kind, "message": c.message, "bound": c.bound, "when": c.when}
+                         for c in rule.contents],
+            "dtype_raises": rule.dtype_raises, "dtype_error": rule.dtype_error, "rank_error": rule.rank_error,
+            "shape_error": rule.shape_error, "needs_error": rule.needs_error}
 
 
 def requires_data(requires: tuple[Require, ...]) -> list[dict[str, str]]:
@@ -138,6 +178,7 @@ class Binding:
         self.rules, self.checks, self.layout = rules, checks, layout
         self.sizes: dict[str, int] = dict(sizes or {})
         self._texts: dict[str, str] = {"layout": layout}
+        self._contents: dict[str, list[tuple[Content, int | None]]] = {}   # _applying's, by array
 
     def with_rules(self, rules: dict[str, ArrayRule]) -> Binding:
         """A binding of the same sizes (and the arrays seen) that checks by `rules`."""
@@ -184,12 +225,23 @@ class Binding:
         self._fail(ValueError, rule.shape_error, name)
 
     def check_contents(self, name: str, values: np.ndarray) -> None:
-        """Checks a checked array's values (int32, its rule's `contents`)."""
-        for content in self.rules[name].contents:   # "nonnegative", the one kind
-            lowest = int(values.min()) if values.size else 0
-            if lowest < 0:
-                self._texts[f"{name}.min"] = str(lowest)
+        """Checks a checked array's values (int32, its rule's `contents`, in order); a failure's
+        fields (content_failure) fill `{name.index}`, `{name.value}`, ... in its message."""
+        for content, bound in self._applying(name):
+            failure = content_failure(content.kind, values, bound)
+            if failure is not None:
+                self._texts.update({f"{name}.{key}": str(value) for key, value in failure.items()})
                 raise ValueError(self._format(content.message))
+
+    def _applying(self, name: str) -> list[tuple[Content, int | None]]:
+        """`name`'s content checks that apply, with their bounds: the sizes they read are bound
+        before it is checked and do not change, so warm calls reuse the first call's."""
+        applying = self._contents.get(name)
+        if applying is None:
+            applying = self._contents[name] = [
+                (c, None if c.bound is None else evaluate(c.bound, self.sizes)) for c in self.rules[name].contents
+                if c.when is None or evaluate(c.when, self.sizes)]
+        return applying
 
     def _with_new_sizes(self, rule: ArrayRule, index: int, shape: tuple[int, ...]) -> dict[str, int]:
         """The sizes with those shape `index` of `rule` names but nothing bound yet taken from
@@ -224,7 +276,7 @@ class Binding:
             return
         allowed = rule.dtypes or (self._texts[f"{rule.dtype_of}.dtype"],)
         if dtype not in allowed:
-            self._fail(TypeError, rule.dtype_error, name)
+            self._fail(ERRORS[rule.dtype_raises], rule.dtype_error, name)
 
     def _ordered(self, rule: ArrayRule, logical: tuple) -> tuple:
         """Logical-order values in memory order: memory axis i holds logical axis order[i]."""

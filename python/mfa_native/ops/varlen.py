@@ -7,7 +7,9 @@ dense kernels, each simdgroup on 8 rows of one sequence, listed in host-built un
 With block_table the keys are pages (codegen/attention/paged_sequences.py; forward only);
 where each sequence's keys lie is varlen_keys.py's. cu_seqlens, seqused_k and block_table
 are checked (and the tables built from them) on every call, before any kernel runs: their
-contents are not part of a call's signature.
+contents are not part of a call's signature. The arrays' checks are varlen_rules.py's data
+(which a bundle carries for the C++ core); what spans several arrays' contents is
+varlen_keys.py's.
 """
 
 from __future__ import annotations
@@ -21,41 +23,43 @@ from .. import codegen, reference
 from ..codegen import AttentionBackwardProblem, physical, unit_table
 from ..runtime.devices import tuning_facts
 from . import arguments as check
+from . import varlen_rules as rules
 from .attention import (ALIBI_SLOPES, CAUSAL, DETERMINISTIC, GRADIENT_OF, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW,
                         Validated, validate, with_determinism)
 from .attention_backward import GRADIENTS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
+from .rules import Binding
 from .score_mod import SCORE_MOD, SCORE_MOD_TENSORS, with_score_mod
-from .varlen_keys import SequenceKeys, check_cu, check_hint, cu_form
+from .varlen_keys import SequenceKeys, check_hint
 from .warm import prepared_call, same_memory
 
-VQ = Arg("q", "array", leading=True, grad=True, keyword=False, doc="""
+VQ = Arg("q", "array", leading=True, grad=True, keyword=False, rule=rules.Q, doc="""
     (total_q, Hq, D): the queries of every sequence, packed along the rows. q, k, v: one kind
     of array (numpy, torch or MLX) and one dtype (float32, float16, bfloat16); Hq a multiple
     of Hkv (GQA); D and Dv 1..576; any non-negative strides with a contiguous last axis.""")
-VK = Arg("k", "array", leading=True, grad=True, keyword=False, doc="""
+VK = Arg("k", "array", leading=True, grad=True, keyword=False, rule=rules.K, doc="""
     (total_k, Hkv, D): the keys, packed likewise; with block_table the pages (num_blocks,
     page_size, Hkv, D), any page_size (1 included), read in place through their strides: one
     after another, or whole rows apart with other data between them (FlashInfer's HND pages
     (num_pages, Hkv, page_size, D) as `x.transpose(0, 2, 1, 3)`, its stacked (num_pages, 2,
     page_size, Hkv, D) pages as `x[:, 0]` and `x[:, 1]`), k's and v's alike.""")
-VV = Arg("v", "array", leading=True, grad=True, keyword=False, doc="""
+VV = Arg("v", "array", leading=True, grad=True, keyword=False, rule=rules.V, doc="""
     (total_k, Hkv, Dv): the values, packed likewise; with block_table pages like k's.""")
-CU_Q = Arg("cu_seqlens_q", "array", keyword=False, doc="""
+CU_Q = Arg("cu_seqlens_q", "array", keyword=False, rule=rules.CU_SEQLENS_Q, doc="""
     int32 (B + 1,): sequence b's queries are q's rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]);
     non-decreasing, from 0 to total_q (empty sequences allowed).""")
-CU_K = Arg("cu_seqlens_k", "array", keyword=False, default=None, doc="""
+CU_K = Arg("cu_seqlens_k", "array", keyword=False, default=None, rule=rules.CU_SEQLENS_K, doc="""
     int32 (B + 1,): sequence b's keys and values are rows [cu_seqlens_k[b], cu_seqlens_k[b + 1])
     of k and v; non-decreasing, from 0 to total_k. Required without block_table. With it
     (flash-attn 2's paged varlen) sequence b has cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys
     (from 0, non-decreasing, ending anywhere), or None (flash-attn 3's page table): seqused_k's,
     else every listed page's, max_blocks * page_size.""")
-BLOCK_TABLE = Arg("block_table", "array", default=None, doc="""
+BLOCK_TABLE = Arg("block_table", "array", default=None, rule=rules.BLOCK_TABLE, doc="""
     int32 (B, max_blocks), optional (paged K/V, forward only): sequence b's key position p
     lives in page block_table[b, p // page_size] of k and v, at row p % page_size. Entries of
     pages no used key lies in are not read (they may be anything, -1 included).""")
-SEQUSED_K = Arg("seqused_k", "array", default=None, doc="""
+SEQUSED_K = Arg("seqused_k", "array", default=None, rule=rules.SEQUSED_K, doc="""
     int32 (B,), optional (flash-attn 3's name; forward only): sequence b uses seqused_k[b] keys,
     whatever cu_seqlens_k says: packed, k's rows [cu_seqlens_k[b], cu_seqlens_k[b] +
     seqused_k[b]) (within the sequence's rows); paged, positions 0 .. seqused_k[b] - 1 (within
@@ -65,17 +69,44 @@ MAX_Q = Arg("max_seqlen_q", "option", default=None, schema="int?", doc="""
     given, it must be at least the longest sequence's query count.""")
 MAX_K = Arg("max_seqlen_k", "option", default=None, schema="int?", doc="the same for the keys.")
 OUTPUT = Out("o", "(total_q, Hq, Dv), q's kind and dtype",
-             fake=lambda a: ((*a["q"].shape[:-1], a["v"].shape[-1]), "q"))
+             fake=lambda a: ((*a["q"].shape[:-1], a["v"].shape[-1]), "q"), rule=rules.OUT)
 LSE = Out("lse", "(Hq, total_q) float32, natural log of each row's softmax denominator (flash-attn's "
-                 "varlen softmax_lse)", when="return_lse", fake=lambda a: ((a["q"].shape[1], a["q"].shape[0]), "float32"))
+                 "varlen softmax_lse)", when="return_lse", fake=lambda a: ((a["q"].shape[1], a["q"].shape[0]), "float32"),
+          rule=rules.LSE_OUT)
+# The backward's outputs: attention's, shaped as the packed arrays are.
+VARLEN_GRADIENTS = tuple(replace(out, rule=rule)
+                         for out, rule in zip(GRADIENTS, (rules.DQ, rules.DK, rules.DV, rules.DSINKS)))
 
 
-def check_sequences(keys: SequenceKeys, values: dict, total_q: int, hints: tuple) -> np.ndarray:
-    """The contents of cu_seqlens_q and the key side's arguments (every call): cu_seqlens from 0,
-    non-decreasing, packed ones ending at their totals, the max_seqlen hints at least the
-    longest sequence, and what `SequenceKeys.check` checks; the keys each sequence uses."""
-    cu_q = check.as_array(values["cu_seqlens_q"], "cu_seqlens_q")
-    check_hint(hints[0], "max_seqlen_q", check_cu(cu_q, "cu_seqlens_q", total_q))
+OWN = ("cu_seqlens_q", "cu_seqlens_k", "block_table", "seqused_k")   # the forward's own arrays, in order
+OWN_BACKWARD = ("o", "lse", "do") + OWN
+
+
+def _sequences(cu_q) -> int:
+    """The sequences cu_seqlens_q gives (its first axis less one), read before its rule checks it."""
+    shape = check.as_array(cu_q, "cu_seqlens_q").shape
+    return max(shape[0] - 1, 0) if shape else 0
+
+
+def _own(binding: Binding, values: dict, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The op's own arrays given among `names` (declaration order), each checked by its rule,
+    contents included: attention's checks come first (Python's order, and the C++ binder's)."""
+    arrays = {}
+    for name in names:
+        if values[name] is not None:
+            x = arrays[name] = check.as_array(values[name], name)
+            binding.check(name, x.shape, str(x.dtype))
+            binding.check_contents(name, x)
+    return arrays
+
+
+def check_sequences(keys: SequenceKeys, values: dict, hints: tuple) -> np.ndarray:
+    """What spans the arrays' contents (every call, once their rules have checked them): the
+    max_seqlen hints at least the longest sequence, and what `SequenceKeys.check` checks; the
+    keys each sequence uses (None where nothing reads them)."""
+    if hints[0] is not None:
+        cu_q = check.as_array(values["cu_seqlens_q"], "cu_seqlens_q")
+        check_hint(hints[0], "max_seqlen_q", np.diff(cu_q.astype(np.int64)))
     return keys.check(values["cu_seqlens_k"], values["seqused_k"], values["block_table"], hints[1])
 
 
@@ -87,36 +118,38 @@ def _hint(value, name: str):
     return int(value)
 
 
-KEY_SIDE = ("cu_seqlens_k", "seqused_k", "block_table")
-
-
-def validate_varlen(call: Call, *, return_lse: bool, hints: tuple,
+def validate_varlen(call: Call, *, return_lse: bool, hints: tuple, own: tuple[str, ...] = OWN,
                     packing: bool = False) -> tuple[Validated, SequenceKeys]:
     """Every check of attention_varlen's arguments in `call` (contents included: warm calls
-    run them through `_contents_check`), and the call's keys. The problem is one bshd batch
-    without its batch axis, its keys packed sequences or paged ones; the unit tables are built
-    from cu_seqlens (sourced from them on warm calls). With `packing` (the forward) the
+    run them through `_contents_check`), and the call's keys: the pages' layout (code), then
+    the rules (varlen_rules.py): q, k and v, attention's, then the op's `own` arrays (the
+    backward's include o, lse and do), then what spans their contents. The problem is one bshd
+    batch without its batch axis, its keys packed sequences or paged ones; the unit tables are
+    built from cu_seqlens (sourced from them on warm calls). With `packing` (the forward) the
     per-sequence query bound, max_seqlen_q or else total_q, lets decode batches pack heads."""
-    q = check.as_array(call.q, "q")
-    if q.ndim != 3:
-        raise ValueError(f"q must have 3 dimensions (total_q, heads, head dim), got shape {q.shape}")
-    cu_q = cu_form(call.cu_seqlens_q, "cu_seqlens_q")
-    values = {name: call.values[name] for name in ("cu_seqlens_q", *KEY_SIDE)}
-    keys = SequenceKeys(call.k, call.v, call.cu_seqlens_k, call.seqused_k, call.block_table, cu_q.shape[0] - 1)
+    sequences = _sequences(call.cu_seqlens_q)
+    keys = SequenceKeys(call.k, call.v, call.cu_seqlens_k, call.seqused_k, call.block_table, sequences)
     raw = {"q": call.q, "k": keys.rows(call.k, "k"), "v": keys.rows(call.v, "v")}
     bound = {name: check.bindable(check.as_array(x, name)) for name, x in raw.items()}
+    binding = Binding(rules.RULES, rules.CHECKS, "bshd", {"sequences": sequences, "paged": int(keys.paged)})
+    binding.bind({name: (x.shape, str(x.dtype)) for name, x in bound.items()})
     forward = validate(tuple(bound[n][None] for n in ("q", "k", "v")) + (None, call.sinks), scale=call.scale,
                        causal=call.causal, window=call.window, layout="bshd", return_lse=return_lse,
-                       softcap=call.softcap, alibi_slopes=call.alibi_slopes, batches=cu_q.shape[0] - 1)
-    bound_q = (q.shape[0] if hints[0] is None else hints[0]) if packing else None
+                       softcap=call.softcap, alibi_slopes=call.alibi_slopes, binding=binding)
+    arrays = _own(binding, call.values, own)
+    keys.width = binding.sizes.get("Wt", 0)
+    values = {name: call.values[name] for name in OWN}
+    lengths = check_sequences(keys, values, hints)
+    bound_q = (bound["q"].shape[0] if hints[0] is None else hints[0]) if packing else None
     p = replace(forward.problem, keys=keys.visit(bound_q))
     sizes = p.keys.sizes(p)
-    checked = Validated(p, bound, dict(forward.converts))
+    checked = Validated(p, bound, dict(forward.converts), binding=binding)
     for name in ("q", "k", "v"):
         checked.converts[name] = None if same_memory(raw[name], bound[name]) else check.bindable
+    cu_q = np.ascontiguousarray(arrays["cu_seqlens_q"])
     checked.bound["cu_seqlens_q"] = cu_q
     checked.converts["cu_seqlens_q"] = None if same_memory(call.cu_seqlens_q, cu_q) else np.ascontiguousarray
-    keys.bind(checked, call.values, check_sequences(keys, values, p.q_len, hints))
+    keys.bind(checked, call.values, lengths)
     sides = (("q_units", "cu_seqlens_q", "NQU", p.keys.query_unit(p)),) + (() if keys.paged else (
         ("k_units", "cu_seqlens_k", "NKU", 8),))
     for table, cu, count, unit in sides:
@@ -129,12 +162,18 @@ def validate_varlen(call: Call, *, return_lse: bool, hints: tuple,
     return checked, keys
 
 
-def _contents_check(arguments: Sequence[str], keys: SequenceKeys, total_q: int, hints: tuple):
-    """A warm call's check of the sequences' contents (PreparedCall.check), from its arguments."""
-    at = {name: arguments.index(name) for name in ("cu_seqlens_q", *KEY_SIDE)}
+def _contents_check(arguments: Sequence[str], keys: SequenceKeys, binding: Binding, hints: tuple):
+    """A warm call's check of the sequences' contents (PreparedCall.check), from its arguments:
+    each own array's by its rule, then what spans them."""
+    at = {name: arguments.index(name) for name in OWN}
+    ruled = tuple(name for name in OWN if binding.rules[name].contents)
 
     def checked(values):
-        check_sequences(keys, {name: values[i] for name, i in at.items()}, total_q, hints)
+        given = {name: values[i] for name, i in at.items()}
+        for name in ruled:
+            if given[name] is not None:
+                binding.check_contents(name, check.as_array(given[name], name))
+        check_sequences(keys, given, hints)
     return checked
 
 
@@ -150,10 +189,11 @@ def _empty(p, arguments, checked, outputs, contents):
 def _prepare_forward(call: Call, device):
     hints = (_hint(call.max_seqlen_q, "max_seqlen_q"), _hint(call.max_seqlen_k, "max_seqlen_k"))
     checked, keys = validate_varlen(call, return_lse=call.return_lse, hints=hints, packing=True)
+    binding = checked.binding
     checked.problem = with_determinism(checked.problem, call.deterministic)
     checked, tensors = with_score_mod(checked, call.score_mod, call.score_mod_tensors)
     p, names = checked.problem, call.op.array_names + tensors
-    contents = _contents_check(names, keys, p.q_len, hints)
+    contents = _contents_check(names, keys, binding, hints)
     if check.is_empty(1, p.q_heads, p.q_len, p.kv_len):
         def outputs(inputs):
             lse = filled((p.q_heads, p.q_len), np.float32, -np.inf)
@@ -168,22 +208,13 @@ def _prepare_forward(call: Call, device):
     return prepared_call(description, device, checked, names, call.results, check=contents)
 
 
-def _like_output(x, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
-    x = check.as_array(x, name)
-    if x.dtype != dtype:
-        raise TypeError(f"{name} has dtype {x.dtype} but q has {dtype}; {name} must have q's dtype, like the output")
-    if x.shape != shape:
-        raise ValueError(f"{name} must have the output's shape (total_q, Hq, Dv) = {shape}, got {x.shape}")
-    return check.bindable(x)
-
-
-def _lse(x, shape: tuple[int, int]) -> np.ndarray:
-    x = check.as_array(x, "lse")
-    if x.dtype != np.float32:
-        raise TypeError(f"lse must be float32, as attention_varlen(..., return_lse=True) returns it, got {x.dtype}")
-    if x.shape != shape:
-        raise ValueError(f"lse must have shape (Hq, total_q) = {shape}, got {x.shape}")
-    return np.ascontiguousarray(x)
+def _as_given(binding: Binding, name: str):
+    """The backward's convert of o, lse or do: its rule checked, bound as its rule reads it."""
+    def convert(x) -> np.ndarray:
+        x = check.as_array(x, name)
+        binding.check(name, x.shape, str(x.dtype))
+        return np.ascontiguousarray(x) if binding.rules[name].reads == "contiguous" else check.bindable(x)
+    return convert
 
 
 def _forward_only(call: Call) -> None:
@@ -197,18 +228,15 @@ def _forward_only(call: Call) -> None:
 def _prepare_backward(call: Call, device):
     _forward_only(call)
     hints = (_hint(call.max_seqlen_q, "max_seqlen_q"), _hint(call.max_seqlen_k, "max_seqlen_k"))
-    forward, keys = validate_varlen(call, return_lse=False, hints=hints)
+    forward, keys = validate_varlen(call, return_lse=False, hints=hints, own=OWN_BACKWARD)
+    binding = forward.binding
     forward, tensors = with_score_mod(forward, call.score_mod, call.score_mod_tensors)
     p = forward.problem
     bound, converts = dict(forward.bound), dict(forward.converts)
-    dtype, shape = bound["q"].dtype, (p.q_len, p.q_heads, p.value_dim)
-    converts["o"] = lambda x: _like_output(x, "o", dtype, shape)
-    converts["dout"] = lambda x: _like_output(x, "do", dtype, shape)
-    converts["lse"] = lambda x: _lse(x, (p.q_heads, p.q_len))
     for name, raw in (("o", call.o), ("dout", call.do), ("lse", call.lse)):
-        bound[name] = converts[name](raw)
-        if same_memory(raw, bound[name]):
-            converts[name] = None
+        convert = _as_given(binding, "do" if name == "dout" else name)
+        bound[name] = convert(raw)
+        converts[name] = None if same_memory(raw, bound[name]) else convert
     checked = Validated(p, bound, converts, forward.sources)
     names = tuple("dout" if n == "do" else n for n in call.op.array_names) + tensors
     if check.is_empty(1, p.q_heads, p.q_len, p.kv_len):
@@ -217,17 +245,19 @@ def _prepare_backward(call: Call, device):
                                                               (p.kv_len, p.kv_heads, p.head_dim),
                                                               (p.kv_len, p.kv_heads, p.value_dim))]
             return grads + ([filled((p.q_heads,), np.float32, 0)] if p.sinks else [])
-        return _empty(p, names, checked, outputs, _contents_check(names, keys, p.q_len, hints))
+        return _empty(p, names, checked, outputs, _contents_check(names, keys, binding, hints))
     strides = {name: physical((0, *check.element_strides(bound[name])), "bshd") for name in ("o", "dout")}
     problem = AttentionBackwardProblem(p, o_strides=strides["o"], dout_strides=strides["dout"])
     description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
     return prepared_call(description, device, checked, names, call.results,
-                         check=_contents_check(names, keys, p.q_len, hints))
+                         check=_contents_check(names, keys, binding, hints))
 
 
-VO = Arg("o", "array", keyword=False, doc="what attention_varlen returned: the (total_q, Hq, Dv) output.")
-VLSE = Arg("lse", "array", keyword=False, doc="the (Hq, total_q) float32 lse it returned.")
-VDO = Arg("do", "array", keyword=False, doc="the gradient of the loss with respect to o, shaped and typed like o.")
+VO = Arg("o", "array", keyword=False, rule=rules.O,
+         doc="what attention_varlen returned: the (total_q, Hq, Dv) output.")
+VLSE = Arg("lse", "array", keyword=False, rule=rules.LSE_IN, doc="the (Hq, total_q) float32 lse it returned.")
+VDO = Arg("do", "array", keyword=False, rule=rules.DO,
+          doc="the gradient of the loss with respect to o, shaped and typed like o.")
 
 ATTENTION_VARLEN = Op(
     "attention_varlen",
@@ -236,6 +266,7 @@ ATTENTION_VARLEN = Op(
                BLOCK_TABLE, SEQUSED_K, SCORE_MOD_TENSORS, SCORE_MOD, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare_forward,
+    checks=rules.CHECKS,
     reference=reference.attention_varlen_reference,
     backward="attention_varlen_backward",
     gradients=GRADIENT_OF,
@@ -291,8 +322,9 @@ ATTENTION_VARLEN_BACKWARD = Op(
     "Gradients of `attention_varlen` with respect to q, k, v (and sinks), given the gradient of its output.",
     arguments=(VQ, VK, VV, VO, VLSE, VDO, CU_Q, CU_K, MAX_Q, MAX_K, SCALE, CAUSAL, WINDOW, SINKS, SOFTCAP,
                ALIBI_SLOPES, BLOCK_TABLE, SEQUSED_K, SCORE_MOD_TENSORS, SCORE_MOD),
-    outputs=GRADIENTS,
+    outputs=VARLEN_GRADIENTS,
     prepare=_prepare_backward,
+    checks=rules.CHECKS,
     reference=reference.attention_varlen_backward_reference,
     no_backward="attention_varlen_backward has no second derivative",
     details="""

@@ -1,4 +1,4 @@
-"""Where each sequence of `attention_varlen` finds its keys, and the checks of their contents.
+"""Where each sequence of `attention_varlen` finds its keys, and the checks spanning their contents.
 
 Three ways, flash-attn's: rows [cu_seqlens_k[s], cu_seqlens_k[s + 1]) of packed k and v
 (flash-attn 2); the first seqused_k[s] of those rows (flash-attn 3's seqused_k); or, with a
@@ -6,7 +6,9 @@ block table, logical positions [0, length) read through sequence s's pages (flas
 varlen), the length being seqused_k[s] when given, else cu_seqlens_k[s + 1] - cu_seqlens_k[s]
 (flash-attn 2, whose cu_seqlens_k then counts logical keys: it ends anywhere), else (no
 cu_seqlens_k, as flash-attn 3 takes a page table) every listed page, max_blocks * page_size.
-The contents are checked on every call, before any kernel runs.
+Each array's own form and contents are its rule's (varlen_rules.py); what spans several (a
+sequence's used keys within its rows or its pages, the pages read) is checked here, on every
+call, before any kernel runs.
 """
 
 from __future__ import annotations
@@ -15,52 +17,14 @@ import numpy as np
 
 from ..codegen import PagedSequences, SequenceRanges
 from . import arguments as check
-from .pages import as_rows, block_table_form, check_pages_read, page_rows
+from .pages import as_rows, check_pages_read, page_rows
 from .warm import same_memory
-
-# Sequences per call: their bounds and unit tables are copied and checked on the host every call,
-# so a count beyond any batch (a broadcast cu_seqlens of 2**31 entries) is refused, not copied.
-MAX_SEQUENCES = 2**24
-
-
-def cu_form(cu, name: str) -> np.ndarray:
-    """cu_seqlens as bound: int32, one axis of at least one entry, contiguous."""
-    cu = check.as_array(cu, name)
-    if cu.dtype != np.int32:
-        raise ValueError(f"{name} must be int32, got dtype {cu.dtype}")
-    if cu.ndim != 1 or cu.shape[0] < 1:
-        raise ValueError(f"{name} must have shape (B + 1,), one axis of at least one entry, got {cu.shape}")
-    if cu.shape[0] > MAX_SEQUENCES + 1:   # before its contents are read or copied (a broadcast one is huge)
-        raise ValueError(f"{name} has {cu.shape[0]} entries: at most 2**24 sequences (2**24 + 1 entries) per call")
-    return np.ascontiguousarray(cu)
-
-
-def check_cu(cu: np.ndarray, name: str, total: int | None) -> np.ndarray:
-    """cu_seqlens' contents: from 0, non-decreasing, ending at `total` (None: anywhere); the lengths."""
-    if cu[0] != 0:
-        raise ValueError(f"{name} must start at 0, got {cu[0]}")
-    if total is not None and cu[-1] != total:
-        raise ValueError(f"{name} must end at the total row count {total} ({'q' if name[-1] == 'q' else 'k'}'s "
-                         f"first axis), got {cu[-1]}")
-    lengths = np.diff(cu.astype(np.int64))
-    if lengths.size and lengths.min() < 0:
-        at = int(np.argmin(lengths))
-        raise ValueError(f"{name} must be non-decreasing, but {name}[{at + 1}] = {cu[at + 1]} < "
-                         f"{name}[{at}] = {cu[at]}")
-    return lengths
 
 
 def check_hint(hint: int | None, name: str, lengths: np.ndarray, what: str = "rows") -> None:
     longest = int(lengths.max()) if lengths.size else 0
     if hint is not None and hint < longest:
         raise ValueError(f"{name} is {hint}, but sequence {int(np.argmax(lengths))} has {longest} {what}")
-
-
-def _packed(x, name: str, rows: str) -> np.ndarray:
-    x = check.as_array(x, name)
-    if x.ndim != 3:
-        raise ValueError(f"{name} must have 3 dimensions ({rows}, heads, head dim), got shape {x.shape}")
-    return x
 
 
 def _pages(x, name: str) -> np.ndarray:
@@ -72,11 +36,13 @@ def _pages(x, name: str) -> np.ndarray:
 
 
 class SequenceKeys:
-    """A call's keys: packed or paged k and v (shapes, pages' layout), and where each
-    sequence's keys lie; `check` tells their contents (every call)."""
+    """A call's keys: packed or paged k and v (the pages' layout), and where each sequence's
+    keys lie; `check` tells the keys each sequence uses (every call). `width`, the block
+    table's max_blocks, is set once its rule has checked it."""
 
     def __init__(self, k, v, cu_k, seqused_k, block_table, sequences: int) -> None:
         self.paged, self.used, self.sequences = block_table is not None, seqused_k is not None, sequences
+        self.width = 0
         if self.paged:
             k, v = _pages(k, "k"), _pages(v, "v")
             if v.shape[:3] != k.shape[:3]:
@@ -88,23 +54,9 @@ class SequenceKeys:
             self.page_rows, v_rows = page_rows(k, "k"), page_rows(v, "v")
             if v_rows != self.page_rows:
                 raise ValueError(f"v's pages must be as many rows apart as k's ({self.page_rows}), got {v_rows}")
-            self.width = block_table_form(check.as_array(block_table, "block_table"), sequences).shape[1]
-        else:
-            k, v = _packed(k, "k", "total_k"), _packed(v, "v", "total_k")
-            if v.shape[:2] != k.shape[:2]:
-                raise ValueError(f"v must have k's rows and heads: k {k.shape}, v {v.shape}")
-            if cu_k is None:
-                raise ValueError("cu_seqlens_k is required without block_table: it says where each sequence's "
-                                 "keys lie in k")
-        self.total = None if self.paged else k.shape[0]
-        self.cu = None if cu_k is None else cu_form(cu_k, "cu_seqlens_k")
-        if self.cu is not None and self.cu.shape != (sequences + 1,):
-            raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; "
-                             f"got ({sequences + 1},) and {self.cu.shape}")
-        if self.used:
-            used = check.as_array(seqused_k, "seqused_k")
-            if used.dtype != np.int32 or used.shape != (sequences,):
-                raise ValueError(f"seqused_k must be int32 (B,) = ({sequences},), got {used.dtype} {used.shape}")
+        elif cu_k is None:
+            raise ValueError("cu_seqlens_k is required without block_table: it says where each sequence's keys lie "
+                             "in k")
 
     def rows(self, x, name: str) -> np.ndarray:
         """k or v (`name`) as the kernels read it: (rows, Hkv, D), pages as every page's rows."""
@@ -118,15 +70,16 @@ class SequenceKeys:
                                   page_rows=self.page_rows)
         return SequenceRanges(self.sequences, max_queries, used_keys=self.used)
 
-    def check(self, cu_k, seqused_k, block_table, hint: int | None) -> np.ndarray:
-        """The keys each sequence uses, int32 (B,), after every check of cu_seqlens_k, seqused_k
-        and block_table's contents: within each sequence's rows, or what its pages hold."""
-        rows = None if cu_k is None else check_cu(check.as_array(cu_k, "cu_seqlens_k"), "cu_seqlens_k", self.total)
+    def check(self, cu_k, seqused_k, block_table, hint: int | None) -> np.ndarray | None:
+        """The keys each sequence uses, int32 (B,), once cu_seqlens_k's and seqused_k's rules have
+        checked them: seqused_k within each sequence's rows (packed), the max_seqlen_k hint, and
+        (paged) within what its pages hold, every page read one of k's. None: packed keys of
+        cu_seqlens_k alone and no hint, where nothing is left to check or bind."""
+        if not (self.paged or self.used or hint is not None):
+            return None
+        rows = None if cu_k is None else np.diff(check.as_array(cu_k, "cu_seqlens_k").astype(np.int64))
         if self.used:
             lengths = check.as_array(seqused_k, "seqused_k").astype(np.int64)
-            if lengths.size and lengths.min() < 0:
-                raise ValueError(f"seqused_k must not be negative, got seqused_k[{int(np.argmin(lengths))}] = "
-                                 f"{lengths.min()}")
             beyond = np.flatnonzero(lengths > rows) if not self.paged else ()
             if len(beyond):
                 s = int(beyond[0])
@@ -158,14 +111,15 @@ class SequenceKeys:
             checked.bound["seqused_k"] = lengths
             if self.used:
                 checked.converts["seqused_k"] = np.ascontiguousarray
-            elif self.cu is not None:
+            elif given["cu_seqlens_k"] is not None:
                 checked.converts["seqused_k"] = lambda cu: np.diff(cu).astype(np.int32)
                 checked.sources["seqused_k"] = "cu_seqlens_k"
             else:   # None is part of the signature: its warm calls bind the same whole-table lengths
                 checked.converts["seqused_k"] = lambda _: lengths
             return
-        checked.bound["cu_seqlens_k"] = self.cu
-        checked.converts["cu_seqlens_k"] = None if same_memory(given["cu_seqlens_k"], self.cu) else np.ascontiguousarray
+        cu = np.ascontiguousarray(check.as_array(given["cu_seqlens_k"], "cu_seqlens_k"))
+        checked.bound["cu_seqlens_k"] = cu
+        checked.converts["cu_seqlens_k"] = None if same_memory(given["cu_seqlens_k"], cu) else np.ascontiguousarray
         if self.used:
             used = check.as_array(given["seqused_k"], "seqused_k")
             checked.bound["seqused_k"] = np.ascontiguousarray(used)
