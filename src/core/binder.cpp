@@ -10,15 +10,14 @@ namespace {
 
 // Logical-order `values` in memory order: memory axis i holds logical axis order[i].
 template <typename T>
-std::vector<T> in_memory_order(const std::vector<T>& values, const std::vector<std::size_t>* order) {
+std::vector<T> in_memory_order(const std::vector<T>& values, const AxisOrder& order) {
   if (!order) return values;
   std::vector<T> out;
   for (std::size_t axis : *order) out.push_back(values[axis]);
   return out;
 }
 
-std::vector<std::int64_t> in_logical_order(const std::vector<std::int64_t>& memory,
-                                           const std::vector<std::size_t>* order) {
+std::vector<std::int64_t> in_logical_order(const std::vector<std::int64_t>& memory, const AxisOrder& order) {
   if (!order) return memory;
   std::vector<std::int64_t> out(memory.size());
   for (std::size_t i = 0; i < memory.size(); ++i) out[(*order)[i]] = memory[i];
@@ -183,9 +182,13 @@ std::vector<std::int64_t> Binder::expected(const std::string& name, std::size_t 
   return in_memory_order(logical, order(rule, logical.size()));
 }
 
-const std::vector<std::size_t>* Binder::order(const ArrayRule& rule, std::size_t rank) const {
+AxisOrder Binder::order(const ArrayRule& rule, std::size_t rank) const {
   const std::vector<std::size_t>& axes = declaration_.layouts.at(layout_);
-  return rule.layout && axes.size() == rank ? &axes : nullptr;
+  if (!rule.layout || rank > axes.size()) return std::nullopt;
+  std::vector<std::size_t> below;  // the layout's order of the axes below `rank`
+  for (std::size_t axis : axes)
+    if (axis < rank) below.push_back(axis);
+  return below;
 }
 
 std::string Binder::format(const std::string& text) const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,8 @@
 #include "declaration.hpp"
 
 namespace mfa {
+
+using AxisOrder = std::optional<std::vector<std::size_t>>;
 
 class Binder {
  public:
@@ -55,8 +58,9 @@ class Binder {
   // The sizes with those that shape `index` of `rule` names but nothing bound yet taken from
   // `shape`'s extents (when its rank is the shape's).
   SizeEnv with_new_sizes(const ArrayRule& rule, std::size_t index, const std::vector<std::int64_t>& shape) const;
-  // The logical axis of each memory axis of a `rank`-d array of `rule` (null: memory order is logical).
-  const std::vector<std::size_t>* order(const ArrayRule& rule, std::size_t rank) const;
+  // The logical axis of each memory axis of a `rank`-d array of `rule` (none: memory order is
+  // logical): the layout's order of the axes below `rank` (a (B, Hq, R) array in bshd: (B, R, Hq)).
+  AxisOrder order(const ArrayRule& rule, std::size_t rank) const;
   // The declaration's message `text` with its fields filled in for this call.
   std::string format(const std::string& text) const;
   std::string field(const std::string& key) const;

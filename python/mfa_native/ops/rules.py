@@ -2,7 +2,8 @@
 
 An array argument (or output) declares an `ArrayRule`: its dtype set (or the argument whose
 dtype it has), its shape as size names in logical order (the layout option orders the axes
-of a `layout` rule), whether it binds the sizes or is checked against them, whether it may
+of a `layout` rule; one of lower rank than the layout's order takes the order of its axes:
+(B, Hq, R) is (B, R, Hq) in "bshd"), whether it binds the sizes or is checked against them, whether it may
 broadcast, whether the op writes it in place, and the messages a call breaking the rule
 gets. An op's `Checks` add what holds between sizes (`Require`: a size expression,
 runtime/expressions.py's grammar, and its message) and sizes derived from others.
@@ -226,18 +227,26 @@ class Binding:
         if dtype not in allowed:
             self._fail(TypeError, rule.dtype_error, name)
 
+    def _order(self, rule: ArrayRule, rank: int) -> tuple[int, ...] | None:
+        """The logical axis of each memory axis of a `rank`-d array of `rule` (None: memory
+        order is logical): the layout's order of the axes below `rank`."""
+        if not rule.layout:
+            return None
+        order = self.checks.layouts[self.layout]
+        return tuple(axis for axis in order if axis < rank) if rank <= len(order) else None
+
     def _ordered(self, rule: ArrayRule, logical: tuple) -> tuple:
         """Logical-order values in memory order: memory axis i holds logical axis order[i]."""
-        if not rule.layout:
-            return tuple(logical)
-        return tuple(logical[axis] for axis in self.checks.layouts[self.layout])
+        order = self._order(rule, len(logical))
+        return tuple(logical) if order is None else tuple(logical[axis] for axis in order)
 
     def _logical(self, rule: ArrayRule, shape: tuple) -> tuple:
         """Memory-order values in logical order."""
-        if not rule.layout:
+        order = self._order(rule, len(shape))
+        if order is None:
             return tuple(shape)
         logical = [0] * len(shape)
-        for memory, axis in enumerate(self.checks.layouts[self.layout]):
+        for memory, axis in enumerate(order):
             logical[axis] = shape[memory]
         return tuple(logical)
 
