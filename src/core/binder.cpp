@@ -36,6 +36,16 @@ bool is_size_name(const std::string& text) {
   return std::all_of(text.begin(), text.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
+// Whether a `rank`-d array may have `rule`'s shapes: their rank, or more with leading axes.
+bool fits(const ArrayRule& rule, std::size_t rank) {
+  return rule.leading ? rank >= rule.axes.size() : rank == rule.axes.size();
+}
+
+// The extents of `shape` that `rule`'s shapes name (its last ones, after any leading axes).
+std::vector<std::int64_t> trailing(const ArrayRule& rule, const std::vector<std::int64_t>& shape) {
+  return {shape.end() - static_cast<std::ptrdiff_t>(rule.axes.size()), shape.end()};
+}
+
 // Whether numpy broadcasts `shape` to `target`.
 bool broadcasts(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& target) {
   if (shape.size() > target.size()) return false;
@@ -48,8 +58,9 @@ bool broadcasts(const std::vector<std::int64_t>& shape, const std::vector<std::i
 }  // namespace
 
 Binder::Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given,
-               SizeEnv preset)
-    : declaration_(declaration), layout_(std::move(layout)), given_(std::move(given)), sizes_(std::move(preset)) {
+               SizeEnv preset, std::map<std::string, std::string> texts)
+    : declaration_(declaration), layout_(std::move(layout)), given_(std::move(given)), sizes_(std::move(preset)),
+      texts_(std::move(texts)) {
   if (!declaration_.layouts.count(layout_))
     throw BundleError("the bundle's declaration of " + declaration_.op + " has no layout " + layout_);
 }
@@ -89,7 +100,7 @@ void Binder::require(const std::vector<SizeRequirement>& requirements) const {
 void Binder::check(const ArrayRule& rule) {
   if (!rule.needs.empty() && !given(rule.needs)) throw ArgumentError(rule.needs_error);
   check_dtype(rule);
-  if (!rule.rank_error.empty() && given_.at(rule.name)->shape.size() != rule.axes.size())
+  if (!rule.rank_error.empty() && !fits(rule, given_.at(rule.name)->shape.size()))
     throw ArgumentError(format(rule.rank_error));
   check_shape(rule);
   require(rule.requires_);
@@ -105,15 +116,16 @@ void Binder::check_dtype(const ArrayRule& rule) const {
     return;
   }
   for (const std::string& allowed : rule.dtypes)
-    if (dtype == allowed) return;
+    if (dtype == format(allowed)) return;  // a template: the dtype the call's texts give
   throw TypeError(format(rule.dtype_error));
 }
 
 void Binder::bind(const ArrayRule& rule) {
   const TensorView& view = *given_.at(rule.name);
-  if (view.shape.size() != rule.axes.size()) throw ArgumentError(format(rule.rank_error));
+  if (!fits(rule, view.shape.size())) throw ArgumentError(format(rule.rank_error));
   views_[rule.name] = checked(view, rule.name);
-  const std::vector<std::int64_t> extents = logical(rule, view.shape);
+  if (rule.leading) leading_.assign(view.shape.begin(), view.shape.end() - std::ptrdiff_t(rule.axes.size()));
+  const std::vector<std::int64_t> extents = logical(rule, trailing(rule, view.shape));
   for (std::size_t i = 0; i < extents.size(); ++i) {
     sizes_[rule.name + "_" + rule.axes[i]] = extents[i];
     sizes_.emplace(rule.axes[i], extents[i]);
@@ -124,9 +136,7 @@ void Binder::check_shape(const ArrayRule& rule) {
   const TensorView& view = *given_.at(rule.name);
   for (std::size_t index = 0; index < rule.shapes.size(); ++index) {
     SizeEnv sizes = with_new_sizes(rule, index, view.shape);
-    std::vector<std::int64_t> logical;
-    for (const SizeExpression& dim : rule.shapes[index]) logical.push_back(dim.evaluate(sizes));
-    const std::vector<std::int64_t> target = in_memory_order(logical, order(rule, logical.size()));
+    const std::vector<std::int64_t> target = shape_for(rule, index, sizes);
     if (view.shape != target && !(rule.broadcast && broadcasts(view.shape, target))) continue;
     sizes_ = std::move(sizes);
     const Checked& kept = views_[rule.name] = checked(view, rule.name);
@@ -141,8 +151,8 @@ void Binder::check_shape(const ArrayRule& rule) {
 SizeEnv Binder::with_new_sizes(const ArrayRule& rule, std::size_t index, const std::vector<std::int64_t>& shape) const {
   SizeEnv sizes = sizes_;
   const std::vector<SizeExpression>& dims = rule.shapes[index];
-  if (shape.size() != dims.size()) return sizes;
-  const std::vector<std::int64_t> extents = logical(rule, shape);
+  if (!fits(rule, shape.size())) return sizes;
+  const std::vector<std::int64_t> extents = logical(rule, trailing(rule, shape));
   for (std::size_t i = 0; i < dims.size(); ++i)
     if (is_size_name(dims[i].text())) sizes.emplace(dims[i].text(), extents[i]);
   return sizes;
@@ -176,10 +186,15 @@ std::vector<std::int64_t> Binder::logical(const ArrayRule& rule, const std::vect
 }
 
 std::vector<std::int64_t> Binder::expected(const std::string& name, std::size_t index) const {
-  const ArrayRule& rule = declaration_.rule(name);
+  return shape_for(declaration_.rule(name), index, sizes_);
+}
+
+std::vector<std::int64_t> Binder::shape_for(const ArrayRule& rule, std::size_t index, const SizeEnv& sizes) const {
   std::vector<std::int64_t> logical;
-  for (const SizeExpression& dim : rule.shapes.at(index)) logical.push_back(dim.evaluate(sizes_));
-  return in_memory_order(logical, order(rule, logical.size()));
+  for (const SizeExpression& dim : rule.shapes.at(index)) logical.push_back(dim.evaluate(sizes));
+  std::vector<std::int64_t> shape = in_memory_order(logical, order(rule, logical.size()));
+  if (rule.leading) shape.insert(shape.begin(), leading_.begin(), leading_.end());
+  return shape;
 }
 
 AxisOrder Binder::order(const ArrayRule& rule, std::size_t rank) const {
@@ -205,6 +220,7 @@ std::string Binder::format(const std::string& text) const {
 
 std::string Binder::field(const std::string& key) const {
   if (key == "layout") return layout_;
+  if (auto text = texts_.find(key); text != texts_.end()) return text->second;
   const std::size_t dot = key.find('.');
   if (dot == std::string::npos) {
     auto it = sizes_.find(key);
@@ -216,7 +232,11 @@ std::string Binder::field(const std::string& key) const {
   const TensorView& view = *given_.at(name);
   if (what == "shape") return shape_text(view.shape);
   if (what == "dtype") return to_string(view.dtype);
-  if (what == "axes") return joined(in_memory_order(rule.axes, order(rule, rule.axes.size())));
+  if (what == "axes") {
+    std::vector<std::string> axes = in_memory_order(rule.axes, order(rule, rule.axes.size()));
+    if (rule.leading) axes.insert(axes.begin(), "...");
+    return joined(axes);
+  }
   if (what == "expected") return shape_text(expected(name));
   if (what == "min" && minima_.count(name)) return std::to_string(minima_.at(name));
   return "{" + key + "}";

@@ -20,9 +20,10 @@ class Binder {
  public:
   // `given`: the call's arrays by declaration name (null: not given); `layout`: a layout of the declaration's;
   // `preset`: sizes the call gives instead of their derivation (Python's Binding's `sizes`, as
-  // varlen's slope_rows: the sequences).
+  // varlen's slope_rows: the sequences); `texts`: the call's own message fields and dtype
+  // templates (Binding's `texts`, as quantize's {format}).
   Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given,
-         SizeEnv preset = {});
+         SizeEnv preset = {}, std::map<std::string, std::string> texts = {});
 
   // The arrays that bind sizes: their dtypes, then their extents (each checked, of the
   // declared rank), then the declaration's requirements and derived sizes.
@@ -58,6 +59,8 @@ class Binder {
   // The sizes with those that shape `index` of `rule` names but nothing bound yet taken from
   // `shape`'s extents (when its rank is the shape's).
   SizeEnv with_new_sizes(const ArrayRule& rule, std::size_t index, const std::vector<std::int64_t>& shape) const;
+  // Shape `index` of `rule` for `sizes`, in memory order (the call's leading axes first where it has them).
+  std::vector<std::int64_t> shape_for(const ArrayRule& rule, std::size_t index, const SizeEnv& sizes) const;
   // The logical axis of each memory axis of a `rank`-d array of `rule` (none: memory order is
   // logical): the layout's order of the axes below `rank` (a (B, Hq, R) array in bshd: (B, R, Hq)).
   AxisOrder order(const ArrayRule& rule, std::size_t rank) const;
@@ -69,6 +72,8 @@ class Binder {
   std::string layout_;
   std::map<std::string, const TensorView*> given_;
   SizeEnv sizes_;
+  std::map<std::string, std::string> texts_;
+  std::vector<std::int64_t> leading_;  // the call's leading axes, once an array binds them
   std::map<std::string, Checked> views_;
   std::map<std::string, std::size_t> shape_index_;
   std::map<std::string, std::int64_t> minima_;  // a content message's {name.min}

@@ -8,6 +8,8 @@ namespace mfa {
 
 namespace {
 
+constexpr const char* kLeading = "...";  // a shape's first entry: the call's leading axes (rules.LEADING)
+
 std::string optional_text(const json::Value& value, const char* key) {
   const json::Value& v = value.at(key);
   return v.is_null() ? std::string() : v.as_string(key);
@@ -46,7 +48,12 @@ ArrayRule rule_of(const json::Value& a) {
   r.dtype_of = optional_text(a, "dtype_of");
   for (const json::Value& shape : a.at("shapes").as_array("shapes")) {
     std::vector<SizeExpression> dims;
-    for (const json::Value& dim : shape.as_array("shape")) dims.emplace_back(dim.as_string("shape size"));
+    const std::vector<json::Value>& texts = shape.as_array("shape");
+    const bool leading = !texts.empty() && texts.front().as_string("shape size") == kLeading;
+    if (!r.shapes.empty() && leading != r.leading)
+      throw json::JsonError("the shapes of " + r.name + " differ in their leading axes");
+    r.leading = leading;
+    for (std::size_t i = leading ? 1 : 0; i < texts.size(); ++i) dims.emplace_back(texts[i].as_string("shape size"));
     r.shapes.push_back(std::move(dims));
   }
   if (r.shapes.empty()) throw json::JsonError("the declaration of " + r.name + " has no shape");

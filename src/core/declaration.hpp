@@ -3,7 +3,7 @@
 // python/mfa_native/ops/rules.py (Op.declaration_data). The binder
 // (binder.hpp) checks a call against it; messages are the declaration's
 // templates ({q.shape}, {q.dtype}, {q.axes}, {q.expected}, {q.min}, {layout},
-// {Hq}).
+// {Hq}, and the texts a call gives, as {format}).
 #pragma once
 
 #include <map>
@@ -38,6 +38,7 @@ struct ArrayRule {
   std::string dtype_of;             // "" or the array whose dtype it must have
   std::vector<std::vector<SizeExpression>> shapes;  // alternatives, logical order
   std::vector<std::string> axes;    // the first shape's texts (size names), logical order
+  bool leading = false;             // its shapes start with the call's leading axes ("...": any number)
   bool layout = false;              // the layout option orders its axes
   bool binds = false;               // its extents bind the size names
   bool broadcast = false;

@@ -13,6 +13,12 @@ list's `topk`), may carry requirements on them (checked once it is), and may dec
 of its contents (`Content`: int32 values read on every call, before anything is written). An
 op's `own` arrays are checked after those it shares with attention (Python's `validate`).
 
+A shape may start with `...` (LEADING): any number of leading axes, the call's (an array
+(..., D) of any rank, its rows): the binding array declaring them gives them, every other
+array declaring them must have the same (a rule with leading axes has no layout). The op may
+give texts of its own (its options, as `{format}`), which fill messages and may stand for a
+dtype (`dtypes=("{data_dtype}",)`: a dtype the options choose).
+
 Messages are templates: `{q.shape}`, `{q.dtype}`, `{q.axes}` (its size names in the
 layout's order), `{q.expected}` (the shape it must have), `{q.min}` (its smallest entry, in a
 content message), `{layout}` and any bound size (`{Hq}`, or `{k_D}`: the extent a binding
@@ -33,6 +39,7 @@ from ..runtime.expressions import evaluate
 
 ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 READS = ("strided", "strided_broadcast", "contiguous")   # how the kernels address it (view_packing.hpp)
+LEADING = "..."   # a shape's first entry: the call's leading axes, any number
 CONTENTS = ("nonnegative",)   # the content checks (Content.kind)
 
 
@@ -87,6 +94,8 @@ class ArrayRule:
     def __post_init__(self) -> None:
         if self.reads not in READS:
             raise ValueError(f"reads must be one of {READS}, got {self.reads!r}")
+        if any(LEADING in shape[1:] or (self.layout and LEADING in shape) for shape in self.shapes):
+            raise ValueError(f"{LEADING!r} may only start a shape, of a rule without layout")
 
 
 @dataclass(frozen=True)
@@ -135,15 +144,16 @@ class Binding:
     their ranks and sizes, then the requirements), then `check` each other array given."""
 
     def __init__(self, rules: dict[str, ArrayRule], checks: Checks, layout: str,
-                 sizes: dict[str, int] | None = None) -> None:
+                 sizes: dict[str, int] | None = None, texts: dict[str, str] | None = None) -> None:
         self.rules, self.checks, self.layout = rules, checks, layout
         self.sizes: dict[str, int] = dict(sizes or {})
-        self._texts: dict[str, str] = {"layout": layout}
+        self.leading: tuple[int, ...] = ()   # the call's leading axes (LEADING), once bound
+        self._texts: dict[str, str] = {"layout": layout, **(texts or {})}
 
     def with_rules(self, rules: dict[str, ArrayRule]) -> Binding:
         """A binding of the same sizes (and the arrays seen) that checks by `rules`."""
-        binding = Binding(rules, self.checks, self.layout, self.sizes)
-        binding._texts.update(self._texts)
+        binding = Binding(rules, self.checks, self.layout, self.sizes, self._texts)
+        binding.leading = self.leading
         return binding
 
     def bind(self, arrays: dict[str, tuple[tuple[int, ...], str | None]]) -> dict[str, int]:
@@ -155,10 +165,12 @@ class Binding:
             self._check_dtype(name, dtype)
         for name, (shape, _) in arrays.items():
             rule = self.rules[name]
-            names = rule.shapes[0]
-            if len(shape) != len(names):
+            extents = _trailing(rule.shapes[0], shape)
+            if extents is None:
                 self._fail(ValueError, rule.rank_error, name)
-            for size, extent in zip(names, self._logical(rule, shape)):
+            if rule.shapes[0][:1] == (LEADING,):
+                self.leading = tuple(int(n) for n in shape[:len(shape) - len(extents)])
+            for size, extent in zip(_named(rule.shapes[0]), self._logical(rule, extents)):
                 self.sizes[f"{name}_{size}"] = int(extent)
                 self.sizes.setdefault(size, int(extent))
         self._require(self.checks.requires)
@@ -172,11 +184,11 @@ class Binding:
         self._note(name, shape, dtype)
         self._check_dtype(name, dtype)
         rule = self.rules[name]
-        if rule.rank_error and len(shape) != len(rule.shapes[0]):
+        if rule.rank_error and _trailing(rule.shapes[0], shape) is None:
             self._fail(ValueError, rule.rank_error, name)
         for index in range(len(rule.shapes)):
             sizes = self._with_new_sizes(rule, index, shape)
-            expected = self._ordered(rule, tuple(evaluate(size, sizes) for size in rule.shapes[index]))
+            expected = self._shape(rule, index, sizes)
             if shape == expected or (rule.broadcast and _broadcasts(shape, expected)):
                 self.sizes = sizes
                 self._require(rule.requires)
@@ -197,8 +209,9 @@ class Binding:
         `shape`'s extents (when its rank is the shape's)."""
         sizes = dict(self.sizes)
         names = rule.shapes[index]
-        if len(shape) == len(names):
-            for size, extent in zip(names, self._logical(rule, shape)):
+        extents = _trailing(names, shape)
+        if extents is not None:
+            for size, extent in zip(_named(names), self._logical(rule, extents)):
                 if size.isidentifier() and size not in sizes:
                     sizes[size] = int(extent)
         return sizes
@@ -210,9 +223,14 @@ class Binding:
 
     def expected(self, name: str, index: int = 0) -> tuple[int, ...]:
         """The shape `name` must have (its `index`th alternative), in memory order."""
-        rule = self.rules[name]
-        logical = tuple(evaluate(size, self.sizes) for size in rule.shapes[index])
-        return self._ordered(rule, logical)
+        return self._shape(self.rules[name], index, self.sizes)
+
+    def _shape(self, rule: ArrayRule, index: int, sizes: dict[str, int]) -> tuple[int, ...]:
+        """Shape `index` of `rule` for `sizes`, in memory order (the call's leading axes first
+        where it declares them)."""
+        names = rule.shapes[index]
+        shape = self._ordered(rule, tuple(evaluate(size, sizes) for size in _named(names)))
+        return self.leading + shape if names[:1] == (LEADING,) else shape
 
     def _note(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
         rule = self.rules[name]
@@ -223,7 +241,8 @@ class Binding:
         rule = self.rules[name]
         if dtype is None:
             return
-        allowed = rule.dtypes or (self._texts[f"{rule.dtype_of}.dtype"],)
+        allowed = tuple(self._format(d) if "{" in d else d for d in rule.dtypes) or \
+            (self._texts[f"{rule.dtype_of}.dtype"],)
         if dtype not in allowed:
             self._fail(TypeError, rule.dtype_error, name)
 
@@ -260,6 +279,20 @@ class Binding:
             key = match.group(1)
             return self._texts[key] if key in self._texts else str(self.sizes[key])
         return _FIELD.sub(text, template)
+
+
+def _named(names: tuple[str, ...]) -> tuple[str, ...]:
+    """A shape's size names without its leading axes."""
+    return names[1:] if names[:1] == (LEADING,) else names
+
+
+def _trailing(names: tuple[str, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The extents of `shape` that shape `names` names (its last ones, after leading axes),
+    or None when its rank does not fit."""
+    named = _named(names)
+    if len(shape) == len(named) or (len(named) < len(names) and len(shape) > len(named)):
+        return tuple(shape[len(shape) - len(named):])
+    return None
 
 
 def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
