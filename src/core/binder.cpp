@@ -46,6 +46,13 @@ std::vector<std::int64_t> trailing(const ArrayRule& rule, const std::vector<std:
   return {shape.end() - static_cast<std::ptrdiff_t>(rule.axes.size()), shape.end()};
 }
 
+// The rule of element `i` of the list `rule` declares: the rule, named {name}[i].
+ArrayRule element(const ArrayRule& rule, std::size_t i) {
+  ArrayRule e = rule;
+  e.name += "[" + std::to_string(i) + "]";
+  return e;
+}
+
 // Whether numpy broadcasts `shape` to `target`.
 bool broadcasts(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& target) {
   if (shape.size() > target.size()) return false;
@@ -71,22 +78,38 @@ bool Binder::given(const std::string& name) const {
 }
 
 void Binder::bind_sizes() {
+  std::vector<ArrayRule> binding;
   for (const ArrayRule& rule : declaration_.arrays)
-    if (rule.binds) check_dtype(rule);
-  for (const ArrayRule& rule : declaration_.arrays)
-    if (rule.binds) bind(rule);
+    if (rule.binds) binding.push_back(rule.each ? element(rule, 0) : rule);
+  for (const ArrayRule& rule : binding) check_dtype(rule);
+  for (const ArrayRule& rule : binding) bind(rule);
   require(declaration_.requires_);
   for (const auto& [name, expression] : declaration_.derived) sizes_.emplace(name, expression.evaluate(sizes_));
 }
 
-void Binder::check_others() {
-  for (const ArrayRule& rule : declaration_.arrays)
-    if (!rule.binds && !rule.own && given(rule.name)) check(rule);
+void Binder::check_others() { check_all(false); }
+
+void Binder::check_own() { check_all(true); }
+
+void Binder::check_all(bool own) {
+  for (const ArrayRule& rule : declaration_.arrays) {
+    if (rule.own != own) continue;
+    if (rule.each)  // a binding list's first element is bound
+      for (std::size_t i = rule.binds ? 1 : 0; given(element(rule, i).name); ++i) check(element(rule, i));
+    else if (!rule.binds && given(rule.name))
+      check(rule);
+  }
 }
 
-void Binder::check_own() {
-  for (const ArrayRule& rule : declaration_.arrays)
-    if (!rule.binds && rule.own && given(rule.name)) check(rule);
+void Binder::check_like_first(const ArrayRule& rule) const {
+  const TensorView& view = *given_.at(rule.name);
+  const TensorView& first = *given_.at(rule.name.substr(0, rule.name.find('[')) + "[0]");
+  if (view.dtype != first.dtype || view.shape != first.shape) throw ArgumentError(format(rule.unlike_error));
+}
+
+void Binder::note_element(const std::string& name) {
+  const std::size_t open = name.find('[');
+  if (open != std::string::npos) elements_[name.substr(0, open)] = name;
 }
 
 void Binder::require(const std::vector<SizeRequirement>& requirements) const {
@@ -98,6 +121,9 @@ void Binder::require(const std::vector<SizeRequirement>& requirements) const {
 }
 
 void Binder::check(const ArrayRule& rule) {
+  note_element(rule.name);
+  const bool first = rule.name.size() > 3 && rule.name.compare(rule.name.size() - 3, 3, "[0]") == 0;
+  if (!rule.unlike_error.empty() && !first) return check_like_first(rule);
   if (!rule.needs.empty() && !given(rule.needs)) throw ArgumentError(rule.needs_error);
   check_dtype(rule);
   if (!rule.rank_error.empty() && !fits(rule, given_.at(rule.name)->shape.size()))
@@ -121,6 +147,7 @@ void Binder::check_dtype(const ArrayRule& rule) const {
 }
 
 void Binder::bind(const ArrayRule& rule) {
+  note_element(rule.name);
   const TensorView& view = *given_.at(rule.name);
   if (!fits(rule, view.shape.size())) throw ArgumentError(format(rule.rank_error));
   views_[rule.name] = checked(view, rule.name);
@@ -226,7 +253,12 @@ std::string Binder::field(const std::string& key) const {
     auto it = sizes_.find(key);
     return it == sizes_.end() ? "{" + key + "}" : std::to_string(it->second);
   }
-  const std::string name = key.substr(0, dot), what = key.substr(dot + 1);
+  std::string name = key.substr(0, dot);
+  const std::string what = key.substr(dot + 1);
+  if (auto element = elements_.find(name); element != elements_.end()) {  // a list: its element being checked
+    if (what == "element") return element->second;
+    name = element->second;
+  }
   if (!given(name)) return "{" + key + "}";
   const ArrayRule& rule = declaration_.rule(name);
   const TensorView& view = *given_.at(name);

@@ -25,13 +25,14 @@ class Binder {
   Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given,
          SizeEnv preset = {}, std::map<std::string, std::string> texts = {});
 
-  // The arrays that bind sizes: their dtypes, then their extents (each checked, of the
-  // declared rank), then the declaration's requirements and derived sizes.
+  // The arrays that bind sizes (a list's first element), their dtypes, then their extents (each
+  // checked, of the declared rank), then the declaration's requirements and derived sizes.
   void bind_sizes();
   // Every other array given that the op shares with attention, in declaration order: dtype,
   // rank (when its rule says how it is refused), shape (or broadcast; binding the size names
   // only it has), its requirements, its contents, and contiguity when written in place; one
-  // given without the argument it needs is refused.
+  // given without the argument it needs is refused. A list's elements ({name}[i]) each by its
+  // rule, or, with unlike_error, like its first.
   void check_others();
   // The same for the op's own arrays (checked after those, as Python's ops check them).
   void check_own();
@@ -53,6 +54,11 @@ class Binder {
   void check_dtype(const ArrayRule& rule) const;
   void bind(const ArrayRule& rule);
   void check(const ArrayRule& rule);
+  // Checks the given arrays of rules that are (`own`) or are not the op's own, each element of a list.
+  void check_all(bool own);
+  void check_like_first(const ArrayRule& rule) const;
+  // Notes the list element `name` is (its list's fields in messages are its).
+  void note_element(const std::string& name);
   void check_shape(const ArrayRule& rule);
   void check_contents(const ArrayRule& rule);
   void require(const std::vector<SizeRequirement>& requirements) const;
@@ -74,6 +80,7 @@ class Binder {
   SizeEnv sizes_;
   std::map<std::string, std::string> texts_;
   std::vector<std::int64_t> leading_;  // the call's leading axes, once an array binds them
+  std::map<std::string, std::string> elements_;  // a list's name -> its element being checked
   std::map<std::string, Checked> views_;
   std::map<std::string, std::size_t> shape_index_;
   std::map<std::string, std::int64_t> minima_;  // a content message's {name.min}

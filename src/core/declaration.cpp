@@ -68,6 +68,8 @@ ArrayRule rule_of(const json::Value& a) {
   r.needs = optional_text(a, "needs");
   r.expands = a.at("expands").as_bool("expands");
   r.own = a.at("own").as_bool("own");
+  r.each = a.at("each").as_bool("each");
+  r.unlike_error = a.at("unlike_error").as_string("unlike_error");
   r.requires_ = requires_of(a.at("requires"));
   for (const json::Value& c : a.at("contents").as_array("contents")) r.contents.push_back(content_of(c));
   r.dtype_error = a.at("dtype_error").as_string("dtype_error");
@@ -80,8 +82,9 @@ ArrayRule rule_of(const json::Value& a) {
 }  // namespace
 
 const ArrayRule& Declaration::rule(const std::string& name) const {
+  const std::string array = name.substr(0, name.find('['));
   for (const ArrayRule& r : arrays)
-    if (r.name == name) return r;
+    if (r.name == array) return r;
   throw BundleError("the bundle's declaration of " + op + " has no array '" + name + "'");
 }
 

@@ -48,6 +48,8 @@ struct ArrayRule {
   std::string needs;                // "" or the argument it may be given only with
   bool expands = false;             // bound as its first shape (an axis of extent 1 read with stride 0)
   bool own = false;                 // the op's own: checked after the arrays it shares with attention
+  bool each = false;                // the rule of each element of a list argument, given as {name}[i]
+  std::string unlike_error;         // a list's: an element after the first unlike the first (ArgumentError)
   std::vector<SizeRequirement> requires_;  // once it is checked (the sizes it binds included)
   std::vector<ContentCheck> contents;
   std::string dtype_error, rank_error, shape_error, needs_error;
@@ -62,6 +64,7 @@ struct Declaration {
   // A score_mod's operations and their operand counts (-1: any); none: the op takes no score_mod.
   std::map<std::string, int> score_operations;
 
+  // The rule of array `name`, or of the list whose element it is (outputs[1]: outputs').
   const ArrayRule& rule(const std::string& name) const;
   static Declaration from_json(const json::Value& value);
 };

@@ -19,6 +19,12 @@ array declaring them must have the same (a rule with leading axes has no layout)
 give texts of its own (its options, as `{format}`), which fill messages and may stand for a
 dtype (`dtypes=("{data_dtype}",)`: a dtype the options choose).
 
+A list argument (kind "arrays") declares the rule of each element; element i is named
+`{name}[i]` (`{outputs[0].shape}`), and the element being checked is `{name}` too, with
+`{name.element}` its name. A binding list's first element binds; every other element is
+checked by the rule, or, when it declares `unlike_error`, must have the first's dtype and
+shape (a ValueError naming both: one message for a list of one kind).
+
 Messages are templates: `{q.shape}`, `{q.dtype}`, `{q.axes}` (its size names in the
 layout's order), `{q.expected}` (the shape it must have), `{q.min}` (its smallest entry, in a
 content message), `{layout}` and any bound size (`{Hq}`, or `{k_D}`: the extent a binding
@@ -84,6 +90,7 @@ class ArrayRule:
     needs: str | None = None              # it may be given only with this argument
     expands: bool = False                 # bound as its first shape (an axis of extent 1 read with stride 0)
     own: bool = False                     # the op's own: checked after the arrays it shares with attention
+    unlike_error: str = ""                # a list's: an element after the first unlike the first (a ValueError)
     requires: tuple[Require, ...] = ()    # once it is checked (over the sizes it binds too)
     contents: tuple[Content, ...] = ()    # of its values, every call
     dtype_error: str = ""
@@ -113,10 +120,12 @@ def shape_text(shape: tuple[int, ...]) -> str:
     return str(tuple(int(n) for n in shape))
 
 
-def rule_data(name: str, rule: ArrayRule, role: str, optional: bool) -> dict[str, Any]:
-    """One array's rule as the JSON a bundle carries, its templates naming it."""
+def rule_data(name: str, rule: ArrayRule, role: str, optional: bool, each: bool = False) -> dict[str, Any]:
+    """One array's rule as the JSON a bundle carries, its templates naming it (`each`: the rule
+    of each element of a list argument)."""
     called = rule.called or name
-    return {"name": called, "buffer": rule.buffer or name, "role": role, "optional": optional,
+    return {"name": called, "buffer": rule.buffer or name, "role": role, "optional": optional, "each": each,
+            "unlike_error": rule.unlike_error,
             "dtypes": list(rule.dtypes), "dtype_of": rule.dtype_of, "shapes": [list(s) for s in rule.shapes],
             "layout": rule.layout, "binds": rule.binds, "broadcast": rule.broadcast, "written": rule.written,
             "reads": rule.reads, "stride_axes": list(rule.stride_axes), "needs": rule.needs, "expands": rule.expands, "own": rule.own, "requires": requires_data(rule.requires),
@@ -136,7 +145,7 @@ def checks_data(checks: Checks) -> dict[str, Any]:
             "layouts": {name: list(order) for name, order in checks.layouts.items()}}
 
 
-_FIELD = re.compile(r"\{([A-Za-z0-9_.]+)\}")
+_FIELD = re.compile(r"\{([A-Za-z0-9_.\[\]]+)\}")
 
 
 class Binding:
@@ -164,7 +173,7 @@ class Binding:
         for name, (shape, dtype) in arrays.items():
             self._check_dtype(name, dtype)
         for name, (shape, _) in arrays.items():
-            rule = self.rules[name]
+            rule = self._rule(name)
             extents = _trailing(rule.shapes[0], shape)
             if extents is None:
                 self._fail(ValueError, rule.rank_error, name)
@@ -182,8 +191,10 @@ class Binding:
         """Checks an array that does not bind sizes (binding the size names only its shape
         has), then its requirements; returns the index of the shape it has."""
         self._note(name, shape, dtype)
+        rule = self._rule(name)
+        if rule.unlike_error and not name.endswith("[0]"):
+            return self._check_like_first(name, shape, dtype)
         self._check_dtype(name, dtype)
-        rule = self.rules[name]
         if rule.rank_error and _trailing(rule.shapes[0], shape) is None:
             self._fail(ValueError, rule.rank_error, name)
         for index in range(len(rule.shapes)):
@@ -198,7 +209,7 @@ class Binding:
 
     def check_contents(self, name: str, values: np.ndarray) -> None:
         """Checks a checked array's values (int32, its rule's `contents`)."""
-        for content in self.rules[name].contents:   # "nonnegative", the one kind
+        for content in self._rule(name).contents:   # "nonnegative", the one kind
             lowest = int(values.min()) if values.size else 0
             if lowest < 0:
                 self._texts[f"{name}.min"] = str(lowest)
@@ -223,7 +234,7 @@ class Binding:
 
     def expected(self, name: str, index: int = 0) -> tuple[int, ...]:
         """The shape `name` must have (its `index`th alternative), in memory order."""
-        return self._shape(self.rules[name], index, self.sizes)
+        return self._shape(self._rule(name), index, self.sizes)
 
     def _shape(self, rule: ArrayRule, index: int, sizes: dict[str, int]) -> tuple[int, ...]:
         """Shape `index` of `rule` for `sizes`, in memory order (the call's leading axes first
@@ -232,13 +243,27 @@ class Binding:
         shape = self._ordered(rule, tuple(evaluate(size, sizes) for size in _named(names)))
         return self.leading + shape if names[:1] == (LEADING,) else shape
 
+    def _rule(self, name: str) -> ArrayRule:
+        """The rule of array `name`, or of the list whose element it is (`outputs[1]`)."""
+        return self.rules[name] if name in self.rules else self.rules[name[:name.index("[")]]
+
+    def _check_like_first(self, name: str, shape: tuple[int, ...], dtype: str | None) -> int:
+        """A list's element after the first: the first's dtype and shape, else its unlike_error."""
+        first = name[:name.index("[")] + "[0]"
+        if dtype != self._texts[f"{first}.dtype"] or shape_text(shape) != self._texts[f"{first}.shape"]:
+            raise ValueError(self._format(self._rule(name).unlike_error))
+        return 0
+
     def _note(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
-        rule = self.rules[name]
-        self._texts.update({f"{name}.shape": shape_text(shape), f"{name}.dtype": str(dtype),
-                            f"{name}.axes": ", ".join(self._ordered(rule, rule.shapes[0]))})
+        rule = self._rule(name)
+        texts = {"shape": shape_text(shape), "dtype": str(dtype),
+                 "axes": ", ".join(self._ordered(rule, rule.shapes[0]))}
+        names = (name, name[:name.index("[")]) if "[" in name else (name,)   # an element: its list's too
+        self._texts.update({f"{n}.{key}": text for n in names for key, text in texts.items()})
+        self._texts[f"{names[-1]}.element"] = name
 
     def _check_dtype(self, name: str, dtype: str | None) -> None:
-        rule = self.rules[name]
+        rule = self._rule(name)
         if dtype is None:
             return
         allowed = tuple(self._format(d) if "{" in d else d for d in rule.dtypes) or \
@@ -270,8 +295,9 @@ class Binding:
         return tuple(logical)
 
     def _fail(self, error: type, template: str, name: str) -> NoReturn:
-        if "{" + name + ".expected}" in template:
-            self._texts[f"{name}.expected"] = shape_text(self.expected(name))
+        for key in {name, name.split("[")[0]}:   # an element's expected shape is its list's field too
+            if "{" + key + ".expected}" in template:
+                self._texts[f"{key}.expected"] = shape_text(self.expected(name))
         raise error(self._format(template))
 
     def _format(self, template: str) -> str:
