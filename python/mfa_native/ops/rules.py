@@ -128,7 +128,8 @@ def rule_data(name: str, rule: ArrayRule, role: str, optional: bool, each: bool 
             "unlike_error": rule.unlike_error,
             "dtypes": list(rule.dtypes), "dtype_of": rule.dtype_of, "shapes": [list(s) for s in rule.shapes],
             "layout": rule.layout, "binds": rule.binds, "broadcast": rule.broadcast, "written": rule.written,
-            "reads": rule.reads, "stride_axes": list(rule.stride_axes), "needs": rule.needs, "expands": rule.expands, "own": rule.own, "requires": requires_data(rule.requires),
+            "reads": rule.reads, "stride_axes": list(rule.stride_axes), "needs": rule.needs,
+            "expands": rule.expands, "own": rule.own, "requires": requires_data(rule.requires),
             "contents": [{"kind": c.kind, "message": c.message} for c in rule.contents],
             "dtype_error": rule.dtype_error, "rank_error": rule.rank_error, "shape_error": rule.shape_error,
             "needs_error": rule.needs_error}
