@@ -184,6 +184,11 @@ SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entr
     sizes["window_left"] = left == -1 ? p.C : std::min(left, p.C);
     sizes["window_right"] = right == -1 ? p.R : std::min(right, p.R);
   }
+  add_strides(sizes, views);
+  return sizes;
+}
+
+void add_strides(SizeEnv& sizes, const PassViews& views) {
   const std::vector<std::string> axes = {"batch", "head", "row", "key"};
   for (const auto& [name, logical] : views.strided) {
     auto named = views.stride_axes.find(name);
@@ -191,7 +196,6 @@ SizeEnv sizes_of(const Problem& p, const Device& device, const BundleEntry& entr
     for (std::size_t i = 0; i < logical.size() && i < names.size(); ++i)
       sizes[name + "_" + names[i] + "_stride"] = logical[i];
   }
-  return sizes;
 }
 
 void run_entry(const Device& device, CommandBatch* batch, const Bundle& bundle, const BundleFacts& want,

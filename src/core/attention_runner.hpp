@@ -59,6 +59,9 @@ struct PassViews {
 // a window entry's sides, the strided views' strides, the scale's float32 bits).
 SizeEnv sizes_of(const attention_problem::Problem& p, const Device& device, const BundleEntry& entry,
                  const PassViews& views);
+// Adds the strided views' logical strides ({buffer}_{axis}_stride; axes batch, head, row, key
+// unless the view's rule names its own).
+void add_strides(SizeEnv& sizes, const PassViews& views);
 
 // The first of `templates` whose guards hold for `sizes` (NoBundleEntryError naming the entry otherwise).
 const PassTemplate& template_for(const std::vector<PassTemplate>& templates, const SizeEnv& sizes,

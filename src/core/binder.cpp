@@ -10,15 +10,14 @@ namespace {
 
 // Logical-order `values` in memory order: memory axis i holds logical axis order[i].
 template <typename T>
-std::vector<T> in_memory_order(const std::vector<T>& values, const std::vector<std::size_t>* order) {
+std::vector<T> in_memory_order(const std::vector<T>& values, const AxisOrder& order) {
   if (!order) return values;
   std::vector<T> out;
   for (std::size_t axis : *order) out.push_back(values[axis]);
   return out;
 }
 
-std::vector<std::int64_t> in_logical_order(const std::vector<std::int64_t>& memory,
-                                           const std::vector<std::size_t>* order) {
+std::vector<std::int64_t> in_logical_order(const std::vector<std::int64_t>& memory, const AxisOrder& order) {
   if (!order) return memory;
   std::vector<std::int64_t> out(memory.size());
   for (std::size_t i = 0; i < memory.size(); ++i) out[(*order)[i]] = memory[i];
@@ -77,6 +76,23 @@ std::map<std::string, std::int64_t> content_failure(const std::string& kind, con
           {"prior", values[at]}};
 }
 
+// Whether a `rank`-d array may have `rule`'s shapes: their rank, or more with leading axes.
+bool fits(const ArrayRule& rule, std::size_t rank) {
+  return rule.leading ? rank >= rule.axes.size() : rank == rule.axes.size();
+}
+
+// The extents of `shape` that `rule`'s shapes name (its last ones, after any leading axes).
+std::vector<std::int64_t> trailing(const ArrayRule& rule, const std::vector<std::int64_t>& shape) {
+  return {shape.end() - static_cast<std::ptrdiff_t>(rule.axes.size()), shape.end()};
+}
+
+// The rule of element `i` of the list `rule` declares: the rule, named {name}[i].
+ArrayRule element(const ArrayRule& rule, std::size_t i) {
+  ArrayRule e = rule;
+  e.name += "[" + std::to_string(i) + "]";
+  return e;
+}
+
 // Whether numpy broadcasts `shape` to `target`.
 bool broadcasts(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& target) {
   if (shape.size() > target.size()) return false;
@@ -89,8 +105,9 @@ bool broadcasts(const std::vector<std::int64_t>& shape, const std::vector<std::i
 }  // namespace
 
 Binder::Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given,
-               SizeEnv preset)
-    : declaration_(declaration), layout_(std::move(layout)), given_(std::move(given)), sizes_(std::move(preset)) {
+               SizeEnv preset, std::map<std::string, std::string> texts)
+    : declaration_(declaration), layout_(std::move(layout)), given_(std::move(given)), sizes_(std::move(preset)),
+      texts_(std::move(texts)) {
   if (!declaration_.layouts.count(layout_))
     throw BundleError("the bundle's declaration of " + declaration_.op + " has no layout " + layout_);
 }
@@ -101,22 +118,38 @@ bool Binder::given(const std::string& name) const {
 }
 
 void Binder::bind_sizes() {
+  std::vector<ArrayRule> binding;
   for (const ArrayRule& rule : declaration_.arrays)
-    if (rule.binds) check_dtype(rule);
-  for (const ArrayRule& rule : declaration_.arrays)
-    if (rule.binds) bind(rule);
+    if (rule.binds) binding.push_back(rule.each ? element(rule, 0) : rule);
+  for (const ArrayRule& rule : binding) check_dtype(rule);
+  for (const ArrayRule& rule : binding) bind(rule);
   require(declaration_.requires_);
   for (const auto& [name, expression] : declaration_.derived) sizes_.emplace(name, expression.evaluate(sizes_));
 }
 
-void Binder::check_others() {
-  for (const ArrayRule& rule : declaration_.arrays)
-    if (!rule.binds && !rule.own && given(rule.name)) check(rule);
+void Binder::check_others() { check_all(false); }
+
+void Binder::check_own() { check_all(true); }
+
+void Binder::check_all(bool own) {
+  for (const ArrayRule& rule : declaration_.arrays) {
+    if (rule.own != own) continue;
+    if (rule.each)  // a binding list's first element is bound
+      for (std::size_t i = rule.binds ? 1 : 0; given(element(rule, i).name); ++i) check(element(rule, i));
+    else if (!rule.binds && given(rule.name))
+      check(rule);
+  }
 }
 
-void Binder::check_own() {
-  for (const ArrayRule& rule : declaration_.arrays)
-    if (!rule.binds && rule.own && given(rule.name)) check(rule);
+void Binder::check_like_first(const ArrayRule& rule) const {
+  const TensorView& view = *given_.at(rule.name);
+  const TensorView& first = *given_.at(rule.name.substr(0, rule.name.find('[')) + "[0]");
+  if (view.dtype != first.dtype || view.shape != first.shape) throw ArgumentError(format(rule.unlike_error));
+}
+
+void Binder::note_element(const std::string& name) {
+  const std::size_t open = name.find('[');
+  if (open != std::string::npos) elements_[name.substr(0, open)] = name;
 }
 
 void Binder::require(const std::vector<SizeRequirement>& requirements) const {
@@ -128,9 +161,12 @@ void Binder::require(const std::vector<SizeRequirement>& requirements) const {
 }
 
 void Binder::check(const ArrayRule& rule) {
+  note_element(rule.name);
+  const bool first = rule.name.size() > 3 && rule.name.compare(rule.name.size() - 3, 3, "[0]") == 0;
+  if (!rule.unlike_error.empty() && !first) return check_like_first(rule);
   if (!rule.needs.empty() && !given(rule.needs)) throw ArgumentError(rule.needs_error);
   check_dtype(rule);
-  if (!rule.rank_error.empty() && given_.at(rule.name)->shape.size() != rule.axes.size())
+  if (!rule.rank_error.empty() && !fits(rule, given_.at(rule.name)->shape.size()))
     throw ArgumentError(format(rule.rank_error));
   check_shape(rule);
   require(rule.requires_);
@@ -142,17 +178,20 @@ void Binder::check_dtype(const ArrayRule& rule) const {
   const std::string dtype = to_string(given_.at(rule.name)->dtype);
   const bool allowed = rule.dtypes.empty()
                            ? !given(rule.dtype_of) || dtype == to_string(given_.at(rule.dtype_of)->dtype)
-                           : std::find(rule.dtypes.begin(), rule.dtypes.end(), dtype) != rule.dtypes.end();
+                           : std::any_of(rule.dtypes.begin(), rule.dtypes.end(),  // templates: the call's texts fill
+                                         [&](const std::string& d) { return dtype == format(d); });
   if (allowed) return;
   if (rule.dtype_value_error) throw ArgumentError(format(rule.dtype_error));
   throw TypeError(format(rule.dtype_error));
 }
 
 void Binder::bind(const ArrayRule& rule) {
+  note_element(rule.name);
   const TensorView& view = *given_.at(rule.name);
-  if (view.shape.size() != rule.axes.size()) throw ArgumentError(format(rule.rank_error));
+  if (!fits(rule, view.shape.size())) throw ArgumentError(format(rule.rank_error));
   views_[rule.name] = checked(view, rule.name);
-  const std::vector<std::int64_t> extents = logical(rule, view.shape);
+  if (rule.leading) leading_.assign(view.shape.begin(), view.shape.end() - std::ptrdiff_t(rule.axes.size()));
+  const std::vector<std::int64_t> extents = logical(rule, trailing(rule, view.shape));
   for (std::size_t i = 0; i < extents.size(); ++i) {
     sizes_[rule.name + "_" + rule.axes[i]] = extents[i];
     sizes_.emplace(rule.axes[i], extents[i]);
@@ -163,9 +202,7 @@ void Binder::check_shape(const ArrayRule& rule) {
   const TensorView& view = *given_.at(rule.name);
   for (std::size_t index = 0; index < rule.shapes.size(); ++index) {
     SizeEnv sizes = with_new_sizes(rule, index, view.shape);
-    std::vector<std::int64_t> logical;
-    for (const SizeExpression& dim : rule.shapes[index]) logical.push_back(dim.evaluate(sizes));
-    const std::vector<std::int64_t> target = in_memory_order(logical, order(rule, logical.size()));
+    const std::vector<std::int64_t> target = shape_for(rule, index, sizes);
     if (view.shape != target && !(rule.broadcast && broadcasts(view.shape, target))) continue;
     sizes_ = std::move(sizes);
     const Checked& kept = views_[rule.name] = checked(view, rule.name);
@@ -180,8 +217,8 @@ void Binder::check_shape(const ArrayRule& rule) {
 SizeEnv Binder::with_new_sizes(const ArrayRule& rule, std::size_t index, const std::vector<std::int64_t>& shape) const {
   SizeEnv sizes = sizes_;
   const std::vector<SizeExpression>& dims = rule.shapes[index];
-  if (shape.size() != dims.size()) return sizes;
-  const std::vector<std::int64_t> extents = logical(rule, shape);
+  if (!fits(rule, shape.size())) return sizes;
+  const std::vector<std::int64_t> extents = logical(rule, trailing(rule, shape));
   for (std::size_t i = 0; i < dims.size(); ++i)
     if (is_size_name(dims[i].text())) sizes.emplace(dims[i].text(), extents[i]);
   return sizes;
@@ -208,15 +245,24 @@ std::vector<std::int64_t> Binder::logical(const ArrayRule& rule, const std::vect
 }
 
 std::vector<std::int64_t> Binder::expected(const std::string& name, std::size_t index) const {
-  const ArrayRule& rule = declaration_.rule(name);
-  std::vector<std::int64_t> logical;
-  for (const SizeExpression& dim : rule.shapes.at(index)) logical.push_back(dim.evaluate(sizes_));
-  return in_memory_order(logical, order(rule, logical.size()));
+  return shape_for(declaration_.rule(name), index, sizes_);
 }
 
-const std::vector<std::size_t>* Binder::order(const ArrayRule& rule, std::size_t rank) const {
+std::vector<std::int64_t> Binder::shape_for(const ArrayRule& rule, std::size_t index, const SizeEnv& sizes) const {
+  std::vector<std::int64_t> logical;
+  for (const SizeExpression& dim : rule.shapes.at(index)) logical.push_back(dim.evaluate(sizes));
+  std::vector<std::int64_t> shape = in_memory_order(logical, order(rule, logical.size()));
+  if (rule.leading) shape.insert(shape.begin(), leading_.begin(), leading_.end());
+  return shape;
+}
+
+AxisOrder Binder::order(const ArrayRule& rule, std::size_t rank) const {
   const std::vector<std::size_t>& axes = declaration_.layouts.at(layout_);
-  return rule.layout && axes.size() == rank ? &axes : nullptr;
+  if (!rule.layout || rank > axes.size()) return std::nullopt;
+  std::vector<std::size_t> below;  // the layout's order of the axes below `rank`
+  for (std::size_t axis : axes)
+    if (axis < rank) below.push_back(axis);
+  return below;
 }
 
 std::string Binder::format(const std::string& text) const {
@@ -233,18 +279,28 @@ std::string Binder::format(const std::string& text) const {
 
 std::string Binder::field(const std::string& key) const {
   if (key == "layout") return layout_;
+  if (auto text = texts_.find(key); text != texts_.end()) return text->second;
   const std::size_t dot = key.find('.');
   if (dot == std::string::npos) {
     auto it = sizes_.find(key);
     return it == sizes_.end() ? "{" + key + "}" : std::to_string(it->second);
   }
-  const std::string name = key.substr(0, dot), what = key.substr(dot + 1);
+  std::string name = key.substr(0, dot);
+  const std::string what = key.substr(dot + 1);
+  if (auto element = elements_.find(name); element != elements_.end()) {  // a list: its element being checked
+    if (what == "element") return element->second;
+    name = element->second;
+  }
   if (!given(name)) return "{" + key + "}";
   const ArrayRule& rule = declaration_.rule(name);
   const TensorView& view = *given_.at(name);
   if (what == "shape") return shape_text(view.shape);
   if (what == "dtype") return to_string(view.dtype);
-  if (what == "axes") return joined(in_memory_order(rule.axes, order(rule, rule.axes.size())));
+  if (what == "axes") {
+    std::vector<std::string> axes = in_memory_order(rule.axes, order(rule, rule.axes.size()));
+    if (rule.leading) axes.insert(axes.begin(), "...");
+    return joined(axes);
+  }
   if (what == "expected") return shape_text(expected(name));
   if (auto it = content_fields_.find(key); it != content_fields_.end()) return std::to_string(it->second);
   return "{" + key + "}";

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,21 +14,25 @@
 
 namespace mfa {
 
+using AxisOrder = std::optional<std::vector<std::size_t>>;
+
 class Binder {
  public:
   // `given`: the call's arrays by declaration name (null: not given); `layout`: a layout of the declaration's;
   // `preset`: sizes the call gives instead of their derivation (Python's Binding's `sizes`, as
-  // varlen's slope_rows: the sequences).
+  // varlen's slope_rows: the sequences); `texts`: the call's own message fields and dtype
+  // templates (Binding's `texts`, as quantize's {format}).
   Binder(const Declaration& declaration, std::string layout, std::map<std::string, const TensorView*> given,
-         SizeEnv preset = {});
+         SizeEnv preset = {}, std::map<std::string, std::string> texts = {});
 
-  // The arrays that bind sizes: their dtypes, then their extents (each checked, of the
-  // declared rank), then the declaration's requirements and derived sizes.
+  // The arrays that bind sizes (a list's first element), their dtypes, then their extents (each
+  // checked, of the declared rank), then the declaration's requirements and derived sizes.
   void bind_sizes();
   // Every other array given that the op shares with attention, in declaration order: dtype,
   // rank (when its rule says how it is refused), shape (or broadcast; binding the size names
   // only it has), its requirements, its contents, and contiguity when written in place; one
-  // given without the argument it needs is refused.
+  // given without the argument it needs is refused. A list's elements ({name}[i]) each by its
+  // rule, or, with unlike_error, like its first.
   void check_others();
   // The same for the op's own arrays (checked after those, as Python's ops check them).
   void check_own();
@@ -49,14 +54,22 @@ class Binder {
   void check_dtype(const ArrayRule& rule) const;
   void bind(const ArrayRule& rule);
   void check(const ArrayRule& rule);
+  // Checks the given arrays of rules that are (`own`) or are not the op's own, each element of a list.
+  void check_all(bool own);
+  void check_like_first(const ArrayRule& rule) const;
+  // Notes the list element `name` is (its list's fields in messages are its).
+  void note_element(const std::string& name);
   void check_shape(const ArrayRule& rule);
   void check_contents(const ArrayRule& rule);
   void require(const std::vector<SizeRequirement>& requirements) const;
   // The sizes with those that shape `index` of `rule` names but nothing bound yet taken from
   // `shape`'s extents (when its rank is the shape's).
   SizeEnv with_new_sizes(const ArrayRule& rule, std::size_t index, const std::vector<std::int64_t>& shape) const;
-  // The logical axis of each memory axis of a `rank`-d array of `rule` (null: memory order is logical).
-  const std::vector<std::size_t>* order(const ArrayRule& rule, std::size_t rank) const;
+  // Shape `index` of `rule` for `sizes`, in memory order (the call's leading axes first where it has them).
+  std::vector<std::int64_t> shape_for(const ArrayRule& rule, std::size_t index, const SizeEnv& sizes) const;
+  // The logical axis of each memory axis of a `rank`-d array of `rule` (none: memory order is
+  // logical): the layout's order of the axes below `rank` (a (B, Hq, R) array in bshd: (B, R, Hq)).
+  AxisOrder order(const ArrayRule& rule, std::size_t rank) const;
   // The declaration's message `text` with its fields filled in for this call.
   std::string format(const std::string& text) const;
   std::string field(const std::string& key) const;
@@ -65,6 +78,9 @@ class Binder {
   std::string layout_;
   std::map<std::string, const TensorView*> given_;
   SizeEnv sizes_;
+  std::map<std::string, std::string> texts_;
+  std::vector<std::int64_t> leading_;  // the call's leading axes, once an array binds them
+  std::map<std::string, std::string> elements_;  // a list's name -> its element being checked
   std::map<std::string, Checked> views_;
   std::map<std::string, std::size_t> shape_index_;
   std::map<std::string, std::int64_t> content_fields_;  // a content message's {name.index}, {name.value}, ...

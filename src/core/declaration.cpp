@@ -8,6 +8,8 @@ namespace mfa {
 
 namespace {
 
+constexpr const char* kLeading = "...";  // a shape's first entry: the call's leading axes (rules.LEADING)
+
 std::string optional_text(const json::Value& value, const char* key) {
   const json::Value& v = value.at(key);
   return v.is_null() ? std::string() : v.as_string(key);
@@ -57,7 +59,12 @@ ArrayRule rule_of(const json::Value& a) {
   r.dtype_of = optional_text(a, "dtype_of");
   for (const json::Value& shape : a.at("shapes").as_array("shapes")) {
     std::vector<SizeExpression> dims;
-    for (const json::Value& dim : shape.as_array("shape")) dims.emplace_back(dim.as_string("shape size"));
+    const std::vector<json::Value>& texts = shape.as_array("shape");
+    const bool leading = !texts.empty() && texts.front().as_string("shape size") == kLeading;
+    if (!r.shapes.empty() && leading != r.leading)
+      throw json::JsonError("the shapes of " + r.name + " differ in their leading axes");
+    r.leading = leading;
+    for (std::size_t i = leading ? 1 : 0; i < texts.size(); ++i) dims.emplace_back(texts[i].as_string("shape size"));
     r.shapes.push_back(std::move(dims));
   }
   if (r.shapes.empty()) throw json::JsonError("the declaration of " + r.name + " has no shape");
@@ -72,6 +79,8 @@ ArrayRule rule_of(const json::Value& a) {
   r.needs = optional_text(a, "needs");
   r.expands = a.at("expands").as_bool("expands");
   r.own = a.at("own").as_bool("own");
+  r.each = a.at("each").as_bool("each");
+  r.unlike_error = a.at("unlike_error").as_string("unlike_error");
   r.requires_ = requires_of(a.at("requires"));
   for (const json::Value& c : a.at("contents").as_array("contents")) r.contents.push_back(content_of(c));
   r.dtype_value_error = a.at("dtype_raises").as_string("dtype_raises") == "ValueError";
@@ -85,8 +94,9 @@ ArrayRule rule_of(const json::Value& a) {
 }  // namespace
 
 const ArrayRule& Declaration::rule(const std::string& name) const {
+  const std::string array = name.substr(0, name.find('['));
   for (const ArrayRule& r : arrays)
-    if (r.name == name) return r;
+    if (r.name == array) return r;
   throw BundleError("the bundle's declaration of " + op + " has no array '" + name + "'");
 }
 

@@ -3,7 +3,8 @@
 // python/mfa_native/ops/rules.py (Op.declaration_data). The binder
 // (binder.hpp) checks a call against it; messages are the declaration's
 // templates ({q.shape}, {q.dtype}, {q.axes}, {q.expected}, a content check's
-// {q.index}, {q.value}, ..., {layout}, {Hq}).
+// {q.index}, {q.value}, ..., {layout}, {Hq}, and the texts a call gives, as
+// {format}).
 #pragma once
 
 #include <map>
@@ -41,6 +42,7 @@ struct ArrayRule {
   std::string dtype_of;             // "" or the array whose dtype it must have
   std::vector<std::vector<SizeExpression>> shapes;  // alternatives, logical order
   std::vector<std::string> axes;    // the first shape's texts (size names), logical order
+  bool leading = false;             // its shapes start with the call's leading axes ("...": any number)
   bool layout = false;              // the layout option orders its axes
   bool binds = false;               // its extents bind the size names
   bool broadcast = false;
@@ -50,6 +52,8 @@ struct ArrayRule {
   std::string needs;                // "" or the argument it may be given only with
   bool expands = false;             // bound as its first shape (an axis of extent 1 read with stride 0)
   bool own = false;                 // the op's own: checked after the arrays it shares with attention
+  bool each = false;                // the rule of each element of a list argument, given as {name}[i]
+  std::string unlike_error;         // a list's: an element after the first unlike the first (ArgumentError)
   std::vector<SizeRequirement> requires_;  // once it is checked (the sizes it binds included)
   std::vector<ContentCheck> contents;
   bool dtype_value_error = false;   // a dtype outside its set raises ArgumentError (Python's ValueError), not TypeError
@@ -65,6 +69,7 @@ struct Declaration {
   // A score_mod's operations and their operand counts (-1: any); none: the op takes no score_mod.
   std::map<std::string, int> score_operations;
 
+  // The rule of array `name`, or of the list whose element it is (outputs[1]: outputs').
   const ArrayRule& rule(const std::string& name) const;
   static Declaration from_json(const json::Value& value);
 };

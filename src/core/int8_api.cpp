@@ -1,7 +1,7 @@
 // mfa::int8_attention: python/mfa_native/ops/int8_attention.py in C++, with its
 // messages, in its order: the quantization choices (int8_options), then q, k,
-// v and the options by attention's declaration and options (Python's validate,
-// the same for both ops), then nothing to compute (attention's empty forward),
+// v and the options by the op's declaration (attention's arrays and size checks,
+// as Python's validate) and attention's options, then nothing to compute (attention's empty forward),
 // then the head dimensions the int8 kernels take (describe_int8), then the
 // entry's pass (attention_runner.hpp): the quantizer kernels, then attention
 // on the int8 values they leave in device memory. The pass binds attention's
@@ -43,7 +43,7 @@ void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, co
   std::map<std::string, const TensorView*> given = {
       {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", lse}, {"mask", o.mask ? &*o.mask : nullptr},
       {"sinks", o.sinks ? &*o.sinks : nullptr}, {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
-  Binder binder(bundle.contents().declaration("attention"), attention_problem::layout_name(o.layout),
+  Binder binder(bundle.contents().declaration("int8_attention"), attention_problem::layout_name(o.layout),
                 std::move(given));
   const Problem p = attention_problem::checked_problem(binder, options);
   if (p.empty()) return write_empty_forward(binder, p, options);

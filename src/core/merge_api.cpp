@@ -1,12 +1,13 @@
-// mfa::merge_attention: python/mfa_native/ops/merge.py in C++, with its
-// messages, in its order: the parts (non-empty, as many as the lses; the first
-// a float dtype, all of its dtype and 4-d shape), then each lse ((B, Hq, R)
-// float32); then what only C++ takes, the caller's out and lse; then nothing to
-// compute (out 0, lse -inf), else the entry's one-kernel pass
+// mfa::merge_attention: python/mfa_native/ops/merge.py in C++, in its order:
+// the lists' lengths (non-empty, as many lses as parts), then the arrays by the
+// op's declaration (the first part binds B, Hq, R and Dv, every other part is
+// like it, each lse (B, Hq, R) float32; then what only C++ takes, the caller's
+// out and lse); then nothing to compute (out 0, lse -inf), else the entry's one-kernel pass
 // (codegen/attention/merge.py) on the parts, each made contiguous as Python
 // makes it, with B, Hq and R its runtime sizes.
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "attention_runner.hpp"
@@ -19,58 +20,32 @@ namespace {
 
 using namespace attention_runner;
 
-bool is_float(DType dtype) { return dtype == DType::float32 || dtype == DType::float16 || dtype == DType::bfloat16; }
-
-std::string described(const TensorView& view) {
-  return std::string(to_string(view.dtype)) + " " + shape_text(view.shape);
-}
-
-// The caller's output `view`: `dtype` and `shape`, contiguous (C++ only: Python returns new arrays).
-Checked written(const TensorView& view, const std::string& name, DType dtype, const std::vector<std::int64_t>& shape,
-                const std::string& what) {
-  if (view.dtype != dtype || view.shape != shape)
-    throw ArgumentError(name + " must be " + what + ", " + to_string(dtype) + " " + shape_text(shape) + ", got " +
-                        described(view));
-  Checked c = checked(view, name);
-  require_contiguous(c);
-  return c;
-}
+constexpr const char* kMerge = "merge_attention";
 
 void merge(const Device& device, CommandBatch* batch, const Bundle& bundle, const std::vector<TensorView>& outputs,
            const std::vector<TensorView>& lses, const TensorView& out, const TensorView& lse, Layout layout) {
   if (outputs.empty() || outputs.size() != lses.size())
     throw ArgumentError("outputs and lses must be non-empty and of one length, got " + std::to_string(outputs.size()) +
                         " and " + std::to_string(lses.size()));
-  const TensorView& first = outputs[0];
-  if (!is_float(first.dtype))
-    throw TypeError(std::string("outputs[0] must be float32, float16 or bfloat16 (ml_dtypes), got ") +
-                    to_string(first.dtype));
-  for (std::size_t i = 0; i < outputs.size(); ++i)
-    if (outputs[i].dtype != first.dtype || outputs[i].shape != first.shape || outputs[i].shape.size() != 4)
-      throw ArgumentError("outputs must be 4-d arrays of one dtype and shape: outputs[0] is " + described(first) +
-                          ", outputs[" + std::to_string(i) + "] is " + described(outputs[i]));
-  const std::vector<std::int64_t>& s = first.shape;
-  const bool bshd = layout == Layout::bshd;
-  const std::int64_t B = s[0], Hq = bshd ? s[2] : s[1], R = bshd ? s[1] : s[2], Dv = s[3];
-  const std::vector<std::int64_t> rows = {B, Hq, R};
-  for (const TensorView& part_lse : lses) {
-    if (part_lse.dtype != DType::float32)
-      throw TypeError(std::string("lse must be float32, as attention(..., return_lse=True) returns it, got ") +
-                      to_string(part_lse.dtype));
-    if (part_lse.shape != rows)
-      throw ArgumentError("lse must have shape (B, Hq, R) = " + shape_text(rows) + ", got " +
-                          shape_text(part_lse.shape));
+  std::map<std::string, const TensorView*> given = {{"out", &out}, {"lse", &lse}};
+  for (std::size_t i = 0; i < outputs.size(); ++i) {  // the lists' elements, as the declaration names them
+    given["outputs[" + std::to_string(i) + "]"] = &outputs[i];
+    given["lses[" + std::to_string(i) + "]"] = &lses[i];
   }
+  Binder binder(bundle.contents().declaration(kMerge), attention_problem::layout_name(layout), std::move(given));
+  binder.bind_sizes();    // the first part: B, Hq, R, Dv
+  binder.check_others();  // the other parts, the lses, then the caller's out and lse
+  const std::int64_t B = binder.size("B"), Hq = binder.size("Hq"), R = binder.size("R"), Dv = binder.size("Dv");
   PassViews views;
-  views.add("o", written(out, "out", first.dtype, first.shape, "the merged output (the parts' dtype and shape)"));
-  views.add("lse", written(lse, "lse", DType::float32, rows, "the merged lse (B, Hq, R)"));
+  views.add("o", binder.view("out"));
+  views.add("lse", binder.view("lse"));
   if (B * Hq * R * Dv == 0) {
     zero(views.views.at("o"));
     std::fill_n(static_cast<float*>(lse.data), B * Hq * R, -std::numeric_limits<float>::infinity());
     return;
   }
   BundleFacts want;
-  want.op = "merge_attention", want.dtype = to_string(first.dtype), want.value_dim = Dv;
+  want.op = kMerge, want.dtype = to_string(outputs[0].dtype), want.value_dim = Dv;
   want.parts = std::int64_t(outputs.size()), want.layout = attention_problem::layout_name(layout);
   const BundleEntry& entry = entry_for(bundle, want);
   const auto bind = [&](const std::string& buffer, const TensorView& view, const std::string& name) {

@@ -2,15 +2,15 @@
 // checks (attention's arrays, no causal, window or mask; then the token lists,
 // indices and topk_length with its contents, every call; then score_mod), then
 // the entry's pass (attention_runner.hpp) with the lists bound and their width
-// and strides as runtime sizes. mfa::sparse_topk: python/mfa_native/ops/topk.py's checks in
-// its order, then the indexer's pass (q, k and weights strides at run time).
+// and strides as runtime sizes. mfa::sparse_topk: its options, then its arrays by its
+// declaration (python/mfa_native/ops/topk.py's order), then the indexer's pass (q, k and
+// weights strides at run time).
 #include <algorithm>
 #include <limits>
 #include <map>
 
 #include "attention_runner.hpp"
 #include "mfa/sparse.hpp"
-#include "view_packing.hpp"
 
 namespace mfa {
 
@@ -20,6 +20,7 @@ using attention_problem::Problem;
 using namespace attention_runner;
 
 constexpr const char* kSparse = "sparse_attention";
+constexpr const char* kTopk = "sparse_topk";
 
 // The element strides of `view` as given (row-major when it has none).
 std::vector<std::int64_t> given_strides(const TensorView& view) {
@@ -114,48 +115,30 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
   call.run(batch, true);
 }
 
-// ops/topk.py's _arrays and _candidates, and the entry's pass (its sizes and views).
+// topk.py's options (topk, then precision), checked before its arrays; topk as the size the
+// declaration names.
+SizeEnv topk_size(std::int64_t topk, const SparseTopkOptions& options) {
+  if (topk < 0) throw ArgumentError("topk must not be negative, got " + std::to_string(topk));
+  if (options.precision != "float" && options.precision != "int8")
+    throw ArgumentError("precision must be 'float' or 'int8', got '" + options.precision + "'");
+  return {{"topk", topk}};
+}
+
+// ops/topk.py's _arrays (the options, then the arrays by sparse_topk's declaration) and
+// _candidates, and the entry's pass (its sizes and views).
 class TopkCall {
  public:
-  TopkCall(const Device& device, const TensorView& q, const TensorView& k, const TensorView& weights,
-           std::int64_t topk, const TensorView& indices, const SparseTopkOptions& options,
-           const TensorView* topk_scores)
-      : device_(device), options_(options), bhsd_(options.layout == Layout::bhsd), K_(topk) {
-    if (q.dtype != DType::float32 && q.dtype != DType::float16 && q.dtype != DType::bfloat16)
-      throw TypeError(std::string("q must be float32, float16 or bfloat16 (ml_dtypes), got ") + to_string(q.dtype));
-    if (k.dtype != q.dtype)
-      throw TypeError(std::string("k has dtype ") + to_string(k.dtype) + " but q has " + to_string(q.dtype) +
-                      "; q and k must share one dtype");
-    if (weights.dtype != DType::float32)
-      throw TypeError(std::string("weights must be float32, got ") + to_string(weights.dtype));
-    if (topk < 0) throw ArgumentError("topk must not be negative, got " + std::to_string(topk));
-    if (options.precision != "float" && options.precision != "int8")
-      throw ArgumentError("precision must be 'float' or 'int8', got '" + options.precision + "'");
-    for (const auto& [x, name] : {std::pair(&q, "q"), std::pair(&k, "k")})
-      if (x->shape.size() != 4)
-        throw ArgumentError(std::string(name) + " must have 4 dimensions, got shape " + shape_text(x->shape));
-    const std::vector<std::int64_t> qs = logical(q.shape), ks = logical(k.shape);
-    B_ = qs[0], Hi_ = qs[1], R_ = qs[2], Di_ = qs[3], C_ = ks[2];
-    if (ks[0] != B_ || ks[1] != 1 || ks[3] != Di_)
-      throw ArgumentError(std::string("k must have shape ") + (bhsd_ ? "(B, 1, C, Di)" : "(B, C, 1, Di)") +
-                          " with q's B = " + std::to_string(B_) + " and Di = " + std::to_string(Di_) + ", got " +
-                          shape_text(k.shape));
-    const std::vector<std::int64_t> expected = bhsd_ ? std::vector<std::int64_t>{B_, Hi_, R_}
-                                                     : std::vector<std::int64_t>{B_, R_, Hi_};
-    if (weights.shape != expected)
-      throw ArgumentError("weights must have shape " + shape_text(expected) + ", got " + shape_text(weights.shape));
-    if (std::min(topk, C_) > kTopkLimit)
-      throw ArgumentError("topk is " + std::to_string(topk) + " with " + std::to_string(C_) + " keys: at most " +
-                          std::to_string(kTopkLimit) + " keys are kept per row (min(topk, C) must not exceed it; "
-                          "the running top-k lives in threadgroup memory)");
-    for (const auto& [name, size] : {std::pair("B (batch)", B_), std::pair("Hi (indexer heads)", Hi_),
-                                     std::pair("R (query length)", R_), std::pair("C (key length)", C_),
-                                     std::pair("topk", topk)})
-      if (size > attention_problem::kMaxIndex)
-        throw ArgumentError(std::string(name) + " is " + std::to_string(size) + "; it must be below 2**31");
-    q_ = checked(q, "q"), k_ = checked(k, "k"), weights_ = checked(weights, "weights");
-    outputs_["indices"] = output(indices, "indices", DType::int32);
-    if (topk_scores) outputs_["topk_scores"] = output(*topk_scores, "topk_scores", DType::float32);
+  TopkCall(const Device& device, const Bundle& bundle, const TensorView& q, const TensorView& k,
+           const TensorView& weights, std::int64_t topk, const TensorView& indices,
+           const SparseTopkOptions& options, const TensorView* topk_scores)
+      : device_(device), options_(options),
+        binder_(bundle.contents().declaration(kTopk), attention_problem::layout_name(options.layout),
+                {{"q", &q}, {"k", &k}, {"weights", &weights}, {"indices", &indices}, {"topk_scores", topk_scores}},
+                topk_size(topk, options)) {
+    binder_.bind_sizes();
+    binder_.check_others();
+    B_ = binder_.size("B"), Hi_ = binder_.size("Hi"), R_ = binder_.size("R"), C_ = binder_.size("C");
+    K_ = topk, Di_ = binder_.size("Di");
   }
 
   bool empty() const { return B_ * Hi_ * R_ * C_ * K_ == 0 || Di_ == 0; }
@@ -163,9 +146,9 @@ class TopkCall {
   // _candidates: -1 (score -inf) everywhere; with no indexer head or feature (every score 0) each
   // row's first min(candidates, topk) keys in order, score 0.
   void write_candidates() const {
-    auto* listed = static_cast<std::int32_t*>(outputs_.at("indices").view->data);
-    float* scores = outputs_.count("topk_scores") ? static_cast<float*>(outputs_.at("topk_scores").view->data)
-                                                   : nullptr;
+    auto* listed = static_cast<std::int32_t*>(binder_.view("indices").view->data);
+    float* scores = binder_.given("topk_scores") ? static_cast<float*>(binder_.view("topk_scores").view->data)
+                                                 : nullptr;
     for (std::int64_t b = 0; b < B_; ++b)
       for (std::int64_t r = 0; r < R_; ++r) {
         std::int64_t kept = 0;
@@ -179,12 +162,12 @@ class TopkCall {
       }
   }
 
-  void run(CommandBatch* batch, const Bundle& bundle) {
+  void run(CommandBatch* batch, const Bundle& bundle) const {
     if (options_.precision == "int8" && Di_ * 127 * 127 >= (std::int64_t(1) << 24))  // topk_scores.py's check_exact
       throw ArgumentError("precision='int8' needs Di * 127**2 < 2**24 (Di <= 1040), got Di = " + std::to_string(Di_));
     BundleFacts want;
-    want.op = "sparse_topk";
-    want.dtype = to_string(q_.view->dtype);
+    want.op = kTopk;
+    want.dtype = to_string(binder_.view("q").view->dtype);
     want.head_dim = want.value_dim = Di_;
     want.causal = options_.causal ? "lower_right" : "none";
     want.mask = "none";
@@ -192,62 +175,24 @@ class TopkCall {
     want.family = "any";  // the indexer's kernels use no tile table
     want.precision = options_.precision;
     const BundleEntry& entry = entry_for(bundle, want);
-    PassViews views;
+    const PassViews views(device_, binder_, AttentionOptions{});  // q, k, weights: (batch, head, row) strides
     SizeEnv sizes = {{"B", B_}, {"Hi", Hi_}, {"R", R_}, {"C", C_}, {"K", K_},
                      {"P", std::int64_t(device_.tuning().parallel_threadgroups)}};
-    add(views, sizes, "q", q_, view_packing::Reads::strided);
-    add(views, sizes, "k", k_, view_packing::Reads::strided);
-    add(views, sizes, "weights", weights_, view_packing::Reads::strided_broadcast);
-    for (const auto& [name, view] : outputs_) views.arrays[name] = Bound{&view};
-    if (!outputs_.count("topk_scores")) views.arrays["topk_scores"] = Bound{nullptr, true};
+    add_strides(sizes, views);
     attention_runner::run(device_, batch, entry.forward, entry.line, sizes, views);
   }
 
  private:
-  static constexpr std::int64_t kTopkLimit = 2048;  // topk_stream.py's TOPK_LIMIT
-
-  // Memory-order values of a (batch, head, row, ...) array in logical order.
-  std::vector<std::int64_t> logical(std::vector<std::int64_t> memory) const {
-    if (!bhsd_ && memory.size() >= 3) std::swap(memory[1], memory[2]);
-    return memory;
-  }
-
-  // Binds `view` made addressable, its logical (batch, head, row) strides as runtime sizes.
-  void add(PassViews& views, SizeEnv& sizes, const std::string& name, Checked view,
-           view_packing::Reads reads) const {
-    view_packing::make_addressable(device_, view, reads);
-    const std::vector<std::int64_t> strides = logical(view.strides);
-    const char* axes[3] = {"batch", "head", "row"};
-    for (int i = 0; i < 3; ++i) sizes[name + "_" + axes[i] + "_stride"] = strides[i];
-    views.add(name, std::move(view));
-  }
-
-  // An output the caller gives: `dtype`, the indices' shape, contiguous.
-  Checked output(const TensorView& view, const std::string& name, DType dtype) const {
-    if (view.dtype != dtype)
-      throw TypeError(name + " must be " + to_string(dtype) + ", got " + to_string(view.dtype));
-    const std::vector<std::int64_t> shape = bhsd_ ? std::vector<std::int64_t>{B_, 1, R_, K_}
-                                                  : std::vector<std::int64_t>{B_, R_, 1, K_};
-    if (view.shape != shape)
-      throw ArgumentError(name + " must have shape " + (bhsd_ ? "(B, 1, R, topk)" : "(B, R, 1, topk)") + " = " +
-                          shape_text(shape) + ", got " + shape_text(view.shape));
-    Checked out = checked(view, name);
-    if (out.elements) require_contiguous(out);  // an empty one's strides mean nothing
-    return out;
-  }
-
   const Device& device_;
   const SparseTopkOptions& options_;
-  bool bhsd_;
+  Binder binder_;
   std::int64_t B_ = 0, Hi_ = 0, R_ = 0, C_ = 0, K_ = 0, Di_ = 0;
-  Checked q_, k_, weights_;
-  std::map<std::string, Checked> outputs_;
 };
 
 void run_topk(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
               const TensorView& k, const TensorView& weights, std::int64_t topk, const TensorView& indices,
               const SparseTopkOptions& options, const TensorView* topk_scores) {
-  TopkCall call(device, q, k, weights, topk, indices, options, topk_scores);
+  const TopkCall call(device, bundle, q, k, weights, topk, indices, options, topk_scores);
   if (call.empty()) return call.write_candidates();
   call.run(batch, bundle);
 }

@@ -1,11 +1,13 @@
 // The generic binder on the declarations a bundle carries (tests/cpp/declarations.json, the
-// writer's data): sizes bound in the layout's order, derived sizes, broadcasts, outputs written
-// in place, the declaration's messages. (tests/python/test_bundle_cpp_messages.py compares the
-// messages with Python's for the same calls.)
+// writer's data): sizes bound in the layout's order (a lower-rank array's too), derived sizes,
+// broadcasts, leading axes, the call's texts, list elements, outputs written in place, the
+// declaration's messages. (tests/python/test_bundle_cpp_messages.py compares the messages with
+// Python's for the same calls.)
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -80,4 +82,51 @@ TEST(Binder, OutputsAreWrittenInPlaceAndNeedTheirArgument) {
   mfa::Binder contiguous(d, "bhsd", {{"q", &q}, {"k", &k}, {"v", &k}, {"o", &q}, {"lse", &lse}, {"do", &q},
                                      {"dq", &strided}, {"dk", &k}, {"dv", &k}});
   EXPECT_EQ(message_of(contiguous), "dq must be contiguous (it is written in place), got strides (256, 128, 32, 2)");
+}
+
+TEST(Binder, ALowerRankLayoutArrayTakesTheLayoutsOrderOfItsAxes) {
+  const mfa::Declaration d = declaration("sparse_topk");
+  Views m;
+  const mfa::TensorView q = m.view({2, 5, 3, 16}), k = m.view({2, 7, 1, 16}), weights = m.view({2, 5, 3});
+  const mfa::TensorView indices = m.view({2, 5, 1, 4}, mfa::DType::int32), swapped = m.view({2, 3, 5});
+  mfa::Binder good(d, "bshd", {{"q", &q}, {"k", &k}, {"weights", &weights}, {"indices", &indices}}, {{"topk", 4}});
+  EXPECT_EQ(message_of(good), "");
+  EXPECT_EQ(good.size("Hi"), 3);
+  EXPECT_EQ(good.size("C"), 7);
+  mfa::Binder bad(d, "bshd", {{"q", &q}, {"k", &k}, {"weights", &swapped}, {"indices", &indices}}, {{"topk", 4}});
+  EXPECT_EQ(message_of(bad), "weights must have shape (2, 5, 3), got (2, 3, 5)");
+}
+
+TEST(Binder, LeadingAxesAreTheCallsAndTextsFillMessagesAndDtypes) {
+  const mfa::Declaration d = declaration("quantize");
+  Views m;
+  const mfa::TensorView x = m.view({2, 3, 64}), data = m.view({2, 3, 68}, mfa::DType::uint8);
+  const mfa::TensorView flat = m.view({6, 68}, mfa::DType::uint8), words = m.view({2, 3, 17}, mfa::DType::uint32);
+  const mfa::SizeEnv sizes = {{"group_size", 32}, {"group_width", 34}, {"groups", 6}};
+  const std::map<std::string, std::string> texts = {{"format", "q8_0"}, {"data_dtype", "uint8"}};
+  mfa::Binder good(d, "none", {{"x", &x}, {"data", &data}}, sizes, texts);
+  EXPECT_EQ(message_of(good), "");
+  EXPECT_EQ(good.size("D"), 64);
+  mfa::Binder rows(d, "none", {{"x", &x}, {"data", &flat}}, sizes, texts);
+  EXPECT_EQ(message_of(rows), "data must be uint8 (2, 3, 68) for q8_0, got uint8 (6, 68)");
+  mfa::Binder dtype(d, "none", {{"x", &x}, {"data", &words}}, sizes, texts);
+  EXPECT_EQ(message_of(dtype), "data must be uint8 (2, 3, 68) for q8_0, got uint32 (2, 3, 17)");
+}
+
+TEST(Binder, AListsElementsAreCheckedEachByName) {
+  const mfa::Declaration d = declaration("merge_attention");
+  Views m;
+  const mfa::TensorView part = m.view({1, 2, 3, 8}), other = m.view({1, 2, 3, 4}), rows = m.view({1, 2, 3});
+  const mfa::TensorView out = m.view({1, 2, 3, 8}), wrong = m.view({1, 3, 2});
+  mfa::Binder good(d, "bhsd", {{"outputs[0]", &part}, {"outputs[1]", &part}, {"lses[0]", &rows},
+                               {"lses[1]", &rows}, {"out", &out}, {"lse", &rows}});
+  EXPECT_EQ(message_of(good), "");
+  EXPECT_EQ(good.size("Dv"), 8);
+  mfa::Binder unlike(d, "bhsd", {{"outputs[0]", &part}, {"outputs[1]", &other}, {"lses[0]", &rows},
+                                 {"lses[1]", &rows}, {"out", &out}, {"lse", &rows}});
+  EXPECT_EQ(message_of(unlike), "outputs must be 4-d arrays of one dtype and shape: outputs[0] is float32 "
+                                "(1, 2, 3, 8), outputs[1] is float32 (1, 2, 3, 4)");
+  mfa::Binder lse(d, "bhsd", {{"outputs[0]", &part}, {"outputs[1]", &part}, {"lses[0]", &rows},
+                              {"lses[1]", &wrong}, {"out", &out}, {"lse", &rows}});
+  EXPECT_EQ(message_of(lse), "lses[1] must have shape (B, Hq, R) = (1, 2, 3), got (1, 3, 2)");
 }

@@ -95,9 +95,14 @@ def test_bad_calls_raise_pythons_message(bundle, case):
 
 
 def test_caller_outputs_are_checked(bundle):
+    """By merge_attention's declaration: the parts' dtype (TypeError), their shape (ValueError),
+    contiguous."""
     outputs, lses = _parts(np.random.default_rng(1), "float16", "bhsd", 3, 5)
-    with pytest.raises(ValueError, match=r"out must be the merged output .*float16 \(2, 3, 5, 40\), got float32"):
+    with pytest.raises(TypeError, match=r"out must be the merged output .*float16 \(2, 3, 5, 40\), got float32"):
         _cpp(bundle, outputs, lses, "bhsd", poison((B, HQ, 5, DV), np.float32), poison((B, HQ, 5), np.float32))
+    with pytest.raises(ValueError, match=r"lse must be the merged lse \(B, Hq, R\), float32 \(2, 3, 5\), got "
+                                         r"float32 \(2, 5, 3\)"):
+        _cpp(bundle, outputs, lses, "bhsd", poison((B, HQ, 5, DV), np.float16), poison((B, 5, HQ), np.float32))
     with pytest.raises(ValueError, match="lse must be contiguous"):
         _cpp(bundle, outputs, lses, "bhsd", poison((B, HQ, 5, DV), np.float16),
              poison((B, HQ, 10), np.float32)[:, :, ::2])

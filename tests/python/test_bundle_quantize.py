@@ -104,9 +104,19 @@ def test_bad_calls_raise_pythons_message(bundle, case):
 
 
 def test_caller_fields_are_checked(bundle):
+    """By quantize's declaration: the format's dtype (TypeError), x's leading axes and the
+    format's width (ValueError), the fields the format has."""
     x = _x(np.random.default_rng(1), "float16", (3, 64))
     with pytest.raises(ValueError, match=r"data must be uint8 \(3, 68\) for q8_0, got uint8 \(3, 34\)"):
         _cpp(bundle, x, {"data": poison((3, 34), np.uint8)}, "q8_0")
+    with pytest.raises(ValueError, match=r"data must be uint8 \(3, 68\) for q8_0, got uint8 \(1, 3, 68\)"):
+        _cpp(bundle, x, {"data": poison((1, 3, 68), np.uint8)}, "q8_0")
+    with pytest.raises(TypeError, match=r"data must be uint8 \(3, 68\) for q8_0, got uint32 \(3, 17\)"):
+        _cpp(bundle, x, {"data": poison((3, 17), np.uint32)}, "q8_0")
+    with pytest.raises(TypeError, match=r"scales must be float16 \(3, 2\) for affine 8-bit, groups of 32, got "
+                                        r"float32 \(3, 2\)"):
+        _cpp(bundle, x, {"data": poison((3, 16), np.uint32), "scales": poison((3, 2), np.float32),
+                         "biases": poison((3, 2), np.float16)}, "affine", group_size=32)
     with pytest.raises(ValueError, match="q8_0 has no scales"):
         _cpp(bundle, x, {"data": poison((3, 68), np.uint8), "scales": poison((3, 2), np.float16)}, "q8_0")
     with pytest.raises(ValueError, match="biases is required for affine 8-bit, groups of 32"):

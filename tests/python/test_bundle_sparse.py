@@ -353,7 +353,7 @@ def test_topk_without_scores_to_rank_matches_python(topk_bundle, empty):
     np.testing.assert_array_equal(topk_scores, expected_scores)
 
 
-TOPK_BAD_CALLS = {   # what changes from a good float32 bhsd call
+TOPK_BAD_CALLS = {   # what changes from a good float32 bhsd call (options first, then array by array)
     "q dtype": dict(q=lambda a: a["q"].astype(np.int32)),
     "k dtype": dict(k=lambda a: a["k"].astype(np.float16)),
     "weights dtype": dict(weights=lambda a: a["weights"].astype(np.float16)),
@@ -363,25 +363,43 @@ TOPK_BAD_CALLS = {   # what changes from a good float32 bhsd call
     "k heads": dict(k=lambda a: np.concatenate([a["k"], a["k"]], axis=1)),
     "weights shape": dict(weights=lambda a: a["weights"][:, :1]),
     "topk beyond the limit": dict(k=lambda a: np.zeros((2, 1, 2049, 16), np.float32), topk=lambda a: 2049),
-    "dtype before shape": dict(weights=lambda a: a["weights"][:, :1].astype(np.float16), q=lambda a: a["q"][0]),
+    "arrays in order": dict(weights=lambda a: a["weights"][:, :1].astype(np.float16), q=lambda a: a["q"][0]),
 }
+
+
+TOPK_BSHD_BAD_CALLS = {   # the same from a good float32 bshd call: the layout orders weights' three axes too
+    "weights in bhsd's order": dict(weights=lambda a: np.ascontiguousarray(np.swapaxes(a["weights"], 1, 2))),
+    "k heads": dict(k=lambda a: np.concatenate([a["k"], a["k"]], axis=2)),
+    "k rank": dict(k=lambda a: a["k"][0]),
+}
+
+
+def _topk_bad_call(topk_bundle, layout: str, changes: dict) -> None:
+    """A bad call raises the same exception and message in Python and C++, which writes nothing."""
+    rng = np.random.default_rng(41)
+    q, k, weights = _topk_problem(rng, "float32", layout, False)
+    values = {"q": q, "k": k, "weights": weights, "topk": 5, "precision": "float"}
+    values.update({name: change(values) for name, change in changes.items()})
+    with pytest.raises((ValueError, TypeError)) as python:
+        mfa_native.sparse_topk(values["q"], values["k"], values["weights"], values["topk"],
+                               precision=values["precision"], layout=layout, device="cpu")
+    indices, scores = _topk_outputs(q, layout, 5)
+    with pytest.raises((ValueError, TypeError)) as cpp:
+        _core._bundle_sparse_topk("cpu", topk_bundle, view(values["q"]), view(values["k"]), view(values["weights"]),
+                                  values["topk"], view(indices), view(scores), precision=values["precision"],
+                                  layout=layout)
+    assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+    assert (indices == np.iinfo(np.int32).min).all() and np.isnan(scores).all()
 
 
 @pytest.mark.parametrize("case", TOPK_BAD_CALLS)
 def test_topk_bad_calls_raise_pythons_message(topk_bundle, case):
-    rng = np.random.default_rng(41)
-    q, k, weights = _topk_problem(rng, "float32", "bhsd", False)
-    values = {"q": q, "k": k, "weights": weights, "topk": 5, "precision": "float"}
-    values.update({name: change(values) for name, change in TOPK_BAD_CALLS[case].items()})
-    with pytest.raises((ValueError, TypeError)) as python:
-        mfa_native.sparse_topk(values["q"], values["k"], values["weights"], values["topk"],
-                               precision=values["precision"], device="cpu")
-    indices, scores = _topk_outputs(q, "bhsd", 5)
-    with pytest.raises((ValueError, TypeError)) as cpp:
-        _core._bundle_sparse_topk("cpu", topk_bundle, view(values["q"]), view(values["k"]), view(values["weights"]),
-                                  values["topk"], view(indices), view(scores), precision=values["precision"])
-    assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
-    assert (indices == np.iinfo(np.int32).min).all() and np.isnan(scores).all()
+    _topk_bad_call(topk_bundle, "bhsd", TOPK_BAD_CALLS[case])
+
+
+@pytest.mark.parametrize("case", TOPK_BSHD_BAD_CALLS)
+def test_topk_bshd_bad_calls_raise_pythons_message(topk_bundle, case):
+    _topk_bad_call(topk_bundle, "bshd", TOPK_BSHD_BAD_CALLS[case])
 
 
 def test_topk_int8_beyond_exact_products_raises_pythons_message(topk_bundle):

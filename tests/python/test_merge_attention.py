@@ -46,7 +46,7 @@ def test_merge_errors(rng):
     o = np.zeros((1, 2, 3, 4), np.float32)
     with pytest.raises(ValueError, match="one length"):
         mfa_native.merge_attention([o, o], [np.zeros((1, 2, 3), np.float32)])
-    with pytest.raises(ValueError, match="lse must have shape"):
+    with pytest.raises(ValueError, match=r"lses\[0\] must have shape"):
         mfa_native.merge_attention([o], [np.zeros((1, 3, 2), np.float32)])
     with pytest.raises(ValueError, match="one dtype and shape"):
         mfa_native.merge_attention([o, o[..., :2]], [np.zeros((1, 2, 3), np.float32)] * 2)

@@ -286,7 +286,8 @@ class Op:
         operations its expression text may name and their arities (null: any)."""
         if self.checks is None:
             raise ValueError(f"op {self.name!r} declares no checks as data")
-        arrays = [rule_data(a.name, a.rule, "input", a.default is None) for a in self.arguments if a.rule]
+        arrays = [rule_data(a.name, a.rule, "input", a.default is None, a.kind == "arrays")
+                  for a in self.arguments if a.rule]
         arrays += [rule_data(o.name, o.rule, "output", o.when is not None) for o in self.outputs if o.rule]
         takes_score_mod = any(a.name == "score_mod" for a in self.arguments)
         scores = {"score_operations": dict(OPERATIONS)} if takes_score_mod else {}

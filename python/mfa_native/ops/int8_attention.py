@@ -10,6 +10,7 @@ from ..codegen.int8.problem import PV_MODES, QK_SCALES
 from ..int8_reference import int8_attention_emulation, int8_quantized_reference
 from ..runtime.devices import Device, tuning_facts
 from . import arguments as check
+from . import attention_rules
 from .attention import (ALIBI_SLOPES, CAUSAL, LAYOUT, LSE, MASK, OUTPUT, Q, RAISES, RETURN_LSE, SCALE, SINKS, SOFTCAP,
                         WINDOW, Validated, validate)
 from .declaration import Arg, Call, Op, Out
@@ -19,8 +20,10 @@ from .warm import PreparedCall, prepared_call
 # Why a QuantizedTensor k or v is refused (a TypeError naming it).
 QUANTIZED_REFUSAL = "int8_attention quantizes float k and v itself; pass k.dequantize() (or use attention)"
 
-FLOAT_K = Arg("k", "array", leading=True, keyword=False, doc="keys, a float array as in `attention` (not quantized).")
-FLOAT_V = Arg("v", "array", leading=True, keyword=False, doc="values, a float array as in `attention`.")
+FLOAT_K = Arg("k", "array", leading=True, keyword=False, rule=attention_rules.K,
+              doc="keys, a float array as in `attention` (not quantized).")
+FLOAT_V = Arg("v", "array", leading=True, keyword=False, rule=attention_rules.V,
+              doc="values, a float array as in `attention`.")
 QK_SCALE = Arg("qk_scale", "option", default="token", schema="str", doc="""
     how Q and K are quantized: symmetric int8 (round to nearest, halfway to even; clamped to
     +-127) with float32 scales absmax / 127, "token": one scale per row (per token and head),
@@ -81,6 +84,7 @@ INT8_ATTENTION = Op(
                QK_SCALE, SMOOTH_K, PV),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
+    checks=attention_rules.CHECKS,   # attention's arrays: validate checks them, the C++ binder too
     reference=int8_attention_emulation,
     no_backward="int8_attention has no backward: train with attention_backward on the float inputs, the output "
                 "and the lse int8_attention returns (return_lse=True)",

@@ -10,9 +10,36 @@ from ..codegen.attention import merge as codegen_merge
 from ..runtime.devices import Device
 from ..runtime.templates import evaluate
 from . import arguments as check
+from .attention_rules import FLOATS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
+from .rules import ArrayRule, Binding, Checks
 from .warm import Checked, PreparedCall, prepared_call, same_memory
+
+_UNLIKE = ("outputs must be 4-d arrays of one dtype and shape: outputs[0] is {outputs[0].dtype} {outputs[0].shape}, "
+           "{outputs.element} is {outputs.dtype} {outputs.shape}")
+# Each part: the first binds B, Hq, R and Dv (a float dtype, 4-d), every other is like it.
+OUTPUTS_RULE = ArrayRule(dtypes=FLOATS, shapes=(("B", "Hq", "R", "Dv"),), layout=True, binds=True,
+                         reads="contiguous", unlike_error=_UNLIKE, rank_error=_UNLIKE,
+                         dtype_error="outputs[0] must be float32, float16 or bfloat16 (ml_dtypes), got "
+                                     "{outputs[0].dtype}")
+LSES_RULE = ArrayRule(dtypes=("float32",), shapes=(("B", "Hq", "R"),), reads="contiguous",
+                      dtype_error="{lses.element} must be float32, as attention(..., return_lse=True) returns it, "
+                                  "got {lses.dtype}",
+                      shape_error="{lses.element} must have shape (B, Hq, R) = {lses.expected}, got {lses.shape}")
+RULES = {"outputs": OUTPUTS_RULE, "lses": LSES_RULE}
+CHECKS = Checks()
+
+
+def _merged(name: str, shape: tuple[str, ...], what: str, dtype: str | None = None) -> ArrayRule:
+    """The merged output or lse a C++ caller gives (Python returns new ones): `dtype` (None:
+    the parts'), `shape`, contiguous; one message for a wrong dtype or shape."""
+    called = "out" if name == "o" else name
+    message = (f"{called} must be {what}, {dtype or '{outputs[0].dtype}'} {{{called}.expected}}, got "
+               f"{{{called}.dtype}} {{{called}.shape}}")
+    return ArrayRule(dtypes=(dtype,) if dtype else (), dtype_of=None if dtype else "outputs[0]", shapes=(shape,),
+                     layout=len(shape) == 4, written=True, reads="contiguous",
+                     called=None if called == name else called, dtype_error=message, shape_error=message)
 
 
 def _merge_reference(outputs, lses, *, layout="bhsd"):
@@ -39,18 +66,20 @@ def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]
         raise ValueError(f"outputs and lses must be non-empty and of one length, got {len(outputs)} and {len(lses)}")
     parts = [check.as_array(o, f"outputs[{i}]") for i, o in enumerate(outputs)]
     first = parts[0]
+    binding = Binding(RULES, CHECKS, layout)
+    binding.bind({"outputs[0]": (first.shape, str(first.dtype))})
+    for i, part in enumerate(parts[1:], 1):
+        binding.check(f"outputs[{i}]", part.shape, str(part.dtype))
     dtype = check.dtype_of(first, "outputs[0]")
-    for i, part in enumerate(parts):
-        if part.dtype != first.dtype or part.shape != first.shape or part.ndim != 4:
-            raise ValueError(f"outputs must be 4-d arrays of one dtype and shape: outputs[0] is {first.dtype} "
-                             f"{first.shape}, outputs[{i}] is {part.dtype} {part.shape}")
     B, Hq, R, Dv = physical(first.shape, layout)
+    rows = [check.as_array(lse, f"lses[{i}]") for i, lse in enumerate(lses)]
+    for i, lse in enumerate(rows):
+        binding.check(f"lses[{i}]", lse.shape, str(lse.dtype))
     bound, converts, names = {}, {}, []
-    for i, (raw, convert) in enumerate([(o, np.ascontiguousarray) for o in parts]
-                                       + [(lse, lambda x, shape=(B, Hq, R): check.lse_array(x, shape)) for lse in lses]):
+    for i, raw in enumerate(parts + rows):   # the signature fixes each one's dtype and shape
         name = codegen_merge.part(i) if i < len(parts) else codegen_merge.part_lse(i - len(parts))
-        bound[name] = convert(raw)
-        converts[name] = None if same_memory(raw, bound[name]) else convert
+        bound[name] = np.ascontiguousarray(raw)
+        converts[name] = None if same_memory(raw, bound[name]) else np.ascontiguousarray
         names.append(name)
     checked = Checked(bound, converts)
     if B * Hq * R * Dv == 0:
@@ -65,16 +94,19 @@ MERGE_ATTENTION = Op(
     "merge_attention",
     "The exact combination of attentions of the same queries over disjoint sets of keys.",
     arguments=(
-        Arg("outputs", "arrays", leading=True, keyword=False, doc="""
+        Arg("outputs", "arrays", leading=True, keyword=False, rule=OUTPUTS_RULE, doc="""
             what `attention` returned for each part: arrays of one kind (numpy, torch or MLX),
             dtype and shape, (B, Hq, R, Dv) for layout "bhsd", (B, R, Hq, Dv) for "bshd"."""),
-        Arg("lses", "arrays", keyword=False,
+        Arg("lses", "arrays", keyword=False, rule=LSES_RULE,
             doc="the parts' lse, (B, Hq, R) float32 (`attention(..., return_lse=True)`)."),
         Arg("layout", "option", default="bhsd", doc='"bhsd" or "bshd", as passed to `attention`.'),
     ),
-    outputs=(Out("o", "the merged output, in the parts' dtype, layout and kind"),
-             Out("lse", "(B, Hq, R) float32")),
+    outputs=(Out("o", "the merged output, in the parts' dtype, layout and kind",
+                 rule=_merged("o", ("B", "Hq", "R", "Dv"), "the merged output (the parts' dtype and shape)")),
+             Out("lse", "(B, Hq, R) float32", rule=_merged("lse", ("B", "Hq", "R"), "the merged lse (B, Hq, R)",
+                                                          "float32"))),
     prepare=_prepare,
+    checks=CHECKS,
     reference=_merge_reference,
     no_backward="merge_attention has no backward yet: differentiate the parts' attention instead",
     details="""

@@ -13,11 +13,33 @@ from ..runtime.frameworks import framework_of
 from ..runtime.arrays import DTYPES
 from ..runtime.devices import Device
 from . import arguments as check
+from .attention_rules import FLOATS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
+from .rules import LEADING, ArrayRule, Binding, Checks, Require
 from .warm import Checked, PreparedCall, prepared_call
 
 MAX_GROUPS = 2**32 - 1   # the kernel's one runtime size, a 32-bit word
+# The sizes and texts the format gives (quant_format): group_size, group_width (data's
+# elements per group: uint32 words, or a GGUF block's bytes), groups (x's elements / group_size);
+# format (its description) and data_dtype.
+_LAST_AXIS = "x's last axis must be a positive multiple of group_size ({group_size}) for {format}, got shape {x.shape}"
+X_RULE = ArrayRule(dtypes=FLOATS, shapes=((LEADING, "D"),), binds=True, reads="contiguous",
+                   dtype_error="x must be float32, float16 or bfloat16 (ml_dtypes), got {x.dtype}",
+                   rank_error=_LAST_AXIS)
+CHECKS = Checks(
+    requires=(Require("D > 0 && D % group_size == 0", _LAST_AXIS),
+              Require(f"groups <= {MAX_GROUPS}", f"x has {{groups}} groups; at most {MAX_GROUPS} fit one call")),
+    layouts={"none": ()})   # no array has a layout
+
+
+def _field(name: str, width: str, dtype: str | None = None) -> ArrayRule:
+    """A field a C++ caller gives (Python returns new ones): x's leading axes and `width` per
+    row, `dtype` (a template: the format's) or, None, x's; contiguous."""
+    message = (f"{name} must be {dtype or '{x.dtype}'} {{{name}.expected}} for {{format}}, got {{{name}.dtype}} "
+               f"{{{name}.shape}}")
+    return ArrayRule(dtypes=(dtype,) if dtype else (), dtype_of=None if dtype else "x", shapes=((LEADING, width),),
+                     written=True, reads="contiguous", dtype_error=message, shape_error=message)
 
 
 def quant_format(format, bits, group_size) -> QuantFormat:
@@ -31,15 +53,18 @@ def quant_format(format, bits, group_size) -> QuantFormat:
                           None if group_size is None else int(group_size))
 
 
+def _binding(f: QuantFormat, elements: int) -> Binding:
+    """The binding quantize's checks run in for format `f` and an x of `elements` values: the
+    sizes and texts the format gives (see CHECKS)."""
+    sizes = {"group_size": f.group_size, "group_width": f.data_width(f.group_size), "groups": elements // f.group_size}
+    return Binding({"x": X_RULE}, CHECKS, "none", sizes, {"format": f.describe(), "data_dtype": f.data_dtype})
+
+
 def _prepare(call: Call, device: Device) -> tuple[PreparedCall, list[np.ndarray]]:
     f = quant_format(call.format, call.bits, call.group_size)
     array = check.as_array(call.x, "x")
+    _binding(f, array.size).bind({"x": (array.shape, str(array.dtype))})
     dtype = check.dtype_of(array, "x")
-    if array.ndim < 1 or array.shape[-1] == 0 or array.shape[-1] % f.group_size:
-        raise ValueError(f"x's last axis must be a positive multiple of group_size ({f.group_size}) for "
-                         f"{f.describe()}, got shape {array.shape}")
-    if array.size // f.group_size > MAX_GROUPS:
-        raise ValueError(f"x has {array.size // f.group_size} groups; at most {MAX_GROUPS} fit one call")
     contiguous = array.flags.c_contiguous
     checked = Checked(bound={"x": array if contiguous else np.ascontiguousarray(array)},
                       converts={"x": None if contiguous else np.ascontiguousarray})
@@ -73,7 +98,7 @@ QUANTIZE = Op(
     "quantize",
     "x quantized along its last axis, by a generated kernel, as MLX's or GGUF's quantizer does.",
     arguments=(
-        Arg("x", "array", leading=True, keyword=False, doc="""
+        Arg("x", "array", leading=True, keyword=False, rule=X_RULE, doc="""
             float32, float16 or bfloat16, any shape (B, H, C, D) or otherwise: every leading
             axis is a row axis; the last (D) must be a positive multiple of group_size. A
             numpy array, a torch tensor or an MLX array; any strides (a strided x is copied
@@ -86,8 +111,11 @@ QUANTIZE = Op(
         Arg("group_size", "option", default=None, keyword=False,
             doc="affine: 32, 64 or 128 values per scale and bias (None: 64). GGUF: None or 32."),
     ),
-    outputs=(Out("data", "the quantized values"), Out("scales", "affine scales"), Out("biases", "affine biases")),
+    outputs=(Out("data", "the quantized values", rule=_field("data", "D / group_size * group_width", "{data_dtype}")),
+             Out("scales", "affine scales", rule=_field("scales", "D / group_size")),
+             Out("biases", "affine biases", rule=_field("biases", "D / group_size"))),
     prepare=_prepare,
+    checks=CHECKS,
     wrap=_tensor,
     on_metal="quantize reads CPU tensors (a QuantizedTensor holds host-visible arrays)",
     no_backward="quantize rounds to integers: it has no gradient",

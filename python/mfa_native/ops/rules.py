@@ -2,7 +2,8 @@
 
 An array argument (or output) declares an `ArrayRule`: its dtype set (or the argument whose
 dtype it has), its shape as size names in logical order (the layout option orders the axes
-of a `layout` rule), whether it binds the sizes or is checked against them, whether it may
+of a `layout` rule; one of lower rank than the layout's order takes the order of its axes:
+(B, Hq, R) is (B, R, Hq) in "bshd"), whether it binds the sizes or is checked against them, whether it may
 broadcast, whether the op writes it in place, and the messages a call breaking the rule
 gets. An op's `Checks` add what holds between sizes (`Require`: a size expression,
 runtime/expressions.py's grammar, and its message) and sizes derived from others.
@@ -13,6 +14,18 @@ of its contents (`Content`: int32 values read on every call, before anything is 
 kind of CONTENTS, bounded by a size expression where it compares with one, applying where its
 `when` expression holds). An op's `own` arrays are checked after those it shares with attention
 (Python's `validate`).
+
+A shape may start with `...` (LEADING): any number of leading axes, the call's (an array
+(..., D) of any rank, its rows): the binding array declaring them gives them, every other
+array declaring them must have the same (a rule with leading axes has no layout). The op may
+give texts of its own (its options, as `{format}`), which fill messages and may stand for a
+dtype (`dtypes=("{data_dtype}",)`: a dtype the options choose).
+
+A list argument (kind "arrays") declares the rule of each element; element i is named
+`{name}[i]` (`{outputs[0].shape}`), and the element being checked is `{name}` too, with
+`{name.element}` its name. A binding list's first element binds; every other element is
+checked by the rule, or, when it declares `unlike_error`, must have the first's dtype and
+shape (a ValueError naming both: one message for a list of one kind).
 
 Messages are templates: `{q.shape}`, `{q.dtype}`, `{q.axes}` (its size names in the
 layout's order), `{q.expected}` (the shape it must have), in a content message the entry
@@ -37,6 +50,7 @@ from ..runtime.expressions import evaluate
 
 ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 READS = ("strided", "strided_broadcast", "contiguous")   # how the kernels address it (view_packing.hpp)
+LEADING = "..."   # a shape's first entry: the call's leading axes, any number
 # The content checks (Content.kind): "nonnegative", no entry below 0; "first" and "last", the
 # first and last entries equal to the bound; "nondecreasing", no entry below the one before it.
 CONTENTS = ("nonnegative", "first", "last", "nondecreasing")
@@ -111,6 +125,7 @@ class ArrayRule:
     needs: str | None = None              # it may be given only with this argument
     expands: bool = False                 # bound as its first shape (an axis of extent 1 read with stride 0)
     own: bool = False                     # the op's own: checked after the arrays it shares with attention
+    unlike_error: str = ""                # a list's: an element after the first unlike the first (a ValueError)
     requires: tuple[Require, ...] = ()    # once it is checked (over the sizes it binds too)
     contents: tuple[Content, ...] = ()    # of its values, every call
     dtype_raises: str = "TypeError"       # the error a dtype outside its set raises (one of ERRORS)
@@ -124,6 +139,8 @@ class ArrayRule:
             raise ValueError(f"reads must be one of {READS}, got {self.reads!r}")
         if self.dtype_raises not in ERRORS:
             raise ValueError(f"dtype_raises must be one of {tuple(ERRORS)}, got {self.dtype_raises!r}")
+        if any(LEADING in shape[1:] or (self.layout and LEADING in shape) for shape in self.shapes):
+            raise ValueError(f"{LEADING!r} may only start a shape, of a rule without layout")
 
 
 @dataclass(frozen=True)
@@ -141,10 +158,12 @@ def shape_text(shape: tuple[int, ...]) -> str:
     return str(tuple(int(n) for n in shape))
 
 
-def rule_data(name: str, rule: ArrayRule, role: str, optional: bool) -> dict[str, Any]:
-    """One array's rule as the JSON a bundle carries, its templates naming it."""
+def rule_data(name: str, rule: ArrayRule, role: str, optional: bool, each: bool = False) -> dict[str, Any]:
+    """One array's rule as the JSON a bundle carries, its templates naming it (`each`: the rule
+    of each element of a list argument)."""
     called = rule.called or name
-    return {"name": called, "buffer": rule.buffer or name, "role": role, "optional": optional,
+    return {"name": called, "buffer": rule.buffer or name, "role": role, "optional": optional, "each": each,
+            "unlike_error": rule.unlike_error,
             "dtypes": list(rule.dtypes), "dtype_of": rule.dtype_of, "shapes": [list(s) for s in rule.shapes],
             "layout": rule.layout, "binds": rule.binds, "broadcast": rule.broadcast, "written": rule.written,
             "reads": rule.reads, "stride_axes": list(rule.stride_axes), "needs": rule.needs, "expands": rule.expands,
@@ -166,7 +185,7 @@ def checks_data(checks: Checks) -> dict[str, Any]:
             "layouts": {name: list(order) for name, order in checks.layouts.items()}}
 
 
-_FIELD = re.compile(r"\{([A-Za-z0-9_.]+)\}")
+_FIELD = re.compile(r"\{([A-Za-z0-9_.\[\]]+)\}")
 
 
 class Binding:
@@ -174,16 +193,17 @@ class Binding:
     their ranks and sizes, then the requirements), then `check` each other array given."""
 
     def __init__(self, rules: dict[str, ArrayRule], checks: Checks, layout: str,
-                 sizes: dict[str, int] | None = None) -> None:
+                 sizes: dict[str, int] | None = None, texts: dict[str, str] | None = None) -> None:
         self.rules, self.checks, self.layout = rules, checks, layout
         self.sizes: dict[str, int] = dict(sizes or {})
-        self._texts: dict[str, str] = {"layout": layout}
+        self.leading: tuple[int, ...] = ()   # the call's leading axes (LEADING), once bound
+        self._texts: dict[str, str] = {"layout": layout, **(texts or {})}
         self._contents: dict[str, list[tuple[Content, int | None]]] = {}   # _applying's, by array
 
     def with_rules(self, rules: dict[str, ArrayRule]) -> Binding:
         """A binding of the same sizes (and the arrays seen) that checks by `rules`."""
-        binding = Binding(rules, self.checks, self.layout, self.sizes)
-        binding._texts.update(self._texts)
+        binding = Binding(rules, self.checks, self.layout, self.sizes, self._texts)
+        binding.leading = self.leading
         return binding
 
     def bind(self, arrays: dict[str, tuple[tuple[int, ...], str | None]]) -> dict[str, int]:
@@ -194,11 +214,13 @@ class Binding:
         for name, (shape, dtype) in arrays.items():
             self._check_dtype(name, dtype)
         for name, (shape, _) in arrays.items():
-            rule = self.rules[name]
-            names = rule.shapes[0]
-            if len(shape) != len(names):
+            rule = self._rule(name)
+            extents = _trailing(rule.shapes[0], shape)
+            if extents is None:
                 self._fail(ValueError, rule.rank_error, name)
-            for size, extent in zip(names, self._logical(rule, shape)):
+            if rule.shapes[0][:1] == (LEADING,):
+                self.leading = tuple(int(n) for n in shape[:len(shape) - len(extents)])
+            for size, extent in zip(_named(rule.shapes[0]), self._logical(rule, extents)):
                 self.sizes[f"{name}_{size}"] = int(extent)
                 self.sizes.setdefault(size, int(extent))
         self._require(self.checks.requires)
@@ -210,13 +232,15 @@ class Binding:
         """Checks an array that does not bind sizes (binding the size names only its shape
         has), then its requirements; returns the index of the shape it has."""
         self._note(name, shape, dtype)
+        rule = self._rule(name)
+        if rule.unlike_error and not name.endswith("[0]"):
+            return self._check_like_first(name, shape, dtype)
         self._check_dtype(name, dtype)
-        rule = self.rules[name]
-        if rule.rank_error and len(shape) != len(rule.shapes[0]):
+        if rule.rank_error and _trailing(rule.shapes[0], shape) is None:
             self._fail(ValueError, rule.rank_error, name)
         for index in range(len(rule.shapes)):
             sizes = self._with_new_sizes(rule, index, shape)
-            expected = self._ordered(rule, tuple(evaluate(size, sizes) for size in rule.shapes[index]))
+            expected = self._shape(rule, index, sizes)
             if shape == expected or (rule.broadcast and _broadcasts(shape, expected)):
                 self.sizes = sizes
                 self._require(rule.requires)
@@ -239,7 +263,7 @@ class Binding:
         applying = self._contents.get(name)
         if applying is None:
             applying = self._contents[name] = [
-                (c, None if c.bound is None else evaluate(c.bound, self.sizes)) for c in self.rules[name].contents
+                (c, None if c.bound is None else evaluate(c.bound, self.sizes)) for c in self._rule(name).contents
                 if c.when is None or evaluate(c.when, self.sizes)]
         return applying
 
@@ -248,8 +272,9 @@ class Binding:
         `shape`'s extents (when its rank is the shape's)."""
         sizes = dict(self.sizes)
         names = rule.shapes[index]
-        if len(shape) == len(names):
-            for size, extent in zip(names, self._logical(rule, shape)):
+        extents = _trailing(names, shape)
+        if extents is not None:
+            for size, extent in zip(_named(names), self._logical(rule, extents)):
                 if size.isidentifier() and size not in sizes:
                     sizes[size] = int(extent)
         return sizes
@@ -261,41 +286,70 @@ class Binding:
 
     def expected(self, name: str, index: int = 0) -> tuple[int, ...]:
         """The shape `name` must have (its `index`th alternative), in memory order."""
-        rule = self.rules[name]
-        logical = tuple(evaluate(size, self.sizes) for size in rule.shapes[index])
-        return self._ordered(rule, logical)
+        return self._shape(self._rule(name), index, self.sizes)
+
+    def _shape(self, rule: ArrayRule, index: int, sizes: dict[str, int]) -> tuple[int, ...]:
+        """Shape `index` of `rule` for `sizes`, in memory order (the call's leading axes first
+        where it declares them)."""
+        names = rule.shapes[index]
+        shape = self._ordered(rule, tuple(evaluate(size, sizes) for size in _named(names)))
+        return self.leading + shape if names[:1] == (LEADING,) else shape
+
+    def _rule(self, name: str) -> ArrayRule:
+        """The rule of array `name`, or of the list whose element it is (`outputs[1]`)."""
+        return self.rules[name] if name in self.rules else self.rules[name[:name.index("[")]]
+
+    def _check_like_first(self, name: str, shape: tuple[int, ...], dtype: str | None) -> int:
+        """A list's element after the first: the first's dtype and shape, else its unlike_error."""
+        first = name[:name.index("[")] + "[0]"
+        if dtype != self._texts[f"{first}.dtype"] or shape_text(shape) != self._texts[f"{first}.shape"]:
+            raise ValueError(self._format(self._rule(name).unlike_error))
+        return 0
 
     def _note(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
-        rule = self.rules[name]
-        self._texts.update({f"{name}.shape": shape_text(shape), f"{name}.dtype": str(dtype),
-                            f"{name}.axes": ", ".join(self._ordered(rule, rule.shapes[0]))})
+        rule = self._rule(name)
+        texts = {"shape": shape_text(shape), "dtype": str(dtype),
+                 "axes": ", ".join(self._ordered(rule, rule.shapes[0]))}
+        names = (name, name[:name.index("[")]) if "[" in name else (name,)   # an element: its list's too
+        self._texts.update({f"{n}.{key}": text for n in names for key, text in texts.items()})
+        self._texts[f"{names[-1]}.element"] = name
 
     def _check_dtype(self, name: str, dtype: str | None) -> None:
-        rule = self.rules[name]
+        rule = self._rule(name)
         if dtype is None:
             return
-        allowed = rule.dtypes or (self._texts[f"{rule.dtype_of}.dtype"],)
+        allowed = tuple(self._format(d) if "{" in d else d for d in rule.dtypes) or \
+            (self._texts[f"{rule.dtype_of}.dtype"],)
         if dtype not in allowed:
             self._fail(ERRORS[rule.dtype_raises], rule.dtype_error, name)
 
+    def _order(self, rule: ArrayRule, rank: int) -> tuple[int, ...] | None:
+        """The logical axis of each memory axis of a `rank`-d array of `rule` (None: memory
+        order is logical): the layout's order of the axes below `rank`."""
+        if not rule.layout:
+            return None
+        order = self.checks.layouts[self.layout]
+        return tuple(axis for axis in order if axis < rank) if rank <= len(order) else None
+
     def _ordered(self, rule: ArrayRule, logical: tuple) -> tuple:
         """Logical-order values in memory order: memory axis i holds logical axis order[i]."""
-        if not rule.layout:
-            return tuple(logical)
-        return tuple(logical[axis] for axis in self.checks.layouts[self.layout])
+        order = self._order(rule, len(logical))
+        return tuple(logical) if order is None else tuple(logical[axis] for axis in order)
 
     def _logical(self, rule: ArrayRule, shape: tuple) -> tuple:
         """Memory-order values in logical order."""
-        if not rule.layout:
+        order = self._order(rule, len(shape))
+        if order is None:
             return tuple(shape)
         logical = [0] * len(shape)
-        for memory, axis in enumerate(self.checks.layouts[self.layout]):
+        for memory, axis in enumerate(order):
             logical[axis] = shape[memory]
         return tuple(logical)
 
     def _fail(self, error: type, template: str, name: str) -> NoReturn:
-        if "{" + name + ".expected}" in template:
-            self._texts[f"{name}.expected"] = shape_text(self.expected(name))
+        for key in {name, name.split("[")[0]}:   # an element's expected shape is its list's field too
+            if "{" + key + ".expected}" in template:
+                self._texts[f"{key}.expected"] = shape_text(self.expected(name))
         raise error(self._format(template))
 
     def _format(self, template: str) -> str:
@@ -303,6 +357,20 @@ class Binding:
             key = match.group(1)
             return self._texts[key] if key in self._texts else str(self.sizes[key])
         return _FIELD.sub(text, template)
+
+
+def _named(names: tuple[str, ...]) -> tuple[str, ...]:
+    """A shape's size names without its leading axes."""
+    return names[1:] if names[:1] == (LEADING,) else names
+
+
+def _trailing(names: tuple[str, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The extents of `shape` that shape `names` names (its last ones, after leading axes),
+    or None when its rank does not fit."""
+    named = _named(names)
+    if len(shape) == len(named) or (len(named) < len(names) and len(shape) > len(named)):
+        return tuple(shape[len(shape) - len(named):])
+    return None
 
 
 def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:

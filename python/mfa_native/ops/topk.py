@@ -10,21 +10,51 @@ from ..codegen.sparse import topk as codegen_topk
 from ..runtime.devices import Device, tuning_facts
 from ..runtime.templates import evaluate
 from . import arguments as check
+from .attention_rules import FLOATS, MAX_INDEX
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
+from .rules import ArrayRule, Binding, Checks, Require
 from .warm import Checked, PreparedCall, prepared_call, same_memory
 
 
+def _output(name: str, dtype: str) -> ArrayRule:
+    """indices or topk_scores, as a C++ caller gives it: `dtype`, (B, 1, R, topk) in the
+    layout's order, written in place."""
+    return ArrayRule(dtypes=(dtype,), shapes=(("B", "1", "R", "topk"),), layout=True, written=True,
+                     reads="contiguous", dtype_error=f"{name} must be {dtype}, got {{{name}.dtype}}",
+                     shape_error=f"{name} must have shape ({{{name}.axes}}) = {{{name}.expected}}, "
+                                 f"got {{{name}.shape}}")
+
+
+_LIMIT = codegen_topk.TOPK_LIMIT
+# The sizes' limits, checked once k binds C: the running top-k's, then the 32-bit indices'.
+LIMITS = (
+    Require(f"topk <= {_LIMIT} || C <= {_LIMIT}",
+            f"topk is {{topk}} with {{C}} keys: at most {_LIMIT} keys are kept per row (min(topk, C) must not "
+            "exceed it; the running top-k lives in threadgroup memory)"),
+    *(Require(f"{size} <= {MAX_INDEX}", f"{text} is {{{size}}}; it must be below 2**31")
+      for text, size in (("B (batch)", "B"), ("Hi (indexer heads)", "Hi"), ("R (query length)", "R"),
+                         ("C (key length)", "C"), ("topk", "topk"))))
+Q_RULE = ArrayRule(dtypes=FLOATS, shapes=(("B", "Hi", "R", "Di"),), layout=True, binds=True,
+                   dtype_error="q must be float32, float16 or bfloat16 (ml_dtypes), got {q.dtype}",
+                   rank_error="q must have 4 dimensions, got shape {q.shape}")
+K_RULE = ArrayRule(dtype_of="q", shapes=(("B", "1", "C", "Di"),), layout=True, requires=LIMITS,
+                   dtype_error="k has dtype {k.dtype} but q has {q.dtype}; q and k must share one dtype",
+                   rank_error="k must have 4 dimensions, got shape {k.shape}",
+                   shape_error="k must have shape ({k.axes}) with q's B = {B} and Di = {Di}, got {k.shape}")
+WEIGHTS_RULE = ArrayRule(dtypes=("float32",), shapes=(("B", "Hi", "R"),), layout=True, reads="strided_broadcast",
+                         dtype_error="weights must be float32, got {weights.dtype}",
+                         shape_error="weights must have shape {weights.expected}, got {weights.shape}")
+RULES = {"q": Q_RULE, "k": K_RULE, "weights": WEIGHTS_RULE}
+CHECKS = Checks()   # topk is given (the option), C bound by k, the limits k's
+
+
 def _arrays(call: Call) -> tuple[Checked, dict[str, int], str]:
-    """Every check of the arguments: the arrays to bind, the sizes B, Hi, R, C, K, Di, the dtype."""
+    """Every check of the arguments: the options, then the arrays by their rules (q binds B,
+    Hi, R and Di, k binds C); the arrays to bind, the sizes B, Hi, R, C, K, Di, the dtype."""
     layout = check.layout_of(call.layout)
     q, k = check.as_array(call.q, "q"), check.as_array(call.k, "k")
     weights = check.as_array(call.weights, "weights")
-    dtype = check.dtype_of(q, "q")
-    if k.dtype != q.dtype:
-        raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}; q and k must share one dtype")
-    if weights.dtype != np.float32:
-        raise TypeError(f"weights must be float32, got {weights.dtype}")
     topk = call.topk
     if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
         raise TypeError(f"topk must be an int, got {type(topk).__name__}")
@@ -34,25 +64,12 @@ def _arrays(call: Call) -> tuple[Checked, dict[str, int], str]:
         raise ValueError(f"precision must be 'float' or 'int8', got {call.precision!r}")
     check.flag(call.causal, "causal")
     check.flag(call.return_scores, "return_scores")
-    for x, name in ((q, "q"), (k, "k")):
-        if x.ndim != 4:
-            raise ValueError(f"{name} must have 4 dimensions, got shape {x.shape}")
-    B, Hi, R, Di = physical(q.shape, layout)
-    kb, one, C, kd = physical(k.shape, layout)
-    if kb != B or one != 1 or kd != Di:
-        want = "(B, 1, C, Di)" if layout == "bhsd" else "(B, C, 1, Di)"
-        raise ValueError(f"k must have shape {want} with q's B = {B} and Di = {Di}, got {k.shape}")
-    expected = (B, Hi, R) if layout == "bhsd" else (B, R, Hi)
-    if weights.shape != expected:
-        raise ValueError(f"weights must have shape {expected}, got {weights.shape}")
-    sizes = dict(B=B, Hi=Hi, R=R, C=C, K=int(topk), Di=Di)
-    if min(topk, C) > codegen_topk.TOPK_LIMIT:
-        raise ValueError(f"topk is {topk} with {C} keys: at most {codegen_topk.TOPK_LIMIT} keys are kept per row "
-                         "(min(topk, C) must not exceed it; the running top-k lives in threadgroup memory)")
-    for name, size in (("B (batch)", B), ("Hi (indexer heads)", Hi), ("R (query length)", R),
-                       ("C (key length)", C), ("topk", topk)):
-        if size > check.MAX_INDEX:
-            raise ValueError(f"{name} is {size}; it must be below 2**31")
+    binding = Binding(RULES, CHECKS, layout, {"topk": int(topk)})
+    binding.bind({"q": (q.shape, str(q.dtype))})
+    binding.check("k", k.shape, str(k.dtype))
+    binding.check("weights", weights.shape, str(weights.dtype))
+    sizes = {name: binding.sizes[name] for name in ("B", "Hi", "R", "C", "Di")} | {"K": int(topk)}
+    dtype = check.dtype_of(q, "q")
 
     def weights_bound(w):
         return check.normalized(w) if check.usable_in_place(w) else np.ascontiguousarray(w)
@@ -104,12 +121,12 @@ SPARSE_TOPK = Op(
     "sparse_topk",
     "DeepSeek's lightning indexer and top-k: the keys each query row should attend.",
     arguments=(
-        Arg("q", "array", leading=True, keyword=False, doc="""
+        Arg("q", "array", leading=True, keyword=False, rule=Q_RULE, doc="""
             (B, Hi, R, Di) indexer queries in "bhsd", (B, R, Hi, Di) in "bshd"; float32,
             float16 or bfloat16."""),
-        Arg("k", "array", leading=True, keyword=False, doc="""
+        Arg("k", "array", leading=True, keyword=False, rule=K_RULE, doc="""
             (B, 1, C, Di) ("bshd": (B, C, 1, Di)), q's dtype: one indexer key per token."""),
-        Arg("weights", "array", keyword=False, doc='(B, Hi, R) float32 ("bshd": (B, R, Hi)).'),
+        Arg("weights", "array", keyword=False, rule=WEIGHTS_RULE, doc='(B, Hi, R) float32 ("bshd": (B, R, Hi)).'),
         Arg("topk", "option", keyword=False, doc="how many keys to keep per row (>= 0; more than C pads)."),
         Arg("causal", "option", default=True, doc="""
             key c is a candidate for row r iff c <= r + C - R (lower right, as `attention`'s
@@ -123,8 +140,10 @@ SPARSE_TOPK = Op(
             integers; faster on int8 hardware, a slightly different selection (its
             recall against the float one: `python -m mfa_native bench sparse`)."""),
     ),
-    outputs=(Out("indices", "int32 (B, 1, R, topk)"), Out("topk_scores", "float32", when="return_scores")),
+    outputs=(Out("indices", "int32 (B, 1, R, topk)", rule=_output("indices", "int32")),
+             Out("topk_scores", "float32", when="return_scores", rule=_output("topk_scores", "float32"))),
     prepare=_prepare,
+    checks=CHECKS,
     reference=reference.sparse_topk_reference,
     no_backward="sparse_topk selects keys: its integer result has no gradient",
     details="""
@@ -141,8 +160,8 @@ SPARSE_TOPK = Op(
     (indices, scores), scores float32 of the same shape (-inf at padding).
     """,
     raises="""
-    TypeError: q and k of different dtypes, or not float32, float16 or bfloat16; weights not
-        float32; topk not an int; causal or return_scores not a bool.
+    TypeError: topk not an int; causal or return_scores not a bool; q and k of different
+        dtypes, or not float32, float16 or bfloat16; weights not float32.
     ValueError: q or k not 4-d; k not (B, 1, C, Di) with q's B and Di; weights not
         (B, Hi, R); topk negative, or min(topk, C) beyond the kernels' limit; precision not
         "float" or "int8"; layout not "bhsd" or "bshd"; a size reaching `2**31`.
