@@ -291,7 +291,7 @@ void bind_bundle(nb::module_& m) {
            std::optional<std::int64_t> k_bits, std::optional<std::int64_t> k_group_size,
            std::optional<std::int64_t> v_bits, std::optional<std::int64_t> v_group_size,
            const std::optional<ViewSpec>& q_descale, const std::optional<ViewSpec>& k_descale,
-           const std::optional<ViewSpec>& v_descale) {
+           const std::optional<ViewSpec>& v_descale, bool batch_invariant) {
           const Device device = Device::get(device_kind_from_string(kind));
           const AttentionOptions a = options_of(scale, causal, window, std::nullopt, sinks, "bshd", softcap,
                                                 alibi_slopes, score_mod, score_mod_tensors);
@@ -318,6 +318,7 @@ void bind_bundle(nb::module_& m) {
           o.v_descale = descales[2] ? &*descales[2] : nullptr;
           o.scale = a.scale, o.causal = a.causal, o.window = a.window, o.sinks = a.sinks, o.softcap = a.softcap;
           o.alibi_slopes = a.alibi_slopes, o.score_mod = a.score_mod, o.score_mod_tensors = a.score_mod_tensors;
+          if (batch_invariant) o.deterministic = Deterministic::batch_invariant;
           nb::gil_scoped_release release;
           attention_with_kvcache(device, bundle, query, keys, values, output, o, rows ? &*rows : nullptr);
         },
@@ -331,7 +332,7 @@ void bind_bundle(nb::module_& m) {
         "v_scales"_a = nb::none(), "v_biases"_a = nb::none(), "k_bits"_a = nb::none(), "k_group_size"_a = nb::none(),
         "v_bits"_a = nb::none(), "v_group_size"_a = nb::none(),
         "q_descale"_a = nb::none(), "k_descale"_a = nb::none(), "v_descale"_a = nb::none(),
-        "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float and "
+        "batch_invariant"_a = false, "Test hook: mfa::attention_with_kvcache on views of caller memory (cache_format: \"\" for float and "
         "float8 caches, else the QuantizedTensor format of both caches' data; v_cache_format: v's, when it "
         "differs; an affine cache's fields, bits and group_size, each cache's; the descales).");
 

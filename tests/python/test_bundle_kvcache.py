@@ -2,8 +2,9 @@
 the cpu backend gives Python's mfa_native.attention_with_kvcache bit for bit, the appended
 cache rows included (contiguous and paged, float, q8_0, affine and float8 caches (k and v in
 different float8 formats, with descales), GQA, with and without an append, sinks, a window, a
-softcap and a score_mod), from entries written without a scale; and the same bad calls raise the
-same exception with the same message, before anything is written."""
+softcap, a score_mod and batch-invariant decode), from entries written without a scale; and
+the same bad calls raise the same exception with the same message, before anything is
+written."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ FAMILIES = [
      "append": [True]},
     {**BASE, "dtype": ["float32"], "page_size": [None], "cache": [[E4M3, E5M2]], "append": [True]},
     {**BASE, "dtype": ["float16"], "page_size": [4], "cache": [E5M2], "append": [True]},
+    {**BASE, "dtype": ["float32"], "page_size": [4], "cache": ["q8_0"], "append": [True],
+     "deterministic": ["batch_invariant"]},
 ]
 # (family index, dtype, paged, storage (a cache storage as the spec names it, or k's and v's),
 # appended rows, R, options): the default run takes the unmarked ones, -m exhaustive every one.
@@ -63,6 +66,8 @@ CASES = [
     pytest.param(6, "float16", True, E5M2, 1, 1, dict(descales=True), id="paged-float8_e5m2-float16-descales"),
     pytest.param(5, "float32", False, (E4M3, E5M2), 1, 1, {}, marks=pytest.mark.exhaustive,
                  id="contiguous-float8-pair-no-descales"),
+    pytest.param(7, "float32", True, "q8_0", 1, 1, dict(deterministic="batch_invariant"),
+                 id="paged-q8_0-decode-batch-invariant"),
 ]
 B, HKV, D, PAGE, BLOCKS, CMAX = 3, 2, 32, 4, 13, 20
 
@@ -174,6 +179,8 @@ def _data(cache):
 def _cpp(bundle, q, caches, args, out, lse):
     views = {name: view(x) for name, x in args.items() if isinstance(x, np.ndarray)}
     options = {name: x for name, x in args.items() if not isinstance(x, np.ndarray) and name != "causal"}
+    if "deterministic" in options:
+        options["batch_invariant"] = options.pop("deterministic") == "batch_invariant"
     if "score_mod_tensors" in options:
         options["score_mod_tensors"] = [view(t) for t in options["score_mod_tensors"]]
     formats = [getattr(c, "format", "") for c in caches]
