@@ -27,6 +27,11 @@ def rng(request) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
+# A bit-for-bit test's seeds: one in the default run, five more under -m exhaustive.
+SEEDS = [pytest.param(0, id="seed0"), *(pytest.param(s, marks=pytest.mark.exhaustive, id=f"seed{s}")
+                                       for s in range(1, 6))]
+
+
 def poison(shape, dtype) -> np.ndarray:
     """NaN everywhere, or for integers the dtype's most negative value (its largest, unsigned),
     which no kernel stores as a count, an index or a symmetric int8 value (-128): an element a

@@ -22,9 +22,9 @@ from mfa_native.bundle.writer import (backward_templates, block_lists, build_pay
 from mfa_native.ops.block_mask import BITS, PAIRS
 from mfa_native.ops.flex_bits import bit_blocks
 
-from conftest import poison
+from conftest import SEEDS, poison
 from test_bundle import assert_chosen_are_codegens
-from test_bundle_cpp import view
+from test_bundle_cpp import cpp_options, view
 
 LISTS = tuple(name for pair in PAIRS for name in pair) + BITS
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -145,14 +145,7 @@ def _hook_mask(mask: dict) -> dict:
     return parts
 
 
-def _hook_options(args: dict) -> dict:
-    """The hooks' keyword arguments: arrays as views, the rest as given."""
-    return {name: view(value) if isinstance(value, np.ndarray) else value for name, value in args.items()}
-
-
 CASES = ["lists", "bits", "rule"]
-SEEDS = [pytest.param(0, id="seed0"), *(pytest.param(s, marks=pytest.mark.exhaustive, id=f"seed{s}")
-                                       for s in range(1, 6))]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -163,7 +156,7 @@ def test_forward_matches_python_bit_for_bit(bundle, case, seed):
     o, lse = mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), return_lse=True, device="cpu", **args)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
     _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), lse=view(rows),
-                                         **_hook_mask(mask), **_hook_options(args))
+                                         **_hook_mask(mask), **cpp_options(args))
     np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
     np.testing.assert_array_equal(rows, lse)
     assert np.isfinite(rows).any()
@@ -187,7 +180,7 @@ def test_backward_matches_python_bit_for_bit(bundle, name, seed):
     dsinks = view(mine[3]) if len(mine) == 4 else None
     _core._bundle_block_sparse_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse),
                                                   view(dout), dq=view(mine[0]), dk=view(mine[1]), dv=view(mine[2]),
-                                                  dsinks=dsinks, **_hook_mask(mask), **_hook_options(args))
+                                                  dsinks=dsinks, **_hook_mask(mask), **cpp_options(args))
     for got, expected in zip(mine, grads):
         np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
 
@@ -206,7 +199,7 @@ def test_strided_lists_match_python(bundle):
     o, lse = mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), return_lse=True, device="cpu", **args)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
     _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), lse=view(rows),
-                                         **_hook_mask(mask), **_hook_options(args))
+                                         **_hook_mask(mask), **cpp_options(args))
     np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
     np.testing.assert_array_equal(rows, lse)
 
@@ -220,7 +213,7 @@ def test_an_empty_problem_writes_zeros_and_the_sinks(bundle):
     o, lse = mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), return_lse=True, device="cpu", **args)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
     _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), lse=view(rows),
-                                         **_hook_mask(mask), **_hook_options(args))
+                                         **_hook_mask(mask), **cpp_options(args))
     np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
     np.testing.assert_array_equal(rows, lse)
 
@@ -282,7 +275,7 @@ def test_bad_calls_raise_pythons_message(bundle, case):
     lse = poison((B, 2 * HKV if kind != "bits" else HKV, rows), np.float32)
     with pytest.raises((ValueError, TypeError)) as cpp:
         _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), lse=view(lse),
-                                             **_hook_mask(mask), **_hook_options(args))
+                                             **_hook_mask(mask), **cpp_options(args))
     assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
     assert np.isnan(out.astype(np.float32)).all() and np.isnan(lse).all()
 
@@ -296,7 +289,7 @@ def test_rule_given_again_is_the_rule(bundle):
     o = mfa_native.block_sparse_attention(q, k, v, _block_mask(mask), device="cpu", **args)
     out = poison(o.shape, o.dtype)
     _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out), **_hook_mask(mask),
-                                         **_hook_options(args))
+                                         **cpp_options(args))
     np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
 
 
@@ -313,7 +306,7 @@ def test_given_q_lists_that_are_not_the_transpose_raise_pythons_message(bundle):
     with pytest.raises(ValueError) as cpp:
         _core._bundle_block_sparse_attention_backward("cpu", bundle, view(q), view(k), view(v), view(o), view(lse),
                                                       view(o), dq=view(grads[0]), dk=view(grads[1]),
-                                                      dv=view(grads[2]), **_hook_mask(mask), **_hook_options(args))
+                                                      dv=view(grads[2]), **_hook_mask(mask), **cpp_options(args))
     assert str(cpp.value) == str(python.value)
     assert "q_indices is not the transpose of kv_indices" in str(cpp.value)
 
@@ -329,7 +322,7 @@ def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
                                          r"shared_batch=no shared_heads=yes full_blocks=no mask_bits=no .*it holds:\n"
                                          r"  block_sparse_attention float32"):
         _core._bundle_block_sparse_attention("cpu", bundle, view(q), view(k), view(v), out=view(out),
-                                             **_hook_mask(mask), **_hook_options(args))
+                                             **_hook_mask(mask), **cpp_options(args))
     assert np.isnan(out.astype(np.float32)).all()
 
 

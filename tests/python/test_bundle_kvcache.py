@@ -21,7 +21,7 @@ from mfa_native.bundle.file import pack
 from mfa_native.bundle.writer import build_payload, entry_line
 
 from conftest import poison
-from test_bundle_cpp import view
+from test_bundle_cpp import cpp_options, view
 from test_bundle_scores import DOCUMENT_BIAS, SCORE_MOD
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -177,12 +177,9 @@ def _data(cache):
 
 
 def _cpp(bundle, q, caches, args, out, lse):
-    views = {name: view(x) for name, x in args.items() if isinstance(x, np.ndarray)}
-    options = {name: x for name, x in args.items() if not isinstance(x, np.ndarray) and name != "causal"}
+    options = cpp_options({name: x for name, x in args.items() if name != "causal"})
     if "deterministic" in options:
         options["batch_invariant"] = options.pop("deterministic") == "batch_invariant"
-    if "score_mod_tensors" in options:
-        options["score_mod_tensors"] = [view(t) for t in options["score_mod_tensors"]]
     formats = [getattr(c, "format", "") for c in caches]
     for name, cache in zip("kv", caches):   # an affine cache's fields, bits and group_size
         if getattr(cache, "format", "") == "affine":
@@ -190,7 +187,7 @@ def _cpp(bundle, q, caches, args, out, lse):
                            **{f"{name}_bits": cache.bits, f"{name}_group_size": cache.group_size})
     _core._bundle_attention_with_kvcache("cpu", bundle, view(q), view(_data(caches[0])), view(_data(caches[1])),
                                          view(out), view(lse), cache_format=formats[0], v_cache_format=formats[1],
-                                         causal="lower_right" if args["causal"] else "none", **views, **options)
+                                         causal="lower_right" if args["causal"] else "none", **options)
 
 
 @pytest.mark.parametrize("family, dtype, paged, storage, appended, r, options", CASES)

@@ -26,9 +26,9 @@ from mfa_native.bundle.writer import (backward_templates, build_payload, choose,
                                       problem, token_lists, topk_descriptor)
 from mfa_native.codegen.sparse import topk as topk_codegen
 
-from conftest import poison
+from conftest import SEEDS, poison
 from test_bundle import assert_chosen_are_codegens
-from test_bundle_cpp import view
+from test_bundle_cpp import cpp_options, view
 from test_bundle_scores import DOCUMENT_BIAS, SCORE_MOD
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -90,21 +90,8 @@ def _problem(rng, case: str):
     return q, k, v, indices, args
 
 
-def _hook_options(args: dict) -> dict:
-    """The hooks' keyword arguments: arrays as views, the rest as given."""
-    options = {}
-    for name, value in args.items():
-        if name == "score_mod_tensors":
-            options[name] = [view(x) for x in value]
-        else:
-            options[name] = view(value) if isinstance(value, np.ndarray) else value
-    return options
-
-
 # latent-unshared: v is k (a view of all its features), served by an entry without shared_latent.
 CASES = ["lists", "per-head", "capped", "latent", "latent-unshared", "score_mod"]
-SEEDS = [pytest.param(0, id="seed0"), *(pytest.param(s, marks=pytest.mark.exhaustive, id=f"seed{s}")
-                                       for s in range(1, 6))]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -115,7 +102,7 @@ def test_forward_matches_python_bit_for_bit(bundle, case, seed):
     o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **args)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
     _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out), view(rows),
-                                   **_hook_options(args))
+                                   **cpp_options(args))
     np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
     np.testing.assert_array_equal(rows, lse)
     assert not np.isnan(rows).all()
@@ -133,7 +120,7 @@ def test_backward_matches_python_bit_for_bit(bundle, case, seed):
     dsinks = view(mine[3]) if len(mine) == 4 else None
     _core._bundle_sparse_attention_backward("cpu", bundle, view(q), view(k), view(v), view(indices), view(o),
                                             view(lse), view(dout), *(view(g) for g in mine[:3]), dsinks=dsinks,
-                                            **_hook_options(args))
+                                            **cpp_options(args))
     for got, expected in zip(mine, grads):
         np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
 
@@ -145,7 +132,7 @@ def test_an_empty_problem_writes_zeros_and_the_sinks(bundle):
     o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **args)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
     _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out), view(rows),
-                                   **_hook_options(args))
+                                   **cpp_options(args))
     np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
     np.testing.assert_array_equal(rows, lse)
 
@@ -179,7 +166,7 @@ def test_bad_calls_raise_pythons_message(bundle, case):
     rows = poison((B, 2 * HKV, q.shape[2]), np.float32)
     with pytest.raises((ValueError, TypeError)) as cpp:
         _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out),
-                                       view(rows), **_hook_options(values))
+                                       view(rows), **cpp_options(values))
     assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
     assert np.isnan(out).all() and np.isnan(rows).all()
 
@@ -194,7 +181,7 @@ def test_backward_bad_lists_raise_pythons_message(bundle):
     grads = [poison(x.shape, x.dtype) for x in (q, k, v)]
     with pytest.raises(ValueError) as cpp:
         _core._bundle_sparse_attention_backward("cpu", bundle, view(q), view(k), view(v), view(indices), view(o),
-                                                view(lse), view(o), *(view(g) for g in grads), **_hook_options(args))
+                                                view(lse), view(o), *(view(g) for g in grads), **cpp_options(args))
     assert str(cpp.value) == str(python.value)
     assert all(np.isnan(g).all() for g in grads)
 
@@ -207,7 +194,7 @@ def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
     with pytest.raises(ValueError, match=r"(?s)no entry for sparse_attention float16 .* topk_length=yes "
                                          r"shared_latent=no .*it holds:\n  sparse_attention float32"):
         _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out),
-                                       view(rows), **_hook_options(args))
+                                       view(rows), **cpp_options(args))
 
 
 def test_entry_lines_are_pythons(bundle):
@@ -258,7 +245,7 @@ def test_odd_lists_match_python(bundle, form):
     o, lse = mfa_native.sparse_attention(q, k, v, indices, return_lse=True, device="cpu", **args)
     out, rows = poison(o.shape, o.dtype), poison(lse.shape, np.float32)
     _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out), view(rows),
-                                   **_hook_options(args))
+                                   **cpp_options(args))
     np.testing.assert_array_equal(out.view(np.uint8), o.view(np.uint8))
     np.testing.assert_array_equal(rows, lse)
 
