@@ -182,15 +182,6 @@ def float32_array(x, name: str, binding: Binding) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(x, dtype=np.float32), shape
 
 
-def lse_array(lse, shape: tuple[int, int, int]) -> np.ndarray:
-    lse = as_array(lse, "lse")
-    if lse.dtype != np.float32:
-        raise TypeError(f"lse must be float32, as attention(..., return_lse=True) returns it, got {lse.dtype}")
-    if lse.shape != shape:
-        raise ValueError(f"lse must have shape (B, Hq, R) = {shape}, got {lse.shape}")
-    return np.ascontiguousarray(lse)
-
-
 def window_list(window) -> list[int] | None:
     """window as a torch.library schema holds it: None or [left, right] (checked for its form)."""
     if window is None:

@@ -176,10 +176,22 @@ def _indices(indices, binding: Binding) -> np.ndarray:
     return check.bindable(np.broadcast_to(indices, binding.expected("indices")))
 
 
+def _indices_read(indices, shape: tuple[int, ...]) -> np.ndarray:
+    """A warm call's indices (its signature fixes their dtype and shape) read as `shape`."""
+    return check.bindable(np.broadcast_to(check.as_array(indices, "indices"), shape))
+
+
 def _lengths(topk_length, binding: Binding) -> np.ndarray:
-    """topk_length as bound: checked by its rule, its contents included."""
+    """topk_length as bound: checked by its rule, then `_lengths_read`."""
     lengths = check.as_array(topk_length, "topk_length")
     binding.check("topk_length", lengths.shape, str(lengths.dtype))
+    return _lengths_read(lengths, binding)
+
+
+def _lengths_read(lengths, binding: Binding) -> np.ndarray:
+    """topk_length's contents checked (every call: a warm call's signature fixes its dtype and
+    shape, not its values) and bound."""
+    lengths = check.as_array(lengths, "topk_length")
     binding.check_contents("topk_length", lengths)
     return check.normalized(lengths) if check.usable_in_place(lengths) else np.ascontiguousarray(lengths)
 
@@ -197,11 +209,12 @@ def _with_lists(call: Validated, indices, topk_length, shared_kv: bool) -> Valid
     bound, converts = dict(call.bound), dict(call.converts)
     binding = call.binding.with_rules(LIST_RULES)
     bound["indices"] = _indices(indices, binding)
-    converts["indices"] = None if same_memory(indices, bound["indices"]) else (lambda x: _indices(x, binding))
+    shape = bound["indices"].shape
+    converts["indices"] = None if same_memory(indices, bound["indices"]) else (lambda x: _indices_read(x, shape))
     length_strides = None
     if topk_length is not None:
         bound["topk_length"] = _lengths(topk_length, binding)
-        converts["topk_length"] = lambda x: _lengths(x, binding)  # contents: checked every call
+        converts["topk_length"] = lambda x: _lengths_read(x, binding)
         length_strides = tuple(s // 4 for s in bound["topk_length"].strides)
     index_strides = physical(check.element_strides(bound["indices"]), p.layout)
     tokens = TokenLists(bound["indices"].shape[-1], index_strides, length_strides, shared_kv)

@@ -29,7 +29,7 @@ from .attention import (ALIBI_SLOPES, CAUSAL, DETERMINISTIC, GRADIENT_OF, RETURN
 from .attention_backward import GRADIENTS
 from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
-from .rules import Binding
+from .rules import ArrayRule, Binding
 from .score_mod import SCORE_MOD, SCORE_MOD_TENSORS, with_score_mod
 from .varlen_keys import SequenceKeys, check_hint
 from .warm import prepared_call, same_memory
@@ -74,8 +74,8 @@ LSE = Out("lse", "(Hq, total_q) float32, natural log of each row's softmax denom
                  "varlen softmax_lse)", when="return_lse", fake=lambda a: ((a["q"].shape[1], a["q"].shape[0]), "float32"),
           rule=rules.LSE_OUT)
 # The backward's outputs: attention's, shaped as the packed arrays are.
-VARLEN_GRADIENTS = tuple(replace(out, rule=rule)
-                         for out, rule in zip(GRADIENTS, (rules.DQ, rules.DK, rules.DV, rules.DSINKS)))
+VARLEN_GRADIENTS = tuple(replace(out, rule=rule) for out, rule in zip(GRADIENTS, (rules.DQ, rules.DK, rules.DV))) \
+    + GRADIENTS[3:]
 
 
 OWN = ("cu_seqlens_q", "cu_seqlens_k", "block_table", "seqused_k")   # the forward's own arrays, in order
@@ -208,13 +208,11 @@ def _prepare_forward(call: Call, device):
     return prepared_call(description, device, checked, names, call.results, check=contents)
 
 
-def _as_given(binding: Binding, name: str):
-    """The backward's convert of o, lse or do: its rule checked, bound as its rule reads it."""
-    def convert(x) -> np.ndarray:
-        x = check.as_array(x, name)
-        binding.check(name, x.shape, str(x.dtype))
-        return np.ascontiguousarray(x) if binding.rules[name].reads == "contiguous" else check.bindable(x)
-    return convert
+def _as_given(rule: ArrayRule, name: str):
+    """The backward's convert of o, lse or do (checked by `_own` on the cold call; a warm call's
+    signature fixes its dtype and shape): bound as its rule reads it."""
+    read = np.ascontiguousarray if rule.reads == "contiguous" else check.bindable
+    return lambda x: read(check.as_array(x, name))
 
 
 def _forward_only(call: Call) -> None:
@@ -234,7 +232,7 @@ def _prepare_backward(call: Call, device):
     p = forward.problem
     bound, converts = dict(forward.bound), dict(forward.converts)
     for name, raw in (("o", call.o), ("dout", call.do), ("lse", call.lse)):
-        convert = _as_given(binding, "do" if name == "dout" else name)
+        convert = _as_given(binding.rules["do" if name == "dout" else name], "do" if name == "dout" else name)
         bound[name] = convert(raw)
         converts[name] = None if same_memory(raw, bound[name]) else convert
     checked = Validated(p, bound, converts, forward.sources)

@@ -89,7 +89,6 @@ LSE_IN = ArrayRule(dtypes=("float32",), shapes=(LSE_SHAPE,), own=True, reads="co
                                "{lse.dtype}",
                    shape_error="lse must have shape (Hq, total_q) = {lse.expected}, got {lse.shape}")
 DQ, DK, DV = (written(name, shape, layout=False) for name, shape in (("dq", Q_SHAPE), ("dk", K_SHAPE), ("dv", V_SHAPE)))
-DSINKS = attention_rules.DSINKS
 
 CHECKS = Checks(
     requires=(
