@@ -53,8 +53,9 @@ int main(int argc, char** argv) {
     const mfa::Device device = mfa::Device::default_device();
     std::vector<float> index_q = random_floats(HI * R * DI, 1), index_k = random_floats(C * DI, 2);
     std::vector<float> weights = random_floats(HI * R, 3), q = random_floats(HQ * R * D, 4);
-    std::vector<float> k = random_floats(C * D, 5), v = random_floats(C * D, 6), out(q.size());
-    std::vector<std::int32_t> indices(R * TOPK);
+    std::vector<float> k = random_floats(C * D, 5), v = random_floats(C * D, 6);
+    std::vector<float> out(q.size(), NAN);                    // poisoned: an element not written shows
+    std::vector<std::int32_t> indices(R * TOPK, INT32_MIN);  // as no key a list may name (padding is -1)
     const auto f32 = mfa::DType::float32;
     const mfa::TensorView lists{indices.data(), mfa::DType::int32, {B, 1, R, TOPK}, {}};
     mfa::sparse_topk(device, bundle, {index_q.data(), f32, {B, HI, R, DI}, {}}, {index_k.data(), f32, {B, 1, C, DI}, {}},
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
       std::vector<bool> listed(C, false);
       double lowest = INFINITY;
       for (std::int64_t j = 0; j < TOPK; ++j) {
-        if (list[j] < 0) continue;  // padding past the row's candidates
+        lists_ok &= list[j] >= 0 || (list[j] == -1 && j >= candidates);  // padding past the row's candidates
+        if (list[j] < 0) continue;
         lists_ok &= list[j] < candidates && !listed[list[j]];
         listed[list[j]] = true;
         lowest = std::min(lowest, index_score(index_q, index_k, weights, r, list[j]));

@@ -44,6 +44,21 @@ static float* poisoned(size_t n) {
   return x;
 }
 
+/* The C++ API reference's poison: other bytes than poisoned()'s, so an element neither call
+ * writes differs between the two. */
+static float* reference_poisoned(size_t n) {
+  float* x = malloc(n * sizeof *x);
+  memset(x, 0xee, n * sizeof *x);
+  return x;
+}
+
+/* Whether every element still holds the poison NaN: nothing wrote x. */
+static int all_nan(const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!isnan(x[i])) return 0;
+  return 1;
+}
+
 static int any_nonzero(const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (x[i] != 0.0f && !isnan(x[i])) return 1;
@@ -79,7 +94,8 @@ static void masked_bshd(const char* path, const mfa_device* device, const mfa_bu
   unsigned char mask[R * C];
   for (size_t i = 0; i < sizeof mask; ++i) mask[i] = uniform() < 0.5f;
   float *out = poisoned(nq), *lse = poisoned(nrows), *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk);
-  float *ref[5] = {poisoned(nq), poisoned(nrows), poisoned(nq), poisoned(nk), poisoned(nk)};
+  float *ref[5] = {reference_poisoned(nq), reference_poisoned(nrows), reference_poisoned(nq), reference_poisoned(nk),
+                   reference_poisoned(nk)};
   mfa_tensor_view vq = {q, MFA_FLOAT32, 4, q_shape, q_strides}, vmask = {mask, MFA_BOOL, 2, mask_shape, NULL};
   mfa_tensor_view vk = view(k, 4, k_shape), vv = view(v, 4, k_shape), vdout = view(dout, 4, q_shape);
   mfa_tensor_view vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape), vdq = view(dq, 4, q_shape);
@@ -147,7 +163,8 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
   unsigned char *k_copy = malloc(npages), *v_copy = malloc(npages);
   memcpy(k_copy, k_pages, npages), memcpy(v_copy, v_pages, npages);
   int32_t lengths[B] = {5, 2}, table[B * WIDTH] = {4, 1, 3, 0, 5, 2}, too_long[B] = {12, 2};
-  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  float *out = poisoned(nq), *lse = poisoned(nrows);
+  float *ref_out = reference_poisoned(nq), *ref_lse = reference_poisoned(nrows);
   mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, new_shape), vv = view(v, 4, new_shape);
   mfa_tensor_view vkp = {k_pages, MFA_UINT8, 4, pages_shape, NULL}, vvp = {v_pages, MFA_UINT8, 4, pages_shape, NULL};
   mfa_tensor_view rkp = {k_copy, MFA_UINT8, 4, pages_shape, NULL}, rvp = {v_copy, MFA_UINT8, 4, pages_shape, NULL};
@@ -170,7 +187,7 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
   OK(mfa_call_set_tensor(call, "cache_seqlens", &vlong));
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
          "cache_seqlens[0] + Rn = 12 + 1 is beyond the cache's capacity 12", "an append past the pages");
-  CHECK(memcmp(k_pages, k_copy, npages) == 0 && isnan(out[0]), "a refused append wrote something");
+  CHECK(memcmp(k_pages, k_copy, npages) == 0 && all_nan(out, nq), "a refused append wrote something");
   OK(mfa_call_set_tensor(call, "cache_seqlens", &vlengths));
   OK(mfa_call_set_tensor(call, "rotary_cos", &vq)); /* the rotary arguments reach the op: */
   OK(mfa_call_set_bool(call, "rotary_interleaved", 0));
@@ -214,7 +231,8 @@ static void float8_decode(const char* path, const mfa_device* device, const mfa_
   unsigned char *k_copy = malloc(ncache), *v_copy = malloc(ncache), *k_given = malloc(ncache);
   memcpy(k_copy, k_cache, ncache), memcpy(v_copy, v_cache, ncache), memcpy(k_given, k_cache, ncache);
   int32_t lengths[B] = {5, 0};
-  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  float *out = poisoned(nq), *lse = poisoned(nrows);
+  float *ref_out = reference_poisoned(nq), *ref_lse = reference_poisoned(nrows);
   mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, new_shape), vv = view(v, 4, new_shape);
   mfa_tensor_view vkc = {k_cache, MFA_FLOAT8_E4M3FN, 4, cache_shape, NULL};
   mfa_tensor_view vvc = {v_cache, MFA_FLOAT8_E5M2, 4, cache_shape, NULL};
@@ -233,7 +251,7 @@ static void float8_decode(const char* path, const mfa_device* device, const mfa_
   OK(mfa_call_set_bool(call, "causal", 1));
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
          "v_descale must be (B, Hkv) = (2, 2) or a single factor ((1,) or 0-d), got shape (3,)", "a v_descale (3,)");
-  CHECK(memcmp(k_cache, k_given, ncache) == 0 && isnan(out[0]), "a refused float8 call wrote something");
+  CHECK(memcmp(k_cache, k_given, ncache) == 0 && all_nan(out, nq), "a refused float8 call wrote something");
   OK(mfa_call_set_tensor(call, "v_descale", &vv_factor));
   OK(mfa_call_run(call, device));
   char error[4096] = "";
@@ -266,7 +284,8 @@ static void packed_varlen(const char* path, const mfa_device* device, const mfa_
   const size_t nq = TQ * HQ * D, nrows = HQ * TQ;
   float *q = random_floats(nq), *k = random_floats(TK * HKV * D), *v = random_floats(TK * HKV * D);
   int32_t cu_q[NCU] = {0, 4, 4, TQ}, cu_k[NCU] = {0, 6, 9, TK}, bad_cu[NCU] = {0, 5, 3, TQ};
-  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  float *out = poisoned(nq), *lse = poisoned(nrows);
+  float *ref_out = reference_poisoned(nq), *ref_lse = reference_poisoned(nrows);
   mfa_tensor_view vq = view(q, 3, q_shape), vk = view(k, 3, k_shape), vv = view(v, 3, k_shape);
   mfa_tensor_view vcu_q = {cu_q, MFA_INT32, 1, cu_shape, NULL}, vcu_k = {cu_k, MFA_INT32, 1, cu_shape, NULL};
   mfa_tensor_view vbad = {bad_cu, MFA_INT32, 1, cu_shape, NULL};
@@ -285,7 +304,7 @@ static void packed_varlen(const char* path, const mfa_device* device, const mfa_
   OK(mfa_call_set_bool(call, "causal", 1));
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
          "cu_seqlens_q must be non-decreasing, but cu_seqlens_q[2] = 3 < cu_seqlens_q[1] = 5", "a decreasing cu_seqlens_q");
-  CHECK(isnan(out[0]) && isnan(lse[0]), "a refused varlen call wrote something");
+  CHECK(all_nan(out, nq) && all_nan(lse, nrows), "a refused varlen call wrote something");
   OK(mfa_call_set_tensor(call, "cu_seqlens_q", &vcu_q));
   OK(mfa_call_run(call, device));
   char error[4096] = "";
@@ -298,7 +317,7 @@ static void packed_varlen(const char* path, const mfa_device* device, const mfa_
   /* The backward: o and lse as written, dq, dk and dv by name, the C++ API's bits. */
   const size_t nk = TK * HKV * D;
   float *dout = random_floats(nq), *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk);
-  float *ref_dq = poisoned(nq), *ref_dk = poisoned(nk), *ref_dv = poisoned(nk);
+  float *ref_dq = reference_poisoned(nq), *ref_dk = reference_poisoned(nk), *ref_dv = reference_poisoned(nk);
   mfa_tensor_view vdout = view(dout, 3, q_shape), vdq = view(dq, 3, q_shape), vdk = view(dk, 3, k_shape),
                   vdv = view(dv, 3, k_shape);
   mfa_tensor_view rdq = view(ref_dq, 3, q_shape), rdk = view(ref_dk, 3, k_shape), rdv = view(ref_dv, 3, k_shape);
@@ -322,7 +341,7 @@ static void packed_varlen(const char* path, const mfa_device* device, const mfa_
   memset(dq, 0xff, nq * sizeof *dq);
   expect(mfa_call_run(call, device), MFA_NOT_IMPLEMENTED_ERROR, "seqused_k given, but keys limited by seqused_k is "
          "forward-only", "a varlen backward with seqused_k");
-  CHECK(isnan(dq[0]), "a refused varlen backward wrote something");
+  CHECK(all_nan(dq, nq), "a refused varlen backward wrote something");
   mfa_call_free(call);
   void* buffers[] = {q, k, v, out, lse, ref_out, ref_lse, dout, dq, dk, dv, ref_dq, ref_dk, ref_dv};
   for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) free(buffers[i]);
@@ -339,9 +358,10 @@ static void indexed(const char* path, const mfa_device* device, const mfa_bundle
   const size_t nlists = B * R * TOPK, nq = B * HQ * R * D, nrows = B * HQ * R;
   float *qi = random_floats(B * HI * R * DI), *ki = random_floats(B * C * DI), *w = random_floats(B * HI * R);
   float *q = random_floats(nq), *k = random_floats(B * C * D), *v = random_floats(B * C * D);
-  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  float *out = poisoned(nq), *lse = poisoned(nrows);
+  float *ref_out = reference_poisoned(nq), *ref_lse = reference_poisoned(nrows);
   int32_t lists[B * R * TOPK], ref_lists[B * R * TOPK];
-  memset(lists, 0x80, sizeof lists), memset(ref_lists, 0x80, sizeof ref_lists);
+  memset(lists, 0x80, sizeof lists), memset(ref_lists, 0x81, sizeof ref_lists);
   mfa_tensor_view vqi = view(qi, 4, qi_shape), vki = view(ki, 4, ki_shape), vw = view(w, 3, w_shape);
   mfa_tensor_view vlists = {lists, MFA_INT32, 4, list_shape, NULL}, rlists = {ref_lists, MFA_INT32, 4, list_shape, NULL};
   mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, kv_shape), vv = view(v, 4, kv_shape);
@@ -389,7 +409,8 @@ static void int8_call(const char* path, const mfa_device* device, const mfa_bund
   const int64_t q_shape[] = {B, HQ, R, D}, k_shape[] = {B, HKV, C, D}, rows_shape[] = {B, HQ, R}, heads[] = {HQ};
   const size_t nq = B * HQ * R * D, nk = B * HKV * C * D, nrows = B * HQ * R;
   float *q = random_floats(nq), *k = random_floats(nk), *v = random_floats(nk), *sinks = random_floats(HQ);
-  float *out = poisoned(nq), *lse = poisoned(nrows), *ref_out = poisoned(nq), *ref_lse = poisoned(nrows);
+  float *out = poisoned(nq), *lse = poisoned(nrows);
+  float *ref_out = reference_poisoned(nq), *ref_lse = reference_poisoned(nrows);
   mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, k_shape), vv = view(v, 4, k_shape);
   mfa_tensor_view vsinks = view(sinks, 1, heads), vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape);
   mfa_tensor_view rout = view(ref_out, 4, q_shape), rlse = view(ref_lse, 3, rows_shape);
@@ -433,7 +454,8 @@ static void merge_and_quantize(const char* path, const mfa_device* device, const
   const int64_t o_shape[] = {B, H, R, DV}, rows_shape[] = {B, H, R}, short_shape[] = {B, H, R, DV - 1};
   const size_t no = B * H * R * DV, nrows = B * H * R;
   float *parts[2] = {random_floats(no), random_floats(no)}, *lses[2] = {random_floats(nrows), random_floats(nrows)};
-  float *out = poisoned(no), *lse = poisoned(nrows), *ref_out = poisoned(no), *ref_lse = poisoned(nrows);
+  float *out = poisoned(no), *lse = poisoned(nrows);
+  float *ref_out = reference_poisoned(no), *ref_lse = reference_poisoned(nrows);
   const mfa_tensor_view vparts[2] = {view(parts[0], 4, o_shape), view(parts[1], 4, o_shape)};
   const mfa_tensor_view vlses[2] = {view(lses[0], 3, rows_shape), view(lses[1], 3, rows_shape)};
   mfa_tensor_view vout = view(out, 4, o_shape), vlse = view(lse, 3, rows_shape);
@@ -476,7 +498,7 @@ static void merge_and_quantize(const char* path, const mfa_device* device, const
   const int64_t words_shape[] = {ROWS, D / 8}, groups_shape[] = {ROWS, D / 32};
   uint32_t words[ROWS * D / 8], ref_words[ROWS * D / 8];
   float *scales = poisoned(ROWS * D / 32), *biases = poisoned(ROWS * D / 32);
-  float *ref_scales = poisoned(ROWS * D / 32), *ref_biases = poisoned(ROWS * D / 32);
+  float *ref_scales = reference_poisoned(ROWS * D / 32), *ref_biases = reference_poisoned(ROWS * D / 32);
   memset(words, 0xff, sizeof words), memset(ref_words, 0xee, sizeof ref_words);
   mfa_tensor_view vwords = {words, MFA_UINT32, 2, words_shape, NULL};
   mfa_tensor_view rwords = {ref_words, MFA_UINT32, 2, words_shape, NULL};
@@ -526,7 +548,8 @@ static void block_sparse(const char* path, const mfa_device* device, const mfa_b
   const size_t nq = B * HQ * R * D, nk = B * HKV * C * D, nrows = B * HQ * R;
   float *q = random_floats(nq), *k = random_floats(nk), *v = random_floats(nk), *dout = random_floats(nq);
   float* got[5] = {poisoned(nq), poisoned(nrows), poisoned(nq), poisoned(nk), poisoned(nk)};
-  float* ref[5] = {poisoned(nq), poisoned(nrows), poisoned(nq), poisoned(nk), poisoned(nk)};
+  float* ref[5] = {reference_poisoned(nq), reference_poisoned(nrows), reference_poisoned(nq), reference_poisoned(nk),
+                   reference_poisoned(nk)};
   int32_t counts[2][B * HQ * NQ] = {{0}}, indices[2][B * HQ * NQ * NK];
   memset(indices, 0xff, sizeof indices); /* -1 past each count: never read */
   for (int row = 0; row < B * HQ * NQ; ++row)
@@ -624,7 +647,8 @@ int main(int argc, char** argv) {
          mfa_bundle_entry(bundle, 0));
 
   /* Forward: the C ABI by names, then the C++ API on the same inputs. */
-  float *out = poisoned(nq), *lse = poisoned(nrows), *cpp_out = poisoned(nq), *cpp_lse = poisoned(nrows);
+  float *out = poisoned(nq), *lse = poisoned(nrows);
+  float *cpp_out = reference_poisoned(nq), *cpp_lse = reference_poisoned(nrows);
   mfa_tensor_view vq = view(q, 4, q_shape), vk = view(k, 4, k_shape), vv = view(v, 4, k_shape);
   mfa_tensor_view vsinks = view(sinks, 1, heads_shape), vout = view(out, 4, q_shape), vlse = view(lse, 3, rows_shape);
   mfa_call* call = NULL;
@@ -659,7 +683,8 @@ int main(int argc, char** argv) {
 
   /* Backward. */
   float *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk), *dsinks = poisoned(nh);
-  float *cpp_dq = poisoned(nq), *cpp_dk = poisoned(nk), *cpp_dv = poisoned(nk), *cpp_dsinks = poisoned(nh);
+  float *cpp_dq = reference_poisoned(nq), *cpp_dk = reference_poisoned(nk), *cpp_dv = reference_poisoned(nk);
+  float* cpp_dsinks = reference_poisoned(nh);
   mfa_tensor_view vdout = view(dout, 4, q_shape), vdq = view(dq, 4, q_shape), vdk = view(dk, 4, k_shape);
   mfa_tensor_view vdv = view(dv, 4, k_shape), vdsinks = view(dsinks, 1, heads_shape);
   mfa_call* backward = NULL;

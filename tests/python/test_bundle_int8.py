@@ -159,10 +159,11 @@ def test_bad_calls_raise_pythons_message(bundle, case):
 def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
     rng = np.random.default_rng(3)
     q, k, v, args = _problem(rng, "float32", "bhsd", None, 2, 9, dict(sinks=True, pv="float"))
+    out, rows = poison((B, 2 * HKV, 2, D), np.float32), poison((B, 2 * HKV, 2), np.float32)
     with pytest.raises(ValueError, match=r"(?s)no entry for int8_attention float32 .* qk_scale=token smooth_k=yes "
                                          r"pv=float family=.*it holds:\n  int8_attention float32 .* pv=int8 "):
-        _cpp(bundle, q, k, v, args, "lower_right", poison((B, 2 * HKV, 2, D), np.float32),
-             poison((B, 2 * HKV, 2), np.float32))
+        _cpp(bundle, q, k, v, args, "lower_right", out, rows)
+    assert np.isnan(out).all() and np.isnan(rows).all()
 
 
 def test_entry_lines_match_pythons(bundle):

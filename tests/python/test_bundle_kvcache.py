@@ -253,9 +253,11 @@ def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
     args["block_table"] = args["block_table"][:, :2].copy()   # fine, but page size 5 has no entry:
     args["cache_seqlens"] = np.minimum(args["cache_seqlens"], 10)
     caches = [np.ascontiguousarray(np.concatenate([c, c[:, :1]], axis=1)) for c in caches]
+    out, rows = poison((B, 1, 2 * HKV, D), np.float32), poison((B, 2 * HKV, 1), np.float32)
     with pytest.raises(ValueError, match=r"(?s)no entry for attention_with_kvcache .* page_size=5 .*it holds:\n  "
                                          r"attention_with_kvcache float32"):
-        _cpp(bundle, q, caches, args, poison((B, 1, 2 * HKV, D), np.float32), poison((B, 2 * HKV, 1), np.float32))
+        _cpp(bundle, q, caches, args, out, rows)
+    assert np.isnan(out).all() and np.isnan(rows).all()
 
 
 def test_a_rotating_window_entry_serves_no_call_that_turns_q_otherwise():

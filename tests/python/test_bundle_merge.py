@@ -110,10 +110,12 @@ def test_caller_outputs_are_checked(bundle):
 
 def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
     outputs, lses = _parts(np.random.default_rng(2), "float32", "bhsd", 2, 3)
+    out, rows = poison((B, HQ, 3, DV), np.float32), poison((B, HQ, 3), np.float32)
     with pytest.raises(ValueError, match=r"(?s)no entry for merge_attention float32 Dv=40 parts=2 layout=bhsd; "
                                          r"it holds:\n  merge_attention float32 Dv=40 parts=1 layout=bhsd "
                                          r"templates=1\+0"):
-        _cpp(bundle, outputs, lses, "bhsd", poison((B, HQ, 3, DV), np.float32), poison((B, HQ, 3), np.float32))
+        _cpp(bundle, outputs, lses, "bhsd", out, rows)
+    assert np.isnan(out).all() and np.isnan(rows).all()
 
 
 def test_entry_lines_match_pythons(bundle):

@@ -126,11 +126,13 @@ def test_caller_fields_are_checked(bundle):
 
 def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
     x = _x(np.random.default_rng(2), "float32", (2, 64))
+    fields = {name: poison(shape, dtype) for name, (shape, dtype) in
+              {"data": ((2, 4), np.uint32), "scales": ((2, 1), np.float32), "biases": ((2, 1), np.float32)}.items()}
+    before = {name: x.tobytes() for name, x in fields.items()}
     with pytest.raises(ValueError, match=r"(?s)no entry for quantize float32 format=affine bits=2 group_size=64; "
                                          r"it holds:\n  quantize float32 format=q8_0 bits=8 group_size=32 "):
-        _cpp(bundle, x, {name: poison(shape, dtype) for name, (shape, dtype) in
-                         {"data": ((2, 4), np.uint32), "scales": ((2, 1), np.float32),
-                          "biases": ((2, 1), np.float32)}.items()}, "affine", 2)
+        _cpp(bundle, x, fields, "affine", 2)
+    assert {name: x.tobytes() for name, x in fields.items()} == before
 
 
 def test_entry_lines_match_pythons(bundle):

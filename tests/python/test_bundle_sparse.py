@@ -195,6 +195,7 @@ def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
                                          r"shared_latent=no .*it holds:\n  sparse_attention float32"):
         _core._bundle_sparse_attention("cpu", bundle, view(q), view(k), view(v), view(indices), view(out),
                                        view(rows), **cpp_options(args))
+    assert np.isnan(out).all() and np.isnan(rows).all()
 
 
 def test_entry_lines_are_pythons(bundle):

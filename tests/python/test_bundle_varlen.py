@@ -436,9 +436,11 @@ def test_a_call_the_bundle_lacks_lists_its_entries(bundle):
     rng = np.random.default_rng(3)
     arrays, args = _problem(rng, "float32", 2, 3, 5, 9, dict(causal=True))
     q = arrays[0]
+    out = poison((q.shape[0], q.shape[1], D), np.float32)
     with pytest.raises(ValueError, match=r"(?s)no entry for attention_varlen float32 D=32 Dv=32 gqa=2 .*it holds:\n  "
                                          r"attention_varlen float32 D=32 Dv=32 gqa=4"):
-        _cpp(bundle, arrays, args, poison((q.shape[0], q.shape[1], D), np.float32), None)
+        _cpp(bundle, arrays, args, out, None)
+    assert np.isnan(out).all()
 
 
 def test_bad_outputs_are_refused_by_the_declaration(bundle):
