@@ -112,7 +112,7 @@ BlockMask block_mask_of(const std::map<std::string, ViewSpec>& lists, Pair block
     auto it = lists.find(name);
     return it == lists.end() ? std::nullopt : std::optional<TensorView>(view_of(it->second));
   };
-  BlockMask mask{*list("kv_num_blocks"), *list("kv_indices")};
+  BlockMask mask{view_of(lists.at("kv_num_blocks")), view_of(lists.at("kv_indices"))};
   mask.full_kv_num_blocks = list("full_kv_num_blocks"), mask.full_kv_indices = list("full_kv_indices");
   mask.q_num_blocks = list("q_num_blocks"), mask.q_indices = list("q_indices");
   mask.full_q_num_blocks = list("full_q_num_blocks"), mask.full_q_indices = list("full_q_indices");

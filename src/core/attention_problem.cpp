@@ -120,7 +120,8 @@ const char* causal_name(Causal causal) {
   return causal == Causal::none ? "none" : causal == Causal::lower_right ? "lower_right" : "upper_left";
 }
 
-Problem checked_problem(Binder& binder, const AttentionOptions& options) {
+Problem checked_problem(Binder& binder, const AttentionOptions& options,
+                        const std::function<void(const Problem&)>& own) {
   binder.bind_sizes();
   Problem p;
   p.B = binder.size("B"), p.Hq = binder.size("Hq"), p.Hkv = binder.size("Hkv"), p.R = binder.size("R");
@@ -141,16 +142,7 @@ Problem checked_problem(Binder& binder, const AttentionOptions& options) {
   p.sinks = options.sinks.has_value();
   if (options.alibi_slopes) p.alibi = binder.shape_index("alibi_slopes") == 0 ? "per_head" : "per_batch";
   binder.check_own();
-  check_score_mod(p, options, binder.declaration());
-  return p;
-}
-
-Problem checked_problem(Binder& binder, const AttentionOptions& options,
-                        const std::function<void(const Problem&)>& own) {
-  AttentionOptions unmodded = options;
-  unmodded.score_mod.clear(), unmodded.score_mod_tensors.clear();
-  Problem p = checked_problem(binder, unmodded);
-  own(p);
+  if (own) own(p);
   check_score_mod(p, options, binder.declaration());
   return p;
 }

@@ -48,12 +48,10 @@ const char* layout_name(Layout layout);
 const char* causal_name(Causal causal);
 
 // Every check of a call, in Python's order: `binder`'s sizes (its declaration's binding arrays),
-// the scale, softcap and window, the declaration's other arrays, then score_mod and its tensors.
-Problem checked_problem(Binder& binder, const AttentionOptions& options);
-
-// The same for an op that checks arguments of its own between attention's and score_mod's
-// (sparse_attention its token lists, block_sparse_attention its block mask): `own` runs there.
+// the scale, softcap and window, the declaration's other arrays and its own ones, then `own`
+// (an op's checks in code between attention's and score_mod's: block_sparse_attention's block
+// mask, varlen's sequences), then score_mod and its tensors.
 Problem checked_problem(Binder& binder, const AttentionOptions& options,
-                        const std::function<void(const Problem&)>& own);
+                        const std::function<void(const Problem&)>& own = {});
 
 }  // namespace mfa::attention_problem

@@ -190,7 +190,7 @@ const Declaration& Bundle::Contents::declaration(const std::string& op) const {
 std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t backward) {
   if (f.op == kTopk)  // writer.py's entry_line
     return f.op + " " + f.dtype + " Di=" + std::to_string(f.head_dim) + " causal=" +
-           (f.causal != "none" ? "yes" : "no") + " layout=" + f.layout + " precision=" + f.precision +
+           yes(f.causal != "none") + " layout=" + f.layout + " precision=" + f.precision +
            " family=" + f.family + " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
   if (f.op == kQuantize)
     return f.op + " " + f.dtype + " format=" + f.format + " bits=" + std::to_string(f.bits) +
@@ -199,7 +199,7 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (f.op == kMerge)
     return f.op + " " + f.dtype + " Dv=" + std::to_string(f.value_dim) + " parts=" + std::to_string(f.parts) +
            " layout=" + f.layout + " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
-  const std::string window = f.window ? "yes" : "no";
+  const std::string window = yes(f.window);
   const std::string mask = f.mask == "additive" ? "additive:" + f.mask_dtype : f.mask;
   std::string scores;  // writer.py's scores_text
   if (f.softcap) {
@@ -211,28 +211,28 @@ std::string entry_line(const BundleFacts& f, std::size_t forward, std::size_t ba
   if (!f.score_mod.empty()) scores += " score_mod=" + sha256_hex(f.score_mod).substr(0, 12);
   std::string cache;  // writer.py's entry_line
   if (f.op == kSparse)
-    cache = std::string(" topk_length=") + (f.topk_length ? "yes" : "no") +
-            " shared_latent=" + (f.shared_latent ? "yes" : "no");
+    cache = std::string(" topk_length=") + yes(f.topk_length) +
+            " shared_latent=" + yes(f.shared_latent);
   if (f.op == kBlockSparse)
     cache = " block_size=" + std::to_string(f.q_block) + "x" + std::to_string(f.k_block) +
             " shared_batch=" + yes(f.shared_batch) + " shared_heads=" + yes(f.shared_heads) +
             " full_blocks=" + yes(f.full_blocks) + " mask_bits=" + yes(f.mask_bits) + " q_lists=" + yes(f.q_lists);
   if (f.op == kVarlen)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " seqused_k=" +
-            (f.seqused_k ? "yes" : "no");
+            yes(f.seqused_k);
   if (f.op == kKVCache)
     cache = " page_size=" + (f.page_size ? std::to_string(f.page_size) : std::string("none")) + " cache=" + f.cache +
             (f.v_cache == f.cache ? "" : "," + f.v_cache) +
             (f.bits ? " bits=" + std::to_string(f.bits) + " group_size=" + std::to_string(f.group_size) : "") +
-            " append=" + (f.append ? "yes" : "no");
+            " append=" + yes(f.append);
   if (f.rotary_dim)
     cache += " rotary_dim=" + std::to_string(f.rotary_dim) + " rotary_interleaved=" +
-             (f.rotary_interleaved ? "yes" : "no") + " rotary_starts=" + f.rotary_starts;
+             yes(f.rotary_interleaved) + " rotary_starts=" + f.rotary_starts;
   if (f.op == kInt8)
-    cache = " qk_scale=" + f.qk_scale + " smooth_k=" + (f.smooth_k ? "yes" : "no") + " pv=" + f.pv;
+    cache = " qk_scale=" + f.qk_scale + " smooth_k=" + yes(f.smooth_k) + " pv=" + f.pv;
   return f.op + " " + f.dtype + " D=" + std::to_string(f.head_dim) + " Dv=" + std::to_string(f.value_dim) +
          " gqa=" + std::to_string(f.gqa_ratio) + " causal=" + f.causal + " mask=" + mask + " window=" + window +
-         " sinks=" + (f.sinks ? "yes" : "no") + " layout=" + f.layout + scores + cache +
+         " sinks=" + yes(f.sinks) + " layout=" + f.layout + scores + cache +
          (f.batch_invariant ? " deterministic=batch_invariant" : "") + " family=" + f.family +
          " templates=" + std::to_string(forward) + "+" + std::to_string(backward);
 }

@@ -70,14 +70,13 @@ class SparseCall {
     want.topk_length = options_.topk_length.has_value();
     // A forward whose v is a view of k prefers an entry staging one row for both; an entry reading
     // v on its own gives the same results. Every entry's backward reads v on its own (as Python's).
-    std::vector<bool> candidates = {shared_};
-    if (shared_ || backward) candidates.push_back(!shared_);
-    const BundleEntry* entry = nullptr;
-    for (std::size_t i = 0; i < candidates.size() && !entry; ++i) {
-      want.shared_latent = candidates[i];
-      entry = find_entry(bundle_, want);
-    }
     want.shared_latent = shared_;
+    const BundleEntry* entry = find_entry(bundle_, want);
+    if (!entry && (shared_ || backward)) {
+      BundleFacts other = want;
+      other.shared_latent = !shared_;
+      entry = find_entry(bundle_, other);
+    }
     if (!entry) entry = &entry_for(bundle_, want);  // throws, listing the bundle's entries
     const PassViews views(device_, *binder_, attention_);
     SizeEnv sizes = sizes_of(problem_, device_, *entry, views);

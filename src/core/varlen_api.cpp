@@ -213,7 +213,7 @@ class VarlenCall {
                             " keys, beyond what its pages hold: max_blocks * page_size = " + std::to_string(width_) +
                             " * " + std::to_string(page_) + " = " + std::to_string(capacity));
     }
-    const Checked table = checked(*options_.block_table, "block_table");
+    const Checked& table = binder_->view("block_table");
     for (std::int64_t s = 0; s < sequences_; ++s)
       for (std::int64_t i = 0; i < width_ && i < (lengths_[s] + page_ - 1) / page_; ++i) {
         const std::int64_t at = s * table.strides[0] + i * table.strides[1];
