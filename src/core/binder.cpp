@@ -52,11 +52,40 @@ std::vector<std::int64_t> int32_entries(const Checked& view) {
   return entries;
 }
 
+using Fields = std::map<std::string, std::int64_t>;
+
+// The first of the largest of `values` (numpy's argmax), or none when it is not above `bound`.
+Fields longest_above(const std::vector<std::int64_t>& values, std::int64_t bound) {
+  const auto longest = std::max_element(values.begin(), values.end());
+  if (longest == values.end() || *longest <= bound) return {};
+  return {{"index", longest - values.begin()}, {"value", *longest}};
+}
+
 // rules.content_failure: the fields of the first entry of `values` breaking a content check of
 // `kind` (empty: it holds): index and value; "nonnegative" adds min (the smallest entry, at
-// index), "nondecreasing" the entry before, prior_index and prior.
-std::map<std::string, std::int64_t> content_failure(const std::string& kind, const std::vector<std::int64_t>& values,
-                                                    std::int64_t bound) {
+// index), "nondecreasing" the entry before, prior_index and prior; "fits" gives the longest of
+// `lengths` where it is above `bound`; "within" adds limit, the length entry index passes;
+// "pages" gives the row, column and value of a (rows, width) table's first entry outside
+// 0 .. last (bound - 1) among those row b reads, the first cdiv(lengths[b], page).
+Fields content_failure(const std::string& kind, const std::vector<std::int64_t>& values, std::int64_t bound,
+                       const std::vector<std::int64_t>& lengths, std::int64_t page, std::int64_t width) {
+  if (kind == "fits") return longest_above(lengths, bound);
+  if (kind == "within") {
+    for (std::size_t i = 0; i < values.size() && i < lengths.size(); ++i)
+      if (values[i] > lengths[i]) return {{"index", std::int64_t(i)}, {"value", values[i]}, {"limit", lengths[i]}};
+    return {};
+  }
+  if (kind == "pages") {
+    if (page < 1) throw ArgumentError("a page must hold at least one row, got " + std::to_string(page));
+    for (std::size_t row = 0; row < lengths.size() && std::int64_t(row + 1) * width <= std::int64_t(values.size());
+         ++row) {
+      const std::int64_t read = std::min(width, (std::max<std::int64_t>(lengths[row], 0) + page - 1) / page);
+      for (std::int64_t column = 0; column < read; ++column)
+        if (const std::int64_t entry = values[row * std::size_t(width) + std::size_t(column)]; entry < 0 || entry >= bound)
+          return {{"row", std::int64_t(row)}, {"column", column}, {"value", entry}, {"last", bound - 1}};
+    }
+    return {};
+  }
   if (values.empty()) return {};
   if (kind == "nonnegative") {
     const auto lowest = std::min_element(values.begin(), values.end());  // numpy's argmin: the first
@@ -127,11 +156,17 @@ void Binder::bind_sizes() {
   for (const auto& [name, expression] : declaration_.derived) sizes_.emplace(name, expression.evaluate(sizes_));
 }
 
-void Binder::check_others() { check_all(false); }
+void Binder::check_others() {
+  check_forms(false);
+  check_contents(false);
+}
 
-void Binder::check_own() { check_all(true); }
+void Binder::check_own() {
+  check_forms(true);
+  check_contents(true);
+}
 
-void Binder::check_all(bool own) {
+void Binder::check_forms(bool own) {
   for (const ArrayRule& rule : declaration_.arrays) {
     if (rule.own != own) continue;
     if (rule.each)  // a binding list's first element is bound
@@ -140,6 +175,13 @@ void Binder::check_all(bool own) {
       check(rule);
   }
 }
+
+void Binder::check_contents(bool own) {
+  for (const ArrayRule& rule : declaration_.arrays)
+    if (rule.own == own && !rule.each && !rule.binds && given(rule.name)) check_contents(rule);
+}
+
+void Binder::set_size(const std::string& name, std::int64_t value) { sizes_[name] = value; }
 
 void Binder::check_like_first(const ArrayRule& rule) const {
   const TensorView& view = *given_.at(rule.name);
@@ -164,13 +206,13 @@ void Binder::check(const ArrayRule& rule) {
   note_element(rule.name);
   const bool first = rule.name.size() > 3 && rule.name.compare(rule.name.size() - 3, 3, "[0]") == 0;
   if (!rule.unlike_error.empty() && !first) return check_like_first(rule);
-  if (!rule.needs.empty() && !given(rule.needs)) throw ArgumentError(rule.needs_error);
+  for (const auto& [needed, message] : rule.needs)
+    if (!given(needed)) throw ArgumentError(format(message));
   check_dtype(rule);
   if (!rule.rank_error.empty() && !fits(rule, given_.at(rule.name)->shape.size()))
     throw ArgumentError(format(rule.rank_error));
   check_shape(rule);
   require(rule.requires_);
-  check_contents(rule);
 }
 
 void Binder::check_dtype(const ArrayRule& rule) const {
@@ -224,18 +266,56 @@ SizeEnv Binder::with_new_sizes(const ArrayRule& rule, std::size_t index, const s
   return sizes;
 }
 
-void Binder::check_contents(const ArrayRule& rule) {
-  if (rule.contents.empty()) return;
-  const Checked& view = views_.at(rule.name);
+std::vector<std::int64_t> Binder::entries(const std::string& name) const {
+  const Checked& view = views_.at(name);
   if (view.view->dtype != DType::int32)
-    throw BundleError("the bundle's declaration of " + declaration_.op + " checks the contents of " + rule.name +
+    throw BundleError("the bundle's declaration of " + declaration_.op + " reads the contents of " + name +
                       ", which is not int32");
-  const std::vector<std::int64_t> values = int32_entries(view);
+  return int32_entries(view);
+}
+
+std::optional<std::vector<std::int64_t>> Binder::lengths(const std::string& name, std::string& source_name) const {
+  auto it = declaration_.lengths.find(name);
+  if (it == declaration_.lengths.end())
+    throw BundleError("the bundle's declaration of " + declaration_.op + " has no lengths '" + name + "'");
+  const LengthsRule& rule = it->second;
+  for (const auto& [source, steps] : rule.sources) {
+    if (!given(source)) continue;
+    source_name = source;
+    std::vector<std::int64_t> values = entries(source);
+    if (steps) {
+      for (std::size_t i = 0; i + 1 < values.size(); ++i) values[i] = values[i + 1] - values[i];
+      if (!values.empty()) values.pop_back();
+    }
+    const std::int64_t offset = rule.offset.evaluate(sizes_);
+    for (std::int64_t& value : values) value += offset;
+    return values;
+  }
+  if (!rule.fill) return std::nullopt;
+  return std::vector<std::int64_t>(std::size_t(std::max<std::int64_t>(rule.rows.evaluate(sizes_), 0)),
+                                   rule.fill->evaluate(sizes_));
+}
+
+void Binder::check_contents(const ArrayRule& rule) {
+  std::optional<std::vector<std::int64_t>> values;  // read once, by the first check reading them
   for (const ContentCheck& content : rule.contents) {
     if (content.when && !content.when->evaluate(sizes_)) continue;
-    const auto failure = content_failure(content.kind, values, content.bound ? content.bound->evaluate(sizes_) : 0);
+    std::vector<std::int64_t> lengths;
+    std::string source;
+    if (!content.lengths.empty()) {
+      auto given_lengths = this->lengths(content.lengths, source);
+      if (!given_lengths) continue;
+      lengths = std::move(*given_lengths);
+    }
+    if (content.reads_entries() && !values) values = entries(rule.name);
+    const std::vector<std::int64_t>& shape = views_.at(rule.name).shape;
+    const auto failure = content_failure(content.kind, values ? *values : std::vector<std::int64_t>{},
+                                         content.bound ? content.bound->evaluate(sizes_) : 0, lengths,
+                                         content.page ? content.page->evaluate(sizes_) : 0,
+                                         shape.size() == 2 ? shape[1] : 0);
     if (failure.empty()) continue;
     for (const auto& [field, value] : failure) content_fields_[rule.name + "." + field] = value;
+    texts_[rule.name + ".source"] = source;
     throw ArgumentError(format(content.message));
   }
 }

@@ -28,14 +28,21 @@ class Binder {
   // The arrays that bind sizes (a list's first element), their dtypes, then their extents (each
   // checked, of the declared rank), then the declaration's requirements and derived sizes.
   void bind_sizes();
-  // Every other array given that the op shares with attention, in declaration order: dtype,
-  // rank (when its rule says how it is refused), shape (or broadcast; binding the size names
-  // only it has), its requirements, its contents, and contiguity when written in place; one
-  // given without the argument it needs is refused. A list's elements ({name}[i]) each by its
-  // rule, or, with unlike_error, like its first.
+  // Every other array given that the op shares with attention, in declaration order: its form
+  // (check_forms), then its contents (check_contents).
   void check_others();
   // The same for the op's own arrays (checked after those, as Python's ops check them).
   void check_own();
+  // The forms of the given arrays that are (`own`) or are not the op's own, in declaration
+  // order: one given without an argument it needs is refused; dtype, rank (when its rule says
+  // how it is refused), shape (or broadcast; binding the size names only it has), its
+  // requirements, and contiguity when written in place. A list's elements ({name}[i]) each by
+  // its rule, or, with unlike_error, like its first.
+  void check_forms(bool own);
+  // Their contents (each array's content checks, in order; the Lengths they read from the call's arrays).
+  void check_contents(bool own);
+  // A size the call gives once its forms are checked (rules.Binding's sizes[name] = value).
+  void set_size(const std::string& name, std::int64_t value);
 
   const SizeEnv& sizes() const { return sizes_; }
   std::int64_t size(const std::string& name) const { return sizes_.at(name); }
@@ -54,13 +61,16 @@ class Binder {
   void check_dtype(const ArrayRule& rule) const;
   void bind(const ArrayRule& rule);
   void check(const ArrayRule& rule);
-  // Checks the given arrays of rules that are (`own`) or are not the op's own, each element of a list.
-  void check_all(bool own);
   void check_like_first(const ArrayRule& rule) const;
   // Notes the list element `name` is (its list's fields in messages are its).
   void note_element(const std::string& name);
   void check_shape(const ArrayRule& rule);
   void check_contents(const ArrayRule& rule);
+  // A checked int32 array's entries in C order.
+  std::vector<std::int64_t> entries(const std::string& name) const;
+  // The Lengths `name` for the call's arrays (none: no source given and no fill), and in
+  // `source` the array they came from (unchanged: the fill).
+  std::optional<std::vector<std::int64_t>> lengths(const std::string& name, std::string& source) const;
   void require(const std::vector<SizeRequirement>& requirements) const;
   // The sizes with those that shape `index` of `rule` names but nothing bound yet taken from
   // `shape`'s extents (when its rank is the shape's).

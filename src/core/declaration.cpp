@@ -38,15 +38,32 @@ std::optional<SizeExpression> optional_expression(const json::Value& value, cons
 
 ContentCheck content_of(const json::Value& c) {
   ContentCheck check{c.at("kind").as_string("content kind"), c.at("message").as_string("content message"),
-                     optional_expression(c, "bound"), optional_expression(c, "when")};
-  const bool bounded = check.kind == "first" || check.kind == "last";
-  if (!bounded && check.kind != "nonnegative" && check.kind != "nondecreasing")
-    throw json::JsonError("a declaration's content check must be nonnegative, first, last or nondecreasing, got '" +
-                          check.kind + "'");
-  if (bounded != check.bound.has_value())
-    throw json::JsonError("a declaration's content check of kind " + check.kind + " takes a bound if and only if "
-                          "it is first or last");
+                     optional_expression(c, "bound"), optional_expression(c, "when"), optional_text(c, "lengths"),
+                     optional_expression(c, "page")};
+  static const std::vector<std::string> kinds = {"nonnegative", "first", "last", "nondecreasing",
+                                                 "fits", "within", "pages"};
+  if (std::find(kinds.begin(), kinds.end(), check.kind) == kinds.end())
+    throw json::JsonError("a declaration's content check must be nonnegative, first, last, nondecreasing, fits, "
+                          "within or pages, got '" + check.kind + "'");
+  const bool bounded = check.kind == "first" || check.kind == "last" || check.kind == "fits" || check.kind == "pages";
+  const bool of_lengths = check.kind == "fits" || check.kind == "within" || check.kind == "pages";
+  if (bounded != check.bound.has_value() || of_lengths == check.lengths.empty() ||
+      (check.kind == "pages") != check.page.has_value())
+    throw json::JsonError("a declaration's content check of kind " + check.kind + " takes a bound if and only if it "
+                          "is first, last, fits or pages, lengths if and only if it is fits, within or pages, and a "
+                          "page if and only if it is pages");
   return check;
+}
+
+LengthsRule lengths_of(const json::Value& l) {
+  LengthsRule lengths{{}, SizeExpression(l.at("rows").as_string("lengths rows")),
+                      SizeExpression(l.at("offset").as_string("lengths offset")), optional_expression(l, "fill")};
+  for (const json::Value& source : l.at("sources").as_array("lengths sources")) {
+    const std::vector<json::Value>& pair = source.as_array("lengths source");
+    if (pair.size() != 2) throw json::JsonError("a lengths source is an (array, steps) pair");
+    lengths.sources.emplace_back(pair[0].as_string("lengths source array"), pair[1].as_bool("lengths source steps"));
+  }
+  return lengths;
 }
 
 ArrayRule rule_of(const json::Value& a) {
@@ -76,7 +93,11 @@ ArrayRule rule_of(const json::Value& a) {
   r.reads = reads_of(a.at("reads").as_string("reads"));
   for (const json::Value& axis : a.at("stride_axes").as_array("stride_axes"))
     r.stride_axes.push_back(axis.as_string("stride axis"));
-  r.needs = optional_text(a, "needs");
+  for (const json::Value& need : a.at("needs").as_array("needs")) {
+    const std::vector<json::Value>& pair = need.as_array("need");
+    if (pair.size() != 2) throw json::JsonError("a need is an (argument, message) pair");
+    r.needs.emplace_back(pair[0].as_string("needed argument"), pair[1].as_string("need message"));
+  }
   r.expands = a.at("expands").as_bool("expands");
   r.own = a.at("own").as_bool("own");
   r.each = a.at("each").as_bool("each");
@@ -87,7 +108,6 @@ ArrayRule rule_of(const json::Value& a) {
   r.dtype_error = a.at("dtype_error").as_string("dtype_error");
   r.rank_error = a.at("rank_error").as_string("rank_error");
   r.shape_error = a.at("shape_error").as_string("shape_error");
-  r.needs_error = a.at("needs_error").as_string("needs_error");
   return r;
 }
 
@@ -110,6 +130,7 @@ Declaration Declaration::from_json(const json::Value& value) {
     if (items.size() != 2) throw json::JsonError("a derived size is a (name, expression) pair");
     d.derived.emplace_back(items[0].as_string("derived name"), SizeExpression(items[1].as_string("derived size")));
   }
+  for (const auto& [name, l] : value.at("lengths").as_object("lengths")) d.lengths.emplace(name, lengths_of(l));
   for (const auto& [name, order] : value.at("layouts").as_object("layouts")) {
     std::vector<std::size_t> axes;
     for (const json::Value& axis : order.as_array("layout")) axes.push_back(std::size_t(axis.as_int("layout axis")));
@@ -119,6 +140,11 @@ Declaration Declaration::from_json(const json::Value& value) {
       if (sorted[i] != i) throw json::JsonError("layout " + name + " is not an order of its axes");
     d.layouts[name] = std::move(axes);
   }
+  for (const ArrayRule& rule : d.arrays)
+    for (const ContentCheck& content : rule.contents)
+      if (!content.lengths.empty() && !d.lengths.count(content.lengths))
+        throw json::JsonError("a content check of " + rule.name + " reads lengths '" + content.lengths +
+                              "', which the declaration does not declare");
   if (const json::Value* operations = value.find("score_operations"))
     for (const auto& [op, arity] : operations->as_object("score_operations"))
       d.score_operations[op] = arity.is_null() ? -1 : int(arity.as_int("score operation arity"));

@@ -25,12 +25,26 @@ struct SizeRequirement {
 };
 
 // A check of an int32 array's values, read on every call (rules.Content): its kind (rules.CONTENTS:
-// "nonnegative", "first", "last", "nondecreasing"), the bound a "first" or "last" entry must
-// equal, and the condition under which it applies (none: always).
+// "nonnegative", "first", "last", "nondecreasing", "fits", "within", "pages"), the bound a
+// bounded kind compares with, the condition under which it applies (none: always), the
+// Lengths a kind reading lengths reads (by name), and the rows a "pages" table's entry holds.
 struct ContentCheck {
   std::string kind;
   std::string message;
   std::optional<SizeExpression> bound, when;
+  std::string lengths;
+  std::optional<SizeExpression> page;
+  // Whether it reads the array's entries ("fits" reads only the lengths).
+  bool reads_entries() const { return kind != "fits"; }
+};
+
+// Per-row counts content checks read (rules.Lengths): the entries of the first of `sources` the
+// call gives (an array, or its steps: entry i + 1 less entry i) plus `offset`, else `fill` for
+// each of `rows` rows (none: the checks reading them are skipped).
+struct LengthsRule {
+  std::vector<std::pair<std::string, bool>> sources;  // (array, steps)
+  SizeExpression rows, offset;
+  std::optional<SizeExpression> fill;
 };
 
 struct ArrayRule {
@@ -49,7 +63,7 @@ struct ArrayRule {
   bool written = false;             // written in place: it must be contiguous
   view_packing::Reads reads = view_packing::Reads::strided;  // how the kernels address it
   std::vector<std::string> stride_axes;  // its runtime strides' names by logical axis; empty: batch, head, row, key
-  std::string needs;                // "" or the argument it may be given only with
+  std::vector<std::pair<std::string, std::string>> needs;  // the arguments it may be given only with, and messages
   bool expands = false;             // bound as its first shape (an axis of extent 1 read with stride 0)
   bool own = false;                 // the op's own: checked after the arrays it shares with attention
   bool each = false;                // the rule of each element of a list argument, given as {name}[i]
@@ -57,7 +71,7 @@ struct ArrayRule {
   std::vector<SizeRequirement> requires_;  // once it is checked (the sizes it binds included)
   std::vector<ContentCheck> contents;
   bool dtype_value_error = false;   // a dtype outside its set raises ArgumentError (Python's ValueError), not TypeError
-  std::string dtype_error, rank_error, shape_error, needs_error;
+  std::string dtype_error, rank_error, shape_error;
 };
 
 struct Declaration {
@@ -65,6 +79,7 @@ struct Declaration {
   std::vector<ArrayRule> arrays;                    // declaration order
   std::vector<SizeRequirement> requires_;           // in order
   std::vector<std::pair<std::string, SizeExpression>> derived;
+  std::map<std::string, LengthsRule> lengths;       // by name
   std::map<std::string, std::vector<std::size_t>> layouts;  // layout -> the logical axis of each memory axis
   // A score_mod's operations and their operand counts (-1: any); none: the op takes no score_mod.
   std::map<std::string, int> score_operations;

@@ -1,12 +1,12 @@
 // mfa::attention_with_kvcache: python/mfa_native/ops/kvcache.py in C++, with its
-// messages, in its order. The cache's checks come first (shapes, the append's
-// arrays, the pages' layout, the block table's form); the caches are then bound
-// as the rows the kernels read (pages.py's as_rows: every page's rows, shared
-// by every batch with stride 0), and q, the rows and the options are checked by
-// attention's declaration and options as Python's validate does; then the
-// contents every call reads (the lengths, the room to append, the pages read);
-// then the entry's pass runs (attention_runner.hpp): the append kernels, then
-// attention.
+// messages, in its order. The bundle's "attention_with_kvcache" declaration
+// (ops/kvcache_rules.py) binds q and the caches and checks every other array's form;
+// the caches are then bound as the rows the kernels read (pages.py's as_rows: every
+// page's rows, shared by every batch with stride 0; their layout is code, as in
+// Python), and q, the rows and the options are checked by attention's declaration and
+// options as Python's validate does; then the declaration's contents (the lengths,
+// the room to append, the pages read, the rotary positions); then the entry's pass
+// runs (attention_runner.hpp): the append kernels, then attention.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -92,7 +92,7 @@ std::vector<std::int64_t> quantized_shape(const QuantizedTensor& q, quant_format
   return shape;
 }
 
-Cache cache_of(const KVCache& given, const std::string& name, const std::string& axes) {
+Cache cache_of(const KVCache& given, const std::string& name) {
   Cache cache{name, &given, {}, {}};
   if (given.plain) {
     cache.shape = given.plain->shape;
@@ -100,9 +100,14 @@ Cache cache_of(const KVCache& given, const std::string& name, const std::string&
     cache.format.emplace();
     cache.shape = quantized_shape(*given.quantized, *cache.format);
   }
-  if (cache.shape.size() != 4)
-    throw ArgumentError(name + " must have 4 dimensions " + axes + ", got shape " + shape_text(cache.shape));
   return cache;
+}
+
+// The view the declaration checks a cache as: its own, or a QuantizedTensor's logical shape
+// with q's dtype (Python checks no dtype of a QuantizedTensor cache).
+TensorView declared_view(const Cache& cache, DType q_dtype) {
+  if (cache.given->plain) return *cache.given->plain;
+  return TensorView{cache.stored().data, q_dtype, cache.shape, {}};
 }
 
 // pages.py's page_rows: how many rows one page's start is from the next's.
@@ -129,11 +134,9 @@ class KVCall {
   KVCall(const Device& device, const Bundle& bundle, const TensorView& q, const KVCache& k_cache,
          const KVCache& v_cache, const TensorView& out, const KVCacheOptions& o, const TensorView* lse)
       : device_(device), options_(o) {
-    if (q.shape.size() != 4)
-      throw ArgumentError("q must have 4 dimensions (B, R, Hq, D), got shape " + shape_text(q.shape));
-    check_caches(q, k_cache, v_cache);
+    bind_caches(bundle, q, k_cache, v_cache);
     rows_[0] = rows_view(k_), rows_[1] = rows_view(v_);
-    check_descales();
+    bind_descales();
     attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
     attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
     attention_.alibi_slopes = o.alibi_slopes;
@@ -144,10 +147,19 @@ class KVCall {
         {"sinks", o.sinks ? &*o.sinks : nullptr}, {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
     binder_.emplace(bundle.contents().declaration("attention"), "bshd", std::move(given));
     problem_ = attention_problem::checked_problem(*binder_, attention_, [&](const Problem& p) {
-      problem_ = p;  // the rotation's and the contents' checks read its sizes
-      check_rotary(q);
-      check_contents();
+      // The rows the rotation turns (the contents' rotary_ends), then the contents.
+      cache_binder_->set_size("per_row", p.causal != Causal::none || p.window.has_value());
+      cache_binder_->check_contents(false);
+      check_apart();
     });
+    if (o.cache_seqlens) {
+      lengths_ = cache_binder_->view("cache_seqlens");
+    } else {  // the capacity for every batch (flash-attn's rule)
+      capacity_lengths_ = TensorView{nullptr, DType::int32, {batch_}, {1}};
+      lengths_ = Checked{&capacity_lengths_, "cache_seqlens", {batch_}, {1}, batch_,
+                         device_.new_buffer(std::size_t(std::max<std::int64_t>(batch_, 1)) * 4)};
+      std::fill_n(static_cast<std::int32_t*>(lengths_.packed.data()), batch_, std::int32_t(capacity_));
+    }
   }
 
   void run(CommandBatch* batch, const Bundle& bundle) {
@@ -207,62 +219,42 @@ class KVCall {
     }
   }
 
-  void check_caches(const TensorView& q, const KVCache& k_cache, const KVCache& v_cache) {
+  // Python's Cache: the declaration binds q and the caches (their logical shapes) and checks
+  // every other array's form; then the pages' layout (code, as pages.py).
+  void bind_caches(const Bundle& bundle, const TensorView& q, const KVCache& k_cache, const KVCache& v_cache) {
     const KVCacheOptions& o = options_;
     paged_ = o.block_table != nullptr;
-    batch_ = q.shape[0];
     q_dtype_ = q.dtype;
+    k_ = cache_of(k_cache, "k_cache"), v_ = cache_of(v_cache, "v_cache");
+    declared_[0] = declared_view(k_, q.dtype), declared_[1] = declared_view(v_, q.dtype);
+    std::map<std::string, const TensorView*> given = {
+        {"q", &q}, {"k_cache", &declared_[0]}, {"v_cache", &declared_[1]}, {"cache_seqlens", o.cache_seqlens},
+        {"k", o.k}, {"v", o.v}, {"block_table", o.block_table}, {"rotary_cos", o.rotary_cos},
+        {"rotary_sin", o.rotary_sin}, {"rotary_seqlens", o.rotary_seqlens}, {"q_descale", o.q_descale},
+        {"k_descale", o.k_descale}, {"v_descale", o.v_descale}};
+    const SizeEnv sizes = {{"paged", paged_}, {"Rn", o.k && o.k->shape.size() > 1 ? o.k->shape[1] : 0},
+                           {"k_float8", k_.float8()}, {"v_float8", v_.float8()}};
     const std::string axes = paged_ ? "(num_blocks, page_size, Hkv, D)" : "(B, Cmax, Hkv, D)";
-    k_ = cache_of(k_cache, "k_cache", axes), v_ = cache_of(v_cache, "v_cache", axes);
-    for (const Cache* cache : {&k_, &v_})
-      if (cache->given->plain && !cache->float8() && cache->given->plain->dtype != q.dtype)
-        throw TypeError(cache->name + " has dtype " + to_string(cache->given->plain->dtype) + " but q has " +
-                        to_string(q.dtype) + "; q and the caches must share one dtype (float32, float16, "
-                        "bfloat16), or a cache be float8 or a QuantizedTensor");
-    if (!std::equal(k_.shape.begin(), k_.shape.begin() + 3, v_.shape.begin()))
-      throw ArgumentError("v_cache must have k_cache's leading axes: k_cache " + shape_text(k_.shape) + ", v_cache " +
-                          shape_text(v_.shape));
-    if ((o.k == nullptr) != (o.v == nullptr))
-      throw ArgumentError("k and v are appended together: give both or neither");
-    if (o.k) {
-      if (o.k->shape.size() != 4)
-        throw ArgumentError("k must have 4 dimensions (B, Rn, Hkv, D), got shape " + shape_text(o.k->shape));
-      appended_ = o.k->shape[1];
+    cache_binder_.emplace(bundle.contents().declaration("attention_with_kvcache"), "bshd", std::move(given), sizes,
+                          std::map<std::string, std::string>{{"cache_axes", axes}});
+    cache_binder_->bind_sizes();
+    cache_binder_->check_forms(false);
+    batch_ = cache_binder_->size("B"), appended_ = cache_binder_->size("Rn");
+    if (o.rotary_cos) rotary_dim_ = 2 * cache_binder_->size("half");
+    if (!paged_) {
+      capacity_ = cache_binder_->size("P");
+      return;
     }
-    for (const auto& [rows, cache, name] : {std::tuple(o.k, &k_, "k"), std::tuple(o.v, &v_, "v")}) {
-      if (!rows) continue;
-      const std::vector<std::int64_t> want = {batch_, appended_, cache->shape[2], cache->shape[3]};
-      if (rows->shape != want || rows->dtype != q.dtype)
-        throw ArgumentError(std::string(name) + " must be (B, Rn, Hkv, " + (name == std::string("k") ? "D" : "Dv") +
-                            ") = " + shape_text(want) + " of q's dtype " + to_string(q.dtype) + ", got " + shape_text(rows->shape) + " " +
-                            to_string(rows->dtype));
-    }
-    if (paged_) {
-      page_ = k_.shape[1];
-      blocks_ = k_.shape[0];
-      if (page_ == 0)
-        throw ArgumentError("k_cache's page_size (axis 1 of " + axes + ") must be at least 1, got shape " +
-                            shape_text(k_.shape));
-      page_rows_ = page_rows(k_);
-      const std::int64_t v_rows = page_rows(v_);
-      if (v_rows != page_rows_)
-        throw ArgumentError("v_cache's pages must be as many rows apart as k_cache's (" + std::to_string(page_rows_) +
-                            "), got " + std::to_string(v_rows));
-      const TensorView& table = *o.block_table;
-      if (table.dtype != DType::int32 || table.shape.size() != 2 || table.shape[0] != batch_)
-        throw ArgumentError("block_table must be int32 (B, max_blocks) with B = " + std::to_string(batch_) +
-                            ", got " + to_string(table.dtype) + " " + shape_text(table.shape));
-      width_ = table.shape[1];
-      capacity_ = width_ * page_;
-      if (page_rows_ != page_)
-        throw ArgumentError("k_cache's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry "
-                            "reads pages that follow each other (page_size " + std::to_string(page_) + " rows apart)");
-    } else if (k_.shape[0] != batch_) {
-      throw ArgumentError("k_cache must be (B, Cmax, Hkv, D) with q's B = " + std::to_string(batch_) + ", got " +
-                          shape_text(k_.shape));
-    } else {
-      capacity_ = k_.shape[1];
-    }
+    page_ = cache_binder_->size("P"), width_ = cache_binder_->size("Wt");
+    capacity_ = width_ * page_;
+    page_rows_ = page_rows(k_);
+    const std::int64_t v_rows = page_rows(v_);
+    if (v_rows != page_rows_)
+      throw ArgumentError("v_cache's pages must be as many rows apart as k_cache's (" + std::to_string(page_rows_) +
+                          "), got " + std::to_string(v_rows));
+    if (page_rows_ != page_)
+      throw ArgumentError("k_cache's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry "
+                          "reads pages that follow each other (page_size " + std::to_string(page_) + " rows apart)");
   }
 
   // The cache as the kernels read it: (B, rows, Hkv, D), a paged cache's rows shared by every
@@ -300,101 +292,32 @@ class KVCall {
     return checked(view, name);
   }
 
-  // float8_cache.checked_descales: each descale given for a float8 cache (q_descale: a float8
-  // k_cache), float32 (B, Hkv) or a single factor, read as the (B, Hkv) contiguous factors
-  // the entry binds (a float8 k_cache's q_descale 1 when not given: the same product).
-  void check_descales() {
+  // float8_cache.bound_descales: each float8 cache's descale (1 when not given; q_descale's
+  // 1 too: the same product), read as the (B, Hkv) contiguous factors the entry binds (the
+  // declaration checked them).
+  void bind_descales() {
     static float one = 1.0f;  // only read: packed into the call's factors
     static const TensorView kOne{&one, DType::float32, {}, {}};
     const KVCacheOptions& o = options_;
     for (const auto& [name, given, cache] : {std::tuple("q_descale", o.q_descale, &k_),
                                              std::tuple("k_descale", o.k_descale, &k_),
-                                             std::tuple("v_descale", o.v_descale, &v_)}) {
-      const std::string which = cache->name;
-      if (!cache->float8()) {
-        if (given)
-          throw ArgumentError(std::string(name) + " is for a float8 " + which + " (float8_e4m3fn or float8_e5m2), " +
-                              "and " + which + " is not float8" +
-                              (name == std::string("q_descale") ? " (q_descale is folded into K's factor)" : ""));
-        continue;
-      }
-      descales_[name] = descale_rows(given ? *given : kOne, name);
-    }
+                                             std::tuple("v_descale", o.v_descale, &v_)})
+      if (cache->float8()) descales_[name] = descale_rows(given ? *given : kOne, name);
   }
 
-  // float8_cache.descale_rows: `x` checked, as (B, Hkv) float32 factors packed contiguous.
+  // float8_cache.descale_rows: `x` as (B, Hkv) float32 factors packed contiguous.
   Checked descale_rows(const TensorView& x, const std::string& name) {
-    if (x.dtype != DType::float32) throw ArgumentError(name + " must be float32, got " + to_string(x.dtype));
-    const std::int64_t heads = k_.shape[2];
+    const std::vector<std::int64_t> rows = {batch_, k_.shape[2]};
     TensorView& view = descale_views_[name];
-    if (x.shape.empty() || x.shape == std::vector<std::int64_t>{1}) {
-      view = TensorView{x.data, x.dtype, {batch_, heads}, {0, 0}};
-    } else {
-      if (x.shape != std::vector<std::int64_t>{batch_, heads})
-        throw ArgumentError(name + " must be (B, Hkv) = (" + std::to_string(batch_) + ", " + std::to_string(heads) +
-                            ") or a single factor ((1,) or 0-d), got shape " + shape_text(x.shape));
-      const Checked given = checked(x, name);
-      if (std::any_of(given.strides.begin(), given.strides.end(), [](std::int64_t s) { return s < 0; }))
-        throw ArgumentError(name + "'s strides must be non-negative whole elements, got " + bytes_text(x));
-      view = TensorView{x.data, x.dtype, x.shape, given.strides};
-    }
-    Checked rows = checked(view, name);
-    view_packing::make_addressable(device_, rows, view_packing::Reads::contiguous);
-    return rows;
+    view = x.shape.size() < 2 ? TensorView{x.data, x.dtype, rows, {0, 0}} : x;  // a single factor: stride 0
+    Checked factors = checked(view, name);
+    view_packing::make_addressable(device_, factors, view_packing::Reads::contiguous);
+    return factors;
   }
 
   void bind_contiguous(PassViews& views, const std::string& buffer, Checked view) const {
     view_packing::make_addressable(device_, view, view_packing::Reads::contiguous);
     views.add(buffer, std::move(view));
-  }
-
-  // rotary.rotary_of: the tables given together, with an append, (seqlen_ro, rotary_dim / 2) of q's dtype.
-  void check_rotary(const TensorView& q) {
-    const KVCacheOptions& o = options_;
-    if (!o.rotary_cos && !o.rotary_sin) {
-      if (o.rotary_seqlens) throw ArgumentError("rotary_seqlens is given without rotary_cos and rotary_sin");
-      return;
-    }
-    if (!o.rotary_cos || !o.rotary_sin) throw ArgumentError("rotary_cos and rotary_sin are given together");
-    if (!appended_)
-      throw ArgumentError("rotary_cos needs k and v: the rotary embedding applies to the rows appended "
-                          "(flash-attn's rule)");
-    const TensorView &cos = *o.rotary_cos, &sin = *o.rotary_sin;
-    const std::int64_t D = q.shape[3];
-    if (cos.shape.size() != 2 || cos.shape != sin.shape || !(0 < 2 * cos.shape[1] && 2 * cos.shape[1] <= D))
-      throw ArgumentError("rotary_cos and rotary_sin must both be (seqlen_ro, rotary_dim / 2) with 0 < rotary_dim <= "
-                          "D = " + std::to_string(D) + ", got " + shape_text(cos.shape) + " and " +
-                          shape_text(sin.shape));
-    if (cos.dtype != q.dtype || sin.dtype != q.dtype)
-      throw ArgumentError(std::string("rotary_cos and rotary_sin must have q's dtype ") + to_string(q.dtype) +
-                          ", got " + to_string(cos.dtype) + " and " + to_string(sin.dtype));
-    rotary_dim_ = 2 * cos.shape[1];
-  }
-
-  // rotary.check_positions: every position the rotation reads lies in the tables.
-  void check_rotary_positions(const std::vector<std::int64_t>& lengths) const {
-    if (!rotary_dim_) return;
-    std::vector<std::int64_t> starts = lengths;
-    const char* named = "cache_seqlens";
-    if (const TensorView* given = options_.rotary_seqlens) {
-      named = "rotary_seqlens";
-      if (given->dtype != DType::int32 || given->shape != std::vector<std::int64_t>{batch_})
-        throw ArgumentError("rotary_seqlens must be int32 (B,) = " + shape_text({batch_}) + ", got " +
-                            to_string(given->dtype) + " " + shape_text(given->shape));
-      const Checked view = checked(*given, "rotary_seqlens");
-      for (std::int64_t b = 0; b < batch_; ++b) starts[b] = element(view, b);
-      if (batch_ && *std::min_element(starts.begin(), starts.end()) < 0)
-        throw ArgumentError("rotary_seqlens must not be negative, got " +
-                            std::to_string(*std::min_element(starts.begin(), starts.end())));
-    }
-    if (!batch_) return;
-    const bool per_row = problem_.causal != Causal::none || problem_.window.has_value();
-    const std::int64_t last = *std::max_element(starts.begin(), starts.end()) +
-                              std::max(appended_, per_row ? problem_.R : 1) - 1;
-    const std::int64_t positions = options_.rotary_cos->shape[0];
-    if (last >= positions)
-      throw ArgumentError("rotary_cos has " + std::to_string(positions) + " positions (seqlen_ro), too few for position " +
-                          std::to_string(last) + " (" + named + " + the new rows)");
   }
 
   // rotary.bind: q read contiguous as the rotation kernel's input (its strides, the runtime
@@ -411,56 +334,12 @@ class KVCall {
     if (options_.rotary_seqlens) bind_contiguous(views, "rotary_seqlens", checked(*options_.rotary_seqlens, "rotary_seqlens"));
   }
 
-  // Cache.check: the lengths (the capacity without them), the room to append, the pages read;
-  // on Metal, no append to k and v caches sharing memory.
-  void check_contents() {
-    const KVCacheOptions& o = options_;
-    if (!o.cache_seqlens) {
-      if (appended_)
-        throw ArgumentError("cache_seqlens is required with k and v: it says where the append writes (without it "
-                            "every sequence is the cache's whole capacity, flash-attn's rule)");
-      capacity_lengths_ = TensorView{nullptr, DType::int32, {batch_}, {1}};
-      lengths_ = Checked{&capacity_lengths_, "cache_seqlens", {batch_}, {1}, batch_,
-                         device_.new_buffer(std::size_t(std::max<std::int64_t>(batch_, 1)) * 4)};
-      std::fill_n(static_cast<std::int32_t*>(lengths_.packed.data()), batch_, std::int32_t(capacity_));
-      return;
-    }
-    const TensorView& given = *o.cache_seqlens;
-    if (given.dtype != DType::int32 || given.shape != std::vector<std::int64_t>{batch_})
-      throw ArgumentError("cache_seqlens must be int32 (B,) = (" + std::to_string(batch_) + ",), got " +
-                          to_string(given.dtype) + " " + shape_text(given.shape));
-    lengths_ = checked(given, "cache_seqlens");
-    // The lengths, read once; the keys each batch attends (with the rows appended).
-    std::vector<std::int64_t> lengths(static_cast<std::size_t>(batch_)), attended(lengths.size());
-    std::int64_t longest = 0;
-    for (std::int64_t b = 0; b < batch_; ++b) {
-      lengths[b] = element(lengths_, b), attended[b] = lengths[b] + appended_;
-      if (attended[b] > attended[longest]) longest = b;
-    }
-    if (batch_ && *std::min_element(lengths.begin(), lengths.end()) < 0)
-      throw ArgumentError("cache_seqlens must not be negative, got " +
-                          std::to_string(*std::min_element(lengths.begin(), lengths.end())));
-    if (batch_ && attended[longest] > capacity_)
-      throw ArgumentError("cache_seqlens[" + std::to_string(longest) + "] + Rn = " + std::to_string(lengths[longest]) +
-                          " + " + std::to_string(appended_) + " is beyond the cache's capacity " +
-                          std::to_string(capacity_) + (paged_ ? " (max_blocks * page_size)" : " (Cmax)"));
-    if (paged_) check_pages_read(attended);
-    check_rotary_positions(lengths);
+  // Cache.apart_where_staged: on Metal, no append to k and v caches sharing memory.
+  void check_apart() const {
     if (appended_ && device_.kind() == DeviceKind::metal && overlaps(k_, v_))
       throw ArgumentError("v_cache shares memory with k_cache (one stacked tensor): on Metal an append to them would "
                           "let one cache's staged copy overwrite the other's new rows; give separate k and v tensors "
                           "there (the cpu backend takes stacked ones)");
-  }
-
-  // pages.py's check_pages_read: every page holding one of batch b's attended positions is one of k_cache's.
-  void check_pages_read(const std::vector<std::int64_t>& attended) const {
-    const Checked table = checked(*options_.block_table, "block_table");
-    for (std::int64_t b = 0; b < batch_; ++b)
-      for (std::int64_t i = 0; i < width_ && i < (attended[b] + page_ - 1) / page_; ++i)
-        if (const std::int64_t page = element(table, b, i); page < 0 || page >= blocks_)
-          throw ArgumentError("block_table[" + std::to_string(b) + ", " + std::to_string(i) + "] = " +
-                              std::to_string(page) + " is not a page of k_cache (0.." + std::to_string(blocks_ - 1) +
-                              "), and batch " + std::to_string(b) + " reads that page");
   }
 
   static bool overlaps(const Cache& a, const Cache& b) {
@@ -517,12 +396,12 @@ class KVCall {
   bool paged_ = false;
   DType q_dtype_ = DType::float32;
   std::int64_t rotary_dim_ = 0;
-  std::int64_t batch_ = 0, appended_ = 0, page_ = 0, page_rows_ = 0, blocks_ = 0, width_ = 0, capacity_ = 0;
-  TensorView rows_[2], capacity_lengths_;
+  std::int64_t batch_ = 0, appended_ = 0, page_ = 0, page_rows_ = 0, width_ = 0, capacity_ = 0;
+  TensorView declared_[2], rows_[2], capacity_lengths_;
   std::map<std::string, TensorView> field_rows_, descale_views_;  // by pass buffer; Checked views point here
   std::map<std::string, Checked> descales_;
   Checked lengths_;
-  std::optional<Binder> binder_;
+  std::optional<Binder> cache_binder_, binder_;  // the cache's declaration's, attention's
   Problem problem_;
 };
 

@@ -1,18 +1,18 @@
 // mfa::attention_varlen and its backward: their declarations' checks (the bundle's
 // "attention_varlen" and "attention_varlen_backward", python/mfa_native/ops/varlen_rules.py):
 // q, k and v packed, (total_q, Hq, D) and (total_k, Hkv, D|Dv), attention's checks, then the
-// op's own arrays (the backward's o, lse and do; cu_seqlens, the block table, seqused_k) with
-// their contents; then, as varlen.py and varlen_keys.py, what spans several arrays' contents
-// (the max_seqlen hints, seqused_k within each sequence's rows, the pages each sequence reads),
-// every call, before anything is written. Paged k and v are bound as their rows (pages.py's
-// as_rows) once their layout is checked (code, as varlen_keys.SequenceKeys does). The pass
-// reads the packed arrays as given (one batch: batch strides 0), and the unit tables
-// (codegen/attention/sequences.py's unit_table), built here every call into pool buffers (a
-// CommandBatch keeps them alive).
+// op's own arrays (the backward's o, lse and do; cu_seqlens, the block table, seqused_k) and
+// their contents, those spanning several arrays included (the max_seqlen hints, seqused_k
+// within each sequence's rows, the pages each sequence reads), every call, before anything
+// is written. Paged k and v are bound as their rows (pages.py's as_rows) once their layout is
+// checked (code, as varlen_keys.SequenceKeys does). The pass reads the packed arrays as given
+// (one batch: batch strides 0), and the unit tables (codegen/attention/sequences.py's
+// unit_table), built here every call into pool buffers (a CommandBatch keeps them alive).
 // The per-sequence query bound (max_seqlen_q, else total_q) is the runtime size "Qb": the
 // entry's templates are guarded by it (bundle/writer.py's VARLEN_BOUND), and the chosen
 // template's "Qu" is the queries of a forward unit, the table's unit.
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -42,15 +42,12 @@ std::vector<std::int64_t> steps(const Checked& cu) {
   return lengths;
 }
 
-// varlen_keys.check_hint: a hint at least the longest sequence's count.
-void check_hint(const std::optional<std::int64_t>& hint, const std::string& name,
-                const std::vector<std::int64_t>& lengths, const std::string& what) {
-  if (!hint) return;
-  const auto longest = std::max_element(lengths.begin(), lengths.end());  // numpy's argmax: the first
-  const std::int64_t most = longest == lengths.end() ? 0 : *longest;
-  if (*hint < most)
-    throw ArgumentError(name + " is " + std::to_string(*hint) + ", but sequence " +
-                        std::to_string(longest - lengths.begin()) + " has " + std::to_string(most) + " " + what);
+// varlen._hint: a max_seqlen hint as the declaration's size (varlen_rules.NO_HINT where not
+// given: no bound); ArgumentError when negative.
+std::int64_t hint_size(const std::optional<std::int64_t>& hint, const std::string& name) {
+  if (!hint) return std::numeric_limits<std::int32_t>::max();
+  if (*hint < 0) throw ArgumentError(name + " must not be negative, got " + std::to_string(*hint));
+  return *hint;
 }
 
 // The call: its declaration's checks and the rest of Python's, the unit tables, the entry's pass.
@@ -61,6 +58,8 @@ class VarlenCall {
   VarlenCall(const Device& device, const Bundle& bundle, const std::string& declaration, const VarlenOptions& o,
              std::map<std::string, const TensorView*> given)
       : device_(device), options_(o) {
+    const SizeEnv hints = {{"max_seqlen_q", hint_size(o.max_seqlen_q, "max_seqlen_q")},
+                           {"max_seqlen_k", hint_size(o.max_seqlen_k, "max_seqlen_k")}};
     const std::vector<std::int64_t>& cu_q = given.at("cu_seqlens_q")->shape;
     sequences_ = cu_q.empty() ? 0 : std::max<std::int64_t>(cu_q[0] - 1, 0);  // read before its rule checks it
     paged_ = o.block_table != nullptr;
@@ -79,9 +78,10 @@ class VarlenCall {
     attention_.alibi_slopes = o.alibi_slopes;
     attention_.score_mod = o.score_mod, attention_.score_mod_tensors = o.score_mod_tensors;
     attention_.deterministic = o.deterministic;
-    binder_.emplace(bundle.contents().declaration(declaration), "bshd", std::move(given),
-                    SizeEnv{{"sequences", sequences_}, {"paged", paged_ ? 1 : 0}});
-    problem_ = attention_problem::checked_problem(*binder_, attention_, [&](const Problem&) { check_sequences(); });
+    SizeEnv sizes = {{"sequences", sequences_}, {"paged", paged_}, {"page_size", page_}, {"blocks", blocks_}};
+    sizes.insert(hints.begin(), hints.end());
+    binder_.emplace(bundle.contents().declaration(declaration), "bshd", std::move(given), std::move(sizes));
+    problem_ = attention_problem::checked_problem(*binder_, attention_, [&](const Problem&) { keys_used(); });
   }
 
   // The forward's pass (or Python's empty outputs).
@@ -113,35 +113,22 @@ class VarlenCall {
   }
 
  private:
-  // varlen.check_sequences: what spans the arrays' contents, once their rules have checked them
-  // (the hints, the keys each sequence uses and the pages it reads); then C++'s own check.
-  void check_sequences() {
-    check_hint(options_.max_seqlen_q, "max_seqlen_q", steps(binder_->view("cu_seqlens_q")), "rows");
-    if (paged_) width_ = binder_->size("Wt");
-    const bool cu_k = binder_->given("cu_seqlens_k");
-    const std::vector<std::int64_t> rows = cu_k ? steps(binder_->view("cu_seqlens_k")) : std::vector<std::int64_t>{};
-    lengths_ = used_keys(cu_k ? &rows : nullptr);
-    check_hint(options_.max_seqlen_k, "max_seqlen_k", lengths_, "keys");
-    if (paged_) check_pages_read();
-    if (paged_ && page_rows_ != page_)   // C++'s own, after every check of Python's
+  // SequenceKeys.lengths: the keys each paged sequence uses, once the declaration has checked
+  // the arrays (seqused_k's, else cu_seqlens_k's steps, else every listed page); then C++'s own check.
+  void keys_used() {
+    if (!paged_) return;
+    width_ = binder_->size("Wt");
+    if (options_.seqused_k) {
+      const Checked& used = binder_->view("seqused_k");
+      for (std::int64_t s = 0; s < sequences_; ++s) lengths_.push_back(element(used, s));
+    } else if (binder_->given("cu_seqlens_k")) {
+      lengths_ = steps(binder_->view("cu_seqlens_k"));
+    } else {
+      lengths_.assign(std::size_t(sequences_), width_ * page_);
+    }
+    if (page_rows_ != page_)   // C++'s own, after every check of Python's
       throw ArgumentError("k's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry reads pages "
                           "that follow each other (page_size " + std::to_string(page_) + " rows apart)");
-  }
-
-  // SequenceKeys.check: the keys each sequence uses: seqused_k's (packed, within each
-  // sequence's `rows`), else `rows`, else (paged, no cu_seqlens_k) every listed page's.
-  std::vector<std::int64_t> used_keys(const std::vector<std::int64_t>* rows) const {
-    if (!options_.seqused_k) return rows ? *rows : std::vector<std::int64_t>(std::size_t(sequences_), width_ * page_);
-    const Checked& used = binder_->view("seqused_k");
-    std::vector<std::int64_t> lengths(static_cast<std::size_t>(sequences_));
-    for (std::int64_t s = 0; s < sequences_; ++s) lengths[s] = element(used, s);
-    for (std::int64_t s = 0; !paged_ && s < sequences_; ++s)
-      if (lengths[s] > (*rows)[s])
-        throw ArgumentError("seqused_k[" + std::to_string(s) + "] = " + std::to_string(lengths[s]) +
-                            " is beyond sequence " + std::to_string(s) + "'s keys, cu_seqlens_k[" +
-                            std::to_string(s + 1) + "] - cu_seqlens_k[" + std::to_string(s) + "] = " +
-                            std::to_string((*rows)[s]));
-    return lengths;
   }
 
   // The pass's runtime sizes: attention's, the packed arrays' batch strides (0: one batch),
@@ -153,8 +140,7 @@ class VarlenCall {
     return sizes;
   }
 
-  // SequenceKeys' paged side: k and v pages alike, whole rows apart, the block table's form; the
-  // pages as the kernels read them (pages.py's as_rows: every page's rows, one run).
+  // SequenceKeys' paged side: k and v pages alike, whole rows apart; the pages as the kernels read them (pages.py's as_rows: every page's rows, one run).
   void check_pages(const TensorView& k, const TensorView& v) {
     for (const auto& [x, name] : {std::pair(&k, "k"), std::pair(&v, "v")})
       if (x->shape.size() != 4)
@@ -172,11 +158,6 @@ class VarlenCall {
     if (v_rows != page_rows_)
       throw ArgumentError("v's pages must be as many rows apart as k's (" + std::to_string(page_rows_) + "), got " +
                           std::to_string(v_rows));
-    const TensorView& table = *options_.block_table;
-    if (table.dtype != DType::int32 || table.shape.size() != 2 || table.shape[0] != sequences_)
-      throw ArgumentError("block_table must be int32 (B, max_blocks) with B = " + std::to_string(sequences_) +
-                          ", got " + to_string(table.dtype) + " " + shape_text(table.shape));
-    width_ = table.shape[1];
     const std::int64_t rows = blocks_ ? (blocks_ - 1) * page_rows_ + page_ : 0;
     for (int i = 0; i < 2; ++i) {
       const TensorView& pages = i ? v : k;
@@ -199,29 +180,6 @@ class VarlenCall {
                           "multiple, at least page_size, of axis 1's), got strides " + shape_text(bytes));
     }
     return between / row;
-  }
-
-  // The capacity of each sequence's pages, and pages.py's check_pages_read: every page holding a
-  // used key is one of k's.
-  void check_pages_read() const {
-    const std::int64_t capacity = width_ * page_;
-    if (!lengths_.empty()) {
-      const auto most = std::max_element(lengths_.begin(), lengths_.end());
-      if (*most > capacity)
-        throw ArgumentError(std::string(options_.seqused_k ? "seqused_k" : "cu_seqlens_k") + " gives sequence " +
-                            std::to_string(most - lengths_.begin()) + " " + std::to_string(*most) +
-                            " keys, beyond what its pages hold: max_blocks * page_size = " + std::to_string(width_) +
-                            " * " + std::to_string(page_) + " = " + std::to_string(capacity));
-    }
-    const Checked& table = binder_->view("block_table");
-    for (std::int64_t s = 0; s < sequences_; ++s)
-      for (std::int64_t i = 0; i < width_ && i < (lengths_[s] + page_ - 1) / page_; ++i) {
-        const std::int64_t at = s * table.strides[0] + i * table.strides[1];
-        if (const std::int64_t page = static_cast<const std::int32_t*>(table.view->data)[at]; page < 0 || page >= blocks_)
-          throw ArgumentError("block_table[" + std::to_string(s) + ", " + std::to_string(i) + "] = " +
-                              std::to_string(page) + " is not a page of k (0.." + std::to_string(blocks_ - 1) +
-                              "), and sequence " + std::to_string(s) + " reads that page");
-      }
   }
 
   // The keys each sequence uses as the paged kernels read them: int32 (Ns,) in a pool buffer.

@@ -186,7 +186,8 @@ static void paged_decode(const char* path, const mfa_device* device, const mfa_b
   OK(mfa_call_set_bool(call, "causal", 1));
   OK(mfa_call_set_tensor(call, "cache_seqlens", &vlong));
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
-         "cache_seqlens[0] + Rn = 12 + 1 is beyond the cache's capacity 12", "an append past the pages");
+         "batch 0 attends cache_seqlens + Rn = 13 keys, beyond the cache's capacity max_blocks * page_size = 3 * 4",
+         "an append past the pages");
   CHECK(memcmp(k_pages, k_copy, npages) == 0 && all_nan(out, nq), "a refused append wrote something");
   OK(mfa_call_set_tensor(call, "cache_seqlens", &vlengths));
   OK(mfa_call_set_tensor(call, "rotary_cos", &vq)); /* the rotary arguments reach the op: */

@@ -73,7 +73,7 @@ def test_mlx_ranks_that_disagree_or_overflow_all_raise_the_same_error(tmp_path):
     causal, window, full, not_written, heads, not_written_either = first
     assert causal.startswith("ValueError: ring_attention: the ranks disagree on causal")
     assert "rank 1: window left must be >= 0" in window
-    assert full.startswith("ValueError: sharded_decode: rank 1: ") and "beyond the cache's capacity 8" in full
+    assert full.startswith("ValueError: sharded_decode: rank 1: ") and "beyond the cache's capacity Cmax = 8" in full
     assert "q's shape" in heads and "rank 1 has (1, 1, 5, 32)" in heads
     assert not_written == not_written_either == "written: False"
 

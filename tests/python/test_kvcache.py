@@ -146,7 +146,8 @@ def test_stacked_halves_with_an_append_are_refused_on_metal_only(rng):
 
     k_cache, v_cache = paged_views("stacked", 6, 4, HKV, (D, D))
     q, new = rng.standard_normal((B, 1, HQ, D)).astype(np.float32), rng.standard_normal((B, 1, HKV, D)).astype(np.float32)
-    cache = Cache(q, k_cache, v_cache, new, new, np.zeros((B, 2), np.int32))
+    cache = Cache({"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": new, "v": new,
+                   "cache_seqlens": np.zeros(B, np.int32), "block_table": np.zeros((B, 2), np.int32)})
     with pytest.raises(ValueError, match="v_cache shares memory with k_cache"):
         cache.apart_where_staged(k_cache, v_cache, "metal")
     cache.apart_where_staged(k_cache, v_cache, "cpu")
@@ -200,7 +201,7 @@ def test_bad_input_raises_before_any_write(rng):
     q = rng.standard_normal((B, R, HQ, D)).astype(np.float32)
     k, v = new_rows(rng, 3)
     before = k_cache.copy()
-    with pytest.raises(ValueError, match=r"cache_seqlens\[2\] \+ Rn = 8 \+ 3 is beyond the cache's capacity 10"):
+    with pytest.raises(ValueError, match=r"batch 2 attends cache_seqlens \+ Rn = 11 keys, beyond the cache's capacity Cmax = 10"):
         mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.array([0, 1, 8], np.int32), k=k, v=v)
     with pytest.raises(ValueError, match="cache_seqlens must be int32"):
         mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.array([0, 1, 2]), k=k, v=v)

@@ -146,7 +146,7 @@ def test_rotary_embedding_of_q_and_the_new_rows(interleaved, fraction, causal):
 
 @pytest.mark.parametrize("tables, options, match", [
     ((CMAX, 8), dict(k=None, v=None), "rotary_cos needs k and v"),
-    ((10, 8), {}, r"rotary_cos has 10 positions \(seqlen_ro\), too few for position 10"),
+    ((10, 8), {}, r"rotary_cos has 10 positions \(seqlen_ro\), too few: batch 1 needs 11"),
     ((CMAX, 20), {}, r"rotary_dim <= D = 32"),
     ((CMAX, 8), dict(dtype=torch.float16), "must have q's dtype"),
 ])

@@ -94,14 +94,15 @@ def test_a_float8_k_beside_other_v_storage(rng, other):
 
 
 def test_warm_calls_read_each_calls_descales(rng):
-    """Calls of one signature (the warm path) bind each call's own descales: (B, Hkv) arrays, and
-    flash-attn 3's expanded view of one factor (strides 0)."""
+    """Calls of one signature (the warm path) bind each call's own descales: (B, Hkv) arrays, a
+    reversed view (negative strides: read from a copy), and flash-attn 3's expanded view of one
+    factor (strides 0)."""
     lengths = np.array([5, 9], np.int32)
     k_cache = float8_cache(rng, (B, 16, HKV, D), E4M3, [(b, slice(0, 16)) for b in range(B)])
     v_cache = float8_cache(rng, (B, 16, HKV, D), E5M2, [(b, slice(0, 16)) for b in range(B)])
     q = rng.standard_normal((B, 1, HQ, D)).astype(np.float32)
     for _ in range(2):
-        factors = {"q_descale": descale(rng, "per_head"), "k_descale": descale(rng, "per_head"),
+        factors = {"q_descale": descale(rng, "per_head"), "k_descale": descale(rng, "per_head")[::-1, ::-1],
                    "v_descale": np.broadcast_to(descale(rng, "per_tensor"), (B, HKV))}
         out = mfa_native.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, **factors)
         expected = attention_with_kvcache_reference(q, k_cache, v_cache, lengths, **factors)

@@ -146,8 +146,8 @@ def test_warm_calls_read_the_positions_of_each_call(rng):
     (dict(k=None, v=None), "rotary_cos needs k and v"),
     (dict(rotary_seqlens=np.array([1, 2], np.int64)), "rotary_seqlens must be int32"),
     (dict(rotary_seqlens=np.array([-1, 2], np.int32)), "rotary_seqlens must not be negative"),
-    (dict(rotary_seqlens=np.array([22, 2], np.int32)), r"too few for position 24 \(rotary_seqlens"),
-    (dict(cache_seqlens=np.array([21, 2], np.int32)), r"too few for position 23 \(cache_seqlens"),
+    (dict(rotary_seqlens=np.array([22, 2], np.int32)), r"too few: batch 0 needs 25 \(rotary_seqlens \+"),
+    (dict(cache_seqlens=np.array([21, 2], np.int32)), r"too few: batch 0 needs 24 \(cache_seqlens \+"),
     (dict(rotary_cos=np.ones((CMAX, 17), np.float32)), r"with 0 < rotary_dim <= D = 32"),
     (dict(rotary_cos=np.ones((CMAX - 1, 8), np.float16)), "must have q's dtype float32"),
 ])

@@ -189,7 +189,7 @@ def test_ranks_that_disagree_all_raise_the_same_error():
     heads, causal, window, full, decode_heads = (message for _, message in raised[0])
     assert "the heads (Hq, Hkv)" in heads and "rank 1 has (8, 2)" in heads
     assert "causal" in causal and "rank 1: window left must be >= 0" in window
-    assert full.startswith("sharded_decode: rank 1: ") and "beyond the cache's capacity 8" in full
+    assert full.startswith("sharded_decode: rank 1: ") and "beyond the cache's capacity Cmax = 8" in full
     assert "q's shape" in decode_heads and "rank 1 has (1, 1, 5, 32)" in decode_heads
 
 

@@ -48,8 +48,9 @@ NO_SPLIT = (64, 1)                 # (C, P): too few keys to split, whatever the
 SPLIT = (1 << 15, 1 << 20)         # (C, P): a decode that splits
 MAX_SPLIT_ROWS = 32                # decode rows that may split (the packed facet's bound)
 # The ops whose declarations a bundle carries (what the C++ binder checks their calls by).
-DECLARED = ("attention", "attention_backward", "sparse_attention", "sparse_attention_backward", "attention_varlen",
-            "attention_varlen_backward", "int8_attention", "sparse_topk", "quantize", "merge_attention")
+DECLARED = ("attention", "attention_backward", "attention_with_kvcache", "sparse_attention", "sparse_attention_backward",
+            "attention_varlen", "attention_varlen_backward", "int8_attention", "sparse_topk", "quantize",
+            "merge_attention")
 
 
 def query_lengths(facts: EntryFacts) -> list[int]:

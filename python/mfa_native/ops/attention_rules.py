@@ -33,12 +33,12 @@ def _like_output(name: str) -> ArrayRule:
 
 
 def written(name: str, shape: tuple[str, ...], *, dtype: str | None = None, layout: bool = True,
-            called: str | None = None, needs: str | None = None, needs_error: str = "") -> ArrayRule:
+            called: str | None = None, needs: tuple[tuple[str, str], ...] = ()) -> ArrayRule:
     """An output the C++ API writes in place: `dtype` (None: q's), `shape`, contiguous."""
     called = called or name
     return ArrayRule(dtypes=(dtype,) if dtype else (), dtype_of=None if dtype else "q", shapes=(shape,),
                      layout=layout, written=True, called=None if called == name else called, needs=needs,
-                     needs_error=needs_error, reads="contiguous",
+                     reads="contiguous",
                      dtype_error=f"{called} has dtype {{{called}.dtype}} but must be {dtype or '{q.dtype}'}",
                      shape_error=f"{called} must have shape ({{{called}.axes}}) = {{{called}.expected}}, "
                                  f"got {{{called}.shape}}")
@@ -67,8 +67,8 @@ LSE_IN = ArrayRule(dtypes=("float32",), shapes=(ROWS,), reads="contiguous",
 OUT = written("o", O_SHAPE, called="out")
 LSE_OUT = written("lse", ROWS, dtype="float32", layout=False)
 DQ, DK, DV = written("dq", Q_SHAPE), written("dk", K_SHAPE), written("dv", V_SHAPE)
-DSINKS = written("dsinks", ("Hq",), dtype="float32", layout=False, needs="sinks",
-                 needs_error="dsinks is given but options.sinks is not: there is no sink gradient")
+DSINKS = written("dsinks", ("Hq",), dtype="float32", layout=False,
+                 needs=(("sinks", "dsinks is given but options.sinks is not: there is no sink gradient"),))
 
 GQA = Require("Hkv == 0 && Hq == 0 || Hkv != 0 && Hq % Hkv == 0",
               "q's head count ({Hq}) must be a multiple of k/v's ({Hkv}) (GQA/MQA)")

@@ -2,11 +2,11 @@
 factors, flash-attn 3's `q_descale`, `k_descale`, `v_descale`, checked and bound as the
 (B, Hkv) float32 arrays the kernels read (codegen/storage/float8.py).
 
-A descale is float32, (B, Hkv) (flash-attn 3's shape; any non-negative strides, an expanded
-view included) or a single factor ((1,) or 0-d: FlashMLA's per-tensor descale), bound as a
-(B, Hkv) view with stride 0. None is 1. k_descale and v_descale are for float8 caches only;
-q is never float8 here, so q_descale multiplies q (each query head by its kv head's factor)
-and is folded into K's factor: it needs a float8 k_cache.
+A descale is float32, (B, Hkv) (flash-attn 3's shape; any strides, an expanded view included)
+or a single factor ((1,) or 0-d: FlashMLA's per-tensor descale), bound as a (B, Hkv) view
+with stride 0. None is 1. k_descale and v_descale are for float8 caches only; q is never
+float8 here, so q_descale multiplies q (each query head by its kv head's factor) and is folded
+into K's factor: it needs a float8 k_cache. Their rules are ops/kvcache_rules.py's.
 """
 
 from __future__ import annotations
@@ -30,38 +30,22 @@ def stored_bytes(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint8) if float8_format(x) is not None else x
 
 
-def descale_rows(descale, name: str, batch: int, kv_heads: int) -> np.ndarray:
-    """Descale argument `name` as the (B, Hkv) float32 view the kernels read (None: 1).
-    ValueError naming it for another dtype or shape."""
+def descale_rows(descale, batch: int, kv_heads: int) -> np.ndarray:
+    """A descale argument (its rule checked: float32, (B, Hkv) or a single factor) as the
+    (B, Hkv) float32 view the kernels read (None: 1); a copy where its strides are not
+    non-negative whole elements."""
     if descale is None:
         return np.broadcast_to(np.ones(1, np.float32), (batch, kv_heads))
-    x = check.as_array(descale, name)
-    if x.dtype != np.float32:
-        raise ValueError(f"{name} must be float32, got {x.dtype}")
+    x = check.as_array(descale, "descale")
     if x.shape in ((), (1,)):
         return np.broadcast_to(x.reshape(1), (batch, kv_heads))
-    if x.shape != (batch, kv_heads):
-        raise ValueError(f"{name} must be (B, Hkv) = ({batch}, {kv_heads}) or a single factor ((1,) or 0-d), "
-                         f"got shape {x.shape}")
-    if any(s < 0 or s % 4 for s in x.strides):
-        raise ValueError(f"{name}'s strides must be non-negative whole elements, got {x.strides}")
-    return check.normalized(x)
+    return check.normalized(x if all(s >= 0 and s % 4 == 0 for s in x.strides) else np.ascontiguousarray(x))
 
 
-def checked_descales(values: dict, formats: dict, batch: int, kv_heads: int) -> dict[str, np.ndarray]:
-    """The descale arguments of a call (`values` by name) as bound: "k_descale" and
-    "v_descale" for each float8 cache (`formats`: "k", "v" -> its Float8Format or None),
-    "q_descale" when given (with a float8 k_cache). ValueError naming the argument for a
-    descale without its float8 cache, or of a wrong shape or dtype."""
-    bound = {}
-    for name in DESCALES:
-        cache = "k" if name == "q_descale" else name[0]
-        if formats[cache] is None:
-            if values[name] is not None:
-                raise ValueError(f"{name} is for a float8 {cache}_cache (float8_e4m3fn or float8_e5m2), and "
-                                 f"{cache}_cache is not float8"
-                                 + (" (q_descale is folded into K's factor)" if name == "q_descale" else ""))
-            continue
-        if name != "q_descale" or values[name] is not None:
-            bound[name] = descale_rows(values[name], name, batch, kv_heads)
-    return bound
+def bound_descales(values: dict, formats: dict, batch: int, kv_heads: int) -> dict[str, np.ndarray]:
+    """The descale arguments of a call (`values` by name, their rules checked) as bound:
+    "k_descale" and "v_descale" for each float8 cache (`formats`: "k", "v" -> its
+    Float8Format or None), "q_descale" when given (its rule needs a float8 k_cache)."""
+    return {name: descale_rows(values[name], batch, kv_heads) for name in DESCALES
+            if formats["k" if name == "q_descale" else name[0]] is not None
+            and (name != "q_descale" or values[name] is not None)}

@@ -35,23 +35,25 @@ from ..quantized import QuantizedTensor
 from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import tuning_facts
 from . import arguments as check
+from . import kvcache_rules as rules
 from . import rotary as rotation
 from .attention import (ALIBI_SLOPES, CAUSAL, DETERMINISTIC, LSE, OUTPUT, RETURN_LSE, SCALE, SINKS, SOFTCAP, WINDOW,
                         Validated, validate, with_determinism)
 from .declaration import Arg, Call, Op
 from .empty import empty_forward
-from .pages import as_rows, block_table_form, check_pages_read, page_rows
-from .float8_cache import checked_descales, descale_rows, float8_format, stored_bytes
+from .pages import as_rows, page_rows
+from .rules import Binding
+from .float8_cache import bound_descales, descale_rows, float8_format, stored_bytes
 from .score_mod import SCORE_MOD, SCORE_MOD_TENSORS, with_score_mod
 from .warm import prepared_call
 
 NEW_ROWS = {"k_new": "k", "v_new": "v"}   # the pass buffers of the appended rows, and their arguments
 
-Q = Arg("q", "array", leading=True, keyword=False, doc="""
+Q = Arg("q", "array", rule=rules.RULES["q"], leading=True, keyword=False, doc="""
     (B, R, Hq, D) queries ("bshd"), one kind and dtype with the caches (float32, float16,
     bfloat16: numpy arrays or torch tensors, CPU or MPS, whose memory the append writes).""")
 CACHE_TYPES = "numpy arrays, torch CPU or contiguous MPS tensors, or QuantizedTensors of them"
-K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, written_with="k", doc="""
+K_CACHE = Arg("k_cache", "array", rule=rules.RULES["k_cache"], leading=True, keyword=False, written_with="k", doc="""
     contiguous (B, Cmax, Hkv, D), or with block_table the pages (num_blocks, page_size, Hkv,
     D), any page_size (1 included); the pages are read in place through their strides: one
     after another, or whole rows apart with other data between them (FlashInfer's HND cache
@@ -65,90 +67,82 @@ K_CACHE = Arg("k_cache", "array", leading=True, keyword=False, written_with="k",
     its bytes read in place and decoded in registers, times k_descale (v_descale), and the
     appended rows encoded on the device. An MPS tensor is bound in place (DLPack); with an
     append it must be contiguous (ValueError otherwise).""")
-V_CACHE = Arg("v_cache", "array", leading=True, keyword=False, written_with="v", doc="like k_cache, Dv wide.")
-CACHE_SEQLENS = Arg("cache_seqlens", "array", default=None, doc="""
+V_CACHE = Arg("v_cache", "array", rule=rules.RULES["v_cache"], leading=True, keyword=False, written_with="v", doc="like k_cache, Dv wide.")
+CACHE_SEQLENS = Arg("cache_seqlens", "array", rule=rules.RULES["cache_seqlens"], default=None, doc="""
     int32 (B,): each batch's valid cache length before this call (not modified). None (flash-attn's
     rule): every batch's length is the cache's capacity, Cmax, or with block_table its width times
     page_size (every listed page read); required with k and v (ValueError naming it).""")
-K_NEW = Arg("k", "array", default=None, doc="""
+K_NEW = Arg("k", "array", rule=rules.RULES["k"], default=None, doc="""
     (B, Rn, Hkv, D), optional: written into k_cache IN PLACE at positions cache_seqlens[b] ..
     cache_seqlens[b] + Rn - 1 and attended in this call (attended length cache_seqlens[b] + Rn).""")
-V_NEW = Arg("v", "array", default=None, doc="(B, Rn, Hkv, Dv): the same for v_cache (given with k).")
+V_NEW = Arg("v", "array", rule=rules.RULES["v"], default=None, doc="(B, Rn, Hkv, Dv): the same for v_cache (given with k).")
 DESCALE_DOC = """
     float32 (B, Hkv) (flash-attn 3's descale, any non-negative strides: an expanded view too) or
     a single factor ((1,) or 0-d, FlashMLA's per-tensor descale); None is 1."""
-Q_DESCALE = Arg("q_descale", "array", default=None, doc=DESCALE_DOC + """ Multiplies q: query head
+Q_DESCALE = Arg("q_descale", "array", rule=rules.RULES["q_descale"], default=None, doc=DESCALE_DOC + """ Multiplies q: query head
     h by its kv head's factor (q is float here; flash-attn 3 reads it for a float8 q). It is folded
     into K's factor, so it needs a float8 k_cache (ValueError otherwise).""")
-K_DESCALE = Arg("k_descale", "array", default=None, doc=DESCALE_DOC + """ For a float8 k_cache only
+K_DESCALE = Arg("k_descale", "array", rule=rules.RULES["k_descale"], default=None, doc=DESCALE_DOC + """ For a float8 k_cache only
     (ValueError otherwise): the keys are k_cache * k_descale[b, kv head], and an appended k is
     stored as float8(k / k_descale) (float32 quotient, rounded to nearest even; e4m3fn saturates
     at +-448, e5m2 overflows to inf, as torch's `.to()`).""")
-V_DESCALE = Arg("v_descale", "array", default=None, doc="the same for a float8 v_cache.")
-BLOCK_TABLE = Arg("block_table", "array", default=None, doc="""
+V_DESCALE = Arg("v_descale", "array", rule=rules.RULES["v_descale"], default=None, doc="the same for a float8 v_cache.")
+BLOCK_TABLE = Arg("block_table", "array", rule=rules.RULES["block_table"], default=None, doc="""
     int32 (B, max_blocks), optional (a paged cache): logical position p of batch b lives in
     page block_table[b, p // page_size] at row p % page_size. Entries of pages no attended
     key lies in are not read.""")
 
 
-def _four(x, name: str, axes: str):
-    """x (an array, or a QuantizedTensor cache) checked for 4 dimensions."""
-    x = x if isinstance(x, QuantizedTensor) and name.endswith("cache") else check.as_array(x, name)
-    if len(x.shape) != 4:
-        raise ValueError(f"{name} must have 4 dimensions {axes}, got shape {x.shape}")
-    return x
+CHECKED = tuple(name for name in rules.RULES if name not in ("q", "k_cache", "v_cache"))   # the rules' others
+
+
+def _checked_arrays(values: dict) -> dict[str, np.ndarray | None]:
+    """The call's arrays the rules check beside q and the caches, numpy views by name (None: not given)."""
+    return {name: None if values.get(name) is None else check.as_array(values[name], name) for name in CHECKED}
 
 
 class Cache:
-    """The call's cache facts (shapes, capacity) and its checks of contents and append (every call)."""
+    """The call's caches: their rules' binding (the sizes, every array's form; the contents on
+    every call) and how they bind (the pages' layout, the rows the kernels read)."""
 
-    def __init__(self, q, k_cache, v_cache, k, v, block_table) -> None:
-        self.paged = block_table is not None
-        self.batch = q.shape[0]
+    def __init__(self, values: dict) -> None:
+        """`values`: the call's arguments by name (q, the caches and the rules' other arrays)."""
+        q = check.as_array(values["q"], "q")
+        caches = {name: values[name] if isinstance(values[name], QuantizedTensor) else check.as_array(values[name], name)
+                  for name in ("k_cache", "v_cache")}
+        given = _checked_arrays(values)
+        self.paged = given["block_table"] is not None
+        self.float8 = {"k": float8_format(caches["k_cache"]), "v": float8_format(caches["v_cache"])}   # None: not float8
+        k = given["k"]
+        sizes = {"paged": int(self.paged), "Rn": k.shape[1] if k is not None and k.ndim > 1 else 0,
+                 "k_float8": int(self.float8["k"] is not None), "v_float8": int(self.float8["v"] is not None)}
         axes = "(num_blocks, page_size, Hkv, D)" if self.paged else "(B, Cmax, Hkv, D)"
-        k_cache, v_cache = _four(k_cache, "k_cache", axes), _four(v_cache, "v_cache", axes)
-        for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):   # first: views of other dtypes fail
-            if not isinstance(cache, QuantizedTensor) and float8_format(cache) is None and cache.dtype != q.dtype:
-                raise TypeError(f"{name} has dtype {cache.dtype} but q has {q.dtype}; q and the caches must share "
-                                f"one dtype ({', '.join(FLOAT_DTYPES.values())}), or a cache be float8 or a "
-                                "QuantizedTensor")
-        self.float8 = {"k": float8_format(k_cache), "v": float8_format(v_cache)}   # None: not float8
-        self.kv_heads = k_cache.shape[2]
-        if v_cache.shape[:3] != k_cache.shape[:3]:
-            raise ValueError(f"v_cache must have k_cache's leading axes: k_cache {k_cache.shape}, v_cache {v_cache.shape}")
-        if (k is None) != (v is None):
-            raise ValueError("k and v are appended together: give both or neither")
-        self.appended = 0 if k is None else _four(k, "k", "(B, Rn, Hkv, D)").shape[1]
-        for new, cache, name in ((k, k_cache, "k"), (v, v_cache, "v")):
-            if new is not None and (new.shape[0] != self.batch or new.shape[1] != self.appended
-                                    or new.shape[2:] != cache.shape[2:] or new.dtype != q.dtype):
-                raise ValueError(f"{name} must be (B, Rn, Hkv, {'D' if name == 'k' else 'Dv'}) = "
-                                 f"({self.batch}, {self.appended}, {', '.join(map(str, cache.shape[2:]))}) "
-                                 f"of q's dtype {q.dtype}, got {new.shape} {new.dtype}")
-        self.page = k_cache.shape[1] if self.paged else None
+        self.binding = Binding(rules.RULES, rules.CHECKS, "bshd", sizes, {"cache_axes": axes})
+        self.binding.bind({"q": (q.shape, str(q.dtype)), **{
+            name: (tuple(x.shape), None if isinstance(x, QuantizedTensor) else str(x.dtype))
+            for name, x in caches.items()}})
+        self.binding.check_forms(given)
+        sizes = self.binding.sizes
+        self.batch, self.kv_heads, self.appended = sizes["B"], sizes["Hkv"], sizes["Rn"]
+        self.page = sizes["P"] if self.paged else None
         if self.paged:
-            self.blocks = k_cache.shape[0]
-            if self.page == 0:
-                raise ValueError(f"k_cache's page_size (axis 1 of {axes}) must be at least 1, got shape {k_cache.shape}")
-            self.page_rows, v_rows = page_rows(k_cache, "k_cache"), page_rows(v_cache, "v_cache")
+            self.width = sizes["Wt"]
+            self.page_rows, v_rows = page_rows(caches["k_cache"], "k_cache"), page_rows(caches["v_cache"], "v_cache")
             if v_rows != self.page_rows:
                 raise ValueError(f"v_cache's pages must be as many rows apart as k_cache's ({self.page_rows}), got "
                                  f"{v_rows}")
-            table = block_table_form(check.as_array(block_table, "block_table"), self.batch)
-            self.width = table.shape[1]
             self.capacity = self.width * self.page
-        elif k_cache.shape[0] != self.batch:
-            raise ValueError(f"k_cache must be (B, Cmax, Hkv, D) with q's B = {self.batch}, got {k_cache.shape}")
         else:
-            self.capacity = k_cache.shape[1]
+            self.capacity = sizes["P"]
 
     def descales(self, values: dict) -> dict[str, np.ndarray]:
         """The descale arguments (by name in `values`) bound, (B, Hkv) float32 (float8_cache)."""
-        return checked_descales(values, self.float8, self.batch, self.kv_heads)
+        return bound_descales(values, self.float8, self.batch, self.kv_heads)
 
     def caches(self, k_cache, v_cache) -> tuple[np.ndarray, np.ndarray]:
         """k and v as the kernel reads them: (B, C, Hkv, D) rows."""
-        k_cache, v_cache = _four(k_cache, "k_cache", ""), _four(v_cache, "v_cache", "")
+        k_cache, v_cache = (x if isinstance(x, QuantizedTensor) else check.as_array(x, name)
+                            for x, name in ((k_cache, "k_cache"), (v_cache, "v_cache")))
         if not self.paged:
             return k_cache, v_cache
         return as_rows(k_cache, self.batch, self.page_rows), as_rows(v_cache, self.batch, self.page_rows)
@@ -157,27 +151,15 @@ class Cache:
         return CacheKeys(self.appended, self.page, self.width if self.paged else None,
                          self.page_rows if self.paged else None, rotary, rotary_positions)
 
-    def check(self, cache_seqlens, block_table) -> np.ndarray:
-        """cache_seqlens as bound, checked with the block table's pages that must be read; None
-        is the cache's capacity for every batch (flash-attn's rule), which leaves no room to append."""
-        if cache_seqlens is None:
-            if self.appended:
-                raise ValueError("cache_seqlens is required with k and v: it says where the append writes "
-                                 "(without it every sequence is the cache's whole capacity, flash-attn's rule)")
-            cache_seqlens = np.full(self.batch, self.capacity, np.int32)
-        lengths = check.as_array(cache_seqlens, "cache_seqlens")
-        if lengths.dtype != np.int32 or lengths.shape != (self.batch,):
-            raise ValueError(f"cache_seqlens must be int32 (B,) = ({self.batch},), got {lengths.dtype} {lengths.shape}")
-        if lengths.size and lengths.min() < 0:
-            raise ValueError(f"cache_seqlens must not be negative, got {lengths.min()}")
-        attended = lengths.astype(np.int64) + self.appended
-        if attended.size and attended.max() > self.capacity:
-            b = int(np.argmax(attended))
-            raise ValueError(f"cache_seqlens[{b}] + Rn = {lengths[b]} + {self.appended} is beyond the cache's capacity "
-                             f"{self.capacity}{' (max_blocks * page_size)' if self.paged else ' (Cmax)'}")
-        if self.paged:
-            check_pages_read(check.as_array(block_table, "block_table"), attended, self.page, self.blocks, "k_cache")
-        return np.ascontiguousarray(lengths)
+    def check(self, values: dict) -> np.ndarray:
+        """Every call: the arrays' contents by their rules (the lengths, the room to append, the
+        pages read, the rotary positions); cache_seqlens as bound, None being the cache's
+        capacity for every batch (flash-attn's rule)."""
+        given = _checked_arrays(values)
+        self.binding.check_contents_of(given)
+        if given["cache_seqlens"] is None:
+            return np.full(self.batch, self.capacity, np.int32)
+        return np.ascontiguousarray(given["cache_seqlens"])
 
     def writable(self, k_cache, v_cache) -> None:
         """Raises TypeError unless every array the append writes is writable (each call)."""
@@ -228,8 +210,10 @@ def checked_append(q, k_cache, v_cache, cache_seqlens, k, v, block_table) -> tup
     """Every check of an append's arguments (numpy views; QuantizedTensor caches), and the rows
     it writes (`Cache.rows_written`): for an adapter that writes them itself (MLX, whose arrays
     the pass cannot write in place), before anything is written."""
-    cache = Cache(_four(q, "q", "(B, R, Hq, D)"), k_cache, v_cache, k, v, block_table)
-    return cache.rows_written(cache.check(cache_seqlens, block_table), block_table)
+    values = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k": k, "v": v,
+              "block_table": block_table}
+    cache = Cache(values)
+    return cache.rows_written(cache.check(values), block_table)
 
 
 def _arrays(cache, name: str) -> dict[str, np.ndarray]:
@@ -278,9 +262,9 @@ def _data(rows) -> np.ndarray:
 
 
 def _prepare(call: Call, device):
-    q = _four(call.q, "q", "(B, R, Hq, D)")
-    cache = Cache(q, call.k_cache, call.v_cache, call.k, call.v, call.block_table)
+    cache = Cache(call.values)
     k4, v4 = cache.caches(call.k_cache, call.v_cache)
+    q = check.as_array(call.q, "q")
     if call.rotary_cos is not None:   # the rotation kernel writes q contiguous: the problem reads it so
         q = np.ascontiguousarray(q)
     descales = cache.descales(call.values)
@@ -289,13 +273,14 @@ def _prepare(call: Call, device):
                        alibi_slopes=call.alibi_slopes, quantized_refusal=None,
                        descales=descales)
     per_row = forward.problem.causal != "none" or forward.problem.window is not None
-    rotary = rotation.rotary_of(call, q, cache.appended, per_row)
+    cache.binding.sizes["per_row"] = int(per_row)   # the rows the rotation turns (the contents' rotary_ends)
+    rotary = rotation.rotary_of(call, per_row)
     p = replace(with_determinism(forward.problem, call.deterministic),
                 keys=cache.keys(rotary, 0 if rotary is None else len(call.rotary_cos)))
     checked = Validated(p, dict(forward.bound), dict(forward.converts), dict(forward.sources))
     for name in descales:
-        checked.converts[name] = lambda x, name=name: descale_rows(x, name, cache.batch, cache.kv_heads)
-    checked.bound["cache_seqlens"] = lengths = cache.check(call.cache_seqlens, call.block_table)
+        checked.converts[name] = lambda x: descale_rows(x, cache.batch, cache.kv_heads)
+    checked.bound["cache_seqlens"] = lengths = cache.check(call.values)
     # None is part of the signature: its warm calls bind the same capacity lengths.
     checked.converts["cache_seqlens"] = np.ascontiguousarray if call.cache_seqlens is not None else lambda _: lengths
     if cache.paged:
@@ -315,8 +300,7 @@ def _prepare(call: Call, device):
     def check_contents(arguments) -> None:
         """Every call, before anything is written: the lengths and pages, and the caches writable."""
         values = {name: arguments[i] for name, i in at.items()}
-        lengths = cache.check(values["cache_seqlens"], values["block_table"])
-        rotation.check_positions(rotary, values, lengths, p.q_len, cache.appended)
+        cache.check(values)
         cache.writable(values["k_cache"], values["v_cache"])
         cache.apart_where_staged(values["k_cache"], values["v_cache"], device.kind)
         if empty:
@@ -342,6 +326,7 @@ ATTENTION_WITH_KVCACHE = Op(
                SCORE_MOD, DETERMINISTIC),
     outputs=(OUTPUT, LSE),
     prepare=_prepare,
+    checks=rules.CHECKS,
     reference=reference.attention_with_kvcache_reference,
     no_backward="attention_with_kvcache is inference only (use attention or attention_varlen to train)",
     details="""

@@ -1,5 +1,6 @@
 """Paged K/V, shared by the ops that read it (attention_with_kvcache, attention_varlen): the
-pages' layout, their rows as the kernels bind them, and the block table's contents.
+pages' layout and their rows as the kernels bind them (the block table's form and contents
+are the ops' rules: kvcache_rules.py, varlen_rules.py).
 
 Pages (num_blocks, page_size, Hkv, D) are bound as one run of rows: page i's first row is
 row i * page_rows, page_rows being page_size where the pages follow each other and more where
@@ -47,23 +48,3 @@ def as_rows(pages, batch: int, rows_apart: int):
     # rows end at the last page's last one: nothing past the caller's memory is in the view.
     rows = (blocks - 1) * rows_apart + page if blocks else 0
     return np.lib.stride_tricks.as_strided(pages, (batch, rows, *pages.shape[2:]), (0, row, *pages.strides[2:]))
-
-
-def block_table_form(table, batch: int, name: str = "block_table") -> np.ndarray:
-    """The block table as given, checked: int32 (B, max_blocks)."""
-    if table.dtype != np.int32 or table.ndim != 2 or table.shape[0] != batch:
-        raise ValueError(f"{name} must be int32 (B, max_blocks) with B = {batch}, got {table.dtype} {table.shape}")
-    return table
-
-
-def check_pages_read(table: np.ndarray, lengths: np.ndarray, page_size: int, blocks: int, pages: str,
-                     sequence: str = "batch") -> None:
-    """Raises ValueError when a page holding one of the first `lengths[b]` positions of row b
-    (a sequence) is not one of the `blocks` pages of `pages` (an argument's name). Pages past a
-    row's length are not read, so they may hold anything."""
-    needed = np.arange(table.shape[1])[None, :] < -(-np.asarray(lengths, np.int64)[:, None] // page_size)
-    bad = needed & ((table < 0) | (table >= blocks))
-    if bad.any():
-        b, i = (int(x) for x in np.argwhere(bad)[0])
-        raise ValueError(f"block_table[{b}, {i}] = {table[b, i]} is not a page of {pages} (0..{blocks - 1}), "
-                         f"and {sequence} {b} reads that page")

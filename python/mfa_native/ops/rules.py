@@ -9,10 +9,16 @@ gets. An op's `Checks` add what holds between sizes (`Require`: a size expressio
 runtime/expressions.py's grammar, and its message) and sizes derived from others.
 
 An array checked against sizes already bound binds the size names its shape adds (a token
-list's `topk`), may carry requirements on them (checked once it is), and may declare checks
-of its contents (`Content`: int32 values read on every call, before anything is written; a
-kind of CONTENTS, bounded by a size expression where it compares with one, applying where its
-`when` expression holds). An op's `own` arrays are checked after those it shares with attention
+list's `topk`), may carry requirements on them (checked once it is), may need other arguments given with it
+(`needs`: each name and the message its absence gets), and may declare checks of its contents
+(`Content`: int32 values read on every call, before anything is written; a kind of CONTENTS,
+bounded by a size expression where it compares with one, applying where its `when` expression
+holds). Some kinds compare with per-row counts another array gives (`Lengths`, an op's Checks
+names them: a batch's cached keys plus the rows appended, a sequence's keys from seqused_k or
+cu_seqlens_k's steps): the lengths fit a bound ("fits"), the array's entries lie within them
+("within"), or a block table's entries that the rows read name one of `bound` pages ("pages").
+`check_arrays` checks a call's arrays in declaration order, every form before any contents, as
+the C++ binder does. An op's `own` arrays are checked after those it shares with attention
 (Python's `validate`).
 
 A shape may start with `...` (LEADING): any number of leading axes, the call's (an array
@@ -30,7 +36,10 @@ shape (a ValueError naming both: one message for a list of one kind).
 Messages are templates: `{q.shape}`, `{q.dtype}`, `{q.axes}` (its size names in the
 layout's order), `{q.expected}` (the shape it must have), in a content message the entry
 breaking it (`{q.index}`, `{q.value}`; `{q.min}`, the smallest, for "nonnegative";
-`{q.prior_index}` and `{q.prior}`, the entry before, for "nondecreasing"), `{layout}` and any
+`{q.prior_index}` and `{q.prior}`, the entry before, for "nondecreasing"; `{q.limit}`, the
+length it passes, for "within"; `{q.row}`, `{q.column}` and `{q.last}`, bound - 1, for
+"pages"; for "fits", `{q.index}` and `{q.value}` are the longest row's; `{q.source}`, the
+array the lengths came from), `{layout}` and any
 bound size (`{Hq}`, or `{k_D}`: the extent a binding array gave a name). A dtype outside an
 array's set raises its `dtype_raises` (TypeError unless it says ValueError). `Binding` runs
 the checks in Python; a bundle carries `Op.declaration_data()` (the same data as JSON) and
@@ -52,21 +61,28 @@ ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 READS = ("strided", "strided_broadcast", "contiguous")   # how the kernels address it (view_packing.hpp)
 LEADING = "..."   # a shape's first entry: the call's leading axes, any number
 # The content checks (Content.kind): "nonnegative", no entry below 0; "first" and "last", the
-# first and last entries equal to the bound; "nondecreasing", no entry below the one before it.
-CONTENTS = ("nonnegative", "first", "last", "nondecreasing")
-BOUNDED = ("first", "last")   # the kinds that take a bound
+# first and last entries equal to the bound; "nondecreasing", no entry below the one before it;
+# "fits", no length above the bound; "within", entry i no more than length i; "pages", entry
+# (b, j) of a table in 0 .. bound - 1 where row b reads it (j < cdiv(length b, page)).
+CONTENTS = ("nonnegative", "first", "last", "nondecreasing", "fits", "within", "pages")
+BOUNDED = ("first", "last", "fits", "pages")   # the kinds that take a bound
+OF_LENGTHS = ("fits", "within", "pages")   # the kinds that read lengths
 
 
 @dataclass(frozen=True)
 class Content:
     """A check of an int32 array's values: `kind` one of CONTENTS, `message` the template of
-    its refusal (a ValueError), `bound` the size expression a bounded kind compares with, and
-    `when` a size expression: the check applies where it holds (None: always)."""
+    its refusal (a ValueError), `bound` the size expression a bounded kind compares with,
+    `when` a size expression: the check applies where it holds (None: always), `lengths` the
+    Lengths a kind of OF_LENGTHS reads (by its name in the op's Checks), and `page` the size
+    expression of the rows a "pages" table's entry holds."""
 
     kind: str
     message: str
     bound: str | None = None
     when: str | None = None
+    lengths: str | None = None
+    page: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in CONTENTS:
@@ -74,12 +90,35 @@ class Content:
         if (self.bound is None) == (self.kind in BOUNDED):
             raise ValueError(f"a content check of kind {self.kind!r} takes a bound if and only if it is one of "
                              f"{BOUNDED}")
+        if (self.lengths is None) == (self.kind in OF_LENGTHS) or (self.page is None) == (self.kind == "pages"):
+            raise ValueError(f"a content check of kind {self.kind!r} takes lengths if and only if it is one of "
+                             f"{OF_LENGTHS}, and a page if and only if it is 'pages'")
 
 
-def content_failure(kind: str, values: np.ndarray, bound: int | None) -> dict[str, int] | None:
+@dataclass(frozen=True)
+class Lengths:
+    """Per-row counts some content checks read: the entries of the first of `sources` the call
+    gives (an array's name, (name, True) for its steps: entry i + 1 less entry i, a cu_seqlens'
+    rows) plus the size expression `offset`, or, when it gives none, `fill` for each of `rows`
+    rows (None: the checks reading them are skipped)."""
+
+    sources: tuple[tuple[str, bool], ...]
+    rows: str
+    offset: str = "0"
+    fill: str | None = None
+
+
+def content_failure(kind: str, values: np.ndarray, bound: int | None, lengths: np.ndarray | None = None,
+                    page: int | None = None) -> dict[str, int] | None:
     """The fields of the first entry of `values` (int32, C order) breaking a content check of
     `kind` (None: it holds): `index` and `value`; "nonnegative" adds `min` (the smallest
-    entry, at `index`), "nondecreasing" the entry before, `prior_index` and `prior`."""
+    entry, at `index`), "nondecreasing" the entry before, `prior_index` and `prior`; "fits"
+    gives the longest of `lengths` (int64) where it is above `bound`; "within" adds `limit`,
+    the length entry `index` passes; "pages" gives the `row`, `column` and `value` of a 2-d
+    table's first entry outside 0 .. `last` (bound - 1) among those row b reads, the first
+    cdiv(lengths[b], page) (at most its width)."""
+    if kind in OF_LENGTHS:
+        return _lengths_failure(kind, values, bound, lengths, page)
     flat = values.reshape(-1)   # each kind's common case first: a warm call runs it on every call
     if flat.size == 0:
         return None
@@ -95,6 +134,28 @@ def content_failure(kind: str, values: np.ndarray, bound: int | None) -> dict[st
         return None
     at = int(np.argmin(np.diff(flat.astype(np.int64))))   # the first of the largest drops
     return {"index": at + 1, "value": int(flat[at + 1]), "prior_index": at, "prior": int(flat[at])}
+
+
+def _lengths_failure(kind: str, values: np.ndarray, bound: int | None, lengths: np.ndarray,
+                     page: int | None) -> dict[str, int] | None:
+    """content_failure's kinds that read lengths."""
+    if kind == "fits":
+        if not lengths.size or lengths.max() <= bound:
+            return None
+        at = int(np.argmax(lengths))
+        return {"index": at, "value": int(lengths[at])}
+    if kind == "within":
+        beyond = np.flatnonzero(values.reshape(-1) > lengths)
+        if not beyond.size:
+            return None
+        at = int(beyond[0])
+        return {"index": at, "value": int(values.reshape(-1)[at]), "limit": int(lengths[at])}
+    read = -(-np.maximum(lengths, 0) // page)   # "pages": each row's entries read
+    bad = (np.arange(values.shape[1])[None, :] < read[:, None]) & ((values < 0) | (values >= bound))
+    if not bad.any():
+        return None
+    row, column = (int(x) for x in np.argwhere(bad)[0])
+    return {"row": row, "column": column, "value": int(values[row, column]), "last": bound - 1}
 
 
 @dataclass(frozen=True)
@@ -122,7 +183,7 @@ class ArrayRule:
                                           # (): batch, head, row, key
     called: str | None = None             # its name in the C++ API and C ABI, when not the declaration's
     buffer: str | None = None             # the pass buffer it binds, when not its name
-    needs: str | None = None              # it may be given only with this argument
+    needs: tuple[tuple[str, str], ...] = ()   # the arguments it may be given only with, each with its message
     expands: bool = False                 # bound as its first shape (an axis of extent 1 read with stride 0)
     own: bool = False                     # the op's own: checked after the arrays it shares with attention
     unlike_error: str = ""                # a list's: an element after the first unlike the first (a ValueError)
@@ -132,7 +193,6 @@ class ArrayRule:
     dtype_error: str = ""
     rank_error: str = ""                  # a rank other than the shape's (a checked array: optional)
     shape_error: str = ""
-    needs_error: str = ""
 
     def __post_init__(self) -> None:
         if self.reads not in READS:
@@ -146,10 +206,12 @@ class ArrayRule:
 @dataclass(frozen=True)
 class Checks:
     """An op's checks between sizes: the layouts' axis orders, sizes derived from the bound
-    ones (name, expression; a caller may bind them first), and requirements in order."""
+    ones (name, expression; a caller may bind them first), requirements in order, and the
+    Lengths its content checks read, by name."""
 
     requires: tuple[Require, ...] = ()
     derived: tuple[tuple[str, str], ...] = ()
+    lengths: dict[str, Lengths] = field(default_factory=dict)
     layouts: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)})
 
 
@@ -166,12 +228,12 @@ def rule_data(name: str, rule: ArrayRule, role: str, optional: bool, each: bool 
             "unlike_error": rule.unlike_error,
             "dtypes": list(rule.dtypes), "dtype_of": rule.dtype_of, "shapes": [list(s) for s in rule.shapes],
             "layout": rule.layout, "binds": rule.binds, "broadcast": rule.broadcast, "written": rule.written,
-            "reads": rule.reads, "stride_axes": list(rule.stride_axes), "needs": rule.needs, "expands": rule.expands,
+            "reads": rule.reads, "stride_axes": list(rule.stride_axes), "needs": [list(n) for n in rule.needs], "expands": rule.expands,
             "own": rule.own, "requires": requires_data(rule.requires),
-            "contents": [{"kind": c.kind, "message": c.message, "bound": c.bound, "when": c.when}
-                         for c in rule.contents],
+            "contents": [{"kind": c.kind, "message": c.message, "bound": c.bound, "when": c.when,
+                          "lengths": c.lengths, "page": c.page} for c in rule.contents],
             "dtype_raises": rule.dtype_raises, "dtype_error": rule.dtype_error, "rank_error": rule.rank_error,
-            "shape_error": rule.shape_error, "needs_error": rule.needs_error}
+            "shape_error": rule.shape_error}
 
 
 def requires_data(requires: tuple[Require, ...]) -> list[dict[str, str]]:
@@ -182,6 +244,8 @@ def checks_data(checks: Checks) -> dict[str, Any]:
     """An op's Checks as the JSON a bundle carries."""
     return {"requires": requires_data(checks.requires),
             "derived": [list(d) for d in checks.derived],
+            "lengths": {name: {"sources": [list(s) for s in l.sources], "rows": l.rows, "offset": l.offset,
+                               "fill": l.fill} for name, l in checks.lengths.items()},
             "layouts": {name: list(order) for name, order in checks.layouts.items()}}
 
 
@@ -198,7 +262,8 @@ class Binding:
         self.sizes: dict[str, int] = dict(sizes or {})
         self.leading: tuple[int, ...] = ()   # the call's leading axes (LEADING), once bound
         self._texts: dict[str, str] = {"layout": layout, **(texts or {})}
-        self._contents: dict[str, list[tuple[Content, int | None]]] = {}   # _applying's, by array
+        self._contents: dict[str, list[tuple[Content, int | None, int | None]]] = {}   # _applying's, by array
+        self._values: dict[str, np.ndarray | None] = {}   # the call's int32 arrays whose contents are checked
 
     def with_rules(self, rules: dict[str, ArrayRule]) -> Binding:
         """A binding of the same sizes (and the arrays seen) that checks by `rules`."""
@@ -248,22 +313,64 @@ class Binding:
         self.sizes = self._with_new_sizes(rule, 0, shape)   # {name.expected} with the sizes it gives
         self._fail(ValueError, rule.shape_error, name)
 
+    def check_arrays(self, arrays: dict[str, np.ndarray | None]) -> None:
+        """Checks the arrays given (not None) among `arrays` (numpy arrays by name) that do not
+        bind sizes: every one's form, then every one's contents (the C++ binder's order)."""
+        self.check_forms(arrays)
+        self.check_contents_of(arrays)
+
+    def check_forms(self, arrays: dict[str, np.ndarray | None]) -> None:
+        """Checks the arrays given among `arrays` that do not bind sizes, in the rules' order:
+        each one's needs (the arguments it is given with), dtype, shape and requirements."""
+        for name in self.rules:
+            if arrays.get(name) is not None and not self.rules[name].binds:
+                for needed, message in self.rules[name].needs:
+                    if arrays.get(needed) is None:
+                        raise ValueError(self._format(message))
+                self.check(name, arrays[name].shape, str(arrays[name].dtype))
+
+    def check_contents_of(self, arrays: dict[str, np.ndarray | None]) -> None:
+        """The contents checks of the arrays given among `arrays`, in the rules' order (a warm
+        call's: their forms are its signature's); the Lengths they read come from `arrays`."""
+        self._values = arrays
+        for name in self.rules:
+            if arrays.get(name) is not None and self.rules[name].contents:
+                self.check_contents(name, arrays[name])
+
     def check_contents(self, name: str, values: np.ndarray) -> None:
         """Checks a checked array's values (int32, its rule's `contents`, in order); a failure's
         fields (content_failure) fill `{name.index}`, `{name.value}`, ... in its message."""
-        for content, bound in self._applying(name):
-            failure = content_failure(content.kind, values, bound)
+        for content, bound, page in self._applying(name):
+            lengths, source = (None, "") if content.lengths is None else self._lengths(content.lengths)
+            if content.lengths is not None and lengths is None:
+                continue
+            failure = content_failure(content.kind, values, bound, lengths, page)
             if failure is not None:
                 self._texts.update({f"{name}.{key}": str(value) for key, value in failure.items()})
+                self._texts[f"{name}.source"] = source
                 raise ValueError(self._format(content.message))
 
-    def _applying(self, name: str) -> list[tuple[Content, int | None]]:
-        """`name`'s content checks that apply, with their bounds: the sizes they read are bound
-        before it is checked and do not change, so warm calls reuse the first call's."""
+    def _lengths(self, name: str) -> tuple[np.ndarray | None, str]:
+        """The Lengths `name` for this call's arrays (int64; None where none gives them and they
+        have no fill), and the array they came from ("": the fill)."""
+        lengths = self.checks.lengths[name]
+        for source, steps in lengths.sources:
+            values = self._values.get(source)
+            if values is not None:
+                entries = values.reshape(-1).astype(np.int64)
+                return (np.diff(entries) if steps else entries) + evaluate(lengths.offset, self.sizes), source
+        if lengths.fill is None:
+            return None, ""
+        return np.full(evaluate(lengths.rows, self.sizes), evaluate(lengths.fill, self.sizes), np.int64), ""
+
+    def _applying(self, name: str) -> list[tuple[Content, int | None, int | None]]:
+        """`name`'s content checks that apply, with their bounds and pages: the sizes they read
+        are bound before it is checked and do not change, so warm calls reuse the first call's."""
         applying = self._contents.get(name)
         if applying is None:
             applying = self._contents[name] = [
-                (c, None if c.bound is None else evaluate(c.bound, self.sizes)) for c in self._rule(name).contents
+                (c, None if c.bound is None else evaluate(c.bound, self.sizes),
+                 None if c.page is None else evaluate(c.page, self.sizes)) for c in self._rule(name).contents
                 if c.when is None or evaluate(c.when, self.sizes)]
         return applying
 

@@ -31,7 +31,7 @@ from .declaration import Arg, Call, Op, Out
 from .empty import empty_call, filled
 from .rules import ArrayRule, Binding
 from .score_mod import SCORE_MOD, SCORE_MOD_TENSORS, with_score_mod
-from .varlen_keys import SequenceKeys, check_hint
+from .varlen_keys import SequenceKeys
 from .warm import prepared_call, same_memory
 
 VQ = Arg("q", "array", leading=True, grad=True, keyword=False, rule=rules.Q, doc="""
@@ -80,6 +80,7 @@ VARLEN_GRADIENTS = tuple(replace(out, rule=rule) for out, rule in zip(GRADIENTS,
 
 OWN = ("cu_seqlens_q", "cu_seqlens_k", "block_table", "seqused_k")   # the forward's own arrays, in order
 OWN_BACKWARD = ("o", "lse", "do") + OWN
+HINTS = ("max_seqlen_q", "max_seqlen_k")
 
 
 def _sequences(cu_q) -> int:
@@ -88,34 +89,19 @@ def _sequences(cu_q) -> int:
     return max(shape[0] - 1, 0) if shape else 0
 
 
-def _own(binding: Binding, values: dict, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The op's own arrays given among `names` (declaration order), each checked by its rule,
-    contents included: attention's checks come first (Python's order, and the C++ binder's)."""
-    arrays = {}
-    for name in names:
-        if values[name] is not None:
-            x = arrays[name] = check.as_array(values[name], name)
-            binding.check(name, x.shape, str(x.dtype))
-            binding.check_contents(name, x)
-    return arrays
-
-
-def check_sequences(keys: SequenceKeys, values: dict, hints: tuple) -> np.ndarray:
-    """What spans the arrays' contents (every call, once their rules have checked them): the
-    max_seqlen hints at least the longest sequence, and what `SequenceKeys.check` checks; the
-    keys each sequence uses (None where nothing reads them)."""
-    if hints[0] is not None:
-        cu_q = check.as_array(values["cu_seqlens_q"], "cu_seqlens_q")
-        check_hint(hints[0], "max_seqlen_q", np.diff(cu_q.astype(np.int64)))
-    return keys.check(values["cu_seqlens_k"], values["seqused_k"], values["block_table"], hints[1])
-
-
-def _hint(value, name: str):
+def _hint(value, name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
     return int(value)
+
+
+def _given(values: dict, names: tuple[str, ...]) -> dict[str, np.ndarray | None]:
+    """The op's own arrays among `names`, numpy views by name (None: not given)."""
+    return {name: None if values[name] is None else check.as_array(values[name], name) for name in names}
 
 
 def validate_varlen(call: Call, *, return_lse: bool, hints: tuple, own: tuple[str, ...] = OWN,
@@ -131,15 +117,18 @@ def validate_varlen(call: Call, *, return_lse: bool, hints: tuple, own: tuple[st
     keys = SequenceKeys(call.k, call.v, call.cu_seqlens_k, call.seqused_k, call.block_table, sequences)
     raw = {"q": call.q, "k": keys.rows(call.k, "k"), "v": keys.rows(call.v, "v")}
     bound = {name: check.bindable(check.as_array(x, name)) for name, x in raw.items()}
-    binding = Binding(rules.RULES, rules.CHECKS, "bshd", {"sequences": sequences, "paged": int(keys.paged)})
+    given = {"sequences": sequences, "paged": int(keys.paged), "page_size": keys.page if keys.paged else 0,
+             "blocks": keys.blocks if keys.paged else 0,
+             **{name: rules.NO_HINT if hint is None else hint for name, hint in zip(HINTS, hints)}}
+    binding = Binding(rules.RULES, rules.CHECKS, "bshd", given)
     binding.bind({name: (x.shape, str(x.dtype)) for name, x in bound.items()})
     forward = validate(tuple(bound[n][None] for n in ("q", "k", "v")) + (None, call.sinks), scale=call.scale,
                        causal=call.causal, window=call.window, layout="bshd", return_lse=return_lse,
                        softcap=call.softcap, alibi_slopes=call.alibi_slopes, binding=binding)
-    arrays = _own(binding, call.values, own)
+    arrays = _given(call.values, own)
+    binding.check_arrays(arrays)
     keys.width = binding.sizes.get("Wt", 0)
-    values = {name: call.values[name] for name in OWN}
-    lengths = check_sequences(keys, values, hints)
+    lengths = keys.lengths(arrays)
     bound_q = (bound["q"].shape[0] if hints[0] is None else hints[0]) if packing else None
     p = replace(forward.problem, keys=keys.visit(bound_q))
     sizes = p.keys.sizes(p)
@@ -162,18 +151,13 @@ def validate_varlen(call: Call, *, return_lse: bool, hints: tuple, own: tuple[st
     return checked, keys
 
 
-def _contents_check(arguments: Sequence[str], keys: SequenceKeys, binding: Binding, hints: tuple):
+def _contents_check(arguments: Sequence[str], binding: Binding):
     """A warm call's check of the sequences' contents (PreparedCall.check), from its arguments:
-    each own array's by its rule, then what spans them."""
+    the own arrays' by their rules."""
     at = {name: arguments.index(name) for name in OWN}
-    ruled = tuple(name for name in OWN if binding.rules[name].contents)
 
     def checked(values):
-        given = {name: values[i] for name, i in at.items()}
-        for name in ruled:
-            if given[name] is not None:
-                binding.check_contents(name, check.as_array(given[name], name))
-        check_sequences(keys, given, hints)
+        binding.check_contents_of(_given({name: values[i] for name, i in at.items()}, OWN))
     return checked
 
 
@@ -193,7 +177,7 @@ def _prepare_forward(call: Call, device):
     checked.problem = with_determinism(checked.problem, call.deterministic)
     checked, tensors = with_score_mod(checked, call.score_mod, call.score_mod_tensors)
     p, names = checked.problem, call.op.array_names + tensors
-    contents = _contents_check(names, keys, binding, hints)
+    contents = _contents_check(names, binding)
     if check.is_empty(1, p.q_heads, p.q_len, p.kv_len):
         def outputs(inputs):
             lse = filled((p.q_heads, p.q_len), np.float32, -np.inf)
@@ -209,7 +193,7 @@ def _prepare_forward(call: Call, device):
 
 
 def _as_given(rule: ArrayRule, name: str):
-    """The backward's convert of o, lse or do (checked by `_own` on the cold call; a warm call's
+    """The backward's convert of o, lse or do (checked by its rule on the cold call; a warm call's
     signature fixes its dtype and shape): bound as its rule reads it."""
     read = np.ascontiguousarray if rule.reads == "contiguous" else check.bindable
     return lambda x: read(check.as_array(x, name))
@@ -243,12 +227,12 @@ def _prepare_backward(call: Call, device):
                                                               (p.kv_len, p.kv_heads, p.head_dim),
                                                               (p.kv_len, p.kv_heads, p.value_dim))]
             return grads + ([filled((p.q_heads,), np.float32, 0)] if p.sinks else [])
-        return _empty(p, names, checked, outputs, _contents_check(names, keys, binding, hints))
+        return _empty(p, names, checked, outputs, _contents_check(names, binding))
     strides = {name: physical((0, *check.element_strides(bound[name])), "bshd") for name in ("o", "dout")}
     problem = AttentionBackwardProblem(p, o_strides=strides["o"], dout_strides=strides["dout"])
     description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
     return prepared_call(description, device, checked, names, call.results,
-                         check=_contents_check(names, keys, binding, hints))
+                         check=_contents_check(names, binding))
 
 
 VO = Arg("o", "array", keyword=False, rule=rules.O,

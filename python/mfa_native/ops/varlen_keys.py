@@ -6,9 +6,9 @@ block table, logical positions [0, length) read through sequence s's pages (flas
 varlen), the length being seqused_k[s] when given, else cu_seqlens_k[s + 1] - cu_seqlens_k[s]
 (flash-attn 2, whose cu_seqlens_k then counts logical keys: it ends anywhere), else (no
 cu_seqlens_k, as flash-attn 3 takes a page table) every listed page, max_blocks * page_size.
-Each array's own form and contents are its rule's (varlen_rules.py); what spans several (a
-sequence's used keys within its rows or its pages, the pages read) is checked here, on every
-call, before any kernel runs.
+Each array's form and contents are its rule's (varlen_rules.py), those spanning several (a
+sequence's used keys within its rows or its pages, the pages read) too; the pages' layout is
+checked here.
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ import numpy as np
 
 from ..codegen import PagedSequences, SequenceRanges
 from . import arguments as check
-from .pages import as_rows, check_pages_read, page_rows
+from .pages import as_rows, page_rows
 from .warm import same_memory
-
-
-def check_hint(hint: int | None, name: str, lengths: np.ndarray, what: str = "rows") -> None:
-    longest = int(lengths.max()) if lengths.size else 0
-    if hint is not None and hint < longest:
-        raise ValueError(f"{name} is {hint}, but sequence {int(np.argmax(lengths))} has {longest} {what}")
 
 
 def _pages(x, name: str) -> np.ndarray:
@@ -37,8 +31,8 @@ def _pages(x, name: str) -> np.ndarray:
 
 class SequenceKeys:
     """A call's keys: packed or paged k and v (the pages' layout), and where each sequence's
-    keys lie; `check` tells the keys each sequence uses (every call). `width`, the block
-    table's max_blocks, is set once its rule has checked it."""
+    keys lie; `lengths` tells the keys each paged sequence uses. `width`, the block table's
+    max_blocks, is set once its rule has checked it."""
 
     def __init__(self, k, v, cu_k, seqused_k, block_table, sequences: int) -> None:
         self.paged, self.used, self.sequences = block_table is not None, seqused_k is not None, sequences
@@ -70,34 +64,17 @@ class SequenceKeys:
                                   page_rows=self.page_rows)
         return SequenceRanges(self.sequences, max_queries, used_keys=self.used)
 
-    def check(self, cu_k, seqused_k, block_table, hint: int | None) -> np.ndarray | None:
-        """The keys each sequence uses, int32 (B,), once cu_seqlens_k's and seqused_k's rules have
-        checked them: seqused_k within each sequence's rows (packed), the max_seqlen_k hint, and
-        (paged) within what its pages hold, every page read one of k's. None: packed keys of
-        cu_seqlens_k alone and no hint, where nothing is left to check or bind."""
-        if not (self.paged or self.used or hint is not None):
+    def lengths(self, arrays: dict) -> np.ndarray | None:
+        """The keys each paged sequence uses, int32 (B,), from the call's own arrays (their rules
+        checked them): seqused_k's, else cu_seqlens_k's steps, else every listed page. None for
+        packed keys, whose kernels read cu_seqlens_k (and seqused_k) themselves."""
+        if not self.paged:
             return None
-        rows = None if cu_k is None else np.diff(check.as_array(cu_k, "cu_seqlens_k").astype(np.int64))
-        if self.used:
-            lengths = check.as_array(seqused_k, "seqused_k").astype(np.int64)
-            beyond = np.flatnonzero(lengths > rows) if not self.paged else ()
-            if len(beyond):
-                s = int(beyond[0])
-                raise ValueError(f"seqused_k[{s}] = {lengths[s]} is beyond sequence {s}'s keys, "
-                                 f"cu_seqlens_k[{s + 1}] - cu_seqlens_k[{s}] = {rows[s]}")
-        else:
-            lengths = rows if rows is not None else np.full(self.sequences, self.width * self.page, np.int64)
-        check_hint(hint, "max_seqlen_k", lengths, "keys")
-        if self.paged:
-            capacity = self.width * self.page
-            if lengths.size and lengths.max() > capacity:
-                s = int(np.argmax(lengths))
-                raise ValueError(f"{'seqused_k' if self.used else 'cu_seqlens_k'} gives sequence {s} {lengths[s]} "
-                                 f"keys, beyond what its pages hold: max_blocks * page_size = {self.width} * "
-                                 f"{self.page} = {capacity}")
-            check_pages_read(check.as_array(block_table, "block_table"), lengths, self.page, self.blocks, "k",
-                             "sequence")
-        return lengths.astype(np.int32)
+        if arrays["seqused_k"] is not None:
+            return np.ascontiguousarray(arrays["seqused_k"])
+        if arrays["cu_seqlens_k"] is not None:
+            return np.diff(arrays["cu_seqlens_k"]).astype(np.int32)
+        return np.full(self.sequences, self.width * self.page, np.int32)
 
     def bind(self, checked, given: dict, lengths: np.ndarray) -> None:
         """Binds the key side's buffers into `checked` (bound, converts, sources) from the call's

@@ -2,20 +2,25 @@
 
 q, k and v are packed, (total_q, Hq, D) and (total_k, Hkv, D|Dv), binding the sizes (paged k
 and v are bound as every page's rows: their pages' layout is varlen_keys.py's code); the
-problem is one "bshd" batch of them (B = 1, R = total_q, C = total_k). The caller gives two
-sizes: `sequences` (cu_seqlens_q's entries less one, read before it is checked: seqused_k's,
-block_table's and a per-sequence alibi_slopes table's rows) and `paged` (1 with block_table).
-cu_seqlens, seqused_k and block_table (and the backward's o, lse and do) are the op's own
-arrays, checked after attention's, their contents on every call. What spans several arrays'
-contents (seqused_k within each sequence's rows, the pages each sequence reads, the max_seqlen
-hints) is varlen_keys.py's code.
+problem is one "bshd" batch of them (B = 1, R = total_q, C = total_k). The caller gives
+sizes (`SIZES`): `sequences` (cu_seqlens_q's entries less one, read before it is checked:
+seqused_k's, block_table's and a per-sequence alibi_slopes table's rows), `paged` (1 with
+block_table), `page_size` and `blocks` (k's pages: 0 without block_table), and the
+max_seqlen hints (MAX_INDEX where not given: no bound). cu_seqlens, seqused_k and block_table
+(and the backward's o, lse and do) are the op's own arrays, checked after attention's, their
+contents on every call, those spanning several arrays by the Lengths they read: each
+sequence's rows (cu_seqlens' steps) and the keys it uses (seqused_k's, else cu_seqlens_k's
+steps, else every listed page).
 """
 
 from __future__ import annotations
 
 from . import attention_rules
-from .attention_rules import FLOATS, GQA, HEAD_DIMS, limits, written
-from .rules import ArrayRule, Checks, Content, Require
+from .attention_rules import FLOATS, GQA, HEAD_DIMS, MAX_INDEX, limits, written
+from .rules import ArrayRule, Checks, Content, Lengths, Require
+
+SIZES = ("sequences", "paged", "page_size", "blocks", "max_seqlen_q", "max_seqlen_k")   # given by the call
+NO_HINT = MAX_INDEX   # a max_seqlen hint not given: no bound
 
 MAX_SEQUENCES = 2**24   # per call: their tables are built on the host every call
 Q_SHAPE, K_SHAPE, V_SHAPE = ("total_q", "Hq", "D"), ("total_k", "Hkv", "D"), ("total_k", "Hkv", "Dv")
@@ -32,9 +37,9 @@ def _packed(name: str, shape: tuple[str, ...], rows: str) -> ArrayRule:
                      rank_error=f"{name} must have 3 dimensions ({rows}, heads, head dim), got shape {{{name}.shape}}")
 
 
-def _cu_seqlens(name: str, count: str, ends: Content, *requires: Require) -> ArrayRule:
+def _cu_seqlens(name: str, count: str, ends: Content, *requires: Require, hints: tuple[Content, ...] = ()) -> ArrayRule:
     """cu_seqlens_q or cu_seqlens_k: int32 (B + 1,), at most 2**24 + 1 entries (before they are
-    read), from 0, ending as `ends` says, non-decreasing."""
+    read), from 0, ending as `ends` says, non-decreasing (then `hints`, the max_seqlen checks)."""
     form = f"{name} must have shape (B + 1,), one axis of at least one entry, got {{{name}.shape}}"
     return ArrayRule(
         dtypes=("int32",), dtype_raises="ValueError", shapes=((count,),), own=True, reads="contiguous",
@@ -43,7 +48,8 @@ def _cu_seqlens(name: str, count: str, ends: Content, *requires: Require) -> Arr
                                                              "sequences (2**24 + 1 entries) per call"), *requires),
         contents=(Content("first", f"{name} must start at 0, got {{{name}.value}}", bound="0"), ends,
                   Content("nondecreasing", f"{name} must be non-decreasing, but {name}[{{{name}.index}}] = "
-                                           f"{{{name}.value}} < {name}[{{{name}.prior_index}}] = {{{name}.prior}}")),
+                                           f"{{{name}.value}} < {name}[{{{name}.prior_index}}] = {{{name}.prior}}"),
+                  *hints),
         dtype_error=f"{name} must be int32, got dtype {{{name}.dtype}}", rank_error=form, shape_error=form)
 
 
@@ -71,7 +77,14 @@ def _int32_form(name: str, shape: tuple[str, ...], form: str) -> dict:
 
 
 Q, K, V = _packed("q", Q_SHAPE, "total_q"), _packed("k", K_SHAPE, "total_k"), _packed("v", V_SHAPE, "total_k")
-CU_SEQLENS_Q = _cu_seqlens("cu_seqlens_q", "Ncu", _ends("cu_seqlens_q", "total_q", "q"))
+def _hint(name: str, lengths: str, what: str) -> Content:
+    """A max_seqlen hint: at least each sequence's count (`lengths`)."""
+    return Content("fits", f"{name} is {{{name}}}, but sequence {{cu_seqlens_q.index}} has {{cu_seqlens_q.value}} "
+                           f"{what}", bound=name, lengths=lengths)
+
+
+CU_SEQLENS_Q = _cu_seqlens("cu_seqlens_q", "Ncu", _ends("cu_seqlens_q", "total_q", "q"),
+                           hints=(_hint("max_seqlen_q", "query_rows", "rows"), _hint("max_seqlen_k", "keys", "keys")))
 CU_SEQLENS_K = _cu_seqlens(
     "cu_seqlens_k", "Ncu_k", _ends("cu_seqlens_k", "total_k", "k", when="paged == 0"),   # paged: ends anywhere
     Require("Ncu_k == Ncu", "cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; "
@@ -79,8 +92,18 @@ CU_SEQLENS_K = _cu_seqlens(
 SEQUSED_K = ArrayRule(
     **_int32_form("seqused_k", ("sequences",), "(B,) = {seqused_k.expected}"),
     contents=(Content("nonnegative", "seqused_k must not be negative, got seqused_k[{seqused_k.index}] = "
-                                     "{seqused_k.min}"),))
-BLOCK_TABLE = ArrayRule(**_int32_form("block_table", ("sequences", "Wt"), "(B, max_blocks) with B = {sequences}"))
+                                     "{seqused_k.min}"),
+              Content("within", "seqused_k[{seqused_k.index}] = {seqused_k.value} is beyond sequence "
+                                "{seqused_k.index}'s keys, {seqused_k.limit} (cu_seqlens_k's step)",
+                      when="paged == 0", lengths="key_rows")))
+BLOCK_TABLE = ArrayRule(
+    **_int32_form("block_table", ("sequences", "Wt"), "(B, max_blocks) with B = {sequences}"),
+    contents=(Content("fits", "{block_table.source} gives sequence {block_table.index} {block_table.value} keys, "
+                              "beyond what its pages hold: max_blocks * page_size = {Wt} * {page_size}",
+                      bound="Wt * page_size", lengths="keys"),
+              Content("pages", "block_table[{block_table.row}, {block_table.column}] = {block_table.value} is not a "
+                               "page of k (0..{block_table.last}), and sequence {block_table.row} reads that page",
+                      bound="blocks", lengths="keys", page="page_size")))
 OUT = written("o", O_SHAPE, layout=False, called="out")
 LSE_OUT = written("lse", LSE_SHAPE, dtype="float32", layout=False)
 O, DO = _like_output("o"), _like_output("do")
@@ -97,8 +120,12 @@ CHECKS = Checks(
         GQA, *HEAD_DIMS,
         *limits((("Hq (query heads)", "Hq"), ("Hkv (key/value heads)", "Hkv"), ("total_q (query rows)", "total_q"),
                  ("total_k (key rows)", "total_k")))),
-    derived=(("B", "1"), ("R", "total_q"), ("C", "total_k"), ("slope_rows", "sequences")))
-# Python's checks by name (the C++ binder reads the declarations, Op.declaration_data).
-RULES = {"q": Q, "k": K, "v": V, "cu_seqlens_q": CU_SEQLENS_Q, "cu_seqlens_k": CU_SEQLENS_K, "seqused_k": SEQUSED_K,
-         "block_table": BLOCK_TABLE, "sinks": attention_rules.SINKS, "alibi_slopes": attention_rules.ALIBI_SLOPES,
-         "o": O, "do": DO, "lse": LSE_IN}
+    derived=(("B", "1"), ("R", "total_q"), ("C", "total_k"), ("slope_rows", "sequences")),
+    lengths={"query_rows": Lengths((("cu_seqlens_q", True),), rows="sequences"),
+             "key_rows": Lengths((("cu_seqlens_k", True),), rows="sequences"),
+             "keys": Lengths((("seqused_k", False), ("cu_seqlens_k", True)), rows="sequences",
+                             fill="Wt * page_size")})
+# Python's checks by name, in the declarations' order (the C++ binder reads them, Op.declaration_data).
+RULES = {"q": Q, "k": K, "v": V, "o": O, "lse": LSE_IN, "do": DO, "cu_seqlens_q": CU_SEQLENS_Q,
+         "cu_seqlens_k": CU_SEQLENS_K, "sinks": attention_rules.SINKS, "alibi_slopes": attention_rules.ALIBI_SLOPES,
+         "block_table": BLOCK_TABLE, "seqused_k": SEQUSED_K}
