@@ -65,8 +65,9 @@ Fields longest_above(const std::vector<std::int64_t>& values, std::int64_t bound
 // `kind` (empty: it holds): index and value; "nonnegative" adds min (the smallest entry, at
 // index), "nondecreasing" the entry before, prior_index and prior; "fits" gives the longest of
 // `lengths` where it is above `bound`; "within" adds limit, the length entry index passes;
-// "pages" gives the row, column and value of a (rows, width) table's first entry outside
-// 0 .. last (bound - 1) among those row b reads, the first cdiv(lengths[b], page).
+// "pages" gives the row, column and value of a table's first entry outside 0 .. last (bound - 1)
+// among those row b reads (its rows: those of its last axis, `width` wide, in C order), the
+// first cdiv(lengths[b], page).
 Fields content_failure(const std::string& kind, const std::vector<std::int64_t>& values, std::int64_t bound,
                        const std::vector<std::int64_t>& lengths, std::int64_t page, std::int64_t width) {
   if (kind == "fits") return longest_above(lengths, bound);
@@ -288,11 +289,12 @@ std::optional<std::vector<std::int64_t>> Binder::lengths(const std::string& name
       if (!values.empty()) values.pop_back();
     }
     const std::int64_t offset = rule.offset.evaluate(sizes_);
-    for (std::int64_t& value : values) value += offset;
+    const std::vector<std::int64_t> plus = rule.plus.empty() ? std::vector<std::int64_t>{} : entries(rule.plus);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] += offset + (i < plus.size() ? plus[i] : 0);
     return values;
   }
   if (!rule.fill) return std::nullopt;
-  return std::vector<std::int64_t>(std::size_t(std::max<std::int64_t>(rule.rows.evaluate(sizes_), 0)),
+  return std::vector<std::int64_t>(std::size_t(std::max<std::int64_t>(rule.rows->evaluate(sizes_), 0)),
                                    rule.fill->evaluate(sizes_));
 }
 
@@ -312,7 +314,7 @@ void Binder::check_contents(const ArrayRule& rule) {
     const auto failure = content_failure(content.kind, values ? *values : std::vector<std::int64_t>{},
                                          content.bound ? content.bound->evaluate(sizes_) : 0, lengths,
                                          content.page ? content.page->evaluate(sizes_) : 0,
-                                         shape.size() == 2 ? shape[1] : 0);
+                                         shape.empty() ? 0 : shape.back());
     if (failure.empty()) continue;
     for (const auto& [field, value] : failure) content_fields_[rule.name + "." + field] = value;
     texts_[rule.name + ".source"] = source;

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 
 #include "attention_problem.hpp"
+#include "binder.hpp"
 #include "view_packing.hpp"
 
 namespace mfa::block_mask {
@@ -34,29 +34,6 @@ const TensorView* list_of(const BlockMask& mask, const std::string& name) {
 std::string pair_text(std::pair<std::int64_t, std::int64_t> pair) { return shape_text({pair.first, pair.second}); }
 
 std::vector<std::int64_t> leading(const Checked& view) { return {view.shape[0], view.shape[1]}; }
-
-// One int32 element of `view` at `index` (any strides).
-std::int32_t element(const Checked& view, std::initializer_list<std::int64_t> index) {
-  std::int64_t at = 0;
-  std::size_t axis = 0;
-  for (std::int64_t i : index) at += i * view.strides[axis++];
-  return static_cast<const std::int32_t*>(view.view->data)[at];
-}
-
-// Each (b, h, i) of a count list's axes, in C order.
-template <class Visit>
-void for_each_row(const Checked& counts, Visit visit) {
-  for (std::int64_t b = 0; b < counts.shape[0]; ++b)
-    for (std::int64_t h = 0; h < counts.shape[1]; ++h)
-      for (std::int64_t i = 0; i < counts.shape[2]; ++i) visit(b, h, i);
-}
-
-// The smallest and largest of some int64 values (empty: none seen).
-struct Range {
-  std::int64_t low = std::numeric_limits<std::int64_t>::max(), high = std::numeric_limits<std::int64_t>::min();
-  bool seen = false;
-  void add(std::int64_t value) { low = std::min(low, value), high = std::max(high, value), seen = true; }
-};
 
 // Whether two float elements (their bits; `magnitude` and `exponent` the encoding's masks) are
 // equal as numbers, NaN equal to NaN (numpy's array_equal with equal_nan): the same bits, both
@@ -150,64 +127,17 @@ void Lists::add(const std::string& name, const TensorView& view, std::size_t ran
   names_.push_back(name);
 }
 
-void Lists::check(std::int64_t B, std::int64_t Hq, std::int64_t R, std::int64_t C) const {
+void Lists::check(const Declaration& declaration, std::int64_t B, std::int64_t Hq, std::int64_t R,
+                  std::int64_t C) const {
   if (shape_ && *shape_ != std::make_pair(R, C))
     throw ArgumentError("block_mask.shape is " + pair_text(*shape_) + " but the problem has (R, C) = " +
                         pair_text({R, C}));
-  const std::int64_t query_blocks = (R + block_size_.first - 1) / block_size_.first;
-  const std::int64_t key_blocks = (C + block_size_.second - 1) / block_size_.second;
-  for (const auto& [num, indices] : kPairs) {
-    if (!has(num)) continue;
-    const bool kv = std::string(num).find("kv") != std::string::npos;
-    check_pair(num, indices, B, Hq, kv ? query_blocks : key_blocks, kv ? key_blocks : query_blocks,
-               kv ? "ceil(R / Q_BLOCK)" : "ceil(C / KV_BLOCK)");
-  }
-  if (has("kv_bits")) check_bits(block_size_.first * block_size_.second);
-}
-
-// check_lists for one pair: its leading axes against (B, Hq), its block count, its counts
-// within the width, its counted entries within 0..targets - 1.
-void Lists::check_pair(const std::string& num, const std::string& indices, std::int64_t batch, std::int64_t heads,
-                       std::int64_t blocks, std::int64_t targets, const char* side) const {
-  const Checked &counts = views_.at(num), &listed = views_.at(indices);
-  const std::vector<std::int64_t> lead = leading(counts);
-  if ((lead[0] != 1 && lead[0] != batch) || (lead[1] != 1 && lead[1] != heads))
-    throw ArgumentError(num + " has leading axes " + shape_text(lead) +
-                        ", but they must be (B or 1, H or 1) with B = " + std::to_string(batch) +
-                        ", H = " + std::to_string(heads));
-  if (counts.shape[2] != blocks)
-    throw ArgumentError(num + " has " + std::to_string(counts.shape[2]) + " blocks on its last axis, but " + side +
-                        " = " + std::to_string(blocks));
-  const std::int64_t width = listed.shape[3];
-  Range range;
-  for_each_row(counts, [&](std::int64_t b, std::int64_t h, std::int64_t i) { range.add(element(counts, {b, h, i})); });
-  if (range.seen && (range.low < 0 || range.high > width))
-    throw ArgumentError(num + " must be in 0.." + std::to_string(width) + " (the width of " + indices + "), got " +
-                        std::to_string(range.low) + ".." + std::to_string(range.high));
-  Range entries;
-  for_each_row(counts, [&](std::int64_t b, std::int64_t h, std::int64_t i) {
-    for (std::int64_t n = 0; n < element(counts, {b, h, i}); ++n) entries.add(element(listed, {b, h, i, n}));
-  });
-  if (entries.seen && (entries.low < 0 || entries.high >= targets))
-    throw ArgumentError(indices + " lists block " + std::to_string(entries.low < 0 ? entries.low : entries.high) +
-                        " in its counted part, outside 0.." + std::to_string(targets - 1));
-}
-
-// _check_bits: every counted partial block's bits lie inside kv_bits.
-void Lists::check_bits(std::int64_t pairs) const {
-  const Checked &first = views_.at("kv_bit_blocks"), &counts = views_.at("kv_num_blocks");
-  Range starts, ends;
-  for_each_row(first, [&](std::int64_t b, std::int64_t h, std::int64_t i) {
-    const std::int64_t start = element(first, {b, h, i});
-    starts.add(start);
-    ends.add((start + element(counts, {b, h, i})) * pairs);
-  });
-  if (starts.seen && starts.low < 0)
-    throw ArgumentError("kv_bit_blocks must be >= 0, got " + std::to_string(starts.low));
-  const std::int64_t bits = views_.at("kv_bits").shape[0] * 32;
-  if (ends.seen && ends.high > bits)
-    throw ArgumentError("kv_bit_blocks and kv_num_blocks reach bit " + std::to_string(ends.high) + ", past the " +
-                        std::to_string(bits) + " bits of kv_bits");
+  std::map<std::string, const TensorView*> given;
+  for (const std::string& name : names_) given[name] = views_.at(name).view;
+  Binder binder(declaration, "bhsd", std::move(given),
+                {{"B", B}, {"Hq", Hq}, {"R", R}, {"C", C}, {"Qb", block_size_.first}, {"Kb", block_size_.second}});
+  binder.bind_sizes();
+  binder.check_others();
 }
 
 std::map<std::string, std::int64_t> Lists::widths() const {

@@ -1,7 +1,8 @@
 // A caller's mfa::BlockMask checked as python/mfa_native/ops/block_mask.py
 // checks one, with its messages in its order: the constructor's checks (types,
 // ranks, pairs, leading axes, mask bits), then for one problem the lists'
-// shapes and counted entries (every call: they are contents), and the lists
+// shapes and counted entries by their declaration (every call: they are
+// contents), and the lists
 // bound as the kernels read them (C-contiguous, leading axes broadcast to the
 // lists' joint ones, as Python's copies).
 #pragma once
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "checked_view.hpp"
+#include "declaration.hpp"
 #include "mfa/block_sparse.hpp"
 #include "mfa/device.hpp"
 
@@ -25,8 +27,10 @@ class Lists {
  public:
   explicit Lists(const BlockMask& mask);
 
-  // block_mask.checked's checks for a problem of these sizes (shape, counts, counted entries, bits).
-  void check(std::int64_t B, std::int64_t Hq, std::int64_t R, std::int64_t C) const;
+  // block_mask.checked's checks for a problem of these sizes: the mask's shape, then the lists
+  // by `declaration` (the bundle's "block_lists", ops/block_lists.py): their shapes, counts,
+  // counted entries and bits.
+  void check(const Declaration& declaration, std::int64_t B, std::int64_t Hq, std::int64_t R, std::int64_t C) const;
 
   bool has(const std::string& name) const { return views_.count(name) != 0; }
   // The lists' joint leading axes (B|1, H|1).
@@ -40,9 +44,6 @@ class Lists {
 
  private:
   void add(const std::string& name, const TensorView& view, std::size_t rank);
-  void check_pair(const std::string& num, const std::string& indices, std::int64_t batch, std::int64_t heads,
-                  std::int64_t blocks, std::int64_t targets, const char* side) const;
-  void check_bits(std::int64_t pairs) const;
 
   std::vector<std::string> names_;  // in binding order
   std::map<std::string, Checked> views_;

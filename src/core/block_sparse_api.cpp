@@ -49,7 +49,9 @@ class BlockSparseCall {
     binder_.emplace(bundle.contents().declaration(declaration), attention_problem::layout_name(options.layout),
                     std::move(given));
     problem_ = attention_problem::checked_problem(*binder_, attention_,
-                                                  [&](const Problem& p) { lists_.check(p.B, p.Hq, p.R, p.C); });
+                                                  [&](const Problem& p) {
+      lists_.check(bundle.contents().declaration("block_lists"), p.B, p.Hq, p.R, p.C);
+    });
   }
 
   const Binder& binder() const { return *binder_; }

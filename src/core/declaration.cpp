@@ -56,8 +56,10 @@ ContentCheck content_of(const json::Value& c) {
 }
 
 LengthsRule lengths_of(const json::Value& l) {
-  LengthsRule lengths{{}, SizeExpression(l.at("rows").as_string("lengths rows")),
-                      SizeExpression(l.at("offset").as_string("lengths offset")), optional_expression(l, "fill")};
+  LengthsRule lengths{{}, SizeExpression(l.at("offset").as_string("lengths offset")), optional_text(l, "plus"),
+                      optional_expression(l, "fill"), optional_expression(l, "rows")};
+  if (lengths.fill.has_value() != lengths.rows.has_value())
+    throw json::JsonError("a declaration's lengths take a fill and its rows together");
   for (const json::Value& source : l.at("sources").as_array("lengths sources")) {
     const std::vector<json::Value>& pair = source.as_array("lengths source");
     if (pair.size() != 2) throw json::JsonError("a lengths source is an (array, steps) pair");

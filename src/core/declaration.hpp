@@ -39,12 +39,14 @@ struct ContentCheck {
 };
 
 // Per-row counts content checks read (rules.Lengths): the entries of the first of `sources` the
-// call gives (an array, or its steps: entry i + 1 less entry i) plus `offset`, else `fill` for
-// each of `rows` rows (none: the checks reading them are skipped).
+// call gives (an array, or its steps: entry i + 1 less entry i), plus array `plus`'s entries
+// where it names one, plus `offset`; else `fill` for each of `rows` rows (no fill: the checks
+// reading them are skipped).
 struct LengthsRule {
   std::vector<std::pair<std::string, bool>> sources;  // (array, steps)
-  SizeExpression rows, offset;
-  std::optional<SizeExpression> fill;
+  SizeExpression offset;
+  std::string plus;
+  std::optional<SizeExpression> fill, rows;
 };
 
 struct ArrayRule {

@@ -588,7 +588,7 @@ static void block_sparse(const char* path, const mfa_device* device, const mfa_b
   OK(mfa_call_set_int_pair(backward, "block_size", QB, KB));
   OK(mfa_call_set_tensor(call, "out", &vgot[0]));
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
-         "kv_num_blocks has 3 blocks on its last axis, but ceil(R / Q_BLOCK) = 1",
+         "kv_num_blocks has shape (1, 4, 3), but its last axis must be ceil(R / Q_BLOCK) = 1",
          "the default block size (128), which the lists do not fit");
   OK(mfa_call_set_int_pair(call, "block_size", QB, KB));
   OK(mfa_call_set_tensor(call, "lse", &vgot[1]));
@@ -598,7 +598,7 @@ static void block_sparse(const char* path, const mfa_device* device, const mfa_b
   indices[0][0] = NK + 4; /* a block past the keys, counted when row 0 has a partial block */
   counts[0][0] = counts[0][0] ? counts[0][0] : 1;
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
-         "kv_indices lists block 9 in its counted part, outside 0..4", "a list entry out of range");
+         "kv_indices lists block 9 in its counted part (row 0, entry 0), outside 0..4", "a list entry out of range");
   CHECK(!any_nonzero(got[0], nq) && !any_nonzero(got[1], nrows), "a refused block-sparse call wrote its outputs");
   OK(mfa_call_set_none(call, "kv_indices"));
   expect(mfa_call_run(call, device), MFA_TYPE_ERROR,

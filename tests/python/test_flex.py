@@ -172,7 +172,7 @@ def test_mask_bits_are_checked_against_the_lists(rng):
     short = BlockMask(counts, listed, block_size=8, kv_bit_blocks=np.array([[[0, 1]]], np.int32),
                       kv_bits=np.zeros(3, np.int32))    # 2 blocks of 64 bits need 4 words
     q, k, v = make_inputs(rng, R=16, C=8, D=8)
-    with pytest.raises(ValueError, match="past the 96 bits of kv_bits"):
+    with pytest.raises(ValueError, match=r"reach 2 bit blocks of 64 bits, past the 3 \* 32 bits of kv_bits"):
         mfa_native.block_sparse_attention(q, k, v, short)
     bits = np.zeros(4, np.int32)
     bits[0] = 0b101    # block 0: row 0 sees keys 0 and 2

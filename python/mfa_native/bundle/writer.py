@@ -37,6 +37,7 @@ from ..codegen.storage.float8 import Float8Storage
 from ..codegen.storage.stored import PLAIN, QuantizedStorage
 from ..quant_formats import FLOAT8_FORMATS, QuantFormat
 from ..ops.attention import score_transforms
+from ..ops import block_lists as lists_rules
 from ..ops.declaration import OPS
 from ..runtime.templates import SCHEMA_VERSION, PassTemplate
 from .spec import BLOCK_SPARSE, INT8, KVCACHE, MERGE, QUANTIZE, SPARSE, TOPK, VARLEN, EntryFacts
@@ -346,8 +347,10 @@ def build_payload(entries: list[EntryFacts], progress: Callable[[str], None] | N
 
 
 def declarations() -> dict[str, dict]:
-    """The declaration data of the ops a bundle serves, by name (what the C++ binder reads)."""
-    return {name: OPS[name].declaration_data() for name in DECLARED}
+    """The declaration data of the ops a bundle serves, by name, and of a block mask's lists
+    (what the C++ binder reads)."""
+    return {**{name: OPS[name].declaration_data() for name in DECLARED},
+            lists_rules.NAME: lists_rules.declaration_data()}
 
 
 def choose(templates: list[dict], sizes: dict[str, int]) -> dict | None:

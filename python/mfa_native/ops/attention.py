@@ -114,7 +114,7 @@ def validate(arrays, *, scale, causal, window, layout, return_lse, softcap=None,
     """Every check of `attention`'s arguments (also those of the ops that share them);
     `arrays` = (q, k, v, mask, sinks) as passed. k and v may be QuantizedTensors unless
     `quantized_refusal` says why the op refuses them (a TypeError), and float8 arrays when
-    the op gives their `descales` (float8_cache.checked_descales: bound (B, Hkv) arrays).
+    the op gives their `descales` (float8_cache.bound_descales: bound (B, Hkv) arrays).
     `binding`: the sizes of q, k and v already bound by another op's rules (varlen's packed
     arrays), which then checks sinks and alibi_slopes too; None: attention's rules bind them."""
     q, k, v, mask, sinks = arrays

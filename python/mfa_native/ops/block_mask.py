@@ -19,6 +19,8 @@ import numpy as np
 
 from ..codegen import BlockLists
 from . import arguments as check
+from . import block_lists
+from .rules import Binding
 
 # (num_blocks, indices) pairs, in the order the passes bind them.
 PAIRS = (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices"),
@@ -263,7 +265,7 @@ class BlockMask:
         others' is bound as a copy broadcast to them."""
         if self.shape is not None and self.shape != (q_len, kv_len):
             raise ValueError(f"block_mask.shape is {self.shape} but the problem has (R, C) = {(q_len, kv_len)}")
-        check_lists({**self.arrays, **self.bits}, self.block_size, batch, q_heads, q_len, kv_len)
+        binding = check_lists({**self.arrays, **self.bits}, self.block_size, batch, q_heads, q_len, kv_len)
         lead = joint_lead(self.arrays)
         given = {**self.arrays, **self.bits}
         converts = {name: None if name == "kv_bits" or a.shape[:2] == lead else _broadcast(lead)
@@ -277,42 +279,13 @@ class BlockMask:
 
 
 def check_lists(arrays: dict, block_size: tuple[int, int], batch: int, q_heads: int, q_len: int,
-                kv_len: int) -> None:
-    """Shapes and counted entries of block lists (name -> int32 array) for a problem of these
-    sizes; ValueError naming the list. Entries past a row's count are never read, so any
-    value goes there."""
-    q_block, k_block = block_size
-    blocks = {"kv": -(-q_len // q_block), "q": -(-kv_len // k_block)}      # rows of each kind of list
-    targets = {"kv": blocks["q"], "q": blocks["kv"]}                      # what their entries index
-    for num, indices in PAIRS:
-        if arrays.get(num) is None:
-            continue
-        lead = arrays[num].shape[:2]
-        if lead[0] not in (1, batch) or lead[1] not in (1, q_heads):
-            raise ValueError(f"{num} has leading axes {lead}, but they must be (B or 1, H or 1) with B = {batch}, "
-                             f"H = {q_heads}")
-        kind = "q" if num.replace("full_", "").startswith("q") else "kv"
-        counts, listed = arrays[num], arrays[indices]
-        if counts.shape[2] != blocks[kind]:
-            side = "ceil(R / Q_BLOCK)" if kind == "kv" else "ceil(C / KV_BLOCK)"
-            raise ValueError(f"{num} has {counts.shape[2]} blocks on its last axis, but {side} = {blocks[kind]}")
-        width = listed.shape[3]
-        if counts.size and (counts.min() < 0 or counts.max() > width):
-            raise ValueError(f"{num} must be in 0..{width} (the width of {indices}), got "
-                             f"{counts.min()}..{counts.max()}")
-        counted = listed[np.arange(width) < counts[..., None]]
-        if counted.size and (counted.min() < 0 or counted.max() >= targets[kind]):
-            bad = counted.min() if counted.min() < 0 else counted.max()
-            raise ValueError(f"{indices} lists block {bad} in its counted part, outside 0..{targets[kind] - 1}")
-    if arrays.get("kv_bits") is not None:
-        _check_bits(arrays["kv_bit_blocks"], arrays["kv_num_blocks"], arrays["kv_bits"], q_block * k_block)
-
-
-def _check_bits(first: np.ndarray, counts: np.ndarray, words: np.ndarray, pairs: int) -> None:
-    """Every counted partial block's bits lie inside kv_bits; ValueError naming the list."""
-    if first.size and first.min() < 0:
-        raise ValueError(f"kv_bit_blocks must be >= 0, got {first.min()}")
-    end = (first.astype(np.int64) + counts) * pairs
-    if end.size and end.max() > words.size * 32:
-        raise ValueError(f"kv_bit_blocks and kv_num_blocks reach bit {end.max()}, past the {words.size * 32} bits "
-                         "of kv_bits")
+                kv_len: int) -> Binding:
+    """The lists (name -> int32 array) against a problem of these sizes, by block_lists.py's
+    rules: shapes and counted entries; ValueError naming the list. Entries past a row's count
+    are never read, so any value goes there. Returns the binding, whose `check_contents_of`
+    checks the contents of other lists of these shapes (a warm call's)."""
+    sizes = {"B": batch, "Hq": q_heads, "R": q_len, "C": kv_len, "Qb": block_size[0], "Kb": block_size[1]}
+    binding = Binding(block_lists.RULES, block_lists.CHECKS, "bhsd", sizes)
+    binding.bind({})
+    binding.check_arrays(arrays)
+    return binding

@@ -251,8 +251,9 @@ def _transpose_check(outputs: dict[str, np.ndarray]) -> None:
 
 
 def _list_check(block_mask: BlockMask, p, names: tuple[str, ...]):
-    """The warm path's check of the lists' contents (the arguments named LISTS in `names`)."""
-    block_size = block_mask.block_size
-    sizes = (p.batch, p.q_heads, p.q_len, p.kv_len)
+    """The warm path's check of the lists' contents (the arguments named LISTS in `names`), by
+    the binding of the cold call's lists (a warm call's have their shapes: its signature's)."""
+    binding = check_lists(block_mask.arrays | block_mask.bits, block_mask.block_size, p.batch, p.q_heads, p.q_len,
+                          p.kv_len)
     at = tuple(names.index(name) for name in LISTS)
-    return lambda arguments: check_lists({name: arguments[i] for name, i in zip(LISTS, at)}, block_size, *sizes)
+    return lambda arguments: binding.check_contents_of({name: arguments[i] for name, i in zip(LISTS, at)})

@@ -119,8 +119,8 @@ CHECKS = Checks(
         Require("paged || N == B", "k_cache must be (B, Cmax, Hkv, D) with q's B = {B}, got {k_cache.shape}"),
         Require("!paged || P >= 1", "k_cache's page_size (axis 1 of (num_blocks, page_size, Hkv, D)) must be at "
                                     "least 1, got shape {k_cache.shape}")),
-    lengths={"attended": Lengths((("cache_seqlens", False),), rows="B", offset="Rn", fill="Wt * P"),
-             "rotary_ends": Lengths((("rotary_seqlens", False), ("cache_seqlens", False)), rows="B",
+    lengths={"attended": Lengths((("cache_seqlens", False),), offset="Rn", fill="Wt * P", rows="B"),
+             "rotary_ends": Lengths((("rotary_seqlens", False), ("cache_seqlens", False)),
                                     offset="max(Rn, per_row * R + 1 - per_row)")})
 # Python's checks by name (the C++ binder reads the declaration, Op.declaration_data).
 RULES = {"q": Q, "k_cache": K_CACHE, "v_cache": V_CACHE, "cache_seqlens": CACHE_SEQLENS, "k": K, "v": V,

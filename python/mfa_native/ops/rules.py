@@ -63,7 +63,8 @@ LEADING = "..."   # a shape's first entry: the call's leading axes, any number
 # The content checks (Content.kind): "nonnegative", no entry below 0; "first" and "last", the
 # first and last entries equal to the bound; "nondecreasing", no entry below the one before it;
 # "fits", no length above the bound; "within", entry i no more than length i; "pages", entry
-# (b, j) of a table in 0 .. bound - 1 where row b reads it (j < cdiv(length b, page)).
+# j of a table's row b (its last axis' rows) in 0 .. bound - 1 where row b reads it
+# (j < cdiv(length b, page)).
 CONTENTS = ("nonnegative", "first", "last", "nondecreasing", "fits", "within", "pages")
 BOUNDED = ("first", "last", "fits", "pages")   # the kinds that take a bound
 OF_LENGTHS = ("fits", "within", "pages")   # the kinds that read lengths
@@ -99,13 +100,19 @@ class Content:
 class Lengths:
     """Per-row counts some content checks read: the entries of the first of `sources` the call
     gives (an array's name, (name, True) for its steps: entry i + 1 less entry i, a cu_seqlens'
-    rows) plus the size expression `offset`, or, when it gives none, `fill` for each of `rows`
-    rows (None: the checks reading them are skipped)."""
+    rows), plus the entries of array `plus` where it names one, plus the size expression
+    `offset`; or, when it gives none, `fill` for each of `rows` rows (no fill: the checks
+    reading them are skipped)."""
 
     sources: tuple[tuple[str, bool], ...]
-    rows: str
     offset: str = "0"
+    plus: str | None = None
     fill: str | None = None
+    rows: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.fill is None) != (self.rows is None):
+            raise ValueError("Lengths take a fill and its rows together")
 
 
 def content_failure(kind: str, values: np.ndarray, bound: int | None, lengths: np.ndarray | None = None,
@@ -114,9 +121,9 @@ def content_failure(kind: str, values: np.ndarray, bound: int | None, lengths: n
     `kind` (None: it holds): `index` and `value`; "nonnegative" adds `min` (the smallest
     entry, at `index`), "nondecreasing" the entry before, `prior_index` and `prior`; "fits"
     gives the longest of `lengths` (int64) where it is above `bound`; "within" adds `limit`,
-    the length entry `index` passes; "pages" gives the `row`, `column` and `value` of a 2-d
-    table's first entry outside 0 .. `last` (bound - 1) among those row b reads, the first
-    cdiv(lengths[b], page) (at most its width)."""
+    the length entry `index` passes; "pages" gives the `row`, `column` and `value` of a
+    table's first entry outside 0 .. `last` (bound - 1) among those row b reads (its rows: those
+    of its last axis, in C order), the first cdiv(lengths[b], page) (at most its width)."""
     if kind in OF_LENGTHS:
         return _lengths_failure(kind, values, bound, lengths, page)
     flat = values.reshape(-1)   # each kind's common case first: a warm call runs it on every call
@@ -150,12 +157,15 @@ def _lengths_failure(kind: str, values: np.ndarray, bound: int | None, lengths: 
             return None
         at = int(beyond[0])
         return {"index": at, "value": int(values.reshape(-1)[at]), "limit": int(lengths[at])}
-    read = -(-np.maximum(lengths, 0) // page)   # "pages": each row's entries read
-    bad = (np.arange(values.shape[1])[None, :] < read[:, None]) & ((values < 0) | (values >= bound))
+    if not values.size:   # "pages": rows of the last axis, each reading its first entries
+        return None
+    table = values.reshape(-1, values.shape[-1])
+    read = -(-np.maximum(lengths, 0) // page)
+    bad = (np.arange(table.shape[1])[None, :] < read[:, None]) & ((table < 0) | (table >= bound))
     if not bad.any():
         return None
     row, column = (int(x) for x in np.argwhere(bad)[0])
-    return {"row": row, "column": column, "value": int(values[row, column]), "last": bound - 1}
+    return {"row": row, "column": column, "value": int(table[row, column]), "last": bound - 1}
 
 
 @dataclass(frozen=True)
@@ -244,8 +254,8 @@ def checks_data(checks: Checks) -> dict[str, Any]:
     """An op's Checks as the JSON a bundle carries."""
     return {"requires": requires_data(checks.requires),
             "derived": [list(d) for d in checks.derived],
-            "lengths": {name: {"sources": [list(s) for s in l.sources], "rows": l.rows, "offset": l.offset,
-                               "fill": l.fill} for name, l in checks.lengths.items()},
+            "lengths": {name: {"sources": [list(s) for s in l.sources], "offset": l.offset, "plus": l.plus,
+                               "fill": l.fill, "rows": l.rows} for name, l in checks.lengths.items()},
             "layouts": {name: list(order) for name, order in checks.layouts.items()}}
 
 
@@ -358,7 +368,10 @@ class Binding:
             values = self._values.get(source)
             if values is not None:
                 entries = values.reshape(-1).astype(np.int64)
-                return (np.diff(entries) if steps else entries) + evaluate(lengths.offset, self.sizes), source
+                entries = (np.diff(entries) if steps else entries) + evaluate(lengths.offset, self.sizes)
+                if lengths.plus is not None:
+                    entries = entries + self._values[lengths.plus].reshape(-1)
+                return entries, source
         if lengths.fill is None:
             return None, ""
         return np.full(evaluate(lengths.rows, self.sizes), evaluate(lengths.fill, self.sizes), np.int64), ""

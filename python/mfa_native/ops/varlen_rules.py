@@ -121,10 +121,10 @@ CHECKS = Checks(
         *limits((("Hq (query heads)", "Hq"), ("Hkv (key/value heads)", "Hkv"), ("total_q (query rows)", "total_q"),
                  ("total_k (key rows)", "total_k")))),
     derived=(("B", "1"), ("R", "total_q"), ("C", "total_k"), ("slope_rows", "sequences")),
-    lengths={"query_rows": Lengths((("cu_seqlens_q", True),), rows="sequences"),
-             "key_rows": Lengths((("cu_seqlens_k", True),), rows="sequences"),
-             "keys": Lengths((("seqused_k", False), ("cu_seqlens_k", True)), rows="sequences",
-                             fill="Wt * page_size")})
+    lengths={"query_rows": Lengths((("cu_seqlens_q", True),)),
+             "key_rows": Lengths((("cu_seqlens_k", True),)),
+             "keys": Lengths((("seqused_k", False), ("cu_seqlens_k", True)), fill="Wt * page_size",
+                             rows="sequences")})
 # Python's checks by name, in the declarations' order (the C++ binder reads them, Op.declaration_data).
 RULES = {"q": Q, "k": K, "v": V, "o": O, "lse": LSE_IN, "do": DO, "cu_seqlens_q": CU_SEQLENS_Q,
          "cu_seqlens_k": CU_SEQLENS_K, "sinks": attention_rules.SINKS, "alibi_slopes": attention_rules.ALIBI_SLOPES,
