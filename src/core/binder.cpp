@@ -37,21 +37,6 @@ bool is_size_name(const std::string& text) {
                      [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
-// A checked int32 view's entries in C order (element i's offset read axis by axis).
-std::vector<std::int64_t> int32_entries(const Checked& view) {
-  const auto* values = static_cast<const std::int32_t*>(view.view->data);
-  std::vector<std::int64_t> entries(static_cast<std::size_t>(view.elements));
-  for (std::int64_t i = 0; i < view.elements; ++i) {
-    std::int64_t offset = 0, rest = i;
-    for (std::size_t axis = view.shape.size(); axis-- > 0;) {
-      offset += (rest % view.shape[axis]) * view.strides[axis];
-      rest /= view.shape[axis];
-    }
-    entries[std::size_t(i)] = values[offset];
-  }
-  return entries;
-}
-
 using Fields = std::map<std::string, std::int64_t>;
 
 // The first of the largest of `values` (numpy's argmax), or none when it is not above `bound`.

@@ -87,4 +87,25 @@ void require_contiguous(const Checked& view) {
                         shape_text(view.view->strides));
 }
 
+std::int64_t int32_at(const Checked& view, std::initializer_list<std::int64_t> index) {
+  std::int64_t at = 0;
+  std::size_t axis = 0;
+  for (std::int64_t i : index) at += i * view.strides[axis++];
+  return static_cast<const std::int32_t*>(view.view->data)[at];
+}
+
+std::vector<std::int64_t> int32_entries(const Checked& view) {
+  const auto* values = static_cast<const std::int32_t*>(view.view->data);
+  std::vector<std::int64_t> entries(static_cast<std::size_t>(view.elements));
+  for (std::int64_t i = 0; i < view.elements; ++i) {
+    std::int64_t offset = 0, rest = i;
+    for (std::size_t axis = view.shape.size(); axis-- > 0;) {
+      offset += (rest % view.shape[axis]) * view.strides[axis];
+      rest /= view.shape[axis];
+    }
+    entries[std::size_t(i)] = values[offset];
+  }
+  return entries;
+}
+
 }  // namespace mfa

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -40,5 +41,11 @@ bool is_contiguous(const Checked& view);
 
 // ArgumentError unless `view`, written in place, is C-contiguous (0 strides on axes of extent 1).
 void require_contiguous(const Checked& view);
+
+// The element of an int32 view at `index` (one entry per leading axis, any strides), read in place.
+std::int64_t int32_at(const Checked& view, std::initializer_list<std::int64_t> index);
+
+// An int32 view's entries in C order, read in place.
+std::vector<std::int64_t> int32_entries(const Checked& view);
 
 }  // namespace mfa

@@ -122,12 +122,6 @@ std::int64_t page_rows(const Cache& cache) {
   return between / row;
 }
 
-// Element (i) or (i, j) of a 1- or 2-d int32 view.
-std::int64_t element(const Checked& view, std::int64_t i, std::int64_t j = 0) {
-  const std::int64_t at = i * view.strides[0] + (view.strides.size() > 1 ? j * view.strides[1] : 0);
-  return static_cast<const std::int32_t*>(view.view->data)[at];
-}
-
 // The call's cache facts and checks (Python's Cache), then its bound views.
 class KVCall {
  public:
@@ -373,8 +367,8 @@ class KVCall {
       const std::size_t size = dtype_size(cache.stored().dtype);
       for (std::int64_t b = 0; b < batch_; ++b)
         for (std::int64_t r = 0; r < appended_; ++r) {
-          const std::int64_t position = element(lengths_, b) + r;
-          const std::int64_t outer = paged_ ? element(table, b, position / page_) : b;
+          const std::int64_t position = int32_at(lengths_, {b}) + r;
+          const std::int64_t outer = paged_ ? int32_at(table, {b, position / page_}) : b;
           const std::int64_t row = paged_ ? position % page_ : position;
           for (std::int64_t h = 0; h < cache.shape[2]; ++h)
             for (std::int64_t d = 0; d < cache.shape[3]; ++d) {

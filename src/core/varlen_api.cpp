@@ -31,14 +31,11 @@ using namespace attention_runner;
 constexpr const char* kBound = "Qb";  // writer.py's VARLEN_BOUND
 constexpr const char* kUnit = "Qu";   // the chosen template's forward unit
 
-std::int64_t element(const Checked& view, std::int64_t i) {
-  return static_cast<const std::int32_t*>(view.view->data)[i * view.strides[0]];
-}
-
 // A cu_seqlens view's steps: each sequence's rows.
 std::vector<std::int64_t> steps(const Checked& cu) {
-  std::vector<std::int64_t> lengths(static_cast<std::size_t>(std::max<std::int64_t>(cu.shape[0] - 1, 0)));
-  for (std::size_t s = 0; s < lengths.size(); ++s) lengths[s] = element(cu, s + 1) - element(cu, s);
+  const std::vector<std::int64_t> ends = int32_entries(cu);
+  std::vector<std::int64_t> lengths;
+  for (std::size_t s = 0; s + 1 < ends.size(); ++s) lengths.push_back(ends[s + 1] - ends[s]);
   return lengths;
 }
 
@@ -120,7 +117,7 @@ class VarlenCall {
     width_ = binder_->size("Wt");
     if (options_.seqused_k) {
       const Checked& used = binder_->view("seqused_k");
-      for (std::int64_t s = 0; s < sequences_; ++s) lengths_.push_back(element(used, s));
+      for (std::int64_t s = 0; s < sequences_; ++s) lengths_.push_back(int32_at(used, {s}));
     } else if (binder_->given("cu_seqlens_k")) {
       lengths_ = steps(binder_->view("cu_seqlens_k"));
     } else {
@@ -221,7 +218,7 @@ class VarlenCall {
     auto* rows = static_cast<std::int32_t*>(table.packed.data());
     std::int64_t at = 0;
     for (std::int64_t s = 0; s < sequences_; ++s) {
-      const std::int64_t first = element(cu, s), length = element(cu, s + 1) - first;
+      const std::int64_t first = int32_at(cu, {s}), length = int32_at(cu, {s + 1}) - first;
       for (std::int64_t start = 0; start < length && at < entries; start += unit, ++at)
         rows[2 * at] = std::int32_t(s), rows[2 * at + 1] = std::int32_t(first + start);
     }
