@@ -122,7 +122,7 @@ CHECKS = Checks(
     lengths={"attended": Lengths((("cache_seqlens", False),), offset="Rn", fill="Wt * P", rows="B"),
              "rotary_ends": Lengths((("rotary_seqlens", False), ("cache_seqlens", False)),
                                     offset="max(Rn, per_row * R + 1 - per_row)")})
-# Python's checks by name (the C++ binder reads the declaration, Op.declaration_data).
+# Python's checks by name, in the declaration's order (the C++ binder reads it, Op.declaration_data).
 RULES = {"q": Q, "k_cache": K_CACHE, "v_cache": V_CACHE, "cache_seqlens": CACHE_SEQLENS, "k": K, "v": V,
          "block_table": BLOCK_TABLE, "rotary_cos": ROTARY_COS, "rotary_sin": ROTARY_SIN,
          "rotary_seqlens": ROTARY_SEQLENS, "q_descale": Q_DESCALE, "k_descale": K_DESCALE, "v_descale": V_DESCALE}

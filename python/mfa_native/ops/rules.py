@@ -160,6 +160,8 @@ def _lengths_failure(kind: str, values: np.ndarray, bound: int | None, lengths: 
     if not values.size:   # "pages": rows of the last axis, each reading its first entries
         return None
     table = values.reshape(-1, values.shape[-1])
+    if table.min() >= 0 and table.max() < bound:   # the common case first: every entry, read or not, is a page
+        return None
     read = -(-np.maximum(lengths, 0) // page)
     bad = (np.arange(table.shape[1])[None, :] < read[:, None]) & ((table < 0) | (table >= bound))
     if not bad.any():
@@ -274,6 +276,7 @@ class Binding:
         self._texts: dict[str, str] = {"layout": layout, **(texts or {})}
         self._contents: dict[str, list[tuple[Content, int | None, int | None]]] = {}   # _applying's, by array
         self._values: dict[str, np.ndarray | None] = {}   # the call's int32 arrays whose contents are checked
+        self._lengths_read: dict[str, tuple[np.ndarray | None, str]] = {}   # _lengths' of this call
 
     def with_rules(self, rules: dict[str, ArrayRule]) -> Binding:
         """A binding of the same sizes (and the arrays seen) that checks by `rules`."""
@@ -342,7 +345,7 @@ class Binding:
     def check_contents_of(self, arrays: dict[str, np.ndarray | None]) -> None:
         """The contents checks of the arrays given among `arrays`, in the rules' order (a warm
         call's: their forms are its signature's); the Lengths they read come from `arrays`."""
-        self._values = arrays
+        self._values, self._lengths_read = arrays, {}
         for name in self.rules:
             if arrays.get(name) is not None and self.rules[name].contents:
                 self.check_contents(name, arrays[name])
@@ -362,7 +365,12 @@ class Binding:
 
     def _lengths(self, name: str) -> tuple[np.ndarray | None, str]:
         """The Lengths `name` for this call's arrays (int64; None where none gives them and they
-        have no fill), and the array they came from ("": the fill)."""
+        have no fill), and the array they came from ("": the fill); read once a call."""
+        if name not in self._lengths_read:
+            self._lengths_read[name] = self._read_lengths(name)
+        return self._lengths_read[name]
+
+    def _read_lengths(self, name: str) -> tuple[np.ndarray | None, str]:
         lengths = self.checks.lengths[name]
         for source, steps in lengths.sources:
             values = self._values.get(source)
