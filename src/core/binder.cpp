@@ -261,10 +261,7 @@ std::vector<std::int64_t> Binder::entries(const std::string& name) const {
 }
 
 std::optional<std::vector<std::int64_t>> Binder::lengths(const std::string& name, std::string& source_name) const {
-  auto it = declaration_.lengths.find(name);
-  if (it == declaration_.lengths.end())
-    throw BundleError("the bundle's declaration of " + declaration_.op + " has no lengths '" + name + "'");
-  const LengthsRule& rule = it->second;
+  const LengthsRule& rule = declaration_.lengths.at(name);  // Declaration::from_json checked it is declared
   for (const auto& [source, steps] : rule.sources) {
     if (!given(source)) continue;
     source_name = source;
@@ -274,8 +271,13 @@ std::optional<std::vector<std::int64_t>> Binder::lengths(const std::string& name
       if (!values.empty()) values.pop_back();
     }
     const std::int64_t offset = rule.offset.evaluate(sizes_);
-    const std::vector<std::int64_t> plus = rule.plus.empty() ? std::vector<std::int64_t>{} : entries(rule.plus);
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] += offset + (i < plus.size() ? plus[i] : 0);
+    std::vector<std::int64_t> plus(values.size(), 0);
+    if (!rule.plus.empty()) {
+      if (!given(rule.plus) || (plus = entries(rule.plus)).size() != values.size())
+        throw ArgumentError("the declaration's lengths " + name + " add " + rule.plus +
+                            ", which this call does not give as many entries");
+    }
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] += offset + plus[i];
     return values;
   }
   if (!rule.fill) return std::nullopt;
@@ -296,6 +298,12 @@ void Binder::check_contents(const ArrayRule& rule) {
     }
     if (content.reads_entries() && !values) values = entries(rule.name);
     const std::vector<std::int64_t>& shape = views_.at(rule.name).shape;
+    const std::int64_t row = content.kind == "pages" && !shape.empty() ? shape.back() : 1;
+    if ((content.kind == "within" || content.kind == "pages") &&
+        std::int64_t(lengths.size()) * row != std::int64_t(values->size()))
+      throw ArgumentError("the declaration's " + content.kind + " check of " + rule.name + " reads " +
+                          content.lengths + ", " + std::to_string(lengths.size()) + " rows, which " + rule.name +
+                          " does not have");
     const auto failure = content_failure(content.kind, values ? *values : std::vector<std::int64_t>{},
                                          content.bound ? content.bound->evaluate(sizes_) : 0, lengths,
                                          content.page ? content.page->evaluate(sizes_) : 0,

@@ -12,7 +12,6 @@
 // entry's templates are guarded by it (bundle/writer.py's VARLEN_BOUND), and the chosen
 // template's "Qu" is the queries of a forward unit, the table's unit.
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <optional>
 
@@ -39,10 +38,10 @@ std::vector<std::int64_t> steps(const Checked& cu) {
   return lengths;
 }
 
-// varlen._hint: a max_seqlen hint as the declaration's size (varlen_rules.NO_HINT where not
-// given: no bound); ArgumentError when negative.
+// varlen._hint: a max_seqlen hint as the declaration's size (varlen_rules.NO_HINT, -1, where not
+// given: not checked); ArgumentError when negative.
 std::int64_t hint_size(const std::optional<std::int64_t>& hint, const std::string& name) {
-  if (!hint) return std::numeric_limits<std::int32_t>::max();
+  if (!hint) return -1;
   if (*hint < 0) throw ArgumentError(name + " must not be negative, got " + std::to_string(*hint));
   return *hint;
 }

@@ -225,6 +225,7 @@ BAD_CALLS = {   # what changes from a good paged q8_0 call with an append
                              rotary_sin=lambda a: a["rotary_sin"][:4].copy()),
     "rotary_seqlens negative": dict(rotary_seqlens=lambda a: a["rotary_seqlens"] - 20),
     "rotary without append": dict(k=lambda a: None, v=lambda a: None),
+    "rotary with no rows appended": dict(k=lambda a: a["k"][:, :0], v=lambda a: a["v"][:, :0]),
     "score_mod tensor missing": dict(score_mod=lambda a: DOCUMENT_BIAS,
                                      score_mod_tensors=lambda a: [np.arange(CMAX, dtype=np.int32)]),
     "score_mod text": dict(score_mod=lambda a: "float score(); float sub(0)", score_mod_tensors=lambda a: None),

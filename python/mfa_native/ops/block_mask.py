@@ -92,6 +92,7 @@ class _Checked:
     lists: BlockLists
     arrays: dict[str, np.ndarray]
     converts: dict[str, Callable[[np.ndarray], np.ndarray] | None]
+    binding: Binding   # the lists' rules' (block_lists.py): a warm call checks its lists' contents by it
 
 
 class BlockMask:
@@ -275,7 +276,7 @@ class BlockMask:
         lists = BlockLists(*self.block_size, lead[0] == 1, lead[1] == 1, width["kv_indices"],
                            width.get("full_kv_indices"), width.get("q_indices"), width.get("full_q_indices"),
                            self.bits["kv_bits"].shape[0] if self.bits else None)
-        return _Checked(lists, arrays, converts)
+        return _Checked(lists, arrays, converts, binding)
 
 
 def check_lists(arrays: dict, block_size: tuple[int, int], batch: int, q_heads: int, q_len: int,

@@ -14,11 +14,12 @@ from .arguments import causal_mode, is_empty
 from .attention import (ALIBI_SLOPES, CAUSAL, GRADIENT_OF, K, LAYOUT, LSE, MASK, OUTPUT, Q, RAISES, RETURN_LSE, SCALE,
                         SINKS, SOFTCAP, V, WINDOW, Validated, validate)
 from .attention_backward import DO, GRADIENTS, LSE_IN, O, validate_backward
-from .block_mask import BITS, PAIRS, BlockMask, check_lists
+from .block_mask import BITS, PAIRS, BlockMask
 from .declaration import Arg, Call, Op
 from .flex_bits import as_block_mask
 from .score_mod import SCORE_MOD, SCORE_MOD_RAISES, SCORE_MOD_TENSORS, with_score_mod
 from .empty import empty_backward, empty_forward
+from .rules import Binding
 from .warm import prepared_call
 
 LISTS = tuple(name for pair in PAIRS for name in pair) + BITS
@@ -91,16 +92,16 @@ def _same_values(a, b) -> bool:
 
 def _prepare_forward(call: Call, device):
     block_mask = as_block_mask(call.block_mask)
-    checked = _with_lists(validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale,
-                                   causal=call.causal, window=call.window, layout=call.layout,
-                                   return_lse=call.return_lse, softcap=call.softcap,
-                                   alibi_slopes=call.alibi_slopes), block_mask)
+    checked, lists = _with_lists(validate((call.q, call.k, call.v, call.mask, call.sinks), scale=call.scale,
+                                          causal=call.causal, window=call.window, layout=call.layout,
+                                          return_lse=call.return_lse, softcap=call.softcap,
+                                          alibi_slopes=call.alibi_slopes), block_mask)
     checked, tensors = with_score_mod(checked, call.score_mod, call.score_mod_tensors)
     p, names = checked.problem, call.op.array_names + tensors
     if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_forward(p, names, checked)
     description = codegen.attention_pass(p, family=tuning_facts(device).family)
-    return prepared_call(description, device, checked, names, call.results, _list_check(block_mask, p, names))
+    return prepared_call(description, device, checked, names, call.results, _list_check(lists, names))
 
 
 def _prepare_backward(call: Call, device):
@@ -108,7 +109,7 @@ def _prepare_backward(call: Call, device):
                                  scale=call.scale, causal=call.causal, window=call.window, layout=call.layout,
                                  softcap=call.softcap, alibi_slopes=call.alibi_slopes)
     block_mask = as_block_mask(call.block_mask)
-    forward = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), block_mask)
+    forward, lists = _with_lists(Validated(backward.problem.forward, backward.bound, backward.converts), block_mask)
     forward, tensors = with_score_mod(forward, call.score_mod, call.score_mod_tensors)
     problem = replace(backward.problem, forward=forward.problem)
     p = problem.forward
@@ -116,7 +117,7 @@ def _prepare_backward(call: Call, device):
     if is_empty(p.batch, p.q_heads, p.q_len, p.kv_len):
         return empty_backward(p, names, forward)
     description = codegen.attention_backward_pass(problem, family=tuning_facts(device).family)
-    return prepared_call(description, device, forward, names, call.results, _list_check(block_mask, p, names),
+    return prepared_call(description, device, forward, names, call.results, _list_check(lists, names),
                          _transpose_check if forward.problem.keys.transposed_given else None)
 
 
@@ -228,12 +229,13 @@ BLOCK_SPARSE_ATTENTION_BACKWARD = Op(
 block_sparse_attention_backward = BLOCK_SPARSE_ATTENTION_BACKWARD.function
 
 
-def _with_lists(call: Validated, block_mask: BlockMask) -> Validated:
-    """`call` (attention's checked arguments) with the block mask's lists checked for its problem."""
+def _with_lists(call: Validated, block_mask: BlockMask) -> tuple[Validated, Binding]:
+    """`call` (attention's checked arguments) with the block mask's lists checked for its
+    problem, and the binding that checked them (a warm call's list check)."""
     p = call.problem
     checked = block_mask.checked(p.batch, p.q_heads, p.q_len, p.kv_len)
     converts = {**call.converts, **checked.converts}
-    return Validated(replace(p, keys=checked.lists), {**call.bound, **checked.arrays}, converts)
+    return Validated(replace(p, keys=checked.lists), {**call.bound, **checked.arrays}, converts), checked.binding
 
 
 def _transpose_check(outputs: dict[str, np.ndarray]) -> None:
@@ -250,10 +252,8 @@ def _transpose_check(outputs: dict[str, np.ndarray]) -> None:
                              f"listed, in any order")
 
 
-def _list_check(block_mask: BlockMask, p, names: tuple[str, ...]):
+def _list_check(binding: Binding, names: tuple[str, ...]):
     """The warm path's check of the lists' contents (the arguments named LISTS in `names`), by
     the binding of the cold call's lists (a warm call's have their shapes: its signature's)."""
-    binding = check_lists(block_mask.arrays | block_mask.bits, block_mask.block_size, p.batch, p.q_heads, p.q_len,
-                          p.kv_len)
     at = tuple(names.index(name) for name in LISTS)
     return lambda arguments: binding.check_contents_of({name: arguments[i] for name, i in zip(LISTS, at)})

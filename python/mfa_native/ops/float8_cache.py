@@ -30,13 +30,13 @@ def stored_bytes(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint8) if float8_format(x) is not None else x
 
 
-def descale_rows(descale, batch: int, kv_heads: int) -> np.ndarray:
-    """A descale argument (its rule checked: float32, (B, Hkv) or a single factor) as the
+def descale_rows(descale, name: str, batch: int, kv_heads: int) -> np.ndarray:
+    """Descale argument `name` (its rule checked: float32, (B, Hkv) or a single factor) as the
     (B, Hkv) float32 view the kernels read (None: 1); a copy where its strides are not
     non-negative whole elements."""
     if descale is None:
         return np.broadcast_to(np.ones(1, np.float32), (batch, kv_heads))
-    x = check.as_array(descale, "descale")
+    x = check.as_array(descale, name)
     if x.shape in ((), (1,)):
         return np.broadcast_to(x.reshape(1), (batch, kv_heads))
     return check.normalized(x if all(s >= 0 and s % 4 == 0 for s in x.strides) else np.ascontiguousarray(x))
@@ -46,6 +46,6 @@ def bound_descales(values: dict, formats: dict, batch: int, kv_heads: int) -> di
     """The descale arguments of a call (`values` by name, their rules checked) as bound:
     "k_descale" and "v_descale" for each float8 cache (`formats`: "k", "v" -> its
     Float8Format or None), "q_descale" when given (its rule needs a float8 k_cache)."""
-    return {name: descale_rows(values[name], batch, kv_heads) for name in DESCALES
+    return {name: descale_rows(values[name], name, batch, kv_heads) for name in DESCALES
             if formats["k" if name == "q_descale" else name[0]] is not None
             and (name != "q_descale" or values[name] is not None)}

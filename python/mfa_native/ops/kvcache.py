@@ -32,7 +32,6 @@ import numpy as np
 from .. import codegen, reference
 from ..codegen import CacheKeys
 from ..quantized import QuantizedTensor
-from ..runtime.arrays import FLOAT_DTYPES
 from ..runtime.devices import tuning_facts
 from . import arguments as check
 from . import kvcache_rules as rules
@@ -279,7 +278,7 @@ def _prepare(call: Call, device):
                 keys=cache.keys(rotary, 0 if rotary is None else len(call.rotary_cos)))
     checked = Validated(p, dict(forward.bound), dict(forward.converts), dict(forward.sources))
     for name in descales:
-        checked.converts[name] = lambda x: descale_rows(x, cache.batch, cache.kv_heads)
+        checked.converts[name] = lambda x, name=name: descale_rows(x, name, cache.batch, cache.kv_heads)
     checked.bound["cache_seqlens"] = lengths = cache.check(call.values)
     # None is part of the signature: its warm calls bind the same capacity lengths.
     checked.converts["cache_seqlens"] = np.ascontiguousarray if call.cache_seqlens is not None else lambda _: lengths

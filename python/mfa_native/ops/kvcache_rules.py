@@ -72,6 +72,7 @@ def _descale(name: str, cache: str) -> ArrayRule:
 
 
 ROTARY_FORM = "rotary_cos must be (seqlen_ro, rotary_dim / 2) with 0 < rotary_dim <= D = {D}, got {rotary_cos.shape}"
+ROTARY_APPENDS = "rotary_cos needs k and v: the rotary embedding applies to the rows appended (flash-attn's rule)"
 
 Q = ArrayRule(dtypes=FLOATS, shapes=(("B", "R", "Hq", "D"),), binds=True, dtype_error=ATTENTION_Q.dtype_error,
               rank_error="q must have 4 dimensions (B, R, Hq, D), got shape {q.shape}")
@@ -94,8 +95,8 @@ BLOCK_TABLE = _int32(
 ROTARY_COS = ArrayRule(
     dtype_of="q", dtype_raises="ValueError", shapes=(("Lro", "half"),), reads="contiguous",
     needs=(("rotary_sin", ROTARY_TOGETHER),
-           ("k", "rotary_cos needs k and v: the rotary embedding applies to the rows appended (flash-attn's rule)")),
-    requires=(Require("half >= 1 && 2 * half <= D", ROTARY_FORM),),
+           ("k", ROTARY_APPENDS)),
+    requires=(Require("half >= 1 && 2 * half <= D", ROTARY_FORM), Require("Rn >= 1", ROTARY_APPENDS)),
     contents=(Content("fits", "rotary_cos has {Lro} positions (seqlen_ro), too few: batch {rotary_cos.index} needs "
                               "{rotary_cos.value} ({rotary_cos.source} + the rows turned)", bound="Lro",
                       lengths="rotary_ends"),),

@@ -157,7 +157,9 @@ def _lengths_failure(kind: str, values: np.ndarray, bound: int | None, lengths: 
             return None
         at = int(beyond[0])
         return {"index": at, "value": int(values.reshape(-1)[at]), "limit": int(lengths[at])}
-    if not values.size:   # "pages": rows of the last axis, each reading its first entries
+    if page < 1:   # "pages": rows of the last axis, each reading its first entries
+        raise ValueError(f"a page must hold at least one row, got {page}")
+    if not values.size:
         return None
     table = values.reshape(-1, values.shape[-1])
     if table.min() >= 0 and table.max() < bound:   # the common case first: every entry, read or not, is a page
@@ -351,12 +353,18 @@ class Binding:
                 self.check_contents(name, arrays[name])
 
     def check_contents(self, name: str, values: np.ndarray) -> None:
-        """Checks a checked array's values (int32, its rule's `contents`, in order); a failure's
-        fields (content_failure) fill `{name.index}`, `{name.value}`, ... in its message."""
+        """Checks a checked array's values (its rule's `contents`, in order: int32 entries, but
+        for "fits", which reads only its Lengths, those of the last check_contents_of's arrays);
+        a failure's fields (content_failure) fill `{name.index}`, `{name.value}`, ... in its
+        message."""
         for content, bound, page in self._applying(name):
             lengths, source = (None, "") if content.lengths is None else self._lengths(content.lengths)
             if content.lengths is not None and lengths is None:
                 continue
+            width = values.shape[-1] if content.kind == "pages" else 1   # "within": one length an entry
+            if content.kind in ("within", "pages") and lengths.size * width != values.size:
+                raise ValueError(f"the declaration's {content.kind} check of {name} reads {content.lengths}, "
+                                 f"{lengths.size} rows, which {name} does not have")
             failure = content_failure(content.kind, values, bound, lengths, page)
             if failure is not None:
                 self._texts.update({f"{name}.{key}": str(value) for key, value in failure.items()})
@@ -378,7 +386,11 @@ class Binding:
                 entries = values.reshape(-1).astype(np.int64)
                 entries = (np.diff(entries) if steps else entries) + evaluate(lengths.offset, self.sizes)
                 if lengths.plus is not None:
-                    entries = entries + self._values[lengths.plus].reshape(-1)
+                    plus = self._values.get(lengths.plus)
+                    if plus is None or plus.size != entries.size:
+                        raise ValueError(f"the declaration's lengths {name} add {lengths.plus}, which this call does "
+                                         "not give as many entries")
+                    entries = entries + plus.reshape(-1)
                 return entries, source
         if lengths.fill is None:
             return None, ""
@@ -386,7 +398,8 @@ class Binding:
 
     def _applying(self, name: str) -> list[tuple[Content, int | None, int | None]]:
         """`name`'s content checks that apply, with their bounds and pages: the sizes they read
-        are bound before it is checked and do not change, so warm calls reuse the first call's."""
+        are bound (or given, as the KV cache's per_row) before the first contents are checked and
+        do not change, so warm calls reuse the first call's."""
         applying = self._contents.get(name)
         if applying is None:
             applying = self._contents[name] = [

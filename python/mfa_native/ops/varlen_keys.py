@@ -1,4 +1,4 @@
-"""Where each sequence of `attention_varlen` finds its keys, and the checks spanning their contents.
+"""Where each sequence of `attention_varlen` finds its keys, and the pages' layout.
 
 Three ways, flash-attn's: rows [cu_seqlens_k[s], cu_seqlens_k[s + 1]) of packed k and v
 (flash-attn 2); the first seqused_k[s] of those rows (flash-attn 3's seqused_k); or, with a

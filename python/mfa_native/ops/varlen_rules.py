@@ -6,7 +6,7 @@ problem is one "bshd" batch of them (B = 1, R = total_q, C = total_k). The calle
 sizes (`SIZES`): `sequences` (cu_seqlens_q's entries less one, read before it is checked:
 seqused_k's, block_table's and a per-sequence alibi_slopes table's rows), `paged` (1 with
 block_table), `page_size` and `blocks` (k's pages: 0 without block_table), and the
-max_seqlen hints (MAX_INDEX where not given: no bound). cu_seqlens, seqused_k and block_table
+max_seqlen hints (NO_HINT, -1, where not given: no check). cu_seqlens, seqused_k and block_table
 (and the backward's o, lse and do) are the op's own arrays, checked after attention's, their
 contents on every call, those spanning several arrays by the Lengths they read: each
 sequence's rows (cu_seqlens' steps) and the keys it uses (seqused_k's, else cu_seqlens_k's
@@ -16,11 +16,11 @@ steps, else every listed page).
 from __future__ import annotations
 
 from . import attention_rules
-from .attention_rules import FLOATS, GQA, HEAD_DIMS, MAX_INDEX, limits, written
+from .attention_rules import FLOATS, GQA, HEAD_DIMS, limits, written
 from .rules import ArrayRule, Checks, Content, Lengths, Require
 
 SIZES = ("sequences", "paged", "page_size", "blocks", "max_seqlen_q", "max_seqlen_k")   # given by the call
-NO_HINT = MAX_INDEX   # a max_seqlen hint not given: no bound
+NO_HINT = -1   # a max_seqlen hint not given (a given one is never negative): not checked
 
 MAX_SEQUENCES = 2**24   # per call: their tables are built on the host every call
 Q_SHAPE, K_SHAPE, V_SHAPE = ("total_q", "Hq", "D"), ("total_k", "Hkv", "D"), ("total_k", "Hkv", "Dv")
@@ -76,12 +76,13 @@ def _int32_form(name: str, shape: tuple[str, ...], form: str) -> dict:
                 dtype_error=message, shape_error=message)
 
 
-Q, K, V = _packed("q", Q_SHAPE, "total_q"), _packed("k", K_SHAPE, "total_k"), _packed("v", V_SHAPE, "total_k")
 def _hint(name: str, lengths: str, what: str) -> Content:
     """A max_seqlen hint: at least each sequence's count (`lengths`)."""
     return Content("fits", f"{name} is {{{name}}}, but sequence {{cu_seqlens_q.index}} has {{cu_seqlens_q.value}} "
-                           f"{what}", bound=name, lengths=lengths)
+                           f"{what}", bound=name, when=f"{name} >= 0", lengths=lengths)
 
+
+Q, K, V = _packed("q", Q_SHAPE, "total_q"), _packed("k", K_SHAPE, "total_k"), _packed("v", V_SHAPE, "total_k")
 
 CU_SEQLENS_Q = _cu_seqlens("cu_seqlens_q", "Ncu", _ends("cu_seqlens_q", "total_q", "q"),
                            hints=(_hint("max_seqlen_q", "query_rows", "rows"), _hint("max_seqlen_k", "keys", "keys")))
