@@ -133,11 +133,13 @@ bool Binder::given(const std::string& name) const {
 }
 
 void Binder::bind_sizes() {
-  std::vector<ArrayRule> binding;
+  std::vector<ArrayRule> firsts;  // a binding list's first element's rule
+  firsts.reserve(declaration_.arrays.size());
+  std::vector<const ArrayRule*> binding;
   for (const ArrayRule& rule : declaration_.arrays)
-    if (rule.binds) binding.push_back(rule.each ? element(rule, 0) : rule);
-  for (const ArrayRule& rule : binding) check_dtype(rule);
-  for (const ArrayRule& rule : binding) bind(rule);
+    if (rule.binds) binding.push_back(rule.each ? &firsts.emplace_back(element(rule, 0)) : &rule);
+  for (const ArrayRule* rule : binding) check_dtype(*rule);
+  for (const ArrayRule* rule : binding) bind(*rule);
   require(declaration_.requires_);
   for (const auto& [name, expression] : declaration_.derived) sizes_.emplace(name, expression.evaluate(sizes_));
 }
@@ -155,9 +157,13 @@ void Binder::check_own() {
 void Binder::check_forms(bool own) {
   for (const ArrayRule& rule : declaration_.arrays) {
     if (rule.own != own) continue;
-    if (rule.each)  // a binding list's first element is bound
-      for (std::size_t i = rule.binds ? 1 : 0; given(element(rule, i).name); ++i) check(element(rule, i));
-    else if (!rule.binds && given(rule.name))
+    if (rule.each) {  // a binding list's first element is bound
+      for (std::size_t i = rule.binds ? 1 : 0;; ++i) {
+        const ArrayRule each = element(rule, i);
+        if (!given(each.name)) break;
+        check(each);
+      }
+    } else if (!rule.binds && given(rule.name))
       check(rule);
   }
 }
@@ -229,35 +235,41 @@ void Binder::bind(const ArrayRule& rule) {
 void Binder::check_shape(const ArrayRule& rule) {
   const TensorView& view = *given_.at(rule.name);
   for (std::size_t index = 0; index < rule.shapes.size(); ++index) {
-    SizeEnv sizes = with_new_sizes(rule, index, view.shape);
-    const std::vector<std::int64_t> target = shape_for(rule, index, sizes);
+    std::optional<SizeEnv> sizes = with_new_sizes(rule, index, view.shape);
+    const std::vector<std::int64_t> target = shape_for(rule, index, sizes ? *sizes : sizes_);
     if (view.shape != target && !(rule.broadcast && broadcasts(view.shape, target))) continue;
-    sizes_ = std::move(sizes);
+    if (sizes) sizes_ = std::move(*sizes);
     const Checked& kept = views_[rule.name] = checked(view, rule.name);
     shape_index_[rule.name] = index;
     if (rule.written) require_contiguous(kept);
     return;
   }
-  sizes_ = with_new_sizes(rule, 0, view.shape);  // {name.expected} with the sizes it gives
+  if (std::optional<SizeEnv> sizes = with_new_sizes(rule, 0, view.shape))  // {name.expected} with the sizes it gives
+    sizes_ = std::move(*sizes);
   throw ArgumentError(format(rule.shape_error));
 }
 
-SizeEnv Binder::with_new_sizes(const ArrayRule& rule, std::size_t index, const std::vector<std::int64_t>& shape) const {
-  SizeEnv sizes = sizes_;
+std::optional<SizeEnv> Binder::with_new_sizes(const ArrayRule& rule, std::size_t index,
+                                              const std::vector<std::int64_t>& shape) const {
   const std::vector<SizeExpression>& dims = rule.shapes[index];
-  if (!fits(rule, shape.size())) return sizes;
-  const std::vector<std::int64_t> extents = logical(rule, trailing(rule, shape));
+  if (rule.leading ? shape.size() < dims.size() : shape.size() != dims.size()) return std::nullopt;
+  const std::vector<std::int64_t> extents = logical(rule, {shape.end() - std::ptrdiff_t(dims.size()), shape.end()});
+  std::optional<SizeEnv> sizes;
   for (std::size_t i = 0; i < dims.size(); ++i)
-    if (is_size_name(dims[i].text())) sizes.emplace(dims[i].text(), extents[i]);
+    if (is_size_name(dims[i].text()) && !sizes_.count(dims[i].text())) {
+      if (!sizes) sizes = sizes_;
+      sizes->emplace(dims[i].text(), extents[i]);
+    }
   return sizes;
 }
 
-std::vector<std::int64_t> Binder::entries(const std::string& name) const {
+const std::vector<std::int64_t>& Binder::entries(const std::string& name) const {
+  if (auto read = entries_.find(name); read != entries_.end()) return read->second;
   const Checked& view = views_.at(name);
   if (view.view->dtype != DType::int32)
     throw BundleError("the bundle's declaration of " + declaration_.op + " reads the contents of " + name +
                       ", which is not int32");
-  return int32_entries(view);
+  return entries_.emplace(name, int32_entries(view)).first->second;
 }
 
 std::optional<std::vector<std::int64_t>> Binder::lengths(const std::string& name, std::string& source_name) const {
@@ -265,7 +277,7 @@ std::optional<std::vector<std::int64_t>> Binder::lengths(const std::string& name
   for (const auto& [source, steps] : rule.sources) {
     if (!given(source)) continue;
     source_name = source;
-    std::vector<std::int64_t> values = entries(source);
+    std::vector<std::int64_t> values = entries(source);  // a copy: the lengths it becomes
     if (steps) {
       for (std::size_t i = 0; i + 1 < values.size(); ++i) values[i] = values[i + 1] - values[i];
       if (!values.empty()) values.pop_back();
@@ -286,7 +298,7 @@ std::optional<std::vector<std::int64_t>> Binder::lengths(const std::string& name
 }
 
 void Binder::check_contents(const ArrayRule& rule) {
-  std::optional<std::vector<std::int64_t>> values;  // read once, by the first check reading them
+  static const std::vector<std::int64_t> kNone;
   for (const ContentCheck& content : rule.contents) {
     if (content.when && !content.when->evaluate(sizes_)) continue;
     std::vector<std::int64_t> lengths;
@@ -296,18 +308,16 @@ void Binder::check_contents(const ArrayRule& rule) {
       if (!given_lengths) continue;
       lengths = std::move(*given_lengths);
     }
-    if (content.reads_entries() && !values) values = entries(rule.name);
+    const std::vector<std::int64_t>& values = content.reads_entries() ? entries(rule.name) : kNone;
     const std::vector<std::int64_t>& shape = views_.at(rule.name).shape;
-    const std::int64_t row = content.kind == "pages" && !shape.empty() ? shape.back() : 1;
+    const std::int64_t width = shape.empty() ? 0 : shape.back();
     if ((content.kind == "within" || content.kind == "pages") &&
-        std::int64_t(lengths.size()) * row != std::int64_t(values->size()))
+        std::int64_t(lengths.size()) * (content.kind == "pages" ? width : 1) != std::int64_t(values.size()))
       throw ArgumentError("the declaration's " + content.kind + " check of " + rule.name + " reads " +
                           content.lengths + ", " + std::to_string(lengths.size()) + " rows, which " + rule.name +
                           " does not have");
-    const auto failure = content_failure(content.kind, values ? *values : std::vector<std::int64_t>{},
-                                         content.bound ? content.bound->evaluate(sizes_) : 0, lengths,
-                                         content.page ? content.page->evaluate(sizes_) : 0,
-                                         shape.empty() ? 0 : shape.back());
+    const auto failure = content_failure(content.kind, values, content.bound ? content.bound->evaluate(sizes_) : 0,
+                                         lengths, content.page ? content.page->evaluate(sizes_) : 0, width);
     if (failure.empty()) continue;
     for (const auto& [field, value] : failure) content_fields_[rule.name + "." + field] = value;
     texts_[rule.name + ".source"] = source;

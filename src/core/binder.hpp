@@ -66,15 +66,16 @@ class Binder {
   void note_element(const std::string& name);
   void check_shape(const ArrayRule& rule);
   void check_contents(const ArrayRule& rule);
-  // A checked int32 array's entries in C order.
-  std::vector<std::int64_t> entries(const std::string& name) const;
+  // A checked int32 array's entries in C order, read once a call.
+  const std::vector<std::int64_t>& entries(const std::string& name) const;
   // The Lengths `name` for the call's arrays (none: no source given and no fill), and in
   // `source` the array they came from (unchanged: the fill).
   std::optional<std::vector<std::int64_t>> lengths(const std::string& name, std::string& source) const;
   void require(const std::vector<SizeRequirement>& requirements) const;
   // The sizes with those that shape `index` of `rule` names but nothing bound yet taken from
-  // `shape`'s extents (when its rank is the shape's).
-  SizeEnv with_new_sizes(const ArrayRule& rule, std::size_t index, const std::vector<std::int64_t>& shape) const;
+  // `shape`'s extents (none: its rank is not the shape's, or no size is new).
+  std::optional<SizeEnv> with_new_sizes(const ArrayRule& rule, std::size_t index,
+                                        const std::vector<std::int64_t>& shape) const;
   // Shape `index` of `rule` for `sizes`, in memory order (the call's leading axes first where it has them).
   std::vector<std::int64_t> shape_for(const ArrayRule& rule, std::size_t index, const SizeEnv& sizes) const;
   // The logical axis of each memory axis of a `rank`-d array of `rule` (none: memory order is
@@ -93,7 +94,8 @@ class Binder {
   std::map<std::string, std::string> elements_;  // a list's name -> its element being checked
   std::map<std::string, Checked> views_;
   std::map<std::string, std::size_t> shape_index_;
-  std::map<std::string, std::int64_t> content_fields_;  // a content message's {name.index}, {name.value}, ...
+  std::map<std::string, std::int64_t> content_fields_;
+  mutable std::map<std::string, std::vector<std::int64_t>> entries_;  // entries(): each array's, read once  // a content message's {name.index}, {name.value}, ...
 };
 
 }  // namespace mfa

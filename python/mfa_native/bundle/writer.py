@@ -48,10 +48,6 @@ LENGTHS = (1, 9, 17, 33, 65, 129, 257)
 NO_SPLIT = (64, 1)                 # (C, P): too few keys to split, whatever the device
 SPLIT = (1 << 15, 1 << 20)         # (C, P): a decode that splits
 MAX_SPLIT_ROWS = 32                # decode rows that may split (the packed facet's bound)
-# The ops whose declarations a bundle carries (what the C++ binder checks their calls by).
-DECLARED = ("attention", "attention_backward", "attention_with_kvcache", "sparse_attention", "sparse_attention_backward",
-            "attention_varlen", "attention_varlen_backward", "int8_attention", "sparse_topk", "quantize",
-            "merge_attention")
 
 
 def query_lengths(facts: EntryFacts) -> list[int]:
@@ -347,9 +343,9 @@ def build_payload(entries: list[EntryFacts], progress: Callable[[str], None] | N
 
 
 def declarations() -> dict[str, dict]:
-    """The declaration data of the ops a bundle serves, by name, and of a block mask's lists
-    (what the C++ binder reads)."""
-    return {**{name: OPS[name].declaration_data() for name in DECLARED},
+    """The declaration data of the ops that declare their checks as data (every op a bundle
+    serves), by name, and of a block mask's lists (what the C++ binder reads)."""
+    return {**{name: op.declaration_data() for name, op in OPS.items() if op.checks is not None},
             lists_rules.NAME: lists_rules.declaration_data()}
 
 

@@ -67,6 +67,11 @@ def as_array(x, name: str) -> np.ndarray:
     raise TypeError(f"{name} must be a numpy array or a CPU array supporting DLPack, got {type(x).__name__}")
 
 
+def given_arrays(values: dict, names) -> dict[str, np.ndarray | None]:
+    """The arrays named `names` among a call's `values`, numpy views by name (None: not given)."""
+    return {name: None if values.get(name) is None else as_array(values[name], name) for name in names}
+
+
 def is_empty(B: int, Hq: int, R: int, C: int) -> bool:
     """Nothing to compute: no output rows (B, Hq or R = 0) or no keys (C = 0)."""
     return B * Hq * R * C == 0

@@ -19,7 +19,6 @@ from typing import Any
 from .rules import ArrayRule, Checks, Content, Lengths, Require, checks_data, rule_data
 
 NAME = "block_lists"   # the declaration's name in a bundle
-SIZES = ("B", "Hq", "R", "C", "Qb", "Kb")   # given by the call
 
 
 def _pair(prefix: str) -> dict[str, ArrayRule]:

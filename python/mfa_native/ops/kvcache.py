@@ -95,11 +95,6 @@ BLOCK_TABLE = Arg("block_table", "array", rule=rules.RULES["block_table"], defau
 CHECKED = tuple(name for name in rules.RULES if name not in ("q", "k_cache", "v_cache"))   # the rules' others
 
 
-def _checked_arrays(values: dict) -> dict[str, np.ndarray | None]:
-    """The call's arrays the rules check beside q and the caches, numpy views by name (None: not given)."""
-    return {name: None if values.get(name) is None else check.as_array(values[name], name) for name in CHECKED}
-
-
 class Cache:
     """The call's caches: their rules' binding (the sizes, every array's form; the contents on
     every call) and how they bind (the pages' layout, the rows the kernels read)."""
@@ -109,7 +104,7 @@ class Cache:
         q = check.as_array(values["q"], "q")
         caches = {name: values[name] if isinstance(values[name], QuantizedTensor) else check.as_array(values[name], name)
                   for name in ("k_cache", "v_cache")}
-        given = _checked_arrays(values)
+        given = check.given_arrays(values, CHECKED)
         self.paged = given["block_table"] is not None
         self.float8 = {"k": float8_format(caches["k_cache"]), "v": float8_format(caches["v_cache"])}   # None: not float8
         k = given["k"]
@@ -150,15 +145,16 @@ class Cache:
         return CacheKeys(self.appended, self.page, self.width if self.paged else None,
                          self.page_rows if self.paged else None, rotary, rotary_positions)
 
-    def check(self, values: dict) -> np.ndarray:
+    def check(self, values: dict) -> None:
         """Every call: the arrays' contents by their rules (the lengths, the room to append, the
-        pages read, the rotary positions); cache_seqlens as bound, None being the cache's
-        capacity for every batch (flash-attn's rule)."""
-        given = _checked_arrays(values)
-        self.binding.check_contents_of(given)
-        if given["cache_seqlens"] is None:
+        pages read, the rotary positions)."""
+        self.binding.check_contents_of(check.given_arrays(values, CHECKED))
+
+    def lengths(self, cache_seqlens) -> np.ndarray:
+        """cache_seqlens as bound, None being the cache's capacity for every batch (flash-attn's rule)."""
+        if cache_seqlens is None:
             return np.full(self.batch, self.capacity, np.int32)
-        return np.ascontiguousarray(given["cache_seqlens"])
+        return np.ascontiguousarray(check.as_array(cache_seqlens, "cache_seqlens"))
 
     def writable(self, k_cache, v_cache) -> None:
         """Raises TypeError unless every array the append writes is writable (each call)."""
@@ -212,7 +208,8 @@ def checked_append(q, k_cache, v_cache, cache_seqlens, k, v, block_table) -> tup
     values = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k": k, "v": v,
               "block_table": block_table}
     cache = Cache(values)
-    return cache.rows_written(cache.check(values), block_table)
+    cache.check(values)
+    return cache.rows_written(cache.lengths(cache_seqlens), block_table)
 
 
 def _arrays(cache, name: str) -> dict[str, np.ndarray]:
@@ -279,7 +276,7 @@ def _prepare(call: Call, device):
     checked = Validated(p, dict(forward.bound), dict(forward.converts), dict(forward.sources))
     for name in descales:
         checked.converts[name] = lambda x, name=name: descale_rows(x, name, cache.batch, cache.kv_heads)
-    checked.bound["cache_seqlens"] = lengths = cache.check(call.values)
+    checked.bound["cache_seqlens"] = lengths = cache.lengths(call.cache_seqlens)   # checked with the contents, below
     # None is part of the signature: its warm calls bind the same capacity lengths.
     checked.converts["cache_seqlens"] = np.ascontiguousarray if call.cache_seqlens is not None else lambda _: lengths
     if cache.paged:

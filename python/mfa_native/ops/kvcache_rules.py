@@ -3,7 +3,7 @@
 q and the caches bind the sizes: q (B, R, Hq, D), each cache (N, P, Hkv, D|Dv), N and P
 being (B, Cmax) for a contiguous cache and (num_blocks, page_size) for pages (a
 QuantizedTensor cache by its logical shape, its dtype unchecked). The call gives sizes of its
-own (`SIZES`): `paged` (1 with block_table), `Rn` (the rows k appends: its axis 1, 0 without
+own: `paged` (1 with block_table), `Rn` (the rows k appends: its axis 1, 0 without
 k), `per_row` (1 where causal or a window turn each q row at its own position, given once
 the options are checked) and `k_float8`, `v_float8` (1 for a float8 cache). The other
 arrays are checked against them: their forms first, then (every call, once the options are
@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from .attention_rules import FLOATS
 from .attention_rules import Q as ATTENTION_Q
-from .rules import ArrayRule, Checks, Content, Lengths, Require
+from .rules import ArrayRule, Checks, Content, Lengths, Require, int32_table
 
-SIZES = ("paged", "Rn", "per_row", "k_float8", "v_float8")   # given by the call
 APPEND_TOGETHER = "k and v are appended together: give both or neither"
 ROTARY_TOGETHER = "rotary_cos and rotary_sin are given together"
 CACHE_DTYPES = ("{q.dtype}", "float8_e4m3fn", "float8_e5m2")
@@ -48,13 +47,6 @@ def _appended(name: str, head_dim: str, other: str) -> ArrayRule:
                      if name == "k" else "")
 
 
-def _int32(name: str, shape: tuple[str, ...], form: str, **more) -> ArrayRule:
-    """An int32 table: its dtype, rank and shape refused with one message naming both."""
-    message = f"{name} must be int32 {form}, got {{{name}.dtype}} {{{name}.shape}}"
-    return ArrayRule(dtypes=("int32",), dtype_raises="ValueError", shapes=(shape,), reads="contiguous",
-                     dtype_error=message, rank_error=message, shape_error=message, **more)
-
-
 def _nonnegative(name: str) -> Content:
     return Content("nonnegative", f"{name} must not be negative, got {{{name}.min}}")
 
@@ -77,7 +69,7 @@ ROTARY_APPENDS = "rotary_cos needs k and v: the rotary embedding applies to the 
 Q = ArrayRule(dtypes=FLOATS, shapes=(("B", "R", "Hq", "D"),), binds=True, dtype_error=ATTENTION_Q.dtype_error,
               rank_error="q must have 4 dimensions (B, R, Hq, D), got shape {q.shape}")
 K_CACHE, V_CACHE = _cache("k_cache", "D"), _cache("v_cache", "Dv")
-CACHE_SEQLENS = _int32(
+CACHE_SEQLENS = int32_table(
     "cache_seqlens", ("B",), "(B,) = ({B},)",
     contents=(_nonnegative("cache_seqlens"),
               Content("fits", "batch {cache_seqlens.index} attends cache_seqlens + Rn = {cache_seqlens.value} keys, "
@@ -87,7 +79,7 @@ CACHE_SEQLENS = _int32(
                               "beyond the cache's capacity max_blocks * page_size = {Wt} * {P}", bound="Wt * P",
                       when="paged", lengths="attended")))
 K, V = _appended("k", "k_cache_D", "v"), _appended("v", "Dv", "k")
-BLOCK_TABLE = _int32(
+BLOCK_TABLE = int32_table(
     "block_table", ("B", "Wt"), "(B, max_blocks) with B = {B}",
     contents=(Content("pages", "block_table[{block_table.row}, {block_table.column}] = {block_table.value} is not a "
                                "page of k_cache (0..{block_table.last}), and batch {block_table.row} reads that page",
@@ -107,7 +99,7 @@ ROTARY_SIN = ArrayRule(
     needs=(("rotary_cos", ROTARY_TOGETHER),),
     dtype_error="rotary_sin must have q's dtype {q.dtype}, got {rotary_sin.dtype}",
     shape_error="rotary_sin must have rotary_cos's shape {rotary_cos.shape}, got {rotary_sin.shape}")
-ROTARY_SEQLENS = _int32("rotary_seqlens", ("B",), "(B,) = ({B},)",
+ROTARY_SEQLENS = int32_table("rotary_seqlens", ("B",), "(B,) = ({B},)",
                         needs=(("rotary_cos", "rotary_seqlens is given without rotary_cos and rotary_sin"),),
                         contents=(_nonnegative("rotary_seqlens"),))
 Q_DESCALE, K_DESCALE, V_DESCALE = (_descale(name, cache) for name, cache in (

@@ -229,6 +229,15 @@ class Checks:
     layouts: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)})
 
 
+def int32_table(name: str, shape: tuple[str, ...], form: str, **more) -> ArrayRule:
+    """An int32 table read contiguous (lengths, a block table): a dtype, rank or shape other
+    than `shape` refused with one ValueError naming both ("{name} must be int32 {form}, got
+    ..."); `more`, its other fields."""
+    message = f"{name} must be int32 {form}, got {{{name}.dtype}} {{{name}.shape}}"
+    return ArrayRule(dtypes=("int32",), dtype_raises="ValueError", shapes=(shape,), reads="contiguous",
+                     dtype_error=message, rank_error=message, shape_error=message, **more)
+
+
 def shape_text(shape: tuple[int, ...]) -> str:
     """A shape as Python prints a tuple of ints."""
     return str(tuple(int(n) for n in shape))
@@ -277,8 +286,8 @@ class Binding:
         self.leading: tuple[int, ...] = ()   # the call's leading axes (LEADING), once bound
         self._texts: dict[str, str] = {"layout": layout, **(texts or {})}
         self._contents: dict[str, list[tuple[Content, int | None, int | None]]] = {}   # _applying's, by array
-        self._values: dict[str, np.ndarray | None] = {}   # the call's int32 arrays whose contents are checked
-        self._lengths_read: dict[str, tuple[np.ndarray | None, str]] = {}   # _lengths' of this call
+        self._with_contents = tuple(name for name, rule in rules.items() if rule.contents)
+        self._values_of: dict[str, int] = {}   # _evaluated's, by expression
 
     def with_rules(self, rules: dict[str, ArrayRule]) -> Binding:
         """A binding of the same sizes (and the arrays seen) that checks by `rules`."""
@@ -346,19 +355,27 @@ class Binding:
 
     def check_contents_of(self, arrays: dict[str, np.ndarray | None]) -> None:
         """The contents checks of the arrays given among `arrays`, in the rules' order (a warm
-        call's: their forms are its signature's); the Lengths they read come from `arrays`."""
-        self._values, self._lengths_read = arrays, {}
-        for name in self.rules:
-            if arrays.get(name) is not None and self.rules[name].contents:
-                self.check_contents(name, arrays[name])
+        call's: their forms are its signature's); the Lengths they read come from `arrays`. A
+        call's state stays in this call (warm calls of one signature share the binding)."""
+        read: dict[str, tuple[np.ndarray | None, str]] = {}
+        for name in self._with_contents:
+            if arrays.get(name) is not None:
+                self._check_contents(name, arrays[name], arrays, read)
 
     def check_contents(self, name: str, values: np.ndarray) -> None:
-        """Checks a checked array's values (its rule's `contents`, in order: int32 entries, but
-        for "fits", which reads only its Lengths, those of the last check_contents_of's arrays);
-        a failure's fields (content_failure) fill `{name.index}`, `{name.value}`, ... in its
-        message."""
+        """Checks one array's values by its rule's `contents` (which read no other array)."""
+        self._check_contents(name, values, {name: values}, {})
+
+    def lengths(self, name: str, arrays: dict[str, np.ndarray | None]) -> np.ndarray | None:
+        """The Lengths `name` for the call's `arrays` (int64; None where none gives them and they
+        have no fill): what its content checks read."""
+        return self._lengths(name, arrays, {})[0]
+
+    def _check_contents(self, name: str, values: np.ndarray, arrays: dict, read: dict) -> None:
+        """`name`'s content checks, in order; a failure's fields (content_failure) fill
+        `{name.index}`, `{name.value}`, ... and `{name.source}` in its message."""
         for content, bound, page in self._applying(name):
-            lengths, source = (None, "") if content.lengths is None else self._lengths(content.lengths)
+            lengths, source = (None, "") if content.lengths is None else self._lengths(content.lengths, arrays, read)
             if content.lengths is not None and lengths is None:
                 continue
             width = values.shape[-1] if content.kind == "pages" else 1   # "within": one length an entry
@@ -367,26 +384,25 @@ class Binding:
                                  f"{lengths.size} rows, which {name} does not have")
             failure = content_failure(content.kind, values, bound, lengths, page)
             if failure is not None:
-                self._texts.update({f"{name}.{key}": str(value) for key, value in failure.items()})
-                self._texts[f"{name}.source"] = source
-                raise ValueError(self._format(content.message))
+                fields = {f"{name}.{key}": str(value) for key, value in failure.items()}
+                raise ValueError(self._format(content.message, {**fields, f"{name}.source": source}))
 
-    def _lengths(self, name: str) -> tuple[np.ndarray | None, str]:
-        """The Lengths `name` for this call's arrays (int64; None where none gives them and they
-        have no fill), and the array they came from ("": the fill); read once a call."""
-        if name not in self._lengths_read:
-            self._lengths_read[name] = self._read_lengths(name)
-        return self._lengths_read[name]
+    def _lengths(self, name: str, arrays: dict, read: dict) -> tuple[np.ndarray | None, str]:
+        """The Lengths `name` for `arrays` and the array they came from ("": the fill), read once
+        a call (`read`); their size expressions are evaluated once, as `_applying`'s are."""
+        if name not in read:
+            read[name] = self._read_lengths(name, arrays)
+        return read[name]
 
-    def _read_lengths(self, name: str) -> tuple[np.ndarray | None, str]:
+    def _read_lengths(self, name: str, arrays: dict) -> tuple[np.ndarray | None, str]:
         lengths = self.checks.lengths[name]
         for source, steps in lengths.sources:
-            values = self._values.get(source)
+            values = arrays.get(source)
             if values is not None:
                 entries = values.reshape(-1).astype(np.int64)
-                entries = (np.diff(entries) if steps else entries) + evaluate(lengths.offset, self.sizes)
+                entries = (np.diff(entries) if steps else entries) + self._evaluated(lengths.offset)
                 if lengths.plus is not None:
-                    plus = self._values.get(lengths.plus)
+                    plus = arrays.get(lengths.plus)
                     if plus is None or plus.size != entries.size:
                         raise ValueError(f"the declaration's lengths {name} add {lengths.plus}, which this call does "
                                          "not give as many entries")
@@ -394,7 +410,13 @@ class Binding:
                 return entries, source
         if lengths.fill is None:
             return None, ""
-        return np.full(evaluate(lengths.rows, self.sizes), evaluate(lengths.fill, self.sizes), np.int64), ""
+        return np.full(self._evaluated(lengths.rows), self._evaluated(lengths.fill), np.int64), ""
+
+    def _evaluated(self, expression: str) -> int:
+        """A size expression's value, evaluated once (the sizes a content check reads do not change)."""
+        if expression not in self._values_of:
+            self._values_of[expression] = evaluate(expression, self.sizes)
+        return self._values_of[expression]
 
     def _applying(self, name: str) -> list[tuple[Content, int | None, int | None]]:
         """`name`'s content checks that apply, with their bounds and pages: the sizes they read
@@ -493,10 +515,13 @@ class Binding:
                 self._texts[f"{key}.expected"] = shape_text(self.expected(name))
         raise error(self._format(template))
 
-    def _format(self, template: str) -> str:
+    def _format(self, template: str, fields: dict[str, str] | None = None) -> str:
+        """`template` filled from `fields`, the call's texts, then the sizes."""
+        texts = {**self._texts, **fields} if fields else self._texts
+
         def text(match: re.Match) -> str:
             key = match.group(1)
-            return self._texts[key] if key in self._texts else str(self.sizes[key])
+            return texts[key] if key in texts else str(self.sizes[key])
         return _FIELD.sub(text, template)
 
 

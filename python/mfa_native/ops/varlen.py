@@ -7,9 +7,9 @@ dense kernels, each simdgroup on 8 rows of one sequence, listed in host-built un
 With block_table the keys are pages (codegen/attention/paged_sequences.py; forward only);
 where each sequence's keys lie is varlen_keys.py's. cu_seqlens, seqused_k and block_table
 are checked (and the tables built from them) on every call, before any kernel runs: their
-contents are not part of a call's signature. The arrays' checks are varlen_rules.py's data
-(which a bundle carries for the C++ core); what spans several arrays' contents is
-varlen_keys.py's.
+contents are not part of a call's signature. The arrays' checks, those spanning several
+arrays' contents included, are varlen_rules.py's data (which a bundle carries for the C++
+core).
 """
 
 from __future__ import annotations
@@ -99,11 +99,6 @@ def _hint(value, name: str) -> int | None:
     return int(value)
 
 
-def _given(values: dict, names: tuple[str, ...]) -> dict[str, np.ndarray | None]:
-    """The op's own arrays among `names`, numpy views by name (None: not given)."""
-    return {name: None if values[name] is None else check.as_array(values[name], name) for name in names}
-
-
 def validate_varlen(call: Call, *, return_lse: bool, hints: tuple, own: tuple[str, ...] = OWN,
                     packing: bool = False) -> tuple[Validated, SequenceKeys]:
     """Every check of attention_varlen's arguments in `call` (contents included: warm calls
@@ -125,10 +120,10 @@ def validate_varlen(call: Call, *, return_lse: bool, hints: tuple, own: tuple[st
     forward = validate(tuple(bound[n][None] for n in ("q", "k", "v")) + (None, call.sinks), scale=call.scale,
                        causal=call.causal, window=call.window, layout="bshd", return_lse=return_lse,
                        softcap=call.softcap, alibi_slopes=call.alibi_slopes, binding=binding)
-    arrays = _given(call.values, own)
+    arrays = check.given_arrays(call.values, own)
     binding.check_arrays(arrays)
     keys.width = binding.sizes.get("Wt", 0)
-    lengths = keys.lengths(arrays)
+    lengths = binding.lengths("keys", arrays).astype(np.int32) if keys.paged else None   # the keys each sequence reads
     bound_q = (bound["q"].shape[0] if hints[0] is None else hints[0]) if packing else None
     p = replace(forward.problem, keys=keys.visit(bound_q))
     sizes = p.keys.sizes(p)
@@ -157,7 +152,7 @@ def _contents_check(arguments: Sequence[str], binding: Binding):
     at = {name: arguments.index(name) for name in OWN}
 
     def checked(values):
-        binding.check_contents_of(_given({name: values[i] for name, i in at.items()}, OWN))
+        binding.check_contents_of(check.given_arrays({name: values[i] for name, i in at.items()}, OWN))
     return checked
 
 

@@ -31,8 +31,7 @@ def _pages(x, name: str) -> np.ndarray:
 
 class SequenceKeys:
     """A call's keys: packed or paged k and v (the pages' layout), and where each sequence's
-    keys lie; `lengths` tells the keys each paged sequence uses. `width`, the block table's
-    max_blocks, is set once its rule has checked it."""
+    keys lie. `width`, the block table's max_blocks, is set once its rule has checked it."""
 
     def __init__(self, k, v, cu_k, seqused_k, block_table, sequences: int) -> None:
         self.paged, self.used, self.sequences = block_table is not None, seqused_k is not None, sequences
@@ -63,18 +62,6 @@ class SequenceKeys:
             return PagedSequences(self.sequences, max_queries, page_size=self.page, pages_per_sequence=self.width,
                                   page_rows=self.page_rows)
         return SequenceRanges(self.sequences, max_queries, used_keys=self.used)
-
-    def lengths(self, arrays: dict) -> np.ndarray | None:
-        """The keys each paged sequence uses, int32 (B,), from the call's own arrays (their rules
-        checked them): seqused_k's, else cu_seqlens_k's steps, else every listed page. None for
-        packed keys, whose kernels read cu_seqlens_k (and seqused_k) themselves."""
-        if not self.paged:
-            return None
-        if arrays["seqused_k"] is not None:
-            return np.ascontiguousarray(arrays["seqused_k"])
-        if arrays["cu_seqlens_k"] is not None:
-            return np.diff(arrays["cu_seqlens_k"]).astype(np.int32)
-        return np.full(self.sequences, self.width * self.page, np.int32)
 
     def bind(self, checked, given: dict, lengths: np.ndarray) -> None:
         """Binds the key side's buffers into `checked` (bound, converts, sources) from the call's

@@ -3,7 +3,7 @@
 q, k and v are packed, (total_q, Hq, D) and (total_k, Hkv, D|Dv), binding the sizes (paged k
 and v are bound as every page's rows: their pages' layout is varlen_keys.py's code); the
 problem is one "bshd" batch of them (B = 1, R = total_q, C = total_k). The caller gives
-sizes (`SIZES`): `sequences` (cu_seqlens_q's entries less one, read before it is checked:
+sizes: `sequences` (cu_seqlens_q's entries less one, read before it is checked:
 seqused_k's, block_table's and a per-sequence alibi_slopes table's rows), `paged` (1 with
 block_table), `page_size` and `blocks` (k's pages: 0 without block_table), and the
 max_seqlen hints (NO_HINT, -1, where not given: no check). cu_seqlens, seqused_k and block_table
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from . import attention_rules
 from .attention_rules import FLOATS, GQA, HEAD_DIMS, limits, written
-from .rules import ArrayRule, Checks, Content, Lengths, Require
+from .rules import ArrayRule, Checks, Content, Lengths, Require, int32_table
 
-SIZES = ("sequences", "paged", "page_size", "blocks", "max_seqlen_q", "max_seqlen_k")   # given by the call
 NO_HINT = -1   # a max_seqlen hint not given (a given one is never negative): not checked
 
 MAX_SEQUENCES = 2**24   # per call: their tables are built on the host every call
@@ -69,13 +68,6 @@ def _like_output(name: str) -> ArrayRule:
                                  f"got {{{name}.shape}}")
 
 
-def _int32_form(name: str, shape: tuple[str, ...], form: str) -> dict:
-    """An int32 table's dtype and shape, refused with one message (a ValueError) naming both."""
-    message = f"{name} must be int32 {form}, got {{{name}.dtype}} {{{name}.shape}}"
-    return dict(dtypes=("int32",), dtype_raises="ValueError", shapes=(shape,), own=True, reads="contiguous",
-                dtype_error=message, shape_error=message)
-
-
 def _hint(name: str, lengths: str, what: str) -> Content:
     """A max_seqlen hint: at least each sequence's count (`lengths`)."""
     return Content("fits", f"{name} is {{{name}}}, but sequence {{cu_seqlens_q.index}} has {{cu_seqlens_q.value}} "
@@ -90,15 +82,15 @@ CU_SEQLENS_K = _cu_seqlens(
     "cu_seqlens_k", "Ncu_k", _ends("cu_seqlens_k", "total_k", "k", when="paged == 0"),   # paged: ends anywhere
     Require("Ncu_k == Ncu", "cu_seqlens_q and cu_seqlens_k must have one entry per sequence and one more, alike; "
                             "got {cu_seqlens_q.shape} and {cu_seqlens_k.shape}"))
-SEQUSED_K = ArrayRule(
-    **_int32_form("seqused_k", ("sequences",), "(B,) = {seqused_k.expected}"),
+SEQUSED_K = int32_table(
+    "seqused_k", ("sequences",), "(B,) = {seqused_k.expected}", own=True,
     contents=(Content("nonnegative", "seqused_k must not be negative, got seqused_k[{seqused_k.index}] = "
                                      "{seqused_k.min}"),
               Content("within", "seqused_k[{seqused_k.index}] = {seqused_k.value} is beyond sequence "
                                 "{seqused_k.index}'s keys, {seqused_k.limit} (cu_seqlens_k's step)",
                       when="paged == 0", lengths="key_rows")))
-BLOCK_TABLE = ArrayRule(
-    **_int32_form("block_table", ("sequences", "Wt"), "(B, max_blocks) with B = {sequences}"),
+BLOCK_TABLE = int32_table(
+    "block_table", ("sequences", "Wt"), "(B, max_blocks) with B = {sequences}", own=True,
     contents=(Content("fits", "{block_table.source} gives sequence {block_table.index} {block_table.value} keys, "
                               "beyond what its pages hold: max_blocks * page_size = {Wt} * {page_size}",
                       bound="Wt * page_size", lengths="keys"),
