@@ -91,8 +91,8 @@ struct KVCacheOptions {
   // cache, q_idx: the query's row of R).
   std::string score_mod;
   std::vector<TensorView> score_mod_tensors;
-  // A float8 cache's factors (flash-attn 3's descales): float32 (B, Hkv), any non-negative
-  // strides, or a single factor ((1,) or 0-d); null is 1. k_descale (v_descale) for a float8
+  // A float8 cache's factors (flash-attn 3's descales): float32 (B, Hkv), any strides
+  // (read from a packed copy), or a single factor ((1,) or 0-d); null is 1. k_descale (v_descale) for a float8
   // k_cache (v_cache) only: its keys are k_cache * k_descale[b, kv head], and an appended k is
   // stored as float8(k / k_descale) (e4m3fn saturating at +-448, e5m2 overflowing to inf).
   // q_descale multiplies q (query head h by its kv head's factor), folded into K's factor: it

@@ -19,20 +19,11 @@ void run(const Device& device, CommandBatch* batch, const Binder& binder, const 
   run_entry(device, batch, bundle, facts_of(p, device.tuning().family, backward), binder, p, options);
 }
 
-// The call's arrays by their declared names: `arrays`, then the options' (null when not given).
-std::map<std::string, const TensorView*> given(std::map<std::string, const TensorView*> arrays,
-                                               const AttentionOptions& options) {
-  arrays["mask"] = options.mask ? &*options.mask : nullptr;
-  arrays["sinks"] = options.sinks ? &*options.sinks : nullptr;
-  arrays["alibi_slopes"] = options.alibi_slopes ? &*options.alibi_slopes : nullptr;
-  return arrays;
-}
-
 void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, const TensorView& q,
              const TensorView& k, const TensorView& v, const TensorView& out, const AttentionOptions& options,
              const TensorView* lse) {
   Binder binder(bundle.contents().declaration("attention"), attention_problem::layout_name(options.layout),
-                given({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", lse}}, options));
+                attention_problem::with_option_arrays({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", lse}}, options));
   const Problem p = attention_problem::checked_problem(binder, options);
   if (p.empty()) return write_empty_forward(binder, p, options);
   run(device, batch, binder, p, options, bundle, false);
@@ -43,7 +34,7 @@ void backward(const Device& device, CommandBatch* batch, const Bundle& bundle, c
               const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
               const AttentionOptions& options, const TensorView* dsinks) {
   Binder binder(bundle.contents().declaration("attention_backward"), attention_problem::layout_name(options.layout),
-                given({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"do", &dout}, {"dq", &dq},
+                attention_problem::with_option_arrays({{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"do", &dout}, {"dq", &dq},
                        {"dk", &dk}, {"dv", &dv}, {"dsinks", dsinks}}, options));
   const Problem p = attention_problem::checked_problem(binder, options);
   if (p.empty()) return write_empty_backward(binder);

@@ -115,6 +115,14 @@ void check_score_mod(Problem& p, const AttentionOptions& options, const Declarat
 
 }  // namespace
 
+std::map<std::string, const TensorView*> with_option_arrays(std::map<std::string, const TensorView*> arrays,
+                                                            const AttentionOptions& options) {
+  arrays["mask"] = options.mask ? &*options.mask : nullptr;
+  arrays["sinks"] = options.sinks ? &*options.sinks : nullptr;
+  arrays["alibi_slopes"] = options.alibi_slopes ? &*options.alibi_slopes : nullptr;
+  return arrays;
+}
+
 const char* layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
 const char* causal_name(Causal causal) {
   return causal == Causal::none ? "none" : causal == Causal::lower_right ? "lower_right" : "upper_left";

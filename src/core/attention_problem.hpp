@@ -47,6 +47,11 @@ struct Problem {
 const char* layout_name(Layout layout);
 const char* causal_name(Causal causal);
 
+// A call's arrays by their declared names: `arrays`, then the arrays `options` carries (mask,
+// sinks, alibi_slopes; null when not given).
+std::map<std::string, const TensorView*> with_option_arrays(std::map<std::string, const TensorView*> arrays,
+                                                            const AttentionOptions& options);
+
 // Every check of a call, in Python's order: `binder`'s sizes (its declaration's binding arrays),
 // the scale, softcap and window, the declaration's other arrays and its own ones, then `own`
 // (an op's checks in code between attention's and score_mod's: block_sparse_attention's block

@@ -1,7 +1,7 @@
 // The attention family's pass runner, shared by the ops whose pass is an
 // attention pass (attention, attention_backward, attention_with_kvcache,
 // sparse_attention, block_sparse_attention and their backwards, int8_attention; sparse_topk uses its
-// entries and run, merge_attention and quantize its entries, PassViews::add and
+// entries, PassViews and run, merge_attention and quantize its entries, PassViews::add and
 // run, binding their views and sizes themselves): the bundle entry a call's
 // facts need, the runtime sizes of its template, the caller's views bound by the
 // pass's buffer names, and the pass run (or encoded into the caller's batch).

@@ -41,6 +41,9 @@ class Binder {
   void check_forms(bool own);
   // Their contents (each array's content checks, in order; the Lengths they read from the call's arrays).
   void check_contents(bool own);
+  // The Lengths `name` for the call's arrays (none: no source given and no fill), and in
+  // `source` the array they came from (unchanged: the fill): what its content checks read.
+  std::optional<std::vector<std::int64_t>> lengths(const std::string& name, std::string& source) const;
   // A size the call gives once its forms are checked (rules.Binding's sizes[name] = value).
   void set_size(const std::string& name, std::int64_t value);
 
@@ -68,9 +71,6 @@ class Binder {
   void check_contents(const ArrayRule& rule);
   // A checked int32 array's entries in C order, read once a call.
   const std::vector<std::int64_t>& entries(const std::string& name) const;
-  // The Lengths `name` for the call's arrays (none: no source given and no fill), and in
-  // `source` the array they came from (unchanged: the fill).
-  std::optional<std::vector<std::int64_t>> lengths(const std::string& name, std::string& source) const;
   void require(const std::vector<SizeRequirement>& requirements) const;
   // The sizes with those that shape `index` of `rule` names but nothing bound yet taken from
   // `shape`'s extents (none: its rank is not the shape's, or no size is new).

@@ -43,11 +43,8 @@ class BlockSparseCall {
   BlockSparseCall(const Device& device, const Bundle& bundle, const std::string& declaration, const BlockMask& mask,
                   const BlockSparseOptions& options, std::map<std::string, const TensorView*> given)
       : device_(device), bundle_(bundle), lists_(mask), attention_(attention_options(mask, options)) {
-    given["mask"] = attention_.mask ? &*attention_.mask : nullptr;
-    given["sinks"] = options.sinks ? &*options.sinks : nullptr;
-    given["alibi_slopes"] = options.alibi_slopes ? &*options.alibi_slopes : nullptr;
     binder_.emplace(bundle.contents().declaration(declaration), attention_problem::layout_name(options.layout),
-                    std::move(given));
+                    attention_problem::with_option_arrays(std::move(given), attention_));
     problem_ = attention_problem::checked_problem(*binder_, attention_,
                                                   [&](const Problem& p) {
       lists_.check(bundle.contents().declaration("block_lists"), p.B, p.Hq, p.R, p.C);

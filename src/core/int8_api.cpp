@@ -40,11 +40,9 @@ void forward(const Device& device, CommandBatch* batch, const Bundle& bundle, co
              const TensorView* lse) {
   check_int8_options(o);
   const AttentionOptions options = attention_options(o);
-  std::map<std::string, const TensorView*> given = {
-      {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", lse}, {"mask", o.mask ? &*o.mask : nullptr},
-      {"sinks", o.sinks ? &*o.sinks : nullptr}, {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
   Binder binder(bundle.contents().declaration("int8_attention"), attention_problem::layout_name(o.layout),
-                std::move(given));
+                attention_problem::with_option_arrays({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", lse}},
+                                                      options));
   const Problem p = attention_problem::checked_problem(binder, options);
   if (p.empty()) return write_empty_forward(binder, p, options);
   if (std::max(p.D, p.Dv) > kInt8MaxHeadDim)

@@ -136,10 +136,9 @@ class KVCall {
     attention_.alibi_slopes = o.alibi_slopes;
     attention_.score_mod = o.score_mod, attention_.score_mod_tensors = o.score_mod_tensors;
     attention_.deterministic = o.deterministic;
-    std::map<std::string, const TensorView*> given = {
-        {"q", &q}, {"k", &rows_[0]}, {"v", &rows_[1]}, {"out", &out}, {"lse", lse}, {"mask", nullptr},
-        {"sinks", o.sinks ? &*o.sinks : nullptr}, {"alibi_slopes", o.alibi_slopes ? &*o.alibi_slopes : nullptr}};
-    binder_.emplace(bundle.contents().declaration("attention"), "bshd", std::move(given));
+    binder_.emplace(bundle.contents().declaration("attention"), "bshd",
+                    attention_problem::with_option_arrays(
+                        {{"q", &q}, {"k", &rows_[0]}, {"v", &rows_[1]}, {"out", &out}, {"lse", lse}}, attention_));
     problem_ = attention_problem::checked_problem(*binder_, attention_, [&](const Problem& p) {
       // The rows the rotation turns (the contents' rotary_ends), then the contents.
       cache_binder_->set_size("per_row", p.causal != Causal::none || p.window.has_value());

@@ -50,9 +50,7 @@ class SparseCall {
              const TensorView& v, const SparseOptions& options, std::map<std::string, const TensorView*> given)
       : device_(device), bundle_(bundle), options_(options), attention_(attention_options(options)),
         shared_(declaration == kSparse && shared_latent(k, v)) {
-    given["mask"] = nullptr;
-    given["sinks"] = options.sinks ? &*options.sinks : nullptr;
-    given["alibi_slopes"] = options.alibi_slopes ? &*options.alibi_slopes : nullptr;
+    given = attention_problem::with_option_arrays(std::move(given), attention_);
     given["topk_length"] = options.topk_length ? &*options.topk_length : nullptr;
     binder_.emplace(bundle.contents().declaration(declaration), attention_problem::layout_name(options.layout),
                     std::move(given));

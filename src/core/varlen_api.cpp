@@ -18,7 +18,6 @@
 #include "attention_runner.hpp"
 #include "mfa/varlen.hpp"
 #include "pass_template.hpp"
-#include "view_packing.hpp"
 
 namespace mfa {
 
@@ -29,14 +28,6 @@ using namespace attention_runner;
 
 constexpr const char* kBound = "Qb";  // writer.py's VARLEN_BOUND
 constexpr const char* kUnit = "Qu";   // the chosen template's forward unit
-
-// A cu_seqlens view's steps: each sequence's rows.
-std::vector<std::int64_t> steps(const Checked& cu) {
-  const std::vector<std::int64_t> ends = int32_entries(cu);
-  std::vector<std::int64_t> lengths;
-  for (std::size_t s = 0; s + 1 < ends.size(); ++s) lengths.push_back(ends[s + 1] - ends[s]);
-  return lengths;
-}
 
 // varlen._hint: a max_seqlen hint as the declaration's size (varlen_rules.NO_HINT, -1, where not
 // given: not checked); ArgumentError when negative.
@@ -67,8 +58,6 @@ class VarlenCall {
                           "in k");
     }
     given["block_table"] = o.block_table, given["seqused_k"] = o.seqused_k;
-    given["sinks"] = o.sinks ? &*o.sinks : nullptr;
-    given["alibi_slopes"] = o.alibi_slopes ? &*o.alibi_slopes : nullptr;
     attention_.scale = o.scale, attention_.causal = o.causal, attention_.window = o.window;
     attention_.sinks = o.sinks, attention_.layout = Layout::bshd, attention_.softcap = o.softcap;
     attention_.alibi_slopes = o.alibi_slopes;
@@ -76,7 +65,8 @@ class VarlenCall {
     attention_.deterministic = o.deterministic;
     SizeEnv sizes = {{"sequences", sequences_}, {"paged", paged_}, {"page_size", page_}, {"blocks", blocks_}};
     sizes.insert(hints.begin(), hints.end());
-    binder_.emplace(bundle.contents().declaration(declaration), "bshd", std::move(given), std::move(sizes));
+    binder_.emplace(bundle.contents().declaration(declaration), "bshd",
+                    attention_problem::with_option_arrays(std::move(given), attention_), std::move(sizes));
     problem_ = attention_problem::checked_problem(*binder_, attention_, [&](const Problem&) { keys_used(); });
   }
 
@@ -109,19 +99,14 @@ class VarlenCall {
   }
 
  private:
-  // SequenceKeys.lengths: the keys each paged sequence uses, once the declaration has checked
-  // the arrays (seqused_k's, else cu_seqlens_k's steps, else every listed page); then C++'s own check.
+  // The keys each paged sequence uses, once the declaration has checked the arrays: its "keys"
+  // Lengths (seqused_k's, else cu_seqlens_k's steps, else every listed page), as Python binds
+  // them; then C++'s own check.
   void keys_used() {
     if (!paged_) return;
     width_ = binder_->size("Wt");
-    if (options_.seqused_k) {
-      const Checked& used = binder_->view("seqused_k");
-      for (std::int64_t s = 0; s < sequences_; ++s) lengths_.push_back(int32_at(used, {s}));
-    } else if (binder_->given("cu_seqlens_k")) {
-      lengths_ = steps(binder_->view("cu_seqlens_k"));
-    } else {
-      lengths_.assign(std::size_t(sequences_), width_ * page_);
-    }
+    std::string source;
+    lengths_ = *binder_->lengths("keys", source);  // the declaration's (varlen_rules' "keys"): with a fill
     if (page_rows_ != page_)   // C++'s own, after every check of Python's
       throw ArgumentError("k's pages are " + std::to_string(page_rows_) + " rows apart; a bundle entry reads pages "
                           "that follow each other (page_size " + std::to_string(page_) + " rows apart)");

@@ -590,6 +590,7 @@ static void block_sparse(const char* path, const mfa_device* device, const mfa_b
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
          "kv_num_blocks has shape (1, 4, 3), but its last axis must be ceil(R / Q_BLOCK) = 1",
          "the default block size (128), which the lists do not fit");
+  CHECK(all_nan(got[0], nq) && all_nan(got[1], nrows), "a refused block-sparse call wrote its outputs");
   OK(mfa_call_set_int_pair(call, "block_size", QB, KB));
   OK(mfa_call_set_tensor(call, "lse", &vgot[1]));
   const char* backward_names[] = {"o", "lse", "do", "dq", "dk", "dv"};
@@ -599,10 +600,11 @@ static void block_sparse(const char* path, const mfa_device* device, const mfa_b
   counts[0][0] = counts[0][0] ? counts[0][0] : 1;
   expect(mfa_call_run(call, device), MFA_ARGUMENT_ERROR,
          "kv_indices lists block 9 in its counted part (row 0, entry 0), outside 0..4", "a list entry out of range");
-  CHECK(!any_nonzero(got[0], nq) && !any_nonzero(got[1], nrows), "a refused block-sparse call wrote its outputs");
+  CHECK(all_nan(got[0], nq) && all_nan(got[1], nrows), "a refused block-sparse call wrote its outputs");
   OK(mfa_call_set_none(call, "kv_indices"));
   expect(mfa_call_run(call, device), MFA_TYPE_ERROR,
          "block_sparse_attention() missing 1 required argument: 'kv_indices'", "a missing list");
+  CHECK(all_nan(got[0], nq) && all_nan(got[1], nrows), "a refused block-sparse call wrote its outputs");
   OK(mfa_call_set_tensor(call, "kv_indices", &lists[1]));
   indices[0][0] = 0;
   OK(mfa_call_run(call, device));

@@ -53,6 +53,11 @@ def poison(shape, dtype) -> np.ndarray:
     return np.full(shape, value, dtype=dtype)
 
 
+def untouched(*arrays: np.ndarray) -> bool:
+    """Whether every element of `arrays` still holds its poison (byte for byte): nothing wrote them."""
+    return all(np.array_equal(np.asarray(a).view(np.uint8), poison(a.shape, a.dtype).view(np.uint8)) for a in arrays)
+
+
 def poisoned(allocate):
     """The runner's allocator `allocate` (shape, dtype, device) with its arrays poisoned: the
     outputs stay the memory it gives (device pool buffers), only their contents change."""

@@ -133,7 +133,7 @@ def test_entry_templates_are_codegens_for_every_length(facts):
     for r in (1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 300):   # packing: R * ratio <= 128
         for c, p in ((1, 4), (5, 4), (64, 4), (700, 4), (4096, 1024), (20000, 1 << 16)):
             if c == 1 and "float8" in facts.cache:   # codegen at one key spells a descale's batch stride C * Hkv
-                continue                            # (its broadcast key axis has extent 1): Hkv, the entry's
+                continue                            # (its broadcast key axis has extent 1), the entry's Hkv
             assert_chosen_are_codegens(facts, problem(facts, r, c, batch=2, kv_heads=2), forward,
                                        backward if c < 1000 else [], (r, c, p), parallel_threadgroups=p)
 

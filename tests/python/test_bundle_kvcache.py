@@ -20,7 +20,7 @@ from mfa_native.bundle import entries_of
 from mfa_native.bundle.file import pack
 from mfa_native.bundle.writer import build_payload, entry_line
 
-from conftest import poison
+from conftest import poison, untouched
 from test_bundle_cpp import cpp_options, view
 from test_bundle_scores import DOCUMENT_BIAS, SCORE_MOD
 
@@ -101,9 +101,10 @@ def _stored(rng, x: np.ndarray, storage: str):
 
 
 def _descales(rng, batch: int) -> dict:
-    """flash-attn 3's descales in forms a call may give: (B, Hkv) transposed (a factor per batch
-    and head, strides (4, 4 * B)), (B, Hkv) expanded from a column (strides (4, 0)), a 0-d one."""
-    return dict(k_descale=rng.uniform(0.5, 2, (HKV, batch)).astype(np.float32).T,
+    """flash-attn 3's descales in forms a call may give: (B, Hkv) transposed and reversed (a
+    factor per batch and head, strides (-4, 4 * B): read from a copy), (B, Hkv) expanded from a
+    column (strides (4, 0)), a 0-d one."""
+    return dict(k_descale=rng.uniform(0.5, 2, (HKV, batch)).astype(np.float32).T[::-1],
                 q_descale=np.broadcast_to(rng.uniform(0.5, 2, (batch, 1)).astype(np.float32), (batch, HKV)),
                 v_descale=np.array(rng.uniform(0.5, 2), np.float32))
 
@@ -225,7 +226,7 @@ BAD_CALLS = {   # what changes from a good paged q8_0 call with an append
                              rotary_sin=lambda a: a["rotary_sin"][:4].copy()),
     "rotary_seqlens negative": dict(rotary_seqlens=lambda a: a["rotary_seqlens"] - 20),
     "rotary without append": dict(k=lambda a: None, v=lambda a: None),
-    "rotary with no rows appended": dict(k=lambda a: a["k"][:, :0], v=lambda a: a["v"][:, :0]),
+    "rotary with no rows appended": dict(k=lambda a: a["k"][:, :0], v=lambda a: a["v"][:, :0]),   # Rn = 0
     "score_mod tensor missing": dict(score_mod=lambda a: DOCUMENT_BIAS,
                                      score_mod_tensors=lambda a: [np.arange(CMAX, dtype=np.int32)]),
     "score_mod text": dict(score_mod=lambda a: "float score(); float sub(0)", score_mod_tensors=lambda a: None),
@@ -246,6 +247,7 @@ def test_bad_calls_raise_pythons_message_before_writing(bundle, case):
         _cpp(bundle, q, cpp_caches, args, out, rows)
     assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
     assert all(np.array_equal(_data(c).view(np.uint8), _data(g).view(np.uint8)) for c, g in zip(cpp_caches, caches))
+    assert untouched(out, rows)
 
 
 def test_a_call_the_bundle_lacks_lists_its_entries(bundle):

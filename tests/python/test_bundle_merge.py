@@ -15,7 +15,7 @@ from mfa_native.bundle import entries_of
 from mfa_native.bundle.file import pack
 from mfa_native.bundle.writer import build_payload, entry_line
 
-from conftest import poison
+from conftest import poison, untouched
 from test_bundle_cpp import view
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -89,9 +89,11 @@ def test_bad_calls_raise_pythons_message(bundle, case):
     outputs, lses = BAD_CALLS[case](*_parts(rng, "float32", "bhsd", 3, 5))
     with pytest.raises((ValueError, TypeError)) as python:
         mfa_native.merge_attention(outputs, lses, device="cpu")
+    out, lse = poison((B, HQ, 5, DV), np.float32), poison((B, HQ, 5), np.float32)
     with pytest.raises((ValueError, TypeError)) as cpp:
-        _cpp(bundle, outputs, lses, "bhsd", poison((B, HQ, 5, DV), np.float32), poison((B, HQ, 5), np.float32))
+        _cpp(bundle, outputs, lses, "bhsd", out, lse)
     assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+    assert untouched(out, lse)
 
 
 def test_caller_outputs_are_checked(bundle):

@@ -15,7 +15,7 @@ from mfa_native.bundle import entries_of
 from mfa_native.bundle.file import pack
 from mfa_native.bundle.writer import build_payload, entry_line
 
-from conftest import poison
+from conftest import poison, untouched
 from test_bundle_cpp import view
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -101,6 +101,7 @@ def test_bad_calls_raise_pythons_message(bundle, case):
     with pytest.raises((ValueError, TypeError)) as cpp:
         _core._bundle_quantize("cpu", bundle, view(x), view(data), format=fmt, bits=bits, group_size=group_size)
     assert (cpp.type, str(cpp.value)) == (python.type, str(python.value))
+    assert untouched(data)
 
 
 def test_caller_fields_are_checked(bundle):

@@ -335,6 +335,7 @@ BAD_CALLS = {   # what changes from a good call (packed heads, hints given)
     "max_seqlen_q negative": dict(max_seqlen_q=lambda a: -1),
     "window type": dict(window=lambda a: (1, -2)),
     "alibi_slopes rows": dict(alibi_slopes=lambda a: np.ones((2, a["q"].shape[1]), np.float32)),
+    "alibi_slopes length": dict(alibi_slopes=lambda a: np.ones(a["q"].shape[1] + 1, np.float32)),
     "score_mod_tensors without score_mod": dict(score_mod_tensors=lambda a: [np.zeros(4, np.float32)]),
 }
 

@@ -144,6 +144,8 @@ def test_warm_calls_read_the_positions_of_each_call(rng):
     (dict(rotary_cos=None, rotary_sin=None, rotary_seqlens=np.array([1, 2], np.int32)),
      "rotary_seqlens is given without rotary_cos"),
     (dict(k=None, v=None), "rotary_cos needs k and v"),
+    (dict(k=np.zeros((B, 0, HKV, D), np.float32), v=np.zeros((B, 0, HKV, D), np.float32)),
+     r"rotary_cos needs rows to turn: k and v append none \(Rn = 0\)"),
     (dict(rotary_seqlens=np.array([1, 2], np.int64)), "rotary_seqlens must be int32"),
     (dict(rotary_seqlens=np.array([-1, 2], np.int32)), "rotary_seqlens must not be negative"),
     (dict(rotary_seqlens=np.array([22, 2], np.int32)), r"too few: batch 0 needs 25 \(rotary_seqlens \+"),

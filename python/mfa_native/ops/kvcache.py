@@ -76,7 +76,7 @@ K_NEW = Arg("k", "array", rule=rules.RULES["k"], default=None, doc="""
     cache_seqlens[b] + Rn - 1 and attended in this call (attended length cache_seqlens[b] + Rn).""")
 V_NEW = Arg("v", "array", rule=rules.RULES["v"], default=None, doc="(B, Rn, Hkv, Dv): the same for v_cache (given with k).")
 DESCALE_DOC = """
-    float32 (B, Hkv) (flash-attn 3's descale, any non-negative strides: an expanded view too) or
+    float32 (B, Hkv) (flash-attn 3's descale, any strides: an expanded view too) or
     a single factor ((1,) or 0-d, FlashMLA's per-tensor descale); None is 1."""
 Q_DESCALE = Arg("q_descale", "array", rule=rules.RULES["q_descale"], default=None, doc=DESCALE_DOC + """ Multiplies q: query head
     h by its kv head's factor (q is float here; flash-attn 3 reads it for a float8 q). It is folded

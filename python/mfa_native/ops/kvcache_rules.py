@@ -88,7 +88,8 @@ ROTARY_COS = ArrayRule(
     dtype_of="q", dtype_raises="ValueError", shapes=(("Lro", "half"),), reads="contiguous",
     needs=(("rotary_sin", ROTARY_TOGETHER),
            ("k", ROTARY_APPENDS)),
-    requires=(Require("half >= 1 && 2 * half <= D", ROTARY_FORM), Require("Rn >= 1", ROTARY_APPENDS)),
+    requires=(Require("half >= 1 && 2 * half <= D", ROTARY_FORM),
+              Require("Rn >= 1", "rotary_cos needs rows to turn: k and v append none (Rn = 0)")),
     contents=(Content("fits", "rotary_cos has {Lro} positions (seqlen_ro), too few: batch {rotary_cos.index} needs "
                               "{rotary_cos.value} ({rotary_cos.source} + the rows turned)", bound="Lro",
                       lengths="rotary_ends"),),
